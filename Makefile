@@ -1,0 +1,24 @@
+# The two commands of the README: `make run` and `make test`. Each sets up .venv first if needed.
+VENV := .venv
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: run test lint benchmark clean-env
+
+run: $(STAMP)
+	$(VENV)/bin/python binaries/train.py $(ARGS)
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q tests $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check tff_clustered binaries tests
+
+benchmark: $(STAMP)
+	$(VENV)/bin/python binaries/benchmark.py $(ARGS)
+
+$(STAMP): requirements/lock.txt setup.cfg scripts/bootstrap.sh
+	bash scripts/bootstrap.sh
+
+clean-env:
+	rm -rf $(VENV)

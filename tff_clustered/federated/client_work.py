@@ -1,0 +1,99 @@
+"""Client work as pure TensorFlow functions: weights and a dataset in, new weights out.
+
+They know nothing about TFF placements, so they can be tested alone (FedJAX style); the
+federated computations in `clustered_process.py` wrap them with `tff.tensorflow.computation`.
+`predict` is `(trainable_weights, x, training) -> logits`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Callable, NamedTuple
+
+import tensorflow as tf
+
+Weights = Sequence[tf.Tensor]
+PredictFn = Callable[[Weights, tf.Tensor, bool], tf.Tensor]
+
+
+class TrainResult(NamedTuple):
+    weights: tuple[tf.Tensor, ...]
+    num_examples: tf.Tensor  # float32: examples processed over all local epochs
+    loss_sum: tf.Tensor  # float32: sum over processed examples of the training loss
+
+
+class EvalResult(NamedTuple):
+    loss_sum: tf.Tensor
+    num_correct: tf.Tensor
+    num_examples: tf.Tensor
+
+
+def batch_loss(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """Mean softmax cross-entropy of a batch (spec A.3: no weight decay)."""
+    return tf.reduce_mean(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    )
+
+
+def train_client(
+    predict: PredictFn,
+    weights: Weights,
+    dataset: tf.data.Dataset,
+    learning_rate: tf.Tensor,
+    prox_mu: tf.Tensor,
+    momentum: tf.Tensor,
+) -> TrainResult:
+    """Local minibatch SGD over every batch of `dataset` (its epochs already repeated).
+
+    Step (spec A.3): g = grad mean-loss(b; w) + mu (w - w_start)  [FedProx Eq. 3 term];
+    v = momentum v + g; w = w - lr v. With mu = 0 and momentum = 0 this is plain FedAvg SGD.
+    """
+    anchor = tuple(tf.identity(w) for w in weights)
+    state = (
+        tuple(tf.identity(w) for w in weights),
+        tuple(tf.zeros_like(w) for w in weights),
+        tf.constant(0.0),
+        tf.constant(0.0),
+    )
+
+    def step(state: tuple, batch: dict) -> tuple:
+        current, velocity, num_examples, loss_sum = state
+        with tf.GradientTape() as tape:
+            tape.watch(current)
+            loss = batch_loss(predict(current, batch["x"], True), batch["y"])
+        grads = tape.gradient(loss, current)
+        velocity = tuple(
+            momentum * v + g + prox_mu * (w - a)
+            for v, g, w, a in zip(velocity, grads, current, anchor)
+        )
+        current = tuple(w - learning_rate * v for w, v in zip(current, velocity))
+        batch_size = tf.cast(tf.shape(batch["y"])[0], tf.float32)
+        return current, velocity, num_examples + batch_size, loss_sum + loss * batch_size
+
+    final, _, num_examples, loss_sum = dataset.reduce(state, step)
+    return TrainResult(final, num_examples, loss_sum)
+
+
+def evaluate_client(predict: PredictFn, weights: Weights, dataset: tf.data.Dataset) -> EvalResult:
+    """Summed loss, correct predictions and example count of `weights` on `dataset`."""
+
+    def step(state: EvalResult, batch: dict) -> EvalResult:
+        logits = predict(weights, batch["x"], False)
+        labels = batch["y"]
+        batch_size = tf.cast(tf.shape(labels)[0], tf.float32)
+        correct = tf.reduce_sum(
+            tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels), tf.float32)
+        )
+        return EvalResult(
+            state.loss_sum + batch_loss(logits, labels) * batch_size,
+            state.num_correct + correct,
+            state.num_examples + batch_size,
+        )
+
+    zero = tf.constant(0.0)
+    return dataset.reduce(EvalResult(zero, zero, zero), step)
+
+
+def flatten(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    """Concatenate tensors into one vector, in the given (canonical) order."""
+    return tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)

@@ -1,0 +1,132 @@
+"""Keras model builders. Every model outputs logits; losses are taken `from_logits`.
+
+Parameter counts follow FedGroup Table II (spec A.12): MNIST MCLR 7,850 and MLP 101,770;
+FEMNIST MCLR 20,410 and MLP(512) 415,258 (26-way head); Synthetic MCLR 610.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+ModelBuilder = Callable[[], tf.keras.Model]
+
+
+def mclr(input_shape: Sequence[int], num_classes: int) -> tf.keras.Model:
+    """Multinomial logistic regression: flatten -> Dense(num_classes)."""
+    return tf.keras.Sequential(
+        [
+            tf.keras.Input(shape=tuple(input_shape)),
+            tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(num_classes, name="logits"),
+        ],
+        name="mclr",
+    )
+
+
+def mlp(input_shape: Sequence[int], num_classes: int, hidden_units: int = 128) -> tf.keras.Model:
+    """One hidden ReLU layer: flatten -> Dense(hidden, relu) -> Dense(num_classes)."""
+    return tf.keras.Sequential(
+        [
+            tf.keras.Input(shape=tuple(input_shape)),
+            tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(hidden_units, activation="relu", name="hidden"),
+            tf.keras.layers.Dense(num_classes, name="logits"),
+        ],
+        name="mlp",
+    )
+
+
+def cnn(
+    input_shape: Sequence[int],
+    num_classes: int,
+    image_shape: Optional[Sequence[int]] = None,
+    filters: tuple[int, int] = (32, 64),
+    kernel_size: int = 5,
+    dense_units: int = 2048,
+) -> tf.keras.Model:
+    """LEAF-style CNN: 2 x [Conv(k x k, same, ReLU) -> MaxPool(2)] -> Dense(ReLU) -> Dense.
+
+    With the defaults and 28x28x1 inputs this is the LEAF FEMNIST CNN (spec B.8).
+    `image_shape` reshapes flat inputs (for example 64 -> 8x8x1 for the digits data).
+    """
+    image_shape = tuple(image_shape or input_shape)
+    if len(image_shape) == 2:
+        image_shape = (*image_shape, 1)
+    if int(np.prod(image_shape)) != int(np.prod(input_shape)):
+        raise ValueError(f"image_shape {image_shape} does not hold inputs of shape {input_shape}")
+    layers: list[tf.keras.layers.Layer] = [
+        tf.keras.Input(shape=tuple(input_shape)),
+        tf.keras.layers.Reshape(image_shape),
+    ]
+    for i, n_filters in enumerate(filters):
+        layers += [
+            tf.keras.layers.Conv2D(
+                n_filters, kernel_size, padding="same", activation="relu", name=f"conv{i + 1}"
+            ),
+            tf.keras.layers.MaxPool2D(2, padding="same"),
+        ]
+    layers += [
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(dense_units, activation="relu", name="dense"),
+        tf.keras.layers.Dense(num_classes, name="logits"),
+    ]
+    return tf.keras.Sequential(layers, name="cnn")
+
+
+MODEL_NAMES = ("mclr", "mlp", "cnn")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What the federated computations need to know about a model."""
+
+    name: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    build: ModelBuilder
+
+    def input_spec(self) -> dict:
+        """Element spec of a batched client dataset."""
+        return dict(
+            x=tf.TensorSpec([None, *self.input_shape], tf.float32),
+            y=tf.TensorSpec([None], tf.int32),
+        )
+
+
+def model_spec(
+    name: str,
+    input_shape: Sequence[int],
+    num_classes: int,
+    hidden_units: int = 128,
+    image_shape: Optional[Sequence[int]] = None,
+    cnn_dense_units: int = 2048,
+) -> ModelSpec:
+    """The named model for inputs of `input_shape` and `num_classes` outputs."""
+    input_shape = tuple(int(d) for d in input_shape)
+    if name == "mclr":
+        build: ModelBuilder = lambda: mclr(input_shape, num_classes)  # noqa: E731
+    elif name == "mlp":
+        build = lambda: mlp(input_shape, num_classes, hidden_units)  # noqa: E731
+    elif name == "cnn":
+        build = lambda: cnn(  # noqa: E731
+            input_shape, num_classes, image_shape, dense_units=cnn_dense_units
+        )
+    else:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+    return ModelSpec(name, input_shape, num_classes, build)
+
+
+def initial_weights(spec: ModelSpec, seed: int) -> list[np.ndarray]:
+    """Trainable weights of a freshly built model, a deterministic function of `seed`."""
+    tf.keras.utils.set_random_seed(int(seed) % (2**31 - 1))
+    model = spec.build()
+    return [w.numpy() for w in model.trainable_weights]
+
+
+def count_trainable_parameters(model: tf.keras.Model) -> int:
+    return int(sum(np.prod(w.shape) for w in model.trainable_weights))

@@ -1,0 +1,235 @@
+"""Owns the TFF execution context and the lifetime of TFF's C++ `worker_binary`.
+
+TFF 0.87 runs every computation in a separate C++ process that it only stops in a `__del__`
+that does not run at interpreter exit (see ../shared/notes/tff-runtime.md). This module starts
+that worker itself, so that it can guarantee it stops:
+
+* on normal exit, on an exception, on Ctrl-C and SIGTERM (`stop()` via `atexit`/signal handler);
+* even when the parent is SIGKILLed: the worker is started with `PR_SET_PDEATHSIG`, so the
+  kernel kills it when its parent dies.
+
+The worker's output goes to a log file, never to the parent's stdout, so a shell pipeline such
+as `train.py | tee log` cannot hang on it.
+
+Contexts:
+* `local` (default): one worker on localhost, talked to over gRPC (TFF's own C++ runtime).
+* `remote`: a `worker_binary --port=P` already running on another host (`--workers=host:port`),
+  reached with the same `RemoteExecutor` stack. Several workers (TFF's
+  `MergeableCompExecutionContext`) need computations in mergeable form and are not wired yet.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import dataclasses
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from typing import Optional
+
+_GRPC_OPTIONS = [
+    ("grpc.max_message_length", 2_000_000_000),
+    ("grpc.max_receive_message_length", 2_000_000_000),
+    ("grpc.max_send_message_length", 2_000_000_000),
+]
+_PR_SET_PDEATHSIG = 1
+WORKER_TAG_ENV = "TFF_CLUSTERED_RUN_TAG"
+
+
+def worker_binary_path() -> str:
+    """Path of the C++ worker shipped in the tensorflow-federated wheel."""
+    import tensorflow_federated as tff
+
+    path = os.path.join(os.path.dirname(tff.__file__), "data", "worker_binary")
+    if not os.path.isfile(path):
+        raise RuntimeError(
+            f"TFF's worker binary is missing at {path}. Reinstall the environment: "
+            "`make clean-env` then `make test`."
+        )
+    return path
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: ask the kernel to SIGKILL the worker when its parent process dies."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """How computations run. `workers` empty means one local worker started here."""
+
+    workers: tuple[str, ...] = ()
+    max_concurrent_computation_calls: int = -1
+    log_dir: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        for address in self.workers:
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(
+                    f"worker address {address!r} is not HOST:PORT; start workers with "
+                    "`worker_binary --port=PORT` and pass --workers=host1:port,host2:port."
+                )
+
+
+class TffRuntime:
+    """Starts and stops the execution context. Use as a context manager or call start/stop."""
+
+    def __init__(self, config: RuntimeConfig = RuntimeConfig()) -> None:
+        self.config = config
+        self._process: Optional[subprocess.Popen] = None
+        self._log_file = None
+        self._previous_handlers: dict[int, object] = {}
+        self.started = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> TffRuntime:
+        if self.started:
+            return self
+        import tensorflow_federated as tff
+
+        if self.config.workers:
+            context = _remote_context(self.config.workers)
+        else:
+            target = self._start_local_worker()
+            context = _sync_context_for_targets([target])
+        tff.framework.set_default_context(context)
+        atexit.register(self.stop)
+        self._install_signal_handlers()
+        self.started = True
+        return self
+
+    def stop(self) -> None:
+        """Stops the local worker (SIGINT, then SIGKILL) and restores signal handlers."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
+        self.started = False
+
+    def __enter__(self) -> TffRuntime:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def worker_pid(self) -> Optional[int]:
+        return self._process.pid if self._process is not None else None
+
+    # -- internals ---------------------------------------------------------------------------
+    def _start_local_worker(self) -> str:
+        import portpicker
+
+        port = portpicker.pick_unused_port()
+        log_dir = self.config.log_dir or tempfile.gettempdir()
+        os.makedirs(log_dir, exist_ok=True)
+        self._log_file = open(os.path.join(log_dir, f"tff_worker_{port}.log"), "wb")  # noqa: SIM115
+        args = [
+            worker_binary_path(),
+            f"--port={port}",
+            f"--max_concurrent_computation_calls={self.config.max_concurrent_computation_calls}",
+        ]
+        self._process = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
+        target = f"localhost:{port}"
+        _wait_until_ready(target, self._process)
+        return target
+
+    def _install_signal_handlers(self) -> None:
+        def on_sigterm(signum: int, frame: object) -> None:
+            self.stop()
+            raise SystemExit(128 + signum)
+
+        with contextlib.suppress(ValueError):  # not in the main thread: atexit still covers us
+            self._previous_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _wait_until_ready(target: str, process: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    import grpc
+    from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
+
+    stub = remote_executor_grpc_stub.RemoteExecutorGrpcStub(
+        grpc.insecure_channel(target, _GRPC_OPTIONS)
+    )
+    deadline = time.monotonic() + timeout_s
+    while not stub.is_ready:
+        if process.poll() is not None:
+            raise RuntimeError(f"TFF worker exited with code {process.returncode} at start-up")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"TFF worker at {target} not ready after {timeout_s:.0f}s")
+        time.sleep(0.05)
+
+
+def _executor_factory(target: str) -> object:
+    """TFF's own remote-executor stack (the same one its local C++ context builds)."""
+    import grpc
+    import tensorflow_federated as tff
+    from tensorflow_federated.python.core.impl.executor_stacks import python_executor_stacks
+
+    stub = tff.framework.RemoteExecutorGrpcStub(grpc.insecure_channel(target, _GRPC_OPTIONS))
+
+    def stack_fn(cardinalities: dict) -> object:
+        if cardinalities.get(tff.CLIENTS) is None:
+            cardinalities[tff.CLIENTS] = 0
+        executor = tff.framework.RemoteExecutor(stub)
+        executor.set_cardinalities(cardinalities)
+        return executor
+
+    return python_executor_stacks.ResourceManagingExecutorFactory(executor_stack_fn=stack_fn)
+
+
+def _sync_context_for_targets(targets: Sequence[str]) -> object:
+    import tensorflow_federated as tff
+    from tensorflow_federated.python.core.backends.native import compiler
+    from tensorflow_federated.python.core.environments.tensorflow_frontend import (
+        tensorflow_computation,
+    )
+
+    (target,) = targets
+    return tff.framework.SyncExecutionContext(
+        executor_fn=_executor_factory(target),
+        compiler_fn=compiler.desugar_and_transform_to_native,
+        transform_args=tensorflow_computation.transform_args,
+        transform_result=tensorflow_computation.transform_result,
+    )
+
+
+def _remote_context(workers: Sequence[str]) -> object:
+    if len(workers) != 1:
+        raise NotImplementedError(
+            f"{len(workers)} workers given; one remote worker is supported so far. Pass a single "
+            "--workers=host:port (splitting clients over several workers is planned)."
+        )
+    return _sync_context_for_targets(workers)
+
+
+@contextlib.contextmanager
+def tff_runtime(config: RuntimeConfig = RuntimeConfig()) -> Iterator[TffRuntime]:
+    """`with tff_runtime(): ...` runs the body on a fresh context and always stops its worker."""
+    runtime = TffRuntime(config)
+    try:
+        yield runtime.start()
+    finally:
+        runtime.stop()
