@@ -1,0 +1,130 @@
+"""A federated dataset: per-client train and test `tff.simulation.datasets.ClientData`.
+
+Every loader returns a `FederatedData` built by `from_arrays`, which validates the arrays
+once, with errors that name the client, the source file and the fix.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Mapping
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+ClientArrays = tuple[np.ndarray, np.ndarray]  # (x, y)
+
+
+class DataError(ValueError):
+    """Bad input data: the message names the problem, where it is, and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FederatedData:
+    name: str
+    train: tff.simulation.datasets.ClientData
+    test: tff.simulation.datasets.ClientData
+    input_shape: tuple[int, ...]
+    num_classes: int
+    train_sizes: Mapping[str, int]
+    test_sizes: Mapping[str, int]
+    image_shape: Optional[tuple[int, ...]] = None
+    # Planted cluster of each client where the generator knows it (for tests and diagnostics).
+    true_clusters: Optional[Mapping[str, int]] = None
+
+    @property
+    def client_ids(self) -> list[str]:
+        return list(self.train.client_ids)
+
+    def batched(
+        self, split: str, client_id: str, batch_size: int, epochs: int = 1, shuffle_seed: Optional[int] = None
+    ) -> tf.data.Dataset:
+        """A client's dataset: reshuffled every epoch from `shuffle_seed`, last partial batch kept."""
+        source = self.train if split == "train" else self.test
+        dataset = source.create_tf_dataset_for_client(client_id)
+        if shuffle_seed is not None:
+            size = (self.train_sizes if split == "train" else self.test_sizes)[client_id]
+            dataset = dataset.shuffle(
+                max(size, 1), seed=int(shuffle_seed), reshuffle_each_iteration=True
+            )
+        return dataset.batch(batch_size).repeat(epochs)
+
+
+def from_arrays(
+    name: str,
+    train: Mapping[str, ClientArrays],
+    test: Mapping[str, ClientArrays],
+    num_classes: int,
+    image_shape: Optional[tuple[int, ...]] = None,
+    true_clusters: Optional[Mapping[str, int]] = None,
+    source: str = "",
+) -> FederatedData:
+    """Validates per-client `(x, y)` arrays and wraps them as `ClientData`."""
+    where = f" in {source}" if source else ""
+    if not train:
+        raise DataError(f"dataset {name!r}{where} has no clients; check the data path")
+    missing = sorted(set(train) ^ set(test))
+    if missing:
+        raise DataError(
+            f"client {missing[0]!r}{where} appears in only one of train/test; every client needs "
+            "both splits (regenerate the split, or drop the client from both)"
+        )
+    input_shape = None
+    cleaned: dict[str, dict[str, collections.OrderedDict]] = {"train": {}, "test": {}}
+    for split_name, split in (("train", train), ("test", test)):
+        for cid, (x, y) in split.items():
+            x = np.asarray(x, dtype=np.float32)
+            y_raw = np.asarray(y)
+            context = f"client {cid!r} ({split_name}){where}"
+            if len(x) != len(y_raw):
+                raise DataError(
+                    f"{context}: {len(x)} inputs but {len(y_raw)} labels; every example needs "
+                    "exactly one label"
+                )
+            if len(x) == 0:
+                raise DataError(
+                    f"{context} has no examples; remove the client or give it data in both splits"
+                )
+            if input_shape is None:
+                input_shape = x.shape[1:]
+            elif x.shape[1:] != input_shape:
+                raise DataError(
+                    f"{context}: examples of shape {x.shape[1:]}, others have {input_shape}; "
+                    "all inputs must share one shape"
+                )
+            if not np.all(np.isfinite(x)):
+                raise DataError(f"{context}: inputs contain NaN or infinity; clean the data")
+            if not np.all(np.equal(np.mod(y_raw.astype(np.float64), 1), 0)):
+                raise DataError(f"{context}: labels must be whole numbers (class indices)")
+            y_int = y_raw.astype(np.int64)
+            bad = y_int[(y_int < 0) | (y_int >= num_classes)]
+            if bad.size:
+                raise DataError(
+                    f"{context}: label {int(bad[0])} is outside the model's {num_classes} classes "
+                    f"0..{num_classes - 1}; fix the labels or raise --num_classes"
+                )
+            cleaned[split_name][cid] = collections.OrderedDict(x=x, y=y_int.astype(np.int32))
+    return FederatedData(
+        name=name,
+        train=tff.simulation.datasets.TestClientData(cleaned["train"]),
+        test=tff.simulation.datasets.TestClientData(cleaned["test"]),
+        input_shape=tuple(int(d) for d in input_shape),
+        num_classes=num_classes,
+        train_sizes={cid: len(v["y"]) for cid, v in cleaned["train"].items()},
+        test_sizes={cid: len(v["y"]) for cid, v in cleaned["test"].items()},
+        image_shape=image_shape,
+        true_clusters=dict(true_clusters) if true_clusters is not None else None,
+    )
+
+
+def split_train_test(
+    x: np.ndarray, y: np.ndarray, train_fraction: float, rng: np.random.Generator
+) -> tuple[ClientArrays, ClientArrays]:
+    """Shuffles one client's examples and splits them; each side keeps at least one example."""
+    order = rng.permutation(len(y))
+    n_train = int(np.clip(np.floor(train_fraction * len(y)), 1, len(y) - 1))
+    tr, te = order[:n_train], order[n_train:]
+    return (x[tr], y[tr]), (x[te], y[te])

@@ -1,0 +1,244 @@
+"""Python orchestration between TFF rounds: sampling, per-client state, evaluation, metrics.
+
+Every random choice is a pure function of `(seed, round, client)`, so a run resumed from a
+checkpoint ends exactly where an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, Optional
+
+import numpy as np
+
+from tff_clustered.algorithms.base import Algorithm
+from tff_clustered.data.federated_data import FederatedData
+from tff_clustered.federated.clustered_process import build_clustered_process, round_hparams
+from tff_clustered.models.keras_models import ModelSpec, initial_weights
+from tff_clustered.models.split import ResolvedSplit
+
+LR_SCHEDULES = ("constant", "exponential", "cosine")
+# Independent random streams derived from the run seed.
+_SAMPLING, _SHUFFLE = 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    rounds: int = 30
+    clients_per_round: int = 10
+    local_epochs: int = 1
+    batch_size: int = 10
+    learning_rate: float = 0.05
+    lr_schedule: str = "constant"
+    lr_decay: float = 0.98  # per round, for the exponential schedule
+    momentum: float = 0.0
+    seed: int = 0
+    eval_every: int = 1
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.rounds >= 1, "rounds must be >= 1"),
+            (self.clients_per_round >= 1, "clients_per_round must be >= 1"),
+            (self.local_epochs >= 1, "local_epochs must be >= 1"),
+            (self.batch_size >= 1, "batch_size must be >= 1"),
+            (self.learning_rate > 0 and math.isfinite(self.learning_rate), "learning_rate must be > 0"),
+            (self.lr_schedule in LR_SCHEDULES, f"lr_schedule must be one of {LR_SCHEDULES}"),
+            (0 < self.lr_decay <= 1, "lr_decay must be in (0, 1]"),
+            (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
+            (self.eval_every >= 1, "eval_every must be >= 1"),
+            (self.seed >= 0, "seed must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    def learning_rate_at(self, round_num: int) -> float:
+        """Learning rate of round `round_num` (1-based)."""
+        t = round_num - 1
+        if self.lr_schedule == "exponential":
+            return self.learning_rate * self.lr_decay**t
+        if self.lr_schedule == "cosine":
+            return self.learning_rate * 0.5 * (1 + math.cos(math.pi * t / self.rounds))
+        return self.learning_rate
+
+
+def derived_seed(*parts: int) -> int:
+    """A 31-bit seed that is a fixed function of its integer parts."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] >> 1)
+
+
+@dataclasses.dataclass
+class RunState:
+    """Everything a checkpoint must hold to continue a run."""
+
+    round_num: int = 0
+    server_state: Any = None
+    personal: dict[str, tuple[np.ndarray, ...]] = dataclasses.field(default_factory=dict)
+    assignment: dict[str, int] = dataclasses.field(default_factory=dict)
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    algorithm_state: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Experiment:
+    """One algorithm on one dataset and model, round by round."""
+
+    def __init__(
+        self,
+        data: FederatedData,
+        model: ModelSpec,
+        algorithm: Algorithm,
+        config: TrainingConfig,
+    ) -> None:
+        if config.clients_per_round > len(data.client_ids):
+            raise ValueError(
+                f"clients_per_round={config.clients_per_round} exceeds the "
+                f"{len(data.client_ids)} clients of {data.name}; lower it"
+            )
+        self.data, self.model, self.algorithm, self.config = data, model, algorithm, config
+        self.initial_weights = initial_weights(model, derived_seed(config.seed, 0))
+        self.split = ResolvedSplit.of(model.build(), algorithm.split)
+        self.process = build_clustered_process(
+            model,
+            self.split,
+            algorithm.num_clusters,
+            self.initial_weights,
+            return_model_deltas=algorithm.needs_model_deltas,
+        )
+        self._initial_personal = self.process.personal_part(self.initial_weights)
+        self.state = RunState()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Initial server state and the algorithm's setup (round 0)."""
+        self.state = RunState(server_state=self.process.initialize())
+        self.algorithm.setup(self)
+
+    def restore(self, state: RunState) -> None:
+        self.state = state
+        self.algorithm.load_state_dict(state.algorithm_state)
+
+    def snapshot(self) -> RunState:
+        self.state.algorithm_state = self.algorithm.state_dict()
+        return self.state
+
+    def rounds(self) -> Iterator[dict[str, Any]]:
+        """Runs the remaining rounds (evaluating round 0 first on a fresh run), one row each."""
+        if self.state.round_num == 0 and not self.state.history:
+            row = {"round": 0, **self.evaluate()}
+            self.state.history.append(row)
+            yield row
+        while self.state.round_num < self.config.rounds:
+            round_num = self.state.round_num + 1
+            started = time.perf_counter()
+            row = {"round": round_num, **self.train_round(round_num)}
+            if round_num % self.config.eval_every == 0 or round_num == self.config.rounds:
+                row.update(self.evaluate())
+            row["round_seconds"] = time.perf_counter() - started
+            self.state.round_num = round_num
+            self.state.history.append(row)
+            yield row
+
+    # -- one round ---------------------------------------------------------------------------
+    def sample_clients(self, round_num: int) -> list[str]:
+        ids = self.data.client_ids
+        rng = np.random.default_rng(derived_seed(self.config.seed, _SAMPLING, round_num))
+        chosen = np.sort(rng.choice(len(ids), self.config.clients_per_round, replace=False))
+        return [ids[i] for i in chosen]
+
+    def personal_weights(self, client_id: str) -> tuple[np.ndarray, ...]:
+        return self.state.personal.get(client_id, self._initial_personal)
+
+    def train_datasets(self, round_num: int, client_ids: Sequence[str], epochs: int) -> list:
+        index = {cid: i for i, cid in enumerate(self.data.client_ids)}
+        return [
+            self.data.batched(
+                "train",
+                cid,
+                self.config.batch_size,
+                epochs,
+                shuffle_seed=derived_seed(self.config.seed, _SHUFFLE, round_num, index[cid]),
+            )
+            for cid in client_ids
+        ]
+
+    def run_clients(
+        self,
+        round_num: int,
+        client_ids: Sequence[str],
+        clusters: np.ndarray,
+        epochs: int,
+        learning_rate: float,
+        server_state: Any = None,
+    ) -> tuple[Any, list[dict], dict]:
+        """One call of the federated `next` on `client_ids` in `clusters`; returns
+        `(new_server_state, client_outputs, measurements)` and changes nothing here."""
+        return self.process.next(
+            self.state.server_state if server_state is None else server_state,
+            self.train_datasets(round_num, client_ids, epochs),
+            [np.array([k], np.int32) for k in clusters],
+            [self.personal_weights(c) for c in client_ids],
+            round_hparams(learning_rate, self.algorithm.prox_mu, self.config.momentum),
+        )
+
+    def train_round(self, round_num: int) -> dict[str, Any]:
+        client_ids = self.sample_clients(round_num)
+        clusters = self.algorithm.assign(self, round_num, client_ids)
+        learning_rate = self.config.learning_rate_at(round_num)
+        server_state, outputs, _ = self.run_clients(
+            round_num, client_ids, clusters, self.config.local_epochs, learning_rate
+        )
+        self.state.server_state = server_state
+        if self.split.personal:
+            for cid, out in zip(client_ids, outputs):
+                self.state.personal[cid] = tuple(np.asarray(t) for t in out["personal"])
+        self.algorithm.after_round(self, round_num, client_ids, outputs)
+        num_examples = sum(float(o["num_examples"]) for o in outputs)
+        row: dict[str, Any] = {
+            "learning_rate": learning_rate,
+            "train_loss": sum(float(o["loss_sum"]) for o in outputs) / max(num_examples, 1.0),
+            "num_sampled": len(client_ids),
+        }
+        sampled = np.bincount(clusters, minlength=self.algorithm.num_clusters)
+        row.update({f"sampled_cluster_{k}": int(n) for k, n in enumerate(sampled)})
+        return row
+
+    # -- evaluation --------------------------------------------------------------------------
+    def evaluate(self, client_ids: Optional[Sequence[str]] = None) -> dict[str, Any]:
+        """Pooled test accuracy/loss of each client's own model (cluster base + personal),
+        over clients with an assignment; also the mean per-client accuracy."""
+        if client_ids is None:
+            client_ids = [c for c in self.data.client_ids if self.state.assignment.get(c, -1) >= 0]
+        per_client = self.evaluate_clients(client_ids)
+        correct = sum(r["num_correct"] for r in per_client.values())
+        total = sum(r["num_examples"] for r in per_client.values())
+        loss = sum(r["loss_sum"] for r in per_client.values())
+        sizes = np.bincount(
+            [self.state.assignment[c] for c in self.data.client_ids if self.state.assignment.get(c, -1) >= 0],
+            minlength=self.algorithm.num_clusters,
+        )
+        row: dict[str, Any] = {
+            "accuracy": correct / total if total else float("nan"),
+            "loss": loss / total if total else float("nan"),
+            "client_accuracy_mean": float(
+                np.mean([r["num_correct"] / r["num_examples"] for r in per_client.values()])
+            )
+            if per_client
+            else float("nan"),
+            "num_eval_clients": len(per_client),
+        }
+        row.update({f"cluster_size_{k}": int(n) for k, n in enumerate(sizes)})
+        return row
+
+    def evaluate_clients(self, client_ids: Sequence[str]) -> dict[str, dict[str, float]]:
+        if not client_ids:
+            return {}
+        results = self.process.evaluate(
+            self.state.server_state["cluster_models"],
+            [self.data.batched("test", c, max(self.config.batch_size, 64)) for c in client_ids],
+            [np.array([self.state.assignment[c]], np.int32) for c in client_ids],
+            [self.personal_weights(c) for c in client_ids],
+        )
+        return {c: {k: float(v) for k, v in r.items()} for c, r in zip(client_ids, results)}

@@ -1,0 +1,107 @@
+"""Run outputs: per-round CSV, JSON summary, PNG plot, terminal progress."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from tff_clustered.checkpoint import atomic_write_bytes
+
+METRICS_CSV = "metrics.csv"
+SUMMARY_JSON = "summary.json"
+PLOT_PNG = "curves.png"
+
+
+def write_metrics_csv(path: str, history: Sequence[dict[str, Any]]) -> None:
+    """All rows, columns in first-seen order; a round without evaluation leaves cells empty."""
+    columns: list[str] = []
+    for row in history:
+        columns += [k for k in row if k not in columns]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, restval="", lineterminator="\n")
+    writer.writeheader()
+    for row in history:
+        writer.writerow({k: _format(v) for k, v in row.items()})
+    atomic_write_bytes(path, buffer.getvalue().encode())
+
+
+def _format(value: Any) -> Any:
+    return f"{value:.6g}" if isinstance(value, float) else value
+
+
+def summarize(history: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Final and best test accuracy (FedGroup A.11 reports the max over rounds)."""
+    evaluated = [r for r in history if not math.isnan(r.get("accuracy", math.nan))]
+    if not evaluated:
+        return {}
+    best = max(evaluated, key=lambda r: r["accuracy"])
+    last = evaluated[-1]
+    return dict(
+        final_round=last["round"],
+        final_accuracy=last["accuracy"],
+        final_loss=last["loss"],
+        final_client_accuracy_mean=last["client_accuracy_mean"],
+        max_accuracy=best["accuracy"],
+        max_accuracy_round=best["round"],
+        total_train_seconds=sum(r.get("round_seconds", 0.0) for r in history),
+    )
+
+
+def write_summary_json(path: str, config: dict[str, Any], history: Sequence[dict[str, Any]]) -> dict:
+    summary = {"config": config, "results": summarize(history)}
+    atomic_write_bytes(path, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
+    return summary
+
+
+def write_curves_png(path: str, history: Sequence[dict[str, Any]], title: str) -> None:
+    """Test accuracy and test/train loss against rounds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evaluated = [r for r in history if "accuracy" in r]
+    trained = [r for r in history if "train_loss" in r]
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_acc.plot([r["round"] for r in evaluated], [r["accuracy"] for r in evaluated], marker=".")
+    ax_acc.set(xlabel="round", ylabel="test accuracy", title="accuracy", ylim=(0, 1))
+    ax_loss.plot([r["round"] for r in evaluated], [r["loss"] for r in evaluated], label="test")
+    ax_loss.plot([r["round"] for r in trained], [r["train_loss"] for r in trained], label="train")
+    ax_loss.set(xlabel="round", ylabel="loss", title="loss")
+    ax_loss.legend()
+    for ax in (ax_acc, ax_loss):
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+class Progress:
+    """A progress bar with ETA on a terminal; silent when stderr is not a TTY."""
+
+    def __init__(self, total: int, initial: int = 0, stream: Optional[Any] = None) -> None:
+        self.stream = stream or sys.stderr
+        self.bar = None
+        if self.stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, unit="round", file=self.stream)
+
+    def update(self, row: dict[str, Any]) -> None:
+        if self.bar is None or row["round"] == 0:
+            return
+        if "accuracy" in row:
+            self.bar.set_postfix(acc=f"{row['accuracy']:.3f}", loss=f"{row['loss']:.3f}")
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

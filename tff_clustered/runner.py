@@ -1,0 +1,111 @@
+"""One complete run with its outputs and checkpoints; what `binaries/train.py` calls."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Optional
+
+from tff_clustered import checkpoint, reporting
+from tff_clustered.algorithms import AlgorithmOptions, make_algorithm
+from tff_clustered.data import load_dataset
+from tff_clustered.models import model_spec
+from tff_clustered.orchestration import Experiment, TrainingConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """Everything that defines a run's results (and so must match on resume)."""
+
+    algorithm: str = "fedper"
+    dataset: str = "digits"
+    data_dir: Optional[str] = None
+    model: str = "mlp"
+    hidden_units: int = 64
+    cnn_dense_units: int = 128
+    num_clients: Optional[int] = None
+    num_classes: Optional[int] = None
+    algorithm_options: AlgorithmOptions = AlgorithmOptions()
+    training: TrainingConfig = TrainingConfig()
+
+    def settings(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def build_experiment(spec: RunSpec) -> Experiment:
+    data = load_dataset(
+        spec.dataset,
+        data_dir=spec.data_dir,
+        seed=spec.training.seed,
+        num_clients=spec.num_clients,
+        num_classes=spec.num_classes,
+    )
+    model = model_spec(
+        spec.model,
+        data.input_shape,
+        data.num_classes,
+        hidden_units=spec.hidden_units,
+        image_shape=data.image_shape,
+        cnn_dense_units=spec.cnn_dense_units,
+    )
+    algorithm = make_algorithm(spec.algorithm, spec.algorithm_options)
+    return Experiment(data, model, algorithm, spec.training)
+
+
+def run(
+    spec: RunSpec,
+    output_dir: str,
+    checkpoint_every: int = 5,
+    resume: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Runs (or resumes) `spec`, writing metrics.csv, summary.json, curves.png, checkpoints."""
+    if checkpoint_every < 0:
+        raise ValueError("checkpoint_every must be >= 0 (0 = only at the end)")
+    os.makedirs(output_dir, exist_ok=True)
+    ckpt_path = os.path.join(output_dir, checkpoint.CHECKPOINT_NAME)
+    settings = spec.settings()
+    if os.path.exists(ckpt_path) and not resume:
+        raise checkpoint.CheckpointError(
+            f"{output_dir} already holds a run; pass --resume to continue it, or choose a new "
+            "--output_dir"
+        )
+    experiment = build_experiment(spec)
+    saved = checkpoint.load(ckpt_path, settings) if resume else None
+    if saved is not None:
+        experiment.restore(saved)
+        log(f"resuming {output_dir} after round {saved.round_num}/{spec.training.rounds}")
+    else:
+        if resume:
+            log(f"no checkpoint in {output_dir}; starting a new run")
+        experiment.start()
+
+    csv_path = os.path.join(output_dir, reporting.METRICS_CSV)
+    progress = reporting.Progress(spec.training.rounds, initial=experiment.state.round_num)
+    try:
+        for row in experiment.rounds():
+            reporting.write_metrics_csv(csv_path, experiment.state.history)
+            progress.update(row)
+            done = row["round"]
+            if done and (
+                (checkpoint_every and done % checkpoint_every == 0) or done == spec.training.rounds
+            ):
+                checkpoint.save(ckpt_path, experiment.snapshot(), settings)
+    finally:
+        progress.close()
+    history = experiment.state.history
+    reporting.write_metrics_csv(csv_path, history)
+    config = dict(
+        settings,
+        algorithm_details=experiment.algorithm.describe(),
+        num_clients=len(experiment.data.client_ids),
+    )
+    summary = reporting.write_summary_json(
+        os.path.join(output_dir, reporting.SUMMARY_JSON), config, history
+    )
+    reporting.write_curves_png(
+        os.path.join(output_dir, reporting.PLOT_PNG),
+        history,
+        f"{spec.algorithm} on {experiment.data.name} ({spec.model})",
+    )
+    return summary
