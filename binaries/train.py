@@ -1,6 +1,6 @@
 """Trains one federated algorithm and writes metrics.csv, summary.json, curves.png.
 
-  python binaries/train.py --algorithm=fedper --dataset=digits --rounds=30
+  python binaries/train.py --algorithm=fedper --dataset=digits --rounds=50
 
 With no flags it runs FedPer on the embedded digits data (40 clients in 4 label-permutation
 groups) and prints how it compares with the accuracy a single global model can reach.
@@ -31,16 +31,16 @@ flags.DEFINE_integer("hidden_units", 64, "Hidden units of the MLP.", lower_bound
 flags.DEFINE_integer("cnn_dense_units", 128, "Units of the CNN's dense layer.", lower_bound=1)
 flags.DEFINE_integer("num_clients", None, "Clients to generate (digits, synthetic).", lower_bound=1)
 flags.DEFINE_integer("num_classes", None, "Classes (LEAF; default: from the labels).", lower_bound=2)
-flags.DEFINE_integer("rounds", 30, "Communication rounds.", lower_bound=1)
+flags.DEFINE_integer("rounds", 50, "Communication rounds.", lower_bound=1)
 flags.DEFINE_integer("clients_per_round", 10, "Clients sampled per round.", lower_bound=1)
-flags.DEFINE_integer("local_epochs", 2, "Local epochs per round.", lower_bound=1)
+flags.DEFINE_integer("local_epochs", 5, "Local epochs per round.", lower_bound=1)
 flags.DEFINE_integer("batch_size", 10, "Local minibatch size.", lower_bound=1)
 flags.DEFINE_float("learning_rate", 0.1, "Client learning rate.")
 flags.DEFINE_enum("lr_schedule", "constant", list(LR_SCHEDULES), "Per-round learning rate schedule.")
 flags.DEFINE_float("lr_decay", 0.98, "Per-round decay of the exponential schedule.")
 flags.DEFINE_float("momentum", 0.0, "Client SGD momentum.")
 flags.DEFINE_integer("num_clusters", None, "Clusters (clustered algorithms).", lower_bound=1)
-flags.DEFINE_float("mu", 0.0, "FedProx proximal strength (0: the algorithm's default).", lower_bound=0)
+flags.DEFINE_float("mu", None, "Proximal strength (unset: the algorithm's default).", lower_bound=0)
 flags.DEFINE_integer("personal_layers", None, "Personal top layers (fedper).", lower_bound=-1)
 flags.DEFINE_integer("seed", 0, "Seed of every random choice in the run.", lower_bound=0)
 flags.DEFINE_string("output_dir", None, "Where outputs go (default runs/DATASET-ALGORITHM-sSEED).")

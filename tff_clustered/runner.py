@@ -26,7 +26,7 @@ class RunSpec:
     num_clients: Optional[int] = None
     num_classes: Optional[int] = None
     algorithm_options: AlgorithmOptions = AlgorithmOptions()
-    training: TrainingConfig = TrainingConfig()
+    training: TrainingConfig = TrainingConfig(rounds=50, local_epochs=5, learning_rate=0.1)
 
     def settings(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

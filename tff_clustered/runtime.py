@@ -99,6 +99,8 @@ class TffRuntime:
         else:
             target = self._start_local_worker()
             context = _sync_context_for_targets([target])
+        # Replacing TFF's import-time default context drops its (never started) ServiceManager
+        # now, while its `__del__` can still run cleanly, instead of at interpreter exit.
         tff.framework.set_default_context(context)
         atexit.register(self.stop)
         self._install_signal_handlers()

@@ -26,7 +26,7 @@ class AlgorithmOptions:
     """Hyperparameters common to the algorithms; each uses those it needs."""
 
     num_clusters: Optional[int] = None  # None: the algorithm's default
-    prox_mu: float = 0.0
+    prox_mu: Optional[float] = None  # None: the algorithm's default
     personal_layers: Optional[int] = None  # None: the algorithm's default split
 
 
@@ -57,7 +57,7 @@ class Algorithm:
         return 1
 
     def default_prox_mu(self, options: AlgorithmOptions) -> float:
-        return options.prox_mu
+        return options.prox_mu or 0.0
 
     def default_split(self, options: AlgorithmOptions) -> PersonalSplit:
         if options.personal_layers not in (None, 0):

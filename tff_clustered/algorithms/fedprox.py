@@ -10,4 +10,4 @@ class FedProx(Algorithm):
     paper = "Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020"
 
     def default_prox_mu(self, options: AlgorithmOptions) -> float:
-        return options.prox_mu if options.prox_mu else DEFAULT_MU
+        return DEFAULT_MU if options.prox_mu is None else options.prox_mu

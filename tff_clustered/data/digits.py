@@ -47,10 +47,10 @@ def load_digits_clusters(
         raise ValueError(f"classes_per_client must be in 1..{num_classes}")
     if len(y) // num_clients < 4:
         raise ValueError(f"{num_clients} clients leave fewer than 4 digits each; use fewer")
-    rng = np.random.default_rng(seed)
-    perms = label_permutations(num_groups, num_classes, rng)
-    groups = np.arange(num_clients) % num_groups
-    rng.shuffle(groups)
+    # Separate streams: which images a client holds does not depend on the grouping.
+    rng = np.random.default_rng([seed, 0])
+    perms = label_permutations(num_groups, num_classes, np.random.default_rng([seed, 1]))
+    groups = np.random.default_rng([seed, 2]).permutation(np.arange(num_clients) % num_groups)
 
     if classes_per_client is None:
         shares = np.array_split(rng.permutation(len(y)), num_clients)

@@ -1,0 +1,57 @@
+"""Shared fixtures. TFF tests share one execution context, stopped at the end of the session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTDATA = os.path.join(ROOT, "testdata")
+SHARED_LEAF_FILE = os.path.join(ROOT, "..", "shared", "data", "leaf_synthetic_1_1", "mytest.json")
+
+
+@pytest.fixture(scope="session")
+def tff_context() -> Iterator[object]:
+    from tff_clustered.runtime import tff_runtime
+
+    with tff_runtime() as runtime:
+        yield runtime
+
+
+def run_binary(
+    args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env_extra or {}))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def worker_pids_with_tag(tag: str) -> list[int]:
+    """Live `worker_binary` processes whose environment carries `RUN_TAG=tag`."""
+    from tff_clustered.runtime import WORKER_TAG_ENV
+
+    needle = f"{WORKER_TAG_ENV}={tag}".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"worker_binary" not in f.read():
+                    continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found

@@ -1,0 +1,43 @@
+"""NumPy references of the math the federated computations must reproduce."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def mclr_sgd(
+    w: np.ndarray,
+    b: np.ndarray,
+    batches: Sequence[tuple[np.ndarray, np.ndarray]],
+    lr: float,
+    mu: float = 0.0,
+    momentum: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Local SGD of multinomial logistic regression with FedProx term and momentum (spec A.3)."""
+    w0, b0 = w.astype(np.float64), b.astype(np.float64)
+    w, b = w0.copy(), b0.copy()
+    vw, vb = np.zeros_like(w), np.zeros_like(b)
+    for x, y in batches:
+        p = softmax(x @ w + b)
+        p[np.arange(len(y)), y] -= 1.0
+        gw, gb = x.T @ p / len(y), p.mean(axis=0)
+        vw = momentum * vw + gw + mu * (w - w0)
+        vb = momentum * vb + gb + mu * (b - b0)
+        w, b = w - lr * vw, b - lr * vb
+    return w, b
+
+
+def weighted_mean(models: Sequence[Sequence[np.ndarray]], weights: Sequence[float]) -> list:
+    total = float(sum(weights))
+    return [
+        sum(wt * np.asarray(m[i], np.float64) for m, wt in zip(models, weights)) / total
+        for i in range(len(models[0]))
+    ]

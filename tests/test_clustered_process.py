@@ -1,0 +1,151 @@
+"""The TFF round and evaluation against NumPy/TF references of the same math on tiny data."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from reference import mclr_sgd, softmax, weighted_mean
+
+from tff_clustered.federated import client_work
+from tff_clustered.federated.clustered_process import build_clustered_process, round_hparams
+from tff_clustered.models import PersonalSplit, ResolvedSplit, initial_weights, model_spec
+
+pytestmark = pytest.mark.usefixtures("tff_context")
+BATCH = 4
+
+
+def client_sets(rng: np.random.Generator, sizes: list, dim: int, classes: int) -> list:
+    return [
+        (rng.normal(size=(n, dim)).astype(np.float32), rng.integers(0, classes, n).astype(np.int32))
+        for n in sizes
+    ]
+
+
+def to_dataset(x: np.ndarray, y: np.ndarray) -> tf.data.Dataset:
+    return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(BATCH)
+
+
+def batches(x: np.ndarray, y: np.ndarray) -> list:
+    return [(x[i : i + BATCH], y[i : i + BATCH]) for i in range(0, len(y), BATCH)]
+
+
+def build(model_name: str, split: PersonalSplit, k: int, deltas: bool = False) -> tuple:
+    spec = model_spec(model_name, (5,), 3, hidden_units=4)
+    w0 = initial_weights(spec, 7)
+    process = build_clustered_process(
+        spec, ResolvedSplit.of(spec.build(), split), k, w0, return_model_deltas=deltas
+    )
+    return process, w0
+
+
+def test_round_is_the_example_weighted_mean_per_cluster_and_empty_cluster_is_unchanged() -> None:
+    rng = np.random.default_rng(0)
+    process, _ = build("mclr", PersonalSplit.none(), 3, deltas=True)
+    state = process.initialize()
+    # Give each cluster a different model, as after a cold start.
+    state["cluster_models"] = tuple(
+        rng.normal(size=m.shape).astype(np.float32) for m in state["cluster_models"]
+    )
+    data = client_sets(rng, [9, 6, 11, 5], 5, 3)
+    keys = [0, 2, 2, 0]
+    new_state, outputs, measurements = process.next(
+        state,
+        [to_dataset(*d) for d in data],
+        [np.array([k], np.int32) for k in keys],
+        [()] * 4,
+        round_hparams(0.2),
+    )
+    w_stack, b_stack = state["cluster_models"]
+    trained = [mclr_sgd(w_stack[k], b_stack[k], batches(*d), 0.2) for d, k in zip(data, keys)]
+    for cluster in (0, 2):
+        members = [i for i, k in enumerate(keys) if k == cluster]
+        expected = weighted_mean([trained[i] for i in members], [len(data[i][1]) for i in members])
+        for got, want in zip(new_state["cluster_models"], expected):
+            np.testing.assert_allclose(got[cluster], want, rtol=1e-5, atol=1e-6)
+    for got, before in zip(new_state["cluster_models"], state["cluster_models"]):
+        assert np.array_equal(got[1], before[1])  # no client in cluster 1: bit for bit unchanged
+    np.testing.assert_array_equal(measurements["cluster_weight"], [14.0, 0.0, 17.0])
+    for out, (w, b), k in zip(outputs, trained, keys):
+        start = np.concatenate([w_stack[k].ravel(), b_stack[k]])
+        np.testing.assert_allclose(
+            out["model_delta"], np.concatenate([w.ravel(), b]) - start, rtol=1e-4, atol=1e-5
+        )
+
+
+def mlp_predict(weights: tuple, x: tf.Tensor, training: bool) -> tf.Tensor:
+    w1, b1, w2, b2 = weights
+    return tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
+
+
+def test_personal_tensors_are_trained_locally_and_never_aggregated() -> None:
+    rng = np.random.default_rng(1)
+    process, w0 = build("mlp", PersonalSplit(1, "layers", "top"), 2)
+    assert process.split.personal == (2, 3)
+    state = process.initialize()
+    data = client_sets(rng, [8, 12, 7], 5, 3)
+    keys = [1, 1, 0]
+    personal = [
+        tuple(rng.normal(size=w0[i].shape).astype(np.float32) for i in (2, 3)) for _ in data
+    ]
+    new_state, outputs, _ = process.next(
+        state,
+        [to_dataset(*d) for d in data],
+        [np.array([k], np.int32) for k in keys],
+        personal,
+        round_hparams(0.1),
+    )
+    train = tf.function(client_work.train_client, autograph=False)
+    reference = []
+    for d, k, p in zip(data, keys, personal):
+        start = [state["cluster_models"][0][k], state["cluster_models"][1][k], *p]
+        r = train(mlp_predict, tuple(tf.constant(t) for t in start), to_dataset(*d),
+                  tf.constant(0.1), tf.constant(0.0), tf.constant(0.0))
+        reference.append([t.numpy() for t in r.weights])
+    for out, ref in zip(outputs, reference):  # personal parts come back to their client
+        np.testing.assert_allclose(out["personal"][0], ref[2], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out["personal"][1], ref[3], rtol=1e-5, atol=1e-6)
+    for i in (2, 3):  # the server's personal slots are never touched
+        assert np.array_equal(new_state["cluster_models"][i], state["cluster_models"][i])
+    for cluster in (0, 1):
+        members = [j for j, k in enumerate(keys) if k == cluster]
+        expected = weighted_mean(
+            [reference[j][:2] for j in members], [len(data[j][1]) for j in members]
+        )
+        for i in (0, 1):
+            np.testing.assert_allclose(
+                new_state["cluster_models"][i][cluster], expected[i], rtol=1e-5, atol=1e-6
+            )
+
+
+def test_purely_local_models_leave_the_server_state_unchanged() -> None:
+    rng = np.random.default_rng(2)
+    process, w0 = build("mlp", PersonalSplit.all(), 1)
+    state = process.initialize()
+    data = client_sets(rng, [6, 6], 5, 3)
+    new_state, outputs, _ = process.next(
+        state, [to_dataset(*d) for d in data], [np.array([0], np.int32)] * 2,
+        [tuple(w0)] * 2, round_hparams(0.1),
+    )
+    for got, before in zip(new_state["cluster_models"], state["cluster_models"]):
+        assert np.array_equal(got, before)
+    assert not np.allclose(outputs[0]["personal"][0], w0[0])
+
+
+def test_evaluation_uses_each_clients_own_cluster_model() -> None:
+    rng = np.random.default_rng(3)
+    process, _ = build("mclr", PersonalSplit.none(), 2)
+    models = tuple(rng.normal(size=(2, *s)).astype(np.float32) for s in process.weight_shapes)
+    data = client_sets(rng, [10, 13], 5, 3)
+    keys = [1, 0]
+    results = process.evaluate(
+        models, [to_dataset(*d) for d in data], [np.array([k], np.int32) for k in keys], [()] * 2
+    )
+    for (x, y), k, r in zip(data, keys, results):
+        logits = x @ models[0][k] + models[1][k]
+        assert r["num_correct"] == float(np.sum(np.argmax(logits, 1) == y))
+        expected_loss = -np.log(softmax(logits.astype(np.float64))[np.arange(len(y)), y]).sum()
+        assert r["loss_sum"] == pytest.approx(expected_loss, rel=1e-4)
+        assert r["num_examples"] == len(y)

@@ -1,0 +1,154 @@
+"""Data readers on real-format fixtures, generators, and bad-input errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from conftest import SHARED_LEAF_FILE, TESTDATA
+
+from tff_clustered.data import (
+    DataError,
+    load_dataset,
+    load_digits_clusters,
+    load_leaf,
+    load_synthetic,
+    read_leaf_split,
+)
+from tff_clustered.data.digits import label_permutations
+
+LEAF_TINY = os.path.join(TESTDATA, "leaf_tiny")
+
+
+def client_arrays(data: object, split: str, cid: str) -> tuple[np.ndarray, np.ndarray]:
+    source = data.train if split == "train" else data.test
+    batch = next(iter(source.create_tf_dataset_for_client(cid).batch(10_000)))
+    return batch["x"].numpy(), batch["y"].numpy()
+
+
+def test_digits_uses_every_real_sample_and_plants_permuted_groups() -> None:
+    data = load_digits_clusters(num_clients=40, num_groups=4, seed=3)
+    assert len(data.client_ids) == 40
+    assert sum(data.train_sizes.values()) + sum(data.test_sizes.values()) == 1797
+    groups = np.array([data.true_clusters[c] for c in data.client_ids])
+    assert np.bincount(groups).tolist() == [10, 10, 10, 10]
+    assert data.input_shape == (64,) and data.num_classes == 10
+
+
+def test_label_permutations_are_distinct_and_group_0_is_true_labels() -> None:
+    perms = label_permutations(5, 10, np.random.default_rng(0))
+    assert np.array_equal(perms[0], np.arange(10))
+    assert len({tuple(p) for p in perms}) == 5
+    assert all(sorted(p) == list(range(10)) for p in perms)
+
+
+def test_digits_groups_relabel_the_same_images() -> None:
+    # Same seed, one group vs four: the images dealt to each client are identical, and a client
+    # of a permuted group sees its labels through that group's permutation.
+    one = load_digits_clusters(num_clients=8, num_groups=1, seed=1)
+    four = load_digits_clusters(num_clients=8, num_groups=4, seed=1)
+    relabelled = 0
+    for cid in one.client_ids:
+        x1, y1 = client_arrays(one, "train", cid)
+        x4, y4 = client_arrays(four, "train", cid)
+        assert np.array_equal(x1, x4)
+        relabelled += int(not np.array_equal(y1, y4))
+    assert relabelled == sum(1 for c in four.client_ids if four.true_clusters[c] != 0)
+
+
+def test_digits_pathological_split_limits_classes_per_client() -> None:
+    data = load_digits_clusters(num_clients=20, num_groups=2, classes_per_client=2, seed=0)
+    for cid in data.client_ids:
+        _, ytr = client_arrays(data, "train", cid)
+        _, yte = client_arrays(data, "test", cid)
+        assert len(set(ytr) | set(yte)) <= 2
+
+
+def test_synthetic_is_seeded_and_has_the_fedprox_shape() -> None:
+    a, b = load_synthetic(num_clients=10, seed=5), load_synthetic(num_clients=10, seed=5)
+    c = load_synthetic(num_clients=10, seed=6)
+    xa, ya = client_arrays(a, "train", a.client_ids[0])
+    xb, yb = client_arrays(b, "train", b.client_ids[0])
+    xc, _ = client_arrays(c, "train", c.client_ids[0])
+    assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
+    assert xa.shape[1:] != () and not (xa.shape == xc.shape and np.allclose(xa, xc))
+    assert a.input_shape == (60,) and a.num_classes == 10
+    for cid in a.client_ids:
+        n_train, n_test = a.train_sizes[cid], a.test_sizes[cid]
+        assert n_train + n_test >= 50  # floor(lognormal(4, 2)) + 50
+        assert n_train == int(np.floor(0.9 * (n_train + n_test)))
+
+
+def test_leaf_reader_merges_multi_file_splits() -> None:
+    train = read_leaf_split(os.path.join(LEAF_TINY, "train"))
+    assert sorted(train) == ["f_0000", "f_0001", "f_0002", "f_0003"]
+    assert len(train["f_0002"][1]) == 7  # 3 in the first file + 4 in the second
+    data = load_leaf(os.path.join(LEAF_TINY, "train"), os.path.join(LEAF_TINY, "test"))
+    assert data.num_classes == 4 and data.input_shape == (6,)
+    assert data.train_sizes == {"f_0000": 7, "f_0001": 5, "f_0002": 7, "f_0003": 6}
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED_LEAF_FILE), reason="../shared/data not present")
+def test_leaf_reader_reads_the_real_fedprox_synthetic_file_unchanged() -> None:
+    data = load_leaf(SHARED_LEAF_FILE, SHARED_LEAF_FILE, num_classes=10)
+    assert len(data.client_ids) == 30
+    assert sum(data.train_sizes.values()) == 1084
+    assert data.input_shape == (60,)
+    with open(SHARED_LEAF_FILE) as f:
+        blob = json.load(f)
+    x, y = client_arrays(data, "train", "f_00013")
+    assert np.allclose(x, np.array(blob["user_data"]["f_00013"]["x"], np.float32))
+    assert y.tolist() == [int(v) for v in blob["user_data"]["f_00013"]["y"]]
+
+
+def write_leaf(path: str, blob: object) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(blob if isinstance(blob, str) else json.dumps(blob))
+    return path
+
+
+GOOD_USER = {"x": [[0.0, 1.0], [1.0, 0.0]], "y": [0, 1]}
+
+
+@pytest.mark.parametrize(
+    "blob, message",
+    [
+        ('{"users": ["a"], "num_samples": [2], "user_data": {', "not valid JSON"),
+        ({"users": ["a", "b"], "num_samples": [2, 2], "user_data": {"a": GOOD_USER}}, "'b' is listed"),
+        ({"users": ["a"], "num_samples": [2], "user_data": {"a": {"x": [[0.0, 1.0]], "y": [0, 1]}}}, "1 inputs but 2 labels"),
+        ({"users": ["a"], "num_samples": [3], "user_data": {"a": GOOD_USER}}, "num_samples=3"),
+        ({"users": ["a"], "num_samples": [2, 1], "user_data": {"a": GOOD_USER}}, "must align"),
+        ({"users": ["a"], "num_samples": [0], "user_data": {"a": {"x": [], "y": []}}}, "has no examples"),
+        ({"users": ["a"], "num_samples": [2], "user_data": {"a": {"x": [[0.0, 1.0], [1.0, 0.0]], "y": [0, 7]}}}, "label 7 is outside"),
+        ({"rows": []}, "not a LEAF file"),
+    ],
+)
+def test_bad_leaf_files_give_errors_naming_file_client_and_fix(
+    tmp_path: object, blob: object, message: str
+) -> None:
+    path = write_leaf(str(tmp_path / "train" / "bad.json"), blob)
+    write_leaf(str(tmp_path / "test" / "t.json"), {"users": ["a"], "num_samples": [2], "user_data": {"a": GOOD_USER}})
+    with pytest.raises(DataError, match=message) as info:
+        load_leaf(tmp_path / "train", tmp_path / "test", num_classes=2)
+    text = str(info.value)
+    assert "bad.json" in text or "LEAF files" in text
+
+
+def test_missing_leaf_data_says_what_to_download(tmp_path: object) -> None:
+    with pytest.raises(DataError, match="does not exist.*LEAF"):
+        load_leaf(tmp_path / "nowhere", tmp_path / "nowhere")
+    os.makedirs(tmp_path / "empty")
+    with pytest.raises(DataError, match="no \\*.json"):
+        load_leaf(tmp_path / "empty", tmp_path / "empty")
+    with pytest.raises(DataError, match="needs --data_dir"):
+        load_dataset("leaf")
+
+
+def test_client_in_only_one_split_is_named(tmp_path: object) -> None:
+    write_leaf(str(tmp_path / "train" / "a.json"), {"users": ["a", "b"], "num_samples": [2, 2], "user_data": {"a": GOOD_USER, "b": GOOD_USER}})
+    write_leaf(str(tmp_path / "test" / "a.json"), {"users": ["a"], "num_samples": [2], "user_data": {"a": GOOD_USER}})
+    with pytest.raises(DataError, match="client 'b'.*only one of train/test"):
+        load_leaf(tmp_path / "train", tmp_path / "test")
