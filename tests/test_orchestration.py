@@ -1,0 +1,93 @@
+"""Experiment-level properties: determinism, FedProx(mu=0) == FedAvg, Local, schedules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tff_clustered.algorithms import AlgorithmOptions, make_algorithm
+from tff_clustered.data import load_digits_clusters
+from tff_clustered.models import model_spec
+from tff_clustered.orchestration import Experiment, TrainingConfig
+
+pytestmark = pytest.mark.usefixtures("tff_context")
+CONFIG = TrainingConfig(rounds=3, clients_per_round=4, local_epochs=1, learning_rate=0.1, seed=5)
+
+
+def run(algorithm: str, config: TrainingConfig = CONFIG, **options: object) -> Experiment:
+    data = load_digits_clusters(num_clients=12, num_groups=2, seed=config.seed)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
+    experiment = Experiment(data, model, make_algorithm(algorithm, AlgorithmOptions(**options)), config)
+    experiment.start()
+    list(experiment.rounds())
+    return experiment
+
+
+def metrics(experiment: Experiment) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "round_seconds"} for r in experiment.state.history]
+
+
+def test_same_seed_same_metrics_and_other_seed_differs() -> None:
+    a, b = run("fedper"), run("fedper")
+    assert metrics(a) == metrics(b)
+    c = run("fedper", TrainingConfig(**{**CONFIG.__dict__, "seed": 6}))
+    assert metrics(a) != metrics(c)
+
+
+def test_fedprox_with_mu_zero_is_fedavg_exactly() -> None:
+    assert metrics(run("fedprox", prox_mu=0.0)) == metrics(run("fedavg"))
+    assert metrics(run("fedprox", prox_mu=1.0)) != metrics(run("fedavg"))
+
+
+def test_local_training_never_changes_the_server_models() -> None:
+    experiment = run("local")
+    initial = experiment.process.initialize()["cluster_models"]
+    final = experiment.state.server_state["cluster_models"]
+    assert all((x == y).all() for x, y in zip(initial, final))
+    assert len(experiment.state.personal) > 0
+
+
+def test_history_has_an_evaluated_row_per_round_and_round_zero() -> None:
+    history = run("fedavg").state.history
+    assert [r["round"] for r in history] == [0, 1, 2, 3]
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in history)
+    assert history[1]["num_sampled"] == 4 and history[1]["sampled_cluster_0"] == 4
+
+
+def test_sampling_is_a_function_of_seed_and_round() -> None:
+    experiment = run("fedavg", TrainingConfig(rounds=1, clients_per_round=4, seed=5))
+    assert experiment.sample_clients(7) == experiment.sample_clients(7)
+    assert len(set(experiment.sample_clients(7))) == 4
+    assert any(experiment.sample_clients(r) != experiment.sample_clients(7) for r in range(1, 7))
+
+
+def test_learning_rate_schedules() -> None:
+    exp = TrainingConfig(learning_rate=0.1, lr_schedule="exponential", lr_decay=0.5)
+    assert [exp.learning_rate_at(r) for r in (1, 2, 3)] == [0.1, 0.05, 0.025]
+    cos = TrainingConfig(rounds=4, learning_rate=0.2, lr_schedule="cosine")
+    assert cos.learning_rate_at(1) == pytest.approx(0.2)
+    assert cos.learning_rate_at(3) == pytest.approx(0.1)
+    assert TrainingConfig(learning_rate=0.3).learning_rate_at(9) == 0.3
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [("rounds", 0, "rounds"), ("learning_rate", -1.0, "learning_rate"),
+     ("learning_rate", math.nan, "learning_rate"), ("lr_schedule", "warm", "lr_schedule"),
+     ("momentum", 1.0, "momentum")],
+)
+def test_invalid_training_config_is_refused(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TrainingConfig(**{field: value})
+
+
+def test_algorithm_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="one model"):
+        make_algorithm("fedavg", AlgorithmOptions(num_clusters=3))
+    with pytest.raises(ValueError, match="fedprox"):
+        make_algorithm("fedavg", AlgorithmOptions(prox_mu=0.5))
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        make_algorithm("fedsomething")
+    assert make_algorithm("fedprox").prox_mu == 0.01
+    assert make_algorithm("fedper", AlgorithmOptions(personal_layers=2)).split.count == 2
