@@ -20,7 +20,9 @@ from tff_clustered.checkpoint import CheckpointError  # noqa: E402
 from tff_clustered.data import DATASET_NAMES, DataError  # noqa: E402
 from tff_clustered.models import MODEL_NAMES  # noqa: E402
 from tff_clustered.orchestration import LR_SCHEDULES, TrainingConfig  # noqa: E402
+from tff_clustered import runner  # noqa: E402
 from tff_clustered.runner import RunSpec  # noqa: E402
+from tff_clustered.runtime import RuntimeConfig, tff_runtime  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("algorithm", "fedper", list(ALGORITHMS), "Federated algorithm.")
@@ -86,9 +88,6 @@ def run_spec_from_flags() -> RunSpec:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    from tff_clustered import runner
-    from tff_clustered.runtime import RuntimeConfig, tff_runtime
-
     try:
         spec = run_spec_from_flags()
         output_dir = FLAGS.output_dir or os.path.join(

@@ -37,7 +37,7 @@ def test_train_client_matches_numpy_sgd(mu: float, momentum: float) -> None:
     batches = make_batches(rng, 23, 4)  # last batch partial (3 examples), kept
     result = tf.function(client_work.train_client, autograph=False)(
         mclr_predict, (tf.constant(w), tf.constant(b)), as_dataset(batches),
-        tf.constant(0.1), tf.constant(mu), tf.constant(momentum),
+        tf.constant(0.1), mu, momentum,
     )
     ref_w, ref_b = mclr_sgd(w, b, batches, 0.1, mu, momentum)
     np.testing.assert_allclose(result.weights[0].numpy(), ref_w, rtol=1e-5, atol=1e-6)
@@ -52,8 +52,7 @@ def test_prox_term_pulls_towards_the_start() -> None:
     train = tf.function(client_work.train_client, autograph=False)
     drift = []
     for mu in (0.0, 5.0):
-        r = train(mclr_predict, (tf.constant(w), tf.constant(b)), ds, tf.constant(0.1),
-                  tf.constant(mu), tf.constant(0.0))
+        r = train(mclr_predict, (tf.constant(w), tf.constant(b)), ds, tf.constant(0.1), mu)
         drift.append(np.linalg.norm(r.weights[0].numpy() - w))
     assert drift[1] < 0.5 * drift[0]
 

@@ -102,7 +102,7 @@ def test_personal_tensors_are_trained_locally_and_never_aggregated() -> None:
     for d, k, p in zip(data, keys, personal):
         start = [state["cluster_models"][0][k], state["cluster_models"][1][k], *p]
         r = train(mlp_predict, tuple(tf.constant(t) for t in start), to_dataset(*d),
-                  tf.constant(0.1), tf.constant(0.0), tf.constant(0.0))
+                  tf.constant(0.1))
         reference.append([t.numpy() for t in r.weights])
     for out, ref in zip(outputs, reference):  # personal parts come back to their client
         np.testing.assert_allclose(out["personal"][0], ref[2], rtol=1e-5, atol=1e-6)

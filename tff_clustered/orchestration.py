@@ -105,6 +105,8 @@ class Experiment:
             self.split,
             algorithm.num_clusters,
             self.initial_weights,
+            prox_mu=algorithm.prox_mu,
+            momentum=config.momentum,
             return_model_deltas=algorithm.needs_model_deltas,
         )
         self._initial_personal = self.process.personal_part(self.initial_weights)
@@ -180,7 +182,7 @@ class Experiment:
             self.train_datasets(round_num, client_ids, epochs),
             [np.array([k], np.int32) for k in clusters],
             [self.personal_weights(c) for c in client_ids],
-            round_hparams(learning_rate, self.algorithm.prox_mu, self.config.momentum),
+            round_hparams(learning_rate),
         )
 
     def train_round(self, round_num: int) -> dict[str, Any]:

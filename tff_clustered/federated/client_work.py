@@ -40,18 +40,19 @@ def train_client(
     weights: Weights,
     dataset: tf.data.Dataset,
     learning_rate: tf.Tensor,
-    prox_mu: tf.Tensor,
-    momentum: tf.Tensor,
+    prox_mu: float = 0.0,
+    momentum: float = 0.0,
 ) -> TrainResult:
     """Local minibatch SGD over every batch of `dataset` (its epochs already repeated).
 
     Step (spec A.3): g = grad mean-loss(b; w) + mu (w - w_start)  [FedProx Eq. 3 term];
-    v = momentum v + g; w = w - lr v. With mu = 0 and momentum = 0 this is plain FedAvg SGD.
+    v = momentum v + g; w = w - lr v. `prox_mu` and `momentum` are Python numbers: a zero
+    term is left out of the graph, so mu = 0 runs exactly FedAvg's plain SGD step.
     """
     anchor = tuple(tf.identity(w) for w in weights)
-    state = (
+    start = (
         tuple(tf.identity(w) for w in weights),
-        tuple(tf.zeros_like(w) for w in weights),
+        tuple(tf.zeros_like(w) for w in weights) if momentum else (),
         tf.constant(0.0),
         tf.constant(0.0),
     )
@@ -61,16 +62,17 @@ def train_client(
         with tf.GradientTape() as tape:
             tape.watch(current)
             loss = batch_loss(predict(current, batch["x"], True), batch["y"])
-        grads = tape.gradient(loss, current)
-        velocity = tuple(
-            momentum * v + g + prox_mu * (w - a)
-            for v, g, w, a in zip(velocity, grads, current, anchor)
-        )
-        current = tuple(w - learning_rate * v for w, v in zip(current, velocity))
+        direction = tape.gradient(loss, current)
+        if prox_mu:
+            direction = tuple(g + prox_mu * (w - a) for g, w, a in zip(direction, current, anchor))
+        if momentum:
+            velocity = tuple(momentum * v + g for v, g in zip(velocity, direction))
+            direction = velocity
+        current = tuple(w - learning_rate * d for w, d in zip(current, direction))
         batch_size = tf.cast(tf.shape(batch["y"])[0], tf.float32)
         return current, velocity, num_examples + batch_size, loss_sum + loss * batch_size
 
-    final, _, num_examples, loss_sum = dataset.reduce(state, step)
+    final, _, num_examples, loss_sum = dataset.reduce(start, step)
     return TrainResult(final, num_examples, loss_sum)
 
 

@@ -43,13 +43,9 @@ def sequence_type(element_spec: object) -> tff.SequenceType:
     return tff.SequenceType(to_type(element_spec))
 
 
-def round_hparams(learning_rate: float, prox_mu: float = 0.0, momentum: float = 0.0) -> dict:
+def round_hparams(learning_rate: float) -> dict:
     """The SERVER-placed per-round hyperparameters `next` takes (broadcast to clients)."""
-    return collections.OrderedDict(
-        learning_rate=np.float32(learning_rate),
-        prox_mu=np.float32(prox_mu),
-        momentum=np.float32(momentum),
-    )
+    return collections.OrderedDict(learning_rate=np.float32(learning_rate))
 
 
 @dataclasses.dataclass
@@ -79,13 +75,16 @@ def build_clustered_process(
     split: ResolvedSplit,
     num_clusters: int,
     initial_weights: Sequence[np.ndarray],
+    prox_mu: float = 0.0,
+    momentum: float = 0.0,
     return_model_deltas: bool = False,
 ) -> ClusteredProcess:
     """Builds `initialize`/`next` and `evaluate` for one model, split and cluster count.
 
     `initial_weights` (one model) initialises every cluster; algorithms that start clusters
     differently (IFCA, FedGroup) overwrite `state["cluster_models"]` before round 1.
-    `return_model_deltas` adds each client's flattened full-model update to its outputs
+    `prox_mu` (FedProx) and client `momentum` are fixed for the process; the learning rate
+    comes with each round (schedules). `return_model_deltas` adds each client's flattened full-model update to its outputs
     (what server-side clustering needs), at no extra training cost.
     """
     keras_model = model.build()
@@ -159,8 +158,8 @@ def build_clustered_process(
             start,
             dataset,
             hparams["learning_rate"],
-            hparams["prox_mu"],
-            hparams["momentum"],
+            prox_mu=float(prox_mu),
+            momentum=float(momentum),
         )
         base_delta = tuple(result.weights[i] - start[i] for i in base_idx)
         cluster_weight = tf.one_hot(key[0], k, dtype=tf.float32) * result.num_examples
