@@ -65,7 +65,9 @@ def main(argv: list[str]) -> None:
         ]
 
     w0 = initial_weights(spec, FLAGS.seed)
-    ours = build_clustered_process(spec, ResolvedSplit.of(spec.build(), PersonalSplit.none()), 1, w0)
+    ours = build_clustered_process(
+        spec, ResolvedSplit.of(spec.build(), PersonalSplit.none()), 1, w0
+    )
 
     def model_fn() -> tff.learning.models.VariableModel:
         keras_model = spec.build()

@@ -15,12 +15,12 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from tff_clustered import runner  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS, AlgorithmOptions  # noqa: E402
 from tff_clustered.checkpoint import CheckpointError  # noqa: E402
 from tff_clustered.data import DATASET_NAMES, DataError  # noqa: E402
 from tff_clustered.models import MODEL_NAMES  # noqa: E402
 from tff_clustered.orchestration import LR_SCHEDULES, TrainingConfig  # noqa: E402
-from tff_clustered import runner  # noqa: E402
 from tff_clustered.runner import RunSpec  # noqa: E402
 from tff_clustered.runtime import RuntimeConfig, tff_runtime  # noqa: E402
 
@@ -32,13 +32,17 @@ flags.DEFINE_enum("model", "mlp", list(MODEL_NAMES), "Model architecture.")
 flags.DEFINE_integer("hidden_units", 64, "Hidden units of the MLP.", lower_bound=1)
 flags.DEFINE_integer("cnn_dense_units", 128, "Units of the CNN's dense layer.", lower_bound=1)
 flags.DEFINE_integer("num_clients", None, "Clients to generate (digits, synthetic).", lower_bound=1)
-flags.DEFINE_integer("num_classes", None, "Classes (LEAF; default: from the labels).", lower_bound=2)
+flags.DEFINE_integer(
+    "num_classes", None, "Classes (LEAF; default: from the labels).", lower_bound=2
+)
 flags.DEFINE_integer("rounds", 50, "Communication rounds.", lower_bound=1)
 flags.DEFINE_integer("clients_per_round", 10, "Clients sampled per round.", lower_bound=1)
 flags.DEFINE_integer("local_epochs", 5, "Local epochs per round.", lower_bound=1)
 flags.DEFINE_integer("batch_size", 10, "Local minibatch size.", lower_bound=1)
 flags.DEFINE_float("learning_rate", 0.1, "Client learning rate.")
-flags.DEFINE_enum("lr_schedule", "constant", list(LR_SCHEDULES), "Per-round learning rate schedule.")
+flags.DEFINE_enum(
+    "lr_schedule", "constant", list(LR_SCHEDULES), "Per-round learning rate schedule."
+)
 flags.DEFINE_float("lr_decay", 0.98, "Per-round decay of the exponential schedule.")
 flags.DEFINE_float("momentum", 0.0, "Client SGD momentum.")
 flags.DEFINE_integer("num_clusters", None, "Clusters (clustered algorithms).", lower_bound=1)
@@ -46,12 +50,16 @@ flags.DEFINE_float("mu", None, "Proximal strength (unset: the algorithm's defaul
 flags.DEFINE_integer("personal_layers", None, "Personal top layers (fedper).", lower_bound=-1)
 flags.DEFINE_integer("seed", 0, "Seed of every random choice in the run.", lower_bound=0)
 flags.DEFINE_string("output_dir", None, "Where outputs go (default runs/DATASET-ALGORITHM-sSEED).")
-flags.DEFINE_integer("checkpoint_every", 5, "Checkpoint every N rounds (0: at the end).", lower_bound=0)
+flags.DEFINE_integer(
+    "checkpoint_every", 5, "Checkpoint every N rounds (0: at the end).", lower_bound=0
+)
 flags.DEFINE_bool("resume", False, "Continue the run in --output_dir from its checkpoint.")
 flags.DEFINE_integer("eval_every", 1, "Evaluate every N rounds.", lower_bound=1)
 flags.DEFINE_list("workers", [], "Remote TFF workers HOST:PORT (empty: one local worker).")
 flags.DEFINE_integer(
-    "max_concurrent_computation_calls", -1, "Concurrent client computations in the worker (-1: no limit)."
+    "max_concurrent_computation_calls",
+    -1,
+    "Concurrent client computations in the worker (-1: no limit).",
 )
 
 

@@ -36,8 +36,12 @@ def test_train_client_matches_numpy_sgd(mu: float, momentum: float) -> None:
     w, b = rng.normal(size=(5, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)
     batches = make_batches(rng, 23, 4)  # last batch partial (3 examples), kept
     result = tf.function(client_work.train_client, autograph=False)(
-        mclr_predict, (tf.constant(w), tf.constant(b)), as_dataset(batches),
-        tf.constant(0.1), mu, momentum,
+        mclr_predict,
+        (tf.constant(w), tf.constant(b)),
+        as_dataset(batches),
+        tf.constant(0.1),
+        mu,
+        momentum,
     )
     ref_w, ref_b = mclr_sgd(w, b, batches, 0.1, mu, momentum)
     np.testing.assert_allclose(result.weights[0].numpy(), ref_w, rtol=1e-5, atol=1e-6)

@@ -101,8 +101,9 @@ def test_personal_tensors_are_trained_locally_and_never_aggregated() -> None:
     reference = []
     for d, k, p in zip(data, keys, personal):
         start = [state["cluster_models"][0][k], state["cluster_models"][1][k], *p]
-        r = train(mlp_predict, tuple(tf.constant(t) for t in start), to_dataset(*d),
-                  tf.constant(0.1))
+        r = train(
+            mlp_predict, tuple(tf.constant(t) for t in start), to_dataset(*d), tf.constant(0.1)
+        )
         reference.append([t.numpy() for t in r.weights])
     for out, ref in zip(outputs, reference):  # personal parts come back to their client
         np.testing.assert_allclose(out["personal"][0], ref[2], rtol=1e-5, atol=1e-6)
@@ -126,8 +127,11 @@ def test_purely_local_models_leave_the_server_state_unchanged() -> None:
     state = process.initialize()
     data = client_sets(rng, [6, 6], 5, 3)
     new_state, outputs, _ = process.next(
-        state, [to_dataset(*d) for d in data], [np.array([0], np.int32)] * 2,
-        [tuple(w0)] * 2, round_hparams(0.1),
+        state,
+        [to_dataset(*d) for d in data],
+        [np.array([0], np.int32)] * 2,
+        [tuple(w0)] * 2,
+        round_hparams(0.1),
     )
     for got, before in zip(new_state["cluster_models"], state["cluster_models"]):
         assert np.array_equal(got, before)

@@ -117,20 +117,43 @@ GOOD_USER = {"x": [[0.0, 1.0], [1.0, 0.0]], "y": [0, 1]}
     "blob, message",
     [
         ('{"users": ["a"], "num_samples": [2], "user_data": {', "not valid JSON"),
-        ({"users": ["a", "b"], "num_samples": [2, 2], "user_data": {"a": GOOD_USER}}, "'b' is listed"),
-        ({"users": ["a"], "num_samples": [2], "user_data": {"a": {"x": [[0.0, 1.0]], "y": [0, 1]}}}, "1 inputs but 2 labels"),
+        (
+            {"users": ["a", "b"], "num_samples": [2, 2], "user_data": {"a": GOOD_USER}},
+            "'b' is listed",
+        ),
+        (
+            {
+                "users": ["a"],
+                "num_samples": [2],
+                "user_data": {"a": {"x": [[0.0, 1.0]], "y": [0, 1]}},
+            },
+            "1 inputs but 2 labels",
+        ),
         ({"users": ["a"], "num_samples": [3], "user_data": {"a": GOOD_USER}}, "num_samples=3"),
         ({"users": ["a"], "num_samples": [2, 1], "user_data": {"a": GOOD_USER}}, "must align"),
-        ({"users": ["a"], "num_samples": [0], "user_data": {"a": {"x": [], "y": []}}}, "has no examples"),
-        ({"users": ["a"], "num_samples": [2], "user_data": {"a": {"x": [[0.0, 1.0], [1.0, 0.0]], "y": [0, 7]}}}, "label 7 is outside"),
+        (
+            {"users": ["a"], "num_samples": [0], "user_data": {"a": {"x": [], "y": []}}},
+            "has no examples",
+        ),
+        (
+            {
+                "users": ["a"],
+                "num_samples": [2],
+                "user_data": {"a": {"x": [[0.0, 1.0], [1.0, 0.0]], "y": [0, 7]}},
+            },
+            "label 7 is outside",
+        ),
         ({"rows": []}, "not a LEAF file"),
     ],
 )
 def test_bad_leaf_files_give_errors_naming_file_client_and_fix(
     tmp_path: object, blob: object, message: str
 ) -> None:
-    path = write_leaf(str(tmp_path / "train" / "bad.json"), blob)
-    write_leaf(str(tmp_path / "test" / "t.json"), {"users": ["a"], "num_samples": [2], "user_data": {"a": GOOD_USER}})
+    write_leaf(str(tmp_path / "train" / "bad.json"), blob)
+    write_leaf(
+        str(tmp_path / "test" / "t.json"),
+        {"users": ["a"], "num_samples": [2], "user_data": {"a": GOOD_USER}},
+    )
     with pytest.raises(DataError, match=message) as info:
         load_leaf(tmp_path / "train", tmp_path / "test", num_classes=2)
     text = str(info.value)
@@ -148,7 +171,13 @@ def test_missing_leaf_data_says_what_to_download(tmp_path: object) -> None:
 
 
 def test_client_in_only_one_split_is_named(tmp_path: object) -> None:
-    write_leaf(str(tmp_path / "train" / "a.json"), {"users": ["a", "b"], "num_samples": [2, 2], "user_data": {"a": GOOD_USER, "b": GOOD_USER}})
-    write_leaf(str(tmp_path / "test" / "a.json"), {"users": ["a"], "num_samples": [2], "user_data": {"a": GOOD_USER}})
+    write_leaf(
+        str(tmp_path / "train" / "a.json"),
+        {"users": ["a", "b"], "num_samples": [2, 2], "user_data": {"a": GOOD_USER, "b": GOOD_USER}},
+    )
+    write_leaf(
+        str(tmp_path / "test" / "a.json"),
+        {"users": ["a"], "num_samples": [2], "user_data": {"a": GOOD_USER}},
+    )
     with pytest.raises(DataError, match="client 'b'.*only one of train/test"):
         load_leaf(tmp_path / "train", tmp_path / "test")

@@ -18,7 +18,9 @@ CONFIG = TrainingConfig(rounds=3, clients_per_round=4, local_epochs=1, learning_
 def run(algorithm: str, config: TrainingConfig = CONFIG, **options: object) -> Experiment:
     data = load_digits_clusters(num_clients=12, num_groups=2, seed=config.seed)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
-    experiment = Experiment(data, model, make_algorithm(algorithm, AlgorithmOptions(**options)), config)
+    experiment = Experiment(
+        data, model, make_algorithm(algorithm, AlgorithmOptions(**options)), config
+    )
     experiment.start()
     list(experiment.rounds())
     return experiment
@@ -73,9 +75,13 @@ def test_learning_rate_schedules() -> None:
 
 @pytest.mark.parametrize(
     "field, value, message",
-    [("rounds", 0, "rounds"), ("learning_rate", -1.0, "learning_rate"),
-     ("learning_rate", math.nan, "learning_rate"), ("lr_schedule", "warm", "lr_schedule"),
-     ("momentum", 1.0, "momentum")],
+    [
+        ("rounds", 0, "rounds"),
+        ("learning_rate", -1.0, "learning_rate"),
+        ("learning_rate", math.nan, "learning_rate"),
+        ("lr_schedule", "warm", "lr_schedule"),
+        ("momentum", 1.0, "momentum"),
+    ],
 )
 def test_invalid_training_config_is_refused(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -71,8 +71,12 @@ def test_killed_run_resumes_to_the_same_final_metrics(tmp_path: object) -> None:
     out = str(tmp_path / "killed")
     env = dict(os.environ, TFF_CLUSTERED_RUN_TAG=tag, TF_CPP_MIN_LOG_LEVEL="2")
     process = subprocess.Popen(
-        [sys.executable, TRAIN, *QUICK, f"--output_dir={out}"], cwd=ROOT, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+        [sys.executable, TRAIN, *QUICK, f"--output_dir={out}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
     )
     metrics = os.path.join(out, "metrics.csv")
     deadline = time.monotonic() + 300
@@ -104,8 +108,13 @@ def test_ctrl_c_stops_cleanly_with_exit_130_and_no_worker(tmp_path: object) -> N
     out = str(tmp_path / "interrupted")
     env = dict(os.environ, TFF_CLUSTERED_RUN_TAG=tag, TF_CPP_MIN_LOG_LEVEL="2")
     process = subprocess.Popen(
-        [sys.executable, TRAIN, *QUICK, "--rounds=200", f"--output_dir={out}"], cwd=ROOT,
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        [sys.executable, TRAIN, *QUICK, "--rounds=200", f"--output_dir={out}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
     )
     deadline = time.monotonic() + 300
     while not os.path.exists(os.path.join(out, "checkpoint.pkl")) and time.monotonic() < deadline:
@@ -132,7 +141,9 @@ def test_bad_flags_exit_non_zero_with_a_clear_message(
     tmp_path: object, flags: list, message: str
 ) -> None:
     tag = uuid.uuid4().hex
-    done = run_binary([TRAIN, *flags, f"--output_dir={tmp_path / 'run'}"], {"TFF_CLUSTERED_RUN_TAG": tag})
+    done = run_binary(
+        [TRAIN, *flags, f"--output_dir={tmp_path / 'run'}"], {"TFF_CLUSTERED_RUN_TAG": tag}
+    )
     assert done.returncode != 0
     assert message in done.stderr
     assert not os.path.exists(tmp_path / "run" / "metrics.csv")
@@ -156,11 +167,20 @@ def test_short_training_run_on_the_real_leaf_file(tmp_path: object) -> None:
         os.makedirs(tmp_path / "leaf" / split)
         os.symlink(os.path.abspath(SHARED_LEAF_FILE), tmp_path / "leaf" / split / "mytest.json")
     out = str(tmp_path / "run")
-    done = run_binary([
-        TRAIN, "--dataset=leaf", f"--data_dir={tmp_path / 'leaf'}", "--num_classes=10",
-        "--model=mclr", "--algorithm=fedavg", "--rounds=5", "--local_epochs=1",
-        "--learning_rate=0.01", f"--output_dir={out}",
-    ])
+    done = run_binary(
+        [
+            TRAIN,
+            "--dataset=leaf",
+            f"--data_dir={tmp_path / 'leaf'}",
+            "--num_classes=10",
+            "--model=mclr",
+            "--algorithm=fedavg",
+            "--rounds=5",
+            "--local_epochs=1",
+            "--learning_rate=0.01",
+            f"--output_dir={out}",
+        ]
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_csv(os.path.join(out, "metrics.csv"))
     assert float(rows[-1]["accuracy"]) > float(rows[0]["accuracy"])

@@ -62,7 +62,9 @@ def load(path: str, settings: dict[str, Any]) -> Optional[RunState]:
             f"checkpoint {path} cannot be read ({e}); delete it to start over"
         ) from e
     if not isinstance(blob, dict) or blob.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"{path} is not a tff-clustered checkpoint of format {FORMAT_VERSION}")
+        raise CheckpointError(
+            f"{path} is not a tff-clustered checkpoint of format {FORMAT_VERSION}"
+        )
     saved = blob["settings"]
     differing = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
     if differing:

@@ -44,7 +44,10 @@ class TrainingConfig:
             (self.clients_per_round >= 1, "clients_per_round must be >= 1"),
             (self.local_epochs >= 1, "local_epochs must be >= 1"),
             (self.batch_size >= 1, "batch_size must be >= 1"),
-            (self.learning_rate > 0 and math.isfinite(self.learning_rate), "learning_rate must be > 0"),
+            (
+                self.learning_rate > 0 and math.isfinite(self.learning_rate),
+                "learning_rate must be > 0",
+            ),
             (self.lr_schedule in LR_SCHEDULES, f"lr_schedule must be one of {LR_SCHEDULES}"),
             (0 < self.lr_decay <= 1, "lr_decay must be in (0, 1]"),
             (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
@@ -218,7 +221,11 @@ class Experiment:
         total = sum(r["num_examples"] for r in per_client.values())
         loss = sum(r["loss_sum"] for r in per_client.values())
         sizes = np.bincount(
-            [self.state.assignment[c] for c in self.data.client_ids if self.state.assignment.get(c, -1) >= 0],
+            [
+                self.state.assignment[c]
+                for c in self.data.client_ids
+                if self.state.assignment.get(c, -1) >= 0
+            ],
             minlength=self.algorithm.num_clusters,
         )
         row: dict[str, Any] = {

@@ -52,7 +52,9 @@ def summarize(history: Sequence[dict[str, Any]]) -> dict[str, Any]:
     )
 
 
-def write_summary_json(path: str, config: dict[str, Any], history: Sequence[dict[str, Any]]) -> dict:
+def write_summary_json(
+    path: str, config: dict[str, Any], history: Sequence[dict[str, Any]]
+) -> dict:
     summary = {"config": config, "results": summarize(history)}
     atomic_write_bytes(path, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
     return summary

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+from typing import Optional
 
 from tff_clustered.algorithms.base import Algorithm, AlgorithmOptions
 
@@ -22,10 +23,10 @@ def _discover() -> dict[str, type[Algorithm]]:
 ALGORITHMS: dict[str, type[Algorithm]] = _discover()
 
 
-def make_algorithm(name: str, options: AlgorithmOptions = AlgorithmOptions()) -> Algorithm:
+def make_algorithm(name: str, options: Optional[AlgorithmOptions] = None) -> Algorithm:
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
-    return ALGORITHMS[name](options)
+    return ALGORITHMS[name](options or AlgorithmOptions())
 
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmOptions", "make_algorithm"]

@@ -71,7 +71,9 @@ class Algorithm:
         """Before round 1: by default every client is in cluster 0."""
         experiment.state.assignment = {cid: 0 for cid in experiment.data.client_ids}
 
-    def assign(self, experiment: Experiment, round_num: int, client_ids: Sequence[str]) -> np.ndarray:
+    def assign(
+        self, experiment: Experiment, round_num: int, client_ids: Sequence[str]
+    ) -> np.ndarray:
         """Cluster of each sampled client for this round (default: its stored assignment)."""
         return np.array([experiment.state.assignment[c] for c in client_ids], np.int32)
 

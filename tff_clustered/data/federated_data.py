@@ -40,9 +40,17 @@ class FederatedData:
         return list(self.train.client_ids)
 
     def batched(
-        self, split: str, client_id: str, batch_size: int, epochs: int = 1, shuffle_seed: Optional[int] = None
+        self,
+        split: str,
+        client_id: str,
+        batch_size: int,
+        epochs: int = 1,
+        shuffle_seed: Optional[int] = None,
     ) -> tf.data.Dataset:
-        """A client's dataset: reshuffled every epoch from `shuffle_seed`, last partial batch kept."""
+        """A client's batched dataset, reshuffled every epoch from `shuffle_seed`.
+
+        The last partial batch of each epoch is kept (spec A.3).
+        """
         source = self.train if split == "train" else self.test
         dataset = source.create_tf_dataset_for_client(client_id)
         if shuffle_seed is not None:

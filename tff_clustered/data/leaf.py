@@ -30,7 +30,8 @@ def leaf_json_files(path: PathLike) -> list[str]:
             return files
         raise DataError(
             f"no *.json file in {path}; LEAF writes them to data/train/ and data/test/ "
-            "(run LEAF's preprocess.sh, then point --data_dir at the folder holding train/ and test/)"
+            "(run LEAF's preprocess.sh, then point --data_dir at the folder holding train/ "
+            "and test/)"
         )
     raise DataError(
         f"{path} does not exist; download and preprocess the dataset with LEAF "

@@ -68,9 +68,7 @@ class ClusteredMeanFactory(tff.aggregators.WeightedAggregationFactory):
             total = tff.federated_sum(tff.federated_map(scatter, (value, weight)))
             total_weight = tff.federated_sum(weight)
             result = tff.federated_map(divide, (total, total_weight))
-            measurements = tff.federated_zip(
-                collections.OrderedDict(cluster_weight=total_weight)
-            )
+            measurements = tff.federated_zip(collections.OrderedDict(cluster_weight=total_weight))
             return tff.templates.MeasuredProcessOutput(
                 state=state, result=result, measurements=measurements
             )

@@ -35,7 +35,6 @@ from tff_clustered.federated.clustered_mean import ClusteredMeanFactory
 from tff_clustered.models.keras_models import ModelSpec
 from tff_clustered.models.split import ResolvedSplit
 
-
 to_type = tff.types.tensorflow_to_type  # TF specs -> TFF types (0.87's tff.to_type rejects them)
 
 
@@ -84,8 +83,9 @@ def build_clustered_process(
     `initial_weights` (one model) initialises every cluster; algorithms that start clusters
     differently (IFCA, FedGroup) overwrite `state["cluster_models"]` before round 1.
     `prox_mu` (FedProx) and client `momentum` are fixed for the process; the learning rate
-    comes with each round (schedules). `return_model_deltas` adds each client's flattened full-model update to its outputs
-    (what server-side clustering needs), at no extra training cost.
+    comes with each round (schedules). `return_model_deltas` adds each client's flattened
+    full-model update to its outputs (what server-side clustering needs), at no extra
+    training cost.
     """
     keras_model = model.build()
     resolved = split
@@ -174,9 +174,7 @@ def build_clustered_process(
             )
         return base_delta, cluster_weight, outputs
 
-    aggregator = ClusteredMeanFactory(k).create(
-        to_type(base_spec), tff.TensorType(np.float32, [k])
-    )
+    aggregator = ClusteredMeanFactory(k).create(to_type(base_spec), tff.TensorType(np.float32, [k]))
 
     @tff.tensorflow.computation(to_type(cluster_models_spec), to_type(specs(base_idx, (k,))))
     def apply_cluster_updates(cluster_models: tuple, mean_deltas: tuple) -> tuple:
@@ -185,9 +183,7 @@ def build_clustered_process(
             updated[i] = cluster_models[i] + delta
         return tuple(updated)
 
-    stacked = tuple(
-        np.repeat(np.asarray(w, np.float32)[None], k, axis=0) for w in initial_weights
-    )
+    stacked = tuple(np.repeat(np.asarray(w, np.float32)[None], k, axis=0) for w in initial_weights)
 
     @tff.federated_computation()
     def initialize() -> object:
@@ -241,7 +237,9 @@ def build_clustered_process(
         clients(key_spec),
         clients(personal_spec),
     )
-    def evaluate(cluster_models: object, datasets: object, keys: object, personal: object) -> object:
+    def evaluate(
+        cluster_models: object, datasets: object, keys: object, personal: object
+    ) -> object:
         selected = distribute(cluster_models, keys)
         return tff.federated_map(client_evaluate, (selected, personal, datasets))
 
