@@ -48,6 +48,15 @@ flags.DEFINE_float("momentum", 0.0, "Client SGD momentum.")
 flags.DEFINE_integer("num_clusters", None, "Clusters (clustered algorithms).", lower_bound=1)
 flags.DEFINE_float("mu", None, "Proximal strength (unset: the algorithm's default).", lower_bound=0)
 flags.DEFINE_integer("personal_layers", None, "Personal top layers (fedper).", lower_bound=-1)
+flags.DEFINE_integer("pretrain_scale", 20, "FedGroup alpha: alpha*m clients cluster at cold start.")
+flags.DEFINE_integer("pretrain_epochs", 1, "FedGroup: local epochs of cold-start pre-training.")
+flags.DEFINE_enum("cold_start", "eager", ["eager", "lazy"], "FedGroup: when newcomers are assigned.")
+flags.DEFINE_float("eta_g", 0.0, "FedGroup: inter-group aggregation rate (0 = off).")
+flags.DEFINE_enum(
+    "inter_group_mode", "additive", ["additive", "normalized"], "FedGroup: inter-group formula."
+)
+flags.DEFINE_float("newcomer_fraction", 0.0, "FedGroup: fraction of clients that join late.")
+flags.DEFINE_integer("newcomer_round", 1, "FedGroup: round in which late clients join.")
 flags.DEFINE_integer("seed", 0, "Seed of every random choice in the run.", lower_bound=0)
 flags.DEFINE_string("output_dir", None, "Where outputs go (default runs/DATASET-ALGORITHM-sSEED).")
 flags.DEFINE_integer(
@@ -77,6 +86,13 @@ def run_spec_from_flags() -> RunSpec:
             num_clusters=FLAGS.num_clusters,
             prox_mu=FLAGS.mu,
             personal_layers=FLAGS.personal_layers,
+            pretrain_scale=FLAGS.pretrain_scale,
+            pretrain_epochs=FLAGS.pretrain_epochs,
+            cold_start=FLAGS.cold_start,
+            eta_g=FLAGS.eta_g,
+            inter_group_mode=FLAGS.inter_group_mode,
+            newcomer_fraction=FLAGS.newcomer_fraction,
+            newcomer_round=FLAGS.newcomer_round,
         ),
         training=TrainingConfig(
             rounds=FLAGS.rounds,

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from tff_clustered import weights as flat
 from tff_clustered.algorithms.base import Algorithm
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.federated.clustered_process import build_clustered_process, round_hparams
@@ -22,7 +23,7 @@ from tff_clustered.models.split import ResolvedSplit
 
 LR_SCHEDULES = ("constant", "exponential", "cosine")
 # Independent random streams derived from the run seed.
-_SAMPLING, _SHUFFLE = 1, 2
+SAMPLING, SHUFFLE, PRETRAIN_SHUFFLE, ALGORITHM = 1, 2, 3, 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +95,10 @@ class Experiment:
         model: ModelSpec,
         algorithm: Algorithm,
         config: TrainingConfig,
+        track_discrepancy: bool = False,
     ) -> None:
+        """`track_discrepancy` adds FedGroup's Eq. 4 discrepancy to each round's metrics (it
+        needs every client's model update back on the server)."""
         if config.clients_per_round > len(data.client_ids):
             raise ValueError(
                 f"clients_per_round={config.clients_per_round} exceeds the "
@@ -103,6 +107,7 @@ class Experiment:
         self.data, self.model, self.algorithm, self.config = data, model, algorithm, config
         self.initial_weights = initial_weights(model, derived_seed(config.seed, 0))
         self.split = ResolvedSplit.of(model.build(), algorithm.split)
+        self.track_discrepancy = track_discrepancy and not self.split.personal
         self.process = build_clustered_process(
             model,
             self.split,
@@ -110,8 +115,10 @@ class Experiment:
             self.initial_weights,
             prox_mu=algorithm.prox_mu,
             momentum=config.momentum,
-            return_model_deltas=algorithm.needs_model_deltas,
+            return_model_deltas=algorithm.needs_model_deltas or self.track_discrepancy,
+            client_weighting=algorithm.client_weighting,
         )
+        self._pretrain_process = None
         self._initial_personal = self.process.personal_part(self.initial_weights)
         self.state = RunState()
 
@@ -148,15 +155,19 @@ class Experiment:
 
     # -- one round ---------------------------------------------------------------------------
     def sample_clients(self, round_num: int) -> list[str]:
-        ids = self.data.client_ids
-        rng = np.random.default_rng(derived_seed(self.config.seed, _SAMPLING, round_num))
-        chosen = np.sort(rng.choice(len(ids), self.config.clients_per_round, replace=False))
+        """`clients_per_round` of the eligible clients (all of them if fewer)."""
+        ids = self.algorithm.eligible_clients(self, round_num)
+        rng = np.random.default_rng(derived_seed(self.config.seed, SAMPLING, round_num))
+        count = min(self.config.clients_per_round, len(ids))
+        chosen = np.sort(rng.choice(len(ids), count, replace=False))
         return [ids[i] for i in chosen]
 
     def personal_weights(self, client_id: str) -> tuple[np.ndarray, ...]:
         return self.state.personal.get(client_id, self._initial_personal)
 
-    def train_datasets(self, round_num: int, client_ids: Sequence[str], epochs: int) -> list:
+    def train_datasets(
+        self, round_num: int, client_ids: Sequence[str], epochs: int, stream: int = SHUFFLE
+    ) -> list:
         index = {cid: i for i, cid in enumerate(self.data.client_ids)}
         return [
             self.data.batched(
@@ -164,7 +175,7 @@ class Experiment:
                 cid,
                 self.config.batch_size,
                 epochs,
-                shuffle_seed=derived_seed(self.config.seed, _SHUFFLE, round_num, index[cid]),
+                shuffle_seed=derived_seed(self.config.seed, stream, round_num, index[cid]),
             )
             for cid in client_ids
         ]
@@ -192,6 +203,7 @@ class Experiment:
         client_ids = self.sample_clients(round_num)
         clusters = self.algorithm.assign(self, round_num, client_ids)
         learning_rate = self.config.learning_rate_at(round_num)
+        before = self.cluster_models_matrix() if self.track_discrepancy else None
         server_state, outputs, _ = self.run_clients(
             round_num, client_ids, clusters, self.config.local_epochs, learning_rate
         )
@@ -206,9 +218,81 @@ class Experiment:
             "train_loss": sum(float(o["loss_sum"]) for o in outputs) / max(num_examples, 1.0),
             "num_sampled": len(client_ids),
         }
+        if before is not None:
+            row["discrepancy"] = self.discrepancy(before, clusters, outputs)
         sampled = np.bincount(clusters, minlength=self.algorithm.num_clusters)
         row.update({f"sampled_cluster_{k}": int(n) for k, n in enumerate(sampled)})
         return row
+
+    def discrepancy(
+        self, before: np.ndarray, clusters: np.ndarray, outputs: Sequence[dict]
+    ) -> float:
+        """FedGroup Eq. 4: mean over participants of ||w_i - w^(g(i))||_2, the client's trained
+        model against its cluster's model after aggregation."""
+        after = self.cluster_models_matrix()
+        gaps = [
+            np.linalg.norm(before[k] + np.asarray(o["model_delta"]) - after[k])
+            for k, o in zip(clusters, outputs)
+        ]
+        return float(np.mean(gaps))
+
+    # -- helpers for server-side algorithm steps ---------------------------------------------
+    def cluster_models_matrix(self) -> np.ndarray:
+        """The server's cluster models as a (num_clusters, d) matrix of flat vectors."""
+        return flat.stacked_to_matrix(self.state.server_state["cluster_models"])
+
+    def set_cluster_models_matrix(self, matrix: np.ndarray) -> None:
+        state = dict(self.state.server_state)
+        state["cluster_models"] = flat.matrix_to_stacked(matrix, self.process.weight_shapes)
+        self.state.server_state = type(self.state.server_state)(state)
+
+    def initial_flat(self) -> np.ndarray:
+        return flat.flatten(self.initial_weights)
+
+    def pretrain_updates(
+        self, client_ids: Sequence[str], epochs: int, round_num: int = 0, chunk: int = 100
+    ) -> np.ndarray:
+        """Flattened updates of plain local SGD from the initial model w0 (no proximal term;
+        FedGroup's ClientPretrain, spec A.3/A.14-#21), one row per client."""
+        if self._pretrain_process is None:
+            self._pretrain_process = build_clustered_process(
+                self.model,
+                ResolvedSplit(self.split.num_tensors, ()),
+                1,
+                self.initial_weights,
+                return_model_deltas=True,
+            )
+        process = self._pretrain_process
+        state = process.initialize()
+        rows = []
+        for start in range(0, len(client_ids), chunk):
+            ids = list(client_ids[start : start + chunk])
+            _, outputs, _ = process.next(
+                state,
+                self.train_datasets(round_num, ids, epochs, stream=PRETRAIN_SHUFFLE),
+                [np.array([0], np.int32)] * len(ids),
+                [()] * len(ids),
+                round_hparams(self.config.learning_rate),
+            )
+            rows += [np.asarray(o["model_delta"], np.float32) for o in outputs]
+        return np.stack(rows) if rows else np.zeros((0, len(self.initial_flat())), np.float32)
+
+    def client_losses(self, client_ids: Sequence[str]) -> np.ndarray:
+        """Mean training loss of every cluster model on each client (IFCA), (clients, K)."""
+        losses = np.zeros((len(client_ids), self.algorithm.num_clusters))
+        datasets = [
+            self.data.batched("train", c, max(self.config.batch_size, 64)) for c in client_ids
+        ]
+        personal = [self.personal_weights(c) for c in client_ids]
+        for k in range(self.algorithm.num_clusters):
+            results = self.process.evaluate(
+                self.state.server_state["cluster_models"],
+                datasets,
+                [np.array([k], np.int32)] * len(client_ids),
+                personal,
+            )
+            losses[:, k] = [r["loss_sum"] / r["num_examples"] for r in results]
+        return losses
 
     # -- evaluation --------------------------------------------------------------------------
     def evaluate(self, client_ids: Optional[Sequence[str]] = None) -> dict[str, Any]:

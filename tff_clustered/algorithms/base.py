@@ -28,6 +28,31 @@ class AlgorithmOptions:
     num_clusters: Optional[int] = None  # None: the algorithm's default
     prox_mu: Optional[float] = None  # None: the algorithm's default
     personal_layers: Optional[int] = None  # None: the algorithm's default split
+    # FedGroup family (spec A.5-A.8, A.10).
+    pretrain_scale: int = 20  # alpha: alpha * m clients take part in group cold start
+    pretrain_epochs: int = 1  # local epochs of ClientPretrain (A.14-#3)
+    cold_start: str = "eager"  # newcomers: "eager" (before round 1) or "lazy" (when sampled)
+    eta_g: float = 0.0  # inter-group aggregation rate (0 = off)
+    inter_group_mode: str = "additive"  # "additive" (paper) or "normalized" (authors' code)
+    newcomer_fraction: float = 0.0  # fraction of clients that join the run late ...
+    newcomer_round: int = 1  # ... in this round
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.pretrain_scale >= 1, "pretrain_scale must be >= 1"),
+            (self.pretrain_epochs >= 1, "pretrain_epochs must be >= 1"),
+            (self.cold_start in ("eager", "lazy"), "cold_start must be eager or lazy"),
+            (self.eta_g >= 0, "eta_g must be >= 0"),
+            (
+                self.inter_group_mode in ("additive", "normalized"),
+                "inter_group_mode must be additive or normalized",
+            ),
+            (0 <= self.newcomer_fraction < 1, "newcomer_fraction must be in [0, 1)"),
+            (self.newcomer_round >= 1, "newcomer_round must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
 
 
 class Algorithm:
@@ -37,6 +62,10 @@ class Algorithm:
     paper: ClassVar[str] = ""
     # Whether each client's flattened model update is needed on the server after a round.
     needs_model_deltas: ClassVar[bool] = False
+    # How clients are weighted in each cluster's mean: "num_examples" or "uniform".
+    client_weighting: ClassVar[str] = "num_examples"
+    # Models each sampled client receives per round (IFCA: all clusters).
+    models_sent_per_client: ClassVar[str] = "own"
 
     def __init__(self, options: AlgorithmOptions = AlgorithmOptions()) -> None:
         self.options = options
@@ -67,6 +96,10 @@ class Algorithm:
         return PersonalSplit.none()
 
     # -- server-side steps between rounds ----------------------------------------------------
+    def eligible_clients(self, experiment: Experiment, round_num: int) -> list[str]:
+        """Clients that can be sampled in `round_num` (default: all)."""
+        return experiment.data.client_ids
+
     def setup(self, experiment: Experiment) -> None:
         """Before round 1: by default every client is in cluster 0."""
         experiment.state.assignment = {cid: 0 for cid in experiment.data.client_ids}

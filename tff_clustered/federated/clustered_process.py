@@ -77,6 +77,7 @@ def build_clustered_process(
     prox_mu: float = 0.0,
     momentum: float = 0.0,
     return_model_deltas: bool = False,
+    client_weighting: str = "num_examples",
 ) -> ClusteredProcess:
     """Builds `initialize`/`next` and `evaluate` for one model, split and cluster count.
 
@@ -85,8 +86,12 @@ def build_clustered_process(
     `prox_mu` (FedProx) and client `momentum` are fixed for the process; the learning rate
     comes with each round (schedules). `return_model_deltas` adds each client's flattened
     full-model update to its outputs (what server-side clustering needs), at no extra
-    training cost.
+    training cost. `client_weighting` is `num_examples` (FedAvg) or `uniform` (FeSEM Eq. 9).
     """
+    if client_weighting not in ("num_examples", "uniform"):
+        raise ValueError(
+            f"client_weighting must be num_examples or uniform, got {client_weighting}"
+        )
     keras_model = model.build()
     resolved = split
     if len(keras_model.trainable_weights) != resolved.num_tensors:
@@ -162,7 +167,8 @@ def build_clustered_process(
             momentum=float(momentum),
         )
         base_delta = tuple(result.weights[i] - start[i] for i in base_idx)
-        cluster_weight = tf.one_hot(key[0], k, dtype=tf.float32) * result.num_examples
+        weight = result.num_examples if client_weighting == "num_examples" else 1.0
+        cluster_weight = tf.one_hot(key[0], k, dtype=tf.float32) * weight
         outputs = collections.OrderedDict(
             personal=tuple(result.weights[i] for i in personal_idx),
             num_examples=result.num_examples,

@@ -1,0 +1,134 @@
+"""Server-side clustering math, NumPy / scikit-learn only (no TFF): testable alone.
+
+FedGroup (Duan et al.): cosine (Eq. 5-6), MADC (Eq. 7), truncated-SVD directions and EDC
+(Eq. 8), newcomer dissimilarity (Eq. 9), inter-group aggregation (Alg. 2 line 5).
+FeSEM (Long et al.): E-step (Eq. 8) and M-step (Eq. 9) on flattened client models.
+Rows of every matrix are flattened client updates or models.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.cluster import AgglomerativeClustering, KMeans
+from sklearn.utils.extmath import randomized_svd
+
+_EPS = 1e-12
+
+
+def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """K(A, B): cosine of every row of `a` with every row of `b` (Eq. 5-6). A zero row has
+    cosine 0 with everything (spec A.14-#9)."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    na = np.linalg.norm(a, axis=1, keepdims=True)
+    nb = np.linalg.norm(b, axis=1, keepdims=True)
+    return (a / np.maximum(na, _EPS)) @ (b / np.maximum(nb, _EPS)).T
+
+
+def madc_matrix(updates: np.ndarray) -> np.ndarray:
+    """MADC(i, j) = 1/(P-2) sum_{z != i, j} |S(i,z) - S(j,z)| (Eq. 7); zero diagonal.
+
+    O(P^2 d) for the cosine matrix plus O(P^3) here, O(P^2) memory.
+    """
+    sim = cosine_similarity(updates, updates)
+    p = len(sim)
+    if p < 3:
+        raise ValueError(f"MADC needs at least 3 clients, got {p}")
+    out = np.empty((p, p))
+    for i in range(p):
+        diff = np.abs(sim[i][None, :] - sim)  # [j, z] = |S(i,z) - S(j,z)|
+        total = diff.sum(axis=1)
+        # Remove the z = i and z = j terms.
+        total -= diff[:, i] + diff[np.arange(p), np.arange(p)]
+        out[i] = total
+    out /= p - 2
+    np.fill_diagonal(out, 0.0)
+    return (out + out.T) / 2  # exact symmetry against rounding
+
+
+def svd_directions(updates: np.ndarray, num_directions: int, seed: int = 0) -> np.ndarray:
+    """V = SVD(DW^T, m): the top-m right singular vectors of DW, no centering (Eq. 8),
+    as rows (m x d). Randomized SVD: time linear in the number of clients and in d."""
+    dw = np.asarray(updates, np.float64)
+    if num_directions > min(dw.shape):
+        raise ValueError(
+            f"{num_directions} directions need at least as many clients; got {len(dw)}"
+        )
+    _, _, vt = randomized_svd(dw, num_directions, n_iter=7, random_state=seed)
+    return vt
+
+
+def decomposed_cosine(updates: np.ndarray, directions: np.ndarray) -> np.ndarray:
+    """M_d = K(DW, V^T): cosine of each update with each direction (P x m, Alg. 3 line 13)."""
+    return cosine_similarity(updates, directions)
+
+
+def edc_matrix(embedding: np.ndarray) -> np.ndarray:
+    """EDC(i, j) = (1/m) ||M_d[i] - M_d[j]||_2 (Eq. 8)."""
+    m = embedding.shape[1]
+    diff = embedding[:, None, :] - embedding[None, :, :]
+    return np.sqrt((diff**2).sum(-1)) / m
+
+
+def cluster_edc(updates: np.ndarray, num_groups: int, seed: int = 0) -> np.ndarray:
+    """EDC clustering: K-Means++ on the decomposed cosine embedding (Alg. 3 lines 11-14)."""
+    embedding = decomposed_cosine(updates, svd_directions(updates, num_groups, seed))
+    kmeans = KMeans(num_groups, init="k-means++", n_init=10, max_iter=20, random_state=seed)
+    return kmeans.fit(embedding).labels_.astype(np.int32)
+
+
+def cluster_madc(updates: np.ndarray, num_groups: int) -> np.ndarray:
+    """MADC clustering: complete-linkage agglomerative on the MADC matrix (Alg. 3 line 15)."""
+    model = AgglomerativeClustering(num_groups, metric="precomputed", linkage="complete")
+    return model.fit(madc_matrix(updates)).labels_.astype(np.int32)
+
+
+def newcomer_dissimilarity(group_directions: np.ndarray, update: np.ndarray) -> np.ndarray:
+    """d(i, g_j) = (1 - cos(Dw_0^(g_j), Dw_pre^(i))) / 2 for every group j (Eq. 9)."""
+    return (1.0 - cosine_similarity(np.atleast_2d(update), group_directions)[0]) / 2.0
+
+
+def assign_newcomers(group_directions: np.ndarray, updates: np.ndarray) -> np.ndarray:
+    """Group of least Eq. 9 dissimilarity for each update row; ties go to the lowest index."""
+    dissimilarity = (1.0 - cosine_similarity(updates, group_directions)) / 2.0
+    return np.argmin(dissimilarity, axis=1).astype(np.int32)
+
+
+def inter_group_aggregation(models: np.ndarray, eta_g: float, mode: str = "additive") -> np.ndarray:
+    """Alg. 2 line 5 on flattened group models (m x d); eta_g = 0 is the identity.
+
+    additive (paper): w_j + eta_g sum_{l != j} w_l / ||w_l||
+    normalized (authors' code): (w_j + sum_{l != j} c_l w_l) / (1 + sum_{l != j} c_l),
+    c_l = eta_g / ||w_l||.
+    """
+    models = np.asarray(models, np.float64)
+    if eta_g == 0:
+        return models.copy()
+    norms = np.maximum(np.linalg.norm(models, axis=1, keepdims=True), _EPS)
+    if mode == "additive":
+        unit = models / norms
+        return models + eta_g * (unit.sum(0, keepdims=True) - unit)
+    if mode == "normalized":
+        coef = eta_g / norms  # (m, 1)
+        weighted = coef * models
+        others = weighted.sum(0, keepdims=True) - weighted
+        return (models + others) / (1.0 + coef.sum() - coef)
+    raise ValueError(f"inter-group mode must be 'additive' or 'normalized', got {mode!r}")
+
+
+def nearest_centers(models: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    """FeSEM E-step (Eq. 8): index of the center at least squared L2 distance."""
+    models = np.asarray(models, np.float64)
+    centers = np.asarray(centers, np.float64)
+    d2 = (models**2).sum(1, keepdims=True) - 2 * models @ centers.T + (centers**2).sum(1)[None, :]
+    return np.argmin(d2, axis=1).astype(np.int32)
+
+
+def mean_per_cluster(models: np.ndarray, labels: np.ndarray, previous: np.ndarray) -> np.ndarray:
+    """FeSEM M-step (Eq. 9): unweighted mean of members; a center without members is kept."""
+    centers = np.array(previous, np.float64, copy=True)
+    for k in range(len(centers)):
+        members = labels == k
+        if members.any():
+            centers[k] = np.asarray(models, np.float64)[members].mean(0)
+    return centers
