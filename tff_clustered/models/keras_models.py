@@ -122,10 +122,18 @@ def model_spec(
 
 
 def initial_weights(spec: ModelSpec, seed: int) -> list[np.ndarray]:
-    """Trainable weights of a freshly built model, a deterministic function of `seed`."""
+    """Trainable weights of a freshly built model, a deterministic function of `seed`.
+
+    The global TF seed is reset afterwards: left set, it would silently change every later
+    seeded op (tf.data shuffles combine it with their own seed), so results would depend on
+    how often this was called, and a resumed run would differ from an uninterrupted one.
+    """
     tf.keras.utils.set_random_seed(int(seed) % (2**31 - 1))
-    model = spec.build()
-    return [w.numpy() for w in model.trainable_weights]
+    try:
+        model = spec.build()
+        return [w.numpy() for w in model.trainable_weights]
+    finally:
+        tf.random.set_seed(None)
 
 
 def count_trainable_parameters(model: tf.keras.Model) -> int:
