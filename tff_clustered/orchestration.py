@@ -119,6 +119,9 @@ class Experiment:
             client_weighting=algorithm.client_weighting,
         )
         self._pretrain_process = None
+        self.base_parameters = sum(
+            int(np.prod(self.process.weight_shapes[i])) for i in self.split.base
+        )
         self._initial_personal = self.process.personal_part(self.initial_weights)
         self.state = RunState()
 
@@ -217,6 +220,9 @@ class Experiment:
             "learning_rate": learning_rate,
             "train_loss": sum(float(o["loss_sum"]) for o in outputs) / max(num_examples, 1.0),
             "num_sampled": len(client_ids),
+            "floats_communicated": self.algorithm.floats_per_round(
+                len(client_ids), self.base_parameters
+            ),
         }
         if before is not None:
             row["discrepancy"] = self.discrepancy(before, clusters, outputs)

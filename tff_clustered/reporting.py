@@ -107,3 +107,105 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+# -- comparisons of several algorithms (binaries/compare.py) ----------------------------------
+COMPARISON_COLUMNS = (
+    "algorithm",
+    "max_accuracy",
+    "max_accuracy_round",
+    "final_accuracy",
+    "rounds_to_target",
+    "mean_discrepancy",
+    "floats_per_round",
+    "train_seconds",
+)
+
+
+def comparison_row(
+    algorithm: str, history: Sequence[dict[str, Any]], target_accuracy: float
+) -> dict[str, Any]:
+    """One Table III row: max and final accuracy (fractions), first round reaching the target
+    (None if never), mean Eq. 4 discrepancy and mean values communicated per round."""
+    results = summarize(history)
+    trained = [r for r in history if r["round"] > 0]
+    reached = [
+        r["round"]
+        for r in history
+        if not math.isnan(r.get("accuracy", math.nan)) and r["accuracy"] >= target_accuracy
+    ]
+    discrepancy = [r["discrepancy"] for r in trained if "discrepancy" in r]
+    return dict(
+        algorithm=algorithm,
+        max_accuracy=results.get("max_accuracy", math.nan),
+        max_accuracy_round=results.get("max_accuracy_round"),
+        final_accuracy=results.get("final_accuracy", math.nan),
+        rounds_to_target=reached[0] if reached else None,
+        mean_discrepancy=sum(discrepancy) / len(discrepancy) if discrepancy else None,
+        floats_per_round=sum(r["floats_communicated"] for r in trained) / max(len(trained), 1),
+        train_seconds=results.get("total_train_seconds", 0.0),
+    )
+
+
+def write_comparison(
+    output_dir: str, rows: Sequence[dict[str, Any]], title: str, target_accuracy: float
+) -> None:
+    """comparison.csv (accuracies as fractions) and comparison.md."""
+    import os
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COMPARISON_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row[k] is None else _format(row[k]) for k in COMPARISON_COLUMNS})
+    atomic_write_bytes(os.path.join(output_dir, "comparison.csv"), buffer.getvalue().encode())
+
+    def cell(value: Any, fmt: str) -> str:
+        return (
+            "-"
+            if value is None or (isinstance(value, float) and math.isnan(value))
+            else fmt.format(value)
+        )
+
+    lines = [
+        f"# {title}",
+        "",
+        "| algorithm | max accuracy (%) | round of max | final accuracy (%) | "
+        f"rounds to {target_accuracy:.0%} | mean discrepancy (Eq. 4) | values sent per round "
+        "| train s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['algorithm']} | {cell(100 * r['max_accuracy'], '{:.1f}')} | "
+            f"{cell(r['max_accuracy_round'], '{}')} | "
+            f"{cell(100 * r['final_accuracy'], '{:.1f}')} | "
+            f"{cell(r['rounds_to_target'], '{}')} | {cell(r['mean_discrepancy'], '{:.3f}')} | "
+            f"{cell(r['floats_per_round'], '{:,.0f}')} | {cell(r['train_seconds'], '{:.1f}')} |"
+        )
+    atomic_write_bytes(
+        os.path.join(output_dir, "comparison.md"), ("\n".join(lines) + "\n").encode()
+    )
+
+
+def write_comparison_png(
+    path: str, histories: dict[str, Sequence[dict[str, Any]]], title: str
+) -> None:
+    """Test accuracy against rounds, one curve per algorithm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, history in histories.items():
+        rows = [r for r in history if not math.isnan(r.get("accuracy", math.nan))]
+        ax.plot([r["round"] for r in rows], [r["accuracy"] for r in rows], label=name)
+    ax.set(xlabel="round", ylabel="test accuracy", title=title, ylim=(0, 1))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())

@@ -32,7 +32,7 @@ class RunSpec:
         return dataclasses.asdict(self)
 
 
-def build_experiment(spec: RunSpec) -> Experiment:
+def build_experiment(spec: RunSpec, track_discrepancy: bool = False) -> Experiment:
     data = load_dataset(
         spec.dataset,
         data_dir=spec.data_dir,
@@ -49,7 +49,7 @@ def build_experiment(spec: RunSpec) -> Experiment:
         cnn_dense_units=spec.cnn_dense_units,
     )
     algorithm = make_algorithm(spec.algorithm, spec.algorithm_options)
-    return Experiment(data, model, algorithm, spec.training)
+    return Experiment(data, model, algorithm, spec.training, track_discrepancy=track_discrepancy)
 
 
 def run(
@@ -58,8 +58,11 @@ def run(
     checkpoint_every: int = 5,
     resume: bool = False,
     log: Callable[[str], None] = print,
+    track_discrepancy: bool = False,
 ) -> dict[str, Any]:
-    """Runs (or resumes) `spec`, writing metrics.csv, summary.json, curves.png, checkpoints."""
+    """Runs (or resumes) `spec`, writing metrics.csv, summary.json, curves.png, checkpoints.
+
+    Returns the summary, with the per-round rows under `history`."""
     if checkpoint_every < 0:
         raise ValueError("checkpoint_every must be >= 0 (0 = only at the end)")
     os.makedirs(output_dir, exist_ok=True)
@@ -70,7 +73,7 @@ def run(
             f"{output_dir} already holds a run; pass --resume to continue it, or choose a new "
             "--output_dir"
         )
-    experiment = build_experiment(spec)
+    experiment = build_experiment(spec, track_discrepancy)
     saved = checkpoint.load(ckpt_path, settings) if resume else None
     if saved is not None:
         experiment.restore(saved)
@@ -108,4 +111,4 @@ def run(
         history,
         f"{spec.algorithm} on {experiment.data.name} ({spec.model})",
     )
-    return summary
+    return dict(summary, history=history)

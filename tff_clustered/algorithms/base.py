@@ -67,7 +67,8 @@ class Algorithm:
     # Models each sampled client receives per round (IFCA: all clusters).
     models_sent_per_client: ClassVar[str] = "own"
 
-    def __init__(self, options: AlgorithmOptions = AlgorithmOptions()) -> None:
+    def __init__(self, options: Optional[AlgorithmOptions] = None) -> None:
+        options = options or AlgorithmOptions()
         self.options = options
         self.num_clusters = self.default_num_clusters(options)
         self.prox_mu = self.default_prox_mu(options)
@@ -118,6 +119,12 @@ class Algorithm:
         client_outputs: Sequence[dict],
     ) -> None:
         """After aggregation; `client_outputs` hold `model_delta` if `needs_model_deltas`."""
+
+    def floats_per_round(self, num_sampled: int, base_parameters: int) -> int:
+        """Model values communicated in one round: each sampled client downloads its model
+        (IFCA: all cluster models) and uploads its update; personal tensors never travel."""
+        downloads = self.num_clusters if self.models_sent_per_client == "all" else 1
+        return num_sampled * base_parameters * (downloads + 1)
 
     # -- checkpointing of algorithm-specific state -------------------------------------------
     def state_dict(self) -> dict[str, Any]:

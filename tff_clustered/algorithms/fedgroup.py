@@ -23,7 +23,10 @@ from tff_clustered.algorithms.fedprox import DEFAULT_MU
 if TYPE_CHECKING:
     from tff_clustered.orchestration import Experiment
 
-PAPER = "Duan et al., FedGroup: Efficient Federated Learning via Decomposed Similarity-Based Clustering, ISPA 2021"
+PAPER = (
+    "Duan et al., FedGroup: Efficient Federated Learning via Decomposed Similarity-Based "
+    "Clustering, ISPA 2021"
+)
 DEFAULT_GROUPS = 3
 
 
@@ -34,7 +37,7 @@ class FedGroup(Algorithm):
     random_newcomers: ClassVar[bool] = False  # RAC: newcomers join a random group
     proximal: ClassVar[bool] = False  # FedGrouProx
 
-    def __init__(self, options: AlgorithmOptions = AlgorithmOptions()) -> None:
+    def __init__(self, options: Optional[AlgorithmOptions] = None) -> None:
         super().__init__(options)
         self.group_directions: Optional[np.ndarray] = None  # (m, d), Dw_0^(g_j)
         self.late_clients: set[str] = set()

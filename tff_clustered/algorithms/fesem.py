@@ -11,7 +11,7 @@ default, as in the spec B.4)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
@@ -31,7 +31,7 @@ class FeSEM(Algorithm):
     needs_model_deltas = True
     client_weighting = "uniform"  # Eq. 9: unweighted mean of members
 
-    def __init__(self, options: AlgorithmOptions = AlgorithmOptions()) -> None:
+    def __init__(self, options: Optional[AlgorithmOptions] = None) -> None:
         super().__init__(options)
         self.local_models: dict[str, np.ndarray] = {}  # W_i, flattened
         self._round_start: np.ndarray = np.zeros((0, 0))

@@ -1,0 +1,67 @@
+"""`binaries/compare.py`: Table III structure and the expected shape on planted clusters."""
+
+from __future__ import annotations
+
+import csv
+import os
+import uuid
+
+from conftest import run_binary, worker_pids_with_tag
+
+
+def test_compare_writes_table_iii_and_clustered_methods_beat_fedavg(tmp_path: object) -> None:
+    tag = uuid.uuid4().hex
+    out = str(tmp_path / "cmp")
+    done = run_binary(
+        [
+            os.path.join("binaries", "compare.py"),
+            "--algorithms=fedavg,ifca,fedgroup",
+            "--rounds=12",
+            f"--output_dir={out}",
+        ],
+        {"TFF_CLUSTERED_RUN_TAG": tag},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert worker_pids_with_tag(tag) == []
+    with open(os.path.join(out, "comparison.csv")) as f:
+        rows = {r["algorithm"]: r for r in csv.DictReader(f)}
+    assert list(rows) == ["fedavg", "ifca", "fedgroup"]
+    for r in rows.values():
+        for column in ("max_accuracy", "final_accuracy"):
+            assert 0.0 <= float(r[column]) <= 1.0
+        assert float(r["max_accuracy"]) >= float(r["final_accuracy"])
+    fedavg = float(rows["fedavg"]["max_accuracy"])
+    # 4 label-permutation groups: one model per group must win by a wide margin.
+    assert float(rows["fedgroup"]["max_accuracy"]) >= fedavg + 0.3
+    assert float(rows["ifca"]["max_accuracy"]) >= fedavg + 0.3
+    # IFCA sends every cluster model to each sampled client: (4 + 1) / (1 + 1) of FedGroup's.
+    ratio = float(rows["ifca"]["floats_per_round"]) / float(rows["fedgroup"]["floats_per_round"])
+    assert ratio == 2.5
+    assert float(rows["fedgroup"]["mean_discrepancy"]) < float(rows["fedavg"]["mean_discrepancy"])
+    for name in ("comparison.md", "comparison.png", "fedgroup/metrics.csv"):
+        assert os.path.exists(os.path.join(out, name))
+    # Running it again reuses the finished runs instead of recomputing or overwriting them.
+    again = run_binary(
+        [
+            os.path.join("binaries", "compare.py"),
+            "--algorithms=fedavg,ifca,fedgroup",
+            "--rounds=12",
+            f"--output_dir={out}",
+        ]
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    with open(os.path.join(out, "comparison.csv")) as f:
+        assert [r["max_accuracy"] for r in csv.DictReader(f)] == [
+            r["max_accuracy"] for r in rows.values()
+        ]
+
+
+def test_compare_rejects_unknown_algorithms(tmp_path: object) -> None:
+    done = run_binary(
+        [
+            os.path.join("binaries", "compare.py"),
+            "--algorithms=fedavg,fedmagic",
+            f"--output_dir={tmp_path}",
+        ]
+    )
+    assert done.returncode == 2 and "fedmagic" in done.stderr

@@ -1,0 +1,105 @@
+"""Command-line flags shared by the binaries: dataset, model, training and algorithm options,
+and the TFF runtime. `run_spec_from_flags` turns them into a `RunSpec`."""
+
+from __future__ import annotations
+
+from absl import flags
+
+from tff_clustered.algorithms import AlgorithmOptions
+from tff_clustered.data import DATASET_NAMES
+from tff_clustered.models import MODEL_NAMES
+from tff_clustered.orchestration import LR_SCHEDULES, TrainingConfig
+from tff_clustered.runner import RunSpec
+from tff_clustered.runtime import RuntimeConfig
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("dataset", "digits", list(DATASET_NAMES), "Dataset.")
+flags.DEFINE_string("data_dir", None, "Folder of the dataset's files (LEAF: holds train/ test/).")
+flags.DEFINE_enum("model", "mlp", list(MODEL_NAMES), "Model architecture.")
+flags.DEFINE_integer("hidden_units", 64, "Hidden units of the MLP.", lower_bound=1)
+flags.DEFINE_integer("cnn_dense_units", 128, "Units of the CNN's dense layer.", lower_bound=1)
+flags.DEFINE_integer("num_clients", None, "Clients to generate (digits, synthetic).", lower_bound=1)
+flags.DEFINE_integer(
+    "num_classes", None, "Classes (LEAF; default: from the labels).", lower_bound=2
+)
+flags.DEFINE_integer("rounds", 50, "Communication rounds.", lower_bound=1)
+flags.DEFINE_integer("clients_per_round", 10, "Clients sampled per round.", lower_bound=1)
+flags.DEFINE_integer("local_epochs", 5, "Local epochs per round.", lower_bound=1)
+flags.DEFINE_integer("batch_size", 10, "Local minibatch size.", lower_bound=1)
+flags.DEFINE_float("learning_rate", 0.1, "Client learning rate.")
+flags.DEFINE_enum(
+    "lr_schedule", "constant", list(LR_SCHEDULES), "Per-round learning rate schedule."
+)
+flags.DEFINE_float("lr_decay", 0.98, "Per-round decay of the exponential schedule.")
+flags.DEFINE_float("momentum", 0.0, "Client SGD momentum.")
+flags.DEFINE_integer("num_clusters", None, "Clusters (clustered algorithms).", lower_bound=1)
+flags.DEFINE_float("mu", None, "Proximal strength (unset: the algorithm's default).", lower_bound=0)
+flags.DEFINE_integer("personal_layers", None, "Personal top layers (fedper).", lower_bound=-1)
+flags.DEFINE_integer("pretrain_scale", 20, "FedGroup alpha: alpha*m clients cluster at cold start.")
+flags.DEFINE_integer("pretrain_epochs", 1, "FedGroup: local epochs of cold-start pre-training.")
+flags.DEFINE_enum(
+    "cold_start", "eager", ["eager", "lazy"], "FedGroup: when newcomers are assigned."
+)
+flags.DEFINE_float("eta_g", 0.0, "FedGroup: inter-group aggregation rate (0 = off).")
+flags.DEFINE_enum(
+    "inter_group_mode", "additive", ["additive", "normalized"], "FedGroup: inter-group formula."
+)
+flags.DEFINE_float("newcomer_fraction", 0.0, "FedGroup: fraction of clients that join late.")
+flags.DEFINE_integer("newcomer_round", 1, "FedGroup: round in which late clients join.")
+flags.DEFINE_integer("seed", 0, "Seed of every random choice in the run.", lower_bound=0)
+flags.DEFINE_integer(
+    "checkpoint_every", 5, "Checkpoint every N rounds (0: at the end).", lower_bound=0
+)
+flags.DEFINE_integer("eval_every", 1, "Evaluate every N rounds.", lower_bound=1)
+flags.DEFINE_list("workers", [], "Remote TFF workers HOST:PORT (empty: one local worker).")
+flags.DEFINE_integer(
+    "max_concurrent_computation_calls",
+    -1,
+    "Concurrent client computations in the worker (-1: no limit).",
+)
+
+
+def run_spec_from_flags(algorithm: str) -> RunSpec:
+    """The run that the parsed flags describe, for `algorithm`."""
+    return RunSpec(
+        algorithm=algorithm,
+        dataset=FLAGS.dataset,
+        data_dir=FLAGS.data_dir,
+        model=FLAGS.model,
+        hidden_units=FLAGS.hidden_units,
+        cnn_dense_units=FLAGS.cnn_dense_units,
+        num_clients=FLAGS.num_clients,
+        num_classes=FLAGS.num_classes,
+        algorithm_options=AlgorithmOptions(
+            num_clusters=FLAGS.num_clusters,
+            prox_mu=FLAGS.mu,
+            personal_layers=FLAGS.personal_layers,
+            pretrain_scale=FLAGS.pretrain_scale,
+            pretrain_epochs=FLAGS.pretrain_epochs,
+            cold_start=FLAGS.cold_start,
+            eta_g=FLAGS.eta_g,
+            inter_group_mode=FLAGS.inter_group_mode,
+            newcomer_fraction=FLAGS.newcomer_fraction,
+            newcomer_round=FLAGS.newcomer_round,
+        ),
+        training=TrainingConfig(
+            rounds=FLAGS.rounds,
+            clients_per_round=FLAGS.clients_per_round,
+            local_epochs=FLAGS.local_epochs,
+            batch_size=FLAGS.batch_size,
+            learning_rate=FLAGS.learning_rate,
+            lr_schedule=FLAGS.lr_schedule,
+            lr_decay=FLAGS.lr_decay,
+            momentum=FLAGS.momentum,
+            seed=FLAGS.seed,
+            eval_every=FLAGS.eval_every,
+        ),
+    )
+
+
+def runtime_config_from_flags(log_dir: str) -> RuntimeConfig:
+    return RuntimeConfig(
+        workers=tuple(FLAGS.workers),
+        max_concurrent_computation_calls=FLAGS.max_concurrent_computation_calls,
+        log_dir=log_dir,
+    )
