@@ -16,6 +16,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_enum("dataset", "digits", list(DATASET_NAMES), "Dataset.")
 flags.DEFINE_string("data_dir", None, "Folder of the dataset's files (LEAF: holds train/ test/).")
 flags.DEFINE_enum("model", "mlp", list(MODEL_NAMES), "Model architecture.")
+flags.DEFINE_string("glove_path", None, "GloVe text file (sent140), e.g. glove.6B.300d.txt.")
 flags.DEFINE_integer("hidden_units", 64, "Hidden units of the MLP.", lower_bound=1)
 flags.DEFINE_integer("cnn_dense_units", 128, "Units of the CNN's dense layer.", lower_bound=1)
 flags.DEFINE_integer("num_clients", None, "Clients to generate (digits, synthetic).", lower_bound=1)
@@ -70,6 +71,7 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
         cnn_dense_units=FLAGS.cnn_dense_units,
         num_clients=FLAGS.num_clients,
         num_classes=FLAGS.num_classes,
+        glove_path=FLAGS.glove_path,
         algorithm_options=AlgorithmOptions(
             num_clusters=FLAGS.num_clusters,
             prox_mu=FLAGS.mu,

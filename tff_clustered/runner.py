@@ -25,6 +25,7 @@ class RunSpec:
     cnn_dense_units: int = 128
     num_clients: Optional[int] = None
     num_classes: Optional[int] = None
+    glove_path: Optional[str] = None
     algorithm_options: AlgorithmOptions = AlgorithmOptions()
     training: TrainingConfig = TrainingConfig(rounds=50, local_epochs=5, learning_rate=0.1)
 
@@ -39,6 +40,7 @@ def build_experiment(spec: RunSpec, track_discrepancy: bool = False) -> Experime
         seed=spec.training.seed,
         num_clients=spec.num_clients,
         num_classes=spec.num_classes,
+        glove_path=spec.glove_path,
     )
     model = model_spec(
         spec.model,

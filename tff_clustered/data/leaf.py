@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 
@@ -39,8 +39,15 @@ def leaf_json_files(path: PathLike) -> list[str]:
     )
 
 
-def read_leaf_file(path: str) -> dict[str, ClientArrays]:
-    """One LEAF JSON file -> {user: (x, y)}, checking the file's own bookkeeping."""
+def numeric_inputs(x: list) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32)
+
+
+def read_leaf_file(
+    path: str, convert_inputs: Callable[[list], np.ndarray] = numeric_inputs
+) -> dict[str, ClientArrays]:
+    """One LEAF JSON file -> {user: (x, y)}, checking the file's own bookkeeping.
+    `convert_inputs` turns a user's raw `x` list into an array (default: numeric features)."""
     try:
         with open(path, encoding="utf-8") as f:
             blob = json.load(f)
@@ -82,7 +89,7 @@ def read_leaf_file(path: str) -> dict[str, ClientArrays]:
                 "fix num_samples or the data"
             )
         try:
-            clients[user] = (np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.float64))
+            clients[user] = (convert_inputs(x), np.asarray(y, dtype=np.float64))
         except ValueError as e:
             raise DataError(
                 f"{path}: user {user!r} has inputs of unequal lengths or non-numbers ({e}); "
@@ -91,13 +98,16 @@ def read_leaf_file(path: str) -> dict[str, ClientArrays]:
     return clients
 
 
-def read_leaf_split(paths: Union[PathLike, Sequence[PathLike]]) -> dict[str, ClientArrays]:
+def read_leaf_split(
+    paths: Union[PathLike, Sequence[PathLike]],
+    convert_inputs: Callable[[list], np.ndarray] = numeric_inputs,
+) -> dict[str, ClientArrays]:
     """All files of one split, users merged (a user's parts concatenated in file order)."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     merged: dict[str, list[ClientArrays]] = {}
     for path in paths:
         for file in leaf_json_files(path):
-            for user, arrays in read_leaf_file(file).items():
+            for user, arrays in read_leaf_file(file, convert_inputs).items():
                 merged.setdefault(user, []).append(arrays)
     return {
         user: (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))

@@ -1,4 +1,4 @@
-"""Datasets by name, as the binaries select them (`--dataset`, `--data_dir`)."""
+"""Datasets by name, as the binaries select them (`--dataset`, `--data_dir`, `--glove_path`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,30 @@ from typing import Optional
 from tff_clustered.data.digits import load_digits_clusters
 from tff_clustered.data.federated_data import DataError, FederatedData
 from tff_clustered.data.leaf import load_leaf
+from tff_clustered.data.mnist import load_mnist
+from tff_clustered.data.sent140 import load_sent140
 from tff_clustered.data.synthetic import load_synthetic
 
-DATASET_NAMES = ("digits", "synthetic", "leaf")
+DATASET_NAMES = ("digits", "synthetic", "mnist", "femnist", "femnist_leaf", "sent140", "leaf")
+# FEMNIST: FedProx/FedGroup subset (200 writers, 10 letters, 26-way head: Table II counts) or
+# the full LEAF FEMNIST (62 classes by writer).
+FEMNIST_CLASSES = {"femnist": 26, "femnist_leaf": 62}
+LEAF_HELP = {
+    "femnist": "the FedProx EMNIST subset (FedProx repository, data/nist, generated with its "
+    "scripts) or LEAF's femnist preprocessing",
+    "femnist_leaf": "LEAF's femnist (./preprocess.sh -s niid --sf 1.0 -k 0 -t sample)",
+    "sent140": "LEAF's sent140 (./preprocess.sh -s niid --sf 0.3 -k 30 -t sample)",
+    "leaf": "any LEAF dataset",
+}
+
+
+def _leaf_dirs(name: str, data_dir: Optional[str]) -> tuple[str, str]:
+    if not data_dir:
+        raise DataError(
+            f"--dataset={name} needs --data_dir pointing at a LEAF data/ folder with train/ and "
+            f"test/ subfolders of *.json files: {LEAF_HELP[name]}"
+        )
+    return os.path.join(data_dir, "train"), os.path.join(data_dir, "test")
 
 
 def load_dataset(
@@ -19,22 +40,29 @@ def load_dataset(
     seed: int = 0,
     num_clients: Optional[int] = None,
     num_classes: Optional[int] = None,
+    glove_path: Optional[str] = None,
 ) -> FederatedData:
-    """`digits` (embedded default), `synthetic` (Synthetic(1,1)), or `leaf` (LEAF JSON under
-    `data_dir/train` and `data_dir/test`)."""
+    """`digits` (embedded default), `synthetic` (Synthetic(1,1)), `mnist` (IDX/npz files),
+    `femnist`/`femnist_leaf`/`sent140`/`leaf` (LEAF JSON under `data_dir/{train,test}`)."""
     if name == "digits":
         return load_digits_clusters(num_clients=num_clients or 40, seed=seed)
     if name == "synthetic":
         return load_synthetic(num_clients=num_clients or 100, seed=seed)
-    if name == "leaf":
-        if not data_dir:
-            raise DataError(
-                "--dataset=leaf needs --data_dir pointing at a LEAF data/ folder with train/ "
-                "and test/ subfolders of *.json files"
-            )
+    if name == "mnist":
+        return load_mnist(data_dir or "", num_clients=num_clients or 1000, seed=seed)
+    if name in FEMNIST_CLASSES:
+        train, test = _leaf_dirs(name, data_dir)
         return load_leaf(
-            os.path.join(data_dir, "train"),
-            os.path.join(data_dir, "test"),
+            train, test, num_classes or FEMNIST_CLASSES[name], name=name, image_shape=(28, 28, 1)
+        )
+    if name == "sent140":
+        _leaf_dirs(name, data_dir)
+        return load_sent140(data_dir, glove_path or "")
+    if name == "leaf":
+        train, test = _leaf_dirs(name, data_dir)
+        return load_leaf(
+            train,
+            test,
             num_classes=num_classes,
             name=f"leaf:{os.path.basename(os.path.normpath(data_dir))}",
         )

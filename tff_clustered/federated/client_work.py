@@ -29,10 +29,24 @@ class EvalResult(NamedTuple):
 
 
 def batch_loss(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-    """Mean softmax cross-entropy of a batch (spec A.3: no weight decay)."""
+    """Mean cross-entropy of a batch (spec A.3: no weight decay): softmax over classes, or
+    sigmoid for a single-logit binary model (the Sent140 LSTM, spec A.12)."""
+    if logits.shape[-1] == 1:
+        return tf.reduce_mean(
+            tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=tf.cast(labels, tf.float32), logits=logits[:, 0]
+            )
+        )
     return tf.reduce_mean(
         tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     )
+
+
+def predicted_labels(logits: tf.Tensor) -> tf.Tensor:
+    """argmax over classes; a single logit predicts class 1 iff it is > 0."""
+    if logits.shape[-1] == 1:
+        return tf.cast(logits[:, 0] > 0, tf.int32)
+    return tf.argmax(logits, axis=-1, output_type=tf.int32)
 
 
 def train_client(
@@ -83,9 +97,7 @@ def evaluate_client(predict: PredictFn, weights: Weights, dataset: tf.data.Datas
         logits = predict(weights, batch["x"], False)
         labels = batch["y"]
         batch_size = tf.cast(tf.shape(labels)[0], tf.float32)
-        correct = tf.reduce_sum(
-            tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels), tf.float32)
-        )
+        correct = tf.reduce_sum(tf.cast(tf.equal(predicted_labels(logits), labels), tf.float32))
         return EvalResult(
             state.loss_sum + batch_loss(logits, labels) * batch_size,
             state.num_correct + correct,

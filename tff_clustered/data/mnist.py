@@ -1,0 +1,127 @@
+"""MNIST in FedGroup's setup (spec A.12, FedProx generator): 1,000 clients with two digits
+each and power-law sizes, from MNIST files the user already has.
+
+Reads the four IDX files (`train-images-idx3-ubyte`, ..., optionally `.gz`) or a Keras-style
+`mnist.npz` (`x_train`, `y_train`, `x_test`, `y_test`) from `data_dir`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+
+import numpy as np
+
+from tff_clustered.data.federated_data import (
+    DataError,
+    FederatedData,
+    from_arrays,
+    split_train_test,
+)
+
+IDX_FILES = {
+    "x_train": "train-images-idx3-ubyte",
+    "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte",
+    "y_test": "t10k-labels-idx1-ubyte",
+}
+MISSING_HELP = (
+    "put the four MNIST IDX files (train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], "
+    "t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz], from "
+    "http://yann.lecun.com/exdb/mnist/ or a mirror) or Keras' mnist.npz in --data_dir"
+)
+
+
+def read_idx(path: str) -> np.ndarray:
+    """One IDX file (uint8 data), gzipped or not."""
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            magic = f.read(4)
+            if len(magic) != 4 or magic[:2] != b"\x00\x00" or magic[2] != 0x08:
+                raise DataError(f"{path} is not an IDX file of unsigned bytes (bad magic number)")
+            dims = struct.unpack(">" + "I" * magic[3], f.read(4 * magic[3]))
+            data = np.frombuffer(f.read(), dtype=np.uint8)
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path} cannot be read ({e}); download it again") from e
+    if data.size != int(np.prod(dims)):
+        raise DataError(
+            f"{path} holds {data.size} bytes for shape {dims}: truncated, download again"
+        )
+    return data.reshape(dims)
+
+
+def read_mnist(data_dir: str) -> tuple[np.ndarray, np.ndarray]:
+    """All 70,000 (or however many the files hold) images as (n, 784) uint8, and labels."""
+    if not data_dir or not os.path.isdir(data_dir):
+        raise DataError(f"MNIST folder {data_dir!r} does not exist; {MISSING_HELP}")
+    npz = os.path.join(data_dir, "mnist.npz")
+    if os.path.exists(npz):
+        with np.load(npz) as blob:
+            parts = {k: blob[k] for k in IDX_FILES}
+    else:
+        parts = {}
+        for key, name in IDX_FILES.items():
+            candidates = [os.path.join(data_dir, name + ext) for ext in ("", ".gz")]
+            path = next((p for p in candidates if os.path.exists(p)), None)
+            if path is None:
+                raise DataError(f"{candidates[0]}[.gz] is missing; {MISSING_HELP}")
+            parts[key] = read_idx(path)
+    x = np.concatenate([parts["x_train"], parts["x_test"]]).reshape(-1, 784)
+    y = np.concatenate([parts["y_train"], parts["y_test"]]).astype(np.int64)
+    if len(x) != len(y):
+        raise DataError(f"MNIST in {data_dir}: {len(x)} images but {len(y)} labels")
+    return x, y
+
+
+def partition_by_classes(
+    y: np.ndarray,
+    num_clients: int,
+    classes_per_client: int,
+    rng: np.random.Generator,
+    min_per_class: int = 5,
+    sigma: float = 2.0,
+) -> list[np.ndarray]:
+    """Client u owns classes (u + j) mod C, j < classes_per_client; it first gets
+    `min_per_class` examples of each, then the rest of each class is split among its owners in
+    lognormal(0, sigma) proportions (FedProx's power-law generator)."""
+    num_classes = int(y.max()) + 1
+    owners: dict[int, list[tuple[int, int]]] = {c: [] for c in range(num_classes)}
+    for u in range(num_clients):
+        for j in range(classes_per_client):
+            owners[(u + j) % num_classes].append((u, j))
+    shares: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c in range(num_classes):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        if not owners[c]:
+            continue
+        if len(idx) < min_per_class * len(owners[c]):
+            raise DataError(
+                f"class {c} has {len(idx)} examples, too few for {len(owners[c])} owners; "
+                "use fewer clients"
+            )
+        for n, (u, _) in enumerate(owners[c]):
+            shares[u].append(idx[n * min_per_class : (n + 1) * min_per_class])
+        rest = idx[min_per_class * len(owners[c]) :]
+        props = rng.lognormal(0, sigma, len(owners[c]))
+        cuts = np.floor(np.cumsum(props / props.sum()) * len(rest)).astype(int)
+        for (u, _), part in zip(owners[c], np.split(rest, cuts[:-1])):
+            shares[u].append(part)
+    return [np.concatenate(s) for s in shares]
+
+
+def load_mnist(
+    data_dir: str, num_clients: int = 1000, classes_per_client: int = 2, seed: int = 0
+) -> FederatedData:
+    """FedGroup's MNIST: per-pixel standardisation over all images, power-law two-digit
+    clients, 90/10 split per client."""
+    x, y = read_mnist(data_dir)
+    x = x.astype(np.float32)
+    x = (x - x.mean(axis=0)) / (x.std(axis=0) + 0.001)
+    rng = np.random.default_rng(seed)
+    train, test = {}, {}
+    for u, idx in enumerate(partition_by_classes(y, num_clients, classes_per_client, rng)):
+        cid = f"mnist_{u:04d}"
+        train[cid], test[cid] = split_train_test(x[idx], y[idx], 0.9, rng)
+    return from_arrays("mnist", train, test, 10, image_shape=(28, 28, 1), source=data_dir)
