@@ -1,10 +1,17 @@
-"""Seconds per round of our FedAvg against TFF's own `build_weighted_fed_avg`, same run.
+"""Speed, always as ratios against a reference measured in the same run.
 
-Both get the same Keras model, clients, data, local epochs and batch size, on the same TFF
-worker. After one warm-up round each (tracing), rounds alternate ours/TFF so that machine noise
-hits both alike; the median is reported. The last output line is one JSON object.
+* `fedavg_vs_tff`: one round of our FedAvg against TFF's own `build_weighted_fed_avg` on the
+  same Keras model, clients, data, epochs and batch size, on the same TFF worker (goal <= 1.0).
+* `fedgroup_vs_fedavg`: one round of FedGroup with m=5 groups against our FedAvg on the same
+  clients (goal <= 1.3).
+* `clustering`: server-side EDC against MADC clustering time as the number of clustered clients
+  grows, at FEMNIST-MLP size d = 415,258 (EDC must stay linear in the number of clients).
 
-  python binaries/benchmark.py --rounds=10
+After a warm-up round each (tracing), timed rounds alternate between the two implementations so
+that machine noise hits both alike; medians are reported. The last output line is one JSON object.
+
+  python binaries/benchmark.py
+  python binaries/benchmark.py --benchmarks=clustering --cluster_sizes=100,500,2000
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 # TensorFlow must be imported before absl parses flags: imported inside `main`, Keras' Flatten
 # layer fails to build (seen with TF 2.14 / absl 1.4).
+from tff_clustered import clustering  # noqa: E402
 from tff_clustered.federated.clustered_process import (  # noqa: E402
     build_clustered_process,
     round_hparams,
@@ -44,13 +52,29 @@ flags.DEFINE_integer("local_epochs", 5, "Local epochs.", lower_bound=1)
 flags.DEFINE_integer("batch_size", 10, "Batch size.", lower_bound=1)
 flags.DEFINE_float("learning_rate", 0.03, "Client learning rate.")
 flags.DEFINE_integer("seed", 0, "Seed of the data and initial model.")
+flags.DEFINE_list(
+    "benchmarks", ["fedavg_vs_tff", "fedgroup_vs_fedavg", "clustering"], "Benchmarks to run."
+)
+flags.DEFINE_integer("groups", 5, "FedGroup groups for fedgroup_vs_fedavg.")
+flags.DEFINE_list("cluster_sizes", ["100", "500", "2000"], "Clients clustered (clustering).")
+flags.DEFINE_integer("cluster_dim", 415_258, "Update length d (clustering): FEMNIST MLP.")
 
 
-def main(argv: list[str]) -> None:
-    del argv
-    rng = np.random.default_rng(FLAGS.seed)
-    spec = model_spec(FLAGS.model, (FLAGS.input_dim,), FLAGS.num_classes, FLAGS.hidden_units)
-    clients = [
+def alternate(fns: dict, rounds: int) -> dict[str, float]:
+    """Median seconds of each callable, after one warm-up call each, calls interleaved."""
+    for fn in fns.values():
+        fn()
+    timings: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            timings[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in timings.items()}
+
+
+def client_data(rng: np.random.Generator) -> list:
+    return [
         collections.OrderedDict(
             x=rng.normal(size=(FLAGS.examples_per_client, FLAGS.input_dim)).astype(np.float32),
             y=rng.integers(0, FLAGS.num_classes, FLAGS.examples_per_client).astype(np.int32),
@@ -58,17 +82,31 @@ def main(argv: list[str]) -> None:
         for _ in range(FLAGS.clients)
     ]
 
-    def datasets() -> list:
-        return [
-            tf.data.Dataset.from_tensor_slices(c).batch(FLAGS.batch_size).repeat(FLAGS.local_epochs)
-            for c in clients
-        ]
 
-    w0 = initial_weights(spec, FLAGS.seed)
-    ours = build_clustered_process(
-        spec, ResolvedSplit.of(spec.build(), PersonalSplit.none()), 1, w0
+def datasets(clients: list) -> list:
+    return [
+        tf.data.Dataset.from_tensor_slices(c).batch(FLAGS.batch_size).repeat(FLAGS.local_epochs)
+        for c in clients
+    ]
+
+
+def our_round_fn(spec: object, w0: list, clients: list, num_clusters: int) -> object:
+    """One round of the clustered core with clients spread over `num_clusters` clusters."""
+    process = build_clustered_process(
+        spec, ResolvedSplit.of(spec.build(), PersonalSplit.none()), num_clusters, w0
     )
+    state = process.initialize()
+    keys = [np.array([i % num_clusters], np.int32) for i in range(len(clients))]
+    hparams = round_hparams(FLAGS.learning_rate)
 
+    def run() -> None:
+        nonlocal state
+        state, _, _ = process.next(state, datasets(clients), keys, [()] * len(clients), hparams)
+
+    return run
+
+
+def tff_round_fn(spec: object, w0: list, clients: list) -> object:
     def model_fn() -> tff.learning.models.VariableModel:
         keras_model = spec.build()
         keras_model.set_weights(w0)
@@ -78,52 +116,105 @@ def main(argv: list[str]) -> None:
             input_spec=collections.OrderedDict(spec.input_spec()),
         )
 
-    theirs = tff.learning.algorithms.build_weighted_fed_avg(
+    process = tff.learning.algorithms.build_weighted_fed_avg(
         model_fn,
         client_optimizer_fn=tff.learning.optimizers.build_sgdm(learning_rate=FLAGS.learning_rate),
         server_optimizer_fn=tff.learning.optimizers.build_sgdm(learning_rate=1.0),
     )
+    state = process.initialize()
 
-    with tff_runtime():
-        our_state, their_state = ours.initialize(), theirs.initialize()
-        keys = [np.array([0], np.int32)] * FLAGS.clients
-        hparams = round_hparams(FLAGS.learning_rate)
+    def run() -> None:
+        nonlocal state
+        state = process.next(state, datasets(clients)).state
 
-        def our_round() -> None:
-            nonlocal our_state
-            our_state, _, _ = ours.next(our_state, datasets(), keys, [()] * FLAGS.clients, hparams)
+    return run
 
-        def their_round() -> None:
-            nonlocal their_state
-            their_state = theirs.next(their_state, datasets()).state
 
-        our_round(), their_round()  # warm-up: tracing and compilation
-        timings: dict[str, list[float]] = {"ours": [], "tff": []}
-        for _ in range(FLAGS.rounds):
-            for name, fn in (("ours", our_round), ("tff", their_round)):
-                start = time.perf_counter()
-                fn()
-                timings[name].append(time.perf_counter() - start)
-
-    ours_s, tff_s = statistics.median(timings["ours"]), statistics.median(timings["tff"])
-    print(
-        f"FedAvg, {FLAGS.clients} clients x {FLAGS.examples_per_client} examples, "
-        f"{FLAGS.local_epochs} epochs, batch {FLAGS.batch_size}, {FLAGS.model}: "
-        f"ours {ours_s:.3f} s/round, tff.learning {tff_s:.3f} s/round (median of {FLAGS.rounds})"
-    )
-    print(
-        json.dumps(
-            {
-                "benchmark": "fedavg_round",
-                "ours_s_per_round": round(ours_s, 4),
-                "tff_s_per_round": round(tff_s, 4),
-                "ratio": round(ours_s / tff_s, 3),
-                "rounds": FLAGS.rounds,
-                "clients": FLAGS.clients,
-                "model": FLAGS.model,
-            }
+def clustering_scaling(rng: np.random.Generator) -> dict:
+    """EDC vs MADC seconds on P random updates of length d (float32), P growing."""
+    out: dict[str, dict] = {}
+    for size in (int(s) for s in FLAGS.cluster_sizes):
+        updates = rng.standard_normal((size, FLAGS.cluster_dim), dtype=np.float32)
+        start = time.perf_counter()
+        clustering.cluster_edc(updates, FLAGS.groups, seed=0)
+        edc = time.perf_counter() - start
+        start = time.perf_counter()
+        clustering.cluster_madc(updates, FLAGS.groups)
+        madc = time.perf_counter() - start
+        out[str(size)] = {
+            "edc_s": round(edc, 3),
+            "madc_s": round(madc, 3),
+            "madc_over_edc": round(madc / edc, 2),
+        }
+        print(
+            f"clustering P={size} d={FLAGS.cluster_dim}: EDC {edc:.2f} s, MADC {madc:.2f} s",
+            flush=True,
         )
+        del updates
+    sizes = sorted(out, key=int)
+    if len(sizes) > 1:
+        first, last = sizes[0], sizes[-1]
+        growth = out[last]["edc_s"] / out[first]["edc_s"]
+        out["edc_time_growth_vs_clients_growth"] = round(growth / (int(last) / int(first)), 3)
+    return out
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    rng = np.random.default_rng(FLAGS.seed)
+    spec = model_spec(FLAGS.model, (FLAGS.input_dim,), FLAGS.num_classes, FLAGS.hidden_units)
+    w0 = initial_weights(spec, FLAGS.seed)
+    clients = client_data(rng)
+    report: dict = {
+        "benchmark": "tff_clustered",
+        "rounds": FLAGS.rounds,
+        "clients": FLAGS.clients,
+        "model": FLAGS.model,
+    }
+    workload = (
+        f"{FLAGS.clients} clients x {FLAGS.examples_per_client} examples, "
+        f"{FLAGS.local_epochs} epochs, batch {FLAGS.batch_size}, {FLAGS.model}"
     )
+    with tff_runtime():
+        if "fedavg_vs_tff" in FLAGS.benchmarks:
+            t = alternate(
+                {
+                    "ours": our_round_fn(spec, w0, clients, 1),
+                    "tff": tff_round_fn(spec, w0, clients),
+                },
+                FLAGS.rounds,
+            )
+            print(
+                f"FedAvg, {workload}: ours {t['ours']:.3f} s/round, tff.learning "
+                f"{t['tff']:.3f} s/round (median of {FLAGS.rounds})",
+                flush=True,
+            )
+            report.update(
+                ours_s_per_round=round(t["ours"], 4),
+                tff_s_per_round=round(t["tff"], 4),
+                ratio=round(t["ours"] / t["tff"], 3),
+            )
+        if "fedgroup_vs_fedavg" in FLAGS.benchmarks:
+            t = alternate(
+                {
+                    "fedgroup": our_round_fn(spec, w0, clients, FLAGS.groups),
+                    "fedavg": our_round_fn(spec, w0, clients, 1),
+                },
+                FLAGS.rounds,
+            )
+            print(
+                f"FedGroup (m={FLAGS.groups}) vs our FedAvg, {workload}: "
+                f"{t['fedgroup']:.3f} vs {t['fedavg']:.3f} s/round",
+                flush=True,
+            )
+            report.update(
+                fedgroup_s_per_round=round(t["fedgroup"], 4),
+                fedavg_s_per_round=round(t["fedavg"], 4),
+                fedgroup_over_fedavg=round(t["fedgroup"] / t["fedavg"], 3),
+            )
+    if "clustering" in FLAGS.benchmarks:
+        report["clustering"] = clustering_scaling(rng)
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":

@@ -15,14 +15,20 @@ from sklearn.utils.extmath import randomized_svd
 _EPS = 1e-12
 
 
+def _float(a: np.ndarray) -> np.ndarray:
+    """float32 stays float32 (P x d update matrices are large), anything else -> float64."""
+    a = np.asarray(a)
+    return a if a.dtype in (np.float32, np.float64) else a.astype(np.float64)
+
+
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """K(A, B): cosine of every row of `a` with every row of `b` (Eq. 5-6). A zero row has
     cosine 0 with everything (spec A.14-#9)."""
-    a = np.asarray(a, np.float64)
-    b = np.asarray(b, np.float64)
+    a, b = _float(a), _float(b)
     na = np.linalg.norm(a, axis=1, keepdims=True)
     nb = np.linalg.norm(b, axis=1, keepdims=True)
-    return (a / np.maximum(na, _EPS)) @ (b / np.maximum(nb, _EPS)).T
+    sim = (a / np.maximum(na, _EPS)) @ (b / np.maximum(nb, _EPS)).T
+    return sim.astype(np.float64)
 
 
 def madc_matrix(updates: np.ndarray) -> np.ndarray:
@@ -49,7 +55,7 @@ def madc_matrix(updates: np.ndarray) -> np.ndarray:
 def svd_directions(updates: np.ndarray, num_directions: int, seed: int = 0) -> np.ndarray:
     """V = SVD(DW^T, m): the top-m right singular vectors of DW, no centering (Eq. 8),
     as rows (m x d). Randomized SVD: time linear in the number of clients and in d."""
-    dw = np.asarray(updates, np.float64)
+    dw = _float(updates)
     if num_directions > min(dw.shape):
         raise ValueError(
             f"{num_directions} directions need at least as many clients; got {len(dw)}"
