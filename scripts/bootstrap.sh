@@ -39,7 +39,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 "$VENV/bin/python" -m pip install --quiet --no-deps "tensorflow-federated==0.87.0"
 "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e . 2>/dev/null \
   || "$VENV/bin/python" -m pip install --quiet --no-deps -e .
-"$VENV/bin/python" -c "import tensorflow_federated, tff_clustered" \
+TF_CPP_MIN_LOG_LEVEL=2 "$VENV/bin/python" -c "import tensorflow_federated, tff_clustered" \
   || { echo "error: the installed environment does not import; delete .venv and run again." >&2; exit 1; }
 touch "$VENV/.installed"
 echo "[bootstrap] environment ready in $VENV"

@@ -140,3 +140,26 @@ class Algorithm:
             prox_mu=self.prox_mu,
             personal_split=dataclasses.asdict(self.split),
         )
+
+
+class IndependentClusters(Algorithm):
+    """Clusters that start from independently initialised models, one seed each (IFCA, FeSEM;
+    spec A.14-#24). A client counts in evaluation once it has been assigned (spec A.11)."""
+
+    default_clusters: ClassVar[int] = 3
+
+    def default_num_clusters(self, options: AlgorithmOptions) -> int:
+        return options.num_clusters or self.default_clusters
+
+    def setup(self, experiment: Experiment) -> None:
+        from tff_clustered import weights as flat
+        from tff_clustered.models.keras_models import initial_weights
+        from tff_clustered.orchestration import ALGORITHM, derived_seed
+
+        seeds = [
+            derived_seed(experiment.config.seed, ALGORITHM, k) for k in range(self.num_clusters)
+        ]
+        experiment.set_cluster_models_matrix(
+            np.stack([flat.flatten(initial_weights(experiment.model, s)) for s in seeds])
+        )
+        experiment.state.assignment = {c: -1 for c in experiment.data.client_ids}

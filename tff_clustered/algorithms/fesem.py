@@ -16,16 +16,13 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 
 from tff_clustered import clustering
-from tff_clustered.algorithms.base import Algorithm, AlgorithmOptions
-from tff_clustered.algorithms.ifca import independent_cluster_models
+from tff_clustered.algorithms.base import AlgorithmOptions, IndependentClusters
 
 if TYPE_CHECKING:
     from tff_clustered.orchestration import Experiment
 
-DEFAULT_CLUSTERS = 3
 
-
-class FeSEM(Algorithm):
+class FeSEM(IndependentClusters):
     name = "fesem"
     paper = "Long et al., Multi-Center Federated Learning, World Wide Web 2023"
     needs_model_deltas = True
@@ -36,14 +33,8 @@ class FeSEM(Algorithm):
         self.local_models: dict[str, np.ndarray] = {}  # W_i, flattened
         self._round_start: np.ndarray = np.zeros((0, 0))
 
-    def default_num_clusters(self, options: AlgorithmOptions) -> int:
-        return options.num_clusters or DEFAULT_CLUSTERS
-
     def setup(self, experiment: Experiment) -> None:
-        experiment.set_cluster_models_matrix(
-            independent_cluster_models(experiment, self.num_clusters)
-        )
-        experiment.state.assignment = {c: -1 for c in experiment.data.client_ids}
+        super().setup(experiment)
         self.local_models = {}
 
     def assign(
