@@ -98,10 +98,13 @@ def our_round_fn(spec: object, w0: list, clients: list, num_clusters: int) -> ob
     state = process.initialize()
     keys = [np.array([i % num_clusters], np.int32) for i in range(len(clients))]
     hparams = round_hparams(FLAGS.learning_rate)
+    ones = [np.float32(1.0)] * len(clients)
 
     def run() -> None:
         nonlocal state
-        state, _, _ = process.next(state, datasets(clients), keys, [()] * len(clients), hparams)
+        state, _, _ = process.next(
+            state, datasets(clients), keys, [()] * len(clients), ones, hparams
+        )
 
     return run
 

@@ -202,3 +202,15 @@ def test_fedgroup_beats_fedavg_on_planted_clusters() -> None:
     list(fedgroup.rounds()), list(fedavg.rounds())
     fg, fa = fedgroup.state.history[-1]["accuracy"], fedavg.state.history[-1]["accuracy"]
     assert fg >= fa + 0.35, (fg, fa)
+
+
+def test_fesem_paper_mode_gives_smaller_clients_a_stronger_pull() -> None:
+    exp = experiment("fesem", num_clusters=2, fesem_reg="paper", fesem_lambda=0.5)
+    assert exp.algorithm.prox_mu == 1.0  # 2 * lambda
+    ids = exp.data.client_ids
+    sizes = exp.data.train_sizes
+    scales = exp.algorithm.prox_scales(exp, ids)
+    n_avg = sum(sizes.values()) / len(sizes)
+    assert scales == pytest.approx([n_avg / sizes[c] for c in ids])
+    list(exp.rounds())  # trains with per-client mu_i
+    assert experiment("fesem", num_clusters=2).algorithm.prox_scales(exp, ids) == [1.0] * len(ids)

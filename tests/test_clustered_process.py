@@ -32,11 +32,18 @@ def batches(x: np.ndarray, y: np.ndarray) -> list:
     return [(x[i : i + BATCH], y[i : i + BATCH]) for i in range(0, len(y), BATCH)]
 
 
-def build(model_name: str, split: PersonalSplit, k: int, deltas: bool = False) -> tuple:
+def build(
+    model_name: str, split: PersonalSplit, k: int, deltas: bool = False, prox_mu: float = 0.0
+) -> tuple:
     spec = model_spec(model_name, (5,), 3, hidden_units=4)
     w0 = initial_weights(spec, 7)
     process = build_clustered_process(
-        spec, ResolvedSplit.of(spec.build(), split), k, w0, return_model_deltas=deltas
+        spec,
+        ResolvedSplit.of(spec.build(), split),
+        k,
+        w0,
+        prox_mu=prox_mu,
+        return_model_deltas=deltas,
     )
     return process, w0
 
@@ -56,6 +63,7 @@ def test_round_is_the_example_weighted_mean_per_cluster_and_empty_cluster_is_unc
         [to_dataset(*d) for d in data],
         [np.array([k], np.int32) for k in keys],
         [()] * 4,
+        [np.float32(1.0)] * 4,
         round_hparams(0.2),
     )
     w_stack, b_stack = state["cluster_models"]
@@ -95,6 +103,7 @@ def test_personal_tensors_are_trained_locally_and_never_aggregated() -> None:
         [to_dataset(*d) for d in data],
         [np.array([k], np.int32) for k in keys],
         personal,
+        [np.float32(1.0)] * 3,
         round_hparams(0.1),
     )
     train = tf.function(client_work.train_client, autograph=False)
@@ -131,6 +140,7 @@ def test_purely_local_models_leave_the_server_state_unchanged() -> None:
         [to_dataset(*d) for d in data],
         [np.array([0], np.int32)] * 2,
         [tuple(w0)] * 2,
+        [np.float32(1.0)] * 2,
         round_hparams(0.1),
     )
     for got, before in zip(new_state["cluster_models"], state["cluster_models"]):
@@ -153,3 +163,26 @@ def test_evaluation_uses_each_clients_own_cluster_model() -> None:
         expected_loss = -np.log(softmax(logits.astype(np.float64))[np.arange(len(y)), y]).sum()
         assert r["loss_sum"] == pytest.approx(expected_loss, rel=1e-4)
         assert r["num_examples"] == len(y)
+
+
+def test_per_client_proximal_scale_multiplies_mu() -> None:
+    """FedProx term mu * scale_i (w - w^t) per client (FeSEM's mu_i, spec B.4)."""
+    rng = np.random.default_rng(4)
+    process, w0 = build("mclr", PersonalSplit.none(), 1, deltas=True, prox_mu=0.5)
+    state = process.initialize()
+    data = client_sets(rng, [9, 9, 9], 5, 3)
+    scales = [0.0, 1.0, 4.0]
+    _, outputs, _ = process.next(
+        state,
+        [to_dataset(*d) for d in data],
+        [np.array([0], np.int32)] * 3,
+        [()] * 3,
+        [np.float32(s) for s in scales],
+        round_hparams(0.3),
+    )
+    start = np.concatenate([w0[0].ravel(), w0[1]])
+    for out, d, s in zip(outputs, data, scales):
+        w, b = mclr_sgd(w0[0], w0[1], batches(*d), 0.3, mu=0.5 * s)
+        np.testing.assert_allclose(
+            out["model_delta"], np.concatenate([w.ravel(), b]) - start, rtol=1e-4, atol=1e-5
+        )

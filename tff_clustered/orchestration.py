@@ -199,6 +199,7 @@ class Experiment:
             self.train_datasets(round_num, client_ids, epochs),
             [np.array([k], np.int32) for k in clusters],
             [self.personal_weights(c) for c in client_ids],
+            [np.float32(s) for s in self.algorithm.prox_scales(self, client_ids)],
             round_hparams(learning_rate),
         )
 
@@ -278,6 +279,7 @@ class Experiment:
                 self.train_datasets(round_num, ids, epochs, stream=PRETRAIN_SHUFFLE),
                 [np.array([0], np.int32)] * len(ids),
                 [()] * len(ids),
+                [np.float32(1.0)] * len(ids),
                 round_hparams(self.config.learning_rate),
             )
             rows += [np.asarray(o["model_delta"], np.float32) for o in outputs]

@@ -47,6 +47,13 @@ flags.DEFINE_enum(
 )
 flags.DEFINE_float("newcomer_fraction", 0.0, "FedGroup: fraction of clients that join late.")
 flags.DEFINE_integer("newcomer_round", 1, "FedGroup: round in which late clients join.")
+flags.DEFINE_enum(
+    "fesem_reg",
+    "constant",
+    ["constant", "paper"],
+    "FeSEM distance term: --mu, or 2 lambda n_avg/n_i.",
+)
+flags.DEFINE_float("fesem_lambda", 0.0, "FeSEM lambda of the paper-mode distance term.")
 flags.DEFINE_integer("seed", 0, "Seed of every random choice in the run.", lower_bound=0)
 flags.DEFINE_integer(
     "checkpoint_every", 5, "Checkpoint every N rounds (0: at the end).", lower_bound=0
@@ -83,6 +90,8 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
             inter_group_mode=FLAGS.inter_group_mode,
             newcomer_fraction=FLAGS.newcomer_fraction,
             newcomer_round=FLAGS.newcomer_round,
+            fesem_reg=FLAGS.fesem_reg,
+            fesem_lambda=FLAGS.fesem_lambda,
         ),
         training=TrainingConfig(
             rounds=FLAGS.rounds,

@@ -36,6 +36,10 @@ class AlgorithmOptions:
     inter_group_mode: str = "additive"  # "additive" (paper) or "normalized" (authors' code)
     newcomer_fraction: float = 0.0  # fraction of clients that join the run late ...
     newcomer_round: int = 1  # ... in this round
+    # FeSEM's distance term (spec B.4): "constant" uses --mu for every client; "paper" uses
+    # mu_i = 2 * lambda * n_avg / n_i (Eq. 7 divided by alpha_i).
+    fesem_reg: str = "constant"
+    fesem_lambda: float = 0.0
 
     def __post_init__(self) -> None:
         checks = [
@@ -49,6 +53,8 @@ class AlgorithmOptions:
             ),
             (0 <= self.newcomer_fraction < 1, "newcomer_fraction must be in [0, 1)"),
             (self.newcomer_round >= 1, "newcomer_round must be >= 1"),
+            (self.fesem_reg in ("constant", "paper"), "fesem_reg must be constant or paper"),
+            (self.fesem_lambda >= 0, "fesem_lambda must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:
@@ -110,6 +116,10 @@ class Algorithm:
     ) -> np.ndarray:
         """Cluster of each sampled client for this round (default: its stored assignment)."""
         return np.array([experiment.state.assignment[c] for c in client_ids], np.int32)
+
+    def prox_scales(self, experiment: Experiment, client_ids: Sequence[str]) -> list[float]:
+        """Per-client factor of the proximal strength mu (default 1: the same mu for all)."""
+        return [1.0] * len(client_ids)
 
     def after_round(
         self,

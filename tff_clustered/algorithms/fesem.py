@@ -4,9 +4,11 @@ Personalization", WWW journal 2023): federated stochastic EM over client models.
 K independently initialised centers. Each round, E-step (Eq. 8): every sampled client joins
 the center nearest (squared L2) to its most recent local model (w0 before it first trains);
 local update from that center; M-step (Eq. 9): each center becomes the unweighted mean of its
-members' new local models (centers without members are kept). With `--mu` > 0 the local loss
-adds (mu/2)||W - W~^(k)||^2, the constant-strength form of the Eq. 7 distance term (off by
-default, as in the spec B.4)."""
+members' new local models (centers without members are kept).
+
+The Eq. 7 distance term, off by default (spec B.4), adds (mu_i/2)||W - W~^(k)||^2 to the local
+loss: `--fesem_reg=constant` uses mu_i = --mu for all clients; `--fesem_reg=paper` uses
+mu_i = 2 lambda n_avg / n_i (`--fesem_lambda`), Eq. 7 divided by alpha_i."""
 
 from __future__ import annotations
 
@@ -32,6 +34,19 @@ class FeSEM(IndependentClusters):
         super().__init__(options)
         self.local_models: dict[str, np.ndarray] = {}  # W_i, flattened
         self._round_start: np.ndarray = np.zeros((0, 0))
+
+    def default_prox_mu(self, options: AlgorithmOptions) -> float:
+        if options.fesem_reg == "paper":
+            return 2.0 * options.fesem_lambda
+        return options.prox_mu or 0.0
+
+    def prox_scales(self, experiment: Experiment, client_ids: Sequence[str]) -> list[float]:
+        """Paper mode: mu_i / (2 lambda) = n_avg / n_i, so smaller clients stay closer."""
+        if self.options.fesem_reg != "paper":
+            return super().prox_scales(experiment, client_ids)
+        sizes = experiment.data.train_sizes
+        n_avg = sum(sizes.values()) / len(sizes)
+        return [n_avg / sizes[c] for c in client_ids]
 
     def setup(self, experiment: Experiment) -> None:
         super().setup(experiment)

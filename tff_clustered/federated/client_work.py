@@ -56,12 +56,14 @@ def train_client(
     learning_rate: tf.Tensor,
     prox_mu: float = 0.0,
     momentum: float = 0.0,
+    prox_scale: tf.Tensor = 1.0,
 ) -> TrainResult:
     """Local minibatch SGD over every batch of `dataset` (its epochs already repeated).
 
     Step (spec A.3): g = grad mean-loss(b; w) + mu (w - w_start)  [FedProx Eq. 3 term];
     v = momentum v + g; w = w - lr v. `prox_mu` and `momentum` are Python numbers: a zero
     term is left out of the graph, so mu = 0 runs exactly FedAvg's plain SGD step.
+    `prox_scale` multiplies mu for this client (FeSEM's size-dependent mu_i, spec B.4).
     """
     anchor = tuple(tf.identity(w) for w in weights)
     start = (
@@ -78,7 +80,8 @@ def train_client(
             loss = batch_loss(predict(current, batch["x"], True), batch["y"])
         direction = tape.gradient(loss, current)
         if prox_mu:
-            direction = tuple(g + prox_mu * (w - a) for g, w, a in zip(direction, current, anchor))
+            strength = prox_mu * prox_scale
+            direction = tuple(g + strength * (w - a) for g, w, a in zip(direction, current, anchor))
         if momentum:
             velocity = tuple(momentum * v + g for v, g in zip(velocity, direction))
             direction = velocity

@@ -148,6 +148,7 @@ def build_clustered_process(
         to_type(personal_spec),
         data_type,
         to_type(key_spec),
+        tff.TensorType(np.float32),
         to_type(hparams_spec),
     )
     def client_update(
@@ -155,6 +156,7 @@ def build_clustered_process(
         personal: tuple,
         dataset: tf.data.Dataset,
         key: tf.Tensor,
+        prox_scale: tf.Tensor,
         hparams: dict,
     ) -> tuple:
         start = join(first_element(selected), personal)
@@ -165,6 +167,7 @@ def build_clustered_process(
             hparams["learning_rate"],
             prox_mu=float(prox_mu),
             momentum=float(momentum),
+            prox_scale=prox_scale,
         )
         base_delta = tuple(result.weights[i] - start[i] for i in base_idx)
         weight = result.num_examples if client_weighting == "num_examples" else 1.0
@@ -213,15 +216,22 @@ def build_clustered_process(
         tff.FederatedType(data_type, tff.CLIENTS),
         clients(key_spec),
         clients(personal_spec),
+        tff.FederatedType(np.float32, tff.CLIENTS),
         tff.FederatedType(to_type(hparams_spec), tff.SERVER),
     )
     def next_fn(
-        state: object, datasets: object, keys: object, personal: object, hparams: object
+        state: object,
+        datasets: object,
+        keys: object,
+        personal: object,
+        prox_scales: object,
+        hparams: object,
     ) -> object:
+        """`prox_scales`: per-client factor of the proximal strength (1.0: plain FedProx)."""
         selected = distribute(state.cluster_models, keys)
         base_delta, cluster_weight, outputs = tff.federated_map(
             client_update,
-            (selected, personal, datasets, keys, tff.federated_broadcast(hparams)),
+            (selected, personal, datasets, keys, prox_scales, tff.federated_broadcast(hparams)),
         )
         aggregate = aggregator.next(state.aggregator, base_delta, cluster_weight)
         new_models = tff.federated_map(
