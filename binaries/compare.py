@@ -23,8 +23,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 # TensorFlow is imported (through these) before absl parses flags (see train.py).
 from tff_clustered import reporting, run_flags, runner  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS, AlgorithmOptions, make_algorithm  # noqa: E402
-from tff_clustered.checkpoint import CheckpointError  # noqa: E402
-from tff_clustered.data import DataError  # noqa: E402
 from tff_clustered.runtime import tff_runtime  # noqa: E402
 
 TABLE_III = (
@@ -61,15 +59,13 @@ def options_for(algorithm: str, options: AlgorithmOptions) -> AlgorithmOptions:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    unknown = [a for a in FLAGS.algorithms if a not in ALGORITHMS]
-    if unknown or not FLAGS.algorithms:
-        print(
-            f"error: unknown algorithm(s) {', '.join(unknown) or '(none given)'}; choose from "
-            f"{', '.join(ALGORITHMS)}",
-            file=sys.stderr,
-        )
-        return 2
-    try:
+    with run_flags.reported_errors("finished algorithms are kept, run again to continue"):
+        unknown = [a for a in FLAGS.algorithms if a not in ALGORITHMS]
+        if unknown or not FLAGS.algorithms:
+            raise ValueError(
+                f"unknown algorithm(s) {', '.join(unknown) or '(none given)'}; choose from "
+                f"{', '.join(ALGORITHMS)}"
+            )
         base = run_flags.run_spec_from_flags(FLAGS.algorithms[0])
         output_dir = FLAGS.output_dir or os.path.join(
             "runs", f"compare-{base.dataset}-{base.model}-s{base.training.seed}"
@@ -99,12 +95,6 @@ def main(argv: list[str]) -> int:
                     f"final {rows[-1]['final_accuracy']:.4f}",
                     flush=True,
                 )
-    except (ValueError, DataError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted; finished algorithms are kept, run again to continue", file=sys.stderr)
-        return 130
     title = (
         f"{base.dataset} / {base.model}, seed {base.training.seed}, {base.training.rounds} rounds"
     )

@@ -19,8 +19,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 # Keras' Flatten layer fails to build (seen with TF 2.14 / absl 1.4).
 from tff_clustered import run_flags, runner  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS  # noqa: E402
-from tff_clustered.checkpoint import CheckpointError  # noqa: E402
-from tff_clustered.data import DataError  # noqa: E402
 from tff_clustered.runtime import tff_runtime  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -32,7 +30,7 @@ flags.DEFINE_bool("resume", False, "Continue the run in --output_dir from its ch
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    try:
+    with run_flags.reported_errors("the last checkpoint is kept, continue with --resume"):
         spec = run_flags.run_spec_from_flags(FLAGS.algorithm)
         output_dir = FLAGS.output_dir or os.path.join(
             "runs", f"{spec.dataset}-{spec.algorithm}-s{spec.training.seed}"
@@ -41,12 +39,6 @@ def main(argv: list[str]) -> int:
             summary = runner.run(
                 spec, output_dir, checkpoint_every=FLAGS.checkpoint_every, resume=FLAGS.resume
             )
-    except (ValueError, DataError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted; the last checkpoint is kept, continue with --resume", file=sys.stderr)
-        return 130
     results = summary["results"]
     print(
         f"{spec.algorithm} on {spec.dataset}/{spec.model}: final accuracy "

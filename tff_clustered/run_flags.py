@@ -3,10 +3,15 @@ and the TFF runtime. `run_spec_from_flags` turns them into a `RunSpec`."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
+
 from absl import flags
 
 from tff_clustered.algorithms import AlgorithmOptions
-from tff_clustered.data import DATASET_NAMES
+from tff_clustered.checkpoint import CheckpointError
+from tff_clustered.data import DATASET_NAMES, DataError
 from tff_clustered.models import MODEL_NAMES
 from tff_clustered.orchestration import LR_SCHEDULES, TrainingConfig
 from tff_clustered.runner import RunSpec
@@ -114,3 +119,17 @@ def runtime_config_from_flags(log_dir: str) -> RuntimeConfig:
         max_concurrent_computation_calls=FLAGS.max_concurrent_computation_calls,
         log_dir=log_dir,
     )
+
+
+@contextlib.contextmanager
+def reported_errors(on_interrupt: str) -> Iterator[None]:
+    """Bad input: `error: ...` on stderr and exit code 2; Ctrl-C: `on_interrupt`, exit 130.
+    The runtime's own context manager has stopped the TFF worker by then."""
+    try:
+        yield
+    except (ValueError, DataError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print(f"interrupted; {on_interrupt}", file=sys.stderr)
+        raise SystemExit(130) from None
