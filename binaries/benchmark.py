@@ -6,6 +6,11 @@
   clients (goal <= 1.3).
 * `clustering`: server-side EDC against MADC clustering time as the number of clustered clients
   grows, at FEMNIST-MLP size d = 415,258 (EDC must stay linear in the number of clients).
+* `fedtsdp_vs_fedavg`: one whole FedTSDP round (stateful clients uploading whole models,
+  public-batch inference of every model, Hopkins statistic, and, when it fires, the two
+  DBSCAN stages and the regrouping) against one FedAvg round on the same clients, both through
+  the same orchestration (goal <= 1.5). `--tsdp_trigger=always` forces the clustering every
+  round (psi = 1 so the split stays put), the worst case; `paper` uses h_th = 0.65.
 
 After a warm-up round each (tracing), timed rounds alternate between the two implementations so
 that machine noise hits both alike; medians are reported. The last output line is one JSON object.
@@ -33,11 +38,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 # TensorFlow must be imported before absl parses flags: imported inside `main`, Keras' Flatten
 # layer fails to build (seen with TF 2.14 / absl 1.4).
 from tff_clustered import clustering  # noqa: E402
-from tff_clustered.federated.clustered_process import (  # noqa: E402
-    build_clustered_process,
-    round_hparams,
-)
-from tff_clustered.models import PersonalSplit, ResolvedSplit, initial_weights, model_spec  # noqa: E402
+from tff_clustered.algorithms import make_algorithm  # noqa: E402
+from tff_clustered.data import load_dataset  # noqa: E402
+from tff_clustered.federated.round import RoundSignature, build_round, round_hparams  # noqa: E402
+from tff_clustered.models import initial_weights, model_spec  # noqa: E402
+from tff_clustered.models.functional import functional_model  # noqa: E402
+from tff_clustered.orchestration import Experiment, TrainingConfig  # noqa: E402
 from tff_clustered.runtime import tff_runtime  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -53,8 +59,12 @@ flags.DEFINE_integer("batch_size", 10, "Batch size.", lower_bound=1)
 flags.DEFINE_float("learning_rate", 0.03, "Client learning rate.")
 flags.DEFINE_integer("seed", 0, "Seed of the data and initial model.")
 flags.DEFINE_list(
-    "benchmarks", ["fedavg_vs_tff", "fedgroup_vs_fedavg", "clustering"], "Benchmarks to run."
+    "benchmarks",
+    ["fedavg_vs_tff", "fedgroup_vs_fedavg", "clustering", "fedtsdp_vs_fedavg"],
+    "Benchmarks to run.",
 )
+flags.DEFINE_enum("tsdp_trigger", "always", ["always", "paper"], "FedTSDP clustering per round.")
+flags.DEFINE_integer("tsdp_rounds", 6, "Timed rounds of fedtsdp_vs_fedavg.", lower_bound=1)
 flags.DEFINE_integer("groups", 5, "FedGroup groups for fedgroup_vs_fedavg.")
 flags.DEFINE_list("cluster_sizes", ["100", "500", "2000"], "Clients clustered (clustering).")
 flags.DEFINE_integer("cluster_dim", 415_258, "Update length d (clustering): FEMNIST MLP.")
@@ -92,18 +102,23 @@ def datasets(clients: list) -> list:
 
 def our_round_fn(spec: object, w0: list, clients: list, num_clusters: int) -> object:
     """One round of the clustered core with clients spread over `num_clusters` clusters."""
-    process = build_clustered_process(
-        spec, ResolvedSplit.of(spec.build(), PersonalSplit.none()), num_clusters, w0
+    keras_model = spec.build()
+    process = build_round(
+        functional_model(keras_model, spec.input_spec()),
+        spec.input_spec(),
+        RoundSignature(num_clusters, tuple(range(len(w0)))),
+        w0,
     )
     state = process.initialize()
     keys = [np.array([i % num_clusters], np.int32) for i in range(len(clients))]
     hparams = round_hparams(FLAGS.learning_rate)
     ones = [np.float32(1.0)] * len(clients)
+    seeds = [np.array([i, 0], np.int32) for i in range(len(clients))]
 
     def run() -> None:
         nonlocal state
         state, _, _ = process.next(
-            state, datasets(clients), keys, [()] * len(clients), ones, hparams
+            state, datasets(clients), keys, [()] * len(clients), ones, seeds, hparams
         )
 
     return run
@@ -162,6 +177,44 @@ def clustering_scaling(rng: np.random.Generator) -> dict:
     return out
 
 
+def tsdp_round_fns() -> tuple[dict, dict]:
+    """Whole rounds (orchestration included) of FedTSDP and FedAvg on the digits Dirichlet
+    clients with the FedTSDP CNN, the paper's training settings otherwise."""
+    data = load_dataset("digits_dirichlet", seed=FLAGS.seed, dirichlet_beta=0.2)
+    spec = model_spec("tsdp_cnn", data.input_shape, data.num_classes, image_shape=(8, 8, 1))
+    config = TrainingConfig(
+        rounds=10_000,
+        clients_per_round=len(data.client_ids),
+        local_epochs=2,
+        batch_size=10,
+        learning_rate=0.05,
+        momentum=0.5,
+        seed=FLAGS.seed,
+    )
+    options = (
+        dict(hopkins_threshold=1e-6, psi=1.0) if FLAGS.tsdp_trigger == "always" else {}
+    )
+    experiments = {
+        "fedtsdp": Experiment(data, spec, make_algorithm("fedtsdp", **options), config),
+        "fedavg": Experiment(data, spec, make_algorithm("fedavg"), config),
+    }
+    info: dict = {}
+
+    def round_fn(name: str) -> object:
+        experiment = experiments[name]
+        experiment.start()
+
+        def run() -> None:
+            round_num = experiment.state.round_num + 1
+            row = experiment.train_round(round_num)
+            experiment.state.round_num = round_num
+            info[name] = row
+
+        return run
+
+    return {name: round_fn(name) for name in experiments}, (experiments, info)
+
+
 def main(argv: list[str]) -> None:
     del argv
     rng = np.random.default_rng(FLAGS.seed)
@@ -214,6 +267,25 @@ def main(argv: list[str]) -> None:
                 fedgroup_s_per_round=round(t["fedgroup"], 4),
                 fedavg_s_per_round=round(t["fedavg"], 4),
                 fedgroup_over_fedavg=round(t["fedgroup"] / t["fedavg"], 3),
+            )
+        if "fedtsdp_vs_fedavg" in FLAGS.benchmarks:
+            fns, (experiments, info) = tsdp_round_fns()
+            builds_before = experiments["fedtsdp"].rounds_cache.builds
+            t = alternate(fns, FLAGS.tsdp_rounds)
+            tsdp = experiments["fedtsdp"]
+            print(
+                f"FedTSDP (clustering {FLAGS.tsdp_trigger}) vs FedAvg, 20 digits clients, "
+                f"tsdp_cnn: {t['fedtsdp']:.3f} vs {t['fedavg']:.3f} s/round; "
+                f"{tsdp.num_clusters} clusters, {info['fedtsdp'].get('clustered')} clustered "
+                f"in the last round, {tsdp.rounds_cache.builds - builds_before} rounds built "
+                "while timing",
+                flush=True,
+            )
+            report.update(
+                fedtsdp_s_per_round=round(t["fedtsdp"], 4),
+                fedtsdp_fedavg_s_per_round=round(t["fedavg"], 4),
+                fedtsdp_over_fedavg=round(t["fedtsdp"] / t["fedavg"], 3),
+                fedtsdp_trigger=FLAGS.tsdp_trigger,
             )
     if "clustering" in FLAGS.benchmarks:
         report["clustering"] = clustering_scaling(rng)

@@ -16,6 +16,9 @@ def mclr_predict(weights: tuple, x: tf.Tensor, training: bool) -> tf.Tensor:
     return tf.matmul(x, weights[0]) + weights[1]
 
 
+mclr_forward = client_work.stateless(mclr_predict)
+
+
 def make_batches(rng: np.random.Generator, n: int, batch: int) -> list:
     x = rng.normal(size=(n, 5)).astype(np.float32)
     y = rng.integers(0, 3, n).astype(np.int32)
@@ -36,7 +39,7 @@ def test_train_client_matches_numpy_sgd(mu: float, momentum: float) -> None:
     w, b = rng.normal(size=(5, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)
     batches = make_batches(rng, 23, 4)  # last batch partial (3 examples), kept
     result = tf.function(client_work.train_client, autograph=False)(
-        mclr_predict,
+        mclr_forward,
         (tf.constant(w), tf.constant(b)),
         as_dataset(batches),
         tf.constant(0.1),
@@ -56,7 +59,7 @@ def test_prox_term_pulls_towards_the_start() -> None:
     train = tf.function(client_work.train_client, autograph=False)
     drift = []
     for mu in (0.0, 5.0):
-        r = train(mclr_predict, (tf.constant(w), tf.constant(b)), ds, tf.constant(0.1), mu)
+        r = train(mclr_forward, (tf.constant(w), tf.constant(b)), ds, tf.constant(0.1), mu)
         drift.append(np.linalg.norm(r.weights[0].numpy() - w))
     assert drift[1] < 0.5 * drift[0]
 
@@ -67,5 +70,5 @@ def test_evaluate_client_counts_correct_predictions() -> None:
     ds = tf.data.Dataset.from_tensor_slices(
         collections.OrderedDict(x=x, y=np.array([0, 1, 0], np.int32))
     ).batch(2)
-    r = client_work.evaluate_client(mclr_predict, (tf.constant(w), tf.zeros(3)), ds)
+    r = client_work.evaluate_client(mclr_forward, (tf.constant(w), tf.zeros(3)), ds)
     assert float(r.num_correct) == 2.0 and float(r.num_examples) == 3.0

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-from tff_clustered.algorithms import AlgorithmOptions, make_algorithm
+from tff_clustered import options as options_lib
+from tff_clustered.algorithms import algorithm_class, make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment, TrainingConfig
@@ -29,7 +31,10 @@ def experiment(
     options.setdefault("pretrain_epochs", 3)
     data = load_digits_clusters(num_clients=clients, num_groups=groups, seed=config.seed)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
-    exp = Experiment(data, model, make_algorithm(algorithm, AlgorithmOptions(**options)), config)
+    # One option set serves every algorithm here: each takes the options it has.
+    accepted = options_lib.names(algorithm_class(algorithm).Options)
+    options = {k: v for k, v in options.items() if k in accepted}
+    exp = Experiment(data, model, make_algorithm(algorithm, **options), config)
     exp.start()
     return exp
 
@@ -93,7 +98,7 @@ def test_clients_joining_mid_run_are_held_back_then_assigned() -> None:
         newcomer_fraction=0.25,
         newcomer_round=3,
     )
-    late = exp.algorithm.late_clients
+    late = exp.state.algorithm_state.late_clients
     assert len(late) == 6 and all(exp.state.assignment[c] < 0 for c in late)
     for r in (1, 2):
         assert not late & set(exp.sample_clients(r))
@@ -111,7 +116,7 @@ def test_ablations_run_and_rcc_starts_from_single_clients() -> None:
 
 
 def test_fedgrouprox_with_mu_zero_is_fedgroup() -> None:
-    a = experiment("fedgrouprox", num_clusters=3, prox_mu=0.0)
+    a = experiment("fedgrouprox", num_clusters=3, mu=0.0)
     b = experiment("fedgroup", num_clusters=3)
     list(a.rounds()), list(b.rounds())
     assert metrics(a) == metrics(b)
@@ -119,10 +124,10 @@ def test_fedgrouprox_with_mu_zero_is_fedgroup() -> None:
 
 def test_empty_groups_keep_their_models_across_a_round() -> None:
     exp = experiment("fedgroup", num_clusters=3)
-    before = exp.cluster_models_matrix()
-    clusters = exp.algorithm.assign(exp, 1, exp.sample_clients(1))
+    before = exp.state.cluster_models
+    clusters = exp.algorithm.plan(exp.run, exp.view(), exp.sample_clients(1), exp).clusters
     exp.train_round(1)
-    after = exp.cluster_models_matrix()
+    after = exp.state.cluster_models
     for k in set(range(3)) - set(clusters.tolist()):
         assert np.array_equal(before[k], after[k])
 
@@ -130,16 +135,16 @@ def test_empty_groups_keep_their_models_across_a_round() -> None:
 def test_ifca_clients_join_the_lowest_loss_model() -> None:
     exp = experiment("ifca", num_clusters=2)
     ids = exp.data.client_ids[:5]
-    models = exp.cluster_models_matrix()
-    exp.set_cluster_models_matrix(np.stack([models[0], models[0] * 50]))
-    assert exp.algorithm.assign(exp, 1, ids).tolist() == [0] * 5
-    exp.set_cluster_models_matrix(np.stack([models[0] * 50, models[0]]))
-    assert exp.algorithm.assign(exp, 1, ids).tolist() == [1] * 5
-    losses = exp.client_losses(ids)
+    models = exp.state.cluster_models
+    exp.state.cluster_models = np.stack([models[0], models[0] * 50])
+    assert exp.algorithm.plan(exp.run, exp.view(), ids, exp).clusters.tolist() == [0] * 5
+    exp.state.cluster_models = np.stack([models[0] * 50, models[0]])
+    assert exp.algorithm.plan(exp.run, exp.view(), ids, exp).clusters.tolist() == [1] * 5
+    losses = exp.cluster_losses(exp.state.cluster_models, ids)
     keras_model = exp.model.build()
     from tff_clustered import weights as flat
 
-    keras_model.set_weights(flat.unflatten(models[0], exp.process.weight_shapes))
+    keras_model.set_weights(flat.unflatten(models[0], exp.layout.shapes))
     batch = next(iter(exp.data.train.create_tf_dataset_for_client(ids[0]).batch(1000)))
     import tensorflow as tf
 
@@ -154,11 +159,16 @@ def test_fesem_with_one_cluster_is_unweighted_fedavg() -> None:
     ids = exp.sample_clients(1)
     sizes = [exp.data.train_sizes[c] for c in ids]
     assert len(set(sizes)) > 1  # weighted and unweighted means differ here
-    before = exp.cluster_models_matrix()[0]
-    _, outputs, _ = exp.run_clients(1, ids, np.zeros(len(ids), np.int32), 1, 0.1)
+    before = exp.state.cluster_models[0]
+    with_deltas = exp.rounds_cache.get(
+        dataclasses.replace(exp.signature(), return_model_deltas=True)
+    )
+    _, outputs, _ = exp.run_clients(
+        with_deltas, exp.state.cluster_models, 1, ids, np.zeros(len(ids), np.int32), 1, 0.1
+    )
     deltas = np.stack([o["model_delta"] for o in outputs])
     exp.train_round(1)
-    after = exp.cluster_models_matrix()[0]
+    after = exp.state.cluster_models[0]
     np.testing.assert_allclose(after, before + deltas.mean(0), rtol=1e-5, atol=1e-6)
     weighted = before + (np.array(sizes)[:, None] * deltas).sum(0) / sum(sizes)
     assert not np.allclose(after, weighted, rtol=1e-5, atol=1e-6)
@@ -167,7 +177,7 @@ def test_fesem_with_one_cluster_is_unweighted_fedavg() -> None:
 def test_fesem_e_step_uses_each_clients_latest_local_model() -> None:
     exp = experiment("fesem", num_clusters=2)
     list(exp.rounds())
-    trained = set(exp.algorithm.local_models)
+    trained = set(exp.store.models)
     assert trained and all(exp.state.assignment[c] >= 0 for c in trained)
 
 
@@ -184,7 +194,7 @@ def test_checkpoint_round_trip_continues_identically(algorithm: str) -> None:
     resumed = Experiment(
         first.data,
         first.model,
-        make_algorithm(algorithm, AlgorithmOptions(num_clusters=3, pretrain_scale=2)),
+        straight.algorithm,
         config,
     )
     resumed.restore(saved)
@@ -209,8 +219,10 @@ def test_fesem_paper_mode_gives_smaller_clients_a_stronger_pull() -> None:
     assert exp.algorithm.prox_mu == 1.0  # 2 * lambda
     ids = exp.data.client_ids
     sizes = exp.data.train_sizes
-    scales = exp.algorithm.prox_scales(exp, ids)
+    scales = exp.algorithm.prox_scales(exp.run, ids)
     n_avg = sum(sizes.values()) / len(sizes)
     assert scales == pytest.approx([n_avg / sizes[c] for c in ids])
     list(exp.rounds())  # trains with per-client mu_i
-    assert experiment("fesem", num_clusters=2).algorithm.prox_scales(exp, ids) == [1.0] * len(ids)
+    assert experiment("fesem", num_clusters=2).algorithm.prox_scales(exp.run, ids).tolist() == [
+        1.0
+    ] * len(ids)

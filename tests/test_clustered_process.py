@@ -10,8 +10,9 @@ import tensorflow as tf
 from reference import mclr_sgd, softmax, weighted_mean
 
 from tff_clustered.federated import client_work
-from tff_clustered.federated.clustered_process import build_clustered_process, round_hparams
+from tff_clustered.federated.round import RoundSignature, build_round, round_hparams
 from tff_clustered.models import PersonalSplit, ResolvedSplit, initial_weights, model_spec
+from tff_clustered.models.functional import functional_model
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 BATCH = 4
@@ -37,15 +38,20 @@ def build(
 ) -> tuple:
     spec = model_spec(model_name, (5,), 3, hidden_units=4)
     w0 = initial_weights(spec, 7)
-    process = build_clustered_process(
-        spec,
-        ResolvedSplit.of(spec.build(), split),
-        k,
-        w0,
-        prox_mu=prox_mu,
-        return_model_deltas=deltas,
+    keras_model = spec.build()
+    personal = ResolvedSplit.of(keras_model, split).personal
+    shared = tuple(i for i in range(len(w0)) if i not in personal)
+    signature = RoundSignature(
+        k, shared, client_work.LocalSGD(prox_mu=prox_mu), return_model_deltas=deltas
+    )
+    process = build_round(
+        functional_model(keras_model, spec.input_spec()), spec.input_spec(), signature, w0
     )
     return process, w0
+
+
+def seeds(n: int) -> list:
+    return [np.array([i, 0], np.int32) for i in range(n)]
 
 
 def test_round_is_the_example_weighted_mean_per_cluster_and_empty_cluster_is_unchanged() -> None:
@@ -64,6 +70,7 @@ def test_round_is_the_example_weighted_mean_per_cluster_and_empty_cluster_is_unc
         [np.array([k], np.int32) for k in keys],
         [()] * 4,
         [np.float32(1.0)] * 4,
+        seeds(4),
         round_hparams(0.2),
     )
     w_stack, b_stack = state["cluster_models"]
@@ -91,7 +98,7 @@ def mlp_predict(weights: tuple, x: tf.Tensor, training: bool) -> tf.Tensor:
 def test_personal_tensors_are_trained_locally_and_never_aggregated() -> None:
     rng = np.random.default_rng(1)
     process, w0 = build("mlp", PersonalSplit(1, "layers", "top"), 2)
-    assert process.split.personal == (2, 3)
+    assert process.io.store_in == (2, 3)
     state = process.initialize()
     data = client_sets(rng, [8, 12, 7], 5, 3)
     keys = [1, 1, 0]
@@ -104,19 +111,19 @@ def test_personal_tensors_are_trained_locally_and_never_aggregated() -> None:
         [np.array([k], np.int32) for k in keys],
         personal,
         [np.float32(1.0)] * 3,
+        seeds(3),
         round_hparams(0.1),
     )
     train = tf.function(client_work.train_client, autograph=False)
+    forward = client_work.stateless(mlp_predict)
     reference = []
     for d, k, p in zip(data, keys, personal):
         start = [state["cluster_models"][0][k], state["cluster_models"][1][k], *p]
-        r = train(
-            mlp_predict, tuple(tf.constant(t) for t in start), to_dataset(*d), tf.constant(0.1)
-        )
+        r = train(forward, tuple(tf.constant(t) for t in start), to_dataset(*d), tf.constant(0.1))
         reference.append([t.numpy() for t in r.weights])
     for out, ref in zip(outputs, reference):  # personal parts come back to their client
-        np.testing.assert_allclose(out["personal"][0], ref[2], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(out["personal"][1], ref[3], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out["stored"][0], ref[2], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out["stored"][1], ref[3], rtol=1e-5, atol=1e-6)
     for i in (2, 3):  # the server's personal slots are never touched
         assert np.array_equal(new_state["cluster_models"][i], state["cluster_models"][i])
     for cluster in (0, 1):
@@ -141,17 +148,18 @@ def test_purely_local_models_leave_the_server_state_unchanged() -> None:
         [np.array([0], np.int32)] * 2,
         [tuple(w0)] * 2,
         [np.float32(1.0)] * 2,
+        seeds(2),
         round_hparams(0.1),
     )
     for got, before in zip(new_state["cluster_models"], state["cluster_models"]):
         assert np.array_equal(got, before)
-    assert not np.allclose(outputs[0]["personal"][0], w0[0])
+    assert not np.allclose(outputs[0]["stored"][0], w0[0])
 
 
 def test_evaluation_uses_each_clients_own_cluster_model() -> None:
     rng = np.random.default_rng(3)
     process, _ = build("mclr", PersonalSplit.none(), 2)
-    models = tuple(rng.normal(size=(2, *s)).astype(np.float32) for s in process.weight_shapes)
+    models = tuple(rng.normal(size=(2, *s)).astype(np.float32) for s in process.layout.shapes)
     data = client_sets(rng, [10, 13], 5, 3)
     keys = [1, 0]
     results = process.evaluate(
@@ -178,6 +186,7 @@ def test_per_client_proximal_scale_multiplies_mu() -> None:
         [np.array([0], np.int32)] * 3,
         [()] * 3,
         [np.float32(s) for s in scales],
+        seeds(3),
         round_hparams(0.3),
     )
     start = np.concatenate([w0[0].ravel(), w0[1]])

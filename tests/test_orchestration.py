@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tff_clustered.algorithms import AlgorithmOptions, make_algorithm
+from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment, TrainingConfig
@@ -19,7 +19,7 @@ def run(algorithm: str, config: TrainingConfig = CONFIG, **options: object) -> E
     data = load_digits_clusters(num_clients=12, num_groups=2, seed=config.seed)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
     experiment = Experiment(
-        data, model, make_algorithm(algorithm, AlgorithmOptions(**options)), config
+        data, model, make_algorithm(algorithm, **options), config
     )
     experiment.start()
     list(experiment.rounds())
@@ -38,16 +38,16 @@ def test_same_seed_same_metrics_and_other_seed_differs() -> None:
 
 
 def test_fedprox_with_mu_zero_is_fedavg_exactly() -> None:
-    assert metrics(run("fedprox", prox_mu=0.0)) == metrics(run("fedavg"))
-    assert metrics(run("fedprox", prox_mu=1.0)) != metrics(run("fedavg"))
+    assert metrics(run("fedprox", mu=0.0)) == metrics(run("fedavg"))
+    assert metrics(run("fedprox", mu=1.0)) != metrics(run("fedavg"))
 
 
 def test_local_training_never_changes_the_server_models() -> None:
     experiment = run("local")
-    initial = experiment.process.initialize()["cluster_models"]
-    final = experiment.state.server_state["cluster_models"]
-    assert all((x == y).all() for x, y in zip(initial, final))
-    assert len(experiment.state.personal) > 0
+    initial = experiment.run.initial_model
+    final = experiment.state.cluster_models
+    assert (final == initial[None, :]).all()
+    assert len(experiment.store.models) > 0
 
 
 def test_history_has_an_evaluated_row_per_round_and_round_zero() -> None:
@@ -90,10 +90,10 @@ def test_invalid_training_config_is_refused(field: str, value: object, message: 
 
 def test_algorithm_options_are_checked() -> None:
     with pytest.raises(ValueError, match="one model"):
-        make_algorithm("fedavg", AlgorithmOptions(num_clusters=3))
+        make_algorithm("fedavg", num_clusters=3)
     with pytest.raises(ValueError, match="fedprox"):
-        make_algorithm("fedavg", AlgorithmOptions(prox_mu=0.5))
+        make_algorithm("fedavg", mu=0.5)
     with pytest.raises(ValueError, match="unknown algorithm"):
         make_algorithm("fedsomething")
     assert make_algorithm("fedprox").prox_mu == 0.01
-    assert make_algorithm("fedper", AlgorithmOptions(personal_layers=2)).split.count == 2
+    assert make_algorithm("fedper", personal_layers=2).personal_layers == 2

@@ -1,7 +1,10 @@
-"""Python orchestration between TFF rounds: sampling, per-client state, evaluation, metrics.
+"""The generic training loop: samples clients, asks the algorithm, runs the federated round,
+keeps the per-client store, evaluates, and answers the algorithm's queries.
 
-Every random choice is a pure function of `(seed, round, client)`, so a run resumed from a
-checkpoint ends exactly where an uninterrupted run would.
+It knows no paper by name: everything an algorithm decides comes back as a `Decision`
+(`algorithms/base.py`) and is applied here. Every random choice is a pure function of
+`(seed, stream, round, client)`, so a run resumed from a checkpoint ends exactly where an
+uninterrupted run would.
 """
 
 from __future__ import annotations
@@ -10,20 +13,38 @@ import dataclasses
 import math
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from tff_clustered import weights as flat
-from tff_clustered.algorithms.base import Algorithm
+from tff_clustered.algorithms.base import (
+    UNCHANGED,
+    Algorithm,
+    Decision,
+    RoundResult,
+    RunInfo,
+    ServerView,
+)
+from tff_clustered.client_store import ClientStore
 from tff_clustered.data.federated_data import FederatedData
-from tff_clustered.federated.clustered_process import build_clustered_process, round_hparams
+from tff_clustered.federated import client_work
+from tff_clustered.federated.round import (
+    FederatedRound,
+    ModelLayout,
+    RoundCache,
+    RoundSignature,
+    build_predict_probabilities,
+    round_hparams,
+)
+from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec, initial_weights
-from tff_clustered.models.split import ResolvedSplit
+from tff_clustered.models.split import trainable_layer_sizes
+from tff_clustered.seeds import DROPOUT, PRETRAIN_SHUFFLE, SAMPLING, SHUFFLE, derived_seed
 
 LR_SCHEDULES = ("constant", "exponential", "cosine")
-# Independent random streams derived from the run seed.
-SAMPLING, SHUFFLE, PRETRAIN_SHUFFLE, ALGORITHM = 1, 2, 3, 4
+# A function of the run, the server after a round and the round's result -> extra metrics.
+RoundMetric = Callable[[RunInfo, ServerView, RoundResult], dict]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +81,7 @@ class TrainingConfig:
                 raise ValueError(message)
 
     def learning_rate_at(self, round_num: int) -> float:
-        """Learning rate of round `round_num` (1-based)."""
+        """Learning rate of round `round_num` (1-based): eta_0 * decay^(r-1) when exponential."""
         t = round_num - 1
         if self.lr_schedule == "exponential":
             return self.learning_rate * self.lr_decay**t
@@ -69,21 +90,17 @@ class TrainingConfig:
         return self.learning_rate
 
 
-def derived_seed(*parts: int) -> int:
-    """A 31-bit seed that is a fixed function of its integer parts."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] >> 1)
-
-
 @dataclasses.dataclass
 class RunState:
     """Everything a checkpoint must hold to continue a run."""
 
     round_num: int = 0
-    server_state: Any = None
-    personal: dict[str, tuple[np.ndarray, ...]] = dataclasses.field(default_factory=dict)
+    cluster_models: Optional[np.ndarray] = None  # (num_clusters, D) flat models
     assignment: dict[str, int] = dataclasses.field(default_factory=dict)
+    shared: tuple[int, ...] = ()
+    algorithm_state: Any = None
+    client_models: dict[str, tuple[np.ndarray, ...]] = dataclasses.field(default_factory=dict)
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    algorithm_state: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class Experiment:
@@ -95,49 +112,85 @@ class Experiment:
         model: ModelSpec,
         algorithm: Algorithm,
         config: TrainingConfig,
-        track_discrepancy: bool = False,
+        round_metrics: Sequence[RoundMetric] = (),
     ) -> None:
-        """`track_discrepancy` adds FedGroup's Eq. 4 discrepancy to each round's metrics (it
-        needs every client's model update back on the server)."""
+        """`round_metrics` add metrics to each round's row (they get the clients' updates)."""
         if config.clients_per_round > len(data.client_ids):
             raise ValueError(
                 f"clients_per_round={config.clients_per_round} exceeds the "
                 f"{len(data.client_ids)} clients of {data.name}; lower it"
             )
         self.data, self.model, self.algorithm, self.config = data, model, algorithm, config
-        self.initial_weights = initial_weights(model, derived_seed(config.seed, 0))
-        self.split = ResolvedSplit.of(model.build(), algorithm.split)
-        self.track_discrepancy = track_discrepancy and not self.split.personal
-        self.process = build_clustered_process(
-            model,
-            self.split,
-            algorithm.num_clusters,
-            self.initial_weights,
-            prox_mu=algorithm.prox_mu,
-            momentum=config.momentum,
-            return_model_deltas=algorithm.needs_model_deltas or self.track_discrepancy,
-            client_weighting=algorithm.client_weighting,
+        self.round_metrics = tuple(round_metrics)
+        keras_model = model.build()
+        self.functional = functional_model(keras_model, model.input_spec())
+        self.layout = ModelLayout.of(self.functional)
+        self.initial_variables = tuple(
+            initial_weights(model, derived_seed(config.seed, 0))
+            + list(self.functional.initial_state)
         )
-        self._pretrain_process = None
-        self.base_parameters = sum(
-            int(np.prod(self.process.weight_shapes[i])) for i in self.split.base
+        self.rounds_cache = RoundCache(self.functional, model.input_spec(), self.initial_variables)
+        tensor_sizes = tuple(int(np.prod(s)) for s in self.layout.trainable_shapes)
+        self.run = RunInfo(
+            client_ids=tuple(data.client_ids),
+            train_sizes=dict(data.train_sizes),
+            seed=config.seed,
+            clients_per_round=config.clients_per_round,
+            layer_sizes=tuple(trainable_layer_sizes(keras_model)),
+            tensor_sizes=tensor_sizes,
+            num_trainable_values=sum(tensor_sizes),
+            initial_model=flat.flatten(self.initial_variables),
+            public_x=getattr(data, "public_x", None),
         )
-        self._initial_personal = self.process.personal_part(self.initial_weights)
+        self.work = algorithm.client_work(config.momentum)
+        self.return_model_deltas = algorithm.needs_model_deltas or bool(self.round_metrics)
         self.state = RunState()
+        self.store = ClientStore(self.initial_variables)
+        self._predict: Optional[Callable] = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Initial server state and the algorithm's setup (round 0)."""
-        self.state = RunState(server_state=self.process.initialize())
-        self.algorithm.setup(self)
+        """The algorithm's initial decision (round 0) on top of the default state."""
+        self.state = RunState(
+            cluster_models=self.run.initial_model[None, :].copy(),
+            shared=tuple(self.algorithm.initial_shared(self.run)),
+        )
+        self.store = ClientStore(self.initial_variables)
+        self.apply(self.algorithm.init(self.run, self))
 
     def restore(self, state: RunState) -> None:
         self.state = state
-        self.algorithm.load_state_dict(state.algorithm_state)
+        self.store = ClientStore(self.initial_variables, dict(state.client_models))
 
     def snapshot(self) -> RunState:
-        self.state.algorithm_state = self.algorithm.state_dict()
+        self.state.client_models = self.store.models
         return self.state
+
+    def view(self) -> ServerView:
+        return ServerView(
+            round_num=self.state.round_num,
+            cluster_models=self.state.cluster_models,
+            assignment=dict(self.state.assignment),
+            shared=self.state.shared,
+            state=self.state.algorithm_state,
+        )
+
+    def apply(self, decision: Decision) -> None:
+        """Applies an algorithm's decision to the run's state."""
+        self.state.assignment.update({c: int(k) for c, k in decision.assignment.items()})
+        if decision.cluster_models is not None:
+            models = np.asarray(decision.cluster_models, np.float32)
+            if models.ndim != 2 or models.shape[1] != self.run.initial_model.size:
+                raise ValueError(f"{self.algorithm.name}: cluster models of shape {models.shape}")
+            self.state.cluster_models = models
+        if decision.shared is not None:
+            self.state.shared = tuple(int(i) for i in decision.shared)
+        if decision.state is not UNCHANGED:
+            self.state.algorithm_state = decision.state
+
+    @property
+    def num_clusters(self) -> int:
+        return len(self.state.cluster_models)
 
     def rounds(self) -> Iterator[dict[str, Any]]:
         """Runs the remaining rounds (evaluating round 0 first on a fresh run), one row each."""
@@ -157,16 +210,28 @@ class Experiment:
             yield row
 
     # -- one round ---------------------------------------------------------------------------
+    def signature(self) -> RoundSignature:
+        """The round the run needs now (its cluster count and split are per-round data)."""
+        return RoundSignature(
+            num_clusters=self.num_clusters,
+            shared=self.state.shared,
+            work=self.work,
+            keep_client_models=self.algorithm.keep_client_models,
+            return_model_deltas=self.return_model_deltas,
+            client_weighting=self.algorithm.client_weighting,
+        )
+
+    def current_round(self) -> FederatedRound:
+        return self.rounds_cache.get(self.signature())
+
     def sample_clients(self, round_num: int) -> list[str]:
         """`clients_per_round` of the eligible clients (all of them if fewer)."""
-        ids = self.algorithm.eligible_clients(self, round_num)
+        view = dataclasses.replace(self.view(), round_num=round_num - 1)
+        ids = list(self.algorithm.eligible(self.run, view))
         rng = np.random.default_rng(derived_seed(self.config.seed, SAMPLING, round_num))
         count = min(self.config.clients_per_round, len(ids))
         chosen = np.sort(rng.choice(len(ids), count, replace=False))
         return [ids[i] for i in chosen]
-
-    def personal_weights(self, client_id: str) -> tuple[np.ndarray, ...]:
-        return self.state.personal.get(client_id, self._initial_personal)
 
     def train_datasets(
         self, round_num: int, client_ids: Sequence[str], epochs: int, stream: int = SHUFFLE
@@ -183,142 +248,186 @@ class Experiment:
             for cid in client_ids
         ]
 
+    def client_seeds(self, round_num: int, client_ids: Sequence[str]) -> list[np.ndarray]:
+        index = {cid: i for i, cid in enumerate(self.data.client_ids)}
+        return [
+            np.array([derived_seed(self.config.seed, DROPOUT, round_num, index[c]), 0], np.int32)
+            for c in client_ids
+        ]
+
     def run_clients(
         self,
+        fed_round: FederatedRound,
+        cluster_models: np.ndarray,
         round_num: int,
         client_ids: Sequence[str],
-        clusters: np.ndarray,
+        clusters: Sequence[int],
         epochs: int,
         learning_rate: float,
-        server_state: Any = None,
-    ) -> tuple[Any, list[dict], dict]:
-        """One call of the federated `next` on `client_ids` in `clusters`; returns
-        `(new_server_state, client_outputs, measurements)` and changes nothing here."""
-        return self.process.next(
-            self.state.server_state if server_state is None else server_state,
-            self.train_datasets(round_num, client_ids, epochs),
+        prox_scales: Optional[Sequence[float]] = None,
+        stream: int = SHUFFLE,
+        stored: bool = True,
+    ) -> tuple[np.ndarray, list[dict], dict]:
+        """One call of the federated `next`; returns `(new_cluster_models, client_outputs,
+        measurements)` and changes nothing here."""
+        shapes = self.layout.shapes
+        server_state = {
+            "cluster_models": flat.matrix_to_stacked(cluster_models, shapes),
+            "aggregator": (),
+        }
+        scales = [1.0] * len(client_ids) if prox_scales is None else prox_scales
+        store_in = fed_round.io.store_in
+        new_state, outputs, measurements = fed_round.next(
+            server_state,
+            self.train_datasets(round_num, client_ids, epochs, stream),
             [np.array([k], np.int32) for k in clusters],
-            [self.personal_weights(c) for c in client_ids],
-            [np.float32(s) for s in self.algorithm.prox_scales(self, client_ids)],
+            [self.store.variables(c, store_in) if stored else () for c in client_ids],
+            [np.float32(s) for s in scales],
+            self.client_seeds(round_num, client_ids),
             round_hparams(learning_rate),
         )
+        return flat.stacked_to_matrix(new_state["cluster_models"]), outputs, measurements
 
     def train_round(self, round_num: int) -> dict[str, Any]:
         client_ids = self.sample_clients(round_num)
-        clusters = self.algorithm.assign(self, round_num, client_ids)
+        plan = self.algorithm.plan(self.run, self.view(), client_ids, self)
+        self.apply(plan.decision)
+        clusters = np.asarray(plan.clusters, np.int32)
         learning_rate = self.config.learning_rate_at(round_num)
-        before = self.cluster_models_matrix() if self.track_discrepancy else None
-        server_state, outputs, _ = self.run_clients(
-            round_num, client_ids, clusters, self.config.local_epochs, learning_rate
+        deltas = self.return_model_deltas
+        fed_round = self.current_round()
+        before = self.state.cluster_models
+        after, outputs, _ = self.run_clients(
+            fed_round,
+            before,
+            round_num,
+            client_ids,
+            clusters,
+            self.config.local_epochs,
+            learning_rate,
+            plan.prox_scales,
         )
-        self.state.server_state = server_state
-        if self.split.personal:
-            for cid, out in zip(client_ids, outputs):
-                self.state.personal[cid] = tuple(np.asarray(t) for t in out["personal"])
-        self.algorithm.after_round(self, round_num, client_ids, outputs)
-        num_examples = sum(float(o["num_examples"]) for o in outputs)
+        self.state.cluster_models = after
+        for cid, out in zip(client_ids, outputs):
+            self.store.update(cid, fed_round.io.store_out, out["stored"])
+        result = RoundResult(
+            round_num=round_num,
+            client_ids=tuple(client_ids),
+            clusters=clusters,
+            num_examples=np.array([float(o["num_examples"]) for o in outputs]),
+            loss_sums=np.array([float(o["loss_sum"]) for o in outputs]),
+            model_deltas=np.stack([np.asarray(o["model_delta"]) for o in outputs])
+            if deltas
+            else None,
+            cluster_models_before=before,
+        )
+        decision = self.algorithm.after_round(self.run, self.view(), result, self)
+        self.apply(decision)
+        num_examples = result.num_examples.sum()
+        shared_values = sum(
+            int(np.prod(self.layout.trainable_shapes[i])) for i in fed_round.signature.shared
+        )
         row: dict[str, Any] = {
             "learning_rate": learning_rate,
-            "train_loss": sum(float(o["loss_sum"]) for o in outputs) / max(num_examples, 1.0),
+            "train_loss": float(result.loss_sums.sum() / max(num_examples, 1.0)),
             "num_sampled": len(client_ids),
-            "floats_communicated": self.algorithm.floats_per_round(
-                len(client_ids), self.base_parameters
+            "floats_communicated": self.algorithm.values_sent_per_round(
+                len(client_ids), shared_values, fed_round.signature.num_clusters
             ),
         }
-        if before is not None:
-            row["discrepancy"] = self.discrepancy(before, clusters, outputs)
-        sampled = np.bincount(clusters, minlength=self.algorithm.num_clusters)
+        for metric in self.round_metrics:
+            row.update(metric(self.run, self.view(), result))
+        row.update(decision.metrics)
+        sampled = np.bincount(clusters, minlength=fed_round.signature.num_clusters)
         row.update({f"sampled_cluster_{k}": int(n) for k, n in enumerate(sampled)})
         return row
 
-    def discrepancy(
-        self, before: np.ndarray, clusters: np.ndarray, outputs: Sequence[dict]
-    ) -> float:
-        """FedGroup Eq. 4: mean over participants of ||w_i - w^(g(i))||_2, the client's trained
-        model against its cluster's model after aggregation."""
-        after = self.cluster_models_matrix()
-        gaps = [
-            np.linalg.norm(before[k] + np.asarray(o["model_delta"]) - after[k])
-            for k, o in zip(clusters, outputs)
-        ]
-        return float(np.mean(gaps))
-
-    # -- helpers for server-side algorithm steps ---------------------------------------------
-    def cluster_models_matrix(self) -> np.ndarray:
-        """The server's cluster models as a (num_clusters, d) matrix of flat vectors."""
-        return flat.stacked_to_matrix(self.state.server_state["cluster_models"])
-
-    def set_cluster_models_matrix(self, matrix: np.ndarray) -> None:
-        state = dict(self.state.server_state)
-        state["cluster_models"] = flat.matrix_to_stacked(matrix, self.process.weight_shapes)
-        self.state.server_state = type(self.state.server_state)(state)
-
-    def initial_flat(self) -> np.ndarray:
-        return flat.flatten(self.initial_weights)
-
-    def pretrain_updates(
-        self, client_ids: Sequence[str], epochs: int, round_num: int = 0, chunk: int = 100
+    # -- queries an algorithm may ask (`algorithms.base.Queries`) ----------------------------
+    def local_updates(
+        self,
+        client_ids: Sequence[str],
+        start: np.ndarray,
+        epochs: int,
+        round_num: int = 0,
+        chunk: int = 100,
     ) -> np.ndarray:
-        """Flattened updates of plain local SGD from the initial model w0 (no proximal term;
-        FedGroup's ClientPretrain, spec A.3/A.14-#21), one row per client."""
-        if self._pretrain_process is None:
-            self._pretrain_process = build_clustered_process(
-                self.model,
-                ResolvedSplit(self.split.num_tensors, ()),
-                1,
-                self.initial_weights,
+        """Flat updates of plain local SGD (no proximal term, no momentum) from flat model
+        `start`, one row per client (FedGroup's ClientPretrain)."""
+        fed_round = self.rounds_cache.get(
+            RoundSignature(
+                num_clusters=1,
+                shared=tuple(range(self.layout.num_trainable)),
+                work=client_work.LocalSGD(),
                 return_model_deltas=True,
             )
-        process = self._pretrain_process
-        state = process.initialize()
+        )
         rows = []
-        for start in range(0, len(client_ids), chunk):
-            ids = list(client_ids[start : start + chunk])
-            _, outputs, _ = process.next(
-                state,
-                self.train_datasets(round_num, ids, epochs, stream=PRETRAIN_SHUFFLE),
-                [np.array([0], np.int32)] * len(ids),
-                [()] * len(ids),
-                [np.float32(1.0)] * len(ids),
-                round_hparams(self.config.learning_rate),
+        for begin in range(0, len(client_ids), chunk):
+            ids = list(client_ids[begin : begin + chunk])
+            _, outputs, _ = self.run_clients(
+                fed_round,
+                np.asarray(start, np.float32)[None, :],
+                round_num,
+                ids,
+                [0] * len(ids),
+                epochs,
+                self.config.learning_rate,
+                stream=PRETRAIN_SHUFFLE,
+                stored=False,
             )
             rows += [np.asarray(o["model_delta"], np.float32) for o in outputs]
-        return np.stack(rows) if rows else np.zeros((0, len(self.initial_flat())), np.float32)
+        width = self.run.initial_model.size
+        return np.stack(rows) if rows else np.zeros((0, width), np.float32)
 
-    def client_losses(self, client_ids: Sequence[str]) -> np.ndarray:
-        """Mean training loss of every cluster model on each client (IFCA), (clients, K)."""
-        losses = np.zeros((len(client_ids), self.algorithm.num_clusters))
+    def cluster_losses(self, cluster_models: np.ndarray, client_ids: Sequence[str]) -> np.ndarray:
+        """Mean training loss of every cluster model on each client, (clients, clusters)."""
+        models = flat.matrix_to_stacked(cluster_models, self.layout.shapes)
+        fed_round = self.rounds_cache.get(
+            dataclasses.replace(self.signature(), num_clusters=len(cluster_models))
+        )
         datasets = [
             self.data.batched("train", c, max(self.config.batch_size, 64)) for c in client_ids
         ]
-        personal = [self.personal_weights(c) for c in client_ids]
-        for k in range(self.algorithm.num_clusters):
-            results = self.process.evaluate(
-                self.state.server_state["cluster_models"],
-                datasets,
-                [np.array([k], np.int32)] * len(client_ids),
-                personal,
+        stored = [self.store.variables(c, fed_round.io.store_in) for c in client_ids]
+        losses = np.zeros((len(client_ids), len(cluster_models)))
+        for k in range(len(cluster_models)):
+            results = fed_round.evaluate(
+                models, datasets, [np.array([k], np.int32)] * len(client_ids), stored
             )
             losses[:, k] = [r["loss_sum"] / r["num_examples"] for r in results]
         return losses
 
+    def client_models(self, client_ids: Sequence[str]) -> np.ndarray:
+        return self.store.flat(client_ids, self.run.initial_model.size)
+
+    def initial_model(self, seed: int) -> np.ndarray:
+        return flat.flatten(initial_weights(self.model, seed) + list(self.functional.initial_state))
+
+    def predict_probabilities(self, models: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Server-side inference (inference mode) of each flat model on `x`."""
+        if self._predict is None:
+            self._predict = build_predict_probabilities(self.functional, self.model.input_spec())
+        split = self.layout.num_trainable
+        x = np.asarray(x, np.float32)
+        outputs = []
+        for row in np.asarray(models, np.float32):
+            variables = flat.unflatten(row, self.layout.shapes)
+            outputs.append(np.asarray(self._predict(variables[:split], variables[split:], x)))
+        return np.stack(outputs).astype(np.float64)
+
     # -- evaluation --------------------------------------------------------------------------
     def evaluate(self, client_ids: Optional[Sequence[str]] = None) -> dict[str, Any]:
-        """Pooled test accuracy/loss of each client's own model (cluster base + personal),
-        over clients with an assignment; also the mean per-client accuracy."""
+        """Pooled test accuracy/loss of each client's own model (its cluster's shared part and
+        its own rest), over clients with an assignment; also the mean per-client accuracy."""
+        assigned = [c for c in self.data.client_ids if self.state.assignment.get(c, -1) >= 0]
         if client_ids is None:
-            client_ids = [c for c in self.data.client_ids if self.state.assignment.get(c, -1) >= 0]
+            client_ids = assigned
         per_client = self.evaluate_clients(client_ids)
         correct = sum(r["num_correct"] for r in per_client.values())
         total = sum(r["num_examples"] for r in per_client.values())
         loss = sum(r["loss_sum"] for r in per_client.values())
         sizes = np.bincount(
-            [
-                self.state.assignment[c]
-                for c in self.data.client_ids
-                if self.state.assignment.get(c, -1) >= 0
-            ],
-            minlength=self.algorithm.num_clusters,
+            [self.state.assignment[c] for c in assigned], minlength=self.num_clusters
         )
         row: dict[str, Any] = {
             "accuracy": correct / total if total else float("nan"),
@@ -336,10 +445,11 @@ class Experiment:
     def evaluate_clients(self, client_ids: Sequence[str]) -> dict[str, dict[str, float]]:
         if not client_ids:
             return {}
-        results = self.process.evaluate(
-            self.state.server_state["cluster_models"],
+        fed_round = self.current_round()
+        results = fed_round.evaluate(
+            flat.matrix_to_stacked(self.state.cluster_models, self.layout.shapes),
             [self.data.batched("test", c, max(self.config.batch_size, 64)) for c in client_ids],
             [np.array([self.state.assignment[c]], np.int32) for c in client_ids],
-            [self.personal_weights(c) for c in client_ids],
+            [self.store.variables(c, fed_round.io.store_in) for c in client_ids],
         )
         return {c: {k: float(v) for k, v in r.items()} for c, r in zip(client_ids, results)}

@@ -188,22 +188,63 @@ def write_comparison(
     )
 
 
+def write_setting_table(output_dir: str, rows: Sequence[dict[str, Any]], title: str) -> None:
+    """FedTSDP's Tables 3-5 shape: one row per setting, one column per algorithm, final test
+    accuracy (%); comparison.csv keeps every run's figures in long form."""
+    import os
+
+    columns = ("setting", *COMPARISON_COLUMNS)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else _format(row[k]) for k in columns})
+    atomic_write_bytes(os.path.join(output_dir, "comparison.csv"), buffer.getvalue().encode())
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    algorithms = list(dict.fromkeys(r["algorithm"] for r in rows))
+    final = {(r["setting"], r["algorithm"]): r["final_accuracy"] for r in rows}
+    lines = [
+        f"# {title}",
+        "",
+        "Final test accuracy (%), each client with the model it uses, pooled over clients.",
+        "",
+        "| setting | " + " | ".join(algorithms) + " |",
+        "|---|" + "---|" * len(algorithms),
+    ]
+    for setting in settings:
+        cells = []
+        best = max(final.get((setting, a), -1.0) for a in algorithms)
+        for a in algorithms:
+            value = final.get((setting, a))
+            text = "-" if value is None or math.isnan(value) else f"{100 * value:.2f}"
+            cells.append(f"**{text}**" if value == best else text)
+        lines.append(f"| {setting} | " + " | ".join(cells) + " |")
+    atomic_write_bytes(
+        os.path.join(output_dir, "comparison.md"), ("\n".join(lines) + "\n").encode()
+    )
+
+
 def write_comparison_png(
-    path: str, histories: dict[str, Sequence[dict[str, Any]]], title: str
+    path: str, histories: dict[tuple[str, str], Sequence[dict[str, Any]]], title: str
 ) -> None:
-    """Test accuracy against rounds, one curve per algorithm."""
+    """Test accuracy against rounds, one panel per setting, one curve per algorithm."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for name, history in histories.items():
-        rows = [r for r in history if not math.isnan(r.get("accuracy", math.nan))]
-        ax.plot([r["round"] for r in rows], [r["accuracy"] for r in rows], label=name)
-    ax.set(xlabel="round", ylabel="test accuracy", title=title, ylim=(0, 1))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
+    settings = list(dict.fromkeys(setting for setting, _ in histories))
+    fig, axes = plt.subplots(1, len(settings), figsize=(8 * len(settings), 5), squeeze=False)
+    for ax, setting in zip(axes[0], settings):
+        for (where, name), history in histories.items():
+            if where != setting:
+                continue
+            rows = [r for r in history if not math.isnan(r.get("accuracy", math.nan))]
+            ax.plot([r["round"] for r in rows], [r["accuracy"] for r in rows], label=name)
+        ax.set(xlabel="round", ylabel="test accuracy", title=setting, ylim=(0, 1))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, ncol=2)
+    fig.suptitle(title)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)

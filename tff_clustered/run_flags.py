@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 from absl import flags
 
-from tff_clustered.algorithms import AlgorithmOptions
+from tff_clustered import options as options_lib
+from tff_clustered.algorithms import algorithm_class, define_all_flags
 from tff_clustered.checkpoint import CheckpointError
 from tff_clustered.data import DATASET_NAMES, DataError
 from tff_clustered.models import MODEL_NAMES
@@ -38,27 +39,19 @@ flags.DEFINE_enum(
 )
 flags.DEFINE_float("lr_decay", 0.98, "Per-round decay of the exponential schedule.")
 flags.DEFINE_float("momentum", 0.0, "Client SGD momentum.")
-flags.DEFINE_integer("num_clusters", None, "Clusters (clustered algorithms).", lower_bound=1)
-flags.DEFINE_float("mu", None, "Proximal strength (unset: the algorithm's default).", lower_bound=0)
-flags.DEFINE_integer("personal_layers", None, "Personal top layers (fedper).", lower_bound=-1)
-flags.DEFINE_integer("pretrain_scale", 20, "FedGroup alpha: alpha*m clients cluster at cold start.")
-flags.DEFINE_integer("pretrain_epochs", 1, "FedGroup: local epochs of cold-start pre-training.")
 flags.DEFINE_enum(
-    "cold_start", "eager", ["eager", "lazy"], "FedGroup: when newcomers are assigned."
+    "partition",
+    None,
+    ["iid", "dirichlet", "pathological"],
+    "How cifar10/cifar100/svhn are dealt to clients (unset: dirichlet).",
 )
-flags.DEFINE_float("eta_g", 0.0, "FedGroup: inter-group aggregation rate (0 = off).")
-flags.DEFINE_enum(
-    "inter_group_mode", "additive", ["additive", "normalized"], "FedGroup: inter-group formula."
-)
-flags.DEFINE_float("newcomer_fraction", 0.0, "FedGroup: fraction of clients that join late.")
-flags.DEFINE_integer("newcomer_round", 1, "FedGroup: round in which late clients join.")
-flags.DEFINE_enum(
-    "fesem_reg",
-    "constant",
-    ["constant", "paper"],
-    "FeSEM distance term: --mu, or 2 lambda n_avg/n_i.",
-)
-flags.DEFINE_float("fesem_lambda", 0.0, "FeSEM lambda of the paper-mode distance term.")
+flags.DEFINE_float("dirichlet_beta", None, "Dirichlet concentration beta (unset: dataset default).")
+flags.DEFINE_integer("classes_per_client", 2, "Classes per client of the pathological partition.")
+flags.DEFINE_string("tfds_dir", None, "Read cifar10/cifar100/svhn from this TFDS data directory.")
+flags.DEFINE_integer("resnet_width", 64, "Channels of resnet18's first stage.", lower_bound=1)
+# Each algorithm's own options (num_clusters, mu, personal_layers, FedGroup's, FedTSDP's, ...)
+# are declared in its file, as the fields of its Options.
+define_all_flags()
 flags.DEFINE_integer("seed", 0, "Seed of every random choice in the run.", lower_bound=0)
 flags.DEFINE_integer(
     "checkpoint_every", 5, "Checkpoint every N rounds (0: at the end).", lower_bound=0
@@ -84,20 +77,12 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
         num_clients=FLAGS.num_clients,
         num_classes=FLAGS.num_classes,
         glove_path=FLAGS.glove_path,
-        algorithm_options=AlgorithmOptions(
-            num_clusters=FLAGS.num_clusters,
-            prox_mu=FLAGS.mu,
-            personal_layers=FLAGS.personal_layers,
-            pretrain_scale=FLAGS.pretrain_scale,
-            pretrain_epochs=FLAGS.pretrain_epochs,
-            cold_start=FLAGS.cold_start,
-            eta_g=FLAGS.eta_g,
-            inter_group_mode=FLAGS.inter_group_mode,
-            newcomer_fraction=FLAGS.newcomer_fraction,
-            newcomer_round=FLAGS.newcomer_round,
-            fesem_reg=FLAGS.fesem_reg,
-            fesem_lambda=FLAGS.fesem_lambda,
-        ),
+        partition=FLAGS.partition,
+        dirichlet_beta=FLAGS.dirichlet_beta,
+        classes_per_client=FLAGS.classes_per_client,
+        tfds_dir=FLAGS.tfds_dir,
+        resnet_width=FLAGS.resnet_width,
+        algorithm_options=options_lib.from_flags(algorithm_class(algorithm).Options),
         training=TrainingConfig(
             rounds=FLAGS.rounds,
             clients_per_round=FLAGS.clients_per_round,

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 from tff_clustered import checkpoint, reporting
-from tff_clustered.algorithms import AlgorithmOptions, make_algorithm
+from tff_clustered.algorithms import make_algorithm, make_options
 from tff_clustered.data import load_dataset
 from tff_clustered.models import model_spec
-from tff_clustered.orchestration import Experiment, TrainingConfig
+from tff_clustered.orchestration import Experiment, RoundMetric, TrainingConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,14 +27,23 @@ class RunSpec:
     num_clients: Optional[int] = None
     num_classes: Optional[int] = None
     glove_path: Optional[str] = None
-    algorithm_options: AlgorithmOptions = AlgorithmOptions()
+    partition: Optional[str] = None
+    dirichlet_beta: Optional[float] = None
+    classes_per_client: int = 2
+    tfds_dir: Optional[str] = None
+    resnet_width: int = 64
+    algorithm_options: Any = None  # the algorithm's Options (None: its defaults)
     training: TrainingConfig = TrainingConfig(rounds=50, local_epochs=5, learning_rate=0.1)
+
+    def __post_init__(self) -> None:
+        if self.algorithm_options is None:
+            object.__setattr__(self, "algorithm_options", make_options(self.algorithm))
 
     def settings(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def build_experiment(spec: RunSpec, track_discrepancy: bool = False) -> Experiment:
+def build_experiment(spec: RunSpec, round_metrics: Sequence[RoundMetric] = ()) -> Experiment:
     data = load_dataset(
         spec.dataset,
         data_dir=spec.data_dir,
@@ -41,6 +51,10 @@ def build_experiment(spec: RunSpec, track_discrepancy: bool = False) -> Experime
         num_clients=spec.num_clients,
         num_classes=spec.num_classes,
         glove_path=spec.glove_path,
+        partition=spec.partition,
+        dirichlet_beta=spec.dirichlet_beta,
+        classes_per_client=spec.classes_per_client,
+        tfds_dir=spec.tfds_dir,
     )
     model = model_spec(
         spec.model,
@@ -49,9 +63,10 @@ def build_experiment(spec: RunSpec, track_discrepancy: bool = False) -> Experime
         hidden_units=spec.hidden_units,
         image_shape=data.image_shape,
         cnn_dense_units=spec.cnn_dense_units,
+        resnet_width=spec.resnet_width,
     )
     algorithm = make_algorithm(spec.algorithm, spec.algorithm_options)
-    return Experiment(data, model, algorithm, spec.training, track_discrepancy=track_discrepancy)
+    return Experiment(data, model, algorithm, spec.training, round_metrics=round_metrics)
 
 
 def run(
@@ -60,7 +75,7 @@ def run(
     checkpoint_every: int = 5,
     resume: bool = False,
     log: Callable[[str], None] = print,
-    track_discrepancy: bool = False,
+    round_metrics: Sequence[RoundMetric] = (),
 ) -> dict[str, Any]:
     """Runs (or resumes) `spec`, writing metrics.csv, summary.json, curves.png, checkpoints.
 
@@ -75,7 +90,7 @@ def run(
             f"{output_dir} already holds a run; pass --resume to continue it, or choose a new "
             "--output_dir"
         )
-    experiment = build_experiment(spec, track_discrepancy)
+    experiment = build_experiment(spec, round_metrics)
     saved = checkpoint.load(ckpt_path, settings) if resume else None
     if saved is not None:
         experiment.restore(saved)

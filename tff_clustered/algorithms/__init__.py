@@ -1,13 +1,18 @@
-"""Algorithms by name. A new algorithm is one module here defining an `Algorithm` subclass."""
+"""Algorithms by name. A new algorithm is one module here defining an `Algorithm` subclass
+(with its `Options`, which become its flags)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import pkgutil
-from typing import Optional
+from typing import Any
 
-from tff_clustered.algorithms.base import Algorithm, AlgorithmOptions
+from absl import flags
+
+from tff_clustered import options as options_lib
+from tff_clustered.algorithms.base import Algorithm
 
 
 def _discover() -> dict[str, type[Algorithm]]:
@@ -23,10 +28,47 @@ def _discover() -> dict[str, type[Algorithm]]:
 ALGORITHMS: dict[str, type[Algorithm]] = _discover()
 
 
-def make_algorithm(name: str, options: Optional[AlgorithmOptions] = None) -> Algorithm:
+def define_all_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """Every algorithm's options as flags (each defined once)."""
+    for cls in ALGORITHMS.values():
+        options_lib.define_flags(cls.Options, flag_values)
+
+
+def algorithm_class(name: str) -> type[Algorithm]:
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}")
-    return ALGORITHMS[name](options or AlgorithmOptions())
+    return ALGORITHMS[name]
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmOptions", "make_algorithm"]
+def make_options(name: str, **values: Any) -> Any:
+    """`name`'s options from keyword values; an option it does not take is a clear error."""
+    cls = algorithm_class(name)
+    accepted = options_lib.names(cls.Options)
+    for key in values:
+        if key not in accepted:
+            hint = cls.refused.get(key, "")
+            raise ValueError(
+                f"{name} takes no --{key}" + (f": {hint}" if hint else "")
+                + f" (its options: {', '.join(accepted) or 'none'})"
+            )
+    return cls.Options(**values)
+
+
+def make_algorithm(name: str, options: Any = None, **values: Any) -> Algorithm:
+    """The algorithm `name` with `options` (its Options) or keyword option values."""
+    cls = algorithm_class(name)
+    if options is None:
+        options = make_options(name, **values)
+    elif values:
+        options = dataclasses.replace(options, **values)
+    return cls(options)
+
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "algorithm_class",
+    "define_all_flags",
+    "make_algorithm",
+    "make_options",
+]

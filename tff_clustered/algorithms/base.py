@@ -1,175 +1,222 @@
-"""The interface every algorithm implements.
+"""The interface every algorithm implements: typed inputs in, decisions out.
 
-An algorithm is a configuration of the shared cluster-indexed core (how many clusters, which
-tensors are personal, the proximal strength) plus optional **server-side steps between
-rounds**: `setup` before round 1 (cold start, initial clusters), `assign` before a round (which
-cluster each sampled client trains in), `after_round` (re-cluster, move the base/personal
-boundary, ...). The core never needs to change for a new algorithm.
+An algorithm never touches the training loop. The loop (`orchestration.Experiment`) shows it
+a read-only `ServerView` and a `Queries` service (local updates from a given model, losses of
+cluster models on clients, inference of client models, stored client models), and applies
+the `Decision` it returns: cluster assignments, new cluster models (their number may change),
+a new base/personal split, and the algorithm's own state, which is explicit and checkpointed
+with the run. Per round:
+
+    init(run, queries)                       -> Decision     (before round 1)
+    eligible(view)                           -> client ids   (who may be sampled)
+    plan(view, sampled, queries)             -> Plan         (cluster of each sampled client)
+    ... the loop runs the federated round (`federated/round.py`) ...
+    after_round(view, result, queries)       -> Decision     (re-cluster, move the split)
+
+Each algorithm owns its options: a frozen dataclass `Options` whose fields are its
+command-line flags (`options.define_flags`), so a new flag is one field in the paper's file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Optional, Protocol
 
 import numpy as np
 
-from tff_clustered.models.split import PersonalSplit
+from tff_clustered.federated import client_work
+from tff_clustered.seeds import ALGORITHM, derived_seed
 
-if TYPE_CHECKING:
-    from tff_clustered.orchestration import Experiment
+UNCHANGED: Any = "unchanged"  # a Decision's state that keeps the previous one
 
 
 @dataclasses.dataclass(frozen=True)
-class AlgorithmOptions:
-    """Hyperparameters common to the algorithms; each uses those it needs."""
+class RunInfo:
+    """Facts about the run that do not change."""
 
-    num_clusters: Optional[int] = None  # None: the algorithm's default
-    prox_mu: Optional[float] = None  # None: the algorithm's default
-    personal_layers: Optional[int] = None  # None: the algorithm's default split
-    # FedGroup family (spec A.5-A.8, A.10).
-    pretrain_scale: int = 20  # alpha: alpha * m clients take part in group cold start
-    pretrain_epochs: int = 1  # local epochs of ClientPretrain (A.14-#3)
-    cold_start: str = "eager"  # newcomers: "eager" (before round 1) or "lazy" (when sampled)
-    eta_g: float = 0.0  # inter-group aggregation rate (0 = off)
-    inter_group_mode: str = "additive"  # "additive" (paper) or "normalized" (authors' code)
-    newcomer_fraction: float = 0.0  # fraction of clients that join the run late ...
-    newcomer_round: int = 1  # ... in this round
-    # FeSEM's distance term (spec B.4): "constant" uses --mu for every client; "paper" uses
-    # mu_i = 2 * lambda * n_avg / n_i (Eq. 7 divided by alpha_i).
-    fesem_reg: str = "constant"
-    fesem_lambda: float = 0.0
+    client_ids: tuple[str, ...]
+    train_sizes: Mapping[str, int]
+    seed: int
+    clients_per_round: int
+    layer_sizes: tuple[int, ...]  # trainable tensors per layer, bottom to top
+    tensor_sizes: tuple[int, ...]  # values of each trainable tensor, in order
+    num_trainable_values: int  # length of the trainable prefix of a flat model
+    initial_model: np.ndarray  # flat initial model (all variables)
+    public_x: Optional[np.ndarray] = None  # the server's unlabeled public inputs, if any
 
-    def __post_init__(self) -> None:
-        checks = [
-            (self.pretrain_scale >= 1, "pretrain_scale must be >= 1"),
-            (self.pretrain_epochs >= 1, "pretrain_epochs must be >= 1"),
-            (self.cold_start in ("eager", "lazy"), "cold_start must be eager or lazy"),
-            (self.eta_g >= 0, "eta_g must be >= 0"),
-            (
-                self.inter_group_mode in ("additive", "normalized"),
-                "inter_group_mode must be additive or normalized",
-            ),
-            (0 <= self.newcomer_fraction < 1, "newcomer_fraction must be in [0, 1)"),
-            (self.newcomer_round >= 1, "newcomer_round must be >= 1"),
-            (self.fesem_reg in ("constant", "paper"), "fesem_reg must be constant or paper"),
-            (self.fesem_lambda >= 0, "fesem_lambda must be >= 0"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+    @property
+    def num_tensors(self) -> int:
+        return sum(self.layer_sizes)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerView:
+    """What the server holds between rounds; read-only for the algorithm."""
+
+    round_num: int
+    cluster_models: np.ndarray  # (num_clusters, D): one flat model per cluster
+    assignment: Mapping[str, int]  # client -> cluster, -1: not assigned yet
+    shared: tuple[int, ...]  # trainable tensor indices shared within a cluster
+    state: Any  # the algorithm's own state
+
+    @property
+    def num_clusters(self) -> int:
+        return len(self.cluster_models)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundResult:
+    """What came back from the sampled clients in one round."""
+
+    round_num: int
+    client_ids: tuple[str, ...]
+    clusters: np.ndarray  # the cluster each client trained in
+    num_examples: np.ndarray
+    loss_sums: np.ndarray
+    model_deltas: Optional[np.ndarray]  # (n, D) flat updates, when asked for
+    cluster_models_before: np.ndarray  # (num_clusters, D) before aggregation
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """Changes the loop applies. `assignment` entries replace those clients' clusters;
+    `cluster_models` replaces all cluster models (their number may change); `shared` moves the
+    base/personal boundary; `state` replaces the algorithm state unless UNCHANGED."""
+
+    assignment: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    cluster_models: Optional[np.ndarray] = None
+    shared: Optional[tuple[int, ...]] = None
+    state: Any = UNCHANGED
+    metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The sampled clients' clusters for this round, their proximal scales, and any decision
+    taken before training (for instance newcomers assigned on first sight)."""
+
+    clusters: np.ndarray
+    prox_scales: Optional[np.ndarray] = None
+    decision: Decision = Decision()
+
+
+class Queries(Protocol):
+    """Computations the loop runs for an algorithm; none of them changes the run's state."""
+
+    def local_updates(
+        self, client_ids: Sequence[str], start: np.ndarray, epochs: int, round_num: int
+    ) -> np.ndarray:
+        """Flat updates of plain local SGD from flat model `start`, one row per client."""
+
+    def cluster_losses(self, cluster_models: np.ndarray, client_ids: Sequence[str]) -> np.ndarray:
+        """Mean training loss of every cluster model on each client, (clients, clusters)."""
+
+    def client_models(self, client_ids: Sequence[str]) -> np.ndarray:
+        """The clients' stored own models, flat, one row per client."""
+
+    def predict_probabilities(self, models: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Softmax outputs of each flat model on inputs `x`, (models, len(x), classes)."""
+
+    def initial_model(self, seed: int) -> np.ndarray:
+        """A freshly initialised flat model, a fixed function of `seed`."""
 
 
 class Algorithm:
-    """Base class: plain FedAvg-style training of every client in its assigned cluster."""
+    """Base class: every client in cluster 0 of one model, trained by local SGD (FedAvg)."""
 
     name: ClassVar[str] = ""
     paper: ClassVar[str] = ""
-    # Whether each client's flattened model update is needed on the server after a round.
-    needs_model_deltas: ClassVar[bool] = False
+
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        pass
+
+    # Options of other algorithms this one refuses, with the hint its error gives.
+    refused: ClassVar[Mapping[str, str]] = {
+        "num_clusters": "it trains one model; pick a clustered algorithm (ifca, fedgroup, ...)",
+        "mu": "it has no proximal term; use --algorithm=fedprox for --mu > 0",
+        "personal_layers": "it keeps no personal layers; use --algorithm=fedper",
+    }
     # How clients are weighted in each cluster's mean: "num_examples" or "uniform".
     client_weighting: ClassVar[str] = "num_examples"
-    # Models each sampled client receives per round (IFCA: all clusters).
-    models_sent_per_client: ClassVar[str] = "own"
+    # Clients keep their whole trained model in the store (stateful clients).
+    keep_client_models: ClassVar[bool] = False
+    # Each client's flat model update is needed on the server after a round.
+    needs_model_deltas: ClassVar[bool] = False
+    # Model downloads per sampled client per round (IFCA: every cluster model).
+    downloads_per_client: ClassVar[str] = "own"
 
-    def __init__(self, options: Optional[AlgorithmOptions] = None) -> None:
-        options = options or AlgorithmOptions()
-        self.options = options
-        self.num_clusters = self.default_num_clusters(options)
-        self.prox_mu = self.default_prox_mu(options)
-        self.split = self.default_split(options)
-        if self.num_clusters < 1:
-            raise ValueError(f"{self.name}: num_clusters must be >= 1, got {self.num_clusters}")
-        if self.prox_mu < 0:
-            raise ValueError(f"{self.name}: mu must be >= 0, got {self.prox_mu}")
+    def __init__(self, options: Optional[Any] = None) -> None:
+        self.options = options if options is not None else self.Options()
+        if not isinstance(self.options, self.Options):
+            raise TypeError(f"{self.name} takes {self.Options.__qualname__}")
 
-    # -- configuration of the core -----------------------------------------------------------
-    def default_num_clusters(self, options: AlgorithmOptions) -> int:
-        if options.num_clusters not in (None, 1):
-            raise ValueError(
-                f"{self.name} trains one model; drop --num_clusters or pick a clustered algorithm"
-            )
-        return 1
+    # -- what the round runs ---------------------------------------------------------------------
+    @property
+    def prox_mu(self) -> float:
+        return 0.0
 
-    def default_prox_mu(self, options: AlgorithmOptions) -> float:
-        return options.prox_mu or 0.0
+    def client_work(self, momentum: float) -> client_work.ClientWork:
+        return client_work.LocalSGD(prox_mu=float(self.prox_mu), momentum=float(momentum))
 
-    def default_split(self, options: AlgorithmOptions) -> PersonalSplit:
-        if options.personal_layers not in (None, 0):
-            raise ValueError(
-                f"{self.name} keeps no personal layers; drop --personal_layers or use fedper"
-            )
-        return PersonalSplit.none()
+    def initial_shared(self, run: RunInfo) -> tuple[int, ...]:
+        """Trainable tensors shared within a cluster at the start (default: all)."""
+        return tuple(range(run.num_tensors))
 
-    # -- server-side steps between rounds ----------------------------------------------------
-    def eligible_clients(self, experiment: Experiment, round_num: int) -> list[str]:
-        """Clients that can be sampled in `round_num` (default: all)."""
-        return experiment.data.client_ids
+    # -- decisions ------------------------------------------------------------------------------
+    def init(self, run: RunInfo, queries: Queries) -> Decision:
+        """Before round 1: by default one cluster holding everybody, from the initial model."""
+        return Decision(assignment={c: 0 for c in run.client_ids}, state=None)
 
-    def setup(self, experiment: Experiment) -> None:
-        """Before round 1: by default every client is in cluster 0."""
-        experiment.state.assignment = {cid: 0 for cid in experiment.data.client_ids}
+    def eligible(self, run: RunInfo, view: ServerView) -> Sequence[str]:
+        """Clients that may be sampled in `view.round_num + 1` (default: all)."""
+        return run.client_ids
 
-    def assign(
-        self, experiment: Experiment, round_num: int, client_ids: Sequence[str]
-    ) -> np.ndarray:
+    def plan(
+        self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
+    ) -> Plan:
         """Cluster of each sampled client for this round (default: its stored assignment)."""
-        return np.array([experiment.state.assignment[c] for c in client_ids], np.int32)
-
-    def prox_scales(self, experiment: Experiment, client_ids: Sequence[str]) -> list[float]:
-        """Per-client factor of the proximal strength mu (default 1: the same mu for all)."""
-        return [1.0] * len(client_ids)
+        return Plan(np.array([view.assignment[c] for c in client_ids], np.int32))
 
     def after_round(
-        self,
-        experiment: Experiment,
-        round_num: int,
-        client_ids: Sequence[str],
-        client_outputs: Sequence[dict],
-    ) -> None:
-        """After aggregation; `client_outputs` hold `model_delta` if `needs_model_deltas`."""
+        self, run: RunInfo, view: ServerView, result: RoundResult, queries: Queries
+    ) -> Decision:
+        """After aggregation (`view` holds the aggregated cluster models)."""
+        return Decision()
 
-    def floats_per_round(self, num_sampled: int, base_parameters: int) -> int:
+    # -- reporting ------------------------------------------------------------------------------
+    def values_sent_per_round(self, num_sampled: int, shared_values: int, num_clusters: int) -> int:
         """Model values communicated in one round: each sampled client downloads its model
         (IFCA: all cluster models) and uploads its update; personal tensors never travel."""
-        downloads = self.num_clusters if self.models_sent_per_client == "all" else 1
-        return num_sampled * base_parameters * (downloads + 1)
-
-    # -- checkpointing of algorithm-specific state -------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state
+        downloads = num_clusters if self.downloads_per_client == "all" else 1
+        return num_sampled * shared_values * (downloads + 1)
 
     def describe(self) -> dict[str, Any]:
-        return dict(
-            algorithm=self.name,
-            num_clusters=self.num_clusters,
-            prox_mu=self.prox_mu,
-            personal_split=dataclasses.asdict(self.split),
+        return dict(algorithm=self.name, **dataclasses.asdict(self.options))
+
+
+def check(conditions: Sequence[tuple[bool, str]]) -> None:
+    """Raises ValueError with the first failing condition's message."""
+    for ok, message in conditions:
+        if not ok:
+            raise ValueError(message)
+
+
+def layers_to_tensors(layer_sizes: Sequence[int], top_layers: int) -> tuple[int, ...]:
+    """Indices of the trainable tensors of all but the top `top_layers` layers (-1: none)."""
+    if top_layers == -1:
+        return ()
+    if not 0 <= top_layers <= len(layer_sizes):
+        raise ValueError(
+            f"asked for {top_layers} personal layers but the model has only {len(layer_sizes)}; "
+            "lower --personal_layers"
         )
+    kept = sum(layer_sizes[: len(layer_sizes) - top_layers])
+    return tuple(range(kept))
 
 
-class IndependentClusters(Algorithm):
-    """Clusters that start from independently initialised models, one seed each (IFCA, FeSEM;
-    spec A.14-#24). A client counts in evaluation once it has been assigned (spec A.11)."""
-
-    default_clusters: ClassVar[int] = 3
-
-    def default_num_clusters(self, options: AlgorithmOptions) -> int:
-        return options.num_clusters or self.default_clusters
-
-    def setup(self, experiment: Experiment) -> None:
-        from tff_clustered import weights as flat
-        from tff_clustered.models.keras_models import initial_weights
-        from tff_clustered.orchestration import ALGORITHM, derived_seed
-
-        seeds = [
-            derived_seed(experiment.config.seed, ALGORITHM, k) for k in range(self.num_clusters)
-        ]
-        experiment.set_cluster_models_matrix(
-            np.stack([flat.flatten(initial_weights(experiment.model, s)) for s in seeds])
-        )
-        experiment.state.assignment = {c: -1 for c in experiment.data.client_ids}
+def independent_cluster_models(run: RunInfo, queries: Queries, num_clusters: int) -> np.ndarray:
+    """One independently initialised model per cluster (IFCA, FeSEM), a seed each."""
+    seeds = [derived_seed(run.seed, ALGORITHM, k) for k in range(num_clusters)]
+    return np.stack([queries.initial_model(s) for s in seeds])

@@ -6,22 +6,32 @@ clustered by EDC or MADC; each group starts from its members' mean pre-trained m
 mean update is the group direction. Every other client (newcomer) pre-trains from w0 and joins
 the group of least Eq. 9 dissimilarity, eagerly before round 1 or lazily when first sampled;
 clients that join mid-run are assigned the same way. Groups are static; each trains by FedAvg
-(FedGroup) or FedProx (FedGrouProx) on the shared core; optional inter-group aggregation eta_g.
+(FedGroup) or FedProx (FedGrouProx) on the shared core; optional inter-group aggregation eta_g
+(Alg. 2 line 5). `discrepancy` is the paper's Eq. 4 metric, for comparison tables.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 
 from tff_clustered import clustering
-from tff_clustered.algorithms.base import Algorithm, AlgorithmOptions
-from tff_clustered.algorithms.fedprox import DEFAULT_MU
-
-if TYPE_CHECKING:
-    from tff_clustered.orchestration import Experiment
+from tff_clustered.algorithms.base import (
+    Algorithm,
+    Decision,
+    Plan,
+    Queries,
+    RoundResult,
+    RunInfo,
+    ServerView,
+    check,
+)
+from tff_clustered.algorithms.fedprox import DEFAULT_MU, MU_HELP
+from tff_clustered.options import option
+from tff_clustered.seeds import ALGORITHM, derived_seed
 
 PAPER = (
     "Duan et al., FedGroup: Efficient Federated Learning via Decomposed Similarity-Based "
@@ -30,38 +40,71 @@ PAPER = (
 DEFAULT_GROUPS = 3
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupState:
+    group_directions: np.ndarray  # (m, D): Dw_0^(g_j), the mean pre-training update per group
+    late_clients: frozenset[str]  # clients that join the run at `newcomer_round`
+
+
+@dataclasses.dataclass(frozen=True)
+class FedGroupOptions:
+    num_clusters: Optional[int] = option(None, "Clusters (clustered algorithms; unset: default).")
+    pretrain_scale: int = option(20, "FedGroup alpha: alpha*m clients cluster at cold start.")
+    pretrain_epochs: int = option(1, "FedGroup: local epochs of cold-start pre-training.")
+    cold_start: str = option("eager", "FedGroup: when newcomers are assigned.", ("eager", "lazy"))
+    eta_g: float = option(0.0, "FedGroup: inter-group aggregation rate (0 = off).")
+    inter_group_mode: str = option(
+        "additive", "FedGroup: inter-group formula.", ("additive", "normalized")
+    )
+    newcomer_fraction: float = option(0.0, "FedGroup: fraction of clients that join late.")
+    newcomer_round: int = option(1, "FedGroup: round in which late clients join.")
+
+
+@dataclasses.dataclass(frozen=True)
+class FedGrouProxOptions(FedGroupOptions):
+    mu: Optional[float] = option(None, MU_HELP)
+
+
 class FedGroup(Algorithm):
     name = "fedgroup"
     paper = PAPER
+    Options = FedGroupOptions
     clustering_method: ClassVar[str] = "edc"  # "edc" | "madc" | "rcc" (random cluster centers)
     random_newcomers: ClassVar[bool] = False  # RAC: newcomers join a random group
-    proximal: ClassVar[bool] = False  # FedGrouProx
 
-    def __init__(self, options: Optional[AlgorithmOptions] = None) -> None:
+    def __init__(self, options: Optional[FedGroupOptions] = None) -> None:
         super().__init__(options)
-        self.group_directions: Optional[np.ndarray] = None  # (m, d), Dw_0^(g_j)
-        self.late_clients: set[str] = set()
+        o = self.options
+        check(
+            [
+                (self.num_clusters >= 1, f"{self.name}: num_clusters must be >= 1"),
+                (o.pretrain_scale >= 1, "pretrain_scale must be >= 1"),
+                (o.pretrain_epochs >= 1, "pretrain_epochs must be >= 1"),
+                (o.eta_g >= 0, "eta_g must be >= 0"),
+                (0 <= o.newcomer_fraction < 1, "newcomer_fraction must be in [0, 1)"),
+                (o.newcomer_round >= 1, "newcomer_round must be >= 1"),
+                (self.prox_mu >= 0, f"{self.name}: mu must be >= 0"),
+            ]
+        )
 
-    def default_num_clusters(self, options: AlgorithmOptions) -> int:
-        return options.num_clusters or DEFAULT_GROUPS
+    @property
+    def num_clusters(self) -> int:
+        return self.options.num_clusters or DEFAULT_GROUPS
 
-    def default_prox_mu(self, options: AlgorithmOptions) -> float:
-        if not self.proximal:
-            return super().default_prox_mu(options)
-        return DEFAULT_MU if options.prox_mu is None else options.prox_mu
+    @property
+    def prox_mu(self) -> float:
+        if not isinstance(self.options, FedGrouProxOptions):
+            return 0.0
+        return DEFAULT_MU if self.options.mu is None else float(self.options.mu)
 
     # -- Alg. 3: group cold start ------------------------------------------------------------
-    def setup(self, experiment: Experiment) -> None:
-        from tff_clustered.orchestration import ALGORITHM, derived_seed
-
+    def init(self, run: RunInfo, queries: Queries) -> Decision:
         options, m = self.options, self.num_clusters
-        rng = np.random.default_rng(derived_seed(experiment.config.seed, ALGORITHM))
-        ids = experiment.data.client_ids
+        rng = np.random.default_rng(derived_seed(run.seed, ALGORITHM))
+        ids = list(run.client_ids)
         num_late = int(round(options.newcomer_fraction * len(ids)))
-        self.late_clients = (
-            set(rng.choice(ids, num_late, replace=False).tolist()) if num_late else set()
-        )
-        present = [c for c in ids if c not in self.late_clients]
+        late = set(rng.choice(ids, num_late, replace=False).tolist()) if num_late else set()
+        present = [c for c in ids if c not in late]
         count = (
             m if self.clustering_method == "rcc" else min(options.pretrain_scale * m, len(present))
         )
@@ -69,100 +112,97 @@ class FedGroup(Algorithm):
             raise ValueError(f"{self.name}: {len(present)} clients cannot form {m} groups")
         chosen = sorted(rng.choice(len(present), count, replace=False))
         clustered = [present[i] for i in chosen]
-        updates = experiment.pretrain_updates(clustered, options.pretrain_epochs)
+        updates = queries.local_updates(clustered, run.initial_model, options.pretrain_epochs, 0)
         if self.clustering_method == "edc":
-            labels = clustering.cluster_edc(updates, m, seed=experiment.config.seed)
+            labels = clustering.cluster_edc(updates, m, seed=run.seed)
         elif self.clustering_method == "madc":
             labels = clustering.cluster_madc(updates, m)
         else:  # RCC: each of m random clients is one group's center
             labels = np.arange(m, dtype=np.int32)
         directions = np.zeros((m, updates.shape[1]))
-        for j in range(m):  # empty group: model w0, zero direction (spec A.5)
+        for j in range(m):  # empty group: model w0, zero direction
             if np.any(labels == j):
                 directions[j] = updates[labels == j].mean(axis=0)
-        self.group_directions = directions
-        experiment.set_cluster_models_matrix(experiment.initial_flat()[None, :] + directions)
-        experiment.state.assignment = {c: -1 for c in ids}
-        experiment.state.assignment.update(zip(clustered, labels.tolist()))
+        state = GroupState(directions, frozenset(late))
+        assignment = {c: -1 for c in ids}
+        assignment.update(zip(clustered, (int(g) for g in labels)))
         if options.cold_start == "eager":
-            self.cold_start(experiment, self.unassigned(experiment, present), round_num=0)
+            pending = [c for c in present if assignment[c] < 0]
+            assignment.update(self.cold_start(run, state, pending, 0, queries))
+        return Decision(
+            assignment=assignment,
+            cluster_models=run.initial_model[None, :] + directions,
+            state=state,
+        )
 
     # -- newcomers (Eq. 9) -------------------------------------------------------------------
-    def unassigned(self, experiment: Experiment, client_ids: Sequence[str]) -> list[str]:
-        return [c for c in client_ids if experiment.state.assignment[c] < 0]
-
-    def cold_start(self, experiment: Experiment, client_ids: Sequence[str], round_num: int) -> None:
-        """Assign newcomers: pre-train from w0, join the group of least Eq. 9 dissimilarity
+    def cold_start(
+        self,
+        run: RunInfo,
+        state: GroupState,
+        client_ids: Sequence[str],
+        round_num: int,
+        queries: Queries,
+    ) -> dict[str, int]:
+        """Groups of newcomers: pre-train from w0, join the group of least Eq. 9 dissimilarity
         (RAC: a uniformly random group instead)."""
         if not client_ids:
-            return
+            return {}
         if self.random_newcomers:
-            from tff_clustered.orchestration import ALGORITHM, derived_seed
-
-            rng = np.random.default_rng(derived_seed(experiment.config.seed, ALGORITHM, round_num))
+            rng = np.random.default_rng(derived_seed(run.seed, ALGORITHM, round_num))
             groups = rng.integers(0, self.num_clusters, len(client_ids))
         else:
-            updates = experiment.pretrain_updates(
-                client_ids, self.options.pretrain_epochs, round_num=round_num
+            updates = queries.local_updates(
+                client_ids, run.initial_model, self.options.pretrain_epochs, round_num
             )
-            groups = clustering.assign_newcomers(self.group_directions, updates)
-        experiment.state.assignment.update(zip(client_ids, (int(g) for g in groups)))
+            groups = clustering.assign_newcomers(state.group_directions, updates)
+        return dict(zip(client_ids, (int(g) for g in groups)))
 
-    def eligible_clients(self, experiment: Experiment, round_num: int) -> list[str]:
-        ids = experiment.data.client_ids
-        if round_num >= self.options.newcomer_round:
-            return ids
-        return [c for c in ids if c not in self.late_clients]
+    def eligible(self, run: RunInfo, view: ServerView) -> Sequence[str]:
+        if view.round_num + 1 >= self.options.newcomer_round:
+            return run.client_ids
+        return [c for c in run.client_ids if c not in view.state.late_clients]
 
-    def assign(
-        self, experiment: Experiment, round_num: int, client_ids: Sequence[str]
-    ) -> np.ndarray:
+    def plan(
+        self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
+    ) -> Plan:
         if self.options.cold_start == "eager":  # everyone present is assigned at once
-            pending = self.unassigned(experiment, self.eligible_clients(experiment, round_num))
+            candidates = self.eligible(run, view)
         else:
-            pending = self.unassigned(experiment, client_ids)
-        self.cold_start(experiment, pending, round_num)
-        return super().assign(experiment, round_num, client_ids)
+            candidates = client_ids
+        pending = [c for c in candidates if view.assignment[c] < 0]
+        joined = self.cold_start(run, view.state, pending, view.round_num + 1, queries)
+        assignment = {**view.assignment, **joined}
+        clusters = np.array([assignment[c] for c in client_ids], np.int32)
+        return Plan(clusters, decision=Decision(assignment=joined))
 
     # -- Alg. 2 line 5: inter-group aggregation ----------------------------------------------
     def after_round(
-        self,
-        experiment: Experiment,
-        round_num: int,
-        client_ids: Sequence[str],
-        client_outputs: Sequence[dict],
-    ) -> None:
-        if self.options.eta_g:
-            experiment.set_cluster_models_matrix(
-                clustering.inter_group_aggregation(
-                    experiment.cluster_models_matrix(),
-                    self.options.eta_g,
-                    self.options.inter_group_mode,
-                )
+        self, run: RunInfo, view: ServerView, result: RoundResult, queries: Queries
+    ) -> Decision:
+        if not self.options.eta_g:
+            return Decision()
+        return Decision(
+            cluster_models=clustering.inter_group_aggregation(
+                view.cluster_models, self.options.eta_g, self.options.inter_group_mode
             )
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "group_directions": self.group_directions,
-            "late_clients": sorted(self.late_clients),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.group_directions = state["group_directions"]
-        self.late_clients = set(state["late_clients"])
-
-    def describe(self) -> dict[str, Any]:
-        o = self.options
-        return dict(
-            super().describe(),
-            clustering=self.clustering_method,
-            random_newcomers=self.random_newcomers,
-            pretrain_scale=o.pretrain_scale,
-            pretrain_epochs=o.pretrain_epochs,
-            cold_start=o.cold_start,
-            eta_g=o.eta_g,
-            inter_group_mode=o.inter_group_mode,
         )
+
+
+def discrepancy(run: RunInfo, view: ServerView, result: RoundResult) -> dict[str, float]:
+    """FedGroup Eq. 4: mean over participants of ||w_i - w^(g(i))||_2, the client's trained
+    model against its cluster's model after aggregation. Defined for algorithms without
+    personal tensors (a round metric: `Experiment(round_metrics=[discrepancy])`)."""
+    if result.model_deltas is None or len(view.shared) != run.num_tensors:
+        return {}
+    before, after = result.cluster_models_before, view.cluster_models
+    if len(after) != len(before):  # the clusters changed in this round
+        return {}
+    gaps = [
+        np.linalg.norm(before[k] + delta - after[k])
+        for k, delta in zip(result.clusters, result.model_deltas)
+    ]
+    return {"discrepancy": float(np.mean(gaps))}
 
 
 class FedGroupMADC(FedGroup):
@@ -172,13 +212,13 @@ class FedGroupMADC(FedGroup):
 
 class FedGrouProx(FedGroup):
     name = "fedgrouprox"
-    proximal = True
+    Options = FedGrouProxOptions
 
 
 class FedGrouProxMADC(FedGroup):
     name = "fedgrouprox_madc"
+    Options = FedGrouProxOptions
     clustering_method = "madc"
-    proximal = True
 
 
 class FedGroupRCC(FedGroup):

@@ -1,15 +1,31 @@
 """FedPer (Arivazhagan et al., 2019): base layers federated, the top layer(s) personal."""
 
-from tff_clustered.algorithms.base import Algorithm, AlgorithmOptions
-from tff_clustered.models.split import PersonalSplit
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from tff_clustered.algorithms.base import Algorithm, RunInfo, check, layers_to_tensors
+from tff_clustered.options import option
 
 
 class FedPer(Algorithm):
     name = "fedper"
     paper = "Arivazhagan et al., Federated Learning with Personalization Layers, arXiv:1912.00818"
 
-    def default_split(self, options: AlgorithmOptions) -> PersonalSplit:
-        layers = 1 if options.personal_layers is None else options.personal_layers
-        if layers < 1:
-            raise ValueError("fedper needs --personal_layers >= 1 (the personal head)")
-        return PersonalSplit(layers, unit="layers", side="top")
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        personal_layers: Optional[int] = option(
+            None, "Personal top layers (fedper; unset: 1, the head)."
+        )
+
+    def __init__(self, options: Optional[Options] = None) -> None:
+        super().__init__(options)
+        check([(self.personal_layers >= 1, "fedper needs --personal_layers >= 1 (the head)")])
+
+    @property
+    def personal_layers(self) -> int:
+        return 1 if self.options.personal_layers is None else self.options.personal_layers
+
+    def initial_shared(self, run: RunInfo) -> tuple[int, ...]:
+        return layers_to_tensors(run.layer_sizes, self.personal_layers)

@@ -1,13 +1,29 @@
-"""FedProx (Li et al., 2020): FedAvg whose local loss adds (mu/2)||w - w^t||^2 (FedGroup Eq. 3)."""
+"""FedProx (Li et al., 2020): FedAvg whose local loss adds (mu/2)||w - w^t||^2 (Eq. 2)."""
 
-from tff_clustered.algorithms.base import Algorithm, AlgorithmOptions
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from tff_clustered.algorithms.base import Algorithm, check
+from tff_clustered.options import option
 
 DEFAULT_MU = 0.01
+MU_HELP = "Proximal strength mu (unset: the algorithm's default)."
 
 
 class FedProx(Algorithm):
     name = "fedprox"
     paper = "Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020"
 
-    def default_prox_mu(self, options: AlgorithmOptions) -> float:
-        return DEFAULT_MU if options.prox_mu is None else options.prox_mu
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        mu: Optional[float] = option(None, MU_HELP)
+
+    def __init__(self, options: Optional[Options] = None) -> None:
+        super().__init__(options)
+        check([(self.prox_mu >= 0, f"{self.name}: mu must be >= 0, got {self.prox_mu}")])
+
+    @property
+    def prox_mu(self) -> float:
+        return DEFAULT_MU if self.options.mu is None else float(self.options.mu)

@@ -1,30 +1,62 @@
 """IFCA (Ghosh et al., "An Efficient Framework for Clustered Federated Learning", NeurIPS 2020),
-as run in FedGroup's comparison (spec A.9): m independently initialised cluster models; every
-round each sampled client receives all m, joins the one with the lowest loss on its training
-data, and each cluster averages its members (example-weighted)."""
+as run in FedGroup's comparison: m independently initialised cluster models; every round each
+sampled client receives all m, joins the one with the lowest loss on its training data (Alg. 2,
+Eq. 2 of FedTSDP's related work), and each cluster averages its members (example-weighted)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Optional
 
 import numpy as np
 
-from tff_clustered.algorithms.base import IndependentClusters
+from tff_clustered.algorithms.base import (
+    Algorithm,
+    Decision,
+    Plan,
+    Queries,
+    RunInfo,
+    ServerView,
+    check,
+    independent_cluster_models,
+)
+from tff_clustered.options import option
 
-if TYPE_CHECKING:
-    from tff_clustered.orchestration import Experiment
+DEFAULT_CLUSTERS = 3
+NUM_CLUSTERS_HELP = "Clusters (clustered algorithms; unset: default)."
 
 
-class IFCA(IndependentClusters):
+class IFCA(Algorithm):
     name = "ifca"
     paper = "Ghosh et al., An Efficient Framework for Clustered Federated Learning, NeurIPS 2020"
-    models_sent_per_client = "all"
+    downloads_per_client = "all"
 
-    def assign(
-        self, experiment: Experiment, round_num: int, client_ids: Sequence[str]
-    ) -> np.ndarray:
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        num_clusters: Optional[int] = option(None, NUM_CLUSTERS_HELP)
+
+    def __init__(self, options: Optional[Options] = None) -> None:
+        super().__init__(options)
+        check([(self.num_clusters >= 1, f"{self.name}: num_clusters must be >= 1")])
+
+    @property
+    def num_clusters(self) -> int:
+        return self.options.num_clusters or DEFAULT_CLUSTERS
+
+    def init(self, run: RunInfo, queries: Queries) -> Decision:
+        """Independently initialised models, one seed each; a client counts in evaluation
+        once it has been assigned."""
+        return Decision(
+            assignment={c: -1 for c in run.client_ids},
+            cluster_models=independent_cluster_models(run, queries, self.num_clusters),
+            state=None,
+        )
+
+    def plan(
+        self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
+    ) -> Plan:
         """Each sampled client joins its lowest-training-loss cluster (ties: lowest index)."""
-        clusters = np.argmin(experiment.client_losses(client_ids), axis=1).astype(np.int32)
-        experiment.state.assignment.update(zip(client_ids, clusters.tolist()))
-        return clusters
+        losses = queries.cluster_losses(view.cluster_models, client_ids)
+        clusters = np.argmin(losses, axis=1).astype(np.int32)
+        return Plan(clusters, decision=Decision(assignment=dict(zip(client_ids, clusters))))

@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 from sklearn.datasets import load_digits
 
+from tff_clustered.data import partitions
 from tff_clustered.data.federated_data import FederatedData, from_arrays, split_train_test
 
 
@@ -81,5 +82,45 @@ def load_digits_clusters(
         num_classes,
         image_shape=(8, 8, 1),
         true_clusters=true_clusters,
+        source="sklearn.datasets.load_digits",
+    )
+
+
+def load_digits_partitioned(
+    partition: str = "dirichlet",
+    num_clients: int = 20,
+    dirichlet_beta: float = 0.2,
+    classes_per_client: int = 2,
+    public_fraction: float = 0.25,
+    seed: int = 0,
+) -> FederatedData:
+    """Digits with their true labels, FedTSDP-style: `public_fraction` of the images held out
+    as the server's unlabeled public set, the rest dealt to clients (IID, Dirichlet(beta) with
+    at least 10 examples each, or pathological), each client's share split 80/20."""
+    if not 0 < public_fraction < 1:
+        raise ValueError("public_fraction must be in (0, 1)")
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    y = digits.target.astype(np.int64)
+    order = np.random.default_rng([seed, 3]).permutation(len(y))
+    num_public = int(round(public_fraction * len(y)))
+    public, pool = order[:num_public], order[num_public:]
+    parts = partitions.partition(
+        y[pool],
+        num_clients,
+        partition,
+        np.random.default_rng([seed, 4]),
+        dirichlet_beta=dirichlet_beta,
+        classes_per_client=classes_per_client,
+    )
+    return partitions.federate(
+        f"digits_{partition}",
+        x[pool],
+        y[pool],
+        parts,
+        10,
+        np.random.default_rng([seed, 5]),
+        public_x=x[public],
+        image_shape=(8, 8, 1),
         source="sklearn.datasets.load_digits",
     )

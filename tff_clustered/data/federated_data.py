@@ -34,6 +34,8 @@ class FederatedData:
     image_shape: Optional[tuple[int, ...]] = None
     # Planted cluster of each client where the generator knows it (for tests and diagnostics).
     true_clusters: Optional[Mapping[str, int]] = None
+    # Unlabeled inputs held by the server (FedTSDP runs every uploaded model on a batch).
+    public_x: Optional[np.ndarray] = None
 
     @property
     def client_ids(self) -> list[str]:
@@ -69,6 +71,7 @@ def from_arrays(
     image_shape: Optional[tuple[int, ...]] = None,
     true_clusters: Optional[Mapping[str, int]] = None,
     source: str = "",
+    public_x: Optional[np.ndarray] = None,
 ) -> FederatedData:
     """Validates per-client `(x, y)` arrays and wraps them as `ClientData`."""
     where = f" in {source}" if source else ""
@@ -115,6 +118,15 @@ def from_arrays(
                     f"0..{num_classes - 1}; fix the labels or raise --num_classes"
                 )
             cleaned[split_name][cid] = collections.OrderedDict(x=x, y=y_int.astype(np.int32))
+    if public_x is not None:
+        public_x = np.asarray(public_x, dtype=np.float32)
+        if public_x.shape[1:] != input_shape or not len(public_x):
+            raise DataError(
+                f"public inputs{where} of shape {public_x.shape[1:]} do not match the clients' "
+                f"{input_shape}; the server's public set must hold examples like the clients'"
+            )
+        if not np.all(np.isfinite(public_x)):
+            raise DataError(f"public inputs{where} contain NaN or infinity; clean the data")
     return FederatedData(
         name=name,
         train=tff.simulation.datasets.TestClientData(cleaned["train"]),
@@ -125,6 +137,7 @@ def from_arrays(
         test_sizes={cid: len(v["y"]) for cid, v in cleaned["test"].items()},
         image_shape=image_shape,
         true_clusters=dict(true_clusters) if true_clusters is not None else None,
+        public_x=public_x,
     )
 
 

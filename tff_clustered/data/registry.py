@@ -5,14 +5,31 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from tff_clustered.data.digits import load_digits_clusters
+from tff_clustered.data.digits import load_digits_clusters, load_digits_partitioned
 from tff_clustered.data.federated_data import DataError, FederatedData
 from tff_clustered.data.leaf import load_leaf
 from tff_clustered.data.mnist import load_mnist
 from tff_clustered.data.sent140 import load_sent140
 from tff_clustered.data.synthetic import load_synthetic
 
-DATASET_NAMES = ("digits", "synthetic", "mnist", "femnist", "femnist_leaf", "sent140", "leaf")
+DATASET_NAMES = (
+    "digits",
+    "digits_dirichlet",
+    "digits_iid",
+    "digits_pathological",
+    "synthetic",
+    "mnist",
+    "femnist",
+    "femnist_leaf",
+    "sent140",
+    "leaf",
+    "cifar10",
+    "cifar100",
+    "svhn",
+)
+# FedTSDP's datasets: dealt to clients by a partition (default Dirichlet(0.5)), public set =
+# the official test split without labels.
+IMAGE_DATASETS = ("cifar10", "cifar100", "svhn")
 # FEMNIST: FedProx/FedGroup subset (200 writers, 10 letters, 26-way head: Table II counts) or
 # the full LEAF FEMNIST (62 classes by writer).
 FEMNIST_CLASSES = {"femnist": 26, "femnist_leaf": 62}
@@ -41,11 +58,39 @@ def load_dataset(
     num_clients: Optional[int] = None,
     num_classes: Optional[int] = None,
     glove_path: Optional[str] = None,
+    partition: Optional[str] = None,
+    dirichlet_beta: Optional[float] = None,
+    classes_per_client: int = 2,
+    tfds_dir: Optional[str] = None,
 ) -> FederatedData:
-    """`digits` (embedded default), `synthetic` (Synthetic(1,1)), `mnist` (IDX/npz files),
-    `femnist`/`femnist_leaf`/`sent140`/`leaf` (LEAF JSON under `data_dir/{train,test}`)."""
+    """`digits` (embedded default: planted label-permutation groups), `digits_dirichlet` /
+    `digits_iid` / `digits_pathological` (embedded, true labels, a public set; `partition`
+    overrides the suffix), `synthetic` (Synthetic(1,1)), `mnist` (IDX/npz files),
+    `femnist`/`femnist_leaf`/`sent140`/`leaf` (LEAF JSON under `data_dir/{train,test}`),
+    `cifar10`/`cifar100`/`svhn` (the official files under `data_dir`, or a TFDS directory)."""
     if name == "digits":
         return load_digits_clusters(num_clients=num_clients or 40, seed=seed)
+    if name.startswith("digits_"):
+        return load_digits_partitioned(
+            partition=partition or name.split("_", 1)[1],
+            num_clients=num_clients or 20,
+            dirichlet_beta=0.2 if dirichlet_beta is None else dirichlet_beta,
+            classes_per_client=classes_per_client,
+            seed=seed,
+        )
+    if name in IMAGE_DATASETS:
+        from tff_clustered.data.images import load_image_federation
+
+        return load_image_federation(
+            name,
+            data_dir,
+            partition=partition or "dirichlet",
+            num_clients=num_clients or 20,
+            dirichlet_beta=0.5 if dirichlet_beta is None else dirichlet_beta,
+            classes_per_client=classes_per_client,
+            seed=seed,
+            tfds_dir=tfds_dir,
+        )
     if name == "synthetic":
         return load_synthetic(num_clients=num_clients or 100, seed=seed)
     if name == "mnist":

@@ -1,25 +1,45 @@
-"""Client work as pure TensorFlow functions: weights and a dataset in, new weights out.
+"""Client work as pure TensorFlow functions: a model and a dataset in, a trained model out.
 
-They know nothing about TFF placements, so they can be tested alone (FedJAX style); the
-federated computations in `clustered_process.py` wrap them with `tff.tensorflow.computation`.
-`predict` is `(trainable_weights, x, training) -> logits`.
+They know nothing about TFF placements, so they can be tested alone (FedJAX style). The round
+builder (`round.py`) takes a `ClientWork` as a parameter and wraps it in a
+`tff.tensorflow.computation`.
+
+A model is seen through `forward(weights, state, x, training, seed) -> (logits, new_state)`:
+`weights` are the trainable tensors, `state` the non-trainable ones (BatchNorm moving
+statistics, empty for most models), `seed` a stateless `[2]` seed for dropout.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import Callable, NamedTuple
+from typing import Callable, ClassVar, NamedTuple, Optional, Protocol
 
 import tensorflow as tf
 
 Weights = Sequence[tf.Tensor]
 PredictFn = Callable[[Weights, tf.Tensor, bool], tf.Tensor]
+ForwardFn = Callable[
+    [Weights, Weights, tf.Tensor, bool, Optional[tf.Tensor]], tuple[tf.Tensor, tuple]
+]
+
+
+def stateless(predict: PredictFn) -> ForwardFn:
+    """A `forward` for a model without state or randomness, from `predict(weights, x, training)`."""
+
+    def forward(
+        weights: Weights, state: Weights, x: tf.Tensor, training: bool, seed: object = None
+    ) -> tuple[tf.Tensor, tuple]:
+        return predict(weights, x, training), tuple(state)
+
+    return forward
 
 
 class TrainResult(NamedTuple):
     weights: tuple[tf.Tensor, ...]
     num_examples: tf.Tensor  # float32: examples processed over all local epochs
     loss_sum: tf.Tensor  # float32: sum over processed examples of the training loss
+    state: tuple[tf.Tensor, ...] = ()
 
 
 class EvalResult(NamedTuple):
@@ -29,8 +49,8 @@ class EvalResult(NamedTuple):
 
 
 def batch_loss(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-    """Mean cross-entropy of a batch (spec A.3: no weight decay): softmax over classes, or
-    sigmoid for a single-logit binary model (the Sent140 LSTM, spec A.12)."""
+    """Mean cross-entropy of a batch (no weight decay): softmax over classes, or sigmoid for a
+    single-logit binary model (the Sent140 LSTM)."""
     if logits.shape[-1] == 1:
         return tf.reduce_mean(
             tf.nn.sigmoid_cross_entropy_with_logits(
@@ -50,34 +70,43 @@ def predicted_labels(logits: tf.Tensor) -> tf.Tensor:
 
 
 def train_client(
-    predict: PredictFn,
+    forward: ForwardFn,
     weights: Weights,
     dataset: tf.data.Dataset,
     learning_rate: tf.Tensor,
     prox_mu: float = 0.0,
     momentum: float = 0.0,
     prox_scale: tf.Tensor = 1.0,
+    state: Weights = (),
+    seed: Optional[tf.Tensor] = None,
+    anchor: Optional[Weights] = None,
 ) -> TrainResult:
     """Local minibatch SGD over every batch of `dataset` (its epochs already repeated).
 
-    Step (spec A.3): g = grad mean-loss(b; w) + mu (w - w_start)  [FedProx Eq. 3 term];
-    v = momentum v + g; w = w - lr v. `prox_mu` and `momentum` are Python numbers: a zero
-    term is left out of the graph, so mu = 0 runs exactly FedAvg's plain SGD step.
-    `prox_scale` multiplies mu for this client (FeSEM's size-dependent mu_i, spec B.4).
+    Step: g = grad mean-loss(b; w) + mu * prox_scale * (w - anchor)  [FedProx Eq. 3 term;
+    the anchor is the starting model unless given (Ditto Eq. 2: the global model)];
+    v = momentum v + g; w = w - lr v. The momentum buffer starts at zero every round.
+    `prox_mu` and `momentum` are Python numbers: a zero term is left out of the graph, so
+    mu = 0 runs exactly FedAvg's plain SGD step. `state` (BatchNorm statistics) is updated by
+    the forward pass in training mode; `seed` (int32 [2]) seeds dropout, step by step.
     """
-    anchor = tuple(tf.identity(w) for w in weights)
+    anchor = tuple(tf.identity(w) for w in (weights if anchor is None else anchor))
     start = (
         tuple(tf.identity(w) for w in weights),
         tuple(tf.zeros_like(w) for w in weights) if momentum else (),
+        tuple(tf.identity(s) for s in state),
         tf.constant(0.0),
         tf.constant(0.0),
+        tf.constant(0, tf.int32),
     )
 
-    def step(state: tuple, batch: dict) -> tuple:
-        current, velocity, num_examples, loss_sum = state
+    def step(carry: tuple, batch: dict) -> tuple:
+        current, velocity, model_state, num_examples, loss_sum, step_num = carry
+        step_seed = None if seed is None else tf.stack([seed[0], seed[1] + step_num])
         with tf.GradientTape() as tape:
             tape.watch(current)
-            loss = batch_loss(predict(current, batch["x"], True), batch["y"])
+            logits, new_state = forward(current, model_state, batch["x"], True, step_seed)
+            loss = batch_loss(logits, batch["y"])
         direction = tape.gradient(loss, current)
         if prox_mu:
             strength = prox_mu * prox_scale
@@ -87,24 +116,33 @@ def train_client(
             direction = velocity
         current = tuple(w - learning_rate * d for w, d in zip(current, direction))
         batch_size = tf.cast(tf.shape(batch["y"])[0], tf.float32)
-        return current, velocity, num_examples + batch_size, loss_sum + loss * batch_size
+        return (
+            current,
+            velocity,
+            tuple(new_state),
+            num_examples + batch_size,
+            loss_sum + loss * batch_size,
+            step_num + 1,
+        )
 
-    final, _, num_examples, loss_sum = dataset.reduce(start, step)
-    return TrainResult(final, num_examples, loss_sum)
+    final, _, final_state, num_examples, loss_sum, _ = dataset.reduce(start, step)
+    return TrainResult(final, num_examples, loss_sum, final_state)
 
 
-def evaluate_client(predict: PredictFn, weights: Weights, dataset: tf.data.Dataset) -> EvalResult:
+def evaluate_client(
+    forward: ForwardFn, weights: Weights, dataset: tf.data.Dataset, state: Weights = ()
+) -> EvalResult:
     """Summed loss, correct predictions and example count of `weights` on `dataset`."""
 
-    def step(state: EvalResult, batch: dict) -> EvalResult:
-        logits = predict(weights, batch["x"], False)
+    def step(totals: EvalResult, batch: dict) -> EvalResult:
+        logits, _ = forward(weights, state, batch["x"], False, None)
         labels = batch["y"]
         batch_size = tf.cast(tf.shape(labels)[0], tf.float32)
         correct = tf.reduce_sum(tf.cast(tf.equal(predicted_labels(logits), labels), tf.float32))
         return EvalResult(
-            state.loss_sum + batch_loss(logits, labels) * batch_size,
-            state.num_correct + correct,
-            state.num_examples + batch_size,
+            totals.loss_sum + batch_loss(logits, labels) * batch_size,
+            totals.num_correct + correct,
+            totals.num_examples + batch_size,
         )
 
     zero = tf.constant(0.0)
@@ -114,3 +152,115 @@ def evaluate_client(predict: PredictFn, weights: Weights, dataset: tf.data.Datas
 def flatten(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     """Concatenate tensors into one vector, in the given (canonical) order."""
     return tf.concat([tf.reshape(t, [-1]) for t in tensors], axis=0)
+
+
+# -- client work as a parameter of the round --------------------------------------------------
+
+
+class ClientInputs(NamedTuple):
+    """What one client holds when its work starts (TF values)."""
+
+    weights: tuple  # trainable tensors: its cluster's shared ones joined with its own others
+    state: tuple  # model state (BatchNorm statistics), joined the same way
+    own_weights: tuple  # its whole stored model, when the work reads it (Ditto), else ()
+    own_state: tuple
+    dataset: tf.data.Dataset
+    learning_rate: tf.Tensor
+    prox_scale: tf.Tensor
+    seed: tf.Tensor  # int32 [2]
+
+
+class ClientOutputs(NamedTuple):
+    """`weights`/`state`: the model whose shared part is aggregated; `own_*`: what the client
+    keeps (for plain SGD the same model)."""
+
+    weights: tuple
+    state: tuple
+    own_weights: tuple
+    own_state: tuple
+    num_examples: tf.Tensor
+    loss_sum: tf.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSGD:
+    """FedAvg's ClientUpdate (McMahan et al. Alg. 1), with FedProx's proximal term (Li et al.
+    Eq. 2) when `prox_mu` > 0 and heavy-ball momentum when `momentum` > 0."""
+
+    prox_mu: float = 0.0
+    momentum: float = 0.0
+    reads_own_model: ClassVar[bool] = False
+
+    def __call__(self, forward: ForwardFn, inputs: ClientInputs) -> ClientOutputs:
+        result = train_client(
+            forward,
+            inputs.weights,
+            inputs.dataset,
+            inputs.learning_rate,
+            prox_mu=self.prox_mu,
+            momentum=self.momentum,
+            prox_scale=inputs.prox_scale,
+            state=inputs.state,
+            seed=inputs.seed,
+        )
+        return ClientOutputs(
+            result.weights,
+            result.state,
+            result.weights,
+            result.state,
+            result.num_examples,
+            result.loss_sum,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class DittoSGD:
+    """Ditto's client (Li et al., "Ditto: Fair and Robust Federated Learning Through
+    Personalization", ICML 2021, Alg. 1): the personal model v_k takes the same local epochs of
+    SGD on h_k(v; w) = F_k(v) + lambda/2 ||v - w^t||^2 (Eq. 2), anchored at the received global
+    model w^t; then w^t takes plain local SGD (the global objective's update, aggregated as in
+    FedAvg). v is trained first, so with lambda = 0 it sees exactly the batches Local would."""
+
+    ditto_lambda: float = 0.1
+    momentum: float = 0.0
+    reads_own_model: ClassVar[bool] = True
+
+    def __call__(self, forward: ForwardFn, inputs: ClientInputs) -> ClientOutputs:
+        personal = train_client(
+            forward,
+            inputs.own_weights,
+            inputs.dataset,
+            inputs.learning_rate,
+            prox_mu=self.ditto_lambda,
+            momentum=self.momentum,
+            state=inputs.own_state,
+            seed=inputs.seed,
+            anchor=inputs.weights,
+        )
+        shared = train_client(
+            forward,
+            inputs.weights,
+            inputs.dataset,
+            inputs.learning_rate,
+            momentum=self.momentum,
+            state=inputs.state,
+            seed=inputs.seed,
+        )
+        return ClientOutputs(
+            shared.weights,
+            shared.state,
+            personal.weights,
+            personal.state,
+            shared.num_examples,
+            shared.loss_sum,
+        )
+
+
+class ClientWork(Protocol):
+    """What a round builder takes as client work: hashable (frozen dataclass: processes are
+    cached by it), `reads_own_model` (whether the client's whole stored model comes in), and a
+    pure TF function of the model's forward pass and the client's inputs."""
+
+    reads_own_model: ClassVar[bool]
+
+    def __call__(self, forward: ForwardFn, inputs: ClientInputs) -> ClientOutputs: ...

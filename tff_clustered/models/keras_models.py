@@ -78,6 +78,93 @@ def cnn(
     return tf.keras.Sequential(layers, name="cnn")
 
 
+def _image_layers(
+    input_shape: Sequence[int], image_shape: Optional[Sequence[int]]
+) -> list[tf.keras.layers.Layer]:
+    """Input (and a reshape of flat inputs to `image_shape`, e.g. 64 -> 8x8x1)."""
+    image_shape = tuple(image_shape or input_shape)
+    if len(image_shape) == 2:
+        image_shape = (*image_shape, 1)
+    if int(np.prod(image_shape)) != int(np.prod(input_shape)):
+        raise ValueError(f"image_shape {image_shape} does not hold inputs of shape {input_shape}")
+    layers: list[tf.keras.layers.Layer] = [tf.keras.Input(shape=tuple(input_shape))]
+    if tuple(image_shape) != tuple(input_shape):
+        layers.append(tf.keras.layers.Reshape(image_shape))
+    return layers
+
+
+def tsdp_cnn(
+    input_shape: Sequence[int], num_classes: int, image_shape: Optional[Sequence[int]] = None
+) -> tf.keras.Model:
+    """FedTSDP's CNN (Zhu et al. 2023, Section 4.1.3): Conv 3x3x32 ReLU -> Conv 3x3x64 ReLU
+    (valid) -> MaxPool 2 -> Dropout 0.25 -> Dense 512 ReLU -> Dropout 0.5 -> Dense C.
+    4 layers, 8 tensors; 6,447,562 parameters at 32x32x3, C = 10."""
+    return tf.keras.Sequential(
+        [
+            *_image_layers(input_shape, image_shape),
+            tf.keras.layers.Conv2D(32, 3, activation="relu", name="conv1"),
+            tf.keras.layers.Conv2D(64, 3, activation="relu", name="conv2"),
+            tf.keras.layers.MaxPool2D(2),
+            tf.keras.layers.Dropout(0.25),
+            tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(512, activation="relu", name="fc1"),
+            tf.keras.layers.Dropout(0.5),
+            tf.keras.layers.Dense(num_classes, name="fc2"),
+        ],
+        name="tsdp_cnn",
+    )
+
+
+def resnet18(
+    input_shape: Sequence[int],
+    num_classes: int,
+    image_shape: Optional[Sequence[int]] = None,
+    width: int = 64,
+) -> tf.keras.Model:
+    """CIFAR ResNet18 (He et al. 2016, as in FedTSDP): 3x3 stem conv + BN + ReLU (no max-pool),
+    four stages of two BasicBlocks (width x 1, 2, 4, 8 channels; strides 1, 2, 2, 2; 1x1
+    conv + BN shortcuts where the shape changes), global average pooling, Dense C.
+
+    62 trainable tensors in forward order (a block's shortcut after its second conv/BN), 11.17 M
+    parameters at width 64, C = 10. BatchNorm uses PyTorch's epsilon 1e-5 and momentum 0.1
+    (Keras momentum 0.9); its moving statistics stay with each client.
+    """
+    layers = _image_layers(input_shape, image_shape)
+    inputs = layers[0]
+    x = inputs
+    for layer in layers[1:]:
+        x = layer(x)
+
+    def bn(name: str) -> tf.keras.layers.Layer:
+        return tf.keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5, name=name)
+
+    def conv(filters: int, kernel: int, stride: int, name: str) -> tf.keras.layers.Layer:
+        return tf.keras.layers.Conv2D(
+            filters, kernel, stride, padding="same", use_bias=False, name=name
+        )
+
+    x = tf.keras.layers.ReLU()(bn("stem_bn")(conv(width, 3, 1, "stem_conv")(x)))
+    channels = width
+    for stage, multiple in enumerate((1, 2, 4, 8)):
+        for block in range(2):
+            stride = 2 if stage > 0 and block == 0 else 1
+            name = f"s{stage + 1}b{block + 1}"
+            out = tf.keras.layers.ReLU()(
+                bn(f"{name}_bn1")(conv(width * multiple, 3, stride, f"{name}_conv1")(x))
+            )
+            out = bn(f"{name}_bn2")(conv(width * multiple, 3, 1, f"{name}_conv2")(out))
+            shortcut = x
+            if stride != 1 or channels != width * multiple:
+                shortcut = bn(f"{name}_short_bn")(
+                    conv(width * multiple, 1, stride, f"{name}_short_conv")(x)
+                )
+            x = tf.keras.layers.ReLU()(tf.keras.layers.Add()([out, shortcut]))
+            channels = width * multiple
+    x = tf.keras.layers.GlobalAveragePooling2D()(x)
+    outputs = tf.keras.layers.Dense(num_classes, name="fc")(x)
+    return tf.keras.Model(inputs, outputs, name="resnet18")
+
+
 def stacked_lstm(
     input_shape: Sequence[int],
     num_classes: int,
@@ -119,7 +206,7 @@ def stacked_lstm(
     return tf.keras.Sequential(layers, name="stacked_lstm")
 
 
-MODEL_NAMES = ("mclr", "mlp", "cnn", "lstm")
+MODEL_NAMES = ("mclr", "mlp", "cnn", "lstm", "tsdp_cnn", "resnet18")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +233,7 @@ def model_spec(
     hidden_units: int = 128,
     image_shape: Optional[Sequence[int]] = None,
     cnn_dense_units: int = 2048,
+    resnet_width: int = 64,
 ) -> ModelSpec:
     """The named model for inputs of `input_shape` and `num_classes` outputs."""
     input_shape = tuple(int(d) for d in input_shape)
@@ -164,6 +252,12 @@ def model_spec(
                 "use it with --dataset=sent140"
             )
         build = lambda: stacked_lstm(input_shape, num_classes)  # noqa: E731
+    elif name == "tsdp_cnn":
+        build = lambda: tsdp_cnn(input_shape, num_classes, image_shape)  # noqa: E731
+    elif name == "resnet18":
+        build = lambda: resnet18(  # noqa: E731
+            input_shape, num_classes, image_shape, width=resnet_width
+        )
     else:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
     return ModelSpec(name, input_shape, num_classes, build)

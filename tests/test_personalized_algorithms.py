@@ -1,0 +1,196 @@
+"""The composable core (per-signature cache, client store) and FedTSDP's comparison: FedTSDP,
+CFL and Ditto on digits, each asserting what the algorithm must achieve."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import numpy as np
+import pytest
+
+from tff_clustered.algorithms import make_algorithm
+from tff_clustered.data import load_dataset, load_digits_clusters
+from tff_clustered.federated import client_work
+from tff_clustered.federated.round import RoundCache, RoundSignature
+from tff_clustered.models import initial_weights, model_spec
+from tff_clustered.models.functional import functional_model
+from tff_clustered.orchestration import Experiment, TrainingConfig
+
+pytestmark = pytest.mark.usefixtures("tff_context")
+QUICK = TrainingConfig(rounds=3, clients_per_round=6, local_epochs=1, learning_rate=0.1, seed=1)
+
+
+def metrics(exp: Experiment) -> list[dict]:
+    """History without timings; NaN as None so rows compare."""
+    return [
+        {
+            k: (None if isinstance(v, float) and np.isnan(v) else v)
+            for k, v in r.items()
+            if k != "round_seconds"
+        }
+        for r in exp.state.history
+    ]
+
+
+def planted(algorithm: str, config: TrainingConfig = QUICK, **options: object) -> Experiment:
+    data = load_digits_clusters(num_clients=12, num_groups=2, seed=config.seed)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
+    exp = Experiment(data, model, make_algorithm(algorithm, **options), config)
+    exp.start()
+    return exp
+
+
+def test_rounds_are_built_once_per_signature() -> None:
+    """FedTSDP's moving split and CFL's growing cluster count come back to earlier signatures;
+    those cost no new trace."""
+    spec = model_spec("mlp", (5,), 3, hidden_units=4)
+    w0 = initial_weights(spec, 0)
+    cache = RoundCache(functional_model(spec.build(), spec.input_spec()), spec.input_spec(), w0)
+    sequence = [(1, 4), (2, 4), (2, 3), (1, 4), (2, 4), (3, 3), (2, 3), (3, 3)]
+    built = [cache.get(RoundSignature(k, tuple(range(n)))) for k, n in sequence]
+    assert cache.builds == len(set(sequence)) == 4
+    assert built[0] is built[3] and built[2] is built[6]
+    assert cache.get(RoundSignature(2, (0, 1, 2), client_work.LocalSGD(prox_mu=0.1))) is not (
+        built[2]
+    )
+    assert cache.builds == 5
+
+
+def test_ditto_with_lambda_zero_is_local_training() -> None:
+    config = dataclasses.replace(QUICK, momentum=0.5)
+    local, ditto = planted("local", config), planted("ditto", config, ditto_lambda=0.0)
+    list(local.rounds()), list(ditto.rounds())
+    accuracy = lambda e: [r["accuracy"] for r in e.state.history]  # noqa: E731
+    assert accuracy(ditto) == accuracy(local)
+    for cid, model in local.store.models.items():  # the personal models are the local ones
+        for got, want in zip(ditto.store.models[cid], model):
+            np.testing.assert_array_equal(got, want)
+    pulled = planted("ditto", config, ditto_lambda=1.0)
+    list(pulled.rounds())
+    assert accuracy(pulled) != accuracy(local)
+
+
+def test_ditto_trains_the_global_model_by_fedavg() -> None:
+    ditto, fedavg = planted("ditto", ditto_lambda=0.5), planted("fedavg")
+    list(ditto.rounds()), list(fedavg.rounds())
+    np.testing.assert_allclose(
+        ditto.state.cluster_models, fedavg.state.cluster_models, rtol=1e-5, atol=1e-6
+    )
+
+
+def cfl_run(data_groups: int, seed: int = 0) -> Experiment:
+    config = TrainingConfig(
+        rounds=12, clients_per_round=12, local_epochs=2, learning_rate=0.1, seed=seed
+    )
+    data = load_digits_clusters(num_clients=12, num_groups=data_groups, seed=seed)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
+    exp = Experiment(
+        data,
+        model,
+        make_algorithm("cfl", cfl_warmup_rounds=4, cfl_eps1=0.9, cfl_eps2=1.2, cfl_max_clusters=4),
+        config,
+    )
+    exp.start()
+    list(exp.rounds())
+    return exp
+
+
+def test_cfl_splits_planted_groups_and_not_iid_data() -> None:
+    from sklearn.metrics import adjusted_rand_score
+
+    planted_run = cfl_run(2)
+    ids = planted_run.data.client_ids
+    labels = [planted_run.state.assignment[c] for c in ids]
+    truth = [planted_run.data.true_clusters[c] for c in ids]
+    assert planted_run.num_clusters >= 2
+    assert adjusted_rand_score(truth, labels) == 1.0
+    iid_run = cfl_run(1)
+    assert iid_run.num_clusters == 1
+
+
+def tsdp_experiment(algorithm: str, partition: str, seed: int = 0, **options: object) -> Experiment:
+    data = load_dataset("digits_dirichlet", seed=seed, partition=partition, dirichlet_beta=0.2)
+    model = model_spec("tsdp_cnn", data.input_shape, data.num_classes, image_shape=(8, 8, 1))
+    config = TrainingConfig(
+        rounds=25,
+        clients_per_round=20,
+        local_epochs=2,
+        batch_size=10,
+        learning_rate=0.05,
+        lr_schedule="exponential",
+        lr_decay=0.99,
+        momentum=0.5,
+        seed=seed,
+    )
+    exp = Experiment(data, model, make_algorithm(algorithm, **options), config)
+    exp.start()
+    list(exp.rounds())
+    return exp
+
+
+def test_fedtsdp_without_a_trigger_is_fedavg() -> None:
+    data = load_dataset("digits_dirichlet", seed=3, dirichlet_beta=0.2)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
+    config = dataclasses.replace(QUICK, clients_per_round=8, momentum=0.5, seed=3)
+    runs = []
+    for name, options in (("fedavg", {}), ("fedtsdp", {"hopkins_threshold": 0.999})):
+        exp = Experiment(data, model, make_algorithm(name, **options), config)
+        exp.start()
+        list(exp.rounds())
+        runs.append(exp)
+    fedavg, fedtsdp = runs
+    assert all(r["clustered"] == 0.0 for r in fedtsdp.state.history[1:])
+    np.testing.assert_array_equal(fedtsdp.state.cluster_models, fedavg.state.cluster_models)
+    assert [r["accuracy"] for r in fedtsdp.state.history] == [
+        r["accuracy"] for r in fedavg.state.history
+    ]
+
+
+def test_fedtsdp_clusters_and_personalises_on_dirichlet_data_and_beats_fedavg() -> None:
+    fedtsdp = tsdp_experiment("fedtsdp", "dirichlet")
+    fedavg = tsdp_experiment("fedavg", "dirichlet")
+    history = fedtsdp.state.history
+    assert any(r.get("clustered") == 1.0 for r in history[1:]), "FedTSDP never clustered"
+    triggers = sum(r["clustered"] for r in history[1:])
+    assert len(fedtsdp.state.shared) < fedtsdp.run.num_tensors  # deep tensors became personal
+    assert fedtsdp.state.algorithm_state.triggers == triggers
+    assert fedtsdp.num_clusters >= 2
+    gain = history[-1]["accuracy"] - fedavg.state.history[-1]["accuracy"]
+    assert gain >= 0.10, gain
+
+
+def test_fedtsdp_on_iid_data_never_clusters_and_tracks_fedavg() -> None:
+    fedtsdp = tsdp_experiment("fedtsdp", "iid")
+    fedavg = tsdp_experiment("fedavg", "iid")
+    history = fedtsdp.state.history
+    assert max(r["hopkins"] for r in history[1:]) <= 0.65
+    assert fedtsdp.num_clusters == 1 and len(fedtsdp.state.shared) == fedtsdp.run.num_tensors
+    assert abs(history[-1]["accuracy"] - fedavg.state.history[-1]["accuracy"]) <= 0.02
+
+
+@pytest.mark.parametrize("algorithm", ["fedtsdp", "cfl", "ditto"])
+def test_checkpoint_round_trip_continues_identically(algorithm: str) -> None:
+    options = {"fedtsdp": {"hopkins_threshold": 0.5}, "cfl": {"cfl_warmup_rounds": 1}}
+    data = load_dataset("digits_dirichlet", seed=2, dirichlet_beta=0.2)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
+    config = dataclasses.replace(QUICK, rounds=4, clients_per_round=8, seed=2)
+
+    def fresh() -> Experiment:
+        return Experiment(
+            data, model, make_algorithm(algorithm, **options.get(algorithm, {})), config
+        )
+
+    straight = fresh()
+    straight.start()
+    list(straight.rounds())
+    first = fresh()
+    first.start()
+    rounds = first.rounds()
+    for _ in range(3):
+        next(rounds)
+    resumed = fresh()
+    resumed.restore(pickle.loads(pickle.dumps(first.snapshot())))
+    list(resumed.rounds())
+    assert metrics(resumed) == metrics(straight)
+    np.testing.assert_array_equal(resumed.state.cluster_models, straight.state.cluster_models)

@@ -1,0 +1,96 @@
+"""CFL (Sattler et al., "Clustered Federated Learning: Model-Agnostic Distributed Multitask
+Optimization Under Privacy Constraints", IEEE TNNLS 2020).
+
+All clients start in one cluster trained by FedAvg. After each round, every cluster whose
+members' updates have a small mean norm (near a stationary point of the joint objective,
+||mean dW|| < eps1) but a large individual norm (some clients are far from theirs,
+max ||dW_i|| > eps2) is split in two by the optimal bipartition of the cosine similarities of
+its members' updates (Alg. 1; complete-linkage bipartition as in the reference code). Each
+half starts from the cluster's model plus its own members' mean update. The cluster count
+grows up to `cfl_max_clusters`; splits are allowed from round `cfl_warmup_rounds` on and only
+for clusters of more than `cfl_min_size` sampled members.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+
+from tff_clustered import clustering
+from tff_clustered.algorithms.base import (
+    Algorithm,
+    Decision,
+    Queries,
+    RoundResult,
+    RunInfo,
+    ServerView,
+    check,
+)
+from tff_clustered.options import option
+
+
+class CFL(Algorithm):
+    name = "cfl"
+    paper = (
+        "Sattler et al., Clustered Federated Learning: Model-Agnostic Distributed Multitask "
+        "Optimization Under Privacy Constraints, IEEE TNNLS 2020"
+    )
+    needs_model_deltas = True
+
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        cfl_eps1: float = option(0.4, "CFL eps1: split only if ||mean update|| < eps1.")
+        cfl_eps2: float = option(1.6, "CFL eps2: split only if max ||update_i|| > eps2.")
+        cfl_min_size: int = option(2, "CFL: split only clusters of more sampled clients.")
+        cfl_warmup_rounds: int = option(20, "CFL: no split before this round.")
+        cfl_max_clusters: int = option(8, "CFL: the most clusters splitting may make.")
+
+    def __init__(self, options: Optional[Options] = None) -> None:
+        super().__init__(options)
+        o = self.options
+        check(
+            [
+                (o.cfl_eps1 > 0 and o.cfl_eps2 > 0, "cfl_eps1 and cfl_eps2 must be > 0"),
+                (o.cfl_min_size >= 2, "cfl_min_size must be >= 2"),
+                (o.cfl_warmup_rounds >= 0, "cfl_warmup_rounds must be >= 0"),
+                (o.cfl_max_clusters >= 1, "cfl_max_clusters must be >= 1"),
+            ]
+        )
+
+    def after_round(
+        self, run: RunInfo, view: ServerView, result: RoundResult, queries: Queries
+    ) -> Decision:
+        o = self.options
+        models = view.cluster_models
+        assignment: dict[str, int] = {}
+        norms: dict[str, float] = {}
+        for k in range(view.num_clusters):
+            members = np.flatnonzero(result.clusters == k)
+            if not len(members):
+                continue
+            updates = result.model_deltas[members]
+            mean_norm, max_norm = clustering.update_norms(updates)
+            norms[f"cfl_mean_norm_{k}"], norms[f"cfl_max_norm_{k}"] = mean_norm, max_norm
+            if (
+                result.round_num < o.cfl_warmup_rounds
+                or len(models) >= o.cfl_max_clusters
+                or not clustering.should_split(
+                    mean_norm, max_norm, len(members), o.cfl_eps1, o.cfl_eps2, o.cfl_min_size
+                )
+            ):
+                continue
+            first, second = clustering.optimal_bipartition(clustering.pairwise_cosine(updates))
+            before = result.cluster_models_before[k]
+            halves = []
+            for half in (first, second):
+                weights = result.num_examples[members[half]]
+                halves.append(before + np.average(updates[half], axis=0, weights=weights))
+            models = np.concatenate([models[:k], halves[0][None], models[k + 1 :], halves[1][None]])
+            new_index = len(models) - 1
+            assignment.update({result.client_ids[members[i]]: new_index for i in second})
+        metrics = {**norms, "num_clusters": float(len(models))}
+        if not assignment:
+            return Decision(metrics=metrics)
+        return Decision(assignment=assignment, cluster_models=models, metrics=metrics)

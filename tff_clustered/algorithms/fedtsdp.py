@@ -1,0 +1,199 @@
+"""FedTSDP (Zhu, Fan, Xie, "Federated Two Stage Decoupling With Adaptive Personalization
+Layers", Complex & Intelligent Systems 2024, arXiv:2308.15821), Algorithm 1.
+
+Clients are stateful: each keeps its whole model, trains all of it (E epochs of SGD with
+momentum, the learning rate decaying per round) and uploads it. Every round the server:
+
+  [13] draws one batch of its unlabeled public data by the sampling weights W;
+  [14] runs every uploaded model on it (softmax outputs p_i, inference mode);
+  [16] computes the Hopkins statistic H of the flattened outputs (Eq. 6);
+  [17] if H > h_th, re-clusters all participants from scratch in two stages:
+  [19-20]  DBSCAN on the Jensen-Shannon divergences of the outputs (Eqs. 3-5, eps1),
+  [21-24]  then DBSCAN inside each group on the weight distances (Eqs. 9-10, eps2);
+  [27]     raises the sampling weight of the batch just used (Eqs. 7-8);
+  [28-30]  averages each new cluster's uploaded models weighted by n_i;
+  [31-32]  shrinks the shared-layer count L_s <- L_s * psi (Eq. 11), so the deepest shared
+           tensors become personal from the next broadcast on.
+Otherwise the previous clusters are kept and averaged as usual (the federated round's
+per-cluster mean). Until the first trigger everyone is in one cluster with every tensor shared,
+i.e. FedAvg; on IID data H stays below h_th and FedTSDP stays FedAvg.
+
+Privacy note: clients upload whole models, personal tensors included, because the server runs
+inference with them; that is inherent to the method as the paper describes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Optional
+
+import numpy as np
+
+from tff_clustered import clustering
+from tff_clustered.algorithms.base import (
+    Algorithm,
+    Decision,
+    Queries,
+    RoundResult,
+    RunInfo,
+    ServerView,
+    check,
+)
+from tff_clustered.options import option
+from tff_clustered.seeds import ALGORITHM, PUBLIC_BATCH, derived_seed
+
+
+@dataclasses.dataclass(frozen=True)
+class TSDPState:
+    sampling_weights: np.ndarray  # W over the public set (Eqs. 7-8)
+    triggers: int  # rounds in which H > h_th so far (each shrinks L_s once)
+
+
+class FedTSDP(Algorithm):
+    name = "fedtsdp"
+    paper = (
+        "Zhu et al., Federated Two Stage Decoupling With Adaptive Personalization Layers, "
+        "arXiv:2308.15821"
+    )
+    keep_client_models = True  # stateful clients, whole models uploaded
+
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        hopkins_threshold: float = option(0.65, "FedTSDP h_th: re-cluster when H > h_th.")
+        tsdp_eps1: float = option(0.15, "FedTSDP stage-1 DBSCAN radius on JS divergence.")
+        tsdp_eps2: float = option(3.5, "FedTSDP stage-2 DBSCAN radius on weight distance.")
+        tsdp_min_pts: int = option(2, "FedTSDP DBSCAN min_pts (the point itself included).")
+        psi: float = option(0.98, "FedTSDP dampening ratio of the shared-layer count (Eq. 11).")
+        public_batch_size: int = option(50, "FedTSDP public samples per round (B).")
+        hopkins_sample_size: int = option(0, "FedTSDP Hopkins m~ (0: max(1, round(0.1 m))).")
+        upsilon: float = option(1e-6, "FedTSDP small constant of the weight distance (Eq. 9).")
+        stage2_weights: str = option(
+            "full", "FedTSDP tensors of the Eq. 9 distance.", ("full", "shared_only")
+        )
+        shared_count_rounding: str = option(
+            "floor_each_step",
+            "FedTSDP rounding of L_s (Eq. 11).",
+            ("floor_each_step", "floor_at_use"),
+        )
+        min_shared_tensors: int = option(0, "FedTSDP: L_s never drops below this.")
+        sampling_increment: float = option(0.0, "FedTSDP Eq. 7 increment (0: |D_pub|/B).")
+        tsdp_stages: str = option(
+            "both", "FedTSDP clustering stages (ablation).", ("both", "js", "weights")
+        )
+
+    def __init__(self, options: Optional[Options] = None) -> None:
+        super().__init__(options)
+        o = self.options
+        check(
+            [
+                (0 < o.hopkins_threshold < 1, "hopkins_threshold must be in (0, 1)"),
+                (o.tsdp_eps1 > 0 and o.tsdp_eps2 > 0, "tsdp_eps1 and tsdp_eps2 must be > 0"),
+                (o.tsdp_min_pts >= 1, "tsdp_min_pts must be >= 1"),
+                (0 < o.psi <= 1, "psi must be in (0, 1]"),
+                (o.public_batch_size >= 1, "public_batch_size must be >= 1"),
+                (o.hopkins_sample_size >= 0, "hopkins_sample_size must be >= 0"),
+                (o.upsilon >= 0, "upsilon must be >= 0"),
+                (o.min_shared_tensors >= 0, "min_shared_tensors must be >= 0"),
+                (o.sampling_increment >= 0, "sampling_increment must be >= 0"),
+            ]
+        )
+
+    def init(self, run: RunInfo, queries: Queries) -> Decision:
+        if run.public_x is None or not len(run.public_x):
+            raise ValueError(
+                "fedtsdp needs unlabeled public data on the server; use a dataset that has "
+                "one (cifar10, cifar100, svhn, digits_dirichlet, digits_iid, ...)"
+            )
+        size = len(run.public_x)
+        return Decision(
+            assignment={c: 0 for c in run.client_ids},
+            state=TSDPState(np.full(size, 1.0 / size), triggers=0),
+        )
+
+    def shared_count(self, run: RunInfo, triggers: int) -> int:
+        o = self.options
+        return clustering.shared_tensor_count(
+            run.num_tensors, o.psi, triggers, o.shared_count_rounding, o.min_shared_tensors
+        )
+
+    def after_round(
+        self, run: RunInfo, view: ServerView, result: RoundResult, queries: Queries
+    ) -> Decision:
+        o, state = self.options, view.state
+        ids = list(result.client_ids)
+        models = queries.client_models(ids)  # the uploaded whole models w_i
+        batch = clustering.draw_public_batch(
+            state.sampling_weights,
+            o.public_batch_size,
+            np.random.default_rng(derived_seed(run.seed, PUBLIC_BATCH, result.round_num)),
+        )
+        probs = queries.predict_probabilities(models, run.public_x[batch])
+        hopkins = clustering.hopkins_statistic(
+            probs.reshape(len(ids), -1),
+            np.random.default_rng(derived_seed(run.seed, ALGORITHM, result.round_num)),
+            o.hopkins_sample_size or None,
+        )
+        metrics = {"hopkins": hopkins, "clustered": 0.0, "shared_tensors": float(len(view.shared))}
+        if not (len(ids) >= 2 and hopkins > o.hopkins_threshold):
+            return Decision(metrics=metrics)
+        labels = clustering.two_stage_clusters(
+            clustering.js_divergence_matrix(probs),
+            clustering.weight_distance_matrix(self.distance_part(run, view, models), o.upsilon),
+            o.tsdp_eps1,
+            o.tsdp_eps2,
+            o.tsdp_min_pts,
+            o.tsdp_stages,
+        )
+        sizes = np.array([run.train_sizes[c] for c in ids], np.float64)
+        assignment, cluster_models = regroup(view, ids, labels, models, sizes)
+        triggers = state.triggers + 1
+        shared = tuple(range(self.shared_count(run, triggers)))
+        increment = o.sampling_increment or None
+        weights = clustering.amend_sampling_weights(state.sampling_weights, batch, increment)
+        metrics.update(
+            clustered=1.0,
+            shared_tensors=float(len(shared)),
+            num_clusters=float(len(cluster_models)),
+        )
+        return Decision(
+            assignment=assignment,
+            cluster_models=cluster_models,
+            shared=shared,
+            state=TSDPState(weights, triggers),
+            metrics=metrics,
+        )
+
+    def distance_part(self, run: RunInfo, view: ServerView, models: np.ndarray) -> np.ndarray:
+        """The values of Eq. 9: all trainable tensors (BN statistics excluded), or only the
+        shared ones."""
+        if self.options.stage2_weights == "full":
+            return models[:, : run.num_trainable_values]
+        return models[:, : sum(run.tensor_sizes[: len(view.shared)])]
+
+
+def regroup(
+    view: ServerView,
+    participants: Sequence[str],
+    labels: np.ndarray,
+    models: np.ndarray,
+    sizes: np.ndarray,
+) -> tuple[dict[str, int], np.ndarray]:
+    """New clusters of the participants (labels 0..J'-1) with their n_i-weighted mean models
+    (Algorithm 1 lines 28-30); clusters of clients that did not take part keep their model and
+    their members (numbered after the new ones)."""
+    new_models = [
+        np.average(models[labels == j], axis=0, weights=sizes[labels == j])
+        for j in range(int(labels.max()) + 1)
+    ]
+    taking_part = set(participants)
+    assignment = {c: int(j) for c, j in zip(participants, labels)}
+    kept: dict[int, int] = {}
+    for client, old in view.assignment.items():
+        if client in taking_part or old < 0:
+            continue
+        if old not in kept:
+            kept[old] = len(new_models)
+            new_models.append(view.cluster_models[old])
+        assignment[client] = kept[old]
+    return assignment, np.stack(new_models).astype(np.float32)

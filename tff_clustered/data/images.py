@@ -1,0 +1,187 @@
+"""CIFAR-10, CIFAR-100 and SVHN from files the user already has (nothing is downloaded),
+dealt to clients as in FedTSDP: a partition (IID, Dirichlet(beta), pathological), each client's
+share split 80/20 into train and test, and the official test split without labels as the
+server's public set.
+
+Sources:
+* CIFAR-10: the official Python pickle batches, `cifar-10-batches-py/` (data_batch_1..5,
+  test_batch), https://www.cs.toronto.edu/~kriz/cifar.html;
+* CIFAR-100: `cifar-100-python/` (train, test; fine labels), same page;
+* SVHN: `train_32x32.mat` and `test_32x32.mat`, http://ufldl.stanford.edu/housenumbers/;
+* any of them from a prepared TFDS data directory (`cifar10`, `cifar100`, `svhn_cropped`).
+
+Images are float32 NHWC 32x32x3, standardised per channel with the training split's mean and
+standard deviation (no augmentation).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Optional
+
+import numpy as np
+
+from tff_clustered.data import partitions
+from tff_clustered.data.federated_data import DataError, FederatedData
+
+CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
+SVHN_URL = "http://ufldl.stanford.edu/housenumbers/"
+FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
+NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "svhn": 10}
+TFDS_NAMES = {"cifar10": "cifar10", "cifar100": "cifar100", "svhn": "svhn_cropped"}
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # x_train, y_train, x_test, y_test
+
+
+def _missing(name: str, path: str) -> DataError:
+    url = SVHN_URL if name == "svhn" else CIFAR_URL
+    return DataError(
+        f"{name}: {path} not found. Download it from {url} (nothing is downloaded at run time) "
+        "and point --data_dir at the folder that holds it, or give --tfds_dir for a prepared "
+        "TFDS directory"
+    )
+
+
+def _unpickle(name: str, path: str) -> dict:
+    if not os.path.isfile(path):
+        raise _missing(name, path)
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f, encoding="bytes")  # noqa: S301 - the official CIFAR format
+    except Exception as e:  # noqa: BLE001
+        raise DataError(f"{name}: {path} cannot be read as a CIFAR pickle batch ({e})") from e
+
+
+def _cifar_images(name: str, path: str, batch: dict, label_key: bytes) -> tuple:
+    try:
+        data = np.asarray(batch[b"data"], np.uint8)
+        labels = np.asarray(batch[label_key], np.int64)
+        images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    except (KeyError, ValueError) as e:
+        raise DataError(f"{name}: {path} is not a CIFAR batch ({e!r} missing or misshaped)") from e
+    if len(images) != len(labels):
+        raise DataError(f"{name}: {path} holds {len(images)} images but {len(labels)} labels")
+    return images, labels
+
+
+def read_cifar(name: str, data_dir: str) -> Arrays:
+    """CIFAR-10 or CIFAR-100 from the official pickle files."""
+    folder = FOLDERS[name]
+    root = (
+        data_dir
+        if os.path.basename(os.path.normpath(data_dir)) == folder
+        else (os.path.join(data_dir, folder))
+    )
+    if not os.path.isdir(root):
+        raise _missing(name, root)
+    if name == "cifar10":
+        train_files = [f"data_batch_{i}" for i in range(1, 6)]
+        test_files, key = ["test_batch"], b"labels"
+    else:
+        train_files, test_files, key = ["train"], ["test"], b"fine_labels"
+
+    def read(files: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        parts = [
+            _cifar_images(name, os.path.join(root, f), _unpickle(name, os.path.join(root, f)), key)
+            for f in files
+        ]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    return (*read(train_files), *read(test_files))
+
+
+def read_svhn(data_dir: str) -> Arrays:
+    """SVHN cropped digits from train_32x32.mat / test_32x32.mat (label 10 is the digit 0)."""
+    from scipy.io import loadmat
+
+    out = []
+    for split in ("train", "test"):
+        path = os.path.join(data_dir, f"{split}_32x32.mat")
+        if not os.path.isfile(path):
+            raise _missing("svhn", path)
+        try:
+            mat = loadmat(path)
+            x = np.asarray(mat["X"], np.uint8).transpose(3, 0, 1, 2)
+            y = np.asarray(mat["y"], np.int64).reshape(-1)
+        except Exception as e:  # noqa: BLE001
+            raise DataError(f"svhn: {path} is not an SVHN .mat file ({e})") from e
+        if len(x) != len(y) or x.shape[1:] != (32, 32, 3):
+            raise DataError(f"svhn: {path} holds {x.shape} images and {len(y)} labels")
+        out += [x, np.where(y == 10, 0, y)]
+    return tuple(out)  # type: ignore[return-value]
+
+
+def read_tfds(name: str, tfds_dir: str) -> Arrays:
+    """A prepared TFDS dataset under `tfds_dir`; never downloads."""
+    import tensorflow_datasets as tfds
+
+    builder = tfds.builder(TFDS_NAMES[name], data_dir=tfds_dir)
+    if not builder.is_prepared():
+        raise DataError(
+            f"{name}: no prepared TFDS dataset {TFDS_NAMES[name]!r} under {tfds_dir}; prepare it "
+            "where there is network access (tfds build), copy the directory here, or use "
+            "--data_dir with the original files"
+        )
+    out = []
+    for split in ("train", "test"):
+        batch = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
+        out += [np.asarray(batch["image"], np.uint8), np.asarray(batch["label"], np.int64)]
+    return tuple(out)  # type: ignore[return-value]
+
+
+def standardise(x_train: np.ndarray, x_test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel standardisation with the training split's statistics."""
+    train = x_train.astype(np.float32) / 255.0
+    test = x_test.astype(np.float32) / 255.0
+    mean = train.mean(axis=(0, 1, 2))
+    std = np.maximum(train.std(axis=(0, 1, 2)), 1e-6)
+    return (train - mean) / std, (test - mean) / std
+
+
+def load_image_federation(
+    name: str,
+    data_dir: Optional[str],
+    partition: str = "dirichlet",
+    num_clients: int = 20,
+    dirichlet_beta: float = 0.5,
+    classes_per_client: int = 2,
+    seed: int = 0,
+    tfds_dir: Optional[str] = None,
+) -> FederatedData:
+    """`name` (cifar10, cifar100, svhn) dealt to `num_clients` clients by `partition`."""
+    if name not in NUM_CLASSES:
+        raise ValueError(f"unknown image dataset {name!r}; choose one of {', '.join(NUM_CLASSES)}")
+    if tfds_dir:
+        x_train, y_train, x_test, _ = read_tfds(name, tfds_dir)
+        source = f"TFDS {TFDS_NAMES[name]} in {tfds_dir}"
+    elif data_dir:
+        reader = read_svhn if name == "svhn" else lambda d: read_cifar(name, d)
+        x_train, y_train, x_test, _ = reader(data_dir)
+        source = data_dir
+    else:
+        raise _missing(name, "--data_dir (not given)")
+    bad = y_train[(y_train < 0) | (y_train >= NUM_CLASSES[name])]
+    if bad.size:
+        raise DataError(
+            f"{name}: label {int(bad[0])} outside 0..{NUM_CLASSES[name] - 1} in {source}"
+        )
+    train, public = standardise(x_train, x_test)
+    parts = partitions.partition(
+        y_train,
+        num_clients,
+        partition,
+        np.random.default_rng([seed, 4]),
+        dirichlet_beta=dirichlet_beta,
+        classes_per_client=classes_per_client,
+    )
+    return partitions.federate(
+        name,
+        train,
+        y_train,
+        parts,
+        NUM_CLASSES[name],
+        np.random.default_rng([seed, 5]),
+        public_x=public,
+        image_shape=(32, 32, 3),
+        source=source,
+    )

@@ -1,0 +1,422 @@
+"""The cluster-indexed federated round, composed from swappable parts and built per signature.
+
+Server state holds `num_clusters` models stacked along a leading cluster axis. A round follows
+`tff.learning.templates` (distributor -> client work -> aggregator -> finalizer):
+
+* distributor: `tff.federated_select` sends each client the **shared** variables of its own
+  cluster (its key); the client joins them with the rest of its **own stored model** (a
+  CLIENTS-placed input from the per-client store). A client work that reads its whole stored
+  model (Ditto's personal model) gets all of it as well;
+* client work: a `ClientWork` parameter, a pure TF function (`client_work.LocalSGD`,
+  `client_work.DittoSGD`, ...);
+* aggregator: `ClusteredMeanFactory`, the weighted mean per cluster of the shared variables'
+  updates (weights: examples processed, or 1 per client);
+* finalizer: adds each cluster's mean update to its shared variables. A cluster no sampled
+  client trained in gets a zero update and keeps its model bit for bit; non-shared variables
+  of the server models are never touched.
+
+Variables are the model's trainable tensors followed by its state tensors (BatchNorm moving
+statistics); a state tensor is shared exactly when the trainable tensor that owns it (its BN
+layer's gamma) is. Which variables are shared and how many clusters there are are per-round
+data: `RoundCache` builds one process per `RoundSignature` and reuses it whenever the signature
+comes back (FedTSDP's moving boundary, CFL's growing cluster count).
+
+`tff.learning.templates.compose_learning_process` cannot express this round: its `next` takes
+only `(state, client_data)` and returns nothing per client, while we need cluster keys and
+stored client variables in, and stored client variables and model updates out. So the parts
+are composed by hand into a `tff.templates.IterativeProcess` whose `next` returns
+`(state, client_outputs@CLIENTS, measurements@SERVER)`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_clustered.federated import client_work
+from tff_clustered.federated.clustered_mean import ClusteredMeanFactory
+from tff_clustered.models.functional import FunctionalModel
+
+to_type = tff.types.tensorflow_to_type  # TF specs -> TFF types (0.87's tff.to_type rejects them)
+CLIENT_WEIGHTINGS = ("num_examples", "uniform")
+
+
+def sequence_type(element_spec: object) -> tff.SequenceType:
+    return tff.SequenceType(to_type(element_spec))
+
+
+def round_hparams(learning_rate: float) -> dict:
+    """The SERVER-placed per-round hyperparameters `next` takes (broadcast to clients)."""
+    return collections.OrderedDict(learning_rate=np.float32(learning_rate))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelLayout:
+    """Shapes of a model's variables (trainable, then state) and which trainable tensor owns
+    each state tensor."""
+
+    trainable_shapes: tuple[tuple[int, ...], ...]
+    state_shapes: tuple[tuple[int, ...], ...] = ()
+    state_owner: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, model: FunctionalModel) -> ModelLayout:
+        return cls(model.trainable_shapes, model.state_shapes, model.state_owner)
+
+    @property
+    def num_trainable(self) -> int:
+        return len(self.trainable_shapes)
+
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        return self.trainable_shapes + self.state_shapes
+
+    @property
+    def num_variables(self) -> int:
+        return len(self.shapes)
+
+    def variables_of(self, trainable: Sequence[int]) -> tuple[int, ...]:
+        """Variable indices of trainable tensors `trainable` and of the state they own."""
+        chosen = set(trainable)
+        owned = [self.num_trainable + j for j, o in enumerate(self.state_owner) if o in chosen]
+        return tuple(sorted(chosen)) + tuple(owned)
+
+    def complement(self, variables: Sequence[int]) -> tuple[int, ...]:
+        chosen = set(variables)
+        return tuple(i for i in range(self.num_variables) if i not in chosen)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundSignature:
+    """Everything a built round depends on besides the model; the cache key.
+
+    `shared`: trainable tensor indices each client receives from its cluster (and whose updates
+    are aggregated); the rest comes from its own stored model. `keep_client_models`: clients
+    return their whole trained model to the store (stateful clients), not only the rest.
+    `return_model_deltas`: clients also return the flattened update of all their variables
+    (server-side clustering needs it).
+    """
+
+    num_clusters: int
+    shared: tuple[int, ...]
+    work: Any = client_work.LocalSGD()
+    keep_client_models: bool = False
+    return_model_deltas: bool = False
+    client_weighting: str = "num_examples"
+
+    def __post_init__(self) -> None:
+        if self.num_clusters < 1:
+            raise ValueError(f"num_clusters must be >= 1, got {self.num_clusters}")
+        if self.client_weighting not in CLIENT_WEIGHTINGS:
+            raise ValueError(
+                f"client_weighting must be one of {CLIENT_WEIGHTINGS}, got {self.client_weighting}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundIO:
+    """Which variables travel where in a round of one signature."""
+
+    shared: tuple[int, ...]  # from the cluster, aggregated
+    store_in: tuple[int, ...]  # from the client's stored model
+    store_out: tuple[int, ...]  # back into the client's stored model
+
+    @classmethod
+    def of(cls, layout: ModelLayout, signature: RoundSignature) -> RoundIO:
+        shared = layout.variables_of(signature.shared)
+        rest = layout.complement(shared)
+        everything = tuple(range(layout.num_variables))
+        store_in = everything if signature.work.reads_own_model else rest
+        keep_all = signature.keep_client_models or signature.work.reads_own_model
+        return cls(shared, store_in, everything if keep_all else rest)
+
+
+@dataclasses.dataclass
+class FederatedRound:
+    """The built computations of one signature plus what is needed to feed them."""
+
+    iterative_process: tff.templates.IterativeProcess
+    evaluate: tff.Computation
+    signature: RoundSignature
+    io: RoundIO
+    layout: ModelLayout
+
+    @property
+    def initialize(self) -> tff.Computation:
+        return self.iterative_process.initialize
+
+    @property
+    def next(self) -> tff.Computation:
+        return self.iterative_process.next
+
+
+def build_round(
+    model: FunctionalModel,
+    input_spec: dict,
+    signature: RoundSignature,
+    initial_variables: Sequence[np.ndarray],
+) -> FederatedRound:
+    """Builds `initialize`/`next` and `evaluate` for one model and signature.
+
+    `initial_variables` (one model's trainable tensors then its state) initialise every cluster
+    in `initialize`; the orchestration passes its own server state to `next`.
+    """
+    layout = ModelLayout.of(model)
+    io = RoundIO.of(layout, signature)
+    shapes = layout.shapes
+    if [tuple(np.shape(v)) for v in initial_variables] != list(shapes):
+        raise ValueError("initial variables do not match the model's variable shapes")
+    k = signature.num_clusters
+    num_trainable = layout.num_trainable
+    work = signature.work
+
+    def specs(indices: Sequence[int], lead: tuple[int, ...] = ()) -> tuple[tf.TensorSpec, ...]:
+        return tuple(tf.TensorSpec([*lead, *shapes[i]], tf.float32) for i in indices)
+
+    def forward(
+        weights: Sequence[tf.Tensor],
+        state: Sequence[tf.Tensor],
+        x: tf.Tensor,
+        training: bool,
+        seed: Optional[tf.Tensor] = None,
+    ) -> tuple[tf.Tensor, tuple]:
+        return model.apply(weights, state, x, training, seed)
+
+    cluster_models_spec = specs(range(len(shapes)), (k,))
+    shared_spec = specs(io.shared)
+    store_in_spec = specs(io.store_in)
+    data_type = sequence_type(collections.OrderedDict(input_spec))
+    key_spec = tf.TensorSpec([1], tf.int32)
+    seed_spec = tf.TensorSpec([2], tf.int32)
+    hparams_spec = collections.OrderedDict(
+        (name, tf.TensorSpec([], tf.float32)) for name in round_hparams(0.0)
+    )
+
+    def join(
+        selected: Sequence[tf.Tensor], stored: Sequence[tf.Tensor]
+    ) -> tuple[tuple, tuple, tuple, tuple]:
+        """(weights, state) of the start model, and (weights, state) of the whole own model
+        when the work reads it."""
+        variables: list = [None] * len(shapes)
+        own: list = [None] * len(shapes)
+        for i, t in zip(io.store_in, stored):
+            variables[i] = t
+            own[i] = t
+        for i, t in zip(io.shared, selected):
+            variables[i] = t
+        if not work.reads_own_model:
+            own = []
+        return (
+            tuple(variables[:num_trainable]),
+            tuple(variables[num_trainable:]),
+            tuple(own[:num_trainable]),
+            tuple(own[num_trainable:]),
+        )
+
+    @tff.tensorflow.computation(to_type(cluster_models_spec), tff.TensorType(np.int32))
+    def select_shared(cluster_models: tuple, key: tf.Tensor) -> tuple:
+        # The key leads the selection so that it is never an empty structure (TF datasets
+        # cannot hold one), which purely local models (nothing shared) would give.
+        return (key, *(tf.gather(cluster_models[i], key) for i in io.shared))
+
+    selection_type = sequence_type((tf.TensorSpec([], tf.int32), *shared_spec))
+
+    def first_element(selected: tf.data.Dataset) -> tuple:
+        initial = (tf.constant(0), *(tf.zeros(s.shape) for s in shared_spec))
+        return selected.reduce(initial, lambda _, x: x)[1:]
+
+    @tff.tensorflow.computation(
+        selection_type,
+        to_type(store_in_spec),
+        data_type,
+        to_type(key_spec),
+        tff.TensorType(np.float32),
+        to_type(seed_spec),
+        to_type(hparams_spec),
+    )
+    def client_update(
+        selected: tf.data.Dataset,
+        stored: tuple,
+        dataset: tf.data.Dataset,
+        key: tf.Tensor,
+        prox_scale: tf.Tensor,
+        seed: tf.Tensor,
+        hparams: dict,
+    ) -> tuple:
+        weights, state, own_weights, own_state = join(first_element(selected), stored)
+        result = work(
+            forward,
+            client_work.ClientInputs(
+                weights,
+                state,
+                own_weights,
+                own_state,
+                dataset,
+                hparams["learning_rate"],
+                prox_scale,
+                seed,
+            ),
+        )
+        start = weights + state
+        trained = tuple(result.weights) + tuple(result.state)
+        kept = tuple(result.own_weights) + tuple(result.own_state)
+        shared_delta = tuple(trained[i] - start[i] for i in io.shared)
+        weight = result.num_examples if signature.client_weighting == "num_examples" else 1.0
+        cluster_weight = tf.one_hot(key[0], k, dtype=tf.float32) * weight
+        outputs = collections.OrderedDict(
+            stored=tuple(kept[i] for i in io.store_out),
+            num_examples=result.num_examples,
+            loss_sum=result.loss_sum,
+        )
+        if signature.return_model_deltas:
+            outputs["model_delta"] = client_work.flatten([t - s for t, s in zip(trained, start)])
+        return shared_delta, cluster_weight, outputs
+
+    aggregator = ClusteredMeanFactory(k).create(
+        to_type(shared_spec), tff.TensorType(np.float32, [k])
+    )
+
+    @tff.tensorflow.computation(to_type(cluster_models_spec), to_type(specs(io.shared, (k,))))
+    def apply_cluster_updates(cluster_models: tuple, mean_deltas: tuple) -> tuple:
+        updated = list(cluster_models)
+        for i, delta in zip(io.shared, mean_deltas):
+            updated[i] = cluster_models[i] + delta
+        return tuple(updated)
+
+    stacked = tuple(
+        np.repeat(np.asarray(v, np.float32)[None], k, axis=0) for v in initial_variables
+    )
+
+    @tff.federated_computation()
+    def initialize() -> object:
+        return tff.federated_zip(
+            collections.OrderedDict(
+                cluster_models=tff.federated_value(stacked, tff.SERVER),
+                aggregator=aggregator.initialize(),
+            )
+        )
+
+    state_type = initialize.type_signature.result
+
+    def clients(spec: object) -> tff.FederatedType:
+        return tff.FederatedType(to_type(spec), tff.CLIENTS)
+
+    def distribute(cluster_models: object, keys: object) -> object:
+        return tff.federated_select(
+            keys, tff.federated_value(k, tff.SERVER), cluster_models, select_shared
+        )
+
+    @tff.federated_computation(
+        state_type,
+        tff.FederatedType(data_type, tff.CLIENTS),
+        clients(key_spec),
+        clients(store_in_spec),
+        tff.FederatedType(np.float32, tff.CLIENTS),
+        clients(seed_spec),
+        tff.FederatedType(to_type(hparams_spec), tff.SERVER),
+    )
+    def next_fn(
+        state: object,
+        datasets: object,
+        keys: object,
+        stored: object,
+        prox_scales: object,
+        seeds: object,
+        hparams: object,
+    ) -> object:
+        """`prox_scales`: per-client factor of the proximal strength (1.0: plain FedProx);
+        `seeds`: per-client stateless seeds of the client's random ops (dropout)."""
+        selected = distribute(state.cluster_models, keys)
+        shared_delta, cluster_weight, outputs = tff.federated_map(
+            client_update,
+            (
+                selected,
+                stored,
+                datasets,
+                keys,
+                prox_scales,
+                seeds,
+                tff.federated_broadcast(hparams),
+            ),
+        )
+        aggregate = aggregator.next(state.aggregator, shared_delta, cluster_weight)
+        new_models = tff.federated_map(
+            apply_cluster_updates, (state.cluster_models, aggregate.result)
+        )
+        new_state = tff.federated_zip(
+            collections.OrderedDict(cluster_models=new_models, aggregator=aggregate.state)
+        )
+        return new_state, outputs, aggregate.measurements
+
+    # Evaluation: the same distributor, then each client's joined model on its data.
+    @tff.tensorflow.computation(selection_type, to_type(store_in_spec), data_type)
+    def client_evaluate(selected: tf.data.Dataset, stored: tuple, dataset: object) -> dict:
+        weights, state, own_weights, own_state = join(first_element(selected), stored)
+        if work.reads_own_model:  # the client's own (personal) model is what it uses
+            weights, state = own_weights, own_state
+        return client_work.evaluate_client(forward, weights, dataset, state)._asdict()
+
+    @tff.federated_computation(
+        tff.FederatedType(to_type(cluster_models_spec), tff.SERVER),
+        tff.FederatedType(data_type, tff.CLIENTS),
+        clients(key_spec),
+        clients(store_in_spec),
+    )
+    def evaluate(cluster_models: object, datasets: object, keys: object, stored: object) -> object:
+        selected = distribute(cluster_models, keys)
+        return tff.federated_map(client_evaluate, (selected, stored, datasets))
+
+    return FederatedRound(
+        iterative_process=tff.templates.IterativeProcess(initialize, next_fn),
+        evaluate=evaluate,
+        signature=signature,
+        io=io,
+        layout=layout,
+    )
+
+
+class RoundCache:
+    """Built rounds by signature: a signature that comes back costs no rebuild."""
+
+    def __init__(
+        self, model: FunctionalModel, input_spec: dict, initial_variables: Sequence[np.ndarray]
+    ) -> None:
+        self.model, self.input_spec = model, input_spec
+        self.initial_variables = list(initial_variables)
+        self._built: dict[RoundSignature, FederatedRound] = {}
+        self.builds = 0  # how many times a round was traced and built
+
+    def get(self, signature: RoundSignature) -> FederatedRound:
+        if signature not in self._built:
+            self._built[signature] = build_round(
+                self.model, self.input_spec, signature, self.initial_variables
+            )
+            self.builds += 1
+        return self._built[signature]
+
+
+def build_predict_probabilities(model: FunctionalModel, input_spec: dict) -> tff.Computation:
+    """Server-side inference as a TFF computation: `(weights, state, x) -> probabilities`
+    (softmax, or [1 - p, p] for a single-logit model), in inference mode."""
+    layout = ModelLayout.of(model)
+    x_spec = input_spec["x"]
+
+    @tff.tensorflow.computation(
+        to_type(tuple(tf.TensorSpec(s, tf.float32) for s in layout.trainable_shapes)),
+        to_type(tuple(tf.TensorSpec(s, tf.float32) for s in layout.state_shapes)),
+        to_type(tf.TensorSpec(x_spec.shape, tf.float32)),
+    )
+    def predict(weights: tuple, state: tuple, x: tf.Tensor) -> tf.Tensor:
+        logits, _ = model.apply(weights, state, x, False, None)
+        if logits.shape[-1] == 1:
+            p = tf.sigmoid(logits)
+            return tf.concat([1 - p, p], axis=-1)
+        return tf.nn.softmax(logits)
+
+    return predict
