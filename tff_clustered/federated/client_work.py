@@ -237,15 +237,11 @@ class DittoSGD:
             seed=inputs.seed,
             anchor=inputs.weights,
         )
-        shared = train_client(
-            forward,
-            inputs.weights,
-            inputs.dataset,
-            inputs.learning_rate,
-            momentum=self.momentum,
-            state=inputs.state,
-            seed=inputs.seed,
-        )
+        # The global model's pass runs after the personal one: without this dependency the
+        # graph may run them in either order, and the dataset's reshuffle would hand v the
+        # second epoch order on some calls.
+        with tf.control_dependencies([t for t in personal.weights]):
+            shared = self._train_global(forward, inputs)
         return ClientOutputs(
             shared.weights,
             shared.state,
@@ -253,6 +249,17 @@ class DittoSGD:
             personal.state,
             shared.num_examples,
             shared.loss_sum,
+        )
+
+    def _train_global(self, forward: ForwardFn, inputs: ClientInputs) -> TrainResult:
+        return train_client(
+            forward,
+            inputs.weights,
+            inputs.dataset,
+            inputs.learning_rate,
+            momentum=self.momentum,
+            state=inputs.state,
+            seed=inputs.seed,
         )
 
 
