@@ -31,6 +31,7 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     with run_flags.reported_errors("the last checkpoint is kept, continue with --resume"):
+        run_flags.refuse_other_algorithms_flags(FLAGS.algorithm)
         spec = run_flags.run_spec_from_flags(FLAGS.algorithm)
         output_dir = FLAGS.output_dir or os.path.join(
             "runs", f"{spec.dataset}-{spec.algorithm}-s{spec.training.seed}"

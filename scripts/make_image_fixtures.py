@@ -58,5 +58,31 @@ def main() -> None:
         )
 
 
+def prepared_tfds_cifar10() -> None:
+    """A prepared TFDS `cifar10` directory written by TFDS itself; only the examples are ours
+    (the builder's download step is replaced by a generator of 30 + 10 fixture images)."""
+    import types
+
+    import tensorflow_datasets as tfds
+
+    builder = tfds.builder("cifar10", data_dir=os.path.join(ROOT, "tfds_tiny"))
+
+    def split_generators(self: object, dl_manager: object) -> dict:
+        def examples(n: int) -> object:
+            labels = np.arange(n) % 10
+            for i, (image, label) in enumerate(zip(images(labels, 10), labels)):
+                yield i, {"id": f"fixture_{i}", "image": image, "label": int(label)}
+
+        return {"train": examples(30), "test": examples(10)}
+
+    builder._split_generators = types.MethodType(split_generators, builder)
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(
+            try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP
+        )
+    )
+
+
 if __name__ == "__main__":
     main()
+    prepared_tfds_cifar10()

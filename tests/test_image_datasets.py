@@ -152,3 +152,13 @@ def test_digits_partitions_hold_out_a_public_set_with_true_labels() -> None:
     assert entropy(dirichlet) < entropy(iid) - 0.7
     patho = load_dataset("digits_pathological", seed=4)
     assert all(len(np.unique(y)) <= 2 for y in labels(patho))
+
+
+def test_a_prepared_tfds_directory_is_read_without_download(tmp_path: object) -> None:
+    data = load_dataset(
+        "cifar10", tfds_dir=os.path.join(TESTDATA, "tfds_tiny"), partition="iid", num_clients=3
+    )
+    assert data.public_x.shape == (10, 32, 32, 3)
+    assert sum(data.train_sizes.values()) + sum(data.test_sizes.values()) == 30
+    with pytest.raises(DataError, match="no prepared TFDS dataset 'svhn_cropped'"):
+        load_dataset("svhn", tfds_dir=str(tmp_path))

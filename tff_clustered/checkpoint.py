@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from tff_clustered.orchestration import RunState
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: cluster models, client store and algorithm state of the composable core
 CHECKPOINT_NAME = "checkpoint.pkl"
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from absl import flags
 
 from tff_clustered import options as options_lib
-from tff_clustered.algorithms import algorithm_class, define_all_flags
+from tff_clustered.algorithms import ALGORITHMS, algorithm_class, define_all_flags
 from tff_clustered.checkpoint import CheckpointError
 from tff_clustered.data import DATASET_NAMES, DataError
 from tff_clustered.models import MODEL_NAMES
@@ -96,6 +96,18 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
             eval_every=FLAGS.eval_every,
         ),
     )
+
+
+def refuse_other_algorithms_flags(algorithm: str) -> None:
+    """A flag given on the command line that belongs only to other algorithms is an error
+    (it would otherwise be silently ignored)."""
+    cls = algorithm_class(algorithm)
+    own = set(options_lib.names(cls.Options))
+    for other in ALGORITHMS.values():
+        for name in options_lib.names(other.Options):
+            if name not in own and FLAGS[name].present:
+                hint = cls.refused.get(name, f"it is an option of {other.name}")
+                raise ValueError(f"--algorithm={algorithm} takes no --{name}: {hint}")
 
 
 def runtime_config_from_flags(log_dir: str) -> RuntimeConfig:
