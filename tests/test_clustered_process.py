@@ -195,3 +195,47 @@ def test_per_client_proximal_scale_multiplies_mu() -> None:
         np.testing.assert_allclose(
             out["model_delta"], np.concatenate([w.ravel(), b]) - start, rtol=1e-4, atol=1e-5
         )
+
+
+def test_batchnorm_statistics_follow_their_layer_shared_or_personal() -> None:
+    """ResNet18 (width 4): the shared BN layers' moving statistics are averaged like weights;
+    the stored ones of personal layers come back to their client only."""
+    spec = model_spec("resnet18", (32, 32, 3), 10, resnet_width=4)
+    keras_model = spec.build()
+    model = functional_model(keras_model, spec.input_spec())
+    variables = initial_weights(spec, 1) + list(model.initial_state)
+    shared = tuple(range(58))  # the last block's second BN (58, 59) and the FC are personal
+    process = build_round(
+        model, spec.input_spec(), RoundSignature(1, shared, keep_client_models=True), variables
+    )
+    personal_bn = [62 + j for j, owner in enumerate(model.state_owner) if owner >= 58]
+    assert process.io.store_in == (58, 59, 60, 61, *personal_bn)
+    rng = np.random.default_rng(5)
+    data = [
+        (
+            rng.normal(size=(n, 32, 32, 3)).astype(np.float32),
+            rng.integers(0, 10, n).astype(np.int32),
+        )
+        for n in (8, 4)
+    ]
+    state = process.initialize()
+    new_state, outputs, _ = process.next(
+        state,
+        [to_dataset(*d) for d in data],
+        [np.array([0], np.int32)] * 2,
+        [tuple(variables[i] for i in process.io.store_in)] * 2,
+        [np.float32(1.0)] * 2,
+        seeds(2),
+        round_hparams(0.05),
+    )
+    kept = [dict(zip(process.io.store_out, o["stored"])) for o in outputs]
+    for j, owner in enumerate(model.state_owner):
+        index = 62 + j
+        got = new_state["cluster_models"][index][0]
+        if owner < 58:  # shared: the example-weighted mean of the clients' statistics
+            want = (8 * kept[0][index] + 4 * kept[1][index]) / 12
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+            assert not np.allclose(got, variables[index])
+        else:  # personal: the server's slot is untouched, each client keeps its own
+            np.testing.assert_array_equal(got, variables[index])
+            assert not np.allclose(kept[0][index], kept[1][index])
