@@ -103,6 +103,21 @@ class RunState:
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
+def cluster_capacity(num_clusters: int) -> int:
+    """Clusters a built round holds for `num_clusters`: up to 4 exactly, then the next multiple
+    of 4. Extra clusters stay empty (an empty cluster is left bit for bit), so a cluster count
+    that changes every round (FedTSDP, CFL) reuses a few built rounds instead of tracing one per
+    count, while the padding (models sent to and from the worker) stays small."""
+    return num_clusters if num_clusters <= 4 else -(-num_clusters // 4) * 4
+
+
+def padded(cluster_models: np.ndarray, capacity: int) -> np.ndarray:
+    extra = capacity - len(cluster_models)
+    if extra <= 0:
+        return cluster_models
+    return np.concatenate([cluster_models, np.zeros((extra, cluster_models.shape[1]), np.float32)])
+
+
 class Experiment:
     """One algorithm on one dataset and model, round by round."""
 
@@ -213,7 +228,7 @@ class Experiment:
     def signature(self) -> RoundSignature:
         """The round the run needs now (its cluster count and split are per-round data)."""
         return RoundSignature(
-            num_clusters=self.num_clusters,
+            num_clusters=cluster_capacity(self.num_clusters),
             shared=self.state.shared,
             work=self.work,
             keep_client_models=self.algorithm.keep_client_models,
@@ -271,8 +286,9 @@ class Experiment:
         """One call of the federated `next`; returns `(new_cluster_models, client_outputs,
         measurements)` and changes nothing here."""
         shapes = self.layout.shapes
+        capacity = fed_round.signature.num_clusters
         server_state = {
-            "cluster_models": flat.matrix_to_stacked(cluster_models, shapes),
+            "cluster_models": flat.matrix_to_stacked(padded(cluster_models, capacity), shapes),
             "aggregator": (),
         }
         scales = [1.0] * len(client_ids) if prox_scales is None else prox_scales
@@ -286,7 +302,8 @@ class Experiment:
             self.client_seeds(round_num, client_ids),
             round_hparams(learning_rate),
         )
-        return flat.stacked_to_matrix(new_state["cluster_models"]), outputs, measurements
+        new_models = flat.stacked_to_matrix(new_state["cluster_models"])[: len(cluster_models)]
+        return new_models, outputs, measurements
 
     def train_round(self, round_num: int) -> dict[str, Any]:
         client_ids = self.sample_clients(round_num)
@@ -332,13 +349,13 @@ class Experiment:
             "train_loss": float(result.loss_sums.sum() / max(num_examples, 1.0)),
             "num_sampled": len(client_ids),
             "floats_communicated": self.algorithm.values_sent_per_round(
-                len(client_ids), shared_values, fed_round.signature.num_clusters
+                len(client_ids), shared_values, len(before)
             ),
         }
         for metric in self.round_metrics:
             row.update(metric(self.run, self.view(), result))
         row.update(decision.metrics)
-        sampled = np.bincount(clusters, minlength=fed_round.signature.num_clusters)
+        sampled = np.bincount(clusters, minlength=len(before))
         row.update({f"sampled_cluster_{k}": int(n) for k, n in enumerate(sampled)})
         return row
 
@@ -381,9 +398,10 @@ class Experiment:
 
     def cluster_losses(self, cluster_models: np.ndarray, client_ids: Sequence[str]) -> np.ndarray:
         """Mean training loss of every cluster model on each client, (clients, clusters)."""
-        models = flat.matrix_to_stacked(cluster_models, self.layout.shapes)
+        capacity = cluster_capacity(len(cluster_models))
+        models = flat.matrix_to_stacked(padded(cluster_models, capacity), self.layout.shapes)
         fed_round = self.rounds_cache.get(
-            dataclasses.replace(self.signature(), num_clusters=len(cluster_models))
+            dataclasses.replace(self.signature(), num_clusters=capacity)
         )
         datasets = [
             self.data.batched("train", c, max(self.config.batch_size, 64)) for c in client_ids
@@ -404,16 +422,13 @@ class Experiment:
         return flat.flatten(initial_weights(self.model, seed) + list(self.functional.initial_state))
 
     def predict_probabilities(self, models: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """Server-side inference (inference mode) of each flat model on `x`."""
+        """Server-side inference (inference mode) of each flat model on `x`, in one call."""
         if self._predict is None:
             self._predict = build_predict_probabilities(self.functional, self.model.input_spec())
         split = self.layout.num_trainable
-        x = np.asarray(x, np.float32)
-        outputs = []
-        for row in np.asarray(models, np.float32):
-            variables = flat.unflatten(row, self.layout.shapes)
-            outputs.append(np.asarray(self._predict(variables[:split], variables[split:], x)))
-        return np.stack(outputs).astype(np.float64)
+        stacked = flat.matrix_to_stacked(models, self.layout.shapes)
+        out = self._predict(stacked[:split], stacked[split:], np.asarray(x, np.float32))
+        return np.asarray(out, np.float64)
 
     # -- evaluation --------------------------------------------------------------------------
     def evaluate(self, client_ids: Optional[Sequence[str]] = None) -> dict[str, Any]:
@@ -446,8 +461,9 @@ class Experiment:
         if not client_ids:
             return {}
         fed_round = self.current_round()
+        capacity = fed_round.signature.num_clusters
         results = fed_round.evaluate(
-            flat.matrix_to_stacked(self.state.cluster_models, self.layout.shapes),
+            flat.matrix_to_stacked(padded(self.state.cluster_models, capacity), self.layout.shapes),
             [self.data.batched("test", c, max(self.config.batch_size, 64)) for c in client_ids],
             [np.array([self.state.assignment[c]], np.int32) for c in client_ids],
             [self.store.variables(c, fed_round.io.store_in) for c in client_ids],

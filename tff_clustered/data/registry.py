@@ -7,6 +7,7 @@ from typing import Optional
 
 from tff_clustered.data.digits import load_digits_clusters, load_digits_partitioned
 from tff_clustered.data.federated_data import DataError, FederatedData
+from tff_clustered.data.images import load_image_federation
 from tff_clustered.data.leaf import load_leaf
 from tff_clustered.data.mnist import load_mnist
 from tff_clustered.data.sent140 import load_sent140
@@ -79,8 +80,6 @@ def load_dataset(
             seed=seed,
         )
     if name in IMAGE_DATASETS:
-        from tff_clustered.data.images import load_image_federation
-
         return load_image_federation(
             name,
             data_dir,

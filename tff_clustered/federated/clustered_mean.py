@@ -5,9 +5,11 @@ zero except at its own cluster (`w = n_i * onehot(cluster_i)`). The result is th
 
     mean[k] = sum_i w_i[k] v_i / sum_i w_i[k]          (0 where no client of cluster k came)
 
-along a leading cluster axis, plus the per-cluster total weight. This is one `federated_sum` of
-masked updates, exact in the sense of a plain weighted mean. TFF's `MeanFactory` averages one
-value with one scalar weight; a vector of per-cluster weights needs this small factory.
+along a leading cluster axis, plus the per-cluster total weight. It is one
+`tff.federated_aggregate` whose accumulator is the [num_clusters, ...] stack: each client adds
+its weighted update into its own cluster's row only (`tensor_scatter_nd_add`), so the cost per
+client does not grow with the number of clusters. TFF's `MeanFactory` averages one value with
+one scalar weight; a vector of per-cluster weights needs this small factory.
 """
 
 from __future__ import annotations
@@ -39,13 +41,31 @@ class ClusteredMeanFactory(tff.aggregators.WeightedAggregationFactory):
             tff.types.type_to_tf_tensor_specs(value_type),
         )
 
-        @tff.tensorflow.computation(value_type, weight_type)
-        def scatter(value: object, weight: tf.Tensor) -> object:
-            def masked(t: tf.Tensor) -> tf.Tensor:
-                w = tf.reshape(weight, [num_clusters] + [1] * len(t.shape))
-                return w * tf.expand_dims(t, 0)
+        stacked_type = tff.types.tensorflow_to_type(stacked_specs)
+        zero = tf.nest.map_structure(
+            lambda t: np.zeros(t.shape, t.dtype.as_numpy_dtype), stacked_specs
+        )
 
-            return tf.nest.map_structure(masked, value)
+        @tff.tensorflow.computation(stacked_type, tff.StructType([value_type, weight_type]))
+        def accumulate(total: object, element: object) -> object:
+            value, weight = element
+            # Adds the weighted update into its own cluster's row only: O(d) per client,
+            # whatever the number of clusters.
+            key = tf.reshape(tf.argmax(weight, output_type=tf.int32), [1, 1])
+            scale = tf.reduce_max(weight)
+
+            def add(acc: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
+                return tf.tensor_scatter_nd_add(acc, key, tf.expand_dims(scale * t, 0))
+
+            return tuple(add(total[i], value[i]) for i in range(len(value)))
+
+        @tff.tensorflow.computation(stacked_type, stacked_type)
+        def merge(a: object, b: object) -> object:
+            return tuple(a[i] + b[i] for i in range(len(a)))
+
+        @tff.tensorflow.computation(stacked_type)
+        def report(total: object) -> object:
+            return tuple(total[i] for i in range(len(total)))
 
         @tff.tensorflow.computation(tff.types.tensorflow_to_type(stacked_specs), weight_type)
         def divide(total: object, total_weight: tf.Tensor) -> object:
@@ -65,7 +85,13 @@ class ClusteredMeanFactory(tff.aggregators.WeightedAggregationFactory):
             tff.FederatedType(weight_type, tff.CLIENTS),
         )
         def next_fn(state: object, value: object, weight: object) -> object:
-            total = tff.federated_sum(tff.federated_map(scatter, (value, weight)))
+            total = tff.federated_aggregate(
+                tff.federated_zip((value, weight)),
+                zero,
+                accumulate,
+                merge,
+                report,
+            )
             total_weight = tff.federated_sum(weight)
             result = tff.federated_map(divide, (total, total_weight))
             measurements = tff.federated_zip(collections.OrderedDict(cluster_weight=total_weight))

@@ -402,21 +402,29 @@ class RoundCache:
 
 
 def build_predict_probabilities(model: FunctionalModel, input_spec: dict) -> tff.Computation:
-    """Server-side inference as a TFF computation: `(weights, state, x) -> probabilities`
-    (softmax, or [1 - p, p] for a single-logit model), in inference mode."""
+    """Server-side inference as one TFF computation for many models: `(weights, state, x) ->
+    probabilities` with every variable stacked along a leading model axis, in inference mode
+    (softmax, or [1 - p, p] for a single-logit model). Output: (models, len(x), classes)."""
     layout = ModelLayout.of(model)
     x_spec = input_spec["x"]
 
+    def stacked(shapes: Sequence[tuple[int, ...]]) -> tuple[tf.TensorSpec, ...]:
+        return tuple(tf.TensorSpec([None, *s], tf.float32) for s in shapes)
+
     @tff.tensorflow.computation(
-        to_type(tuple(tf.TensorSpec(s, tf.float32) for s in layout.trainable_shapes)),
-        to_type(tuple(tf.TensorSpec(s, tf.float32) for s in layout.state_shapes)),
+        to_type(stacked(layout.trainable_shapes)),
+        to_type(stacked(layout.state_shapes)),
         to_type(tf.TensorSpec(x_spec.shape, tf.float32)),
     )
     def predict(weights: tuple, state: tuple, x: tf.Tensor) -> tf.Tensor:
-        logits, _ = model.apply(weights, state, x, False, None)
-        if logits.shape[-1] == 1:
-            p = tf.sigmoid(logits)
-            return tf.concat([1 - p, p], axis=-1)
-        return tf.nn.softmax(logits)
+        def one(variables: tuple) -> tf.Tensor:
+            w, s = variables[: len(weights)], variables[len(weights) :]
+            logits, _ = model.apply(w, s, x, False, None)
+            if logits.shape[-1] == 1:
+                p = tf.sigmoid(logits)
+                return tf.concat([1 - p, p], axis=-1)
+            return tf.nn.softmax(logits)
+
+        return tf.map_fn(one, tuple(weights) + tuple(state), fn_output_signature=tf.float32)
 
     return predict
