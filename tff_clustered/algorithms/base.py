@@ -216,7 +216,12 @@ def layers_to_tensors(layer_sizes: Sequence[int], top_layers: int) -> tuple[int,
     return tuple(range(kept))
 
 
-def independent_cluster_models(run: RunInfo, queries: Queries, num_clusters: int) -> np.ndarray:
-    """One independently initialised model per cluster (IFCA, FeSEM), a seed each."""
+def independent_clusters(run: RunInfo, queries: Queries, num_clusters: int) -> Decision:
+    """Start of IFCA and FeSEM: one independently initialised model per cluster, a seed each;
+    nobody assigned yet (a client counts in evaluation once it has been)."""
     seeds = [derived_seed(run.seed, ALGORITHM, k) for k in range(num_clusters)]
-    return np.stack([queries.initial_model(s) for s in seeds])
+    return Decision(
+        assignment={c: -1 for c in run.client_ids},
+        cluster_models=np.stack([queries.initial_model(s) for s in seeds]),
+        state=None,
+    )

@@ -28,7 +28,7 @@ from tff_clustered.algorithms.base import (
     RunInfo,
     ServerView,
     check,
-    independent_cluster_models,
+    independent_clusters,
 )
 from tff_clustered.algorithms.ifca import DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP
 from tff_clustered.options import option
@@ -80,11 +80,7 @@ class FeSEM(Algorithm):
         return np.array([n_avg / sizes[c] for c in client_ids])
 
     def init(self, run: RunInfo, queries: Queries) -> Decision:
-        return Decision(
-            assignment={c: -1 for c in run.client_ids},
-            cluster_models=independent_cluster_models(run, queries, self.num_clusters),
-            state=None,
-        )
+        return independent_clusters(run, queries, self.num_clusters)
 
     def plan(
         self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries

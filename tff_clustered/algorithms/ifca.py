@@ -19,7 +19,7 @@ from tff_clustered.algorithms.base import (
     RunInfo,
     ServerView,
     check,
-    independent_cluster_models,
+    independent_clusters,
 )
 from tff_clustered.options import option
 
@@ -45,13 +45,7 @@ class IFCA(Algorithm):
         return self.options.num_clusters or DEFAULT_CLUSTERS
 
     def init(self, run: RunInfo, queries: Queries) -> Decision:
-        """Independently initialised models, one seed each; a client counts in evaluation
-        once it has been assigned."""
-        return Decision(
-            assignment={c: -1 for c in run.client_ids},
-            cluster_models=independent_cluster_models(run, queries, self.num_clusters),
-            state=None,
-        )
+        return independent_clusters(run, queries, self.num_clusters)
 
     def plan(
         self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
