@@ -73,7 +73,8 @@ def from_arrays(
     source: str = "",
     public_x: Optional[np.ndarray] = None,
 ) -> FederatedData:
-    """Validates per-client `(x, y)` arrays and wraps them as `ClientData`."""
+    """Validates per-client `(x, y)` arrays and wraps them as `ClientData`; `public_x`, the
+    server's unlabeled inputs if any, must be finite with the clients' per-example shape."""
     where = f" in {source}" if source else ""
     if not train:
         raise DataError(f"dataset {name!r}{where} has no clients; check the data path")
@@ -120,7 +121,12 @@ def from_arrays(
             cleaned[split_name][cid] = collections.OrderedDict(x=x, y=y_int.astype(np.int32))
     if public_x is not None:
         public_x = np.asarray(public_x, dtype=np.float32)
-        if public_x.shape[1:] != input_shape or not len(public_x):
+        if public_x.ndim == 0 or not len(public_x):
+            raise DataError(
+                f"the server's public inputs{where} are empty; give at least one example, or "
+                "public_x=None for no public set"
+            )
+        if public_x.shape[1:] != input_shape:
             raise DataError(
                 f"public inputs{where} of shape {public_x.shape[1:]} do not match the clients' "
                 f"{input_shape}; the server's public set must hold examples like the clients'"

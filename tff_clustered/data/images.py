@@ -1,5 +1,6 @@
 """CIFAR-10, CIFAR-100 and SVHN from files the user already has (nothing is downloaded),
-dealt to clients as in FedTSDP: a partition (IID, Dirichlet(beta), pathological), each client's
+dealt to clients as in FedTSDP (Zhu et al., "Federated Two Stage Decoupling With Adaptive
+Personalization Layers", 2023): a partition (IID, Dirichlet(beta), pathological), each client's
 share split 80/20 into train and test, and the official test split without labels as the
 server's public set.
 
@@ -30,10 +31,16 @@ SVHN_URL = "http://ufldl.stanford.edu/housenumbers/"
 FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
 NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "svhn": 10}
 TFDS_NAMES = {"cifar10": "cifar10", "cifar100": "cifar100", "svhn": "svhn_cropped"}
+FILES = {
+    "cifar10": "cifar-10-batches-py/",
+    "cifar100": "cifar-100-python/",
+    "svhn": "train_32x32.mat and test_32x32.mat",
+}
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # x_train, y_train, x_test, y_test
 
 
 def _missing(name: str, path: str) -> DataError:
+    """The error for a missing official file or folder: where to get it, which flag to set."""
     url = SVHN_URL if name == "svhn" else CIFAR_URL
     return DataError(
         f"{name}: {path} not found. Download it from {url} (nothing is downloaded at run time) "
@@ -43,6 +50,7 @@ def _missing(name: str, path: str) -> DataError:
 
 
 def _unpickle(name: str, path: str) -> dict:
+    """One official CIFAR pickle (a dict with bytes keys)."""
     if not os.path.isfile(path):
         raise _missing(name, path)
     try:
@@ -52,7 +60,10 @@ def _unpickle(name: str, path: str) -> dict:
         raise DataError(f"{name}: {path} cannot be read as a CIFAR pickle batch ({e})") from e
 
 
-def _cifar_images(name: str, path: str, batch: dict, label_key: bytes) -> tuple:
+def _cifar_images(
+    name: str, path: str, batch: dict, label_key: bytes
+) -> tuple[np.ndarray, np.ndarray]:
+    """(n, 32, 32, 3) uint8 images from a batch's CHW rows (`b"data"`), and its labels."""
     try:
         data = np.asarray(batch[b"data"], np.uint8)
         labels = np.asarray(batch[label_key], np.int64)
@@ -67,11 +78,11 @@ def _cifar_images(name: str, path: str, batch: dict, label_key: bytes) -> tuple:
 def read_cifar(name: str, data_dir: str) -> Arrays:
     """CIFAR-10 or CIFAR-100 from the official pickle files."""
     folder = FOLDERS[name]
-    root = (
-        data_dir
-        if os.path.basename(os.path.normpath(data_dir)) == folder
-        else (os.path.join(data_dir, folder))
-    )
+    # `data_dir` may hold the official folder or be that folder itself.
+    if os.path.basename(os.path.normpath(data_dir)) == folder:
+        root = data_dir
+    else:
+        root = os.path.join(data_dir, folder)
     if not os.path.isdir(root):
         raise _missing(name, root)
     if name == "cifar10":
@@ -111,31 +122,64 @@ def read_svhn(data_dir: str) -> Arrays:
     return tuple(out)  # type: ignore[return-value]
 
 
-def read_tfds(name: str, tfds_dir: str) -> Arrays:
-    """A prepared TFDS dataset under `tfds_dir`; never downloads."""
-    import tensorflow_datasets as tfds
+def _tfds_root(tfds_name: str, tfds_dir: str) -> str:
+    """The TFDS data directory, also when `tfds_dir` names the dataset's own folder
+    (`<dir>/cifar10`) or one of its versions (`<dir>/cifar10/3.0.2`)."""
+    path = os.path.normpath(os.path.expanduser(tfds_dir))
+    if os.path.isfile(os.path.join(path, "dataset_info.json")):
+        path = os.path.dirname(path)
+    if os.path.basename(path) == tfds_name:
+        path = os.path.dirname(path)
+    return path
 
-    builder = tfds.builder(TFDS_NAMES[name], data_dir=tfds_dir)
-    if not builder.is_prepared():
+
+def read_tfds(name: str, tfds_dir: str) -> Arrays:
+    """A prepared TFDS dataset (`cifar10`, `cifar100`, `svhn_cropped`) under `tfds_dir`, as
+    `tfds.load(..., download=False)` would read it: nothing is downloaded or prepared."""
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as e:
         raise DataError(
-            f"{name}: no prepared TFDS dataset {TFDS_NAMES[name]!r} under {tfds_dir}; prepare it "
+            f"{name}: --tfds_dir needs the tensorflow-datasets package ({e}); install "
+            "requirements/lock.txt, or use --data_dir with the original files"
+        ) from e
+    tfds_name = TFDS_NAMES[name]
+    root = _tfds_root(tfds_name, tfds_dir)
+    builder = tfds.builder(tfds_name, data_dir=root)
+    if not builder.is_prepared():
+        folder = os.path.join(root, tfds_name)
+        found = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+        have = f"it holds versions {found}, " if found else ""
+        raise DataError(
+            f"{name}: no prepared TFDS dataset {tfds_name!r} version {builder.version} under "
+            f"{root} ({have}expected {os.path.join(folder, str(builder.version))}); prepare it "
             "where there is network access (tfds build), copy the directory here, or use "
             "--data_dir with the original files"
         )
     out = []
     for split in ("train", "test"):
-        batch = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
+        try:
+            batch = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
+        except Exception as e:  # noqa: BLE001 - TFDS raises many kinds for a damaged directory
+            raise DataError(
+                f"{name}: the {split} split of the TFDS dataset in {builder.data_dir} cannot be "
+                f"read ({e}); prepare it again"
+            ) from e
         out += [np.asarray(batch["image"], np.uint8), np.asarray(batch["label"], np.int64)]
     return tuple(out)  # type: ignore[return-value]
 
 
 def standardise(x_train: np.ndarray, x_test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel standardisation with the training split's statistics."""
-    train = x_train.astype(np.float32) / 255.0
-    test = x_test.astype(np.float32) / 255.0
+    """Both splits as float32, standardised per channel with the training split's mean and
+    standard deviation (in place: CIFAR's 50,000 training images take 600 MB as float32)."""
+    train = x_train.astype(np.float32)
+    test = x_test.astype(np.float32)
     mean = train.mean(axis=(0, 1, 2))
-    std = np.maximum(train.std(axis=(0, 1, 2)), 1e-6)
-    return (train - mean) / std, (test - mean) / std
+    std = np.maximum(train.std(axis=(0, 1, 2)), 1e-3)
+    for x in (train, test):
+        x -= mean
+        x /= std
+    return train, test
 
 
 def load_image_federation(
@@ -148,7 +192,13 @@ def load_image_federation(
     seed: int = 0,
     tfds_dir: Optional[str] = None,
 ) -> FederatedData:
-    """`name` (cifar10, cifar100, svhn) dealt to `num_clients` clients by `partition`."""
+    """`name` (cifar10, cifar100, svhn) as FedTSDP deals it: the official training split
+    standardised and dealt to `num_clients` clients by `partition` (`iid`, `dirichlet` with
+    `dirichlet_beta`, or `pathological` with `classes_per_client`), each client's share split
+    80/20 into train and test; the official test split, without labels, is the server's public
+    set (`public_x`). Reads `tfds_dir` (a prepared TFDS directory) when given, else the
+    official files under `data_dir`. The partition draws from seed stream [seed, 4], the
+    per-client splits from [seed, 5]."""
     if name not in NUM_CLASSES:
         raise ValueError(f"unknown image dataset {name!r}; choose one of {', '.join(NUM_CLASSES)}")
     if tfds_dir:
@@ -159,11 +209,22 @@ def load_image_federation(
         x_train, y_train, x_test, _ = reader(data_dir)
         source = data_dir
     else:
-        raise _missing(name, "--data_dir (not given)")
+        url = SVHN_URL if name == "svhn" else CIFAR_URL
+        raise DataError(
+            f"--dataset={name} reads files you already have: give --data_dir (the folder with "
+            f"{FILES[name]}, from {url}) or --tfds_dir (a prepared TFDS directory)"
+        )
+    for split, x in (("train", x_train), ("test", x_test)):
+        if x.shape[1:] != (32, 32, 3) or not len(x):
+            raise DataError(
+                f"{name}: {split} images in {source} have shape {x.shape}, expected "
+                "(n>0, 32, 32, 3); check that the files are the official ones"
+            )
     bad = y_train[(y_train < 0) | (y_train >= NUM_CLASSES[name])]
     if bad.size:
         raise DataError(
-            f"{name}: label {int(bad[0])} outside 0..{NUM_CLASSES[name] - 1} in {source}"
+            f"{name}: label {int(bad[0])} outside 0..{NUM_CLASSES[name] - 1} in {source}; "
+            "check that the files are the official ones"
         )
     train, public = standardise(x_train, x_test)
     parts = partitions.partition(
