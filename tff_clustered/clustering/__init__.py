@@ -29,6 +29,8 @@ from tff_clustered.clustering.decomposed import (
     svd_directions,
 )
 from tff_clustered.clustering.density import (
+    ROUNDINGS,
+    STAGES,
     amend_sampling_weights,
     dbscan_clusters,
     draw_public_batch,
@@ -40,6 +42,8 @@ from tff_clustered.clustering.density import (
 )
 
 __all__ = [
+    "ROUNDINGS",
+    "STAGES",
     "amend_sampling_weights",
     "assign_newcomers",
     "cluster_edc",

@@ -1,6 +1,9 @@
 """CFL's server-side math (Sattler et al., "Clustered Federated Learning: Model-Agnostic
-Distributed Multitask Optimization Under Privacy Constraints", IEEE TNNLS 2020): the split
-criterion on update norms and the optimal bipartition by cosine similarity (Alg. 1)."""
+Distributed Multitask Optimization Under Privacy Constraints", IEEE TNNLS 2020), NumPy /
+scikit-learn only: the pairwise cosine similarities alpha_{i,j} of the client updates, the two
+update norms of the split criterion (eps1, eps2), the optimal bipartition and its
+alpha_cross^max (Alg. 1), following the authors' reference code where the paper leaves
+implementation choices open."""
 
 from __future__ import annotations
 
@@ -12,14 +15,27 @@ from sklearn.cluster import AgglomerativeClustering
 from tff_clustered.clustering.decomposed import cosine_similarity
 
 
+def _updates(updates: np.ndarray) -> np.ndarray:
+    u = np.asarray(updates)
+    if u.ndim != 2 or len(u) == 0:
+        raise ValueError(f"updates must be a non-empty (clients, d) matrix, got shape {u.shape}")
+    return u
+
+
 def pairwise_cosine(updates: np.ndarray) -> np.ndarray:
-    """alpha_{i,j}: cosine similarity of the clients' updates."""
-    return cosine_similarity(updates, updates)
+    """alpha_{i,j} = <dW_i, dW_j> / (||dW_i|| ||dW_j||) for the flattened client updates
+    (m, d); (m, m) float64, a zero update has similarity 0 with everything."""
+    u = _updates(updates)
+    return cosine_similarity(u, u)
 
 
 def update_norms(updates: np.ndarray, weights: Optional[np.ndarray] = None) -> tuple[float, float]:
-    """(||mean update||, max_i ||update_i||): the two quantities of CFL's split criterion."""
-    u = np.asarray(updates, np.float64)
+    """The two quantities of CFL's split criterion (Alg. 1): ||mean_i dW_i|| (weighted by
+    `weights`, e.g. |D_i|, when given; the reference code's compute_mean_update_norm is
+    unweighted) and max_i ||dW_i|| (compute_max_update_norm). Accumulated in float64."""
+    u = _updates(updates).astype(np.float64, copy=False)
+    if weights is not None and np.shape(weights) != (len(u),):
+        raise ValueError(f"weights must have one entry per update, got shape {np.shape(weights)}")
     mean = np.average(u, axis=0, weights=weights)
     return float(np.linalg.norm(mean)), float(np.linalg.norm(u, axis=1).max())
 
@@ -27,18 +43,26 @@ def update_norms(updates: np.ndarray, weights: Optional[np.ndarray] = None) -> t
 def should_split(
     mean_norm: float, max_norm: float, size: int, eps1: float, eps2: float, min_size: int = 2
 ) -> bool:
-    """Near a stationary point of the cluster's joint objective (mean norm < eps1) while some
-    client is far from its own (max norm > eps2), and more than `min_size` clients."""
-    return mean_norm < eps1 and max_norm > eps2 and size > min_size
+    """CFL's split criterion (Alg. 1): the cluster is near a stationary point of its joint
+    objective (||mean update|| < eps1) while some client is still far from a stationary point
+    of its own (max ||update|| > eps2), and it has more than `min_size` clients (the reference
+    code's len(idc) > 2). The reference code's warm-up (round > 20) is the caller's."""
+    return bool(mean_norm < eps1 and max_norm > eps2 and size > min_size)
 
 
 def optimal_bipartition(similarity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The bipartition maximising the smallest cross-cluster dissimilarity: complete-linkage
-    agglomeration of -similarity into two clusters (as in the reference code). The part holding
-    client 0 comes first."""
+    """CFL's bipartition c1, c2 of a cluster (Alg. 1: argmin over c1 + c2 = c of
+    max_{i in c1, j in c2} alpha_{i,j}), computed as in the authors' reference code:
+    complete-linkage agglomerative clustering of -similarity into two clusters
+    (AgglomerativeClustering(affinity="precomputed", linkage="complete").fit(-S)). Note: the
+    exact argmin is the single-linkage (maximum-spacing) cut; complete linkage is kept for
+    fidelity to the reference results and agrees with it on well-separated groups. Returns
+    the two parts as sorted index arrays, the part holding client 0 first; deterministic."""
     s = np.asarray(similarity, np.float64)
+    if s.ndim != 2 or s.shape[0] != s.shape[1]:
+        raise ValueError(f"similarity must be a square matrix, got shape {s.shape}")
     if len(s) < 2:
-        raise ValueError("a bipartition needs at least 2 clients")
+        raise ValueError(f"a bipartition needs at least 2 clients, got {len(s)}")
     labels = AgglomerativeClustering(
         n_clusters=2, metric="precomputed", linkage="complete"
     ).fit_predict(-s)
@@ -48,5 +72,9 @@ def optimal_bipartition(similarity: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 
 def max_cross_similarity(similarity: np.ndarray, first: np.ndarray, second: np.ndarray) -> float:
-    """alpha_cross^max: the largest similarity between the two parts."""
-    return float(np.max(np.asarray(similarity)[np.ix_(first, second)]))
+    """alpha_cross^max = max_{i in c1, j in c2} alpha_{i,j}: the largest similarity between
+    the two parts of a bipartition (CFL's diagnostic of how well they separate)."""
+    first, second = np.asarray(first), np.asarray(second)
+    if len(first) == 0 or len(second) == 0:
+        raise ValueError("both parts of the bipartition must be non-empty")
+    return float(np.max(np.asarray(similarity, np.float64)[np.ix_(first, second)]))
