@@ -155,8 +155,9 @@ class Experiment:
             tensor_sizes=tensor_sizes,
             num_trainable_values=sum(tensor_sizes),
             initial_model=flat.flatten(self.initial_variables),
-            public_x=getattr(data, "public_x", None),
+            public_x=data.public_x,
         )
+        self.client_index = {cid: i for i, cid in enumerate(data.client_ids)}
         self.work = algorithm.client_work(config.momentum)
         self.return_model_deltas = algorithm.needs_model_deltas or bool(self.round_metrics)
         self.state = RunState()
@@ -251,7 +252,7 @@ class Experiment:
     def train_datasets(
         self, round_num: int, client_ids: Sequence[str], epochs: int, stream: int = SHUFFLE
     ) -> list:
-        index = {cid: i for i, cid in enumerate(self.data.client_ids)}
+        index = self.client_index
         return [
             self.data.batched(
                 "train",
@@ -264,7 +265,7 @@ class Experiment:
         ]
 
     def client_seeds(self, round_num: int, client_ids: Sequence[str]) -> list[np.ndarray]:
-        index = {cid: i for i, cid in enumerate(self.data.client_ids)}
+        index = self.client_index
         return [
             np.array([derived_seed(self.config.seed, DROPOUT, round_num, index[c]), 0], np.int32)
             for c in client_ids
