@@ -1,68 +1,288 @@
 """Models as pure functions of their tensors: parity with Keras, BatchNorm statistics as state,
-seeded dropout, and FedTSDP's model sizes."""
+seeded dropout, use inside `tf.function` and `Dataset.reduce`, and the model sizes of Zhu et
+al., "Federated Two Stage Decoupling With Adaptive Personalization Layers" (2023)."""
 
 from __future__ import annotations
+
+import collections
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_federated as tff
 
+from tff_clustered.federated import client_work
 from tff_clustered.models import count_trainable_parameters, model_spec, trainable_layer_sizes
-from tff_clustered.models.functional import functional_model
+from tff_clustered.models.functional import FunctionalModel, _interpreted, functional_model
+from tff_clustered.models.keras_models import ModelSpec, initial_state
+
+BN = tf.keras.layers.BatchNormalization
 
 
-def parts(spec: object) -> tuple:
+def parts(spec: ModelSpec, **kwargs: object) -> tuple:
+    """A Keras model, its functional form, its weights and its state. (For models without
+    BatchNorm or Dropout, TFF's builder clones the Keras model in a TF graph, after which the
+    Keras model cannot be called eagerly: call it before.)"""
     keras_model = spec.build()
-    model = functional_model(keras_model, spec.input_spec())
+    model = functional_model(keras_model, spec.input_spec(), **kwargs)
     weights = [tf.constant(v.numpy()) for v in keras_model.trainable_weights]
     state = [tf.constant(v) for v in model.initial_state]
     return keras_model, model, weights, state
 
 
-def test_paper_model_sizes() -> None:
-    cnn = model_spec("tsdp_cnn", (32, 32, 3), 10).build()
-    assert count_trainable_parameters(cnn) == 6_447_562 and len(cnn.trainable_weights) == 8
-    resnet = model_spec("resnet18", (32, 32, 3), 10).build()
-    assert count_trainable_parameters(resnet) == 11_173_962
-    assert len(resnet.trainable_weights) == 62 == sum(trainable_layer_sizes(resnet))
-    names = [w.name.split("/")[0] for w in resnet.trainable_weights]
-    # Keras orders layers by graph depth: the FC is last and the stages come in order (a
-    # block's 1x1 shortcut conv sits between its second conv and BN).
-    assert names[-2:] == ["fc", "fc"] and names[0] == "stem_conv"
-    assert names.index("s2b1_conv1") < names.index("s2b1_short_conv") < names.index("s3b1_conv1")
+def graph_apply(
+    model: FunctionalModel, weights: list, state: list, x: tf.Tensor, training: bool
+) -> tuple:
+    """`model.apply` in a TF graph, as the TFF computations run it (TFF's Keras wrapper works
+    only there); numpy results."""
+    with tf.Graph().as_default() as graph:
+        out = model.apply(
+            [tf.constant(np.asarray(w)) for w in weights],
+            [tf.constant(np.asarray(s)) for s in state],
+            tf.constant(np.asarray(x)),
+            training,
+            None,
+        )
+        with tf.compat.v1.Session(graph=graph) as session:
+            return session.run(out)
 
 
-@pytest.mark.parametrize(
-    "name, shape, kwargs",
-    [
-        ("tsdp_cnn", (32, 32, 3), {}),
-        ("tsdp_cnn", (64,), {"image_shape": (8, 8, 1)}),
-        ("resnet18", (32, 32, 3), {"resnet_width": 8}),
-    ],
-)
+def randomize_bn_statistics(keras_model: tf.keras.Model, seed: int) -> list[tf.Tensor]:
+    """Non-trivial moving statistics (fresh ones are 0 / 1), set on the Keras model too."""
+    rng = np.random.default_rng(seed)
+    for v in keras_model.non_trainable_weights:
+        if "moving_variance" in v.name:
+            v.assign(rng.uniform(0.5, 2.0, v.shape).astype(np.float32))
+        else:
+            v.assign(rng.normal(0.0, 0.3, v.shape).astype(np.float32))
+    return [tf.constant(v.numpy()) for v in keras_model.non_trainable_weights]
+
+
+# -- sizes and tensor order --------------------------------------------------------------------
+
+
+def test_tsdp_cnn_size() -> None:
+    keras_model = model_spec("tsdp_cnn", (32, 32, 3), 10).build()
+    # 896 + 18,496 + 6,423,040 + 5,130 (14 x 14 x 64 = 12,544 flattened).
+    assert count_trainable_parameters(keras_model) == 6_447_562
+    assert len(keras_model.trainable_weights) == 8
+    assert trainable_layer_sizes(keras_model) == [2, 2, 2, 2]
+    model = functional_model(keras_model)
+    assert model.layer_sizes == (2, 2, 2, 2) and model.state_shapes == ()
+
+
+def test_tsdp_cnn_reshapes_flat_digits() -> None:
+    # 8x8x1 -> 6 -> 4 -> pool 2: 2 * 2 * 64 = 256 -> Dense 512.
+    keras_model = model_spec("tsdp_cnn", (64,), 10, image_shape=(8, 8, 1)).build()
+    assert keras_model.get_layer("fc1").kernel.shape == (256, 512)
+    assert count_trainable_parameters(keras_model) == 320 + 18_496 + 131_584 + 5_130
+
+
+def test_resnet18_size_and_forward_order() -> None:
+    keras_model = model_spec("resnet18", (32, 32, 3), 10).build()
+    assert count_trainable_parameters(keras_model) == 11_173_962
+    assert len(keras_model.trainable_weights) == 62
+    sizes = trainable_layer_sizes(keras_model)
+    assert sum(sizes) == 62 and len(sizes) == 41  # 20 convs (1) + 20 BNs (2) + FC (2)
+    expected = ["stem_conv", "stem_bn", "stem_bn"]
+    for stage in range(1, 5):
+        for block in (1, 2):
+            name = f"s{stage}b{block}"
+            expected += [f"{name}_conv1", f"{name}_bn1", f"{name}_bn1"]
+            expected += [f"{name}_conv2", f"{name}_bn2", f"{name}_bn2"]
+            if stage > 1 and block == 1:
+                expected += [f"{name}_short_conv", f"{name}_short_bn", f"{name}_short_bn"]
+    expected += ["fc", "fc"]
+    assert [w.name.split("/")[0] for w in keras_model.trainable_weights] == expected
+    model = functional_model(keras_model)
+    assert model.layer_sizes == tuple(sizes) and len(model.trainable_shapes) == 62
+    assert len(model.state_shapes) == 40  # 20 BN layers x (moving mean, moving variance)
+
+
+def test_state_owner_is_each_statistic_s_gamma() -> None:
+    keras_model = model_spec("resnet18", (32, 32, 3), 10, resnet_width=8).build()
+    model = functional_model(keras_model)
+    trainable = [v.name for v in keras_model.trainable_weights]
+    for j, v in enumerate(keras_model.non_trainable_weights):
+        gamma = trainable[model.state_owner[j]]
+        assert gamma.endswith("gamma:0") and gamma.split("/")[0] == v.name.split("/")[0]
+    gammas = {i for i, name in enumerate(trainable) if "gamma" in name}
+    assert set(model.state_owner) == gammas and len(gammas) == 20
+
+
+def test_initial_state() -> None:
+    spec = model_spec("resnet18", (32, 32, 3), 10, resnet_width=8)
+    state = initial_state(spec)
+    assert len(state) == 40
+    assert all(not s.any() for s in state[0::2]) and all((s == 1).all() for s in state[1::2])
+    model = functional_model(spec.build())
+    assert [s.shape for s in state] == list(model.state_shapes)
+    assert initial_state(model_spec("tsdp_cnn", (64,), 10, image_shape=(8, 8, 1))) == []
+    assert initial_state(model_spec("mlp", (8,), 3)) == []
+
+
+# -- parity with Keras ------------------------------------------------------------------------
+
+
+PARITY_MODELS = [
+    ("mlp", (20,), {"hidden_units": 16}),
+    ("cnn", (64,), {"image_shape": (8, 8, 1), "cnn_dense_units": 32}),
+    ("cnn", (28, 28, 1), {"cnn_dense_units": 16}),
+    ("tsdp_cnn", (32, 32, 3), {}),
+    ("tsdp_cnn", (64,), {"image_shape": (8, 8, 1)}),
+    ("resnet18", (32, 32, 3), {"resnet_width": 8}),
+]
+
+
+@pytest.mark.parametrize("name, shape, kwargs", PARITY_MODELS)
 def test_inference_matches_keras(name: str, shape: tuple, kwargs: dict) -> None:
-    keras_model, model, weights, state = parts(model_spec(name, shape, 10, **kwargs))
+    spec = model_spec(name, shape, 10, **kwargs)
+    keras_model = spec.build()
     x = tf.random.stateless_normal([5, *shape], seed=[1, 2])
-    logits, new_state = model.apply(weights, state, x, False, None)
-    np.testing.assert_allclose(logits, keras_model(x, training=False), atol=1e-5)
+    state = randomize_bn_statistics(keras_model, 0)
+    want = keras_model(x, training=False)
+    model = functional_model(keras_model, spec.input_spec())
+    weights = [tf.constant(v.numpy()) for v in keras_model.trainable_weights]
+    logits, new_state = graph_apply(model, weights, state, x, False)
+    np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-5)
+    assert len(new_state) == len(state)
     assert all(np.array_equal(a, b) for a, b in zip(new_state, state))
 
 
-def test_batchnorm_statistics_are_state_updated_as_keras_does() -> None:
-    keras_model, model, weights, state = parts(
-        model_spec("resnet18", (32, 32, 3), 10, resnet_width=4)
+@pytest.mark.parametrize("name, shape, kwargs", PARITY_MODELS[:3])
+def test_interpreter_matches_keras_on_plain_models(name: str, shape: tuple, kwargs: dict) -> None:
+    # mlp and cnn normally go through TFF's builder; the interpreter computes them too.
+    keras_model = model_spec(name, shape, 10, **kwargs).build()
+    model = _interpreted(keras_model, None)
+    weights = [tf.constant(v.numpy()) for v in keras_model.trainable_weights]
+    x = tf.random.stateless_normal([5, *shape], seed=[3, 2])
+    for training in (False, True):
+        logits, _ = model.apply(weights, (), x, training, None)
+        np.testing.assert_allclose(logits, keras_model(x, training=training), atol=1e-5)
+
+
+@pytest.mark.parametrize("name, shape, kwargs", PARITY_MODELS[:3])
+def test_plain_models_are_bit_identical_to_tff_functional_model(
+    name: str, shape: tuple, kwargs: dict
+) -> None:
+    spec = model_spec(name, shape, 10, **kwargs)
+    keras_model, model, weights, state = parts(spec)
+    reference = tff.learning.models.functional_model_from_keras(
+        spec.build(),
+        loss_fn=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        input_spec=collections.OrderedDict(spec.input_spec()),
     )
+    x = tf.random.stateless_normal([7, *shape], seed=[4, 2])
+    for training in (False, True):
+        logits, new_state = graph_apply(model, weights, state, x, training)
+        with tf.Graph().as_default() as graph:
+            want = reference.predict_on_batch(
+                (tuple(tf.constant(w.numpy()) for w in weights), ()),
+                tf.constant(x.numpy()),
+                training,
+            )
+            with tf.compat.v1.Session(graph=graph) as session:
+                want = session.run(want)
+        assert np.array_equal(logits, want) and new_state == ()
+    assert model.state_owner == () and model.initial_state == ()
+    assert model.layer_sizes == tuple(trainable_layer_sizes(keras_model))
+
+
+def test_plain_model_needs_input_spec() -> None:
+    with pytest.raises(ValueError, match="input_spec"):
+        functional_model(model_spec("mlp", (8,), 3).build())
+
+
+# -- BatchNorm statistics ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fused", [None, False])
+def test_batchnorm_training_matches_keras(fused: object) -> None:
+    keras_model = model_spec("resnet18", (32, 32, 3), 10, resnet_width=8).build()
+    if fused is False:
+        for layer in keras_model.layers:
+            if isinstance(layer, BN):
+                layer.fused = False
+    model = functional_model(keras_model)
+    weights = [tf.constant(v.numpy()) for v in keras_model.trainable_weights]
+    state = randomize_bn_statistics(keras_model, 1)
     x = tf.random.stateless_normal([6, 32, 32, 3], seed=[3, 4])
-    _, new_state = model.apply(weights, state, x, True, tf.constant([0, 0]))
-    for layer in keras_model.layers:
-        if isinstance(layer, tf.keras.layers.BatchNormalization):
-            layer.fused = False  # the unfused update: momentum * old + (1 - momentum) * batch
+    logits, new_state = model.apply(weights, state, x, True, tf.constant([0, 0]))
+    assert all(
+        layer.fused == (fused is None) for layer in keras_model.layers if isinstance(layer, BN)
+    )
+    want = keras_model(x, training=True)  # updates the moving statistics
+    np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-4)
+    assert len(new_state) == 40
+    for got, old, v in zip(new_state, state, keras_model.non_trainable_weights):
+        np.testing.assert_allclose(got, v.numpy(), rtol=1e-5, atol=1e-5)
+        assert not np.allclose(got, old)
+
+
+@pytest.mark.parametrize("fused", [None, False])
+def test_batchnorm_momentum_formula_and_override(fused: object) -> None:
+    # Keras: new = momentum * old + (1 - momentum) * batch; the batch variance is unbiased
+    # (n / (n - 1) * biased) in the fused kernel Keras picks for 4D inputs, biased otherwise.
+    inputs = tf.keras.Input((3, 3, 2))
+    layer = BN(momentum=0.9, epsilon=1e-5, fused=fused, name="bn")
+    keras_model = tf.keras.Model(inputs, layer(inputs))
+    assert layer.fused == (fused is None)
+    x = tf.random.stateless_normal([4, 3, 3, 2], seed=[5, 5]) * 2.0 + 1.0
+    n = 4 * 3 * 3
+    mean = tf.reduce_mean(x, [0, 1, 2])
+    var = tf.math.reduce_variance(x, [0, 1, 2]) * (n / (n - 1) if fused is None else 1.0)
+    old = [tf.constant([0.5, -1.0]), tf.constant([2.0, 0.25])]
+    weights = [tf.constant(v.numpy()) for v in keras_model.trainable_weights]
+    for momentum in (None, 0.5):
+        model = functional_model(keras_model, bn_momentum=momentum)
+        _, (new_mean, new_var) = model.apply(weights, old, x, True, None)
+        m = 0.9 if momentum is None else momentum
+        np.testing.assert_allclose(new_mean, m * old[0] + (1 - m) * mean, rtol=1e-6)
+        np.testing.assert_allclose(new_var, m * old[1] + (1 - m) * var, rtol=1e-6)
+        layer.momentum = m
+        for v, value in zip(keras_model.non_trainable_weights, old):
+            v.assign(value)
+        keras_model(x, training=True)
+        np.testing.assert_allclose(new_mean, layer.moving_mean.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(new_var, layer.moving_variance.numpy(), rtol=1e-6)
+    with pytest.raises(ValueError, match="bn_momentum"):
+        functional_model(keras_model, bn_momentum=1.5)
+
+
+def small_graph_model() -> tf.keras.Model:
+    """Parameter-free layers, a skip connection, BN without scale, a dense layer on rank 3."""
+    inputs = tf.keras.Input((10, 10, 3))
+    x = tf.keras.layers.ZeroPadding2D(1)(inputs)
+    x = tf.keras.layers.Conv2D(4, 3, strides=2, dilation_rate=1, use_bias=False)(x)
+    x = BN(scale=False, momentum=0.8)(x)
+    y = tf.keras.layers.Activation("tanh")(x)
+    y = tf.keras.layers.Conv2D(4, 3, padding="same", dilation_rate=2, activation="relu")(y)
+    x = tf.keras.layers.ReLU()(tf.keras.layers.Add()([x, y]))
+    x = tf.keras.layers.AveragePooling2D(2)(x)
+    x = tf.keras.layers.Dropout(0.3, noise_shape=(None, 1, 1, 4))(x)
+    x = tf.keras.layers.Reshape((4, 4))(x)
+    x = tf.keras.layers.Dense(5, activation="sigmoid")(x)
+    x = tf.keras.layers.Flatten()(x)
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(3)(x))
+
+
+def test_small_graph_model_matches_keras() -> None:
+    keras_model = small_graph_model()
+    model = functional_model(keras_model)
+    weights = [tf.constant(v.numpy()) for v in keras_model.trainable_weights]
+    state = randomize_bn_statistics(keras_model, 2)
+    assert model.state_owner == (1, 1)  # beta (index 1) without gamma
+    x = tf.random.stateless_normal([3, 10, 10, 3], seed=[6, 6])
+    logits, _ = model.apply(weights, state, x, False, None)
+    np.testing.assert_allclose(logits, keras_model(x, training=False), atol=1e-5)
+    _, new_state = model.apply(weights, state, x, True, tf.constant([1, 1]))
     keras_model(x, training=True)
     for got, want in zip(new_state, keras_model.non_trainable_weights):
         np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
-    assert len(model.state_owner) == 40
-    gammas = {i for i, w in enumerate(keras_model.trainable_weights) if "gamma" in w.name}
-    assert set(model.state_owner) == gammas
+
+
+# -- dropout ----------------------------------------------------------------------------------
 
 
 def test_dropout_follows_the_seed_and_is_off_in_inference() -> None:
@@ -71,14 +291,34 @@ def test_dropout_follows_the_seed_and_is_off_in_inference() -> None:
     a, _ = model.apply(weights, state, x, True, tf.constant([7, 0]))
     b, _ = model.apply(weights, state, x, True, tf.constant([7, 0]))
     c, _ = model.apply(weights, state, x, True, tf.constant([7, 1]))
+    d, _ = model.apply(weights, state, x, True, tf.constant([7, 0], tf.int64))
     off, _ = model.apply(weights, state, x, False, None)
-    assert np.array_equal(a, b) and not np.allclose(a, c) and not np.allclose(a, off)
+    off_seeded, _ = model.apply(weights, state, x, False, tf.constant([7, 0]))
+    assert np.array_equal(a, b) and np.array_equal(a, d)
+    assert not np.allclose(a, c) and not np.allclose(a, off)
+    assert np.array_equal(off, off_seeded)
     with pytest.raises(ValueError, match="seed"):
         model.apply(weights, state, x, True, None)
 
 
+def test_dropout_masks_differ_between_layers_and_keep_keras_scaling() -> None:
+    inputs = tf.keras.Input((4000,))
+    first = tf.keras.layers.Dropout(0.5)(inputs)
+    second = tf.keras.layers.Dropout(0.5)(inputs)
+    keras_model = tf.keras.Model(inputs, tf.keras.layers.Add()([first, second]))
+    model = functional_model(keras_model)
+    out, _ = model.apply([], [], tf.ones([1, 4000]), True, tf.constant([1, 2]))
+    # Kept entries are scaled by 1 / (1 - rate) = 2; the layers draw different masks, so the
+    # sum takes all of 0, 2 and 4, each about as often as two independent masks give.
+    values, counts = np.unique(out.numpy(), return_counts=True)
+    assert list(values) == [0.0, 2.0, 4.0] and abs(counts[1] / 4000 - 0.5) < 0.05
+
+
+# -- gradients, tf.function, Dataset.reduce ---------------------------------------------------
+
+
 def test_gradients_reach_every_resnet_tensor() -> None:
-    _, model, weights, state = parts(model_spec("resnet18", (32, 32, 3), 10, resnet_width=4))
+    _, model, weights, state = parts(model_spec("resnet18", (32, 32, 3), 10, resnet_width=8))
     x = tf.random.stateless_normal([4, 32, 32, 3], seed=[8, 9])
     with tf.GradientTape() as tape:
         tape.watch(weights)
@@ -86,11 +326,113 @@ def test_gradients_reach_every_resnet_tensor() -> None:
         loss = tf.reduce_mean(logits**2)
     grads = tape.gradient(loss, weights)
     assert len(grads) == 62 and all(g is not None for g in grads)
+    assert all(float(tf.reduce_sum(tf.abs(g))) > 0 for g in grads)
 
 
-def test_unsupported_layers_are_named() -> None:
-    keras_model = tf.keras.Sequential(
-        [tf.keras.Input((4, 3)), tf.keras.layers.Dropout(0.1), tf.keras.layers.LSTM(2)]
+def test_gradients_match_keras() -> None:
+    keras_model, model, weights, state = parts(
+        model_spec("resnet18", (16, 16, 3), 10, resnet_width=4)
     )
-    with pytest.raises(ValueError, match="LSTM"):
-        functional_model(keras_model, {})
+    x = tf.random.stateless_normal([4, 16, 16, 3], seed=[8, 1])
+    with tf.GradientTape() as tape:
+        tape.watch(weights)
+        loss = tf.reduce_mean(model.apply(weights, state, x, True, None)[0] ** 2)
+    grads = tape.gradient(loss, weights)
+    with tf.GradientTape() as tape:
+        keras_loss = tf.reduce_mean(keras_model(x, training=True) ** 2)
+    want = tape.gradient(keras_loss, keras_model.trainable_weights)
+    for g, w in zip(grads, want):
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-5)
+
+
+def dataset(shape: tuple, seed: int) -> tf.data.Dataset:
+    x = tf.random.stateless_normal([12, *shape], seed=[seed, 0])
+    y = tf.random.stateless_uniform([12], seed=[seed, 1], maxval=10, dtype=tf.int32)
+    return tf.data.Dataset.from_tensor_slices(dict(x=x, y=y)).batch(4)
+
+
+@pytest.mark.parametrize(
+    "name, shape, kwargs",
+    [
+        ("tsdp_cnn", (64,), {"image_shape": (8, 8, 1)}),
+        ("resnet18", (16, 16, 3), {"resnet_width": 4}),
+    ],
+)
+def test_local_training_in_tf_function_and_dataset_reduce(
+    name: str, shape: tuple, kwargs: dict
+) -> None:
+    _, model, weights, state = parts(model_spec(name, shape, 10, **kwargs))
+    data = dataset(shape, 3)
+    seed = tf.constant([11, 5], tf.int32)
+
+    @tf.function
+    def train(seed: tf.Tensor) -> client_work.TrainResult:
+        return client_work.train_client(
+            model.apply, weights, data, tf.constant(0.05), momentum=0.9, state=state, seed=seed
+        )
+
+    first, again, other = train(seed), train(seed), train(seed + 1)
+    # The same steps run eagerly, batch by batch.
+    current, velocity, stats = list(weights), [tf.zeros_like(w) for w in weights], list(state)
+    for step, batch in enumerate(data):
+        with tf.GradientTape() as tape:
+            tape.watch(current)
+            logits, stats = model.apply(
+                current, stats, batch["x"], True, tf.stack([seed[0], seed[1] + step])
+            )
+            loss = client_work.batch_loss(logits, batch["y"])
+        grads = tape.gradient(loss, current)
+        velocity = [0.9 * v + g for v, g in zip(velocity, grads)]
+        current = [w - 0.05 * v for w, v in zip(current, velocity)]
+    for got, same, want in zip(first.weights, again.weights, current):
+        assert np.array_equal(got, same)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert len(first.state) == len(state)
+    for got, want in zip(first.state, stats):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    moved = any(not np.allclose(a, b) for a, b in zip(first.weights, other.weights))
+    assert moved == (name == "tsdp_cnn")  # the seed only drives dropout
+    evaluation = tf.function(
+        lambda: client_work.evaluate_client(model.apply, first.weights, data, first.state)
+    )()
+    assert float(evaluation.num_examples) == 12.0 and np.isfinite(float(evaluation.loss_sum))
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "shape, layer, match",
+    [
+        ((4, 3), lambda: tf.keras.layers.LSTM(2), "LSTM"),
+        ((4, 3), lambda: tf.keras.layers.Conv1D(2, 1), "Conv1D"),
+        ((4, 3), lambda: tf.keras.layers.GaussianNoise(0.1), "GaussianNoise"),
+        ((4, 4, 3), lambda: tf.keras.layers.Conv2DTranspose(2, 3), "Conv2DTranspose"),
+        ((4, 4, 3), lambda: tf.keras.layers.SpatialDropout2D(0.2), "SpatialDropout2D"),
+    ],
+)
+def test_unsupported_layers_are_named(
+    shape: tuple, layer: Callable[[], tf.keras.layers.Layer], match: str
+) -> None:
+    # Layers are built inside the test: one built at import time belongs to whatever graph
+    # was current then, and Keras refuses it once TFF has traced other models.
+    keras_model = tf.keras.Sequential(
+        [tf.keras.Input(shape), tf.keras.layers.Dropout(0.1), layer()]
+    )
+    with pytest.raises(ValueError, match=f"{match}.*supported: Dense, Conv2D"):
+        functional_model(keras_model)
+
+
+def test_frozen_batchnorm_is_refused() -> None:
+    inputs = tf.keras.Input((4, 4, 3))
+    layer = BN()
+    keras_model = tf.keras.Model(inputs, layer(inputs))
+    layer.trainable = False
+    with pytest.raises(ValueError, match="must be trainable"):
+        functional_model(keras_model)
+
+
+def test_functional_model_type() -> None:
+    _, model, _, _ = parts(model_spec("tsdp_cnn", (64,), 10, image_shape=(8, 8, 1)))
+    assert isinstance(model, FunctionalModel)
+    assert model.trainable_shapes[0] == (3, 3, 1, 32) and model.state_owner == ()

@@ -1,16 +1,22 @@
 """A Keras model as a pure function of explicit tensors, for local training inside TFF
-computations: `apply(weights, state, x, training, seed) -> (logits, new_state)`.
+computations: `apply(trainable, state, x, training, seed) -> (logits, new_state)`.
 
-`weights` are the model's trainable tensors (`model.trainable_weights` order), `state` its
+`trainable` are the model's trainable tensors (`model.trainable_weights` order), `state` its
 non-trainable ones (BatchNorm moving statistics, `model.non_trainable_weights` order), `seed` a
-stateless `[2]` int32 seed for dropout. Two builders, one interface:
+stateless `[2]` int32/int64 seed for dropout. Two builders, one interface:
 
 * models without BatchNorm or Dropout go through TFF's own
   `tff.learning.models.functional_model_from_keras` (their results are unchanged);
-* models with them (the FedTSDP CNN, ResNet18) go through a small interpreter of the Keras
-  graph: TFF's builder rejects BatchNorm, and its Dropout would draw unseeded random numbers.
-  BatchNorm statistics are an input and an output, so each client keeps its own; Dropout
-  masks come from the given seed (same seed, same run).
+* models with them (the CNN and ResNet18 of Zhu et al., "Federated Two Stage Decoupling With
+  Adaptive Personalization Layers", 2023) go through a small interpreter of the Keras layer
+  graph: TFF's builder rejects BatchNorm (Ioffe & Szegedy, 2015), and its Dropout (Srivastava
+  et al., 2014) would draw unseeded random numbers. BatchNorm statistics are an input and an
+  output, so each client can keep its own; dropout masks come from the given seed (same seed,
+  same run).
+
+The interpreter computes Dense, Conv2D and BatchNormalization from the given tensors with the
+same TF ops Keras 2.14 uses, runs Dropout statelessly, and calls the parameter-free layers
+(pooling, reshapes, activations, Add) themselves.
 """
 
 from __future__ import annotations
@@ -24,7 +30,20 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-ApplyFn = Callable[..., tuple[tf.Tensor, tuple]]
+from tff_clustered.models.split import trainable_layer_sizes
+
+ApplyFn = Callable[
+    [Sequence[tf.Tensor], Sequence[tf.Tensor], tf.Tensor, bool, Optional[tf.Tensor]],
+    tuple[tf.Tensor, tuple[tf.Tensor, ...]],
+]
+
+# Weighted layers the interpreter computes from the given tensors (exact types: subclasses such
+# as Conv2DTranspose or SpatialDropout2D compute something else).
+WEIGHTED = (
+    tf.keras.layers.Dense,
+    tf.keras.layers.Conv2D,
+    tf.keras.layers.BatchNormalization,
+)
 # Layers without weights that the interpreter runs by calling the layer itself.
 PARAMETER_FREE = (
     tf.keras.layers.InputLayer,
@@ -38,15 +57,22 @@ PARAMETER_FREE = (
     tf.keras.layers.Add,
     tf.keras.layers.ZeroPadding2D,
 )
+_SUPPORTED = (
+    "supported: Dense, Conv2D, BatchNormalization, Dropout and the parameter-free "
+    + ", ".join(t.__name__ for t in PARAMETER_FREE)
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class FunctionalModel:
-    trainable_shapes: tuple[tuple[int, ...], ...]
-    state_shapes: tuple[tuple[int, ...], ...]
+    """A model as shapes, initial state and a pure `apply` function."""
+
+    trainable_shapes: tuple[tuple[int, ...], ...]  # model.trainable_weights order
+    state_shapes: tuple[tuple[int, ...], ...]  # model.non_trainable_weights order
     state_owner: tuple[int, ...]  # per state tensor: the trainable tensor it follows (BN gamma)
+    layer_sizes: tuple[int, ...]  # trainable tensors per layer with weights, bottom to top
     initial_state: tuple[np.ndarray, ...]
-    apply: ApplyFn
+    apply: ApplyFn  # (trainable, state, x, training, seed) -> (logits, new_state)
 
 
 def _shapes(variables: Sequence[tf.Variable]) -> tuple[tuple[int, ...], ...]:
@@ -60,10 +86,27 @@ def _needs_interpreter(model: tf.keras.Model) -> bool:
     )
 
 
-def functional_model(keras_model: tf.keras.Model, input_spec: dict) -> FunctionalModel:
-    """`keras_model` as a `FunctionalModel`; `input_spec` is a batched element spec."""
+def functional_model(
+    keras_model: tf.keras.Model,
+    input_spec: Optional[dict] = None,
+    bn_momentum: Optional[float] = None,
+) -> FunctionalModel:
+    """`keras_model` as a `FunctionalModel`.
+
+    `input_spec` (a batched element spec with `x` and `y`) is needed by TFF's builder, used
+    for models without BatchNorm or Dropout. `bn_momentum` overrides every BatchNorm layer's
+    momentum, in Keras's convention (new = momentum * old + (1 - momentum) * batch; PyTorch's
+    momentum 0.1 is Keras's 0.9).
+    """
+    if bn_momentum is not None and not 0.0 <= bn_momentum <= 1.0:
+        raise ValueError(f"bn_momentum must be in [0, 1], got {bn_momentum}")
     if _needs_interpreter(keras_model):
-        return _interpreted(keras_model)
+        return _interpreted(keras_model, bn_momentum)
+    if input_spec is None:
+        raise ValueError(
+            f"model {keras_model.name} has no BatchNorm or Dropout: it goes through TFF's "
+            "functional_model_from_keras, which needs input_spec"
+        )
     functional = tff.learning.models.functional_model_from_keras(
         keras_model,
         loss_fn=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -77,97 +120,271 @@ def functional_model(keras_model: tf.keras.Model, input_spec: dict) -> Functiona
         x: tf.Tensor,
         training: bool,
         seed: Optional[tf.Tensor] = None,
-    ) -> tuple[tf.Tensor, tuple]:
+    ) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
         logits = functional.predict_on_batch((tuple(weights), non_trainable), x, training)
         return logits, tuple(state)
 
-    return FunctionalModel(_shapes(keras_model.trainable_weights), (), (), (), apply)
+    return FunctionalModel(
+        trainable_shapes=_shapes(keras_model.trainable_weights),
+        state_shapes=(),
+        state_owner=(),
+        layer_sizes=tuple(trainable_layer_sizes(keras_model)),
+        initial_state=(),
+        apply=apply,
+    )
 
 
-def _interpreted(model: tf.keras.Model) -> FunctionalModel:
-    trainable = {v.ref(): i for i, v in enumerate(model.trainable_weights)}
-    state = {v.ref(): i for i, v in enumerate(model.non_trainable_weights)}
-    owner = [-1] * len(state)
-    plan = []  # (layer, trainable indices, state indices, input refs, output ref)
-    sequential = isinstance(model, tf.keras.Sequential)
-    for position, layer in enumerate(model.layers):
-        t_idx = [trainable[v.ref()] for v in layer.trainable_weights]
-        s_idx = [state[v.ref()] for v in layer.non_trainable_weights]
-        if isinstance(layer, tf.keras.layers.BatchNormalization):
-            if not t_idx:
-                raise ValueError(f"BatchNorm layer {layer.name} needs scale or center")
-            for j in s_idx:
-                owner[j] = t_idx[0]
-        elif s_idx:
-            raise ValueError(f"layer {layer.name} has non-trainable weights; unsupported")
-        elif t_idx and not isinstance(layer, (tf.keras.layers.Dense, tf.keras.layers.Conv2D)):
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """One call of one layer: where its weights are and which values it reads and writes."""
+
+    layer: tf.keras.layers.Layer
+    trainable: tuple[int, ...]  # indices into the trainable tensors
+    state: tuple[int, ...]  # indices into the state tensors
+    inputs: tuple[int, ...]  # ids of the Keras tensors it reads
+    outputs: tuple[int, ...]  # ids of the Keras tensors it writes
+    position: int  # index of the layer in model.layers (dropout seeds)
+    call: int  # which call of this layer in the model (0 unless the layer is shared)
+    fused: bool = False  # BatchNorm: Keras runs the fused kernel (its variance update differs)
+    momentum: float = 0.0  # BatchNorm: the moving statistics' momentum (Keras convention)
+
+
+def _nodes_in_order(model: tf.keras.Model) -> list:
+    """The model's layer calls (Keras nodes), each after the calls whose outputs it reads."""
+    if not model.inputs or not model.outputs:
+        raise ValueError(
+            f"model {model.name} has no symbolic inputs/outputs; build it with tf.keras.Input"
+        )
+    order, done, visiting = [], set(), set()
+    stack = [(t.node, False) for t in reversed(tf.nest.flatten(model.outputs))]
+    while stack:  # iterative depth-first post-order
+        node, expanded = stack.pop()
+        if id(node) in done:
+            continue
+        if expanded:
+            visiting.discard(id(node))
+            done.add(id(node))
+            order.append(node)
+            continue
+        if id(node) in visiting:
+            raise ValueError(f"model {model.name} has a cycle at layer {node.layer.name}")
+        visiting.add(id(node))
+        stack.append((node, True))
+        if not node.is_input:
+            for tensor in reversed(node.keras_inputs):
+                stack.append((tensor.node, False))
+    return order
+
+
+def _check_layer(layer: tf.keras.layers.Layer, t_idx: list, s_idx: list) -> None:
+    kind = type(layer).__name__
+    if type(layer) in WEIGHTED or type(layer) is tf.keras.layers.Dropout:
+        pass
+    elif layer.weights:
+        raise ValueError(
+            f"layer {layer.name} ({kind}) has weights and is not supported; {_SUPPORTED}"
+        )
+    elif type(layer) not in PARAMETER_FREE:
+        raise ValueError(f"layer {layer.name} ({kind}) is not supported; {_SUPPORTED}")
+    if type(layer) is tf.keras.layers.BatchNormalization:
+        if not t_idx or len(s_idx) != 2:
             raise ValueError(
-                f"layer {layer.name} ({type(layer).__name__}) is not supported with BatchNorm or "
-                "Dropout; supported weighted layers: Dense, Conv2D, BatchNormalization"
+                f"BatchNorm layer {layer.name} must be trainable, with scale or center"
             )
-        elif not t_idx and not isinstance(layer, (*PARAMETER_FREE, tf.keras.layers.Dropout)):
-            raise ValueError(f"layer {layer.name} ({type(layer).__name__}) is not supported")
-        if sequential:
-            inputs, output = None, None
-        else:
-            node_inputs = layer.input if isinstance(layer.input, list) else [layer.input]
-            inputs, output = [id(t) for t in node_inputs], id(layer.output)
-        plan.append((position, layer, t_idx, s_idx, inputs, output))
-    model_inputs = None if sequential else [id(t) for t in model.inputs]
-    model_output = None if sequential else id(model.outputs[0])
+        if layer.renorm or layer.virtual_batch_size or layer.adjustment or layer.synchronized:
+            raise ValueError(
+                f"BatchNorm layer {layer.name}: renorm, virtual batches, adjustment and "
+                "synchronized statistics are not supported"
+            )
+    elif s_idx:
+        raise ValueError(f"layer {layer.name} ({kind}) has non-trainable weights; {_SUPPORTED}")
+    if type(layer) is tf.keras.layers.Conv2D and (layer.groups != 1 or layer.padding == "causal"):
+        raise ValueError(f"Conv2D layer {layer.name}: groups > 1 and causal padding unsupported")
 
-    def run_layer(
-        position: int,
-        layer: tf.keras.layers.Layer,
-        values: list,
+
+def _dense(
+    layer: tf.keras.layers.Dense, x: tf.Tensor, kernel: tf.Tensor, bias: object
+) -> tf.Tensor:
+    """Keras 2.14 `Dense.call`: matmul (tensordot over the last axis for rank > 2)."""
+    rank = x.shape.rank
+    if rank == 2 or rank is None:
+        y = tf.matmul(x, kernel)
+    else:
+        y = tf.tensordot(x, kernel, [[rank - 1], [0]])
+        y.set_shape(x.shape[:-1].concatenate([kernel.shape[-1]]))
+    if bias is not None:
+        y = tf.nn.bias_add(y, bias)
+    return layer.activation(y) if layer.activation is not None else y
+
+
+def _conv2d(
+    layer: tf.keras.layers.Conv2D, x: tf.Tensor, kernel: tf.Tensor, bias: object
+) -> tf.Tensor:
+    """Keras 2.14 `Conv.call` for Conv2D: tf.nn.convolution, bias_add, activation."""
+    data_format = "NHWC" if layer.data_format == "channels_last" else "NCHW"
+    y = tf.nn.convolution(
+        x,
+        kernel,
+        strides=list(layer.strides),
+        padding=layer.padding.upper(),
+        dilations=list(layer.dilation_rate),
+        data_format=data_format,
+        name=layer.__class__.__name__,
+    )
+    if bias is not None:
+        y = tf.nn.bias_add(y, bias, data_format=data_format)
+    return layer.activation(y) if layer.activation is not None else y
+
+
+def _batch_norm(
+    layer: tf.keras.layers.BatchNormalization,
+    x: tf.Tensor,
+    gamma: object,
+    beta: object,
+    moving_mean: tf.Tensor,
+    moving_variance: tf.Tensor,
+    training: bool,
+    momentum: float,
+    fused: bool,
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Keras 2.14 BatchNormalization (Ioffe & Szegedy, 2015).
+
+    Training normalises with the batch mean and biased variance over every axis but the
+    channel axes; inference with the moving statistics. Moving statistics update as
+    new = momentum * old + (1 - momentum) * batch. The batch variance averaged in differs with
+    Keras's kernel choice, and this follows it: a fused layer (Keras's default for 4D inputs
+    such as the CNNs' feature maps; `layer.fused` after build, read when the model is
+    converted) averages the Bessel-corrected
+    variance n / (n - 1) * biased (its `_bessels_correction_test_only` flag leaves the fused
+    kernel's unbiased output as is; PyTorch's `BatchNorm2d` does the same), an unfused layer
+    the biased variance (`old - (old - batch) * (1 - momentum)`, `_assign_moving_average`).
+    """
+    ndims = x.shape.rank
+    axes = [a % ndims for a in layer.axis]
+    reduction = [a for a in range(ndims) if a not in axes]
+    if axes != [ndims - 1]:  # broadcast per-channel vectors when the channel axis is not last
+        shape = [1] * ndims
+        for a in axes:
+            shape[a] = x.shape[a]
+        gamma = None if gamma is None else tf.reshape(gamma, shape)
+        beta = None if beta is None else tf.reshape(beta, shape)
+    else:
+        shape = None
+    if training:
+        mean, variance = tf.nn.moments(x, reduction)
+        decay = tf.cast(1.0 - momentum, moving_mean.dtype)
+        averaged = variance
+        if fused:  # the fused kernel's Bessel correction (n = 1 is left uncorrected)
+            n = tf.cast(tf.size(x) // tf.size(variance), variance.dtype)
+            averaged = variance * (n / tf.maximum(n - 1.0, 1.0))
+            new_mean = (1.0 - decay) * moving_mean + decay * mean
+            new_variance = (1.0 - decay) * moving_variance + decay * averaged
+        else:
+            new_mean = moving_mean - (moving_mean - mean) * decay
+            new_variance = moving_variance - (moving_variance - averaged) * decay
+    else:
+        mean, variance = moving_mean, moving_variance
+        new_mean, new_variance = moving_mean, moving_variance
+    if shape is not None:
+        mean, variance = tf.reshape(mean, shape), tf.reshape(variance, shape)
+    y = tf.nn.batch_normalization(x, mean, variance, beta, gamma, layer.epsilon)
+    return y, new_mean, new_variance
+
+
+def _interpreted(model: tf.keras.Model, bn_momentum: Optional[float]) -> FunctionalModel:
+    trainable_of = {v.ref(): i for i, v in enumerate(model.trainable_weights)}
+    state_of = {v.ref(): i for i, v in enumerate(model.non_trainable_weights)}
+    position_of = {id(layer): i for i, layer in enumerate(model.layers)}
+    owner = [-1] * len(state_of)
+    steps: list[_Step] = []
+    calls: dict[int, int] = collections.Counter()
+    for node in _nodes_in_order(model):
+        layer = node.layer
+        if node.is_input:
+            continue
+        t_idx = [trainable_of[v.ref()] for v in layer.trainable_weights if v.ref() in trainable_of]
+        s_idx = [state_of[v.ref()] for v in layer.non_trainable_weights if v.ref() in state_of]
+        _check_layer(layer, t_idx, s_idx)
+        if type(layer) is tf.keras.layers.BatchNormalization:
+            for j in s_idx:
+                owner[j] = t_idx[0]  # gamma (beta when the layer has no scale)
+        steps.append(
+            _Step(
+                layer=layer,
+                trainable=tuple(t_idx),
+                state=tuple(s_idx),
+                inputs=tuple(id(t) for t in node.keras_inputs),
+                outputs=tuple(id(t) for t in tf.nest.flatten(node.outputs)),
+                position=position_of.get(id(layer), len(position_of)),
+                call=calls[id(layer)],
+                fused=bool(getattr(layer, "fused", False)),
+                momentum=float(
+                    getattr(layer, "momentum", 0.0) if bn_momentum is None else bn_momentum
+                ),
+            )
+        )
+        calls[id(layer)] += 1
+    used = {i for s in steps for i in s.trainable}
+    if len(used) != len(trainable_of) or -1 in owner:
+        raise ValueError(
+            f"model {model.name} has weights outside the layers it calls; {_SUPPORTED}"
+        )
+    model_inputs = [id(t) for t in tf.nest.flatten(model.inputs)]
+    if len(model_inputs) != 1 or len(tf.nest.flatten(model.outputs)) != 1:
+        raise ValueError(f"model {model.name} must have exactly one input and one output")
+    model_output = id(tf.nest.flatten(model.outputs)[0])
+
+    def run_step(
+        step: _Step,
+        x: object,
         weights: Sequence[tf.Tensor],
         stats: list,
-        s_idx: list,
-        t_idx: list,
         training: bool,
         seed: Optional[tf.Tensor],
     ) -> tf.Tensor:
-        x = values[0] if len(values) == 1 else values
-        if isinstance(layer, tf.keras.layers.Dense):
-            y = tf.matmul(x, weights[t_idx[0]])
-            if layer.use_bias:
-                y = tf.nn.bias_add(y, weights[t_idx[1]])
-            return layer.activation(y)
-        if isinstance(layer, tf.keras.layers.Conv2D):
-            y = tf.nn.convolution(
-                x,
-                weights[t_idx[0]],
-                strides=list(layer.strides),
-                padding=layer.padding.upper(),
-                dilations=list(layer.dilation_rate),
-            )
-            if layer.use_bias:
-                y = tf.nn.bias_add(y, weights[t_idx[1]])
-            return layer.activation(y)
-        if isinstance(layer, tf.keras.layers.BatchNormalization):
-            axes = [a for a in range(len(x.shape)) if a != len(x.shape) - 1]
-            it = iter(t_idx)
+        layer = step.layer
+        kind = type(layer)
+        if kind is tf.keras.layers.Dense or kind is tf.keras.layers.Conv2D:
+            kernel = weights[step.trainable[0]]
+            bias = weights[step.trainable[1]] if layer.use_bias else None
+            return (_dense if kind is tf.keras.layers.Dense else _conv2d)(layer, x, kernel, bias)
+        if kind is tf.keras.layers.BatchNormalization:
+            it = iter(step.trainable)
             gamma = weights[next(it)] if layer.scale else None
             beta = weights[next(it)] if layer.center else None
-            mean_i, var_i = s_idx
-            if training:
-                mean, variance = tf.nn.moments(x, axes)
-                m = layer.momentum
-                stats[mean_i] = stats[mean_i] * m + mean * (1 - m)
-                stats[var_i] = stats[var_i] * m + variance * (1 - m)
-            else:
-                mean, variance = stats[mean_i], stats[var_i]
-            return tf.nn.batch_normalization(x, mean, variance, beta, gamma, layer.epsilon)
-        if isinstance(layer, tf.keras.layers.Dropout):
+            mean_i, var_i = step.state
+            y, stats[mean_i], stats[var_i] = _batch_norm(
+                layer,
+                x,
+                gamma,
+                beta,
+                stats[mean_i],
+                stats[var_i],
+                training,
+                step.momentum,
+                step.fused,
+            )
+            return y
+        if kind is tf.keras.layers.Dropout:
             if not training or layer.rate == 0:
                 return x
             if seed is None:
-                raise ValueError("training with Dropout needs a seed (reproducible runs)")
-            layer_seed = tf.random.experimental.stateless_fold_in(
-                tf.cast(seed, tf.int32), position
+                raise ValueError(
+                    f"Dropout layer {layer.name} in training needs a seed (reproducible runs)"
+                )
+            layer_seed = tf.random.experimental.stateless_fold_in(seed, step.position)
+            if step.call:
+                layer_seed = tf.random.experimental.stateless_fold_in(layer_seed, step.call)
+            noise_shape = None
+            if layer.noise_shape is not None:
+                dynamic = tf.shape(x)
+                noise_shape = [
+                    dynamic[i] if d is None else d for i, d in enumerate(layer.noise_shape)
+                ]
+            return tf.nn.experimental.stateless_dropout(
+                x, layer.rate, seed=layer_seed, noise_shape=noise_shape
             )
-            return tf.nn.experimental.stateless_dropout(x, layer.rate, seed=layer_seed)
-        return layer(x, training=training)
+        return layer(x)
 
     def apply(
         weights: Sequence[tf.Tensor],
@@ -175,36 +392,30 @@ def _interpreted(model: tf.keras.Model) -> FunctionalModel:
         x: tf.Tensor,
         training: bool,
         seed: Optional[tf.Tensor] = None,
-    ) -> tuple[tf.Tensor, tuple]:
-        stats = list(state)
-        if sequential:
-            value = x
-            for position, layer, t_idx, s_idx, _, _ in plan:
-                value = run_layer(
-                    position, layer, [value], weights, stats, s_idx, t_idx, training, seed
-                )
-            return value, tuple(stats)
-        values = dict(zip(model_inputs, [x]))
-        for position, layer, t_idx, s_idx, inputs, output in plan:
-            if isinstance(layer, tf.keras.layers.InputLayer):
-                continue
-            values[output] = run_layer(
-                position,
-                layer,
-                [values[i] for i in inputs],
-                weights,
-                stats,
-                s_idx,
-                t_idx,
-                training,
-                seed,
+    ) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
+        if len(weights) != len(trainable_of) or len(state) != len(state_of):
+            raise ValueError(
+                f"model {model.name} takes {len(trainable_of)} trainable and {len(state_of)} "
+                f"state tensors, got {len(weights)} and {len(state)}"
             )
+        if seed is not None:
+            seed = tf.convert_to_tensor(seed)
+        stats = list(state)
+        values = {model_inputs[0]: x}
+        for step in steps:
+            inputs = [values[i] for i in step.inputs]
+            value = run_step(
+                step, inputs[0] if len(inputs) == 1 else inputs, weights, stats, training, seed
+            )
+            for out_id, out in zip(step.outputs, tf.nest.flatten(value)):
+                values[out_id] = out
         return values[model_output], tuple(stats)
 
     return FunctionalModel(
         trainable_shapes=_shapes(model.trainable_weights),
         state_shapes=_shapes(model.non_trainable_weights),
         state_owner=tuple(owner),
+        layer_sizes=tuple(trainable_layer_sizes(model)),
         initial_state=tuple(v.numpy() for v in model.non_trainable_weights),
         apply=apply,
     )

@@ -155,6 +155,11 @@ def resnet18(
             out = bn(f"{name}_bn2")(conv(width * multiple, 3, 1, f"{name}_conv2")(out))
             shortcut = x
             if stride != 1 or channels != width * multiple:
+                # Keras orders a functional model's layers (hence its trainable weights) by
+                # their distance to the output, ties in traversal order. This identity makes
+                # conv2/bn2 one step further from the Add than the shortcut's conv/BN, so the
+                # weights come in forward order: conv1, bn1, conv2, bn2, shortcut conv, BN.
+                out = tf.keras.layers.Activation("linear", name=f"{name}_out")(out)
                 shortcut = bn(f"{name}_short_bn")(
                     conv(width * multiple, 1, stride, f"{name}_short_conv")(x)
                 )
@@ -276,6 +281,13 @@ def initial_weights(spec: ModelSpec, seed: int) -> list[np.ndarray]:
         return [w.numpy() for w in model.trainable_weights]
     finally:
         tf.random.set_seed(None)
+
+
+def initial_state(spec: ModelSpec) -> list[np.ndarray]:
+    """Non-trainable weights of a freshly built model (BatchNorm moving mean 0 and variance 1;
+    empty for models without BatchNorm), in `model.non_trainable_weights` order. They do not
+    depend on a seed."""
+    return [w.numpy() for w in spec.build().non_trainable_weights]
 
 
 def count_trainable_parameters(model: tf.keras.Model) -> int:

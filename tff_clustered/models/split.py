@@ -68,8 +68,17 @@ class PersonalSplit:
 
 
 def trainable_layer_sizes(model: tf.keras.Model) -> list[int]:
-    """Number of trainable tensors per layer that has any, bottom to top."""
-    return [len(layer.trainable_weights) for layer in model.layers if layer.trainable_weights]
+    """Number of trainable tensors per layer that has any, bottom to top (the order of
+    `model.trainable_weights`): Dense and Conv2D count kernel and bias (or just the kernel
+    without bias), BatchNormalization its gamma and beta (its moving statistics are not
+    trainable). A nested model counts as its own layers."""
+    sizes: list[int] = []
+    for layer in model.layers:
+        if isinstance(layer, tf.keras.Model):
+            sizes += trainable_layer_sizes(layer)
+        elif layer.trainable_weights:
+            sizes.append(len(layer.trainable_weights))
+    return sizes
 
 
 @dataclasses.dataclass(frozen=True)
