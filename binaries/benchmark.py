@@ -192,9 +192,7 @@ def tsdp_round_fns() -> tuple[dict, dict]:
         momentum=0.5,
         seed=FLAGS.seed,
     )
-    options = (
-        dict(hopkins_threshold=1e-6, psi=1.0) if FLAGS.tsdp_trigger == "always" else {}
-    )
+    options = dict(hopkins_threshold=1e-6, psi=1.0) if FLAGS.tsdp_trigger == "always" else {}
     experiments = {
         "fedtsdp": Experiment(data, spec, make_algorithm("fedtsdp", **options), config),
         "fedavg": Experiment(data, spec, make_algorithm("fedavg"), config),

@@ -43,8 +43,8 @@ def test_train_client_matches_numpy_sgd(mu: float, momentum: float) -> None:
         (tf.constant(w), tf.constant(b)),
         as_dataset(batches),
         tf.constant(0.1),
-        mu,
         momentum,
+        pulls=[client_work.Pull(mu, (tf.constant(w), tf.constant(b)))],
     )
     ref_w, ref_b = mclr_sgd(w, b, batches, 0.1, mu, momentum)
     np.testing.assert_allclose(result.weights[0].numpy(), ref_w, rtol=1e-5, atol=1e-6)
@@ -59,9 +59,32 @@ def test_prox_term_pulls_towards_the_start() -> None:
     train = tf.function(client_work.train_client, autograph=False)
     drift = []
     for mu in (0.0, 5.0):
-        r = train(mclr_forward, (tf.constant(w), tf.constant(b)), ds, tf.constant(0.1), mu)
+        start = (tf.constant(w), tf.constant(b))
+        r = train(mclr_forward, start, ds, tf.constant(0.1), pulls=[client_work.Pull(mu, start)])
         drift.append(np.linalg.norm(r.weights[0].numpy() - w))
     assert drift[1] < 0.5 * drift[0]
+
+
+def test_pulls_on_some_tensors_match_numpy() -> None:
+    """A FedProx pull on everything plus an anchor pull on the kernel only (FedAC's two)."""
+    rng = np.random.default_rng(2)
+    w, b = rng.normal(size=(5, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)
+    target = rng.normal(size=(5, 3)).astype(np.float32)
+    batches = make_batches(rng, 20, 4)
+    start = (tf.constant(w), tf.constant(b))
+    result = tf.function(client_work.train_client, autograph=False)(
+        mclr_forward,
+        start,
+        as_dataset(batches),
+        tf.constant(0.1),
+        0.5,
+        pulls=[client_work.Pull(0.3, start), client_work.Pull(2.0, (tf.constant(target),), (0,))],
+    )
+    ref_w, ref_b = mclr_sgd(w, b, batches, 0.1, 0.3, 0.5, kernel_pull=(2.0, target))
+    np.testing.assert_allclose(result.weights[0].numpy(), ref_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result.weights[1].numpy(), ref_b, rtol=1e-5, atol=1e-6)
+    unpulled = mclr_sgd(w, b, batches, 0.1, 0.3, 0.5)
+    assert np.linalg.norm(ref_w - target) < np.linalg.norm(unpulled[0] - target) - 0.1
 
 
 def test_evaluate_client_counts_correct_predictions() -> None:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import pickle
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from sklearn.metrics import adjusted_rand_score
 
 from tff_clustered import options as options_lib
+from tff_clustered import weights as flat
 from tff_clustered.algorithms import algorithm_class, make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.models import model_spec
@@ -133,52 +134,90 @@ def test_empty_groups_keep_their_models_across_a_round() -> None:
 
 
 def test_ifca_clients_join_the_lowest_loss_model() -> None:
+    """The round's clients pick (every cluster model is sent): a model scaled 50x is far worse
+    than the initial one, so all sampled clients join the other, and the loop records it."""
     exp = experiment("ifca", num_clusters=2)
-    ids = exp.data.client_ids[:5]
     models = exp.state.cluster_models
-    exp.state.cluster_models = np.stack([models[0], models[0] * 50])
-    assert exp.algorithm.plan(exp.run, exp.view(), ids, exp).clusters.tolist() == [0] * 5
-    exp.state.cluster_models = np.stack([models[0] * 50, models[0]])
-    assert exp.algorithm.plan(exp.run, exp.view(), ids, exp).clusters.tolist() == [1] * 5
-    losses = exp.cluster_losses(exp.state.cluster_models, ids)
+    for good in (0, 1):
+        exp.state.cluster_models = np.stack([models[0] * (1 if k == good else 50) for k in (0, 1)])
+        assert exp.algorithm.plan(exp.run, exp.view(), [], exp).clusters is None
+        row = exp.train_round(1)
+        sampled = exp.sample_clients(1)
+        assert row[f"sampled_cluster_{good}"] == len(sampled)
+        assert {exp.state.assignment[c] for c in sampled} == {good}
+    ids = exp.data.client_ids[:5]
+    losses = exp.cluster_losses(np.stack([models[0], models[0] * 50]), ids)
     keras_model = exp.model.build()
-    from tff_clustered import weights as flat
-
     keras_model.set_weights(flat.unflatten(models[0], exp.layout.shapes))
     batch = next(iter(exp.data.train.create_tf_dataset_for_client(ids[0]).batch(1000)))
-    import tensorflow as tf
-
     expected = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)(
         batch["y"], keras_model(batch["x"])
     )
-    assert losses[0, 1] == pytest.approx(float(expected), rel=1e-4)
+    assert losses[0, 0] == pytest.approx(float(expected), rel=1e-4)
+    assert (losses[:, 1] > losses[:, 0]).all()
 
 
-def test_fesem_with_one_cluster_is_unweighted_fedavg() -> None:
-    exp = experiment("fesem", num_clusters=1, clients=12)
+@pytest.mark.parametrize("weighting", ["uniform", "num_examples"])
+def test_fesem_m_step_with_one_cluster_is_fedavg_weighted_as_asked(weighting: str) -> None:
+    """M-step (Eq. 9): the plain mean of members' new models by default (the paper), the
+    example-weighted one (the authors' code) with --fesem_weighting=num_examples."""
+    exp = experiment("fesem", num_clusters=1, clients=12, fesem_weighting=weighting)
     ids = exp.sample_clients(1)
     sizes = [exp.data.train_sizes[c] for c in ids]
     assert len(set(sizes)) > 1  # weighted and unweighted means differ here
     before = exp.state.cluster_models[0]
-    with_deltas = exp.rounds_cache.get(
-        dataclasses.replace(exp.signature(), return_model_deltas=True)
-    )
     _, outputs, _ = exp.run_clients(
-        with_deltas, exp.state.cluster_models, 1, ids, np.zeros(len(ids), np.int32), 1, 0.1
+        exp.current_round(), exp.state.cluster_models, 1, ids, np.zeros(len(ids), np.int32), 1, 0.1
     )
     deltas = np.stack([o["model_delta"] for o in outputs])
-    exp.train_round(1)
+    row = exp.train_round(1)
     after = exp.state.cluster_models[0]
-    np.testing.assert_allclose(after, before + deltas.mean(0), rtol=1e-5, atol=1e-6)
+    uniform = before + deltas.mean(0)
     weighted = before + (np.array(sizes)[:, None] * deltas).sum(0) / sum(sizes)
-    assert not np.allclose(after, weighted, rtol=1e-5, atol=1e-6)
+    expected, other = (uniform, weighted) if weighting == "uniform" else (weighted, uniform)
+    np.testing.assert_allclose(after, expected, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(after, other, rtol=1e-5, atol=1e-6)
+    assert row["clients_moved"] == 0
 
 
-def test_fesem_e_step_uses_each_clients_latest_local_model() -> None:
-    exp = experiment("fesem", num_clusters=2)
-    list(exp.rounds())
-    trained = set(exp.store.models)
-    assert trained and all(exp.state.assignment[c] >= 0 for c in trained)
+def test_fesem_starts_from_kmeans_on_locally_trained_models() -> None:
+    """The first clustering is K-means on every client's model after a local update from w0
+    (never on w0 itself), and each center is the mean of its members' models."""
+    exp = experiment("fesem", num_clusters=3, fesem_init_epochs=2)
+    ids = exp.data.client_ids
+    w0 = exp.run.initial_model
+    models = w0[None, :] + exp.local_updates(ids, w0, 2, 0)
+    labels = np.array([exp.state.assignment[c] for c in ids])
+    assert sorted(set(labels.tolist())) == [0, 1, 2]
+    for k in range(3):
+        np.testing.assert_allclose(
+            exp.state.cluster_models[k], models[labels == k].mean(0), rtol=1e-5, atol=1e-6
+        )
+    truth = [exp.data.true_clusters[c] for c in ids]
+    assert adjusted_rand_score(truth, labels) > 0.9
+
+
+def test_fesem_recovers_planted_clusters_and_beats_fedavg() -> None:
+    """Digits in 4 label-permutation groups. Fails if the clusters never form (one cluster
+    holding everybody gives ARI 0 and FedAvg's accuracy)."""
+    config = TrainingConfig(
+        rounds=12, clients_per_round=10, local_epochs=3, learning_rate=0.1, seed=0
+    )
+    fesem = experiment("fesem", config, 40, 4, num_clusters=4, fesem_init_epochs=3)
+    fedavg = experiment("fedavg", config, 40, 4)
+    list(fesem.rounds()), list(fedavg.rounds())
+    sizes = np.bincount(list(fesem.state.assignment.values()), minlength=4)
+    assert (sizes > 0).sum() >= 2, sizes
+    assert ari_with_plant(fesem) > 0.9, sizes
+    fs, fa = fesem.state.history[-1]["accuracy"], fedavg.state.history[-1]["accuracy"]
+    assert fs >= fa + 0.3, (fs, fa)
+
+
+def test_fesem_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="fesem_weighting=median is not one of"):
+        make_algorithm("fesem", fesem_weighting="median")
+    with pytest.raises(ValueError, match="fesem_restarts must be >= 1"):
+        make_algorithm("fesem", fesem_restarts=0)
 
 
 @pytest.mark.parametrize("algorithm", ["fedgroup", "ifca", "fesem"])

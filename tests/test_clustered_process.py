@@ -7,7 +7,7 @@ import collections
 import numpy as np
 import pytest
 import tensorflow as tf
-from reference import mclr_sgd, softmax, weighted_mean
+from reference import mclr_mean_loss, mclr_sgd, softmax, weighted_mean
 
 from tff_clustered.federated import client_work
 from tff_clustered.federated.round import RoundSignature, build_round, round_hparams
@@ -34,7 +34,13 @@ def batches(x: np.ndarray, y: np.ndarray) -> list:
 
 
 def build(
-    model_name: str, split: PersonalSplit, k: int, deltas: bool = False, prox_mu: float = 0.0
+    model_name: str,
+    split: PersonalSplit,
+    k: int,
+    deltas: bool = False,
+    prox_mu: float = 0.0,
+    work: client_work.ClientWork | None = None,
+    **signature_options: object,
 ) -> tuple:
     spec = model_spec(model_name, (5,), 3, hidden_units=4)
     w0 = initial_weights(spec, 7)
@@ -42,7 +48,11 @@ def build(
     personal = ResolvedSplit.of(keras_model, split).personal
     shared = tuple(i for i in range(len(w0)) if i not in personal)
     signature = RoundSignature(
-        k, shared, client_work.LocalSGD(prox_mu=prox_mu), return_model_deltas=deltas
+        k,
+        shared,
+        work or client_work.LocalSGD(prox_mu=prox_mu),
+        return_model_deltas=deltas,
+        **signature_options,
     )
     process = build_round(
         functional_model(keras_model, spec.input_spec()), spec.input_spec(), signature, w0
@@ -239,3 +249,80 @@ def test_batchnorm_statistics_follow_their_layer_shared_or_personal() -> None:
         else:  # personal: the server's slot is untouched, each client keeps its own
             np.testing.assert_array_equal(got, variables[index])
             assert not np.allclose(kept[0][index], kept[1][index])
+
+
+def test_clients_pick_the_lowest_loss_in_use_cluster_and_train_it() -> None:
+    """IFCA's distributor: every client gets all cluster models, scores each on its training
+    data, trains the best, and its update lands in that cluster only. A padding cluster (past
+    `num_clusters`) is never picked, even where its model would score best."""
+    rng = np.random.default_rng(5)
+    process, _ = build("mclr", PersonalSplit.none(), 3, distribution="lowest_loss_cluster")
+    state = process.initialize()
+    # cluster 2 (padding): the zero model, whose uniform prediction beats random models here
+    w = np.concatenate([rng.normal(size=(2, 5, 3)), np.zeros((1, 5, 3))]).astype(np.float32)
+    b = np.concatenate([rng.normal(size=(2, 3)), np.zeros((1, 3))]).astype(np.float32)
+    state["cluster_models"] = (w, b)
+    data = client_sets(rng, [9, 6, 11, 5, 8, 7], 5, 3)
+    losses = np.array([[mclr_mean_loss(w[j], b[j], *d) for j in range(3)] for d in data])
+    assert (losses.argmin(1) == 2).any()  # the padding model would win somewhere
+    picks = losses[:, :2].argmin(1)
+    assert len(set(picks.tolist())) == 2  # both in-use clusters get members
+
+    def run(num_clusters: int) -> tuple:
+        return process.next(
+            state,
+            [(to_dataset(*d), to_dataset(*d)) for d in data],
+            [np.array([0], np.int32)] * len(data),  # ignored: the clients pick
+            [()] * len(data),
+            [np.float32(1.0)] * len(data),
+            seeds(len(data)),
+            round_hparams(0.2, num_clusters),
+        )
+
+    new_state, outputs, _ = run(2)
+    assert [int(o["cluster"]) for o in outputs] == picks.tolist()
+    trained = [mclr_sgd(w[k], b[k], batches(*d), 0.2) for d, k in zip(data, picks)]
+    for cluster in (0, 1):
+        members = [i for i, k in enumerate(picks) if k == cluster]
+        expected = weighted_mean([trained[i] for i in members], [len(data[i][1]) for i in members])
+        for got, want in zip(new_state["cluster_models"], expected):
+            np.testing.assert_allclose(got[cluster], want, rtol=1e-5, atol=1e-6)
+    for got, before in zip(new_state["cluster_models"], state["cluster_models"]):
+        assert np.array_equal(got[2], before[2])
+    _, all_three, _ = run(3)
+    assert [int(o["cluster"]) for o in all_three] == losses.argmin(1).tolist()
+
+
+def test_the_anchor_is_broadcast_and_pulls_its_tensors() -> None:
+    """An anchor over the kernel only (FedAC's global embedding): each client's local loss gets
+    lambda/2 ||W - anchor||^2, the FedProx pull toward its cluster stays, and the anchor itself
+    is server state the round leaves alone."""
+    rng = np.random.default_rng(6)
+    work = client_work.LocalSGD(prox_mu=0.2, anchor_lambda=1.5)
+    process, w0 = build("mclr", PersonalSplit.none(), 2, work=work, anchor=(0,))
+    state = process.initialize()
+    np.testing.assert_array_equal(state["anchor"][0], w0[0])  # starts as the initial model
+    target = rng.normal(size=(5, 3)).astype(np.float32)
+    state["anchor"] = (target,)
+    data = client_sets(rng, [8, 10, 6], 5, 3)
+    keys = [1, 0, 1]
+    new_state, outputs, _ = process.next(
+        state,
+        [to_dataset(*d) for d in data],
+        [np.array([k], np.int32) for k in keys],
+        [()] * 3,
+        [np.float32(1.0)] * 3,
+        seeds(3),
+        round_hparams(0.1),
+    )
+    w_stack, b_stack = state["cluster_models"]
+    trained = [
+        mclr_sgd(w_stack[k], b_stack[k], batches(*d), 0.1, 0.2, kernel_pull=(1.5, target))
+        for d, k in zip(data, keys)
+    ]
+    for cluster in (0, 1):
+        members = [i for i, k in enumerate(keys) if k == cluster]
+        expected = weighted_mean([trained[i] for i in members], [len(data[i][1]) for i in members])
+        for got, want in zip(new_state["cluster_models"], expected):
+            np.testing.assert_allclose(got[cluster], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(new_state["anchor"][0], target)

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from tff_clustered.algorithms import make_algorithm
+from tff_clustered.algorithms.base import (
+    Algorithm,
+    Decision,
+    Queries,
+    RoundResult,
+    RunInfo,
+    ServerView,
+)
 from tff_clustered.data import load_digits_clusters
+from tff_clustered.federated import client_work
 from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment, TrainingConfig
 
@@ -18,9 +28,7 @@ CONFIG = TrainingConfig(rounds=3, clients_per_round=4, local_epochs=1, learning_
 def run(algorithm: str, config: TrainingConfig = CONFIG, **options: object) -> Experiment:
     data = load_digits_clusters(num_clients=12, num_groups=2, seed=config.seed)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
-    experiment = Experiment(
-        data, model, make_algorithm(algorithm, **options), config
-    )
+    experiment = Experiment(data, model, make_algorithm(algorithm, **options), config)
     experiment.start()
     list(experiment.rounds())
     return experiment
@@ -97,3 +105,53 @@ def test_algorithm_options_are_checked() -> None:
         make_algorithm("fedsomething")
     assert make_algorithm("fedprox").prox_mu == 0.01
     assert make_algorithm("fedper", personal_layers=2).personal_layers == 2
+
+
+class AnchoredFedAvg(Algorithm):
+    """A paper written against the core as a newcomer would: FedAvg whose clients are also
+    pulled toward a server anchor over the first layer, the anchor being the previous round's
+    model (a two-anchor client like FedAC's)."""
+
+    name = "anchored_fedavg"
+
+    def __init__(self, anchor_lambda: float) -> None:
+        super().__init__()
+        self.anchor_lambda = anchor_lambda
+
+    def client_work(self, momentum: float) -> client_work.ClientWork:
+        return client_work.LocalSGD(momentum=momentum, anchor_lambda=self.anchor_lambda)
+
+    def anchor_tensors(self, run: RunInfo) -> tuple[int, ...]:
+        return (0, 1)
+
+    def after_round(
+        self, run: RunInfo, view: ServerView, result: RoundResult, queries: Queries
+    ) -> Decision:
+        return Decision(anchor=result.cluster_models_before[0])
+
+
+def test_an_algorithm_can_broadcast_an_anchor_and_move_it() -> None:
+    data = load_digits_clusters(num_clients=12, num_groups=2, seed=CONFIG.seed)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
+    runs = {}
+    for strength in (0.0, 5.0):  # lr * lambda = 0.5: a stable pull
+        experiment = Experiment(data, model, AnchoredFedAvg(strength), CONFIG)
+        experiment.start()
+        np.testing.assert_array_equal(experiment.state.anchor, experiment.run.initial_model)
+        rows = list(experiment.rounds())
+        runs[strength] = experiment
+        # the anchor moved to the model before the last round
+        assert not np.array_equal(experiment.state.anchor, experiment.run.initial_model)
+    assert metrics(runs[0.0]) != metrics(runs[5.0])
+    fedavg = run("fedavg")
+    assert [r["accuracy"] for r in metrics(runs[0.0])] == [r["accuracy"] for r in metrics(fedavg)]
+    first_layer = sum(runs[0.0].run.tensor_sizes[:2])
+    assert rows[1]["floats_communicated"] == metrics(fedavg)[1]["floats_communicated"] + 4 * (
+        first_layer
+    )
+    # the pulled layer stays much closer to its anchor than without the pull
+    for_each = {
+        s: np.linalg.norm((e.state.cluster_models[0] - e.state.anchor)[:first_layer])
+        for s, e in runs.items()
+    }
+    assert for_each[5.0] < 0.5 * for_each[0.0]

@@ -98,6 +98,7 @@ class RunState:
     cluster_models: Optional[np.ndarray] = None  # (num_clusters, D) flat models
     assignment: dict[str, int] = dataclasses.field(default_factory=dict)
     shared: tuple[int, ...] = ()
+    anchor: Optional[np.ndarray] = None  # (D,) flat anchor model, when the algorithm has one
     algorithm_state: Any = None
     client_models: dict[str, tuple[np.ndarray, ...]] = dataclasses.field(default_factory=dict)
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -159,6 +160,7 @@ class Experiment:
         )
         self.client_index = {cid: i for i, cid in enumerate(data.client_ids)}
         self.work = algorithm.client_work(config.momentum)
+        self.anchor_tensors = tuple(algorithm.anchor_tensors(self.run))
         self.return_model_deltas = algorithm.needs_model_deltas or bool(self.round_metrics)
         self.state = RunState()
         self.store = ClientStore(self.initial_variables)
@@ -170,6 +172,7 @@ class Experiment:
         self.state = RunState(
             cluster_models=self.run.initial_model[None, :].copy(),
             shared=tuple(self.algorithm.initial_shared(self.run)),
+            anchor=self.run.initial_model.copy() if self.anchor_tensors else None,
         )
         self.store = ClientStore(self.initial_variables)
         self.apply(self.algorithm.init(self.run, self))
@@ -189,6 +192,7 @@ class Experiment:
             assignment=dict(self.state.assignment),
             shared=self.state.shared,
             state=self.state.algorithm_state,
+            anchor=self.state.anchor,
         )
 
     def apply(self, decision: Decision) -> None:
@@ -201,6 +205,15 @@ class Experiment:
             self.state.cluster_models = models
         if decision.shared is not None:
             self.state.shared = tuple(int(i) for i in decision.shared)
+        if decision.anchor is not None:
+            anchor = np.asarray(decision.anchor, np.float32)
+            if anchor.shape != self.run.initial_model.shape or not self.anchor_tensors:
+                raise ValueError(
+                    f"{self.algorithm.name}: anchor of shape {anchor.shape} (the model has "
+                    f"{self.run.initial_model.size} values; anchor tensors "
+                    f"{self.anchor_tensors or 'none declared'})"
+                )
+            self.state.anchor = anchor
         if decision.state is not UNCHANGED:
             self.state.algorithm_state = decision.state
 
@@ -235,6 +248,8 @@ class Experiment:
             keep_client_models=self.algorithm.keep_client_models,
             return_model_deltas=self.return_model_deltas,
             client_weighting=self.algorithm.client_weighting,
+            distribution=self.algorithm.distribution,
+            anchor=self.anchor_tensors,
         )
 
     def current_round(self) -> FederatedRound:
@@ -264,6 +279,10 @@ class Experiment:
             for cid in client_ids
         ]
 
+    def scoring_dataset(self, split: str, client_id: str) -> Any:
+        """One ordered pass over a client's split in evaluation batches."""
+        return self.data.batched(split, client_id, max(self.config.batch_size, 64))
+
     def client_seeds(self, round_num: int, client_ids: Sequence[str]) -> list[np.ndarray]:
         index = self.client_index
         return [
@@ -287,21 +306,29 @@ class Experiment:
         """One call of the federated `next`; returns `(new_cluster_models, client_outputs,
         measurements)` and changes nothing here."""
         shapes = self.layout.shapes
-        capacity = fed_round.signature.num_clusters
-        server_state = {
-            "cluster_models": flat.matrix_to_stacked(padded(cluster_models, capacity), shapes),
-            "aggregator": (),
+        signature = fed_round.signature
+        server_state: dict[str, Any] = {
+            "cluster_models": flat.matrix_to_stacked(
+                padded(cluster_models, signature.num_clusters), shapes
+            )
         }
+        if signature.anchor:
+            anchor = flat.unflatten(self.state.anchor, shapes)
+            server_state["anchor"] = tuple(anchor[i] for i in signature.anchor)
+        server_state["aggregator"] = ()
         scales = [1.0] * len(client_ids) if prox_scales is None else prox_scales
         store_in = fed_round.io.store_in
+        datasets = self.train_datasets(round_num, client_ids, epochs, stream)
+        if signature.distribution == "lowest_loss_cluster":
+            datasets = [(d, self.scoring_dataset("train", c)) for d, c in zip(datasets, client_ids)]
         new_state, outputs, measurements = fed_round.next(
             server_state,
-            self.train_datasets(round_num, client_ids, epochs, stream),
+            datasets,
             [np.array([k], np.int32) for k in clusters],
             [self.store.variables(c, store_in) if stored else () for c in client_ids],
             [np.float32(s) for s in scales],
             self.client_seeds(round_num, client_ids),
-            round_hparams(learning_rate),
+            round_hparams(learning_rate, len(cluster_models)),
         )
         new_models = flat.stacked_to_matrix(new_state["cluster_models"])[: len(cluster_models)]
         return new_models, outputs, measurements
@@ -310,7 +337,13 @@ class Experiment:
         client_ids = self.sample_clients(round_num)
         plan = self.algorithm.plan(self.run, self.view(), client_ids, self)
         self.apply(plan.decision)
-        clusters = np.asarray(plan.clusters, np.int32)
+        picks = self.algorithm.distribution == "lowest_loss_cluster"
+        if (plan.clusters is None) != picks:
+            raise ValueError(
+                f"{self.algorithm.name}: a plan gives clusters exactly when clients do not "
+                "pick their own"
+            )
+        clusters = np.zeros(len(client_ids), np.int32) if picks else np.asarray(plan.clusters)
         learning_rate = self.config.learning_rate_at(round_num)
         deltas = self.return_model_deltas
         fed_round = self.current_round()
@@ -328,10 +361,12 @@ class Experiment:
         self.state.cluster_models = after
         for cid, out in zip(client_ids, outputs):
             self.store.update(cid, fed_round.io.store_out, out["stored"])
+        if picks:
+            clusters = np.array([int(o["cluster"]) for o in outputs], np.int32)
         result = RoundResult(
             round_num=round_num,
             client_ids=tuple(client_ids),
-            clusters=clusters,
+            clusters=clusters.astype(np.int32),
             num_examples=np.array([float(o["num_examples"]) for o in outputs]),
             loss_sums=np.array([float(o["loss_sum"]) for o in outputs]),
             model_deltas=np.stack([np.asarray(o["model_delta"]) for o in outputs])
@@ -342,15 +377,19 @@ class Experiment:
         decision = self.algorithm.after_round(self.run, self.view(), result, self)
         self.apply(decision)
         num_examples = result.num_examples.sum()
-        shared_values = sum(
-            int(np.prod(self.layout.trainable_shapes[i])) for i in fed_round.signature.shared
-        )
+
+        def values(tensors: Sequence[int]) -> int:
+            return sum(int(np.prod(self.layout.trainable_shapes[i])) for i in tensors)
+
         row: dict[str, Any] = {
             "learning_rate": learning_rate,
             "train_loss": float(result.loss_sums.sum() / max(num_examples, 1.0)),
             "num_sampled": len(client_ids),
             "floats_communicated": self.algorithm.values_sent_per_round(
-                len(client_ids), shared_values, len(before)
+                len(client_ids),
+                values(fed_round.signature.shared),
+                len(before),
+                values(fed_round.signature.anchor),
             ),
         }
         for metric in self.round_metrics:
@@ -404,9 +443,7 @@ class Experiment:
         fed_round = self.rounds_cache.get(
             dataclasses.replace(self.signature(), num_clusters=capacity)
         )
-        datasets = [
-            self.data.batched("train", c, max(self.config.batch_size, 64)) for c in client_ids
-        ]
+        datasets = [self.scoring_dataset("train", c) for c in client_ids]
         stored = [self.store.variables(c, fed_round.io.store_in) for c in client_ids]
         losses = np.zeros((len(client_ids), len(cluster_models)))
         for k in range(len(cluster_models)):
@@ -465,7 +502,7 @@ class Experiment:
         capacity = fed_round.signature.num_clusters
         results = fed_round.evaluate(
             flat.matrix_to_stacked(padded(self.state.cluster_models, capacity), self.layout.shapes),
-            [self.data.batched("test", c, max(self.config.batch_size, 64)) for c in client_ids],
+            [self.scoring_dataset("test", c) for c in client_ids],
             [np.array([self.state.assignment[c]], np.int32) for c in client_ids],
             [self.store.variables(c, fed_round.io.store_in) for c in client_ids],
         )

@@ -48,8 +48,15 @@ def make_options(name: str, **values: Any) -> Any:
         if key not in accepted:
             hint = cls.refused.get(key, "")
             raise ValueError(
-                f"{name} takes no --{key}" + (f": {hint}" if hint else "")
+                f"{name} takes no --{key}"
+                + (f": {hint}" if hint else "")
                 + f" (its options: {', '.join(accepted) or 'none'})"
+            )
+    for field in dataclasses.fields(cls.Options):
+        choices = field.metadata.get("choices")
+        if choices and field.name in values and values[field.name] not in choices:
+            raise ValueError(
+                f"{name}: --{field.name}={values[field.name]} is not one of {', '.join(choices)}"
             )
     return cls.Options(**values)
 

@@ -59,6 +59,7 @@ class ServerView:
     assignment: Mapping[str, int]  # client -> cluster, -1: not assigned yet
     shared: tuple[int, ...]  # trainable tensor indices shared within a cluster
     state: Any  # the algorithm's own state
+    anchor: Optional[np.ndarray] = None  # (D,) flat model broadcast beside the clusters', if any
 
     @property
     def num_clusters(self) -> int:
@@ -71,7 +72,7 @@ class RoundResult:
 
     round_num: int
     client_ids: tuple[str, ...]
-    clusters: np.ndarray  # the cluster each client trained in
+    clusters: np.ndarray  # the cluster each client trained in (its own pick, when it picks)
     num_examples: np.ndarray
     loss_sums: np.ndarray
     model_deltas: Optional[np.ndarray]  # (n, D) flat updates, when asked for
@@ -82,21 +83,24 @@ class RoundResult:
 class Decision:
     """Changes the loop applies. `assignment` entries replace those clients' clusters;
     `cluster_models` replaces all cluster models (their number may change); `shared` moves the
-    base/personal boundary; `state` replaces the algorithm state unless UNCHANGED."""
+    base/personal boundary; `anchor` replaces the broadcast anchor model (flat, (D,)); `state`
+    replaces the algorithm state unless UNCHANGED."""
 
     assignment: Mapping[str, int] = dataclasses.field(default_factory=dict)
     cluster_models: Optional[np.ndarray] = None
     shared: Optional[tuple[int, ...]] = None
+    anchor: Optional[np.ndarray] = None
     state: Any = UNCHANGED
     metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The sampled clients' clusters for this round, their proximal scales, and any decision
-    taken before training (for instance newcomers assigned on first sight)."""
+    """The sampled clients' clusters for this round (None when each client picks its own in the
+    round, `Algorithm.distribution`), their proximal scales, and any decision taken before
+    training (for instance newcomers assigned on first sight)."""
 
-    clusters: np.ndarray
+    clusters: Optional[np.ndarray]
     prox_scales: Optional[np.ndarray] = None
     decision: Decision = Decision()
 
@@ -144,8 +148,9 @@ class Algorithm:
     keep_client_models: ClassVar[bool] = False
     # Each client's flat model update is needed on the server after a round.
     needs_model_deltas: ClassVar[bool] = False
-    # Model downloads per sampled client per round (IFCA: every cluster model).
-    downloads_per_client: ClassVar[str] = "own"
+    # What each sampled client receives (`federated.round.DISTRIBUTIONS`): its own cluster's
+    # model, or every cluster's to pick the lowest-loss one from (IFCA).
+    distribution: ClassVar[str] = "own_cluster"
 
     def __init__(self, options: Optional[Any] = None) -> None:
         self.options = options if options is not None else self.Options()
@@ -163,6 +168,11 @@ class Algorithm:
     def initial_shared(self, run: RunInfo) -> tuple[int, ...]:
         """Trainable tensors shared within a cluster at the start (default: all)."""
         return tuple(range(run.num_tensors))
+
+    def anchor_tensors(self, run: RunInfo) -> tuple[int, ...]:
+        """Trainable tensors of the anchor model broadcast to every client beside its
+        cluster's (default: none). It starts as the initial model; `Decision.anchor` moves it."""
+        return ()
 
     # -- decisions ------------------------------------------------------------------------------
     def init(self, run: RunInfo, queries: Queries) -> Decision:
@@ -186,11 +196,14 @@ class Algorithm:
         return Decision()
 
     # -- reporting ------------------------------------------------------------------------------
-    def values_sent_per_round(self, num_sampled: int, shared_values: int, num_clusters: int) -> int:
+    def values_sent_per_round(
+        self, num_sampled: int, shared_values: int, num_clusters: int, anchor_values: int = 0
+    ) -> int:
         """Model values communicated in one round: each sampled client downloads its model
-        (IFCA: all cluster models) and uploads its update; personal tensors never travel."""
-        downloads = num_clusters if self.downloads_per_client == "all" else 1
-        return num_sampled * shared_values * (downloads + 1)
+        (IFCA: all cluster models) and the anchor, if any, and uploads its update; personal
+        tensors never travel."""
+        downloads = num_clusters if self.distribution == "lowest_loss_cluster" else 1
+        return num_sampled * (shared_values * (downloads + 1) + anchor_values)
 
     def describe(self) -> dict[str, Any]:
         return dict(algorithm=self.name, **dataclasses.asdict(self.options))

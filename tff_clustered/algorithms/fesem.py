@@ -1,15 +1,27 @@
 """FeSEM (Long et al., "Multi-Center Federated Learning: Clients Clustering for Better
-Personalization", WWW journal 2023): federated stochastic EM over client models.
+Personalization", World Wide Web 2023): federated stochastic EM over client models.
 
-K independently initialised centers. Each round, E-step (Eq. 8): every sampled client joins
-the center nearest (squared L2) to its most recent local model (w0 before it first trains);
-local update from that center; M-step (Eq. 9): each center becomes the unweighted mean of its
-members' new local models (the core's per-cluster mean with uniform weights; centers without
-members are kept). Clients keep their latest local model (stateful clients).
+Initialization (Alg. 1, "Initialize K, {W_i}, {W~^(k)}"): every client runs one local update
+from the common w0 (plain SGD, `--fesem_init_epochs`), giving W_i; K-means on the {W_i} from
+`--fesem_restarts` random initial centers, best run by intra-cluster distance, gives the
+initial assignments and centers W~^(k) (the mean of each cluster's W_i).
 
-The Eq. 7 distance term, off by default, adds (mu_i/2)||W - W~^(k)||^2 to the local loss:
-`--fesem_reg=constant` uses mu_i = --fesem_mu for all clients; `--fesem_reg=paper` uses
-mu_i = 2 lambda n_avg / n_i (`--fesem_lambda`), Eq. 7 divided by alpha_i."""
+Alg. 1 then repeats E-step, M-step, local update. We run the same sequence from its local
+update on, so that the E-step always sees models trained from the current centers (never a
+stale or untrained one, which partial participation would otherwise give). Each round, for the
+sampled clients:
+
+* local update (Alg. 2): from the center of its cluster, giving its new W_i;
+* E-step (Eq. 8): it joins the center nearest (squared L2 over the trainable parameters) to
+  its new W_i;
+* M-step (Eq. 9): each center with members becomes the mean of their new W_i: unweighted as in
+  the paper (`--fesem_weighting=uniform`), or weighted by n_i as the authors' code ran it
+  (`num_examples`). A center without members this round is kept.
+
+With all clients taking part this is exactly Alg. 1. The Eq. 7 distance term, off by default,
+adds (mu_i/2)||W - W~^(k)||^2 to the local loss: `--fesem_reg=constant` uses mu_i =
+--fesem_mu for all clients; `--fesem_reg=paper` uses mu_i = 2 lambda n_avg / n_i
+(`--fesem_lambda`), Eq. 7 divided by alpha_i."""
 
 from __future__ import annotations
 
@@ -25,20 +37,21 @@ from tff_clustered.algorithms.base import (
     Decision,
     Plan,
     Queries,
+    RoundResult,
     RunInfo,
     ServerView,
     check,
-    independent_clusters,
 )
 from tff_clustered.algorithms.ifca import DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP
+from tff_clustered.federated.round import CLIENT_WEIGHTINGS
 from tff_clustered.options import option
+from tff_clustered.seeds import ALGORITHM, derived_seed
 
 
 class FeSEM(Algorithm):
     name = "fesem"
     paper = "Long et al., Multi-Center Federated Learning, World Wide Web 2023"
-    client_weighting = "uniform"  # Eq. 9: unweighted mean of members
-    keep_client_models = True  # W_i, the E-step's input
+    needs_model_deltas = True  # the new W_i = its center + its update, the E-step's input
 
     @dataclasses.dataclass(frozen=True)
     class Options:
@@ -50,6 +63,15 @@ class FeSEM(Algorithm):
             ("constant", "paper"),
         )
         fesem_lambda: float = option(0.0, "FeSEM lambda of the paper-mode distance term.")
+        fesem_weighting: str = option(
+            "uniform",
+            "FeSEM M-step mean: uniform (Eq. 9) or by training examples (the authors' code).",
+            CLIENT_WEIGHTINGS,
+        )
+        fesem_restarts: int = option(20, "FeSEM: K-means restarts of the initial clustering.")
+        fesem_init_epochs: int = option(
+            1, "FeSEM: local epochs of every client's initial update from w0."
+        )
 
     def __init__(self, options: Optional[Options] = None) -> None:
         super().__init__(options)
@@ -57,7 +79,9 @@ class FeSEM(Algorithm):
             [
                 (self.num_clusters >= 1, f"{self.name}: num_clusters must be >= 1"),
                 (self.options.fesem_lambda >= 0, "fesem_lambda must be >= 0"),
-                (self.prox_mu >= 0, f"{self.name}: mu must be >= 0"),
+                (self.prox_mu >= 0, f"{self.name}: fesem_mu must be >= 0"),
+                (self.options.fesem_restarts >= 1, "fesem_restarts must be >= 1"),
+                (self.options.fesem_init_epochs >= 1, "fesem_init_epochs must be >= 1"),
             ]
         )
 
@@ -80,17 +104,57 @@ class FeSEM(Algorithm):
         return np.array([n_avg / sizes[c] for c in client_ids])
 
     def init(self, run: RunInfo, queries: Queries) -> Decision:
-        return independent_clusters(run, queries, self.num_clusters)
+        """Every client's W_i from one local update from w0; K-means (best of restarts) on
+        them gives the first assignment and the centers (members' means)."""
+        if len(run.client_ids) < self.num_clusters:
+            raise ValueError(
+                f"{self.name}: num_clusters={self.num_clusters} exceeds the "
+                f"{len(run.client_ids)} clients; lower --num_clusters"
+            )
+        ids = list(run.client_ids)
+        models = run.initial_model[None, :] + queries.local_updates(
+            ids, run.initial_model, self.options.fesem_init_epochs, 0
+        )
+        labels, _ = clustering.best_kmeans(
+            models[:, : run.num_trainable_values],
+            self.num_clusters,
+            self.options.fesem_restarts,
+            derived_seed(run.seed, ALGORITHM),
+        )
+        previous = np.repeat(run.initial_model[None, :], self.num_clusters, axis=0)
+        weights = self._weights([run.train_sizes[c] for c in ids])
+        return Decision(
+            assignment=dict(zip(ids, labels.tolist())),
+            cluster_models=clustering.mean_per_cluster(models, labels, previous, weights),
+            state=None,
+        )
 
     def plan(
         self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
     ) -> Plan:
-        """E-step (Eq. 8) on the sampled clients' latest local models."""
-        clusters = clustering.nearest_centers(
-            queries.client_models(client_ids), view.cluster_models
-        )
+        """Each sampled client trains from its current cluster's center."""
         return Plan(
-            clusters.astype(np.int32),
+            np.array([view.assignment[c] for c in client_ids], np.int32),
             prox_scales=self.prox_scales(run, client_ids),
-            decision=Decision(assignment=dict(zip(client_ids, clusters))),
         )
+
+    def after_round(
+        self, run: RunInfo, view: ServerView, result: RoundResult, queries: Queries
+    ) -> Decision:
+        """E-step (Eq. 8) on the new W_i against the centers they trained from, then M-step
+        (Eq. 9) over the new assignment; replaces the round's own per-cluster mean."""
+        centers = result.cluster_models_before
+        models = centers[result.clusters] + result.model_deltas
+        width = run.num_trainable_values
+        labels = clustering.nearest_centers(models[:, :width], centers[:, :width])
+        weights = self._weights(result.num_examples)
+        return Decision(
+            assignment=dict(zip(result.client_ids, labels.tolist())),
+            cluster_models=clustering.mean_per_cluster(models, labels, centers, weights),
+            metrics={"clients_moved": int((labels != result.clusters).sum())},
+        )
+
+    def _weights(self, num_examples: Sequence[float]) -> Optional[np.ndarray]:
+        if self.options.fesem_weighting == "uniform":
+            return None
+        return np.asarray(num_examples, np.float64)

@@ -9,13 +9,12 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Optional
 
-import numpy as np
-
 from tff_clustered.algorithms.base import (
     Algorithm,
     Decision,
     Plan,
     Queries,
+    RoundResult,
     RunInfo,
     ServerView,
     check,
@@ -30,7 +29,7 @@ NUM_CLUSTERS_HELP = "Clusters (clustered algorithms; unset: default)."
 class IFCA(Algorithm):
     name = "ifca"
     paper = "Ghosh et al., An Efficient Framework for Clustered Federated Learning, NeurIPS 2020"
-    downloads_per_client = "all"
+    distribution = "lowest_loss_cluster"  # the round's clients pick (federated/round.py)
 
     @dataclasses.dataclass(frozen=True)
     class Options:
@@ -50,7 +49,12 @@ class IFCA(Algorithm):
     def plan(
         self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
     ) -> Plan:
-        """Each sampled client joins its lowest-training-loss cluster (ties: lowest index)."""
-        losses = queries.cluster_losses(view.cluster_models, client_ids)
-        clusters = np.argmin(losses, axis=1).astype(np.int32)
-        return Plan(clusters, decision=Decision(assignment=dict(zip(client_ids, clusters))))
+        """Every sampled client receives all cluster models and trains the one of lowest loss
+        on its training data (ties: lowest index); the round itself makes the pick."""
+        return Plan(clusters=None)
+
+    def after_round(
+        self, run: RunInfo, view: ServerView, result: RoundResult, queries: Queries
+    ) -> Decision:
+        """A client stays in the cluster it picked until it is sampled again."""
+        return Decision(assignment=dict(zip(result.client_ids, result.clusters.tolist())))

@@ -16,6 +16,7 @@ from tff_clustered.clustering.bipartition import (
 )
 from tff_clustered.clustering.decomposed import (
     assign_newcomers,
+    best_kmeans,
     cluster_edc,
     cluster_madc,
     cosine_similarity,
@@ -46,6 +47,7 @@ __all__ = [
     "STAGES",
     "amend_sampling_weights",
     "assign_newcomers",
+    "best_kmeans",
     "cluster_edc",
     "cluster_madc",
     "cosine_similarity",

@@ -8,6 +8,8 @@ Rows of every matrix are flattened client updates or models.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 from sklearn.cluster import AgglomerativeClustering, KMeans
 from sklearn.utils.extmath import randomized_svd
@@ -130,11 +132,34 @@ def nearest_centers(models: np.ndarray, centers: np.ndarray) -> np.ndarray:
     return np.argmin(d2, axis=1).astype(np.int32)
 
 
-def mean_per_cluster(models: np.ndarray, labels: np.ndarray, previous: np.ndarray) -> np.ndarray:
-    """FeSEM M-step (Eq. 9): unweighted mean of members; a center without members is kept."""
+def best_kmeans(
+    points: np.ndarray, num_clusters: int, restarts: int, seed: int
+) -> tuple[np.ndarray, float]:
+    """FeSEM's center initialization: "pure" K-means on the points from `restarts` random
+    initial centers (points drawn at random), keeping the run of least intra-cluster squared
+    distance (inertia). Returns (labels, inertia)."""
+    points = np.asarray(points, np.float64)
+    if len(points) < num_clusters:
+        raise ValueError(f"K-means needs at least {num_clusters} points, got {len(points)}")
+    kmeans = KMeans(num_clusters, init="random", n_init=restarts, random_state=seed)
+    labels = kmeans.fit_predict(points).astype(np.int32)
+    return labels, float(kmeans.inertia_)
+
+
+def mean_per_cluster(
+    models: np.ndarray,
+    labels: np.ndarray,
+    previous: np.ndarray,
+    weights: Optional[np.ndarray] = None,
+) -> np.ndarray:
+    """FeSEM M-step (Eq. 9): the mean of each cluster's members (unweighted, or weighted by
+    `weights`, e.g. training examples); a center without members is kept."""
+    models = np.asarray(models, np.float64)
+    weights = np.ones(len(models)) if weights is None else np.asarray(weights, np.float64)
     centers = np.array(previous, np.float64, copy=True)
     for k in range(len(centers)):
         members = labels == k
         if members.any():
-            centers[k] = np.asarray(models, np.float64)[members].mean(0)
+            w = weights[members]
+            centers[k] = (w[:, None] * models[members]).sum(0) / w.sum()
     return centers

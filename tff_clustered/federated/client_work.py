@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Callable, ClassVar, NamedTuple, Optional, Protocol
+from typing import Callable, ClassVar, NamedTuple, Optional, Protocol, Union
 
 import tensorflow as tf
 
@@ -69,28 +69,45 @@ def predicted_labels(logits: tf.Tensor) -> tf.Tensor:
     return tf.argmax(logits, axis=-1, output_type=tf.int32)
 
 
+class Pull(NamedTuple):
+    """A proximal term strength/2 * ||w[i] - target[i]||^2 over trainable tensors `indices`
+    (None: all of them) added to the local loss: FedProx's pull toward the received model
+    (Li et al., Eq. 2), Ditto's toward the global model (Eq. 2), FedAC's toward its cluster
+    center and the global embedding."""
+
+    strength: Union[float, tf.Tensor]
+    target: tuple  # one tensor per pulled index
+    indices: Optional[tuple[int, ...]] = None
+
+
 def train_client(
     forward: ForwardFn,
     weights: Weights,
     dataset: tf.data.Dataset,
     learning_rate: tf.Tensor,
-    prox_mu: float = 0.0,
     momentum: float = 0.0,
-    prox_scale: tf.Tensor = 1.0,
     state: Weights = (),
     seed: Optional[tf.Tensor] = None,
-    anchor: Optional[Weights] = None,
+    pulls: Sequence[Pull] = (),
 ) -> TrainResult:
     """Local minibatch SGD over every batch of `dataset` (its epochs already repeated).
 
-    Step: g = grad mean-loss(b; w) + mu * prox_scale * (w - anchor)  [FedProx Eq. 3 term;
-    the anchor is the starting model unless given (Ditto Eq. 2: the global model)];
-    v = momentum v + g; w = w - lr v. The momentum buffer starts at zero every round.
-    `prox_mu` and `momentum` are Python numbers: a zero term is left out of the graph, so
-    mu = 0 runs exactly FedAvg's plain SGD step. `state` (BatchNorm statistics) is updated by
-    the forward pass in training mode; `seed` (int32 [2]) seeds dropout, step by step.
+    Step: g = grad mean-loss(b; w) + sum over pulls p of p.strength * (w - p.target) on the
+    pulled tensors; v = momentum v + g; w = w - lr v. The momentum buffer starts at zero every
+    round. `momentum` is a Python number and a pull of Python strength 0 is left out: no pull
+    and no momentum run exactly FedAvg's plain SGD step. `state` (BatchNorm statistics) is
+    updated by the forward pass in training mode; `seed` (int32 [2]) seeds dropout, step by
+    step.
     """
-    anchor = tuple(tf.identity(w) for w in (weights if anchor is None else anchor))
+    everything = tuple(range(len(weights)))
+    pulls = tuple(
+        Pull(p.strength, tuple(tf.identity(t) for t in p.target), p.indices or everything)
+        for p in pulls
+        if not (isinstance(p.strength, (int, float)) and p.strength == 0)
+    )
+    for p in pulls:
+        if len(p.target) != len(p.indices):
+            raise ValueError(f"a pull has {len(p.target)} targets for {len(p.indices)} tensors")
     start = (
         tuple(tf.identity(w) for w in weights),
         tuple(tf.zeros_like(w) for w in weights) if momentum else (),
@@ -107,13 +124,13 @@ def train_client(
             tape.watch(current)
             logits, new_state = forward(current, model_state, batch["x"], True, step_seed)
             loss = batch_loss(logits, batch["y"])
-        direction = tape.gradient(loss, current)
-        if prox_mu:
-            strength = prox_mu * prox_scale
-            direction = tuple(g + strength * (w - a) for g, w, a in zip(direction, current, anchor))
+        direction = list(tape.gradient(loss, current))
+        for p in pulls:
+            for i, target in zip(p.indices, p.target):
+                direction[i] = direction[i] + p.strength * (current[i] - target)
         if momentum:
             velocity = tuple(momentum * v + g for v, g in zip(velocity, direction))
-            direction = velocity
+            direction = list(velocity)
         current = tuple(w - learning_rate * d for w, d in zip(current, direction))
         batch_size = tf.cast(tf.shape(batch["y"])[0], tf.float32)
         return (
@@ -168,6 +185,8 @@ class ClientInputs(NamedTuple):
     learning_rate: tf.Tensor
     prox_scale: tf.Tensor
     seed: tf.Tensor  # int32 [2]
+    anchor: tuple = ()  # the server's broadcast anchor tensors, when the round sends one
+    anchor_indices: tuple[int, ...] = ()  # the trainable tensors the anchor stands for
 
 
 class ClientOutputs(NamedTuple):
@@ -185,23 +204,32 @@ class ClientOutputs(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class LocalSGD:
     """FedAvg's ClientUpdate (McMahan et al. Alg. 1), with FedProx's proximal term (Li et al.
-    Eq. 2) when `prox_mu` > 0 and heavy-ball momentum when `momentum` > 0."""
+    Eq. 2) toward the received model when `prox_mu` > 0 (times the client's prox scale), a pull
+    of strength `anchor_lambda` toward the round's broadcast anchor when > 0, and heavy-ball
+    momentum when `momentum` > 0."""
 
     prox_mu: float = 0.0
     momentum: float = 0.0
+    anchor_lambda: float = 0.0
     reads_own_model: ClassVar[bool] = False
 
     def __call__(self, forward: ForwardFn, inputs: ClientInputs) -> ClientOutputs:
+        pulls = []
+        if self.prox_mu:
+            pulls.append(Pull(self.prox_mu * inputs.prox_scale, tuple(inputs.weights)))
+        if self.anchor_lambda:
+            if not inputs.anchor_indices:
+                raise ValueError("anchor_lambda > 0 needs a round that broadcasts an anchor")
+            pulls.append(Pull(self.anchor_lambda, inputs.anchor, inputs.anchor_indices))
         result = train_client(
             forward,
             inputs.weights,
             inputs.dataset,
             inputs.learning_rate,
-            prox_mu=self.prox_mu,
             momentum=self.momentum,
-            prox_scale=inputs.prox_scale,
             state=inputs.state,
             seed=inputs.seed,
+            pulls=pulls,
         )
         return ClientOutputs(
             result.weights,
@@ -231,11 +259,10 @@ class DittoSGD:
             inputs.own_weights,
             inputs.dataset,
             inputs.learning_rate,
-            prox_mu=self.ditto_lambda,
             momentum=self.momentum,
             state=inputs.own_state,
             seed=inputs.seed,
-            anchor=inputs.weights,
+            pulls=[Pull(self.ditto_lambda, tuple(inputs.weights))],
         )
         # The global model's pass runs after the personal one: without this dependency the
         # graph may run them in either order, and the dataset's reshuffle would hand v the

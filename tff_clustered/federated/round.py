@@ -6,7 +6,11 @@ Server state holds `num_clusters` models stacked along a leading cluster axis. A
 * distributor: `tff.federated_select` sends each client the **shared** variables of its own
   cluster (its key); the client joins them with the rest of its **own stored model** (a
   CLIENTS-placed input from the per-client store). A client work that reads its whole stored
-  model (Ditto's personal model) gets all of it as well;
+  model (Ditto's personal model) gets all of it as well. Two options of the signature send
+  more: `distribution="lowest_loss_cluster"` broadcasts every cluster's shared variables and
+  the client trains the one of lowest loss on its data (IFCA), reporting its pick; `anchor`
+  broadcasts an extra server model (some trainable tensors, held in the server state) that the
+  client work reads as an anchor (FedAC's global embedding);
 * client work: a `ClientWork` parameter, a pure TF function (`client_work.LocalSGD`,
   `client_work.DittoSGD`, ...);
 * aggregator: `ClusteredMeanFactory`, the weighted mean per cluster of the shared variables'
@@ -45,15 +49,22 @@ from tff_clustered.models.functional import FunctionalModel
 
 to_type = tff.types.tensorflow_to_type  # TF specs -> TFF types (0.87's tff.to_type rejects them)
 CLIENT_WEIGHTINGS = ("num_examples", "uniform")
+# What the distributor sends each client: its own cluster's shared variables (chosen by the
+# server), or every cluster's, the client joining the one of lowest loss on its data (IFCA).
+DISTRIBUTIONS = ("own_cluster", "lowest_loss_cluster")
 
 
 def sequence_type(element_spec: object) -> tff.SequenceType:
     return tff.SequenceType(to_type(element_spec))
 
 
-def round_hparams(learning_rate: float) -> dict:
-    """The SERVER-placed per-round hyperparameters `next` takes (broadcast to clients)."""
-    return collections.OrderedDict(learning_rate=np.float32(learning_rate))
+def round_hparams(learning_rate: float, num_clusters: float = np.inf) -> dict:
+    """The SERVER-placed per-round hyperparameters `next` takes (broadcast to clients):
+    the learning rate, and how many of the built round's clusters are in use (a client that
+    picks its cluster never picks a padding one)."""
+    return collections.OrderedDict(
+        learning_rate=np.float32(learning_rate), num_clusters=np.float32(num_clusters)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +111,9 @@ class RoundSignature:
     are aggregated); the rest comes from its own stored model. `keep_client_models`: clients
     return their whole trained model to the store (stateful clients), not only the rest.
     `return_model_deltas`: clients also return the flattened update of all their variables
-    (server-side clustering needs it).
+    (server-side clustering needs it). `distribution`: see `DISTRIBUTIONS`. `anchor`: trainable
+    tensor indices of an extra model the server broadcasts to every client beside its cluster's
+    (FedAC's global embedding); the client work reads it as `ClientInputs.anchor`.
     """
 
     num_clusters: int
@@ -109,10 +122,16 @@ class RoundSignature:
     keep_client_models: bool = False
     return_model_deltas: bool = False
     client_weighting: str = "num_examples"
+    distribution: str = "own_cluster"
+    anchor: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_clusters < 1:
             raise ValueError(f"num_clusters must be >= 1, got {self.num_clusters}")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ValueError(
+                f"distribution must be one of {DISTRIBUTIONS}, got {self.distribution}"
+            )
         if self.client_weighting not in CLIENT_WEIGHTINGS:
             raise ValueError(
                 f"client_weighting must be one of {CLIENT_WEIGHTINGS}, got {self.client_weighting}"
@@ -191,7 +210,15 @@ def build_round(
     cluster_models_spec = specs(range(len(shapes)), (k,))
     shared_spec = specs(io.shared)
     store_in_spec = specs(io.store_in)
+    anchor_spec = specs(signature.anchor)
+    has_anchor = bool(signature.anchor)
+    picks_cluster = signature.distribution == "lowest_loss_cluster"
     data_type = sequence_type(collections.OrderedDict(input_spec))
+    # A client that picks its cluster gets its training data twice: as the round's shuffled
+    # epochs, and once in order to score every cluster's model on.
+    client_data_type = (
+        tff.StructWithPythonType([data_type, data_type], tuple) if picks_cluster else data_type
+    )
     key_spec = tf.TensorSpec([1], tf.int32)
     seed_spec = tf.TensorSpec([2], tf.int32)
     hparams_spec = collections.OrderedDict(
@@ -225,31 +252,62 @@ def build_round(
         # cannot hold one), which purely local models (nothing shared) would give.
         return (key, *(tf.gather(cluster_models[i], key) for i in io.shared))
 
+    @tff.tensorflow.computation(to_type(cluster_models_spec))
+    def every_cluster_shared(cluster_models: tuple) -> tuple:
+        return tuple(cluster_models[i] for i in io.shared)
+
     selection_type = sequence_type((tf.TensorSpec([], tf.int32), *shared_spec))
+    distributed_type = to_type(specs(io.shared, (k,))) if picks_cluster else selection_type
 
     def first_element(selected: tf.data.Dataset) -> tuple:
         initial = (tf.constant(0), *(tf.zeros(s.shape) for s in shared_spec))
         return selected.reduce(initial, lambda _, x: x)[1:]
 
-    @tff.tensorflow.computation(
-        selection_type,
+    def lowest_loss_cluster(
+        every_shared: tuple, stored: tuple, dataset: tf.data.Dataset, num_clusters: tf.Tensor
+    ) -> tf.Tensor:
+        """IFCA's cluster estimate (Ghosh et al., Alg. 2): the in-use cluster whose model has
+        the lowest mean loss on `dataset` (ties: the lowest index)."""
+        losses = []
+        for j in range(k):
+            weights, state, _, _ = join(tuple(t[j] for t in every_shared), stored)
+            scores = client_work.evaluate_client(forward, weights, dataset, state)
+            loss = scores.loss_sum / tf.maximum(scores.num_examples, 1.0)
+            losses.append(tf.where(float(j) < num_clusters, loss, np.inf))
+        return tf.argmin(tf.stack(losses), output_type=tf.int32)
+
+    client_types = [
+        distributed_type,
         to_type(store_in_spec),
-        data_type,
+        client_data_type,
         to_type(key_spec),
         tff.TensorType(np.float32),
         to_type(seed_spec),
         to_type(hparams_spec),
-    )
-    def client_update(
-        selected: tf.data.Dataset,
+    ]
+    if has_anchor:
+        client_types.append(to_type(anchor_spec))
+
+    def client_update_fn(
+        distributed: object,
         stored: tuple,
-        dataset: tf.data.Dataset,
+        data: object,
         key: tf.Tensor,
         prox_scale: tf.Tensor,
         seed: tf.Tensor,
         hparams: dict,
+        anchor: tuple,
     ) -> tuple:
-        weights, state, own_weights, own_state = join(first_element(selected), stored)
+        if picks_cluster:
+            dataset, select_dataset = data
+            cluster = lowest_loss_cluster(
+                distributed, stored, select_dataset, hparams["num_clusters"]
+            )
+            selected = tuple(tf.gather(t, cluster) for t in distributed)
+        else:
+            dataset, cluster = data, key[0]
+            selected = first_element(distributed)
+        weights, state, own_weights, own_state = join(selected, stored)
         result = work(
             forward,
             client_work.ClientInputs(
@@ -261,6 +319,8 @@ def build_round(
                 hparams["learning_rate"],
                 prox_scale,
                 seed,
+                tuple(anchor),
+                signature.anchor,
             ),
         )
         start = weights + state
@@ -268,15 +328,26 @@ def build_round(
         kept = tuple(result.own_weights) + tuple(result.own_state)
         shared_delta = tuple(trained[i] - start[i] for i in io.shared)
         weight = result.num_examples if signature.client_weighting == "num_examples" else 1.0
-        cluster_weight = tf.one_hot(key[0], k, dtype=tf.float32) * weight
+        cluster_weight = tf.one_hot(cluster, k, dtype=tf.float32) * weight
         outputs = collections.OrderedDict(
             stored=tuple(kept[i] for i in io.store_out),
             num_examples=result.num_examples,
             loss_sum=result.loss_sum,
+            cluster=cluster,
         )
         if signature.return_model_deltas:
             outputs["model_delta"] = client_work.flatten([t - s for t, s in zip(trained, start)])
         return shared_delta, cluster_weight, outputs
+
+    # TFF computations take no default arguments: the anchor is a parameter only when sent.
+    if has_anchor:
+        client_update = tff.tensorflow.computation(*client_types)(client_update_fn)
+    else:
+        client_update = tff.tensorflow.computation(*client_types)(
+            lambda distributed, stored, data, key, prox_scale, seed, hparams: client_update_fn(
+                distributed, stored, data, key, prox_scale, seed, hparams, ()
+            )
+        )
 
     aggregator = ClusteredMeanFactory(k).create(
         to_type(shared_spec), tff.TensorType(np.float32, [k])
@@ -292,14 +363,21 @@ def build_round(
     stacked = tuple(
         np.repeat(np.asarray(v, np.float32)[None], k, axis=0) for v in initial_variables
     )
+    initial_anchor = tuple(np.asarray(initial_variables[i], np.float32) for i in signature.anchor)
+
+    def server_state(cluster_models: object, anchor: object, aggregator_state: object) -> object:
+        parts = collections.OrderedDict(cluster_models=cluster_models)
+        if has_anchor:
+            parts["anchor"] = anchor
+        parts["aggregator"] = aggregator_state
+        return tff.federated_zip(parts)
 
     @tff.federated_computation()
     def initialize() -> object:
-        return tff.federated_zip(
-            collections.OrderedDict(
-                cluster_models=tff.federated_value(stacked, tff.SERVER),
-                aggregator=aggregator.initialize(),
-            )
+        return server_state(
+            tff.federated_value(stacked, tff.SERVER),
+            tff.federated_value(initial_anchor, tff.SERVER) if has_anchor else None,
+            aggregator.initialize(),
         )
 
     state_type = initialize.type_signature.result
@@ -314,7 +392,7 @@ def build_round(
 
     @tff.federated_computation(
         state_type,
-        tff.FederatedType(data_type, tff.CLIENTS),
+        tff.FederatedType(client_data_type, tff.CLIENTS),
         clients(key_spec),
         clients(store_in_spec),
         tff.FederatedType(np.float32, tff.CLIENTS),
@@ -330,28 +408,33 @@ def build_round(
         seeds: object,
         hparams: object,
     ) -> object:
-        """`prox_scales`: per-client factor of the proximal strength (1.0: plain FedProx);
+        """`datasets`: each client's training epochs (with its one ordered pass when clients
+        pick their cluster); `keys`: each client's cluster (ignored when clients pick);
+        `prox_scales`: per-client factor of the proximal strength (1.0: plain FedProx);
         `seeds`: per-client stateless seeds of the client's random ops (dropout)."""
-        selected = distribute(state.cluster_models, keys)
-        shared_delta, cluster_weight, outputs = tff.federated_map(
-            client_update,
-            (
-                selected,
-                stored,
-                datasets,
-                keys,
-                prox_scales,
-                seeds,
-                tff.federated_broadcast(hparams),
-            ),
-        )
+        if picks_cluster:
+            distributed = tff.federated_broadcast(
+                tff.federated_map(every_cluster_shared, state.cluster_models)
+            )
+        else:
+            distributed = distribute(state.cluster_models, keys)
+        client_args = [
+            distributed,
+            stored,
+            datasets,
+            keys,
+            prox_scales,
+            seeds,
+            tff.federated_broadcast(hparams),
+        ]
+        if has_anchor:
+            client_args.append(tff.federated_broadcast(state.anchor))
+        shared_delta, cluster_weight, outputs = tff.federated_map(client_update, tuple(client_args))
         aggregate = aggregator.next(state.aggregator, shared_delta, cluster_weight)
         new_models = tff.federated_map(
             apply_cluster_updates, (state.cluster_models, aggregate.result)
         )
-        new_state = tff.federated_zip(
-            collections.OrderedDict(cluster_models=new_models, aggregator=aggregate.state)
-        )
+        new_state = server_state(new_models, state.anchor if has_anchor else None, aggregate.state)
         return new_state, outputs, aggregate.measurements
 
     # Evaluation: the same distributor, then each client's joined model on its data.
