@@ -45,17 +45,40 @@ TABLES: dict[str, dict[str, Any]] = {
     # everyone and make RAC identical to FedGroup); mu = 1 as in FedGroup's Table III setup.
     "fedgroup": dict(
         algorithms=[
-            "fedavg", "fedprox", "ifca", "fesem", "fedgroup_rcc", "fedgroup_rac",
-            "fedgroup", "fedgrouprox", "fedgroup_madc", "fedgrouprox_madc",
+            "fedavg",
+            "fedprox",
+            "ifca",
+            "fesem",
+            "fedgroup_rcc",
+            "fedgroup_rac",
+            "fedgroup",
+            "fedgrouprox",
+            "fedgroup_madc",
+            "fedgrouprox_madc",
         ],
-        rounds=30, local_epochs=3, num_clusters=4, pretrain_epochs=3, pretrain_scale=5, mu=1.0,
+        rounds=30,
+        local_epochs=3,
+        num_clusters=4,
+        pretrain_epochs=3,
+        pretrain_scale=5,
+        mu=1.0,
     ),  # fmt: skip
     # FedTSDP Section 4.1.4: the same settings for every method.
     "fedtsdp": dict(
         algorithms=["fedavg", "fedprox", "ditto", "fedper", "cfl", "fedtsdp"],
-        dataset="digits_dirichlet", model="tsdp_cnn", settings=["dirichlet:0.5", "dirichlet:0.2"],
-        num_clients=20, clients_per_round=20, rounds=200, local_epochs=2, batch_size=50,
-        learning_rate=0.05, lr_schedule="exponential", lr_decay=0.95, momentum=0.5, mu=0.01,
+        dataset="digits_dirichlet",
+        model="tsdp_cnn",
+        settings=["dirichlet:0.5", "dirichlet:0.2"],
+        num_clients=20,
+        clients_per_round=20,
+        rounds=200,
+        local_epochs=2,
+        batch_size=50,
+        learning_rate=0.05,
+        lr_schedule="exponential",
+        lr_decay=0.95,
+        momentum=0.5,
+        mu=0.01,
     ),  # fmt: skip
 }
 # Digits (1,797 images): with the paper's 20 clients each holds ~54 training images and the
@@ -129,6 +152,7 @@ def main(argv: list[str]) -> int:
                 f"unknown algorithm(s) {', '.join(unknown) or '(none given)'}; choose from "
                 f"{', '.join(ALGORITHMS)}"
             )
+        run_flags.refuse_other_algorithms_flags(FLAGS.algorithms)
         # Each algorithm reads only its own options from the command line (an algorithm with
         # one model has no --num_clusters, one without a proximal term no --mu), so one
         # command line serves the whole table.

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 # TensorFlow is imported (through these) before absl parses flags: imported inside `main`,
 # Keras' Flatten layer fails to build (seen with TF 2.14 / absl 1.4).
-from tff_clustered import run_flags, runner  # noqa: E402
+from tff_clustered import checkpoint, run_flags, runner  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS  # noqa: E402
 from tff_clustered.runtime import tff_runtime  # noqa: E402
 
@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     with run_flags.reported_errors("the last checkpoint is kept, continue with --resume"):
-        run_flags.refuse_other_algorithms_flags(FLAGS.algorithm)
+        run_flags.refuse_other_algorithms_flags([FLAGS.algorithm])
         spec = run_flags.run_spec_from_flags(FLAGS.algorithm)
         output_dir = FLAGS.output_dir or os.path.join(
             "runs", f"{spec.dataset}-{spec.algorithm}-s{spec.training.seed}"
@@ -48,7 +48,8 @@ def main(argv: list[str]) -> int:
         f"{results['final_client_accuracy_mean']:.4f}; {results['total_train_seconds']:.1f}s "
         f"of training"
     )
-    print(f"outputs in {output_dir}: metrics.csv, summary.json, curves.png, checkpoint.pkl")
+    outputs = f"metrics.csv, summary.json, curves.png, {checkpoint.CHECKPOINT_NAME}"
+    print(f"outputs in {output_dir}: {outputs}")
     return 0
 
 

@@ -55,3 +55,12 @@ def worker_pids_with_tag(tag: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def checkpoint_round_trip(state: object, folder: object) -> object:
+    """`state` written as a checkpoint file and read back (what a resumed run gets)."""
+    from tff_clustered import checkpoint
+
+    path = os.path.join(str(folder), checkpoint.CHECKPOINT_NAME)
+    checkpoint.save(path, state, {"run": "test"})
+    return checkpoint.load(path, {"run": "test"})

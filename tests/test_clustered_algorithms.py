@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import checkpoint_round_trip
 from sklearn.metrics import adjusted_rand_score
 
 from tff_clustered import options as options_lib
@@ -221,7 +222,7 @@ def test_fesem_options_are_checked() -> None:
 
 
 @pytest.mark.parametrize("algorithm", ["fedgroup", "ifca", "fesem"])
-def test_checkpoint_round_trip_continues_identically(algorithm: str) -> None:
+def test_checkpoint_round_trip_continues_identically(algorithm: str, tmp_path: Path) -> None:
     config = TrainingConfig(rounds=4, clients_per_round=6, local_epochs=1, seed=4)
     straight = experiment(algorithm, config, num_clusters=3, pretrain_scale=2)
     list(straight.rounds())
@@ -229,7 +230,7 @@ def test_checkpoint_round_trip_continues_identically(algorithm: str) -> None:
     rounds = first.rounds()
     for _ in range(3):  # rounds 0, 1, 2
         next(rounds)
-    saved = pickle.loads(pickle.dumps(first.snapshot()))
+    saved = checkpoint_round_trip(first.snapshot(), tmp_path)
     resumed = Experiment(
         first.data,
         first.model,

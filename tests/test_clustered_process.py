@@ -326,3 +326,30 @@ def test_the_anchor_is_broadcast_and_pulls_its_tensors() -> None:
         for got, want in zip(new_state["cluster_models"], expected):
             np.testing.assert_allclose(got[cluster], want, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(new_state["anchor"][0], target)
+
+
+def test_a_diverged_client_is_left_out_of_its_cluster_mean() -> None:
+    """A client whose training overflows (inputs of 1e30) reports finite=False and adds
+    nothing: its cluster's model is the mean of the others, bit for bit finite."""
+    rng = np.random.default_rng(7)
+    process, _ = build("mclr", PersonalSplit.none(), 2)
+    state = process.initialize()
+    data = client_sets(rng, [8, 6, 10], 5, 3)
+    data[1] = (data[1][0] * np.float32(1e30), data[1][1])
+    keys = [0, 0, 1]
+    new_state, outputs, measurements = process.next(
+        state,
+        [to_dataset(*d) for d in data],
+        [np.array([k], np.int32) for k in keys],
+        [()] * 3,
+        [np.float32(1.0)] * 3,
+        seeds(3),
+        round_hparams(0.2),
+    )
+    assert [bool(o["finite"]) for o in outputs] == [True, False, True]
+    np.testing.assert_array_equal(measurements["cluster_weight"], [8.0, 10.0])
+    w_stack, b_stack = state["cluster_models"]
+    alone = mclr_sgd(w_stack[0], b_stack[0], batches(*data[0]), 0.2)
+    for got, want in zip(new_state["cluster_models"], alone):
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)

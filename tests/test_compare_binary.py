@@ -6,6 +6,7 @@ import csv
 import os
 import uuid
 
+import pytest
 from conftest import run_binary, worker_pids_with_tag
 
 
@@ -56,15 +57,21 @@ def test_compare_writes_table_iii_and_clustered_methods_beat_fedavg(tmp_path: ob
         ]
 
 
-def test_compare_rejects_unknown_algorithms(tmp_path: object) -> None:
-    done = run_binary(
-        [
-            os.path.join("binaries", "compare.py"),
-            "--algorithms=fedavg,fedmagic",
-            f"--output_dir={tmp_path}",
-        ]
-    )
-    assert done.returncode == 2 and "fedmagic" in done.stderr
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--algorithms=fedavg,fedmagic"], "fedmagic"),
+        # an option none of the listed algorithms takes is refused, not silently dropped
+        (["--algorithms=fedavg,fedgroup", "--mu=1"], "take no --mu"),
+        (["--algorithms=ifca,fesem", "--pretrain_epochs=2"], "take no --pretrain_epochs"),
+    ],
+)
+def test_compare_rejects_bad_algorithms_and_options(
+    tmp_path: object, flags: list, message: str
+) -> None:
+    done = run_binary([os.path.join("binaries", "compare.py"), *flags, f"--output_dir={tmp_path}"])
+    assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
+    assert not os.listdir(tmp_path)
 
 
 def test_compare_writes_the_fedtsdp_table_shape(tmp_path: object) -> None:

@@ -4,10 +4,11 @@ CFL and Ditto on digits, each asserting what the algorithm must achieve."""
 from __future__ import annotations
 
 import dataclasses
-import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import checkpoint_round_trip
 
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_dataset, load_digits_clusters
@@ -185,7 +186,7 @@ def test_fedtsdp_on_iid_data_never_clusters_and_tracks_fedavg() -> None:
 
 
 @pytest.mark.parametrize("algorithm", ["fedtsdp", "cfl", "ditto"])
-def test_checkpoint_round_trip_continues_identically(algorithm: str) -> None:
+def test_checkpoint_round_trip_continues_identically(algorithm: str, tmp_path: Path) -> None:
     options = {"fedtsdp": {"hopkins_threshold": 0.5}, "cfl": {"cfl_warmup_rounds": 1}}
     data = load_dataset("digits_dirichlet", seed=2, dirichlet_beta=0.2)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
@@ -205,7 +206,7 @@ def test_checkpoint_round_trip_continues_identically(algorithm: str) -> None:
     for _ in range(3):
         next(rounds)
     resumed = fresh()
-    resumed.restore(pickle.loads(pickle.dumps(first.snapshot())))
+    resumed.restore(checkpoint_round_trip(first.snapshot(), tmp_path))
     list(resumed.rounds())
     assert metrics(resumed) == metrics(straight)
     np.testing.assert_array_equal(resumed.state.cluster_models, straight.state.cluster_models)

@@ -117,7 +117,7 @@ def test_ctrl_c_stops_cleanly_with_exit_130_and_no_worker(tmp_path: object) -> N
         text=True,
     )
     deadline = time.monotonic() + 300
-    while not os.path.exists(os.path.join(out, "checkpoint.pkl")) and time.monotonic() < deadline:
+    while not os.path.exists(os.path.join(out, "checkpoint.npz")) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert worker_pids_with_tag(tag), "the tagged worker should be running now"
     process.send_signal(signal.SIGINT)
@@ -134,6 +134,9 @@ def test_ctrl_c_stops_cleanly_with_exit_130_and_no_worker(tmp_path: object) -> N
         (["--clients_per_round=500"], "exceeds the 40 clients"),
         (["--dataset=leaf"], "needs --data_dir"),
         (["--algorithm=fedavg", "--num_clusters=3"], "one model"),
+        (["--algorithm=fedgroup", "--mu=1"], "use --algorithm=fedgrouprox"),
+        (["--algorithm=ifca", "--mu=1"], "takes no --mu"),
+        (["--algorithm=fedgroup_madc", "--fesem_mu=1"], "takes no --fesem_mu"),
         (["--lr_schedule=warmup"], "lr_schedule"),
     ],
 )
@@ -147,6 +150,21 @@ def test_bad_flags_exit_non_zero_with_a_clear_message(
     assert done.returncode != 0
     assert message in done.stderr
     assert not os.path.exists(tmp_path / "run" / "metrics.csv")
+    assert_no_worker_left(tag)
+
+
+def test_divergence_stops_with_a_clear_error_and_no_nan_output(tmp_path: object) -> None:
+    tag = uuid.uuid4().hex
+    out = tmp_path / "run"
+    done = run_binary(
+        [TRAIN, "--algorithm=fedavg", "--learning_rate=1e8", "--rounds=3", f"--output_dir={out}"],
+        {"TFF_CLUSTERED_RUN_TAG": tag},
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "round 1:" in done.stderr and "lower --learning_rate" in done.stderr
+    assert "Traceback" not in done.stderr
+    metrics = (out / "metrics.csv").read_text() if (out / "metrics.csv").exists() else ""
+    assert "nan" not in metrics.lower()
     assert_no_worker_left(tag)
 
 

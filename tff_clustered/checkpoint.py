@@ -1,22 +1,37 @@
-"""Atomic checkpoints of a run's `RunState`.
+"""Atomic checkpoints of a run's `RunState`, in a format that cannot execute code.
 
-A checkpoint is written to a temporary file in the same folder, flushed to disk, then renamed
-over the old one (`os.replace` is atomic on POSIX), so a crash leaves either the previous or the
-new checkpoint, never a torn one. It records the run's settings; resuming with other settings
-is refused. The format is a pickle of NumPy values: load only checkpoints you wrote.
+A checkpoint is one `.npz` file (NumPy's zip of arrays, read with `allow_pickle=False`): every
+array of the state is an entry, and one entry holds the rest as JSON text (format version,
+the run's settings, and the state's structure, whose arrays are referenced by entry name).
+Dataclasses are recorded by name and rebuilt only when they are dataclasses of this package;
+nothing else in a checkpoint names code. Older pickle checkpoints (`checkpoint.pkl`) are
+refused, never loaded.
+
+It is written to a temporary file in the same folder, flushed to disk, then renamed over the
+old one (`os.replace` is atomic on POSIX), so a crash leaves either the previous or the new
+checkpoint, never a torn one. Resuming with other settings is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import io
+import json
 import os
-import pickle
 import tempfile
+import zipfile
 from typing import Any, Optional
+
+import numpy as np
 
 from tff_clustered.orchestration import RunState
 
-FORMAT_VERSION = 2  # 2: cluster models, client store and algorithm state of the composable core
-CHECKPOINT_NAME = "checkpoint.pkl"
+FORMAT_VERSION = 3  # 3: npz + JSON (2: pickle of the composable core's state)
+CHECKPOINT_NAME = "checkpoint.npz"
+LEGACY_NAMES = ("checkpoint.pkl",)
+META_ENTRY = "meta.json"
+PACKAGE = "tff_clustered."
 
 
 class CheckpointError(RuntimeError):
@@ -45,27 +60,134 @@ def atomic_write_bytes(path: str, payload: bytes) -> None:
         os.close(dir_fd)
 
 
+# -- a JSON tree with arrays by reference ------------------------------------------------------
+
+
+def _encode(value: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """JSON-able form of `value`; arrays go to `arrays` and are referenced by name."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value)  # NaN and infinity: JSON's common extension, read back as such
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise TypeError("object arrays cannot be checkpointed")
+        name = f"a{len(arrays)}"
+        arrays[name] = value
+        return {"ndarray": name}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        cls = type(value)
+        fields = {f.name: _encode(getattr(value, f.name), arrays) for f in dataclasses.fields(cls)}
+        return {"dataclass": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        kind = {list: "list", tuple: "tuple", set: "set", frozenset: "frozenset"}[type(value)]
+        items = sorted(value, key=repr) if kind in ("set", "frozenset") else value
+        return {kind: [_encode(v, arrays) for v in items]}
+    if isinstance(value, dict):
+        return {"dict": [[_encode(k, arrays), _encode(v, arrays)] for k, v in value.items()]}
+    raise TypeError(f"a checkpoint cannot hold a {type(value).__name__}")
+
+
+def _dataclass(name: str) -> type:
+    """A dataclass of this package by `module:qualname`; anything else is refused."""
+    module_name, _, qualname = name.partition(":")
+    if not module_name.startswith(PACKAGE) or not qualname:
+        raise CheckpointError(f"it names {name!r}, which is not a tff-clustered state class")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as e:
+        raise CheckpointError(f"it names an unknown state class {name!r}") from e
+    if not (isinstance(found, type) and dataclasses.is_dataclass(found)):
+        raise CheckpointError(f"it names {name!r}, which is not a state class")
+    return found
+
+
+def _decode(tree: Any, arrays: Any) -> Any:
+    if tree is None or isinstance(tree, (bool, int, float, str)):
+        return tree
+    if isinstance(tree, dict) and len(tree) == 1:
+        ((kind, body),) = tree.items()
+        if kind == "ndarray":
+            if body not in arrays:
+                raise CheckpointError(f"array {body!r} is missing")
+            return arrays[body]
+        if kind in ("list", "tuple", "set", "frozenset") and isinstance(body, list):
+            items = [_decode(v, arrays) for v in body]
+            return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[kind](items)
+        if kind == "dict" and isinstance(body, list):
+            return {_decode(k, arrays): _decode(v, arrays) for k, v in body}
+    if isinstance(tree, dict) and set(tree) == {"dataclass", "fields"}:
+        cls = _dataclass(tree["dataclass"])
+        fields = {k: _decode(v, arrays) for k, v in tree["fields"].items()}
+        try:
+            return cls(**fields)
+        except TypeError as e:
+            raise CheckpointError(f"its {cls.__name__} does not match this version: {e}") from e
+    raise CheckpointError(f"unexpected structure {str(tree)[:80]!r}")
+
+
+# -- save and load -----------------------------------------------------------------------------
+
+
 def save(path: str, state: RunState, settings: dict[str, Any]) -> None:
-    blob = {"format": FORMAT_VERSION, "settings": settings, "state": state}
-    atomic_write_bytes(path, pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL))
+    arrays: dict[str, np.ndarray] = {}
+    meta = {
+        "format": FORMAT_VERSION,
+        "settings": _encode(settings, arrays),
+        "state": _encode(state, arrays),
+    }
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays, **{META_ENTRY: np.frombuffer(json.dumps(meta).encode(), np.uint8)})
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def _read(path: str) -> tuple[dict, Any]:
+    try:
+        data = np.load(path, allow_pickle=False)
+        if META_ENTRY not in data.files:
+            raise CheckpointError(f"{path} is not a tff-clustered checkpoint (no {META_ENTRY})")
+        meta = json.loads(data[META_ENTRY].tobytes().decode())
+        arrays = {name: data[name] for name in data.files if name != META_ENTRY}
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, zipfile.BadZipFile, UnicodeDecodeError, EOFError) as e:
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({e}); it is not a tff-clustered checkpoint or is "
+            "damaged: delete it to start over"
+        ) from e
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise CheckpointError(
+            f"{path} is a checkpoint of format {found}, this version reads format "
+            f"{FORMAT_VERSION}; start a new --output_dir"
+        )
+    return meta, arrays
 
 
 def load(path: str, settings: dict[str, Any]) -> Optional[RunState]:
-    """The saved state, or None when there is no checkpoint. Refuses other settings."""
+    """The saved state, or None when there is no checkpoint. Refuses other settings, pickles
+    and anything that is not our format."""
+    folder = os.path.dirname(os.path.abspath(path))
+    for legacy in LEGACY_NAMES:
+        if os.path.exists(os.path.join(folder, legacy)) and not os.path.exists(path):
+            raise CheckpointError(
+                f"{os.path.join(folder, legacy)} is a pickle checkpoint of an older version; it "
+                "is not loaded (a pickle can run any code): start over in a new --output_dir"
+            )
     if not os.path.exists(path):
         return None
+    meta, arrays = _read(path)
     try:
-        with open(path, "rb") as f:
-            blob = pickle.load(f)  # noqa: S301 - our own checkpoint format
-    except Exception as e:  # noqa: BLE001
-        raise CheckpointError(
-            f"checkpoint {path} cannot be read ({e}); delete it to start over"
-        ) from e
-    if not isinstance(blob, dict) or blob.get("format") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path} is not a tff-clustered checkpoint of format {FORMAT_VERSION}"
-        )
-    saved = blob["settings"]
+        saved = _decode(meta["settings"], arrays)
+        state = _decode(meta["state"], arrays)
+    except CheckpointError as e:
+        raise CheckpointError(f"checkpoint {path} is refused: {e}") from None
+    if not isinstance(state, RunState) or not isinstance(saved, dict):
+        raise CheckpointError(f"checkpoint {path} does not hold a run state")
     differing = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
     if differing:
         details = ", ".join(f"{k}: {saved.get(k)!r} -> {settings.get(k)!r}" for k in differing)
@@ -73,4 +195,9 @@ def load(path: str, settings: dict[str, Any]) -> Optional[RunState]:
             f"checkpoint {path} belongs to a run with other settings ({details}); resume with "
             "the same flags, or choose a new --output_dir"
         )
-    return blob["state"]
+    return state
+
+
+def exists(folder: str) -> bool:
+    """Whether `folder` holds a checkpoint (of this or an older format)."""
+    return any(os.path.exists(os.path.join(folder, n)) for n in (CHECKPOINT_NAME, *LEGACY_NAMES))

@@ -59,6 +59,9 @@ class TrainingConfig:
     momentum: float = 0.0
     seed: int = 0
     eval_every: int = 1
+    # A client whose update has NaN or infinity is left out of the round; more than this
+    # fraction of a round's clients doing so stops the run (the learning rate is too high).
+    max_diverged_fraction: float = 0.25
 
     def __post_init__(self) -> None:
         checks = [
@@ -75,6 +78,7 @@ class TrainingConfig:
             (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
             (self.eval_every >= 1, "eval_every must be >= 1"),
             (self.seed >= 0, "seed must be >= 0"),
+            (0 <= self.max_diverged_fraction <= 1, "max_diverged_fraction must be in [0, 1]"),
         ]
         for ok, message in checks:
             if not ok:
@@ -117,6 +121,30 @@ def padded(cluster_models: np.ndarray, capacity: int) -> np.ndarray:
     if extra <= 0:
         return cluster_models
     return np.concatenate([cluster_models, np.zeros((extra, cluster_models.shape[1]), np.float32)])
+
+
+class DivergenceError(ValueError):
+    """Training produced NaN or infinite values."""
+
+
+def check_finite(
+    cluster_models: np.ndarray,
+    round_num: int,
+    step: str,
+    clusters: np.ndarray,
+    client_ids: Sequence[str],
+) -> None:
+    """Stops the run when a cluster model has NaN or infinite values, naming the round, the
+    clusters and the clients that trained in them."""
+    bad = np.flatnonzero(~np.isfinite(cluster_models).all(axis=1))
+    if not len(bad):
+        return
+    members = [c for c, k in zip(client_ids, clusters) if k in set(bad.tolist())]
+    raise DivergenceError(
+        f"round {round_num}: cluster model(s) {', '.join(map(str, bad))} became non-finite "
+        f"after {step} (clients: {', '.join(members) or 'none this round'}); lower "
+        "--learning_rate (the last checkpoint is kept)"
+    )
 
 
 class Experiment:
@@ -358,11 +386,27 @@ class Experiment:
             learning_rate,
             plan.prox_scales,
         )
+        if picks:
+            clusters = np.array([int(o["cluster"]) for o in outputs], np.int32)
+        # Diverged clients were left out of the aggregate; they are left out of the store and
+        # of what the algorithm sees too.
+        finite = np.array([bool(o["finite"]) for o in outputs])
+        dropped = [c for c, ok in zip(client_ids, finite) if not ok]
+        if not finite.any() or len(dropped) > self.config.max_diverged_fraction * len(finite):
+            raise DivergenceError(
+                f"round {round_num}: the updates of {len(dropped)} of {len(finite)} sampled "
+                f"clients have NaN or infinite values ({', '.join(dropped)}); learning rate "
+                f"{learning_rate:g} is too high for this model and data: lower --learning_rate "
+                "(or raise --max_diverged_fraction to leave such clients out and go on); the "
+                "last checkpoint is kept"
+            )
+        kept = [i for i, ok in enumerate(finite) if ok]
+        outputs = [outputs[i] for i in kept]
+        client_ids, clusters = [client_ids[i] for i in kept], clusters[kept]
+        check_finite(after, round_num, "aggregation", clusters, client_ids)
         self.state.cluster_models = after
         for cid, out in zip(client_ids, outputs):
             self.store.update(cid, fed_round.io.store_out, out["stored"])
-        if picks:
-            clusters = np.array([int(o["cluster"]) for o in outputs], np.int32)
         result = RoundResult(
             round_num=round_num,
             client_ids=tuple(client_ids),
@@ -376,6 +420,9 @@ class Experiment:
         )
         decision = self.algorithm.after_round(self.run, self.view(), result, self)
         self.apply(decision)
+        check_finite(
+            self.state.cluster_models, round_num, self.algorithm.name, clusters, result.client_ids
+        )
         num_examples = result.num_examples.sum()
 
         def values(tensors: Sequence[int]) -> int:
@@ -384,9 +431,10 @@ class Experiment:
         row: dict[str, Any] = {
             "learning_rate": learning_rate,
             "train_loss": float(result.loss_sums.sum() / max(num_examples, 1.0)),
-            "num_sampled": len(client_ids),
+            "num_sampled": len(finite),
+            "dropped_clients": len(dropped),
             "floats_communicated": self.algorithm.values_sent_per_round(
-                len(client_ids),
+                len(finite),
                 values(fed_round.signature.shared),
                 len(before),
                 values(fed_round.signature.anchor),
@@ -432,6 +480,12 @@ class Experiment:
                 stream=PRETRAIN_SHUFFLE,
                 stored=False,
             )
+            diverged = [c for c, o in zip(ids, outputs) if not bool(o["finite"])]
+            if diverged:
+                raise DivergenceError(
+                    f"local training from the given model diverged (NaN or infinity) for "
+                    f"clients {', '.join(diverged)}; lower --learning_rate"
+                )
             rows += [np.asarray(o["model_delta"], np.float32) for o in outputs]
         width = self.run.initial_model.size
         return np.stack(rows) if rows else np.zeros((0, width), np.float32)

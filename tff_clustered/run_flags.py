@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from absl import flags
 
@@ -57,6 +57,14 @@ flags.DEFINE_integer(
     "checkpoint_every", 5, "Checkpoint every N rounds (0: at the end).", lower_bound=0
 )
 flags.DEFINE_integer("eval_every", 1, "Evaluate every N rounds.", lower_bound=1)
+flags.DEFINE_float(
+    "max_diverged_fraction",
+    0.25,
+    "Clients whose update has NaN/inf are left out of a round; more than this fraction of a "
+    "round's clients stops the run.",
+    lower_bound=0.0,
+    upper_bound=1.0,
+)
 flags.DEFINE_list("workers", [], "Remote TFF workers HOST:PORT (empty: one local worker).")
 flags.DEFINE_integer(
     "max_concurrent_computation_calls",
@@ -94,20 +102,26 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
             momentum=FLAGS.momentum,
             seed=FLAGS.seed,
             eval_every=FLAGS.eval_every,
+            max_diverged_fraction=FLAGS.max_diverged_fraction,
         ),
     )
 
 
-def refuse_other_algorithms_flags(algorithm: str) -> None:
-    """A flag given on the command line that belongs only to other algorithms is an error
-    (it would otherwise be silently ignored)."""
-    cls = algorithm_class(algorithm)
-    own = set(options_lib.names(cls.Options))
+def refuse_other_algorithms_flags(algorithms: Sequence[str]) -> None:
+    """A flag given on the command line that none of `algorithms` takes is an error (it would
+    otherwise be silently ignored, e.g. --mu for FedGroup, which is FedGrouProx's)."""
+    classes = [algorithm_class(a) for a in algorithms]
+    own = set().union(*(options_lib.names(cls.Options) for cls in classes))
     for other in ALGORITHMS.values():
         for name in options_lib.names(other.Options):
             if name not in own and FLAGS[name].present:
-                hint = cls.refused.get(name, f"it is an option of {other.name}")
-                raise ValueError(f"--algorithm={algorithm} takes no --{name}: {hint}")
+                hints = [cls.refused[name] for cls in classes if name in cls.refused]
+                hint = hints[0] if hints else f"it is an option of {other.name}"
+                which = ",".join(algorithms)
+                raise ValueError(
+                    f"--algorithm{'s' if len(algorithms) > 1 else ''}={which} "
+                    f"take{'' if len(algorithms) > 1 else 's'} no --{name}: {hint}"
+                )
 
 
 def runtime_config_from_flags(log_dir: str) -> RuntimeConfig:

@@ -85,7 +85,7 @@ def run(
     os.makedirs(output_dir, exist_ok=True)
     ckpt_path = os.path.join(output_dir, checkpoint.CHECKPOINT_NAME)
     settings = spec.settings()
-    if os.path.exists(ckpt_path) and not resume:
+    if checkpoint.exists(output_dir) and not resume:
         raise checkpoint.CheckpointError(
             f"{output_dir} already holds a run; pass --resume to continue it, or choose a new "
             "--output_dir"

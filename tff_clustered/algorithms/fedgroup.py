@@ -13,7 +13,7 @@ clients that join mid-run are assigned the same way. Groups are static; each tra
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import ClassVar, Optional
 
 import numpy as np
@@ -69,6 +69,10 @@ class FedGroup(Algorithm):
     name = "fedgroup"
     paper = PAPER
     Options = FedGroupOptions
+    refused: ClassVar[Mapping[str, str]] = {
+        **Algorithm.refused,
+        "mu": "FedGroup trains by FedAvg; use --algorithm=fedgrouprox (or fedgrouprox_madc)",
+    }
     clustering_method: ClassVar[str] = "edc"  # "edc" | "madc" | "rcc" (random cluster centers)
     random_newcomers: ClassVar[bool] = False  # RAC: newcomers join a random group
 

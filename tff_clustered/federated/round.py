@@ -326,14 +326,24 @@ def build_round(
         start = weights + state
         trained = tuple(result.weights) + tuple(result.state)
         kept = tuple(result.own_weights) + tuple(result.own_state)
-        shared_delta = tuple(trained[i] - start[i] for i in io.shared)
+        # A diverged client (NaN or infinity anywhere in what it trained) must not poison its
+        # cluster: its update counts as zero with zero weight, and it reports `finite=False`.
+        finite = tf.reduce_all(
+            [tf.math.is_finite(result.loss_sum)]
+            + [tf.reduce_all(tf.math.is_finite(t)) for t in trained + kept]
+        )
+        shared_delta = tuple(
+            tf.where(finite, trained[i] - start[i], tf.zeros_like(start[i])) for i in io.shared
+        )
         weight = result.num_examples if signature.client_weighting == "num_examples" else 1.0
         cluster_weight = tf.one_hot(cluster, k, dtype=tf.float32) * weight
+        cluster_weight *= tf.cast(finite, tf.float32)
         outputs = collections.OrderedDict(
             stored=tuple(kept[i] for i in io.store_out),
             num_examples=result.num_examples,
             loss_sum=result.loss_sum,
             cluster=cluster,
+            finite=finite,
         )
         if signature.return_model_deltas:
             outputs["model_delta"] = client_work.flatten([t - s for t, s in zip(trained, start)])

@@ -1,0 +1,149 @@
+"""Checkpoints: an exact round trip of every kind of run state, and a format that never runs
+code (pickles, foreign classes, damaged files and other versions are refused clearly)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tff_clustered import checkpoint
+from tff_clustered.algorithms.fedgroup import GroupState
+from tff_clustered.algorithms.fedtsdp import TSDPState
+from tff_clustered.checkpoint import CheckpointError
+from tff_clustered.orchestration import RunState
+
+SETTINGS = {"algorithm": "fedgroup", "rounds": 3, "shape": (2, 3), "lr": 0.1}
+
+
+def state(algorithm_state: object) -> RunState:
+    rng = np.random.default_rng(0)
+    return RunState(
+        round_num=2,
+        cluster_models=rng.normal(size=(3, 7)).astype(np.float32),
+        assignment={"a": 0, "b": -1, "c": 2},
+        shared=(0, 1),
+        anchor=None,
+        algorithm_state=algorithm_state,
+        client_models={"a": (np.ones((2, 2), np.float32), np.arange(3, dtype=np.float32))},
+        history=[{"round": 0, "accuracy": float("nan")}, {"round": 1, "accuracy": 0.25}],
+    )
+
+
+def assert_same(a: object, b: object) -> None:
+    assert type(a) is type(b)
+    if isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    elif hasattr(a, "__dataclass_fields__"):
+        for name in a.__dataclass_fields__:
+            assert_same(getattr(a, name), getattr(b, name))
+    elif isinstance(a, float) and np.isnan(a):
+        assert np.isnan(b)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize(
+    "algorithm_state",
+    [
+        None,
+        GroupState(np.eye(2, 5), frozenset({"x", "y"})),
+        TSDPState(np.full(4, 0.25), triggers=3),
+        {"clusters": [[0, 1], [2]], 3: (1.5, True)},
+    ],
+)
+def test_round_trip_is_exact(tmp_path: Path, algorithm_state: object) -> None:
+    path = str(tmp_path / checkpoint.CHECKPOINT_NAME)
+    saved = state(algorithm_state)
+    checkpoint.save(path, saved, SETTINGS)
+    assert_same(checkpoint.load(path, SETTINGS), saved)
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]
+
+
+def test_a_pickle_is_never_loaded(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self) -> tuple:
+            return (open, (str(marker), "w"))
+
+    path = tmp_path / checkpoint.CHECKPOINT_NAME
+    path.write_bytes(pickle.dumps({"format": checkpoint.FORMAT_VERSION, "state": Payload()}))
+    with pytest.raises(CheckpointError, match="not a tff-clustered checkpoint"):
+        checkpoint.load(str(path), SETTINGS)
+    assert not marker.exists()
+    # an old-format pickle next to no new checkpoint is refused by name, never read
+    path.unlink()
+    (tmp_path / "checkpoint.pkl").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(CheckpointError, match="pickle checkpoint of an older version"):
+        checkpoint.load(str(path), SETTINGS)
+    assert not marker.exists() and checkpoint.exists(str(tmp_path))
+
+
+def rewrite_meta(path: Path, edit: object) -> None:
+    with np.load(path, allow_pickle=False) as data:
+        entries = {n: data[n] for n in data.files}
+    meta = json.loads(entries.pop(checkpoint.META_ENTRY).tobytes().decode())
+    edit(meta)
+    buffer = io.BytesIO()
+    encoded = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    np.savez(buffer, **entries, **{checkpoint.META_ENTRY: encoded})
+    path.write_bytes(buffer.getvalue())
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m.update(format=2), "format 2, this version reads format 3"),
+        (lambda m: m["state"].update(dataclass="os:system"), "not a tff-clustered state class"),
+        (
+            lambda m: m["state"].update(dataclass="tff_clustered.checkpoint:CheckpointError"),
+            "not a state class",
+        ),
+        (lambda m: m["state"]["fields"].update(extra=1), "does not match this version"),
+        (lambda m: m["state"]["fields"].update(round_num={"ndarray": "a999"}), "missing"),
+        (lambda m: m.update(state=[1, 2]), "unexpected structure"),
+    ],
+)
+def test_foreign_or_damaged_contents_are_refused(
+    tmp_path: Path, edit: object, message: str
+) -> None:
+    path = tmp_path / checkpoint.CHECKPOINT_NAME
+    checkpoint.save(str(path), state(None), SETTINGS)
+    rewrite_meta(path, edit)
+    with pytest.raises(CheckpointError, match=message):
+        checkpoint.load(str(path), SETTINGS)
+
+
+def test_truncated_or_foreign_files_and_other_settings_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / checkpoint.CHECKPOINT_NAME
+    checkpoint.save(str(path), state(None), SETTINGS)
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        checkpoint.load(str(path), SETTINGS)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr("x.npy", b"junk")
+    path.write_bytes(buffer.getvalue())
+    with pytest.raises(CheckpointError, match="not a tff-clustered checkpoint"):
+        checkpoint.load(str(path), SETTINGS)
+    checkpoint.save(str(path), state(None), SETTINGS)
+    with pytest.raises(CheckpointError, match="rounds: 3 -> 4"):
+        checkpoint.load(str(path), {**SETTINGS, "rounds": 4})
+    assert checkpoint.load(str(tmp_path / "none.npz"), SETTINGS) is None
