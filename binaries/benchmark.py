@@ -28,12 +28,16 @@ import statistics
 import sys
 import time
 
-import numpy as np
-import tensorflow as tf
-import tensorflow_federated as tff
 from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from tff_clustered import logs  # noqa: E402 - light; quiets TensorFlow before its import
+
+logs.quiet_tensorflow(sys.argv)
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tensorflow_federated as tff  # noqa: E402
 
 # TensorFlow must be imported before absl parses flags: imported inside `main`, Keras' Flatten
 # layer fails to build (seen with TF 2.14 / absl 1.4).
@@ -46,7 +50,10 @@ from tff_clustered.models.functional import functional_model  # noqa: E402
 from tff_clustered.orchestration import Experiment, TrainingConfig  # noqa: E402
 from tff_clustered.runtime import tff_runtime  # noqa: E402
 
+logs.quiet_python_logs(sys.argv)
+
 FLAGS = flags.FLAGS
+flags.DEFINE_bool(logs.FLAG, False, logs.FLAG_HELP)
 flags.DEFINE_integer("rounds", 8, "Timed rounds per implementation.", lower_bound=1)
 flags.DEFINE_integer("clients", 20, "Clients per round.", lower_bound=1)
 flags.DEFINE_integer("examples_per_client", 100, "Training examples per client.", lower_bound=1)

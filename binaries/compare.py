@@ -34,10 +34,15 @@ from absl import app, flags
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 # TensorFlow is imported (through these) before absl parses flags (see train.py).
+from tff_clustered import logs  # noqa: E402 - light; quiets TensorFlow before its import
+
+logs.quiet_tensorflow(sys.argv)
 from tff_clustered import reporting, run_flags, runner  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS  # noqa: E402
 from tff_clustered.algorithms.fedgroup import discrepancy  # noqa: E402
 from tff_clustered.runtime import tff_runtime  # noqa: E402
+
+logs.quiet_python_logs(sys.argv)
 
 TABLES: dict[str, dict[str, Any]] = {
     # Embedded digits (4 planted groups, 40 clients), a few minutes for the whole table:

@@ -23,10 +23,11 @@ def tff_context() -> Iterator[object]:
 
 
 def run_binary(
-    args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 600
+    args: list[str], env_extra: dict[str, str | None] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess:
     env = dict(os.environ, **(env_extra or {}))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env = {k: v for k, v in env.items() if v is not None}
     return subprocess.run(
         [sys.executable, *args],
         cwd=ROOT,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -266,3 +267,40 @@ def test_fesem_paper_mode_gives_smaller_clients_a_stronger_pull() -> None:
     assert experiment("fesem", num_clusters=2).algorithm.prox_scales(exp.run, ids).tolist() == [
         1.0
     ] * len(ids)
+
+
+def test_pretraining_by_steps_matches_epochs_where_they_coincide() -> None:
+    """--pretrain_steps: exactly that many minibatches, passes repeated as needed; as many
+    steps as one (two) passes have batches is one (two) epochs, bit for bit."""
+    exp = experiment("fedgroup", num_clusters=3)
+    client = exp.data.client_ids[0]
+    per_epoch = -(-exp.data.train_sizes[client] // exp.config.batch_size)
+    w0 = exp.run.initial_model
+    for epochs in (1, 2):
+        by_epochs = exp.local_updates([client], w0, epochs, 0)
+        by_steps = exp.local_updates([client], w0, 99, 0, steps=epochs * per_epoch)
+        np.testing.assert_array_equal(by_steps, by_epochs)
+    datasets = exp.train_datasets(0, exp.data.client_ids[:3], 1, steps=3 * per_epoch + 1)
+    assert [sum(1 for _ in d) for d in datasets] == [3 * per_epoch + 1] * 3
+    steps = experiment("fedgroup", num_clusters=3, pretrain_steps=50)
+    assert steps.algorithm.pretrain(steps.run, [client], 0, steps).shape == (1, w0.size)
+    assert not np.array_equal(steps.state.cluster_models, exp.state.cluster_models)
+
+
+@pytest.mark.parametrize("draw", ["static", "resample"])
+def test_rac_cold_clients_groups_are_drawn_once_or_at_every_sample(draw: str) -> None:
+    exp = experiment("fedgroup_rac", num_clusters=3, pretrain_scale=2, rac_draw=draw)
+    cold = set(exp.data.client_ids) - exp.state.algorithm_state.clustered_clients
+    assert cold and all(exp.state.assignment[c] >= 0 for c in cold)
+    seen: dict[str, set] = {}
+    for round_num in range(1, 9):
+        view = dataclasses.replace(exp.view(), round_num=round_num - 1)
+        ids = exp.sample_clients(round_num)
+        plan = exp.algorithm.plan(exp.run, view, ids, exp)
+        for c, k in zip(ids, plan.clusters):
+            if c in cold:
+                seen.setdefault(c, set()).add(int(k))
+            else:
+                assert k == exp.state.assignment[c]  # clustered clients keep their group
+    changed = [c for c, groups in seen.items() if len(groups) > 1]
+    assert bool(changed) == (draw == "resample"), seen

@@ -168,6 +168,23 @@ def test_divergence_stops_with_a_clear_error_and_no_nan_output(tmp_path: object)
     assert_no_worker_left(tag)
 
 
+def test_tensorflow_logs_are_hidden_unless_asked_for(tmp_path: object) -> None:
+    """TensorFlow's C++ lines (CUDA factories, oneDNN, grappler...) and AutoGraph notes stay
+    out of a default run's output; --tf_logs shows them."""
+    outputs = {}
+    for extra in ([], ["--tf_logs"]):
+        done = run_binary(
+            [TRAIN, "--rounds=1", *extra, f"--output_dir={tmp_path / str(len(extra))}"],
+            {"TF_CPP_MIN_LOG_LEVEL": None, "AUTOGRAPH_VERBOSITY": None},
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs[bool(extra)] = done.stdout + done.stderr
+    quiet, shown = outputs[False], outputs[True]
+    assert "tensorflow/" not in quiet and "AutoGraph" not in quiet
+    assert len(quiet.splitlines()) <= 4, quiet
+    assert "tensorflow/" in shown
+
+
 def test_an_existing_run_is_not_overwritten_without_resume(tmp_path: object) -> None:
     out = str(tmp_path / "run")
     assert run_binary([TRAIN, *QUICK, "--rounds=2", f"--output_dir={out}"]).returncode == 0

@@ -293,19 +293,27 @@ class Experiment:
         return [ids[i] for i in chosen]
 
     def train_datasets(
-        self, round_num: int, client_ids: Sequence[str], epochs: int, stream: int = SHUFFLE
+        self,
+        round_num: int,
+        client_ids: Sequence[str],
+        epochs: int,
+        stream: int = SHUFFLE,
+        steps: Optional[int] = None,
     ) -> list:
+        """Each client's shuffled training batches: `epochs` passes, or exactly `steps`
+        minibatches (passes repeated as needed) when given."""
         index = self.client_index
-        return [
+        datasets = [
             self.data.batched(
                 "train",
                 cid,
                 self.config.batch_size,
-                epochs,
+                epochs if steps is None else -1,
                 shuffle_seed=derived_seed(self.config.seed, stream, round_num, index[cid]),
             )
             for cid in client_ids
         ]
+        return datasets if steps is None else [d.take(steps) for d in datasets]
 
     def scoring_dataset(self, split: str, client_id: str) -> Any:
         """One ordered pass over a client's split in evaluation batches."""
@@ -330,6 +338,7 @@ class Experiment:
         prox_scales: Optional[Sequence[float]] = None,
         stream: int = SHUFFLE,
         stored: bool = True,
+        steps: Optional[int] = None,
     ) -> tuple[np.ndarray, list[dict], dict]:
         """One call of the federated `next`; returns `(new_cluster_models, client_outputs,
         measurements)` and changes nothing here."""
@@ -346,7 +355,7 @@ class Experiment:
         server_state["aggregator"] = ()
         scales = [1.0] * len(client_ids) if prox_scales is None else prox_scales
         store_in = fed_round.io.store_in
-        datasets = self.train_datasets(round_num, client_ids, epochs, stream)
+        datasets = self.train_datasets(round_num, client_ids, epochs, stream, steps)
         if signature.distribution == "lowest_loss_cluster":
             datasets = [(d, self.scoring_dataset("train", c)) for d, c in zip(datasets, client_ids)]
         new_state, outputs, measurements = fed_round.next(
@@ -454,10 +463,12 @@ class Experiment:
         start: np.ndarray,
         epochs: int,
         round_num: int = 0,
+        steps: Optional[int] = None,
         chunk: int = 100,
     ) -> np.ndarray:
         """Flat updates of plain local SGD (no proximal term, no momentum) from flat model
-        `start`, one row per client (FedGroup's ClientPretrain)."""
+        `start`, one row per client (FedGroup's ClientPretrain): `epochs` passes over each
+        client's data, or `steps` minibatches when given."""
         fed_round = self.rounds_cache.get(
             RoundSignature(
                 num_clusters=1,
@@ -479,6 +490,7 @@ class Experiment:
                 self.config.learning_rate,
                 stream=PRETRAIN_SHUFFLE,
                 stored=False,
+                steps=steps,
             )
             diverged = [c for c, o in zip(ids, outputs) if not bool(o["finite"])]
             if diverged:

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 
 from absl import flags
 
+from tff_clustered import logs
 from tff_clustered import options as options_lib
 from tff_clustered.algorithms import ALGORITHMS, algorithm_class, define_all_flags
 from tff_clustered.checkpoint import CheckpointError
@@ -56,6 +57,7 @@ flags.DEFINE_integer("seed", 0, "Seed of every random choice in the run.", lower
 flags.DEFINE_integer(
     "checkpoint_every", 5, "Checkpoint every N rounds (0: at the end).", lower_bound=0
 )
+flags.DEFINE_bool(logs.FLAG, False, logs.FLAG_HELP)
 flags.DEFINE_integer("eval_every", 1, "Evaluate every N rounds.", lower_bound=1)
 flags.DEFINE_float(
     "max_diverged_fraction",

@@ -109,9 +109,15 @@ class Queries(Protocol):
     """Computations the loop runs for an algorithm; none of them changes the run's state."""
 
     def local_updates(
-        self, client_ids: Sequence[str], start: np.ndarray, epochs: int, round_num: int
+        self,
+        client_ids: Sequence[str],
+        start: np.ndarray,
+        epochs: int,
+        round_num: int,
+        steps: Optional[int] = None,
     ) -> np.ndarray:
-        """Flat updates of plain local SGD from flat model `start`, one row per client."""
+        """Flat updates of plain local SGD from flat model `start`, one row per client:
+        `epochs` passes over each client's data, or `steps` minibatches when given."""
 
     def cluster_losses(self, cluster_models: np.ndarray, client_ids: Sequence[str]) -> np.ndarray:
         """Mean training loss of every cluster model on each client, (clients, clusters)."""

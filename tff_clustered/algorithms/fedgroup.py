@@ -44,6 +44,7 @@ DEFAULT_GROUPS = 3
 class GroupState:
     group_directions: np.ndarray  # (m, D): Dw_0^(g_j), the mean pre-training update per group
     late_clients: frozenset[str]  # clients that join the run at `newcomer_round`
+    clustered_clients: frozenset[str] = frozenset()  # the clients of the group cold start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,11 @@ class FedGroupOptions:
     num_clusters: Optional[int] = option(None, "Clusters (clustered algorithms; unset: default).")
     pretrain_scale: int = option(20, "FedGroup alpha: alpha*m clients cluster at cold start.")
     pretrain_epochs: int = option(1, "FedGroup: local epochs of cold-start pre-training.")
+    pretrain_steps: int = option(
+        0,
+        "FedGroup: pre-train for this many minibatches instead of --pretrain_epochs (the "
+        "authors' code: 50 steps of batch 10); 0: use epochs.",
+    )
     cold_start: str = option("eager", "FedGroup: when newcomers are assigned.", ("eager", "lazy"))
     eta_g: float = option(0.0, "FedGroup: inter-group aggregation rate (0 = off).")
     inter_group_mode: str = option(
@@ -58,6 +64,16 @@ class FedGroupOptions:
     )
     newcomer_fraction: float = option(0.0, "FedGroup: fraction of clients that join late.")
     newcomer_round: int = option(1, "FedGroup: round in which late clients join.")
+
+
+@dataclasses.dataclass(frozen=True)
+class FedGroupRACOptions(FedGroupOptions):
+    rac_draw: str = option(
+        "static",
+        "FedGroup RAC: a cold client's random group is drawn once (static), or drawn again "
+        "every time it is sampled (resample, the authors' code).",
+        ("static", "resample"),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +100,7 @@ class FedGroup(Algorithm):
                 (self.num_clusters >= 1, f"{self.name}: num_clusters must be >= 1"),
                 (o.pretrain_scale >= 1, "pretrain_scale must be >= 1"),
                 (o.pretrain_epochs >= 1, "pretrain_epochs must be >= 1"),
+                (o.pretrain_steps >= 0, "pretrain_steps must be >= 0 (0: use epochs)"),
                 (o.eta_g >= 0, "eta_g must be >= 0"),
                 (0 <= o.newcomer_fraction < 1, "newcomer_fraction must be in [0, 1)"),
                 (o.newcomer_round >= 1, "newcomer_round must be >= 1"),
@@ -116,7 +133,7 @@ class FedGroup(Algorithm):
             raise ValueError(f"{self.name}: {len(present)} clients cannot form {m} groups")
         chosen = sorted(rng.choice(len(present), count, replace=False))
         clustered = [present[i] for i in chosen]
-        updates = queries.local_updates(clustered, run.initial_model, options.pretrain_epochs, 0)
+        updates = self.pretrain(run, clustered, 0, queries)
         if self.clustering_method == "edc":
             labels = clustering.cluster_edc(updates, m, seed=run.seed)
         elif self.clustering_method == "madc":
@@ -127,7 +144,7 @@ class FedGroup(Algorithm):
         for j in range(m):  # empty group: model w0, zero direction
             if np.any(labels == j):
                 directions[j] = updates[labels == j].mean(axis=0)
-        state = GroupState(directions, frozenset(late))
+        state = GroupState(directions, frozenset(late), frozenset(clustered))
         assignment = {c: -1 for c in ids}
         assignment.update(zip(clustered, (int(g) for g in labels)))
         if options.cold_start == "eager":
@@ -156,11 +173,18 @@ class FedGroup(Algorithm):
             rng = np.random.default_rng(derived_seed(run.seed, ALGORITHM, round_num))
             groups = rng.integers(0, self.num_clusters, len(client_ids))
         else:
-            updates = queries.local_updates(
-                client_ids, run.initial_model, self.options.pretrain_epochs, round_num
-            )
+            updates = self.pretrain(run, client_ids, round_num, queries)
             groups = clustering.assign_newcomers(state.group_directions, updates)
         return dict(zip(client_ids, (int(g) for g in groups)))
+
+    def pretrain(
+        self, run: RunInfo, client_ids: Sequence[str], round_num: int, queries: Queries
+    ) -> np.ndarray:
+        """ClientPretrain (Alg. 3): each client's update of local SGD from w0."""
+        steps = self.options.pretrain_steps or None
+        return queries.local_updates(
+            client_ids, run.initial_model, self.options.pretrain_epochs, round_num, steps
+        )
 
     def eligible(self, run: RunInfo, view: ServerView) -> Sequence[str]:
         if view.round_num + 1 >= self.options.newcomer_round:
@@ -176,9 +200,21 @@ class FedGroup(Algorithm):
             candidates = client_ids
         pending = [c for c in candidates if view.assignment[c] < 0]
         joined = self.cold_start(run, view.state, pending, view.round_num + 1, queries)
+        joined.update(self.redrawn(run, view, client_ids))
         assignment = {**view.assignment, **joined}
         clusters = np.array([assignment[c] for c in client_ids], np.int32)
         return Plan(clusters, decision=Decision(assignment=joined))
+
+    def redrawn(
+        self, run: RunInfo, view: ServerView, client_ids: Sequence[str]
+    ) -> dict[str, int]:
+        """RAC with `rac_draw=resample`: every sampled cold client (one not clustered at the
+        group cold start) gets a fresh uniformly random group."""
+        if not (self.random_newcomers and getattr(self.options, "rac_draw", "") == "resample"):
+            return {}
+        cold = [c for c in client_ids if c not in view.state.clustered_clients]
+        rng = np.random.default_rng(derived_seed(run.seed, ALGORITHM, view.round_num + 1, 1))
+        return dict(zip(cold, (int(g) for g in rng.integers(0, self.num_clusters, len(cold)))))
 
     # -- Alg. 2 line 5: inter-group aggregation ----------------------------------------------
     def after_round(
@@ -236,4 +272,5 @@ class FedGroupRAC(FedGroup):
     """Ablation: EDC group cold start, then newcomers join uniformly random groups."""
 
     name = "fedgroup_rac"
+    Options = FedGroupRACOptions
     random_newcomers = True
