@@ -3,7 +3,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint benchmark clean-env
+.PHONY: run test lint benchmark doctor clean-env
 
 run: $(STAMP)
 	$(VENV)/bin/python binaries/train.py $(ARGS)
@@ -16,6 +16,9 @@ lint: $(STAMP)
 
 benchmark: $(STAMP)
 	$(VENV)/bin/python binaries/benchmark.py $(ARGS)
+
+doctor: $(STAMP)
+	$(VENV)/bin/python binaries/doctor.py $(ARGS)
 
 $(STAMP): requirements/lock.txt setup.cfg scripts/bootstrap.sh
 	bash scripts/bootstrap.sh

@@ -19,7 +19,7 @@ from tff_clustered.algorithms.base import (
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated import client_work
 from tff_clustered.models import model_spec
-from tff_clustered.orchestration import Experiment, TrainingConfig
+from tff_clustered.orchestration import DivergenceError, Experiment, TrainingConfig, check_finite
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 CONFIG = TrainingConfig(rounds=3, clients_per_round=4, local_epochs=1, learning_rate=0.1, seed=5)
@@ -155,3 +155,14 @@ def test_an_algorithm_can_broadcast_an_anchor_and_move_it() -> None:
         for s, e in runs.items()
     }
     assert for_each[5.0] < 0.5 * for_each[0.0]
+
+
+def test_a_non_finite_cluster_model_stops_the_run_naming_round_clients_and_fix() -> None:
+    models = np.zeros((3, 4), np.float32)
+    check_finite(models, 7, "aggregation", np.array([0, 2]), ["a", "b"])  # all finite: fine
+    models[2, 1] = np.inf
+    with pytest.raises(DivergenceError) as raised:
+        check_finite(models, 7, "aggregation", np.array([0, 2, 2]), ["a", "b", "c"])
+    message = str(raised.value)
+    assert "round 7" in message and "cluster model(s) 2" in message
+    assert "clients: b, c" in message and "lower --learning_rate" in message
