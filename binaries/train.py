@@ -53,7 +53,10 @@ def main(argv: list[str]) -> int:
         f"{results['final_client_accuracy_mean']:.4f}; {results['total_train_seconds']:.1f}s "
         f"of training"
     )
-    outputs = f"metrics.csv, summary.json, curves.png, {checkpoint.CHECKPOINT_NAME}"
+    outputs = (
+        f"metrics.csv, clients.csv, summary.json, curves.png, TensorBoard events, "
+        f"{checkpoint.CHECKPOINT_NAME}"
+    )
     print(f"outputs in {output_dir}: {outputs}")
     return 0
 

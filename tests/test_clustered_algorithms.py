@@ -179,7 +179,7 @@ def test_fesem_m_step_with_one_cluster_is_fedavg_weighted_as_asked(weighting: st
     expected, other = (uniform, weighted) if weighting == "uniform" else (weighted, uniform)
     np.testing.assert_allclose(after, expected, rtol=1e-5, atol=1e-6)
     assert not np.allclose(after, other, rtol=1e-5, atol=1e-6)
-    assert row["clients_moved"] == 0
+    assert row["clients_changed_cluster"] == 0
 
 
 def test_fesem_starts_from_kmeans_on_locally_trained_models() -> None:

@@ -4,6 +4,7 @@ and no TFF worker left behind."""
 from __future__ import annotations
 
 import csv
+import glob
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import time
 import uuid
 
 import pytest
+import tensorflow as tf
 from conftest import ROOT, SHARED_LEAF_FILE, run_binary, worker_pids_with_tag
 
 TRAIN = os.path.join("binaries", "train.py")
@@ -101,6 +103,50 @@ def test_killed_run_resumes_to_the_same_final_metrics(tmp_path: object) -> None:
     theirs = json.load(open(os.path.join(reference, "summary.json")))["results"]
     assert ours["final_accuracy"] == theirs["final_accuracy"]
     assert ours["max_accuracy"] == theirs["max_accuracy"]
+    # per-client rows and TensorBoard points: each round exactly once, as uninterrupted
+    assert read_csv(os.path.join(out, "clients.csv")) == read_csv(
+        os.path.join(reference, "clients.csv")
+    )
+    assert tensorboard_scalars(out, "accuracy") == tensorboard_scalars(reference, "accuracy")
+
+
+def tensorboard_scalars(folder: str, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of every `tag` scalar in the folder's event files, in file order."""
+    points = []
+    for path in sorted(glob.glob(os.path.join(folder, "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.tag == tag:
+                    points.append((event.step, float(tf.make_ndarray(value.tensor))))
+    return points
+
+
+def test_outputs_hold_per_client_and_per_cluster_results(tmp_path: object) -> None:
+    out = tmp_path / "run"
+    done = run_binary(
+        [TRAIN, "--algorithm=ifca", "--num_clusters=4", "--rounds=3", f"--output_dir={out}"]
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    clients = read_csv(str(out / "clients.csv"))
+    metrics = read_csv(str(out / "metrics.csv"))
+    for row in metrics:  # pooled accuracy = test-example-weighted mean of the client rows
+        rows = [c for c in clients if c["round"] == row["round"]]
+        assert len(rows) == int(row["num_eval_clients"])
+        if rows:
+            n = [int(c["test_examples"]) for c in rows]
+            acc = sum(float(c["accuracy"]) * k for c, k in zip(rows, n)) / sum(n)
+            assert abs(acc - float(row["accuracy"])) < 1e-4
+            for k in {c["cluster"] for c in rows}:
+                members = [
+                    (float(c["accuracy"]), int(c["test_examples"]))
+                    for c in rows
+                    if c["cluster"] == k
+                ]
+                pooled = sum(a * m for a, m in members) / sum(m for _, m in members)
+                assert abs(pooled - float(row[f"cluster_accuracy_{k}"])) < 1e-4
+    assert all(row["clients_changed_cluster"] != "" for row in metrics[1:])
+    steps = [s for s, _ in tensorboard_scalars(str(out), "cluster_size/0")]
+    assert steps == [0, 1, 2, 3]
 
 
 def test_ctrl_c_stops_cleanly_with_exit_130_and_no_worker(tmp_path: object) -> None:

@@ -193,6 +193,8 @@ class Experiment:
         self.state = RunState()
         self.store = ClientStore(self.initial_variables)
         self._predict: Optional[Callable] = None
+        # Per-client results of the last evaluation, one dict per client (for clients.csv).
+        self.client_rows: list[dict[str, Any]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -260,7 +262,7 @@ class Experiment:
             started = time.perf_counter()
             row = {"round": round_num, **self.train_round(round_num)}
             if round_num % self.config.eval_every == 0 or round_num == self.config.rounds:
-                row.update(self.evaluate())
+                row.update(self.evaluate(round_num=round_num))
             row["round_seconds"] = time.perf_counter() - started
             self.state.round_num = round_num
             self.state.history.append(row)
@@ -371,6 +373,7 @@ class Experiment:
         return new_models, outputs, measurements
 
     def train_round(self, round_num: int) -> dict[str, Any]:
+        assignment_before = dict(self.state.assignment)
         client_ids = self.sample_clients(round_num)
         plan = self.algorithm.plan(self.run, self.view(), client_ids, self)
         self.apply(plan.decision)
@@ -452,6 +455,11 @@ class Experiment:
         for metric in self.round_metrics:
             row.update(metric(self.run, self.view(), result))
         row.update(decision.metrics)
+        row["clients_changed_cluster"] = sum(
+            1
+            for c, k in self.state.assignment.items()
+            if assignment_before.get(c, -1) >= 0 and k >= 0 and k != assignment_before[c]
+        )
         sampled = np.bincount(clusters, minlength=len(before))
         row.update({f"sampled_cluster_{k}": int(n) for k, n in enumerate(sampled)})
         return row
@@ -535,9 +543,12 @@ class Experiment:
         return np.asarray(out, np.float64)
 
     # -- evaluation --------------------------------------------------------------------------
-    def evaluate(self, client_ids: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    def evaluate(
+        self, client_ids: Optional[Sequence[str]] = None, round_num: Optional[int] = None
+    ) -> dict[str, Any]:
         """Pooled test accuracy/loss of each client's own model (its cluster's shared part and
-        its own rest), over clients with an assignment; also the mean per-client accuracy."""
+        its own rest), over clients with an assignment; also the mean per-client accuracy, the
+        pooled accuracy per cluster, and each client's results in `client_rows`."""
         assigned = [c for c in self.data.client_ids if self.state.assignment.get(c, -1) >= 0]
         if client_ids is None:
             client_ids = assigned
@@ -559,6 +570,24 @@ class Experiment:
             "num_eval_clients": len(per_client),
         }
         row.update({f"cluster_size_{k}": int(n) for k, n in enumerate(sizes)})
+        clusters = {c: self.state.assignment[c] for c in per_client}
+        for k in sorted(set(clusters.values())):
+            members = [r for c, r in per_client.items() if clusters[c] == k]
+            row[f"cluster_accuracy_{k}"] = sum(r["num_correct"] for r in members) / max(
+                sum(r["num_examples"] for r in members), 1.0
+            )
+        self.client_rows = [
+            {
+                "round": self.state.round_num if round_num is None else round_num,
+                "client": c,
+                "cluster": clusters[c],
+                "train_examples": self.data.train_sizes[c],
+                "test_examples": int(r["num_examples"]),
+                "accuracy": r["num_correct"] / max(r["num_examples"], 1.0),
+                "loss": r["loss_sum"] / max(r["num_examples"], 1.0),
+            }
+            for c, r in per_client.items()
+        ]
         return row
 
     def evaluate_clients(self, client_ids: Sequence[str]) -> dict[str, dict[str, float]]:

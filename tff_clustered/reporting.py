@@ -1,4 +1,5 @@
-"""Run outputs: per-round CSV, JSON summary, PNG plot, terminal progress."""
+"""Run outputs: per-round CSV, per-client CSV, TensorBoard events, JSON summary, PNG plot,
+terminal progress."""
 
 from __future__ import annotations
 
@@ -6,15 +7,30 @@ import csv
 import io
 import json
 import math
+import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
 
 from tff_clustered.checkpoint import atomic_write_bytes
 
 METRICS_CSV = "metrics.csv"
 SUMMARY_JSON = "summary.json"
 PLOT_PNG = "curves.png"
+CLIENTS_CSV = "clients.csv"
+CLIENT_COLUMNS = (
+    "round",
+    "client",
+    "cluster",
+    "train_examples",
+    "test_examples",
+    "accuracy",
+    "loss",
+)
 
 
 def write_metrics_csv(path: str, history: Sequence[dict[str, Any]]) -> None:
@@ -28,6 +44,72 @@ def write_metrics_csv(path: str, history: Sequence[dict[str, Any]]) -> None:
     for row in history:
         writer.writerow({k: _format(v) for k, v in row.items()})
     atomic_write_bytes(path, buffer.getvalue().encode())
+
+
+class ClientsCsv:
+    """`clients.csv`: one row per evaluated client and round (`CLIENT_COLUMNS`), appended as
+    rounds finish. A resumed run first drops the rows of rounds after its checkpoint (and any
+    torn last line), so the file ends as an uninterrupted run's would."""
+
+    def __init__(self, path: str, keep_through_round: Optional[int] = None) -> None:
+        self.path = path
+        kept: list[dict[str, str]] = []
+        if keep_through_round is not None and os.path.exists(path):
+            with open(path, newline="") as f:
+                for row in csv.DictReader(f):
+                    complete = all(row.get(c) not in (None, "") for c in CLIENT_COLUMNS)
+                    if complete and int(row["round"]) <= keep_through_round:
+                        kept.append(row)
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=CLIENT_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(kept)
+        atomic_write_bytes(path, buffer.getvalue().encode())
+
+    def append(self, rows: Sequence[dict[str, Any]]) -> None:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=CLIENT_COLUMNS, lineterminator="\n")
+        writer.writerows({c: _format(r[c]) for c in CLIENT_COLUMNS} for r in rows)
+        with open(self.path, "a") as f:
+            f.write(buffer.getvalue())
+            f.flush()
+
+
+def tensorboard_tag(column: str) -> str:
+    """`cluster_size_3` -> `cluster_size/3`, so TensorBoard groups per-cluster series."""
+    match = re.fullmatch(r"(cluster_size|cluster_accuracy|sampled_cluster)_(\d+)", column)
+    return f"{match.group(1)}/{match.group(2)}" if match else column
+
+
+class TensorBoardLog:
+    """TensorBoard event files in the run's folder (`tensorboard --logdir runs/` shows every
+    run side by side): every numeric column of each round's row as a scalar at step = round.
+    Rows are held until the checkpoint that covers them is written (`flush`), so a resumed run
+    neither repeats nor loses a point."""
+
+    def __init__(self, output_dir: str) -> None:
+        self.writer = tf.summary.create_file_writer(output_dir)
+        self.pending: list[dict[str, Any]] = []
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.pending.append(row)
+
+    def flush(self) -> None:
+        with self.writer.as_default():
+            for row in self.pending:
+                step = int(row["round"])
+                for column, value in row.items():
+                    if column == "round" or isinstance(value, bool):
+                        continue
+                    if isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(
+                        value
+                    ):
+                        tf.summary.scalar(tensorboard_tag(column), float(value), step=step)
+        self.writer.flush()
+        self.pending = []
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 def _format(value: Any) -> Any:

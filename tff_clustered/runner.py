@@ -77,7 +77,8 @@ def run(
     log: Callable[[str], None] = print,
     round_metrics: Sequence[RoundMetric] = (),
 ) -> dict[str, Any]:
-    """Runs (or resumes) `spec`, writing metrics.csv, summary.json, curves.png, checkpoints.
+    """Runs (or resumes) `spec`, writing metrics.csv, clients.csv, TensorBoard events,
+    summary.json, curves.png, checkpoints.
 
     Returns the summary, with the per-round rows under `history`."""
     if checkpoint_every < 0:
@@ -101,18 +102,28 @@ def run(
         experiment.start()
 
     csv_path = os.path.join(output_dir, reporting.METRICS_CSV)
+    clients_csv = reporting.ClientsCsv(
+        os.path.join(output_dir, reporting.CLIENTS_CSV),
+        keep_through_round=experiment.state.round_num if saved is not None else None,
+    )
+    tensorboard = reporting.TensorBoardLog(output_dir)
     progress = reporting.Progress(spec.training.rounds, initial=experiment.state.round_num)
     try:
         for row in experiment.rounds():
             reporting.write_metrics_csv(csv_path, experiment.state.history)
+            if "accuracy" in row:
+                clients_csv.append(experiment.client_rows)
+            tensorboard.add(row)
             progress.update(row)
             done = row["round"]
             if done and (
                 (checkpoint_every and done % checkpoint_every == 0) or done == spec.training.rounds
             ):
                 checkpoint.save(ckpt_path, experiment.snapshot(), settings)
+                tensorboard.flush()
     finally:
         progress.close()
+        tensorboard.close()
     history = experiment.state.history
     reporting.write_metrics_csv(csv_path, history)
     config = dict(

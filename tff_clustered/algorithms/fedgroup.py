@@ -205,9 +205,7 @@ class FedGroup(Algorithm):
         clusters = np.array([assignment[c] for c in client_ids], np.int32)
         return Plan(clusters, decision=Decision(assignment=joined))
 
-    def redrawn(
-        self, run: RunInfo, view: ServerView, client_ids: Sequence[str]
-    ) -> dict[str, int]:
+    def redrawn(self, run: RunInfo, view: ServerView, client_ids: Sequence[str]) -> dict[str, int]:
         """RAC with `rac_draw=resample`: every sampled cold client (one not clustered at the
         group cold start) gets a fresh uniformly random group."""
         if not (self.random_newcomers and getattr(self.options, "rac_draw", "") == "resample"):

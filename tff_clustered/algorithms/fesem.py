@@ -151,7 +151,6 @@ class FeSEM(Algorithm):
         return Decision(
             assignment=dict(zip(result.client_ids, labels.tolist())),
             cluster_models=clustering.mean_per_cluster(models, labels, centers, weights),
-            metrics={"clients_moved": int((labels != result.clusters).sum())},
         )
 
     def _weights(self, num_examples: Sequence[float]) -> Optional[np.ndarray]:
