@@ -254,7 +254,7 @@ class Experiment:
     def rounds(self) -> Iterator[dict[str, Any]]:
         """Runs the remaining rounds (evaluating round 0 first on a fresh run), one row each."""
         if self.state.round_num == 0 and not self.state.history:
-            row = {"round": 0, **self.evaluate()}
+            row = {"round": 0, **self.evaluate(round_num=0)}
             self.state.history.append(row)
             yield row
         while self.state.round_num < self.config.rounds:
@@ -543,62 +543,103 @@ class Experiment:
         return np.asarray(out, np.float64)
 
     # -- evaluation --------------------------------------------------------------------------
-    def evaluate(
-        self, client_ids: Optional[Sequence[str]] = None, round_num: Optional[int] = None
-    ) -> dict[str, Any]:
-        """Pooled test accuracy/loss of each client's own model (its cluster's shared part and
-        its own rest), over clients with an assignment; also the mean per-client accuracy, the
-        pooled accuracy per cluster, and each client's results in `client_rows`."""
-        assigned = [c for c in self.data.client_ids if self.state.assignment.get(c, -1) >= 0]
-        if client_ids is None:
-            client_ids = assigned
-        per_client = self.evaluate_clients(client_ids)
-        correct = sum(r["num_correct"] for r in per_client.values())
-        total = sum(r["num_examples"] for r in per_client.values())
-        loss = sum(r["loss_sum"] for r in per_client.values())
+    def evaluate(self, round_num: Optional[int] = None) -> dict[str, Any]:
+        """Scores every client with each model kind the algorithm has (`model_kinds`), a client
+        not assigned yet with the cluster the algorithm's own rule gives it. Columns:
+
+        * `accuracy_KIND`, `loss_KIND` (pooled over all clients' test examples) and
+          `client_accuracy_mean_KIND` (unweighted mean over clients);
+        * `accuracy`, `loss`, `client_accuracy_mean`, `num_eval_clients`: the paper's figure,
+          the first kind over the clients with an assignment only;
+        * `cluster_size_k` (assigned clients) and `cluster_accuracy_k` (first kind, pooled over
+          the clients scored with cluster k).
+
+        Each client's results go to `client_rows` (for clients.csv)."""
+        everyone = list(self.data.client_ids)
+        assigned = [c for c in everyone if self.state.assignment.get(c, -1) >= 0]
+        clusters = self.algorithm.evaluation_clusters(self.run, self.view(), everyone, self)
+        cluster_of = dict(zip(everyone, (int(k) for k in clusters)))
+        kinds = self.algorithm.model_kinds
+        results = {kind: self.evaluate_kind(kind, everyone, clusters) for kind in kinds}
+        main = results[kinds[0]]
+        row: dict[str, Any] = pooled({c: main[c] for c in assigned}, "")
+        row["num_eval_clients"] = len(assigned)
+        for kind in kinds:
+            row.update(pooled(results[kind], f"_{kind}"))
         sizes = np.bincount(
             [self.state.assignment[c] for c in assigned], minlength=self.num_clusters
         )
-        row: dict[str, Any] = {
-            "accuracy": correct / total if total else float("nan"),
-            "loss": loss / total if total else float("nan"),
-            "client_accuracy_mean": float(
-                np.mean([r["num_correct"] / r["num_examples"] for r in per_client.values()])
-            )
-            if per_client
-            else float("nan"),
-            "num_eval_clients": len(per_client),
-        }
         row.update({f"cluster_size_{k}": int(n) for k, n in enumerate(sizes)})
-        clusters = {c: self.state.assignment[c] for c in per_client}
-        for k in sorted(set(clusters.values())):
-            members = [r for c, r in per_client.items() if clusters[c] == k]
-            row[f"cluster_accuracy_{k}"] = sum(r["num_correct"] for r in members) / max(
-                sum(r["num_examples"] for r in members), 1.0
-            )
-        self.client_rows = [
-            {
+        for k in sorted(set(cluster_of.values())):
+            members = {c: r for c, r in main.items() if cluster_of[c] == k}
+            row[f"cluster_accuracy_{k}"] = pooled(members, "")["accuracy"]
+        self.client_rows = []
+        for c in everyone:
+            client_row: dict[str, Any] = {
                 "round": self.state.round_num if round_num is None else round_num,
                 "client": c,
-                "cluster": clusters[c],
+                "cluster": cluster_of[c],
+                "assigned": int(c in self.state.assignment and self.state.assignment[c] >= 0),
                 "train_examples": self.data.train_sizes[c],
-                "test_examples": int(r["num_examples"]),
-                "accuracy": r["num_correct"] / max(r["num_examples"], 1.0),
-                "loss": r["loss_sum"] / max(r["num_examples"], 1.0),
+                "test_examples": int(main[c]["num_examples"]),
             }
-            for c, r in per_client.items()
-        ]
+            for kind in kinds:
+                r = results[kind][c]
+                n = max(r["num_examples"], 1.0)
+                client_row[f"accuracy_{kind}"] = r["num_correct"] / n
+                client_row[f"loss_{kind}"] = r["loss_sum"] / n
+            self.client_rows.append(client_row)
         return row
 
-    def evaluate_clients(self, client_ids: Sequence[str]) -> dict[str, dict[str, float]]:
-        if not client_ids:
-            return {}
+    def global_model(self, clusters: np.ndarray) -> np.ndarray:
+        """One model for everyone: the only cluster's, or the mean of the cluster models
+        weighted by how many clients each scores."""
+        models = self.state.cluster_models
+        if len(models) == 1:
+            return models[0]
+        counts = np.bincount(clusters, minlength=len(models)).astype(np.float64)
+        weights = counts / counts.sum() if counts.sum() else np.full(len(models), 1 / len(models))
+        return (weights[:, None] * models.astype(np.float64)).sum(0).astype(np.float32)
+
+    def evaluate_kind(
+        self, kind: str, client_ids: Sequence[str], clusters: np.ndarray
+    ) -> dict[str, dict[str, float]]:
+        """Per-client test results of one model kind (`algorithms.base.MODEL_KINDS`)."""
+        if kind == "global":
+            models, keys = self.global_model(clusters)[None, :], np.zeros(len(client_ids), int)
+        else:
+            models, keys = self.state.cluster_models, clusters
         fed_round = self.current_round()
+        joins_store = bool(fed_round.io.store_in) or self.work.reads_own_model
+        if kind != "personal" and joins_store:  # whole server models, nothing from the store
+            fed_round = self.rounds_cache.get(
+                RoundSignature(
+                    cluster_capacity(len(models)), tuple(range(self.layout.num_trainable))
+                )
+            )
         capacity = fed_round.signature.num_clusters
         results = fed_round.evaluate(
-            flat.matrix_to_stacked(padded(self.state.cluster_models, capacity), self.layout.shapes),
+            flat.matrix_to_stacked(padded(models, capacity), self.layout.shapes),
             [self.scoring_dataset("test", c) for c in client_ids],
-            [np.array([self.state.assignment[c]], np.int32) for c in client_ids],
+            [np.array([k], np.int32) for k in keys],
             [self.store.variables(c, fed_round.io.store_in) for c in client_ids],
         )
         return {c: {k: float(v) for k, v in r.items()} for c, r in zip(client_ids, results)}
+
+
+def pooled(results: dict[str, dict[str, float]], suffix: str) -> dict[str, float]:
+    """Pooled (test-example weighted) accuracy and loss, and the unweighted mean accuracy over
+    clients, of per-client results; NaN without clients."""
+    total = sum(r["num_examples"] for r in results.values())
+    nan = float("nan")
+    return {
+        f"accuracy{suffix}": sum(r["num_correct"] for r in results.values()) / total
+        if total
+        else nan,
+        f"loss{suffix}": sum(r["loss_sum"] for r in results.values()) / total if total else nan,
+        f"client_accuracy_mean{suffix}": float(
+            np.mean([r["num_correct"] / max(r["num_examples"], 1.0) for r in results.values()])
+        )
+        if results
+        else nan,
+    }

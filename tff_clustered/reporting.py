@@ -22,15 +22,6 @@ METRICS_CSV = "metrics.csv"
 SUMMARY_JSON = "summary.json"
 PLOT_PNG = "curves.png"
 CLIENTS_CSV = "clients.csv"
-CLIENT_COLUMNS = (
-    "round",
-    "client",
-    "cluster",
-    "train_examples",
-    "test_examples",
-    "accuracy",
-    "loss",
-)
 
 
 def write_metrics_csv(path: str, history: Sequence[dict[str, Any]]) -> None:
@@ -47,29 +38,43 @@ def write_metrics_csv(path: str, history: Sequence[dict[str, Any]]) -> None:
 
 
 class ClientsCsv:
-    """`clients.csv`: one row per evaluated client and round (`CLIENT_COLUMNS`), appended as
-    rounds finish. A resumed run first drops the rows of rounds after its checkpoint (and any
-    torn last line), so the file ends as an uninterrupted run's would."""
+    """`clients.csv`: one row per evaluated client and round (round, client, the cluster it was
+    scored with, whether it is assigned, training and test examples, then accuracy and loss per
+    model kind), appended as rounds finish. A resumed run first drops the rows of rounds after
+    its checkpoint (and any torn last line), so the file ends as an uninterrupted run's would."""
 
     def __init__(self, path: str, keep_through_round: Optional[int] = None) -> None:
         self.path = path
-        kept: list[dict[str, str]] = []
-        if keep_through_round is not None and os.path.exists(path):
-            with open(path, newline="") as f:
-                for row in csv.DictReader(f):
-                    complete = all(row.get(c) not in (None, "") for c in CLIENT_COLUMNS)
-                    if complete and int(row["round"]) <= keep_through_round:
-                        kept.append(row)
+        self.columns: list[str] = []
+        if keep_through_round is None or not os.path.exists(path):
+            if os.path.exists(path):
+                os.unlink(path)
+            return
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            self.columns = list(reader.fieldnames or [])
+            kept = [
+                row
+                for row in reader
+                if all(row.get(c) not in (None, "") for c in self.columns)
+                and int(row["round"]) <= keep_through_round
+            ]
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=CLIENT_COLUMNS, lineterminator="\n")
+        writer = csv.DictWriter(buffer, fieldnames=self.columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(kept)
         atomic_write_bytes(path, buffer.getvalue().encode())
 
     def append(self, rows: Sequence[dict[str, Any]]) -> None:
+        if not rows:
+            return
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=CLIENT_COLUMNS, lineterminator="\n")
-        writer.writerows({c: _format(r[c]) for c in CLIENT_COLUMNS} for r in rows)
+        header = not self.columns
+        self.columns = self.columns or list(rows[0])
+        writer = csv.DictWriter(buffer, fieldnames=self.columns, lineterminator="\n")
+        if header:
+            writer.writeheader()
+        writer.writerows({c: _format(r[c]) for c in self.columns} for r in rows)
         with open(self.path, "a") as f:
             f.write(buffer.getvalue())
             f.flush()
@@ -117,21 +122,39 @@ def _format(value: Any) -> Any:
 
 
 def summarize(history: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Final and best test accuracy (FedGroup A.11 reports the max over rounds)."""
+    """Final and best test accuracy (FedGroup A.11 reports the max over rounds) of the paper's
+    figure (`accuracy`: assigned clients), and the same for each model kind over all clients
+    (`accuracy_KIND`), each with the round of its best."""
     evaluated = [r for r in history if not math.isnan(r.get("accuracy", math.nan))]
-    if not evaluated:
-        return {}
-    best = max(evaluated, key=lambda r: r["accuracy"])
-    last = evaluated[-1]
-    return dict(
-        final_round=last["round"],
-        final_accuracy=last["accuracy"],
-        final_loss=last["loss"],
-        final_client_accuracy_mean=last["client_accuracy_mean"],
-        max_accuracy=best["accuracy"],
-        max_accuracy_round=best["round"],
-        total_train_seconds=sum(r.get("round_seconds", 0.0) for r in history),
-    )
+    results: dict[str, Any] = {}
+    if evaluated:
+        best = max(evaluated, key=lambda r: r["accuracy"])
+        last = evaluated[-1]
+        results.update(
+            final_round=last["round"],
+            final_accuracy=last["accuracy"],
+            final_loss=last["loss"],
+            final_client_accuracy_mean=last["client_accuracy_mean"],
+            max_accuracy=best["accuracy"],
+            max_accuracy_round=best["round"],
+        )
+    kinds = [
+        k[len("accuracy_") :] for k in (history[-1] if history else {}) if k.startswith("accuracy_")
+    ]
+    for kind in kinds:
+        column = f"accuracy_{kind}"
+        scored = [r for r in history if not math.isnan(r.get(column, math.nan))]
+        if scored:
+            best = max(scored, key=lambda r: r[column])
+            results[f"all_clients_{kind}"] = dict(
+                final_accuracy=scored[-1][column],
+                final_client_accuracy_mean=scored[-1][f"client_accuracy_mean_{kind}"],
+                max_accuracy=best[column],
+                max_accuracy_round=best["round"],
+            )
+    if results:
+        results["total_train_seconds"] = sum(r.get("round_seconds", 0.0) for r in history)
+    return results
 
 
 def write_summary_json(

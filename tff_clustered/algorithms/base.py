@@ -29,6 +29,10 @@ from tff_clustered.federated import client_work
 from tff_clustered.seeds import ALGORITHM, derived_seed
 
 UNCHANGED: Any = "unchanged"  # a Decision's state that keeps the previous one
+# Models a client can be scored with: "global" (one model for everyone: the one-cluster model,
+# or the mean of the cluster models), "cluster" (its cluster's whole model), "personal" (its
+# cluster's shared tensors joined with its own others, or its own whole model).
+MODEL_KINDS = ("global", "cluster", "personal")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +158,8 @@ class Algorithm:
     keep_client_models: ClassVar[bool] = False
     # Each client's flat model update is needed on the server after a round.
     needs_model_deltas: ClassVar[bool] = False
+    # The model kinds evaluated (`MODEL_KINDS`), the one the paper reports first.
+    model_kinds: ClassVar[tuple[str, ...]] = ("global",)
     # What each sampled client receives (`federated.round.DISTRIBUTIONS`): its own cluster's
     # model, or every cluster's to pick the lowest-loss one from (IFCA).
     distribution: ClassVar[str] = "own_cluster"
@@ -200,6 +206,20 @@ class Algorithm:
     ) -> Decision:
         """After aggregation (`view` holds the aggregated cluster models)."""
         return Decision()
+
+    def evaluation_clusters(
+        self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
+    ) -> np.ndarray:
+        """The cluster each client is scored with: its own; one not assigned yet gets the
+        cluster model of lowest loss on its training data (IFCA's rule)."""
+        clusters = np.array([view.assignment.get(c, -1) for c in client_ids], np.int32)
+        waiting = np.flatnonzero(clusters < 0)
+        if len(waiting) and view.num_clusters == 1:
+            clusters[waiting] = 0
+        elif len(waiting):
+            losses = queries.cluster_losses(view.cluster_models, [client_ids[i] for i in waiting])
+            clusters[waiting] = np.argmin(losses, axis=1)
+        return clusters
 
     # -- reporting ------------------------------------------------------------------------------
     def values_sent_per_round(

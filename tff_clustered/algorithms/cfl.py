@@ -33,6 +33,7 @@ from tff_clustered.options import option
 
 class CFL(Algorithm):
     name = "cfl"
+    model_kinds = ("cluster", "global")
     paper = (
         "Sattler et al., Clustered Federated Learning: Model-Agnostic Distributed Multitask "
         "Optimization Under Privacy Constraints, IEEE TNNLS 2020"

@@ -16,6 +16,7 @@ from tff_clustered.options import option
 
 class Ditto(Algorithm):
     name = "ditto"
+    model_kinds = ("personal", "global")
     paper = (
         "Li et al., Ditto: Fair and Robust Federated Learning Through Personalization, ICML 2021"
     )

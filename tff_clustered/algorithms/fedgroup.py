@@ -83,6 +83,7 @@ class FedGrouProxOptions(FedGroupOptions):
 
 class FedGroup(Algorithm):
     name = "fedgroup"
+    model_kinds = ("cluster", "global")
     paper = PAPER
     Options = FedGroupOptions
     refused: ClassVar[Mapping[str, str]] = {
@@ -213,6 +214,15 @@ class FedGroup(Algorithm):
         cold = [c for c in client_ids if c not in view.state.clustered_clients]
         rng = np.random.default_rng(derived_seed(run.seed, ALGORITHM, view.round_num + 1, 1))
         return dict(zip(cold, (int(g) for g in rng.integers(0, self.num_clusters, len(cold)))))
+
+    def evaluation_clusters(
+        self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
+    ) -> np.ndarray:
+        """A client not assigned yet (lazy cold start, a late newcomer) is scored with the
+        group its cold start would give it now (Eq. 9; RAC: a random one)."""
+        waiting = [c for c in client_ids if view.assignment.get(c, -1) < 0]
+        joined = self.cold_start(run, view.state, waiting, view.round_num, queries)
+        return np.array([joined.get(c, view.assignment.get(c, -1)) for c in client_ids], np.int32)
 
     # -- Alg. 2 line 5: inter-group aggregation ----------------------------------------------
     def after_round(

@@ -11,6 +11,7 @@ from tff_clustered.options import option
 
 class FedPer(Algorithm):
     name = "fedper"
+    model_kinds = ("personal",)  # the shared base with each client's own head
     paper = "Arivazhagan et al., Federated Learning with Personalization Layers, arXiv:1912.00818"
 
     @dataclasses.dataclass(frozen=True)

@@ -52,6 +52,7 @@ class TSDPState:
 
 class FedTSDP(Algorithm):
     name = "fedtsdp"
+    model_kinds = ("personal",)  # its cluster's shared layers with the client's own deeper ones
     paper = (
         "Zhu et al., Federated Two Stage Decoupling With Adaptive Personalization Layers, "
         "arXiv:2308.15821"

@@ -50,6 +50,7 @@ from tff_clustered.seeds import ALGORITHM, derived_seed
 
 class FeSEM(Algorithm):
     name = "fesem"
+    model_kinds = ("cluster", "global")
     paper = "Long et al., Multi-Center Federated Learning, World Wide Web 2023"
     needs_model_deltas = True  # the new W_i = its center + its update, the E-step's input
 

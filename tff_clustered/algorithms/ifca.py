@@ -28,6 +28,7 @@ NUM_CLUSTERS_HELP = "Clusters (clustered algorithms; unset: default)."
 
 class IFCA(Algorithm):
     name = "ifca"
+    model_kinds = ("cluster",)  # independently initialised: their mean means nothing
     paper = "Ghosh et al., An Efficient Framework for Clustered Federated Learning, NeurIPS 2020"
     distribution = "lowest_loss_cluster"  # the round's clients pick (federated/round.py)
 

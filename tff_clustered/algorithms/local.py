@@ -5,6 +5,7 @@ from tff_clustered.algorithms.base import Algorithm, RunInfo
 
 class Local(Algorithm):
     name = "local"
+    model_kinds = ("personal",)
     paper = "baseline (no federation), e.g. NoFed in Long et al. 2023 / Local in FedGroup"
     keep_client_models = True
 
