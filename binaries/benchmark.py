@@ -75,6 +75,8 @@ flags.DEFINE_integer("tsdp_rounds", 6, "Timed rounds of fedtsdp_vs_fedavg.", low
 flags.DEFINE_integer("groups", 5, "FedGroup groups for fedgroup_vs_fedavg.")
 flags.DEFINE_list("cluster_sizes", ["100", "500", "2000"], "Clients clustered (clustering).")
 flags.DEFINE_integer("cluster_dim", 415_258, "Update length d (clustering): FEMNIST MLP.")
+flags.DEFINE_integer("memory_rounds", 300, "Rounds of the memory benchmark.", lower_bound=20)
+flags.DEFINE_integer("memory_warmup", 50, "Rounds before memory growth is measured.", lower_bound=0)
 
 
 def alternate(fns: dict, rounds: int, warmup: int = 1) -> dict[str, float]:
@@ -221,6 +223,54 @@ def tsdp_round_fns() -> tuple[dict, dict]:
     return {name: round_fn(name) for name in experiments}, (experiments, info)
 
 
+def resident_mb(pid: int) -> float:
+    """Resident set size of a process, MB (Linux /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def memory_growth(worker_pid: int) -> dict:
+    """A FedAvg digits run of `memory_rounds` rounds (10 clients a round, evaluated every
+    round): resident memory of this process and of the TFF worker every 10 rounds, and the
+    growth per 100 rounds after `memory_warmup` (least-squares slope)."""
+    data = load_dataset("digits", seed=FLAGS.seed)
+    spec = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=64)
+    config = TrainingConfig(
+        rounds=FLAGS.memory_rounds,
+        clients_per_round=10,
+        local_epochs=1,
+        batch_size=10,
+        learning_rate=0.1,
+        seed=FLAGS.seed,
+    )
+    experiment = Experiment(data, spec, make_algorithm("fedavg"), config)
+    experiment.start()
+    samples = []
+    for row in experiment.rounds():
+        if row["round"] % 10 == 0:
+            samples.append((row["round"], resident_mb(os.getpid()), resident_mb(worker_pid)))
+    measured = np.array([s for s in samples if s[0] >= FLAGS.memory_warmup])
+    result: dict = {"rounds": FLAGS.memory_rounds, "warmup": FLAGS.memory_warmup}
+    for column, name in ((1, "python"), (2, "worker")):
+        slope = np.polyfit(measured[:, 0], measured[:, column], 1)[0]
+        result[f"{name}_mb_per_100_rounds"] = round(float(slope * 100), 2)
+        result[f"{name}_mb_at_warmup"] = round(float(measured[0, column]), 1)
+        result[f"{name}_mb_at_end"] = round(float(measured[-1, column]), 1)
+    print(
+        f"memory over {FLAGS.memory_rounds} FedAvg digits rounds: python "
+        f"{result['python_mb_at_warmup']} -> {result['python_mb_at_end']} MB "
+        f"({result['python_mb_per_100_rounds']:+.2f} MB/100 rounds), worker "
+        f"{result['worker_mb_at_warmup']} -> {result['worker_mb_at_end']} MB "
+        f"({result['worker_mb_per_100_rounds']:+.2f} MB/100 rounds) after round "
+        f"{FLAGS.memory_warmup}",
+        flush=True,
+    )
+    return result
+
+
 def main(argv: list[str]) -> None:
     del argv
     rng = np.random.default_rng(FLAGS.seed)
@@ -237,7 +287,9 @@ def main(argv: list[str]) -> None:
         f"{FLAGS.clients} clients x {FLAGS.examples_per_client} examples, "
         f"{FLAGS.local_epochs} epochs, batch {FLAGS.batch_size}, {FLAGS.model}"
     )
-    with tff_runtime():
+    with tff_runtime() as runtime:
+        if "memory" in FLAGS.benchmarks:
+            report["memory"] = memory_growth(runtime.worker_pid)
         if "fedavg_vs_tff" in FLAGS.benchmarks:
             t = alternate(
                 {

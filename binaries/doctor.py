@@ -111,7 +111,7 @@ def check_worker(report: Report) -> None:
     started = time.perf_counter()
     try:
         with tff_runtime() as runtime:
-            process = runtime._process
+            pid = runtime.worker_pid
             answer = int(add_one(41))
             seconds = time.perf_counter() - started
     except Exception as e:  # noqa: BLE001 - any failure here is the report
@@ -126,12 +126,19 @@ def check_worker(report: Report) -> None:
         report.problem("worker", f"computed {answer} for 41 + 1", REINSTALL)
         return
     report.ok("worker start", f"ran a computation in {seconds:.1f} s")
-    if process is not None and process.poll() is None:
-        report.problem(
-            "worker stop", f"pid {process.pid} still runs", f"kill it (`kill {process.pid}`)"
-        )
+    if pid is not None and os.path.exists(f"/proc/{pid}") and not zombie(pid):
+        report.problem("worker stop", f"pid {pid} still runs", f"kill it (`kill {pid}`)")
     else:
         report.ok("worker stop", "stopped with its context")
+
+
+def zombie(pid: int) -> bool:
+    """Whether `pid` has exited and only waits to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def check_gpu(report: Report) -> None:

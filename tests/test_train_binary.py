@@ -152,6 +152,8 @@ def test_outputs_hold_per_client_and_per_cluster_results(tmp_path: object) -> No
     assert all(row["clients_changed_cluster"] != "" for row in metrics[1:])
     steps = [s for s, _ in tensorboard_scalars(str(out), "accuracy_cluster")]
     assert steps == [0, 1, 2, 3]
+    for picture in ("membership.png", "cluster_accuracy.png", "labels.png", "curves.png"):
+        assert (out / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", picture
 
 
 def test_ctrl_c_stops_cleanly_with_exit_130_and_no_worker(tmp_path: object) -> None:

@@ -167,11 +167,7 @@ def write_summary_json(
 
 def write_curves_png(path: str, history: Sequence[dict[str, Any]], title: str) -> None:
     """Test accuracy and test/train loss against rounds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     evaluated = [r for r in history if "accuracy" in r]
     trained = [r for r in history if "train_loss" in r]
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 4))
@@ -184,11 +180,96 @@ def write_curves_png(path: str, history: Sequence[dict[str, Any]], title: str) -
     for ax in (ax_acc, ax_loss):
         ax.grid(alpha=0.3)
     fig.suptitle(title)
+    save_figure(fig, path)
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the file-only Agg backend (imported on first use: it is slow)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: str) -> None:
+    """A matplotlib figure as a PNG, written atomically, then closed."""
+    plt = pyplot()
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
     atomic_write_bytes(path, buffer.getvalue())
+
+
+MEMBERSHIP_PNG = "membership.png"
+CLUSTER_ACCURACY_PNG = "cluster_accuracy.png"
+LABELS_PNG = "labels.png"
+MAX_CLIENTS_SHOWN = 200
+
+
+def write_membership_png(path: str, clients_csv: str, title: str) -> None:
+    """Clients (rows) by evaluated rounds (columns), coloured by the cluster each client was
+    scored with; hatched-free white where it had no assignment yet."""
+    plt = pyplot()
+    with open(clients_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return
+    clients = list(dict.fromkeys(r["client"] for r in rows))[:MAX_CLIENTS_SHOWN]
+    rounds = sorted({int(r["round"]) for r in rows})
+    index = {c: i for i, c in enumerate(clients)}
+    column = {t: j for j, t in enumerate(rounds)}
+    grid = np.full((len(clients), len(rounds)), np.nan)
+    for r in rows:
+        if r["client"] in index and r.get("assigned", "1") == "1":
+            grid[index[r["client"]], column[int(r["round"])]] = int(r["cluster"])
+    num_clusters = int(np.nanmax(grid)) + 1 if np.isfinite(grid).any() else 1
+    # clients ordered by their final cluster, so groups show as bands
+    order = np.lexsort((np.arange(len(clients)), np.nan_to_num(grid[:, -1], nan=num_clusters)))
+    fig, ax = plt.subplots(figsize=(8, max(3.0, min(12.0, 0.08 * len(clients) + 2))))
+    cmap = plt.get_cmap("tab20", max(num_clusters, 1))
+    image = ax.imshow(
+        grid[order], aspect="auto", interpolation="nearest", cmap=cmap,
+        vmin=-0.5, vmax=num_clusters - 0.5,
+        extent=(rounds[0] - 0.5, rounds[-1] + 0.5, len(clients) - 0.5, -0.5),
+    )  # fmt: skip
+    ax.set(xlabel="round", ylabel="client (ordered by final cluster)", title=title)
+    if num_clusters <= 20:
+        fig.colorbar(image, ax=ax, ticks=range(num_clusters), label="cluster")
+    save_figure(fig, path)
+
+
+def write_cluster_accuracy_png(path: str, history: Sequence[dict[str, Any]], title: str) -> None:
+    """Pooled test accuracy of each cluster's clients against rounds."""
+    plt = pyplot()
+    columns = sorted(
+        {k for r in history for k in r if k.startswith("cluster_accuracy_")},
+        key=lambda k: int(k.rsplit("_", 1)[1]),
+    )
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for column in columns:
+        points = [(r["round"], r[column]) for r in history if column in r]
+        ax.plot(*zip(*points), marker=".", label=f"cluster {column.rsplit('_', 1)[1]}")
+    ax.set(xlabel="round", ylabel="test accuracy of its clients", title=title, ylim=(0, 1))
+    ax.grid(alpha=0.3)
+    if 0 < len(columns) <= 20:
+        ax.legend(fontsize="small", ncol=2)
+    save_figure(fig, path)
+
+
+def write_labels_png(
+    path: str, label_counts: np.ndarray, client_ids: Sequence[str], title: str
+) -> None:
+    """The partition: training examples of each class (columns) at each client (rows)."""
+    plt = pyplot()
+    shown = label_counts[:MAX_CLIENTS_SHOWN]
+    fig, ax = plt.subplots(figsize=(8, max(3.0, min(12.0, 0.08 * len(shown) + 2))))
+    image = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap="viridis")
+    ax.set(xlabel="class", ylabel=f"client (first {len(shown)} of {len(client_ids)})", title=title)
+    fig.colorbar(image, ax=ax, label="training examples")
+    save_figure(fig, path)
 
 
 class Progress:
@@ -333,11 +414,7 @@ def write_comparison_png(
     path: str, histories: dict[tuple[str, str], Sequence[dict[str, Any]]], title: str
 ) -> None:
     """Test accuracy against rounds, one panel per setting, one curve per algorithm."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     settings = list(dict.fromkeys(setting for setting, _ in histories))
     fig, axes = plt.subplots(1, len(settings), figsize=(8 * len(settings), 5), squeeze=False)
     for ax, setting in zip(axes[0], settings):

@@ -7,9 +7,12 @@ import os
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
+import numpy as np
+
 from tff_clustered import checkpoint, reporting
 from tff_clustered.algorithms import make_algorithm, make_options
 from tff_clustered.data import load_dataset
+from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment, RoundMetric, TrainingConfig
 
@@ -100,6 +103,13 @@ def run(
         if resume:
             log(f"no checkpoint in {output_dir}; starting a new run")
         experiment.start()
+        shown = experiment.data.client_ids[: reporting.MAX_CLIENTS_SHOWN]
+        reporting.write_labels_png(
+            os.path.join(output_dir, reporting.LABELS_PNG),
+            label_counts(experiment.data, shown),
+            experiment.data.client_ids,
+            f"labels per client: {experiment.data.name}",
+        )
 
     csv_path = os.path.join(output_dir, reporting.METRICS_CSV)
     clients_csv = reporting.ClientsCsv(
@@ -134,9 +144,26 @@ def run(
     summary = reporting.write_summary_json(
         os.path.join(output_dir, reporting.SUMMARY_JSON), config, history
     )
-    reporting.write_curves_png(
-        os.path.join(output_dir, reporting.PLOT_PNG),
+    title = f"{spec.algorithm} on {experiment.data.name} ({spec.model})"
+    reporting.write_curves_png(os.path.join(output_dir, reporting.PLOT_PNG), history, title)
+    reporting.write_membership_png(
+        os.path.join(output_dir, reporting.MEMBERSHIP_PNG),
+        os.path.join(output_dir, reporting.CLIENTS_CSV),
+        f"cluster membership: {title}",
+    )
+    reporting.write_cluster_accuracy_png(
+        os.path.join(output_dir, reporting.CLUSTER_ACCURACY_PNG),
         history,
-        f"{spec.algorithm} on {experiment.data.name} ({spec.model})",
+        f"accuracy per cluster: {title}",
     )
     return dict(summary, history=history)
+
+
+def label_counts(data: FederatedData, client_ids: Sequence[str]) -> np.ndarray:
+    """Training examples per class at each client, (clients, classes)."""
+    counts = np.zeros((len(client_ids), data.num_classes), np.int64)
+    for i, client in enumerate(client_ids):
+        for batch in data.train.create_tf_dataset_for_client(client).batch(4096):
+            labels = np.asarray(batch["y"]).astype(np.int64).ravel()
+            counts[i] += np.bincount(labels, minlength=data.num_classes)[: data.num_classes]
+    return counts
