@@ -110,7 +110,9 @@ def from_arrays(
             if not np.all(np.isfinite(x)):
                 raise DataError(f"{context}: inputs contain NaN or infinity; clean the data")
             if not np.all(np.equal(np.mod(y_raw.astype(np.float64), 1), 0)):
-                raise DataError(f"{context}: labels must be whole numbers (class indices)")
+                raise DataError(
+                    f"{context}: labels must be whole numbers (class indices); fix the labels"
+                )
             y_int = y_raw.astype(np.int64)
             bad = y_int[(y_int < 0) | (y_int >= num_classes)]
             if bad.size:

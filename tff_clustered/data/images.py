@@ -71,7 +71,9 @@ def _cifar_images(
     except (KeyError, ValueError) as e:
         raise DataError(f"{name}: {path} is not a CIFAR batch ({e!r} missing or misshaped)") from e
     if len(images) != len(labels):
-        raise DataError(f"{name}: {path} holds {len(images)} images but {len(labels)} labels")
+        raise DataError(
+            f"{name}: {path} holds {len(images)} images but {len(labels)} labels; download it again"
+        )
     return images, labels
 
 
@@ -117,7 +119,9 @@ def read_svhn(data_dir: str) -> Arrays:
         except Exception as e:  # noqa: BLE001
             raise DataError(f"svhn: {path} is not an SVHN .mat file ({e})") from e
         if len(x) != len(y) or x.shape[1:] != (32, 32, 3):
-            raise DataError(f"svhn: {path} holds {x.shape} images and {len(y)} labels")
+            raise DataError(
+                f"svhn: {path} holds {x.shape} images and {len(y)} labels; download it again"
+            )
         out += [x, np.where(y == 10, 0, y)]
     return tuple(out)  # type: ignore[return-value]
 

@@ -8,8 +8,11 @@ Reads the four IDX files (`train-images-idx3-ubyte`, ..., optionally `.gz`) or a
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import struct
+import zipfile
+import zlib
 
 import numpy as np
 
@@ -26,11 +29,16 @@ IDX_FILES = {
     "x_test": "t10k-images-idx3-ubyte",
     "y_test": "t10k-labels-idx1-ubyte",
 }
+REDOWNLOAD = "the file is corrupt or not MNIST, download it again"
+MAX_IDX_BYTES = 1 << 30  # MNIST's largest file holds 47 MB; a larger header is corrupt
 MISSING_HELP = (
     "put the four MNIST IDX files (train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], "
     "t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz], from "
     "http://yann.lecun.com/exdb/mnist/ or a mirror) or Keras' mnist.npz in --data_dir"
 )
+
+
+IDX_SHAPES = {"x_train": (28, 28), "y_train": (), "x_test": (28, 28), "y_test": ()}
 
 
 def read_idx(path: str) -> np.ndarray:
@@ -40,16 +48,76 @@ def read_idx(path: str) -> np.ndarray:
         with opener(path, "rb") as f:
             magic = f.read(4)
             if len(magic) != 4 or magic[:2] != b"\x00\x00" or magic[2] != 0x08:
-                raise DataError(f"{path} is not an IDX file of unsigned bytes (bad magic number)")
-            dims = struct.unpack(">" + "I" * magic[3], f.read(4 * magic[3]))
-            data = np.frombuffer(f.read(), dtype=np.uint8)
-    except (OSError, EOFError) as e:
-        raise DataError(f"{path} cannot be read ({e}); download it again") from e
-    if data.size != int(np.prod(dims)):
+                raise DataError(
+                    f"{path} is not an IDX file of unsigned bytes (bad magic number); "
+                    "download it again"
+                )
+            header = f.read(4 * magic[3])
+            if len(header) != 4 * magic[3]:
+                raise DataError(f"{path} ends inside its header: truncated, download it again")
+            dims = struct.unpack(">" + "I" * magic[3], header)
+            expected = math.prod(dims)
+            data = f.read(expected + 1) if expected < MAX_IDX_BYTES else b""
+    except (OSError, EOFError, zlib.error) as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(f"{path} cannot be read ({message}); download it again") from e
+    if expected >= MAX_IDX_BYTES:
         raise DataError(
-            f"{path} holds {data.size} bytes for shape {dims}: truncated, download again"
+            f"{path} declares shape {dims} ({expected} bytes), more than any MNIST file; "
+            "the header is corrupt, download it again"
         )
-    return data.reshape(dims)
+    if len(data) != expected:
+        raise DataError(
+            f"{path} holds {len(data)} bytes for shape {dims}: "
+            f"{'truncated' if len(data) < expected else 'extra bytes after the data'}, "
+            "download it again"
+        )
+    return np.frombuffer(data, dtype=np.uint8).reshape(dims)
+
+
+def read_npz(path: str) -> dict[str, np.ndarray]:
+    """Keras' `mnist.npz` (no pickled objects)."""
+    try:
+        with np.load(path, allow_pickle=False) as blob:
+            missing = [k for k in IDX_FILES if k not in blob.files]
+            if missing:
+                raise DataError(
+                    f"{path} lacks {', '.join(missing)}; Keras' mnist.npz holds x_train, "
+                    "y_train, x_test and y_test"
+                )
+            return {k: blob[k] for k in IDX_FILES}
+    except DataError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(
+            f"{path} cannot be read as an .npz of arrays ({message}); download Keras' "
+            "mnist.npz again"
+        ) from e
+
+
+def check_mnist_part(key: str, array: np.ndarray, source: str) -> np.ndarray:
+    """One of x_train/y_train/x_test/y_test: 28x28 images with values 0..255, or labels 0..9."""
+    shape = IDX_SHAPES[key]
+    if array.ndim != 1 + len(shape) or array.shape[1:] != shape:
+        want = "(n, 28, 28) images" if shape else "(n,) labels"
+        raise DataError(
+            f"{source}: {key} has shape {array.shape}, MNIST needs {want}; {REDOWNLOAD}"
+        )
+    if array.dtype.kind not in "uif":
+        raise DataError(
+            f"{source}: {key} holds {array.dtype} values, MNIST needs numbers; {REDOWNLOAD}"
+        )
+    values = array.astype(np.float64)
+    high = 255 if shape else 9
+    if not np.all(np.isfinite(values)) or np.any(values < 0) or np.any(values > high):
+        raise DataError(
+            f"{source}: {key} has values outside 0..{high} (or NaN); the file is corrupt, "
+            "download it again"
+        )
+    if np.any(np.mod(values, 1) != 0):
+        raise DataError(f"{source}: {key} must hold whole numbers; download it again")
+    return array.astype(np.uint8)
 
 
 def read_mnist(data_dir: str) -> tuple[np.ndarray, np.ndarray]:
@@ -58,20 +126,25 @@ def read_mnist(data_dir: str) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"MNIST folder {data_dir!r} does not exist; {MISSING_HELP}")
     npz = os.path.join(data_dir, "mnist.npz")
     if os.path.exists(npz):
-        with np.load(npz) as blob:
-            parts = {k: blob[k] for k in IDX_FILES}
+        parts = {k: check_mnist_part(k, v, npz) for k, v in read_npz(npz).items()}
+        sources = {k: npz for k in IDX_FILES}
     else:
-        parts = {}
+        parts, sources = {}, {}
         for key, name in IDX_FILES.items():
             candidates = [os.path.join(data_dir, name + ext) for ext in ("", ".gz")]
             path = next((p for p in candidates if os.path.exists(p)), None)
             if path is None:
                 raise DataError(f"{candidates[0]}[.gz] is missing; {MISSING_HELP}")
-            parts[key] = read_idx(path)
+            parts[key], sources[key] = check_mnist_part(key, read_idx(path), path), path
+    for split in ("train", "test"):
+        x, y = parts[f"x_{split}"], parts[f"y_{split}"]
+        if len(x) != len(y):
+            raise DataError(
+                f"{sources[f'x_{split}']} holds {len(x)} images but {sources[f'y_{split}']} "
+                f"holds {len(y)} labels; one of them is corrupt, download both again"
+            )
     x = np.concatenate([parts["x_train"], parts["x_test"]]).reshape(-1, 784)
     y = np.concatenate([parts["y_train"], parts["y_test"]]).astype(np.int64)
-    if len(x) != len(y):
-        raise DataError(f"MNIST in {data_dir}: {len(x)} images but {len(y)} labels")
     return x, y
 
 

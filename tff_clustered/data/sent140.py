@@ -20,6 +20,7 @@ from tff_clustered.data.leaf import read_leaf_split
 TOKEN_PATTERN = re.compile(r"[\w']+|[.,!?;]")
 SEQUENCE_LENGTH = 25
 TEXT_FIELD = 4
+RAW_LABELS = (0, 1, 4)  # negative, positive (LEAF's 0/1 or the raw 0/4)
 GLOVE_HELP = (
     "download GloVe 6B (glove.6B.300d.txt, https://nlp.stanford.edu/projects/glove/) and pass "
     "its path with --glove_path"
@@ -34,11 +35,25 @@ def tweet_text(raw: object) -> str:
     """The text of one LEAF Sent140 example: field 4 of the raw row (or the string itself)."""
     if isinstance(raw, str):
         return raw
-    if isinstance(raw, (list, tuple)) and len(raw) > TEXT_FIELD:
-        return str(raw[TEXT_FIELD])
-    raise DataError(
-        f"a Sent140 example must be a raw row with the text at field 4, got {raw!r:.80}"
+    if (
+        isinstance(raw, (list, tuple))
+        and len(raw) > TEXT_FIELD
+        and isinstance(raw[TEXT_FIELD], str)
+    ):
+        return raw[TEXT_FIELD]
+    raise ValueError(
+        f"a Sent140 example must be a raw row with the text (a string) at field 4, got {raw!r:.60}"
     )
+
+
+def tokenized_tweets(rows: object, sequence_length: int = SEQUENCE_LENGTH) -> np.ndarray:
+    """A user's raw `x` rows -> an object array of token lists (ValueError on a bad row)."""
+    if not isinstance(rows, list):
+        raise ValueError(f"'x' must be a list of raw tweet rows, got {type(rows).__name__}")
+    out = np.empty(len(rows), object)
+    for i, row in enumerate(rows):
+        out[i] = tokenize(tweet_text(row), sequence_length)
+    return out
 
 
 def read_glove(path: str, vocabulary: set[str]) -> dict[str, np.ndarray]:
@@ -47,19 +62,33 @@ def read_glove(path: str, vocabulary: set[str]) -> dict[str, np.ndarray]:
         raise DataError(f"GloVe file {path!r} not found; {GLOVE_HELP}")
     vectors: dict[str, np.ndarray] = {}
     dim = None
-    with open(path, encoding="utf-8") as f:
-        for line_number, line in enumerate(f, 1):
-            word, _, rest = line.rstrip("\n").partition(" ")
-            if dim is None:
-                dim = len(rest.split())
-            if word in vocabulary:
-                values = np.asarray(rest.split(), dtype=np.float32)
-                if len(values) != dim:
-                    raise DataError(
-                        f"{path}, line {line_number}: {len(values)} values, expected {dim}; "
-                        "the GloVe file is corrupt"
-                    )
-                vectors[word] = values
+    named = re.search(r"\.(\d+)d\.txt$", os.path.basename(path))  # glove.6B.300d.txt
+    named_dim = int(named.group(1)) if named else None
+    line_number = 1  # the line being read, for the error message
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                word, _, rest = line.rstrip("\n").partition(" ")
+                if dim is None:
+                    dim = len(rest.split())
+                    if dim == 0:
+                        raise ValueError("no vector after the first word")
+                    if named_dim is not None and dim != named_dim:
+                        raise ValueError(f"{dim} values where the file name says {named_dim}")
+                if word in vocabulary:
+                    values = np.asarray(rest.split(), dtype=np.float32)
+                    if len(values) != dim:
+                        raise ValueError(f"{len(values)} values, expected {dim}")
+                    if not np.all(np.isfinite(values)):
+                        raise ValueError("NaN or infinite values")
+                    vectors[word] = values
+                line_number += 1
+    except (ValueError, OSError) as e:  # UnicodeDecodeError is a ValueError
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(
+            f"{path}, line {line_number}: {message}; the GloVe file is "
+            f"corrupt or not GloVe text, {GLOVE_HELP}"
+        ) from e
     if dim is None:
         raise DataError(f"GloVe file {path} is empty; {GLOVE_HELP}")
     vectors[""] = np.zeros(dim, np.float32)  # marks the dimension even with no hit
@@ -73,11 +102,8 @@ def load_sent140(
     splits = {
         name: read_leaf_split(
             os.path.join(data_dir, name),
-            lambda rows: (
-                np.asarray([tokenize(tweet_text(r), sequence_length) for r in rows], object)
-                if rows
-                else np.zeros((0,), object)
-            ),
+            lambda rows: tokenized_tweets(rows, sequence_length),
+            num_classes=5,  # raw Sent140 labels are 0 / 4 (or 0 / 1), mapped to 0 / 1 below
         )
         for name in ("train", "test")
     }
@@ -95,6 +121,15 @@ def load_sent140(
                 out[i, j] = vectors.get(token, zero)
         return out
 
+    for name, split in splits.items():
+        for user, (_, y) in split.items():
+            odd = sorted(set(np.unique(y).tolist()) - set(RAW_LABELS))
+            if odd:
+                raise DataError(
+                    f"{os.path.join(data_dir, name)}: user {user!r} has label {odd[0]:g}; "
+                    "Sent140 labels are 0 (negative) and 4 or 1 (positive), fix the labels"
+                )
+
     def labels(y: np.ndarray) -> np.ndarray:
         return np.where(y == 4, 1, y)
 
@@ -103,5 +138,10 @@ def load_sent140(
         for name, split in splits.items()
     }
     return from_arrays(
-        "sent140", arrays["train"], arrays["test"], 2, source=f"LEAF Sent140 files in {data_dir}"
+        "sent140",
+        arrays["train"],
+        arrays["test"],
+        2,
+        source=f"LEAF Sent140 files {os.path.join(data_dir, 'train')} / "
+        f"{os.path.join(data_dir, 'test')}",
     )
