@@ -12,6 +12,7 @@ from conftest import checkpoint_round_trip
 from sklearn.metrics import adjusted_rand_score
 
 from tff_clustered import options as options_lib
+from tff_clustered import reporting
 from tff_clustered import weights as flat
 from tff_clustered.algorithms import algorithm_class, make_algorithm
 from tff_clustered.data import load_digits_clusters
@@ -211,8 +212,25 @@ def test_fesem_recovers_planted_clusters_and_beats_fedavg() -> None:
     sizes = np.bincount(list(fesem.state.assignment.values()), minlength=4)
     assert (sizes > 0).sum() >= 2, sizes
     assert ari_with_plant(fesem) > 0.9, sizes
+    assert_similarity_shows_the_clusters(fesem)
     fs, fa = fesem.state.history[-1]["accuracy"], fedavg.state.history[-1]["accuracy"]
     assert fs >= fa + 0.3, (fs, fa)
+
+
+def assert_similarity_shows_the_clusters(exp: Experiment) -> None:
+    """The distance matrix the clustering step used (the run's similarity picture) agrees with
+    the clusters it gave: own-cluster entries are the smaller ones."""
+    similarity = exp.state.similarity
+    assert similarity is not None
+    labels, matrix = np.asarray(similarity.labels), np.asarray(similarity.matrix)
+    assert matrix.shape[0] == len(labels) == len(similarity.client_ids)
+    if similarity.columns is not None:  # distances to centers: each client's is the least
+        np.testing.assert_array_equal(np.argmin(matrix, axis=1), labels)
+        return
+    same = labels[:, None] == labels[None, :]
+    off_diagonal = ~np.eye(len(labels), dtype=bool)
+    within, between = matrix[same & off_diagonal].mean(), matrix[~same].mean()
+    assert within < 0.5 * between, (within, between)
 
 
 def test_fesem_options_are_checked() -> None:
@@ -243,7 +261,7 @@ def test_checkpoint_round_trip_continues_identically(algorithm: str, tmp_path: P
     assert metrics(resumed) == metrics(straight)
 
 
-def test_fedgroup_beats_fedavg_on_planted_clusters() -> None:
+def test_fedgroup_beats_fedavg_on_planted_clusters(tmp_path: Path) -> None:
     """Digits in 4 label-permutation groups: one model per recovered group must win clearly."""
     config = TrainingConfig(
         rounds=15, clients_per_round=10, local_epochs=3, learning_rate=0.1, seed=0
@@ -253,6 +271,11 @@ def test_fedgroup_beats_fedavg_on_planted_clusters() -> None:
     list(fedgroup.rounds()), list(fedavg.rounds())
     fg, fa = fedgroup.state.history[-1]["accuracy"], fedavg.state.history[-1]["accuracy"]
     assert fg >= fa + 0.35, (fg, fa)
+    assert_similarity_shows_the_clusters(fedgroup)
+    assert fedgroup.state.similarity.measure.startswith("EDC")
+    picture = tmp_path / "similarity.png"
+    reporting.write_similarity_png(str(picture), fedgroup.state.similarity, "fedgroup")
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_fesem_paper_mode_gives_smaller_clients_a_stronger_pull() -> None:

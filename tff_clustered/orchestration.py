@@ -25,6 +25,7 @@ from tff_clustered.algorithms.base import (
     RoundResult,
     RunInfo,
     ServerView,
+    Similarity,
 )
 from tff_clustered.client_store import ClientStore
 from tff_clustered.data.federated_data import FederatedData
@@ -106,6 +107,7 @@ class RunState:
     algorithm_state: Any = None
     client_models: dict[str, tuple[np.ndarray, ...]] = dataclasses.field(default_factory=dict)
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    similarity: Optional[Similarity] = None  # the latest matrix a clustering step used
 
 
 def cluster_capacity(num_clusters: int) -> int:
@@ -246,6 +248,8 @@ class Experiment:
             self.state.anchor = anchor
         if decision.state is not UNCHANGED:
             self.state.algorithm_state = decision.state
+        if decision.similarity is not None:
+            self.state.similarity = decision.similarity
 
     @property
     def num_clusters(self) -> int:

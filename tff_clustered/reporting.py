@@ -10,12 +10,13 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
 
+from tff_clustered.algorithms.base import Similarity
 from tff_clustered.checkpoint import atomic_write_bytes
 
 METRICS_CSV = "metrics.csv"
@@ -113,6 +114,16 @@ class TensorBoardLog:
         self.writer.flush()
         self.pending = []
 
+    def add_images(self, pngs: Mapping[str, str], step: int) -> None:
+        """PNG files (tag -> path) as TensorBoard images at `step`; absent files are skipped."""
+        with self.writer.as_default():
+            for tag, path in pngs.items():
+                if os.path.exists(path):
+                    with open(path, "rb") as f:
+                        image = tf.image.decode_png(f.read(), channels=3)
+                    tf.summary.image(tag, image[None], step=step)
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
@@ -206,6 +217,7 @@ def save_figure(fig: Any, path: str) -> None:
 MEMBERSHIP_PNG = "membership.png"
 CLUSTER_ACCURACY_PNG = "cluster_accuracy.png"
 LABELS_PNG = "labels.png"
+SIMILARITY_PNG = "similarity.png"
 MAX_CLIENTS_SHOWN = 200
 
 
@@ -256,6 +268,38 @@ def write_cluster_accuracy_png(path: str, history: Sequence[dict[str, Any]], tit
     ax.grid(alpha=0.3)
     if 0 < len(columns) <= 20:
         ax.legend(fontsize="small", ncol=2)
+    save_figure(fig, path)
+
+
+def write_similarity_png(path: str, similarity: Similarity, title: str) -> None:
+    """The matrix a clustering step used (`Similarity`), rows (and, for a client-by-client
+    matrix, columns) ordered by the cluster each client was given, blocks outlined."""
+    plt = pyplot()
+    labels = np.asarray(similarity.labels)
+    order = np.argsort(labels, kind="stable")[:MAX_CLIENTS_SHOWN]
+    matrix = np.asarray(similarity.matrix, np.float64)[order]
+    square = similarity.columns is None
+    if square:
+        matrix = matrix[:, order]
+    shown = labels[order]
+    fig, ax = plt.subplots(figsize=(7.5, 6))
+    image = ax.imshow(matrix, aspect="auto", interpolation="nearest", cmap="viridis")
+    for edge in np.flatnonzero(np.diff(shown)) + 0.5:
+        ax.axhline(edge, color="white", linewidth=1)
+        if square:
+            ax.axvline(edge, color="white", linewidth=1)
+    clusters, starts, counts = np.unique(shown, return_index=True, return_counts=True)
+    ax.set_yticks(starts + (counts - 1) / 2, [f"{k} ({n})" for k, n in zip(clusters, counts)])
+    if square:
+        ax.set_xticks(starts + (counts - 1) / 2, [str(k) for k in clusters])
+        ax.set_xlabel("client, ordered by cluster")
+    else:
+        ax.set_xticks(range(len(similarity.columns)), similarity.columns, rotation=30)
+    ax.set(
+        ylabel="client, by cluster (size)",
+        title=f"{title}\n{len(labels)} clients, round {similarity.round_num}",
+    )
+    fig.colorbar(image, ax=ax, label=similarity.measure)
     save_figure(fig, path)
 
 

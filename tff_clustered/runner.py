@@ -158,6 +158,21 @@ def run(
         history,
         f"accuracy per cluster: {title}",
     )
+    similarity_png = os.path.join(output_dir, reporting.SIMILARITY_PNG)
+    if experiment.state.similarity is not None:
+        reporting.write_similarity_png(
+            similarity_png, experiment.state.similarity, f"clustering similarity: {title}"
+        )
+    pictures = reporting.TensorBoardLog(output_dir)
+    pictures.add_images(
+        {
+            "membership": os.path.join(output_dir, reporting.MEMBERSHIP_PNG),
+            "similarity": similarity_png,
+            "labels": os.path.join(output_dir, reporting.LABELS_PNG),
+        },
+        step=experiment.state.round_num,
+    )
+    pictures.close()
     return dict(summary, history=history)
 
 

@@ -84,11 +84,27 @@ class RoundResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class Similarity:
+    """The matrix a clustering step decided on, kept for the similarity picture. Rows are the
+    clients `client_ids` with the clusters `labels` they were given; columns are the same
+    clients, or the named `columns` (cluster centers) when given. `measure` says what an entry
+    is (a distance or a similarity, and the paper's equation)."""
+
+    measure: str
+    client_ids: tuple[str, ...]
+    matrix: np.ndarray
+    labels: tuple[int, ...]
+    round_num: int
+    columns: Optional[tuple[str, ...]] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Decision:
     """Changes the loop applies. `assignment` entries replace those clients' clusters;
     `cluster_models` replaces all cluster models (their number may change); `shared` moves the
     base/personal boundary; `anchor` replaces the broadcast anchor model (flat, (D,)); `state`
-    replaces the algorithm state unless UNCHANGED."""
+    replaces the algorithm state unless UNCHANGED; `similarity` is the matrix a clustering step
+    used (for the run's picture; it changes nothing)."""
 
     assignment: Mapping[str, int] = dataclasses.field(default_factory=dict)
     cluster_models: Optional[np.ndarray] = None
@@ -96,6 +112,7 @@ class Decision:
     anchor: Optional[np.ndarray] = None
     state: Any = UNCHANGED
     metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    similarity: Optional[Similarity] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,7 @@ from tff_clustered.algorithms.base import (
     RoundResult,
     RunInfo,
     ServerView,
+    Similarity,
     check,
 )
 from tff_clustered.options import option
@@ -67,6 +68,7 @@ class CFL(Algorithm):
         models = view.cluster_models
         assignment: dict[str, int] = {}
         norms: dict[str, float] = {}
+        similarity = None
         for k in range(view.num_clusters):
             members = np.flatnonzero(result.clusters == k)
             if not len(members):
@@ -82,7 +84,17 @@ class CFL(Algorithm):
                 )
             ):
                 continue
-            first, second = clustering.optimal_bipartition(clustering.pairwise_cosine(updates))
+            cosines = clustering.pairwise_cosine(updates)
+            first, second = clustering.optimal_bipartition(cosines)
+            split_labels = np.zeros(len(members), np.int32)
+            split_labels[second] = 1
+            similarity = Similarity(
+                f"cosine of updates (cluster {k} split)",
+                tuple(result.client_ids[i] for i in members),
+                cosines,
+                tuple(int(v) for v in split_labels),
+                result.round_num,
+            )
             before = result.cluster_models_before[k]
             halves = []
             for half in (first, second):
@@ -94,4 +106,6 @@ class CFL(Algorithm):
         metrics = {**norms, "num_clusters": float(len(models))}
         if not assignment:
             return Decision(metrics=metrics)
-        return Decision(assignment=assignment, cluster_models=models, metrics=metrics)
+        return Decision(
+            assignment=assignment, cluster_models=models, metrics=metrics, similarity=similarity
+        )

@@ -27,6 +27,7 @@ from tff_clustered.algorithms.base import (
     RoundResult,
     RunInfo,
     ServerView,
+    Similarity,
     check,
 )
 from tff_clustered.algorithms.fedprox import DEFAULT_MU, MU_HELP
@@ -135,12 +136,20 @@ class FedGroup(Algorithm):
         chosen = sorted(rng.choice(len(present), count, replace=False))
         clustered = [present[i] for i in chosen]
         updates = self.pretrain(run, clustered, 0, queries)
+        similarity = None
         if self.clustering_method == "edc":
-            labels = clustering.cluster_edc(updates, m, seed=run.seed)
+            embedding = clustering.edc_embedding(updates, m, seed=run.seed)
+            labels = clustering.kmeans_edc(embedding, m, seed=run.seed)
+            matrix, measure = clustering.edc_matrix(embedding), "EDC distance (Eq. 8)"
         elif self.clustering_method == "madc":
-            labels = clustering.cluster_madc(updates, m)
+            matrix, measure = clustering.madc_matrix(updates), "MADC distance (Eq. 7)"
+            labels = clustering.agglomerative_madc(matrix, m)
         else:  # RCC: each of m random clients is one group's center
             labels = np.arange(m, dtype=np.int32)
+        if self.clustering_method != "rcc":
+            similarity = Similarity(
+                measure, tuple(clustered), matrix, tuple(int(g) for g in labels), 0
+            )
         directions = np.zeros((m, updates.shape[1]))
         for j in range(m):  # empty group: model w0, zero direction
             if np.any(labels == j):
@@ -155,6 +164,7 @@ class FedGroup(Algorithm):
             assignment=assignment,
             cluster_models=run.initial_model[None, :] + directions,
             state=state,
+            similarity=similarity,
         )
 
     # -- newcomers (Eq. 9) -------------------------------------------------------------------

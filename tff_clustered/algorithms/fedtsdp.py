@@ -38,6 +38,7 @@ from tff_clustered.algorithms.base import (
     RoundResult,
     RunInfo,
     ServerView,
+    Similarity,
     check,
 )
 from tff_clustered.options import option
@@ -138,8 +139,9 @@ class FedTSDP(Algorithm):
         metrics = {"hopkins": hopkins, "clustered": 0.0, "shared_tensors": float(len(view.shared))}
         if not (len(ids) >= 2 and hopkins > o.hopkins_threshold):
             return Decision(metrics=metrics)
+        js = clustering.js_divergence_matrix(probs)
         labels = clustering.two_stage_clusters(
-            clustering.js_divergence_matrix(probs),
+            js,
             clustering.weight_distance_matrix(self.distance_part(run, view, models), o.upsilon),
             o.tsdp_eps1,
             o.tsdp_eps2,
@@ -163,6 +165,13 @@ class FedTSDP(Algorithm):
             shared=shared,
             state=TSDPState(weights, triggers),
             metrics=metrics,
+            similarity=Similarity(
+                "Jensen-Shannon divergence of outputs (Eqs. 3-5)",
+                tuple(ids),
+                js,
+                tuple(int(v) for v in labels),
+                result.round_num,
+            ),
         )
 
     def distance_part(self, run: RunInfo, view: ServerView, models: np.ndarray) -> np.ndarray:

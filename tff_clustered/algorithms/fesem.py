@@ -40,6 +40,7 @@ from tff_clustered.algorithms.base import (
     RoundResult,
     RunInfo,
     ServerView,
+    Similarity,
     check,
 )
 from tff_clustered.algorithms.ifca import DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP
@@ -148,10 +149,19 @@ class FeSEM(Algorithm):
         models = centers[result.clusters] + result.model_deltas
         width = run.num_trainable_values
         labels = clustering.nearest_centers(models[:, :width], centers[:, :width])
+        distances = clustering.squared_center_distances(models[:, :width], centers[:, :width])
         weights = self._weights(result.num_examples)
         return Decision(
             assignment=dict(zip(result.client_ids, labels.tolist())),
             cluster_models=clustering.mean_per_cluster(models, labels, centers, weights),
+            similarity=Similarity(
+                "L2 distance of trained models to the centers (Eq. 8)",
+                tuple(result.client_ids),
+                np.sqrt(np.maximum(distances, 0.0)),
+                tuple(labels.tolist()),
+                result.round_num,
+                columns=tuple(f"center {k}" for k in range(len(centers))),
+            ),
         )
 
     def _weights(self, num_examples: Sequence[float]) -> Optional[np.ndarray]:

@@ -15,18 +15,22 @@ from tff_clustered.clustering.bipartition import (
     update_norms,
 )
 from tff_clustered.clustering.decomposed import (
+    agglomerative_madc,
     assign_newcomers,
     best_kmeans,
     cluster_edc,
     cluster_madc,
     cosine_similarity,
     decomposed_cosine,
+    edc_embedding,
     edc_matrix,
     inter_group_aggregation,
+    kmeans_edc,
     madc_matrix,
     mean_per_cluster,
     nearest_centers,
     newcomer_dissimilarity,
+    squared_center_distances,
     svd_directions,
 )
 from tff_clustered.clustering.density import (
@@ -43,6 +47,10 @@ from tff_clustered.clustering.density import (
 )
 
 __all__ = [
+    "squared_center_distances",
+    "kmeans_edc",
+    "edc_embedding",
+    "agglomerative_madc",
     "ROUNDINGS",
     "STAGES",
     "amend_sampling_weights",

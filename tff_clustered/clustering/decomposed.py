@@ -78,17 +78,31 @@ def edc_matrix(embedding: np.ndarray) -> np.ndarray:
     return np.sqrt((diff**2).sum(-1)) / m
 
 
-def cluster_edc(updates: np.ndarray, num_groups: int, seed: int = 0) -> np.ndarray:
-    """EDC clustering: K-Means++ on the decomposed cosine embedding (Alg. 3 lines 11-14)."""
-    embedding = decomposed_cosine(updates, svd_directions(updates, num_groups, seed))
+def edc_embedding(updates: np.ndarray, num_groups: int, seed: int = 0) -> np.ndarray:
+    """M_d = K(DW, SVD(DW^T, m)): the decomposed cosine embedding EDC clusters (P x m)."""
+    return decomposed_cosine(updates, svd_directions(updates, num_groups, seed))
+
+
+def kmeans_edc(embedding: np.ndarray, num_groups: int, seed: int = 0) -> np.ndarray:
+    """K-Means++ on the decomposed cosine embedding (Alg. 3 line 14)."""
     kmeans = KMeans(num_groups, init="k-means++", n_init=10, max_iter=20, random_state=seed)
     return kmeans.fit(embedding).labels_.astype(np.int32)
 
 
+def cluster_edc(updates: np.ndarray, num_groups: int, seed: int = 0) -> np.ndarray:
+    """EDC clustering: K-Means++ on the decomposed cosine embedding (Alg. 3 lines 11-14)."""
+    return kmeans_edc(edc_embedding(updates, num_groups, seed), num_groups, seed)
+
+
+def agglomerative_madc(madc: np.ndarray, num_groups: int) -> np.ndarray:
+    """Complete-linkage agglomerative clustering on a MADC matrix (Alg. 3 line 15)."""
+    model = AgglomerativeClustering(num_groups, metric="precomputed", linkage="complete")
+    return model.fit(madc).labels_.astype(np.int32)
+
+
 def cluster_madc(updates: np.ndarray, num_groups: int) -> np.ndarray:
     """MADC clustering: complete-linkage agglomerative on the MADC matrix (Alg. 3 line 15)."""
-    model = AgglomerativeClustering(num_groups, metric="precomputed", linkage="complete")
-    return model.fit(madc_matrix(updates)).labels_.astype(np.int32)
+    return agglomerative_madc(madc_matrix(updates), num_groups)
 
 
 def newcomer_dissimilarity(group_directions: np.ndarray, update: np.ndarray) -> np.ndarray:
@@ -124,12 +138,16 @@ def inter_group_aggregation(models: np.ndarray, eta_g: float, mode: str = "addit
     raise ValueError(f"inter-group mode must be 'additive' or 'normalized', got {mode!r}")
 
 
-def nearest_centers(models: np.ndarray, centers: np.ndarray) -> np.ndarray:
-    """FeSEM E-step (Eq. 8): index of the center at least squared L2 distance."""
+def squared_center_distances(models: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    """||W_i - W~_k||^2 of every model (row) to every center (column), FeSEM's Eq. 8 terms."""
     models = np.asarray(models, np.float64)
     centers = np.asarray(centers, np.float64)
-    d2 = (models**2).sum(1, keepdims=True) - 2 * models @ centers.T + (centers**2).sum(1)[None, :]
-    return np.argmin(d2, axis=1).astype(np.int32)
+    return (models**2).sum(1, keepdims=True) - 2 * models @ centers.T + (centers**2).sum(1)[None, :]
+
+
+def nearest_centers(models: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    """FeSEM E-step (Eq. 8): index of the center at least squared L2 distance."""
+    return np.argmin(squared_center_distances(models, centers), axis=1).astype(np.int32)
 
 
 def best_kmeans(
