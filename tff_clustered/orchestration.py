@@ -41,11 +41,21 @@ from tff_clustered.federated.round import (
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec, initial_weights
 from tff_clustered.models.split import trainable_layer_sizes
-from tff_clustered.seeds import DROPOUT, PRETRAIN_SHUFFLE, SAMPLING, SHUFFLE, derived_seed
+from tff_clustered.seeds import (
+    DROPOUT,
+    FINE_TUNE_SHUFFLE,
+    PRETRAIN_SHUFFLE,
+    SAMPLING,
+    SHUFFLE,
+    derived_seed,
+)
 
 LR_SCHEDULES = ("constant", "exponential", "cosine")
 # A function of the run, the server after a round and the round's result -> extra metrics.
 RoundMetric = Callable[[RunInfo, ServerView, RoundResult], dict]
+
+
+FINE_TUNED = "finetuned"  # the evaluation-only model kind of `TrainingConfig.fine_tune_steps`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +70,9 @@ class TrainingConfig:
     momentum: float = 0.0
     seed: int = 0
     eval_every: int = 1
+    # > 0: also score each client after this many minibatches of plain local SGD on its
+    # training data from its global/cluster model (the "finetuned" model kind).
+    fine_tune_steps: int = 0
     # A client whose update has NaN or infinity is left out of the round; more than this
     # fraction of a round's clients doing so stops the run (the learning rate is too high).
     max_diverged_fraction: float = 0.25
@@ -78,6 +91,7 @@ class TrainingConfig:
             (0 < self.lr_decay <= 1, "lr_decay must be in (0, 1]"),
             (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
             (self.eval_every >= 1, "eval_every must be >= 1"),
+            (self.fine_tune_steps >= 0, "fine_tune_steps must be >= 0 (0: no fine-tuned kind)"),
             (self.seed >= 0, "seed must be >= 0"),
             (0 <= self.max_diverged_fraction <= 1, "max_diverged_fraction must be in [0, 1]"),
         ]
@@ -195,6 +209,7 @@ class Experiment:
         self.state = RunState()
         self.store = ClientStore(self.initial_variables)
         self._predict: Optional[Callable] = None
+        self._test_datasets: dict[str, Any] = {}
         # Per-client results of the last evaluation, one dict per client (for clients.csv).
         self.client_rows: list[dict[str, Any]] = []
 
@@ -322,8 +337,16 @@ class Experiment:
         return datasets if steps is None else [d.take(steps) for d in datasets]
 
     def scoring_dataset(self, split: str, client_id: str) -> Any:
-        """One ordered pass over a client's split in evaluation batches."""
-        return self.data.batched(split, client_id, max(self.config.batch_size, 64))
+        """One ordered pass over a client's split in evaluation batches. Test datasets are
+        built once and reused by every evaluation: TensorFlow keeps part of what each new
+        dataset allocates (see the README's memory figures), and they never change."""
+        if split != "test":
+            return self.data.batched(split, client_id, max(self.config.batch_size, 64))
+        if client_id not in self._test_datasets:
+            self._test_datasets[client_id] = self.data.batched(
+                split, client_id, max(self.config.batch_size, 64)
+            )
+        return self._test_datasets[client_id]
 
     def client_seeds(self, round_num: int, client_ids: Sequence[str]) -> list[np.ndarray]:
         index = self.client_index
@@ -477,10 +500,11 @@ class Experiment:
         round_num: int = 0,
         steps: Optional[int] = None,
         chunk: int = 100,
+        stream: int = PRETRAIN_SHUFFLE,
     ) -> np.ndarray:
         """Flat updates of plain local SGD (no proximal term, no momentum) from flat model
         `start`, one row per client (FedGroup's ClientPretrain): `epochs` passes over each
-        client's data, or `steps` minibatches when given."""
+        client's data, or `steps` minibatches when given; shuffled from seed stream `stream`."""
         fed_round = self.rounds_cache.get(
             RoundSignature(
                 num_clusters=1,
@@ -500,7 +524,7 @@ class Experiment:
                 [0] * len(ids),
                 epochs,
                 self.config.learning_rate,
-                stream=PRETRAIN_SHUFFLE,
+                stream=stream,
                 stored=False,
                 steps=steps,
             )
@@ -565,6 +589,15 @@ class Experiment:
         cluster_of = dict(zip(everyone, (int(k) for k in clusters)))
         kinds = self.algorithm.model_kinds
         results = {kind: self.evaluate_kind(kind, everyone, clusters) for kind in kinds}
+        tunable = [k for k in kinds if k != "personal"]
+        if self.config.fine_tune_steps and tunable:
+            results[FINE_TUNED] = self.evaluate_fine_tuned(
+                tunable[0],
+                everyone,
+                clusters,
+                self.state.round_num if round_num is None else round_num,
+            )
+            kinds = (*kinds, FINE_TUNED)
         main = results[kinds[0]]
         row: dict[str, Any] = pooled({c: main[c] for c in assigned}, "")
         row["num_eval_clients"] = len(assigned)
@@ -605,22 +638,32 @@ class Experiment:
         weights = counts / counts.sum() if counts.sum() else np.full(len(models), 1 / len(models))
         return (weights[:, None] * models.astype(np.float64)).sum(0).astype(np.float32)
 
+    def server_models(self, kind: str, clusters: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The models of a server-side kind ("global" or "cluster") and each client's index."""
+        if kind == "global":
+            return self.global_model(clusters)[None, :], np.zeros(len(clusters), np.int32)
+        return self.state.cluster_models, np.asarray(clusters, np.int32)
+
     def evaluate_kind(
         self, kind: str, client_ids: Sequence[str], clusters: np.ndarray
     ) -> dict[str, dict[str, float]]:
         """Per-client test results of one model kind (`algorithms.base.MODEL_KINDS`)."""
-        if kind == "global":
-            models, keys = self.global_model(clusters)[None, :], np.zeros(len(client_ids), int)
-        else:
-            models, keys = self.state.cluster_models, clusters
+        models, keys = self.server_models("cluster" if kind == "personal" else kind, clusters)
         fed_round = self.current_round()
         joins_store = bool(fed_round.io.store_in) or self.work.reads_own_model
-        if kind != "personal" and joins_store:  # whole server models, nothing from the store
-            fed_round = self.rounds_cache.get(
-                RoundSignature(
-                    cluster_capacity(len(models)), tuple(range(self.layout.num_trainable))
-                )
-            )
+        if kind != "personal" and joins_store:
+            return self.score_whole_models(models, keys, client_ids)
+        return self.score(fed_round, models, keys, client_ids)
+
+    def score(
+        self,
+        fed_round: FederatedRound,
+        models: np.ndarray,
+        keys: np.ndarray,
+        client_ids: Sequence[str],
+    ) -> dict[str, dict[str, float]]:
+        """Each client's test results with `models[keys[i]]` (joined with its stored tensors
+        where the round reads them)."""
         capacity = fed_round.signature.num_clusters
         results = fed_round.evaluate(
             flat.matrix_to_stacked(padded(models, capacity), self.layout.shapes),
@@ -629,6 +672,49 @@ class Experiment:
             [self.store.variables(c, fed_round.io.store_in) for c in client_ids],
         )
         return {c: {k: float(v) for k, v in r.items()} for c, r in zip(client_ids, results)}
+
+    def score_whole_models(
+        self, models: np.ndarray, keys: np.ndarray, client_ids: Sequence[str]
+    ) -> dict[str, dict[str, float]]:
+        """Test results with whole server models, nothing taken from the client store."""
+        fed_round = self.rounds_cache.get(
+            RoundSignature(cluster_capacity(len(models)), tuple(range(self.layout.num_trainable)))
+        )
+        return self.score(fed_round, models, keys, client_ids)
+
+    def evaluate_fine_tuned(
+        self,
+        kind: str,
+        client_ids: Sequence[str],
+        clusters: np.ndarray,
+        round_num: int,
+        chunk: int = 8,
+    ) -> dict[str, dict[str, float]]:
+        """The "finetuned" kind: each client's model of `kind` after `fine_tune_steps`
+        minibatches of plain local SGD on its own training data, scored on its test data.
+        Nothing is kept: the run's models are unchanged."""
+        models, keys = self.server_models(kind, clusters)
+        tuned = np.empty((len(client_ids), models.shape[1]), np.float32)
+        for k in np.unique(keys):
+            members = np.flatnonzero(keys == k)
+            tuned[members] = models[k][None, :] + self.local_updates(
+                [client_ids[i] for i in members],
+                models[k],
+                1,
+                round_num,
+                steps=self.config.fine_tune_steps,
+                stream=FINE_TUNE_SHUFFLE,
+            )
+        fed_round = self.rounds_cache.get(  # one built round for every chunk, the last padded
+            RoundSignature(cluster_capacity(chunk), tuple(range(self.layout.num_trainable)))
+        )
+        results: dict[str, dict[str, float]] = {}
+        for begin in range(0, len(client_ids), chunk):
+            ids = list(client_ids[begin : begin + chunk])
+            results.update(
+                self.score(fed_round, tuned[begin : begin + chunk], np.arange(len(ids)), ids)
+            )
+        return results
 
 
 def pooled(results: dict[str, dict[str, float]], suffix: str) -> dict[str, float]:

@@ -59,6 +59,13 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_bool(logs.FLAG, False, logs.FLAG_HELP)
 flags.DEFINE_integer("eval_every", 1, "Evaluate every N rounds.", lower_bound=1)
+flags.DEFINE_integer(
+    "fine_tune_steps",
+    0,
+    "If > 0, each evaluation also scores every client after this many minibatches of local SGD "
+    "on its own training data from its global or cluster model (columns *_finetuned).",
+    lower_bound=0,
+)
 flags.DEFINE_float(
     "max_diverged_fraction",
     0.25,
@@ -104,6 +111,7 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
             momentum=FLAGS.momentum,
             seed=FLAGS.seed,
             eval_every=FLAGS.eval_every,
+            fine_tune_steps=FLAGS.fine_tune_steps,
             max_diverged_fraction=FLAGS.max_diverged_fraction,
         ),
     )

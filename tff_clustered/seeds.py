@@ -7,6 +7,7 @@ import numpy as np
 
 # Independent random streams derived from the run seed.
 SAMPLING, SHUFFLE, PRETRAIN_SHUFFLE, ALGORITHM, DROPOUT, PUBLIC_BATCH = 1, 2, 3, 4, 5, 6
+FINE_TUNE_SHUFFLE = 7
 
 
 def derived_seed(*parts: int) -> int:
