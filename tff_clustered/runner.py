@@ -15,7 +15,6 @@ from tff_clustered.data import load_dataset
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment, RoundMetric, TrainingConfig
-from tff_clustered.runtime import raise_if_interrupted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +131,6 @@ def run(
             ):
                 checkpoint.save(ckpt_path, experiment.snapshot(), settings)
                 tensorboard.flush()
-            raise_if_interrupted()
     finally:
         progress.close()
         tensorboard.close()

@@ -28,7 +28,6 @@ import os
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Optional
@@ -175,27 +174,8 @@ class TffRuntime:
             self.stop()
             raise SystemExit(128 + signum)
 
-        def on_sigint(signum: int, frame: object) -> None:
-            _INTERRUPTED.set()
-            raise KeyboardInterrupt
-
         with contextlib.suppress(ValueError):  # not in the main thread: atexit still covers us
             self._previous_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_sigterm)
-            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-                _INTERRUPTED.clear()
-                self._previous_handlers[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
-
-
-# Set by Ctrl-C while a runtime is up. The KeyboardInterrupt a signal raises can be lost when it
-# lands inside native code that clears Python errors (seen inside TensorFlow calls); loops call
-# `raise_if_interrupted` between rounds so that Ctrl-C still stops the run at the next round.
-_INTERRUPTED = threading.Event()
-
-
-def raise_if_interrupted() -> None:
-    """Raises KeyboardInterrupt if Ctrl-C arrived since the runtime started."""
-    if _INTERRUPTED.is_set():
-        raise KeyboardInterrupt
 
 
 def _wait_until_ready(target: str, process: subprocess.Popen, timeout_s: float = 60.0) -> None:
