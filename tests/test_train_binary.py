@@ -168,6 +168,9 @@ def test_ctrl_c_stops_cleanly_with_exit_130_and_no_worker(tmp_path: object) -> N
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
+        # As a terminal's foreground job: a shell starts background jobs with SIGINT ignored and
+        # a child inherits that, so a suite started with `&` would see Ctrl-C ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 300
     while not os.path.exists(os.path.join(out, "checkpoint.npz")) and time.monotonic() < deadline:
