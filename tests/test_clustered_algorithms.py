@@ -204,7 +204,7 @@ def test_fesem_recovers_planted_clusters_and_beats_fedavg() -> None:
     """Digits in 4 label-permutation groups. Fails if the clusters never form (one cluster
     holding everybody gives ARI 0 and FedAvg's accuracy)."""
     config = TrainingConfig(
-        rounds=12, clients_per_round=10, local_epochs=3, learning_rate=0.1, seed=0
+        rounds=12, clients_per_round=10, local_epochs=3, learning_rate=0.1, seed=0, eval_every=12
     )
     fesem = experiment("fesem", config, 40, 4, num_clusters=4, fesem_init_epochs=3)
     fedavg = experiment("fedavg", config, 40, 4)
@@ -264,7 +264,7 @@ def test_checkpoint_round_trip_continues_identically(algorithm: str, tmp_path: P
 def test_fedgroup_beats_fedavg_on_planted_clusters(tmp_path: Path) -> None:
     """Digits in 4 label-permutation groups: one model per recovered group must win clearly."""
     config = TrainingConfig(
-        rounds=15, clients_per_round=10, local_epochs=3, learning_rate=0.1, seed=0
+        rounds=15, clients_per_round=10, local_epochs=3, learning_rate=0.1, seed=0, eval_every=15
     )
     fedgroup = experiment("fedgroup", config, 40, 4, num_clusters=4)
     fedavg = experiment("fedavg", config, 40, 4)

@@ -57,7 +57,8 @@ def test_default_run_fedper_reaches_075_and_beats_fedavg(tmp_path: object) -> No
     assert "final accuracy" in done.stdout
 
     base = str(tmp_path / "fedavg")
-    done = run_binary([TRAIN, "--algorithm=fedavg", f"--output_dir={base}"])
+    # Evaluating changes nothing in training: fewer evaluations, the same final model.
+    done = run_binary([TRAIN, "--algorithm=fedavg", "--eval_every=25", f"--output_dir={base}"])
     assert done.returncode == 0, done.stderr[-3000:]
     fedavg = json.load(open(os.path.join(base, "summary.json")))["results"]["final_accuracy"]
     # One global model cannot fit four label permutations; a personal head can.
@@ -224,26 +225,37 @@ def test_divergence_stops_with_a_clear_error_and_no_nan_output(tmp_path: object)
     assert_no_worker_left(tag)
 
 
-def test_tensorflow_logs_are_hidden_unless_asked_for(tmp_path: object) -> None:
+# TensorFlow's own logging left at its defaults, as a user's shell has it.
+TF_DEFAULT_LOGS = {"TF_CPP_MIN_LOG_LEVEL": None, "AUTOGRAPH_VERBOSITY": None}
+
+
+@pytest.fixture(scope="module")
+def two_round_run(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """One short default run shared by the tests below: (output folder, finished process)."""
+    out = str(tmp_path_factory.mktemp("two_rounds") / "run")
+    done = run_binary([TRAIN, *QUICK, "--rounds=2", f"--output_dir={out}"], TF_DEFAULT_LOGS)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return out, done
+
+
+def test_tensorflow_logs_are_hidden_unless_asked_for(
+    tmp_path: object, two_round_run: tuple
+) -> None:
     """TensorFlow's C++ lines (CUDA factories, oneDNN, grappler...) and AutoGraph notes stay
     out of a default run's output; --tf_logs shows them."""
-    outputs = {}
-    for extra in ([], ["--tf_logs"]):
-        done = run_binary(
-            [TRAIN, "--rounds=1", *extra, f"--output_dir={tmp_path / str(len(extra))}"],
-            {"TF_CPP_MIN_LOG_LEVEL": None, "AUTOGRAPH_VERBOSITY": None},
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        outputs[bool(extra)] = done.stdout + done.stderr
-    quiet, shown = outputs[False], outputs[True]
+    done = two_round_run[1]
+    quiet = done.stdout + done.stderr
     assert "tensorflow/" not in quiet and "AutoGraph" not in quiet
     assert len(quiet.splitlines()) <= 4, quiet
-    assert "tensorflow/" in shown
+    done = run_binary(
+        [TRAIN, "--rounds=1", "--tf_logs", f"--output_dir={tmp_path / 'shown'}"], TF_DEFAULT_LOGS
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tensorflow/" in done.stdout + done.stderr
 
 
-def test_an_existing_run_is_not_overwritten_without_resume(tmp_path: object) -> None:
-    out = str(tmp_path / "run")
-    assert run_binary([TRAIN, *QUICK, "--rounds=2", f"--output_dir={out}"]).returncode == 0
+def test_an_existing_run_is_not_overwritten_without_resume(two_round_run: tuple) -> None:
+    out = two_round_run[0]
     before = open(os.path.join(out, "metrics.csv")).read()
     done = run_binary([TRAIN, *QUICK, "--rounds=2", f"--output_dir={out}"])
     assert done.returncode == 2 and "--resume" in done.stderr

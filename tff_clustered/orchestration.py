@@ -588,7 +588,12 @@ class Experiment:
         clusters = self.algorithm.evaluation_clusters(self.run, self.view(), everyone, self)
         cluster_of = dict(zip(everyone, (int(k) for k in clusters)))
         kinds = self.algorithm.model_kinds
-        results = {kind: self.evaluate_kind(kind, everyone, clusters) for kind in kinds}
+        results: dict[str, dict[str, dict[str, float]]] = {}
+        for kind in kinds:
+            if kind == "global" and "cluster" in results and self.num_clusters == 1:
+                results[kind] = results["cluster"]  # the one cluster model is the global model
+            else:
+                results[kind] = self.evaluate_kind(kind, everyone, clusters)
         tunable = [k for k in kinds if k != "personal"]
         if self.config.fine_tune_steps and tunable:
             results[FINE_TUNED] = self.evaluate_fine_tuned(
