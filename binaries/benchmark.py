@@ -259,6 +259,17 @@ def memory_growth(worker_pid: int) -> dict:
         result[f"{name}_mb_per_100_rounds"] = round(float(slope * 100), 2)
         result[f"{name}_mb_at_warmup"] = round(float(measured[0, column]), 1)
         result[f"{name}_mb_at_end"] = round(float(measured[-1, column]), 1)
+    result["resident_mb_every_100_rounds"] = [
+        {"round": int(r), "python_mb": round(p, 1), "worker_mb": round(w, 1)}
+        for r, p, w in samples
+        if r % 100 == 0
+    ]
+    for point in result["resident_mb_every_100_rounds"]:
+        print(
+            f"  round {point['round']:5d}: python {point['python_mb']:.1f} MB, "
+            f"worker {point['worker_mb']:.1f} MB",
+            flush=True,
+        )
     print(
         f"memory over {FLAGS.memory_rounds} FedAvg digits rounds: python "
         f"{result['python_mb_at_warmup']} -> {result['python_mb_at_end']} MB "

@@ -122,6 +122,17 @@ def tensorboard_scalars(folder: str, tag: str) -> list[tuple[int, float]]:
     return points
 
 
+def tensorboard_images(folder: str) -> dict[str, list[int]]:
+    """Steps of every image summary in the folder's event files, by tag."""
+    steps: dict[str, list[int]] = {}
+    for path in sorted(glob.glob(os.path.join(folder, "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.metadata.plugin_data.plugin_name == "images":
+                    steps.setdefault(value.tag, []).append(event.step)
+    return steps
+
+
 def test_outputs_hold_per_client_and_per_cluster_results(tmp_path: object) -> None:
     """IFCA: every client is scored every round (one not assigned yet with its lowest-loss
     cluster); the paper's `accuracy` pools the assigned ones only; clients.csv adds up to both
@@ -155,6 +166,7 @@ def test_outputs_hold_per_client_and_per_cluster_results(tmp_path: object) -> No
     assert steps == [0, 1, 2, 3]
     for picture in ("membership.png", "cluster_accuracy.png", "labels.png", "curves.png"):
         assert (out / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", picture
+    assert tensorboard_images(str(out)) == {"membership": [3], "labels": [3]}  # IFCA: no matrix
 
 
 def test_ctrl_c_stops_cleanly_with_exit_130_and_no_worker(tmp_path: object) -> None:
