@@ -331,3 +331,30 @@ def test_digits_dirichlet_is_skewed_and_seeded() -> None:
     assert np.array_equal(again.public_x, dirichlet.public_x)
     assert other.train_sizes != dirichlet.train_sizes
     assert not np.array_equal(other.public_x, dirichlet.public_x)
+
+
+class RunsACommand:
+    """What a crafted pickle would hold: unpickling it calls os.system."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (self.command,))
+
+
+def test_a_crafted_cifar_pickle_is_refused_without_running_it(tmp_path: Path) -> None:
+    folder = tmp_path / "cifar-10-batches-py"
+    shutil.copytree(os.path.join(CIFAR10, "cifar-10-batches-py"), folder)
+    marker = tmp_path / "it_ran"
+    with open(folder / "data_batch_3", "wb") as f:
+        pickle.dump({b"data": RunsACommand(f"touch {marker}"), b"labels": [0]}, f)
+    with pytest.raises(
+        DataError, match=r"data_batch_3 cannot be read.*posix.system|data_batch_3.*system"
+    ):
+        read_cifar("cifar10", str(tmp_path))
+    assert not marker.exists()
+    with open(folder / "data_batch_3", "wb") as f:
+        pickle.dump([1, 2, 3], f)
+    with pytest.raises(DataError, match="data_batch_3 holds a list, not a CIFAR batch"):
+        read_cifar("cifar10", str(tmp_path))

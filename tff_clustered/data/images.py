@@ -49,15 +49,48 @@ def _missing(name: str, path: str) -> DataError:
     )
 
 
+class CifarUnpickler(pickle.Unpickler):
+    """Unpickles only what the official CIFAR batches hold: dicts, lists, bytes, numbers and
+    NumPy arrays. Any other global (a function a crafted file could call) is refused, so a
+    batch file someone sent you cannot run code."""
+
+    ALLOWED = frozenset(
+        {
+            ("numpy.core.multiarray", "_reconstruct"),
+            ("numpy._core.multiarray", "_reconstruct"),
+            ("numpy", "ndarray"),
+            ("numpy", "dtype"),
+            ("_codecs", "encode"),  # Python 2 byte strings
+        }
+    )
+
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(
+                f"it refers to {module}.{name}, which a CIFAR batch never does"
+            )
+        return super().find_class(module, name)
+
+
 def _unpickle(name: str, path: str) -> dict:
     """One official CIFAR pickle (a dict with bytes keys)."""
     if not os.path.isfile(path):
         raise _missing(name, path)
     try:
         with open(path, "rb") as f:
-            return pickle.load(f, encoding="bytes")  # noqa: S301 - the official CIFAR format
-    except Exception as e:  # noqa: BLE001
-        raise DataError(f"{name}: {path} cannot be read as a CIFAR pickle batch ({e})") from e
+            batch = CifarUnpickler(f, encoding="bytes").load()
+    except Exception as e:  # noqa: BLE001 - any failure to unpickle is a bad file
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(
+            f"{name}: {path} cannot be read as a CIFAR pickle batch ({message}); download the "
+            "official files again"
+        ) from e
+    if not isinstance(batch, dict):
+        raise DataError(
+            f"{name}: {path} holds a {type(batch).__name__}, not a CIFAR batch (a dict); download "
+            "the official files again"
+        )
+    return batch
 
 
 def _cifar_images(
