@@ -340,12 +340,11 @@ class Experiment:
         """One ordered pass over a client's split in evaluation batches. Test datasets are
         built once and reused by every evaluation: TensorFlow keeps part of what each new
         dataset allocates (see the README's memory figures), and they never change."""
+        batch_size = max(self.config.batch_size, 64)
         if split != "test":
-            return self.data.batched(split, client_id, max(self.config.batch_size, 64))
+            return self.data.batched(split, client_id, batch_size)
         if client_id not in self._test_datasets:
-            self._test_datasets[client_id] = self.data.batched(
-                split, client_id, max(self.config.batch_size, 64)
-            )
+            self._test_datasets[client_id] = self.data.batched(split, client_id, batch_size)
         return self._test_datasets[client_id]
 
     def client_seeds(self, round_num: int, client_ids: Sequence[str]) -> list[np.ndarray]:
@@ -678,14 +677,18 @@ class Experiment:
         )
         return {c: {k: float(v) for k, v in r.items()} for c, r in zip(client_ids, results)}
 
+    def whole_model_round(self, num_models: int) -> FederatedRound:
+        """A round whose models are whole server models, nothing taken from the client store
+        (for scoring them)."""
+        return self.rounds_cache.get(
+            RoundSignature(cluster_capacity(num_models), tuple(range(self.layout.num_trainable)))
+        )
+
     def score_whole_models(
         self, models: np.ndarray, keys: np.ndarray, client_ids: Sequence[str]
     ) -> dict[str, dict[str, float]]:
         """Test results with whole server models, nothing taken from the client store."""
-        fed_round = self.rounds_cache.get(
-            RoundSignature(cluster_capacity(len(models)), tuple(range(self.layout.num_trainable)))
-        )
-        return self.score(fed_round, models, keys, client_ids)
+        return self.score(self.whole_model_round(len(models)), models, keys, client_ids)
 
     def evaluate_fine_tuned(
         self,
@@ -710,9 +713,7 @@ class Experiment:
                 steps=self.config.fine_tune_steps,
                 stream=FINE_TUNE_SHUFFLE,
             )
-        fed_round = self.rounds_cache.get(  # one built round for every chunk, the last padded
-            RoundSignature(cluster_capacity(chunk), tuple(range(self.layout.num_trainable)))
-        )
+        fed_round = self.whole_model_round(chunk)  # one round for every chunk, the last padded
         results: dict[str, dict[str, float]] = {}
         for begin in range(0, len(client_ids), chunk):
             ids = list(client_ids[begin : begin + chunk])

@@ -131,46 +131,44 @@ def run(
             ):
                 checkpoint.save(ckpt_path, experiment.snapshot(), settings)
                 tensorboard.flush()
+        history = experiment.state.history
+        reporting.write_metrics_csv(csv_path, history)
+        config = dict(
+            settings,
+            algorithm_details=experiment.algorithm.describe(),
+            num_clients=len(experiment.data.client_ids),
+        )
+        summary = reporting.write_summary_json(
+            os.path.join(output_dir, reporting.SUMMARY_JSON), config, history
+        )
+        title = f"{spec.algorithm} on {experiment.data.name} ({spec.model})"
+        reporting.write_curves_png(os.path.join(output_dir, reporting.PLOT_PNG), history, title)
+        reporting.write_membership_png(
+            os.path.join(output_dir, reporting.MEMBERSHIP_PNG),
+            os.path.join(output_dir, reporting.CLIENTS_CSV),
+            f"cluster membership: {title}",
+        )
+        reporting.write_cluster_accuracy_png(
+            os.path.join(output_dir, reporting.CLUSTER_ACCURACY_PNG),
+            history,
+            f"accuracy per cluster: {title}",
+        )
+        similarity_png = os.path.join(output_dir, reporting.SIMILARITY_PNG)
+        if experiment.state.similarity is not None:
+            reporting.write_similarity_png(
+                similarity_png, experiment.state.similarity, f"clustering similarity: {title}"
+            )
+        tensorboard.add_images(
+            {
+                "membership": os.path.join(output_dir, reporting.MEMBERSHIP_PNG),
+                "similarity": similarity_png,
+                "labels": os.path.join(output_dir, reporting.LABELS_PNG),
+            },
+            step=experiment.state.round_num,
+        )
     finally:
         progress.close()
         tensorboard.close()
-    history = experiment.state.history
-    reporting.write_metrics_csv(csv_path, history)
-    config = dict(
-        settings,
-        algorithm_details=experiment.algorithm.describe(),
-        num_clients=len(experiment.data.client_ids),
-    )
-    summary = reporting.write_summary_json(
-        os.path.join(output_dir, reporting.SUMMARY_JSON), config, history
-    )
-    title = f"{spec.algorithm} on {experiment.data.name} ({spec.model})"
-    reporting.write_curves_png(os.path.join(output_dir, reporting.PLOT_PNG), history, title)
-    reporting.write_membership_png(
-        os.path.join(output_dir, reporting.MEMBERSHIP_PNG),
-        os.path.join(output_dir, reporting.CLIENTS_CSV),
-        f"cluster membership: {title}",
-    )
-    reporting.write_cluster_accuracy_png(
-        os.path.join(output_dir, reporting.CLUSTER_ACCURACY_PNG),
-        history,
-        f"accuracy per cluster: {title}",
-    )
-    similarity_png = os.path.join(output_dir, reporting.SIMILARITY_PNG)
-    if experiment.state.similarity is not None:
-        reporting.write_similarity_png(
-            similarity_png, experiment.state.similarity, f"clustering similarity: {title}"
-        )
-    pictures = reporting.TensorBoardLog(output_dir)
-    pictures.add_images(
-        {
-            "membership": os.path.join(output_dir, reporting.MEMBERSHIP_PNG),
-            "similarity": similarity_png,
-            "labels": os.path.join(output_dir, reporting.LABELS_PNG),
-        },
-        step=experiment.state.round_num,
-    )
-    pictures.close()
     return dict(summary, history=history)
 
 

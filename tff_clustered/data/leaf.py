@@ -40,7 +40,12 @@ def leaf_json_files(path: PathLike) -> list[str]:
     )
 
 
-NUMBER_TYPES = (int, float)
+NUMBER_TYPES = frozenset({int, float})
+
+
+def non_number_types(values: list) -> list[str]:
+    """Names of the types in `values` other than JSON numbers (bool is not a number here)."""
+    return sorted(t.__name__ for t in set(map(type, values)) - NUMBER_TYPES)
 
 
 def numeric_inputs(x: list) -> np.ndarray:
@@ -52,9 +57,8 @@ def numeric_inputs(x: list) -> np.ndarray:
     for i, row in enumerate(x):
         if not isinstance(row, list):
             raise ValueError(f"example {i} must be a list of numbers, got {type(row).__name__}")
-        types = set(map(type, row))
-        if not types <= set(NUMBER_TYPES):
-            bad = sorted(t.__name__ for t in types - set(NUMBER_TYPES))
+        bad = non_number_types(row)
+        if bad:
             raise ValueError(f"example {i} holds {', '.join(bad)} values where numbers belong")
         if length is None:
             length = len(row)
@@ -67,9 +71,8 @@ def check_labels(y: object, num_classes: Optional[int]) -> np.ndarray:
     """A user's `y`: a list of whole, non-negative JSON numbers below `num_classes` if given."""
     if not isinstance(y, list):
         raise ValueError(f"'y' must be a list of labels, got {type(y).__name__}")
-    types = set(map(type, y))
-    if not types <= set(NUMBER_TYPES):
-        bad = sorted(t.__name__ for t in types - set(NUMBER_TYPES))
+    bad = non_number_types(y)
+    if bad:
         raise ValueError(f"labels hold {', '.join(bad)} values where class indices belong")
     labels = np.asarray(y, dtype=np.float64)
     if not np.all(np.isfinite(labels)) or np.any(np.mod(labels, 1) != 0) or np.any(labels < 0):
