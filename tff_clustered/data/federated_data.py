@@ -22,6 +22,13 @@ class DataError(ValueError):
     """Bad input data: the message names the problem, where it is, and the fix."""
 
 
+def first_line(error: BaseException) -> str:
+    """An exception's message cut to its first line (its type name if it has none), to quote
+    inside a one-line DataError."""
+    text = str(error)
+    return text.splitlines()[0] if text.strip() else type(error).__name__
+
+
 @dataclasses.dataclass(frozen=True)
 class FederatedData:
     name: str

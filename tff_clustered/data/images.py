@@ -24,7 +24,7 @@ from typing import Optional
 import numpy as np
 
 from tff_clustered.data import partitions
-from tff_clustered.data.federated_data import DataError, FederatedData
+from tff_clustered.data.federated_data import DataError, FederatedData, first_line
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 SVHN_URL = "http://ufldl.stanford.edu/housenumbers/"
@@ -80,7 +80,7 @@ def _unpickle(name: str, path: str) -> dict:
         with open(path, "rb") as f:
             batch = CifarUnpickler(f, encoding="bytes").load()
     except Exception as e:  # noqa: BLE001 - any failure to unpickle is a bad file
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        message = first_line(e)
         raise DataError(
             f"{name}: {path} cannot be read as a CIFAR pickle batch ({message}); download the "
             "official files again"

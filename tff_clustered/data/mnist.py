@@ -19,6 +19,7 @@ import numpy as np
 from tff_clustered.data.federated_data import (
     DataError,
     FederatedData,
+    first_line,
     from_arrays,
     split_train_test,
 )
@@ -59,7 +60,7 @@ def read_idx(path: str) -> np.ndarray:
             expected = math.prod(dims)
             data = f.read(expected + 1) if expected < MAX_IDX_BYTES else b""
     except (OSError, EOFError, zlib.error) as e:
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        message = first_line(e)
         raise DataError(f"{path} cannot be read ({message}); download it again") from e
     if expected >= MAX_IDX_BYTES:
         raise DataError(
@@ -89,7 +90,7 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
     except DataError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        message = first_line(e)
         raise DataError(
             f"{path} cannot be read as an .npz of arrays ({message}); download Keras' "
             "mnist.npz again"

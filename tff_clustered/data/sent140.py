@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from tff_clustered.data.federated_data import DataError, FederatedData, from_arrays
+from tff_clustered.data.federated_data import DataError, FederatedData, first_line, from_arrays
 from tff_clustered.data.leaf import read_leaf_split
 
 TOKEN_PATTERN = re.compile(r"[\w']+|[.,!?;]")
@@ -84,7 +84,7 @@ def read_glove(path: str, vocabulary: set[str]) -> dict[str, np.ndarray]:
                     vectors[word] = values
                 line_number += 1
     except (ValueError, OSError) as e:  # UnicodeDecodeError is a ValueError
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        message = first_line(e)
         raise DataError(
             f"{path}, line {line_number}: {message}; the GloVe file is "
             f"corrupt or not GloVe text, {GLOVE_HELP}"
