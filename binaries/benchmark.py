@@ -44,7 +44,12 @@ import tensorflow_federated as tff  # noqa: E402
 from tff_clustered import clustering  # noqa: E402
 from tff_clustered.algorithms import make_algorithm  # noqa: E402
 from tff_clustered.data import load_dataset  # noqa: E402
-from tff_clustered.federated.round import RoundSignature, build_round, round_hparams  # noqa: E402
+from tff_clustered.federated.round import (  # noqa: E402
+    RoundSignature,
+    build_round,
+    client_seed,
+    round_hparams,
+)
 from tff_clustered.models import initial_weights, model_spec  # noqa: E402
 from tff_clustered.models.functional import functional_model  # noqa: E402
 from tff_clustered.orchestration import Experiment, TrainingConfig  # noqa: E402
@@ -121,15 +126,13 @@ def our_round_fn(spec: object, w0: list, clients: list, num_clusters: int) -> ob
     )
     state = process.initialize()
     keys = [np.array([i % num_clusters], np.int32) for i in range(len(clients))]
-    hparams = round_hparams(FLAGS.learning_rate)
+    hparams = round_hparams(FLAGS.learning_rate, FLAGS.batch_size, FLAGS.local_epochs)
     ones = [np.float32(1.0)] * len(clients)
-    seeds = [np.array([i, 0], np.int32) for i in range(len(clients))]
+    seeds = [client_seed(i, i) for i in range(len(clients))]
 
     def run() -> None:
         nonlocal state
-        state, _, _ = process.next(
-            state, datasets(clients), keys, [()] * len(clients), ones, seeds, hparams
-        )
+        state, _, _ = process.next(state, clients, keys, [()] * len(clients), ones, seeds, hparams)
 
     return run
 

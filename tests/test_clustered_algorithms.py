@@ -16,6 +16,7 @@ from tff_clustered import reporting
 from tff_clustered import weights as flat
 from tff_clustered.algorithms import algorithm_class, make_algorithm
 from tff_clustered.data import load_digits_clusters
+from tff_clustered.data.federated_data import batches
 from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment, TrainingConfig
 
@@ -303,8 +304,11 @@ def test_pretraining_by_steps_matches_epochs_where_they_coincide() -> None:
         by_epochs = exp.local_updates([client], w0, epochs, 0)
         by_steps = exp.local_updates([client], w0, 99, 0, steps=epochs * per_epoch)
         np.testing.assert_array_equal(by_steps, by_epochs)
-    datasets = exp.train_datasets(0, exp.data.client_ids[:3], 1, steps=3 * per_epoch + 1)
-    assert [sum(1 for _ in d) for d in datasets] == [3 * per_epoch + 1] * 3
+    for cid in exp.data.client_ids[:3]:  # passes repeated as needed, cut at the step count
+        dataset = batches(
+            exp.data.arrays("train", cid), exp.config.batch_size, -1, 0, max_steps=3 * per_epoch + 1
+        )
+        assert sum(1 for _ in dataset) == 3 * per_epoch + 1
     steps = experiment("fedgroup", num_clusters=3, pretrain_steps=50)
     assert steps.algorithm.pretrain(steps.run, [client], 0, steps).shape == (1, w0.size)
     assert not np.array_equal(steps.state.cluster_models, exp.state.cluster_models)

@@ -9,13 +9,20 @@ import pytest
 import tensorflow as tf
 from reference import mclr_mean_loss, mclr_sgd, softmax, weighted_mean
 
+from tff_clustered.data import federated_data
 from tff_clustered.federated import client_work
-from tff_clustered.federated.round import RoundSignature, build_round, round_hparams
+from tff_clustered.federated.round import (
+    RoundSignature,
+    build_round,
+    client_seed,
+    round_hparams,
+)
 from tff_clustered.models import PersonalSplit, ResolvedSplit, initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 BATCH = 4
+SHUFFLE_SEED = 11
 
 
 def client_sets(rng: np.random.Generator, sizes: list, dim: int, classes: int) -> list:
@@ -25,12 +32,18 @@ def client_sets(rng: np.random.Generator, sizes: list, dim: int, classes: int) -
     ]
 
 
+def arrays(x: np.ndarray, y: np.ndarray) -> collections.OrderedDict:
+    return collections.OrderedDict(x=x, y=y)
+
+
 def to_dataset(x: np.ndarray, y: np.ndarray) -> tf.data.Dataset:
-    return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(BATCH)
+    """The one pass a client of these rounds takes (every client shuffles from SHUFFLE_SEED),
+    built here in Python by the same function the clients use."""
+    return federated_data.batches(arrays(x, y), BATCH, 1, SHUFFLE_SEED)
 
 
 def batches(x: np.ndarray, y: np.ndarray) -> list:
-    return [(x[i : i + BATCH], y[i : i + BATCH]) for i in range(0, len(y), BATCH)]
+    return [(b["x"].numpy(), b["y"].numpy()) for b in to_dataset(x, y)]
 
 
 def build(
@@ -61,7 +74,7 @@ def build(
 
 
 def seeds(n: int) -> list:
-    return [np.array([i, 0], np.int32) for i in range(n)]
+    return [client_seed(SHUFFLE_SEED, i) for i in range(n)]
 
 
 def test_round_is_the_example_weighted_mean_per_cluster_and_empty_cluster_is_unchanged() -> None:
@@ -76,12 +89,12 @@ def test_round_is_the_example_weighted_mean_per_cluster_and_empty_cluster_is_unc
     keys = [0, 2, 2, 0]
     new_state, outputs, measurements = process.next(
         state,
-        [to_dataset(*d) for d in data],
+        [arrays(*d) for d in data],
         [np.array([k], np.int32) for k in keys],
         [()] * 4,
         [np.float32(1.0)] * 4,
         seeds(4),
-        round_hparams(0.2),
+        round_hparams(0.2, BATCH),
     )
     w_stack, b_stack = state["cluster_models"]
     trained = [mclr_sgd(w_stack[k], b_stack[k], batches(*d), 0.2) for d, k in zip(data, keys)]
@@ -117,12 +130,12 @@ def test_personal_tensors_are_trained_locally_and_never_aggregated() -> None:
     ]
     new_state, outputs, _ = process.next(
         state,
-        [to_dataset(*d) for d in data],
+        [arrays(*d) for d in data],
         [np.array([k], np.int32) for k in keys],
         personal,
         [np.float32(1.0)] * 3,
         seeds(3),
-        round_hparams(0.1),
+        round_hparams(0.1, BATCH),
     )
     train = tf.function(client_work.train_client, autograph=False)
     forward = client_work.stateless(mlp_predict)
@@ -154,12 +167,12 @@ def test_purely_local_models_leave_the_server_state_unchanged() -> None:
     data = client_sets(rng, [6, 6], 5, 3)
     new_state, outputs, _ = process.next(
         state,
-        [to_dataset(*d) for d in data],
+        [arrays(*d) for d in data],
         [np.array([0], np.int32)] * 2,
         [tuple(w0)] * 2,
         [np.float32(1.0)] * 2,
         seeds(2),
-        round_hparams(0.1),
+        round_hparams(0.1, BATCH),
     )
     for got, before in zip(new_state["cluster_models"], state["cluster_models"]):
         assert np.array_equal(got, before)
@@ -173,7 +186,11 @@ def test_evaluation_uses_each_clients_own_cluster_model() -> None:
     data = client_sets(rng, [10, 13], 5, 3)
     keys = [1, 0]
     results = process.evaluate(
-        models, [to_dataset(*d) for d in data], [np.array([k], np.int32) for k in keys], [()] * 2
+        models,
+        [arrays(*d) for d in data],
+        [np.array([k], np.int32) for k in keys],
+        [()] * 2,
+        np.int64(BATCH),
     )
     for (x, y), k, r in zip(data, keys, results):
         logits = x @ models[0][k] + models[1][k]
@@ -192,12 +209,12 @@ def test_per_client_proximal_scale_multiplies_mu() -> None:
     scales = [0.0, 1.0, 4.0]
     _, outputs, _ = process.next(
         state,
-        [to_dataset(*d) for d in data],
+        [arrays(*d) for d in data],
         [np.array([0], np.int32)] * 3,
         [()] * 3,
         [np.float32(s) for s in scales],
         seeds(3),
-        round_hparams(0.3),
+        round_hparams(0.3, BATCH),
     )
     start = np.concatenate([w0[0].ravel(), w0[1]])
     for out, d, s in zip(outputs, data, scales):
@@ -231,12 +248,12 @@ def test_batchnorm_statistics_follow_their_layer_shared_or_personal() -> None:
     state = process.initialize()
     new_state, outputs, _ = process.next(
         state,
-        [to_dataset(*d) for d in data],
+        [arrays(*d) for d in data],
         [np.array([0], np.int32)] * 2,
         [tuple(variables[i] for i in process.io.store_in)] * 2,
         [np.float32(1.0)] * 2,
         seeds(2),
-        round_hparams(0.05),
+        round_hparams(0.05, BATCH),
     )
     kept = [dict(zip(process.io.store_out, o["stored"])) for o in outputs]
     for j, owner in enumerate(model.state_owner):
@@ -271,12 +288,12 @@ def test_clients_pick_the_lowest_loss_in_use_cluster_and_train_it() -> None:
     def run(num_clusters: int) -> tuple:
         return process.next(
             state,
-            [(to_dataset(*d), to_dataset(*d)) for d in data],
+            [arrays(*d) for d in data],
             [np.array([0], np.int32)] * len(data),  # ignored: the clients pick
             [()] * len(data),
             [np.float32(1.0)] * len(data),
             seeds(len(data)),
-            round_hparams(0.2, num_clusters),
+            round_hparams(0.2, BATCH, num_clusters=num_clusters),
         )
 
     new_state, outputs, _ = run(2)
@@ -308,12 +325,12 @@ def test_the_anchor_is_broadcast_and_pulls_its_tensors() -> None:
     keys = [1, 0, 1]
     new_state, outputs, _ = process.next(
         state,
-        [to_dataset(*d) for d in data],
+        [arrays(*d) for d in data],
         [np.array([k], np.int32) for k in keys],
         [()] * 3,
         [np.float32(1.0)] * 3,
         seeds(3),
-        round_hparams(0.1),
+        round_hparams(0.1, BATCH),
     )
     w_stack, b_stack = state["cluster_models"]
     trained = [
@@ -339,12 +356,12 @@ def test_a_diverged_client_is_left_out_of_its_cluster_mean() -> None:
     keys = [0, 0, 1]
     new_state, outputs, measurements = process.next(
         state,
-        [to_dataset(*d) for d in data],
+        [arrays(*d) for d in data],
         [np.array([k], np.int32) for k in keys],
         [()] * 3,
         [np.float32(1.0)] * 3,
         seeds(3),
-        round_hparams(0.2),
+        round_hparams(0.2, BATCH),
     )
     assert [bool(o["finite"]) for o in outputs] == [True, False, True]
     np.testing.assert_array_equal(measurements["cluster_weight"], [8.0, 10.0])

@@ -36,6 +36,8 @@ from tff_clustered.federated.round import (
     RoundCache,
     RoundSignature,
     build_predict_probabilities,
+    client_seed,
+    evaluation_batch_size,
     round_hparams,
 )
 from tff_clustered.models.functional import functional_model
@@ -209,7 +211,6 @@ class Experiment:
         self.state = RunState()
         self.store = ClientStore(self.initial_variables)
         self._predict: Optional[Callable] = None
-        self._test_datasets: dict[str, Any] = {}
         # Per-client results of the last evaluation, one dict per client (for clients.csv).
         self.client_rows: list[dict[str, Any]] = []
 
@@ -313,44 +314,17 @@ class Experiment:
         chosen = np.sort(rng.choice(len(ids), count, replace=False))
         return [ids[i] for i in chosen]
 
-    def train_datasets(
-        self,
-        round_num: int,
-        client_ids: Sequence[str],
-        epochs: int,
-        stream: int = SHUFFLE,
-        steps: Optional[int] = None,
-    ) -> list:
-        """Each client's shuffled training batches: `epochs` passes, or exactly `steps`
-        minibatches (passes repeated as needed) when given."""
-        index = self.client_index
-        datasets = [
-            self.data.batched(
-                "train",
-                cid,
-                self.config.batch_size,
-                epochs if steps is None else -1,
-                shuffle_seed=derived_seed(self.config.seed, stream, round_num, index[cid]),
-            )
-            for cid in client_ids
-        ]
-        return datasets if steps is None else [d.take(steps) for d in datasets]
-
-    def scoring_dataset(self, split: str, client_id: str) -> Any:
-        """One ordered pass over a client's split in evaluation batches. Test datasets are
-        built once and reused by every evaluation: TensorFlow keeps part of what each new
-        dataset allocates (see the README's memory figures), and they never change."""
-        batch_size = max(self.config.batch_size, 64)
-        if split != "test":
-            return self.data.batched(split, client_id, batch_size)
-        if client_id not in self._test_datasets:
-            self._test_datasets[client_id] = self.data.batched(split, client_id, batch_size)
-        return self._test_datasets[client_id]
-
-    def client_seeds(self, round_num: int, client_ids: Sequence[str]) -> list[np.ndarray]:
+    def client_seeds(
+        self, round_num: int, client_ids: Sequence[str], stream: int = SHUFFLE
+    ) -> list[dict]:
+        """Each client's seeds of a round: its batches' shuffle (from seed stream `stream`)
+        and its dropout."""
         index = self.client_index
         return [
-            np.array([derived_seed(self.config.seed, DROPOUT, round_num, index[c]), 0], np.int32)
+            client_seed(
+                derived_seed(self.config.seed, stream, round_num, index[c]),
+                derived_seed(self.config.seed, DROPOUT, round_num, index[c]),
+            )
             for c in client_ids
         ]
 
@@ -383,17 +357,21 @@ class Experiment:
         server_state["aggregator"] = ()
         scales = [1.0] * len(client_ids) if prox_scales is None else prox_scales
         store_in = fed_round.io.store_in
-        datasets = self.train_datasets(round_num, client_ids, epochs, stream, steps)
-        if signature.distribution == "lowest_loss_cluster":
-            datasets = [(d, self.scoring_dataset("train", c)) for d, c in zip(datasets, client_ids)]
+        hparams = round_hparams(
+            learning_rate,
+            self.config.batch_size,
+            -1 if steps is not None else epochs,
+            num_clusters=len(cluster_models),
+            max_steps=-1 if steps is None else steps,
+        )
         new_state, outputs, measurements = fed_round.next(
             server_state,
-            datasets,
+            [self.data.arrays("train", c) for c in client_ids],
             [np.array([k], np.int32) for k in clusters],
             [self.store.variables(c, store_in) if stored else () for c in client_ids],
             [np.float32(s) for s in scales],
-            self.client_seeds(round_num, client_ids),
-            round_hparams(learning_rate, len(cluster_models)),
+            self.client_seeds(round_num, client_ids, stream),
+            hparams,
         )
         new_models = flat.stacked_to_matrix(new_state["cluster_models"])[: len(cluster_models)]
         return new_models, outputs, measurements
@@ -544,12 +522,16 @@ class Experiment:
         fed_round = self.rounds_cache.get(
             dataclasses.replace(self.signature(), num_clusters=capacity)
         )
-        datasets = [self.scoring_dataset("train", c) for c in client_ids]
+        arrays = [self.data.arrays("train", c) for c in client_ids]
         stored = [self.store.variables(c, fed_round.io.store_in) for c in client_ids]
         losses = np.zeros((len(client_ids), len(cluster_models)))
         for k in range(len(cluster_models)):
             results = fed_round.evaluate(
-                models, datasets, [np.array([k], np.int32)] * len(client_ids), stored
+                models,
+                arrays,
+                [np.array([k], np.int32)] * len(client_ids),
+                stored,
+                np.int64(evaluation_batch_size(self.config.batch_size)),
             )
             losses[:, k] = [r["loss_sum"] / r["num_examples"] for r in results]
         return losses
@@ -671,9 +653,10 @@ class Experiment:
         capacity = fed_round.signature.num_clusters
         results = fed_round.evaluate(
             flat.matrix_to_stacked(padded(models, capacity), self.layout.shapes),
-            [self.scoring_dataset("test", c) for c in client_ids],
+            [self.data.arrays("test", c) for c in client_ids],
             [np.array([k], np.int32) for k in keys],
             [self.store.variables(c, fed_round.io.store_in) for c in client_ids],
+            np.int64(evaluation_batch_size(self.config.batch_size)),
         )
         return {c: {k: float(v) for k, v in r.items()} for c, r in zip(client_ids, results)}
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Mapping
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
 ClientArrays = tuple[np.ndarray, np.ndarray]  # (x, y)
+ClientArrayDict = Mapping[str, np.ndarray]  # OrderedDict(x=..., y=...)
 
 
 class DataError(ValueError):
@@ -44,9 +45,18 @@ class FederatedData:
     # Unlabeled inputs held by the server (FedTSDP runs every uploaded model on a batch).
     public_x: Optional[np.ndarray] = None
 
+    # Each client's validated arrays, OrderedDict(x=float32 (n, *input_shape), y=int32 (n,)):
+    # what a round sends its clients (they build their batches themselves, see `batches`).
+    train_arrays: Mapping[str, ClientArrayDict] = dataclasses.field(default_factory=dict)
+    test_arrays: Mapping[str, ClientArrayDict] = dataclasses.field(default_factory=dict)
+
     @property
     def client_ids(self) -> list[str]:
         return list(self.train.client_ids)
+
+    def arrays(self, split: str, client_id: str) -> ClientArrayDict:
+        """A client's examples of `split` ("train" or "test") as arrays."""
+        return (self.train_arrays if split == "train" else self.test_arrays)[client_id]
 
     def batched(
         self,
@@ -56,18 +66,36 @@ class FederatedData:
         epochs: int = 1,
         shuffle_seed: Optional[int] = None,
     ) -> tf.data.Dataset:
-        """A client's batched dataset, reshuffled every epoch from `shuffle_seed`.
+        """A client's batched dataset, reshuffled every epoch from `shuffle_seed` (`batches`)."""
+        return batches(self.arrays(split, client_id), batch_size, epochs, shuffle_seed)
 
-        The last partial batch of each epoch is kept (spec A.3).
-        """
-        source = self.train if split == "train" else self.test
-        dataset = source.create_tf_dataset_for_client(client_id)
-        if shuffle_seed is not None:
-            size = (self.train_sizes if split == "train" else self.test_sizes)[client_id]
-            dataset = dataset.shuffle(
-                max(size, 1), seed=int(shuffle_seed), reshuffle_each_iteration=True
-            )
-        return dataset.batch(batch_size).repeat(epochs)
+
+def batches(
+    arrays: Mapping[str, Any],
+    batch_size: Any,
+    epochs: Any = 1,
+    shuffle_seed: Any = None,
+    max_steps: Any = -1,
+) -> tf.data.Dataset:
+    """One client's minibatches: `epochs` passes (-1: without end) over its examples, each
+    reshuffled from `shuffle_seed` (None: in order), cut after `max_steps` batches (-1: no
+    cut). The last partial batch of each pass is kept (FedGroup's `batch_data`).
+
+    Arguments may be Python numbers or TF scalars: the round builds its clients' batches with
+    this inside the federated computation from the arrays it is sent, and a Python caller gets
+    the very same batches from the same seed.
+    """
+    dataset = tf.data.Dataset.from_tensor_slices(collections.OrderedDict(arrays))
+    if shuffle_seed is not None:
+        size = tf.shape(arrays["y"], out_type=tf.int64)[0]
+        dataset = dataset.shuffle(
+            tf.maximum(size, 1),
+            seed=tf.cast(shuffle_seed, tf.int64),
+            reshuffle_each_iteration=True,
+        )
+    batch_size = tf.cast(batch_size, tf.int64)
+    dataset = dataset.batch(batch_size).repeat(tf.cast(epochs, tf.int64))
+    return dataset.take(tf.cast(max_steps, tf.int64))
 
 
 def from_arrays(
@@ -153,6 +181,8 @@ def from_arrays(
         image_shape=image_shape,
         true_clusters=dict(true_clusters) if true_clusters is not None else None,
         public_x=public_x,
+        train_arrays=cleaned["train"],
+        test_arrays=cleaned["test"],
     )
 
 

@@ -12,7 +12,9 @@ Server state holds `num_clusters` models stacked along a leading cluster axis. A
   broadcasts an extra server model (some trainable tensors, held in the server state) that the
   client work reads as an anchor (FedAC's global embedding);
 * client work: a `ClientWork` parameter, a pure TF function (`client_work.LocalSGD`,
-  `client_work.DittoSGD`, ...);
+  `client_work.DittoSGD`, ...). A client is sent its examples as arrays (`arrays_type`) and
+  builds its batches itself from the round's hyperparameters and its shuffle seed
+  (`federated_data.batches`): the worker never deserializes a `tf.data` graph per client;
 * aggregator: `ClusteredMeanFactory`, the weighted mean per cluster of the shared variables'
   updates (weights: examples processed, or 1 per client);
 * finalizer: adds each cluster's mean update to its shared variables. A cluster no sampled
@@ -43,6 +45,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_clustered.data.federated_data import batches
 from tff_clustered.federated import client_work
 from tff_clustered.federated.clustered_mean import ClusteredMeanFactory
 from tff_clustered.models.functional import FunctionalModel
@@ -58,12 +61,52 @@ def sequence_type(element_spec: object) -> tff.SequenceType:
     return tff.SequenceType(to_type(element_spec))
 
 
-def round_hparams(learning_rate: float, num_clusters: float = np.inf) -> dict:
-    """The SERVER-placed per-round hyperparameters `next` takes (broadcast to clients):
-    the learning rate, and how many of the built round's clusters are in use (a client that
-    picks its cluster never picks a padding one)."""
+def evaluation_batch_size(batch_size: int) -> int:
+    """Batch size of a scoring pass (no gradients: larger batches, same sums)."""
+    return max(int(batch_size), 64)
+
+
+def round_hparams(
+    learning_rate: float,
+    batch_size: int,
+    epochs: int = 1,
+    *,
+    num_clusters: float = np.inf,
+    max_steps: int = -1,
+) -> dict:
+    """The SERVER-placed per-round hyperparameters `next` takes (broadcast to clients): the
+    learning rate; how many of the built round's clusters are in use (a client that picks its
+    cluster never picks a padding one); and how each client batches its arrays: `epochs`
+    passes of `batch_size` (-1: without end), cut after `max_steps` minibatches (-1: no cut),
+    and the scoring pass's batch size."""
     return collections.OrderedDict(
-        learning_rate=np.float32(learning_rate), num_clusters=np.float32(num_clusters)
+        learning_rate=np.float32(learning_rate),
+        num_clusters=np.float32(num_clusters),
+        batch_size=np.int64(batch_size),
+        epochs=np.int64(epochs),
+        max_steps=np.int64(max_steps),
+        eval_batch_size=np.int64(evaluation_batch_size(batch_size)),
+    )
+
+
+def client_seed(shuffle: int, dropout: int) -> dict:
+    """One client's seeds for a round: its batches' shuffle, and its stateless random ops'
+    (dropout) `[dropout, 0]`."""
+    return collections.OrderedDict(
+        shuffle=np.int64(shuffle), dropout=np.array([dropout, 0], np.int32)
+    )
+
+
+def arrays_type(input_spec: dict) -> tff.Type:
+    """What a client is sent as its data: its examples as arrays of any length, from which it
+    builds its batches itself (`federated_data.batches`). Sending arrays, not a
+    `tf.data.Dataset`, keeps the worker from deserializing (and keeping part of) one dataset
+    graph per client and round."""
+    return to_type(
+        collections.OrderedDict(
+            (name, tf.TensorSpec([None, *spec.shape[1:]], spec.dtype))
+            for name, spec in input_spec.items()
+        )
     )
 
 
@@ -213,16 +256,14 @@ def build_round(
     anchor_spec = specs(signature.anchor)
     has_anchor = bool(signature.anchor)
     picks_cluster = signature.distribution == "lowest_loss_cluster"
-    data_type = sequence_type(collections.OrderedDict(input_spec))
-    # A client that picks its cluster gets its training data twice: as the round's shuffled
-    # epochs, and once in order to score every cluster's model on.
-    client_data_type = (
-        tff.StructWithPythonType([data_type, data_type], tuple) if picks_cluster else data_type
-    )
+    data_type = arrays_type(input_spec)
     key_spec = tf.TensorSpec([1], tf.int32)
-    seed_spec = tf.TensorSpec([2], tf.int32)
+    seed_spec = collections.OrderedDict(
+        (name, tf.TensorSpec(np.shape(v), tf.as_dtype(v.dtype)))
+        for name, v in client_seed(0, 0).items()
+    )
     hparams_spec = collections.OrderedDict(
-        (name, tf.TensorSpec([], tf.float32)) for name in round_hparams(0.0)
+        (name, tf.TensorSpec([], tf.as_dtype(v.dtype))) for name, v in round_hparams(0, 1).items()
     )
 
     def join(
@@ -279,7 +320,7 @@ def build_round(
     client_types = [
         distributed_type,
         to_type(store_in_spec),
-        client_data_type,
+        data_type,
         to_type(key_spec),
         tff.TensorType(np.float32),
         to_type(seed_spec),
@@ -298,14 +339,23 @@ def build_round(
         hparams: dict,
         anchor: tuple,
     ) -> tuple:
-        if picks_cluster:
-            dataset, select_dataset = data
+        dataset = batches(
+            data,
+            hparams["batch_size"],
+            hparams["epochs"],
+            seed["shuffle"],
+            hparams["max_steps"],
+        )
+        if picks_cluster:  # scored on one ordered pass over its training data
             cluster = lowest_loss_cluster(
-                distributed, stored, select_dataset, hparams["num_clusters"]
+                distributed,
+                stored,
+                batches(data, hparams["eval_batch_size"]),
+                hparams["num_clusters"],
             )
             selected = tuple(tf.gather(t, cluster) for t in distributed)
         else:
-            dataset, cluster = data, key[0]
+            cluster = key[0]
             selected = first_element(distributed)
         weights, state, own_weights, own_state = join(selected, stored)
         result = work(
@@ -318,7 +368,7 @@ def build_round(
                 dataset,
                 hparams["learning_rate"],
                 prox_scale,
-                seed,
+                seed["dropout"],
                 tuple(anchor),
                 signature.anchor,
             ),
@@ -402,7 +452,7 @@ def build_round(
 
     @tff.federated_computation(
         state_type,
-        tff.FederatedType(client_data_type, tff.CLIENTS),
+        tff.FederatedType(data_type, tff.CLIENTS),
         clients(key_spec),
         clients(store_in_spec),
         tff.FederatedType(np.float32, tff.CLIENTS),
@@ -418,10 +468,10 @@ def build_round(
         seeds: object,
         hparams: object,
     ) -> object:
-        """`datasets`: each client's training epochs (with its one ordered pass when clients
-        pick their cluster); `keys`: each client's cluster (ignored when clients pick);
+        """`datasets`: each client's training examples as arrays (`arrays_type`), batched by
+        the client as `hparams` say; `keys`: each client's cluster (ignored when clients pick);
         `prox_scales`: per-client factor of the proximal strength (1.0: plain FedProx);
-        `seeds`: per-client stateless seeds of the client's random ops (dropout)."""
+        `seeds`: per-client seeds of its shuffle and its random ops (`client_seed`)."""
         if picks_cluster:
             distributed = tff.federated_broadcast(
                 tff.federated_map(every_cluster_shared, state.cluster_models)
@@ -448,11 +498,16 @@ def build_round(
         return new_state, outputs, aggregate.measurements
 
     # Evaluation: the same distributor, then each client's joined model on its data.
-    @tff.tensorflow.computation(selection_type, to_type(store_in_spec), data_type)
-    def client_evaluate(selected: tf.data.Dataset, stored: tuple, dataset: object) -> dict:
+    batch_size_type = tff.TensorType(np.int64)
+
+    @tff.tensorflow.computation(selection_type, to_type(store_in_spec), data_type, batch_size_type)
+    def client_evaluate(
+        selected: tf.data.Dataset, stored: tuple, data: object, batch_size: tf.Tensor
+    ) -> dict:
         weights, state, own_weights, own_state = join(first_element(selected), stored)
         if work.reads_own_model:  # the client's own (personal) model is what it uses
             weights, state = own_weights, own_state
+        dataset = batches(data, batch_size)
         return client_work.evaluate_client(forward, weights, dataset, state)._asdict()
 
     @tff.federated_computation(
@@ -460,10 +515,16 @@ def build_round(
         tff.FederatedType(data_type, tff.CLIENTS),
         clients(key_spec),
         clients(store_in_spec),
+        tff.FederatedType(batch_size_type, tff.SERVER),
     )
-    def evaluate(cluster_models: object, datasets: object, keys: object, stored: object) -> object:
+    def evaluate(
+        cluster_models: object, datasets: object, keys: object, stored: object, batch_size: object
+    ) -> object:
+        """Each client's test arrays scored in ordered batches of `batch_size`."""
         selected = distribute(cluster_models, keys)
-        return tff.federated_map(client_evaluate, (selected, stored, datasets))
+        return tff.federated_map(
+            client_evaluate, (selected, stored, datasets, tff.federated_broadcast(batch_size))
+        )
 
     return FederatedRound(
         iterative_process=tff.templates.IterativeProcess(initialize, next_fn),
