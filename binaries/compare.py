@@ -40,7 +40,7 @@ logs.quiet_tensorflow(sys.argv)
 from tff_clustered import reporting, run_flags, runner  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS  # noqa: E402
 from tff_clustered.algorithms.fedgroup import discrepancy  # noqa: E402
-from tff_clustered.runtime import tff_runtime  # noqa: E402
+from tff_clustered.runtime import RuntimeConfig, tff_runtime  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
 
@@ -134,7 +134,7 @@ def parse_setting(setting: str) -> dict[str, Any]:
         raise ValueError(f"setting {setting!r}: BETA must be a number") from None
 
 
-def run_one(spec: runner.RunSpec, output_dir: str) -> dict[str, Any]:
+def run_one(spec: runner.RunSpec, output_dir: str, runtime: RuntimeConfig) -> dict[str, Any]:
     summary = runner.run(
         spec,
         output_dir,
@@ -142,6 +142,8 @@ def run_one(spec: runner.RunSpec, output_dir: str) -> dict[str, Any]:
         resume=True,
         log=lambda message: None,
         round_metrics=[discrepancy],
+        execution=runtime.execution,
+        device=runtime.device,
     )
     return summary
 
@@ -168,14 +170,15 @@ def main(argv: list[str]) -> int:
         settings = FLAGS.settings if FLAGS.table == "fedtsdp" else [None]
         partitions = {s: parse_setting(s) for s in settings if s is not None}
         rows, histories = [], {}
-        with tff_runtime(run_flags.runtime_config_from_flags(output_dir)):
+        runtime_config = run_flags.runtime_config_from_flags(output_dir)
+        with tff_runtime(runtime_config):
             for setting in settings:
                 for algorithm in FLAGS.algorithms:
                     spec = run_flags.run_spec_from_flags(algorithm)
                     if setting is not None:
                         spec = dataclasses.replace(spec, **partitions[setting])
                     where = [output_dir] + ([setting.replace(":", "-")] if setting else [])
-                    summary = run_one(spec, os.path.join(*where, algorithm))
+                    summary = run_one(spec, os.path.join(*where, algorithm), runtime_config)
                     history = summary["history"]
                     row = reporting.comparison_row(algorithm, history, FLAGS.target_accuracy)
                     row["setting"] = setting or base.dataset

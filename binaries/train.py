@@ -41,9 +41,15 @@ def main(argv: list[str]) -> int:
         output_dir = FLAGS.output_dir or os.path.join(
             "runs", f"{spec.dataset}-{spec.algorithm}-s{spec.training.seed}"
         )
-        with tff_runtime(run_flags.runtime_config_from_flags(output_dir)):
+        runtime_config = run_flags.runtime_config_from_flags(output_dir)
+        with tff_runtime(runtime_config):
             summary = runner.run(
-                spec, output_dir, checkpoint_every=FLAGS.checkpoint_every, resume=FLAGS.resume
+                spec,
+                output_dir,
+                checkpoint_every=FLAGS.checkpoint_every,
+                resume=FLAGS.resume,
+                execution=runtime_config.execution,
+                device=runtime_config.device,
             )
     results = summary["results"]
     print(

@@ -181,3 +181,55 @@ def test_client_in_only_one_split_is_named(tmp_path: object) -> None:
     )
     with pytest.raises(DataError, match="client 'b'.*only one of train/test"):
         load_leaf(tmp_path / "train", tmp_path / "test")
+
+
+@pytest.mark.parametrize(
+    "batch_size,epochs,shuffle_seed,max_steps",
+    [(5, 2, 7, -1), (5, -1, 3, 7), (4, 1, None, -1), (30, 3, 1, -1), (5, 2, 7, 3)],
+)
+def test_array_batches_loop_over_the_batches_of_the_dataset_in_the_same_order(
+    batch_size: int, epochs: int, shuffle_seed: int | None, max_steps: int
+) -> None:
+    """The round's in-graph batches (a while loop gathering from arrays) are `batches`' own,
+    partial last batch, reshuffles and step cap included, and a second pass continues the
+    shuffle as a second iteration of the dataset does (Ditto loops twice)."""
+    import collections
+
+    import tensorflow as tf
+
+    from tff_clustered.data.federated_data import ArrayBatches, batches
+
+    rng = np.random.default_rng(0)
+    arrays = collections.OrderedDict(
+        x=rng.normal(size=(23, 3)).astype(np.float32), y=np.arange(23, dtype=np.int32)
+    )
+    dataset = batches(arrays, batch_size, epochs, shuffle_seed, max_steps)
+    expected = [[b["y"].numpy().tolist() for b in dataset] for _ in range(2)]
+
+    @tf.function
+    def two_passes() -> tuple[tf.Tensor, tf.Tensor]:
+        loop = ArrayBatches(arrays, batch_size, epochs, shuffle_seed, max_steps)
+
+        def append(seen: tf.Tensor, batch: dict) -> tf.Tensor:
+            # Each batch's labels then a -1 separator; x must travel with y.
+            tf.debugging.assert_equal(tf.gather(arrays["x"], batch["y"]), batch["x"])
+            return tf.concat([seen, batch["y"], [-1]], 0)
+
+        start = tf.zeros([0], tf.int32)
+        first = loop.reduce(start, append)
+        with tf.control_dependencies([first]):
+            second = loop.reduce(start, append)
+        return first, second
+
+    def split(values: tf.Tensor) -> list[list[int]]:
+        out: list[list[int]] = [[]]
+        for v in values.numpy().tolist():
+            if v == -1:
+                out.append([])
+            else:
+                out[-1].append(v)
+        return out[:-1]
+
+    got = [split(t) for t in two_passes()]
+    assert got == expected
+    assert got[0] and (shuffle_seed is None or got[0] != got[1])

@@ -35,7 +35,6 @@ from tff_clustered.federated.round import (
     ModelLayout,
     RoundCache,
     RoundSignature,
-    build_predict_probabilities,
     client_seed,
     evaluation_batch_size,
     round_hparams,
@@ -175,8 +174,13 @@ class Experiment:
         algorithm: Algorithm,
         config: TrainingConfig,
         round_metrics: Sequence[RoundMetric] = (),
+        execution: str = "tff",
+        device: Optional[str] = None,
     ) -> None:
-        """`round_metrics` add metrics to each round's row (they get the clients' updates)."""
+        """`round_metrics` add metrics to each round's row (they get the clients' updates).
+        `execution`: "tff" runs rounds on the TFF runtime, "in_process" runs the same TF
+        functions in this process (on `device`, else TensorFlow's choice: a GPU if it sees
+        one); results are the same within float tolerance."""
         if config.clients_per_round > len(data.client_ids):
             raise ValueError(
                 f"clients_per_round={config.clients_per_round} exceeds the "
@@ -191,7 +195,9 @@ class Experiment:
             initial_weights(model, derived_seed(config.seed, 0))
             + list(self.functional.initial_state)
         )
-        self.rounds_cache = RoundCache(self.functional, model.input_spec(), self.initial_variables)
+        self.rounds_cache = RoundCache(
+            self.functional, model.input_spec(), self.initial_variables, execution, device
+        )
         tensor_sizes = tuple(int(np.prod(s)) for s in self.layout.trainable_shapes)
         self.run = RunInfo(
             client_ids=tuple(data.client_ids),
@@ -545,7 +551,7 @@ class Experiment:
     def predict_probabilities(self, models: np.ndarray, x: np.ndarray) -> np.ndarray:
         """Server-side inference (inference mode) of each flat model on `x`, in one call."""
         if self._predict is None:
-            self._predict = build_predict_probabilities(self.functional, self.model.input_spec())
+            self._predict = self.rounds_cache.predict_probabilities()
         split = self.layout.num_trainable
         stacked = flat.matrix_to_stacked(models, self.layout.shapes)
         out = self._predict(stacked[:split], stacked[split:], np.asarray(x, np.float32))

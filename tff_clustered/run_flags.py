@@ -74,6 +74,19 @@ flags.DEFINE_float(
     lower_bound=0.0,
     upper_bound=1.0,
 )
+flags.DEFINE_enum(
+    "execution",
+    "tff",
+    ["tff", "in_process"],
+    "What runs each round: tff (TFF's runtime, CPU) or in_process (the same TF functions run by "
+    "TensorFlow in this process: on a GPU when TensorFlow sees one). Same results either way.",
+)
+flags.DEFINE_string(
+    "device",
+    None,
+    "With --execution=in_process: the TensorFlow device of the rounds (e.g. /GPU:1). "
+    "Default: TensorFlow's choice, the first GPU if it sees one.",
+)
 flags.DEFINE_list("workers", [], "Remote TFF workers HOST:PORT (empty: one local worker).")
 flags.DEFINE_integer(
     "max_concurrent_computation_calls",
@@ -136,6 +149,8 @@ def refuse_other_algorithms_flags(algorithms: Sequence[str]) -> None:
 
 def runtime_config_from_flags(log_dir: str) -> RuntimeConfig:
     return RuntimeConfig(
+        execution=FLAGS.execution,
+        device=FLAGS.device,
         workers=tuple(FLAGS.workers),
         max_concurrent_computation_calls=FLAGS.max_concurrent_computation_calls,
         log_dir=log_dir,

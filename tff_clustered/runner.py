@@ -46,7 +46,13 @@ class RunSpec:
         return dataclasses.asdict(self)
 
 
-def build_experiment(spec: RunSpec, round_metrics: Sequence[RoundMetric] = ()) -> Experiment:
+def build_experiment(
+    spec: RunSpec,
+    round_metrics: Sequence[RoundMetric] = (),
+    execution: str = "tff",
+    device: Optional[str] = None,
+) -> Experiment:
+    """`execution` and `device`: see `Experiment` (how rounds run, not what they compute)."""
     data = load_dataset(
         spec.dataset,
         data_dir=spec.data_dir,
@@ -69,7 +75,15 @@ def build_experiment(spec: RunSpec, round_metrics: Sequence[RoundMetric] = ()) -
         resnet_width=spec.resnet_width,
     )
     algorithm = make_algorithm(spec.algorithm, spec.algorithm_options)
-    return Experiment(data, model, algorithm, spec.training, round_metrics=round_metrics)
+    return Experiment(
+        data,
+        model,
+        algorithm,
+        spec.training,
+        round_metrics=round_metrics,
+        execution=execution,
+        device=device,
+    )
 
 
 def run(
@@ -79,9 +93,12 @@ def run(
     resume: bool = False,
     log: Callable[[str], None] = print,
     round_metrics: Sequence[RoundMetric] = (),
+    execution: str = "tff",
+    device: Optional[str] = None,
 ) -> dict[str, Any]:
     """Runs (or resumes) `spec`, writing metrics.csv, clients.csv, TensorBoard events,
-    summary.json, curves.png, checkpoints.
+    summary.json, curves.png, checkpoints. `execution`/`device`: how rounds run (`Experiment`);
+    a run may resume under another execution.
 
     Returns the summary, with the per-round rows under `history`."""
     if checkpoint_every < 0:
@@ -94,7 +111,7 @@ def run(
             f"{output_dir} already holds a run; pass --resume to continue it, or choose a new "
             "--output_dir"
         )
-    experiment = build_experiment(spec, round_metrics)
+    experiment = build_experiment(spec, round_metrics, execution, device)
     saved = checkpoint.load(ckpt_path, settings) if resume else None
     if saved is not None:
         experiment.restore(saved)

@@ -11,7 +11,8 @@ that worker itself, so that it can guarantee it stops:
 The worker's output goes to a log file, never to the parent's stdout, so a shell pipeline such
 as `train.py | tee log` cannot hang on it.
 
-Contexts:
+With `execution="in_process"` nothing is started: rounds run in this process
+(`federated/in_process.py`). Otherwise, contexts:
 * `local` (default): one worker on localhost, talked to over gRPC (TFF's own C++ runtime).
 * `remote`: a `worker_binary --port=P` already running on another host (`--workers=host:port`),
   reached with the same `RemoteExecutor` stack. Several workers (TFF's
@@ -62,8 +63,12 @@ def _die_with_parent() -> None:
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
-    """How computations run. `workers` empty means one local worker started here."""
+    """How computations run. `execution`: "tff" (TFF's runtime: `workers`, empty for one
+    local worker started here) or "in_process" (TensorFlow in this process, on `device` when
+    named, else its choice: a GPU if it sees one; no worker is started)."""
 
+    execution: str = "tff"
+    device: Optional[str] = None
     workers: tuple[str, ...] = ()
     max_concurrent_computation_calls: int = -1
     log_dir: Optional[str] = None
@@ -73,6 +78,18 @@ class RuntimeConfig:
     worker_malloc_arenas: int = 4
 
     def __post_init__(self) -> None:
+        if self.execution not in ("tff", "in_process"):
+            raise ValueError(f"execution must be tff or in_process, got {self.execution!r}")
+        if self.execution == "in_process" and self.workers:
+            raise ValueError(
+                "--workers are TFF workers; --execution=in_process runs rounds in this process. "
+                "Drop one of the two."
+            )
+        if self.device and self.execution != "in_process":
+            raise ValueError(
+                f"--device={self.device} places the in-process round; TFF's worker runs on its "
+                "own CPU. Add --execution=in_process or drop --device."
+            )
         if self.worker_malloc_arenas < 0:
             raise ValueError("worker_malloc_arenas must be >= 0 (0: glibc's default)")
         for address in self.workers:
@@ -97,6 +114,9 @@ class TffRuntime:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> TffRuntime:
         if self.started:
+            return self
+        if self.config.execution == "in_process":  # nothing of TFF's runs
+            self.started = True
             return self
         import tensorflow_federated as tff
 

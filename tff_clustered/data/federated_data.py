@@ -87,7 +87,7 @@ def batches(
     """
     dataset = tf.data.Dataset.from_tensor_slices(collections.OrderedDict(arrays))
     if shuffle_seed is not None:
-        size = tf.shape(arrays["y"], out_type=tf.int64)[0]
+        size = tf.shape(next(iter(arrays.values())), out_type=tf.int64)[0]
         dataset = dataset.shuffle(
             tf.maximum(size, 1),
             seed=tf.cast(shuffle_seed, tf.int64),
@@ -96,6 +96,75 @@ def batches(
     batch_size = tf.cast(batch_size, tf.int64)
     dataset = dataset.batch(batch_size).repeat(tf.cast(epochs, tf.int64))
     return dataset.take(tf.cast(max_steps, tf.int64))
+
+
+class ArrayBatches:
+    """One client's minibatches exactly as `batches` gives them, for a loop inside a graph.
+
+    `reduce(initial, fn)` is `tf.data.Dataset.reduce` over those batches, with its loop a
+    `tf.while_loop` that gathers each batch from the arrays: the loop body (the forward and
+    backward pass) runs on the device the graph puts it on, a GPU included, where the function of
+    a `Dataset.reduce` always runs inside tf.data on the CPU. tf.data only draws the batch order,
+    from the same pipeline as `batches` applied to example indices, so orders are the same for the
+    same seed; and, as a reshuffling dataset does, each further `reduce` continues the shuffle
+    where the previous one left off (the pipeline and its seed generator are made once).
+    """
+
+    def __init__(
+        self,
+        arrays: Mapping[str, Any],
+        batch_size: Any,
+        epochs: Any = 1,
+        shuffle_seed: Any = None,
+        max_steps: Any = -1,
+    ) -> None:
+        self.arrays = collections.OrderedDict(
+            (name, tf.convert_to_tensor(value)) for name, value in arrays.items()
+        )
+        self.batch_size = tf.cast(batch_size, tf.int64)
+        size = tf.shape(next(iter(self.arrays.values())), out_type=tf.int64)[0]
+        order = batches({"index": tf.range(size)}, batch_size, epochs, shuffle_seed, max_steps)
+        # Each batch of indices padded to the batch size, with its true length beside it; all
+        # of one pass batched together (one element, none when there are no batches).
+        epochs, max_steps = tf.cast(epochs, tf.int64), tf.cast(max_steps, tf.int64)
+        per_epoch = (size + self.batch_size - 1) // self.batch_size
+        steps = tf.where(epochs >= 0, epochs * per_epoch, max_steps)
+        steps = tf.where(max_steps >= 0, tf.minimum(steps, max_steps), steps)
+        self._order = order.map(
+            lambda b: (
+                tf.pad(b["index"], [[0, self.batch_size - tf.shape(b["index"], tf.int64)[0]]]),
+                tf.shape(b["index"], tf.int64)[0],
+            )
+        ).batch(tf.maximum(steps, 1))
+
+    def _one_pass(self) -> tuple[tf.Tensor, tf.Tensor]:
+        """(steps, batch_size) padded indices and (steps,) lengths of one pass of the order."""
+        empty = (tf.zeros([0, self.batch_size], tf.int64), tf.zeros([0], tf.int64))
+        return self._order.reduce(empty, lambda _, element: element)
+
+    def reduce(self, initial: Any, fn: Any) -> Any:
+        """`fn(carry, batch) -> carry` over this pass's batches, from `initial`."""
+        indices, lengths = self._one_pass()
+
+        def body(step: tf.Tensor, carry: Any) -> tuple:
+            chosen = indices[step, : lengths[step]]
+            batch = collections.OrderedDict(
+                (name, tf.gather(value, chosen)) for name, value in self.arrays.items()
+            )
+            return step + 1, fn(carry, batch)
+
+        steps = tf.shape(lengths, tf.int64)[0]
+        loop_vars = (tf.constant(0, tf.int64), initial)
+        try:
+            _, result = tf.while_loop(lambda step, _: step < steps, body, loop_vars)
+        except ValueError:  # a carry whose shape changes (Dataset.reduce relaxes it too)
+            relaxed = tf.nest.map_structure(
+                lambda t: tf.TensorShape([None] * t.shape.rank), loop_vars
+            )
+            _, result = tf.while_loop(
+                lambda step, _: step < steps, body, loop_vars, shape_invariants=relaxed
+            )
+        return result
 
 
 def from_arrays(

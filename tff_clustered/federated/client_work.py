@@ -1,4 +1,4 @@
-"""Client work as pure TensorFlow functions: a model and a dataset in, a trained model out.
+"""Client work as pure TensorFlow functions: a model and its batches in, a trained model out.
 
 They know nothing about TFF placements, so they can be tested alone (FedJAX style). The round
 builder (`round.py`) takes a `ClientWork` as a parameter and wraps it in a
@@ -6,14 +6,16 @@ builder (`round.py`) takes a `ClientWork` as a parameter and wraps it in a
 
 A model is seen through `forward(weights, state, x, training, seed) -> (logits, new_state)`:
 `weights` are the trainable tensors, `state` the non-trainable ones (BatchNorm moving
-statistics, empty for most models), `seed` a stateless `[2]` seed for dropout.
+statistics, empty for most models), `seed` a stateless `[2]` seed for dropout. Batches are
+anything with tf.data's `reduce(initial, fn)`: a `tf.data.Dataset`, or the round's
+`federated_data.ArrayBatches` (the same batches, its loop placed with the graph).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Callable, ClassVar, NamedTuple, Optional, Protocol, Union
+from typing import Any, Callable, ClassVar, NamedTuple, Optional, Protocol, Union
 
 import tensorflow as tf
 
@@ -22,6 +24,12 @@ PredictFn = Callable[[Weights, tf.Tensor, bool], tf.Tensor]
 ForwardFn = Callable[
     [Weights, Weights, tf.Tensor, bool, Optional[tf.Tensor]], tuple[tf.Tensor, tuple]
 ]
+
+
+class Batches(Protocol):
+    """What client work loops over: `reduce(initial, fn)` with `fn(carry, batch) -> carry`."""
+
+    def reduce(self, initial: Any, fn: Callable[[Any, dict], Any]) -> Any: ...
 
 
 def stateless(predict: PredictFn) -> ForwardFn:
@@ -83,7 +91,7 @@ class Pull(NamedTuple):
 def train_client(
     forward: ForwardFn,
     weights: Weights,
-    dataset: tf.data.Dataset,
+    dataset: Batches,
     learning_rate: tf.Tensor,
     momentum: float = 0.0,
     state: Weights = (),
@@ -147,7 +155,7 @@ def train_client(
 
 
 def evaluate_client(
-    forward: ForwardFn, weights: Weights, dataset: tf.data.Dataset, state: Weights = ()
+    forward: ForwardFn, weights: Weights, dataset: Batches, state: Weights = ()
 ) -> EvalResult:
     """Summed loss, correct predictions and example count of `weights` on `dataset`."""
 
@@ -181,7 +189,7 @@ class ClientInputs(NamedTuple):
     state: tuple  # model state (BatchNorm statistics), joined the same way
     own_weights: tuple  # its whole stored model, when the work reads it (Ditto), else ()
     own_state: tuple
-    dataset: tf.data.Dataset
+    dataset: Batches
     learning_rate: tf.Tensor
     prox_scale: tf.Tensor
     seed: tf.Tensor  # int32 [2]

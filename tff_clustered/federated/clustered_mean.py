@@ -9,7 +9,8 @@ along a leading cluster axis, plus the per-cluster total weight. It is one
 `tff.federated_aggregate` whose accumulator is the [num_clusters, ...] stack: each client adds
 its weighted update into its own cluster's row only (`tensor_scatter_nd_add`), so the cost per
 client does not grow with the number of clusters. TFF's `MeanFactory` averages one value with
-one scalar weight; a vector of per-cluster weights needs this small factory.
+one scalar weight; a vector of per-cluster weights needs this small factory. Its two steps,
+`add_to_cluster` and `cluster_mean`, are plain TF functions that the in-process round runs too.
 """
 
 from __future__ import annotations
@@ -19,6 +20,29 @@ import collections
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+
+
+def add_to_cluster(total: tuple, value: tuple, weight: tf.Tensor) -> tuple:
+    """One client's step of the sum: `weight * value` added into the row of its cluster (the
+    one non-zero entry of `weight`) only, O(d) per client whatever the number of clusters.
+    A zero weight (a diverged client) adds nothing."""
+    key = tf.reshape(tf.argmax(weight, output_type=tf.int32), [1, 1])
+    scale = tf.reduce_max(weight)
+
+    def add(acc: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
+        return tf.tensor_scatter_nd_add(acc, key, tf.expand_dims(scale * t, 0))
+
+    return tuple(add(total[i], value[i]) for i in range(len(value)))
+
+
+def cluster_mean(total: tuple, total_weight: tf.Tensor) -> tuple:
+    """Each cluster's row of the weighted sums divided by its total weight (0 where none)."""
+
+    def mean(t: tf.Tensor) -> tf.Tensor:
+        w = tf.reshape(total_weight, [-1] + [1] * (len(t.shape) - 1))
+        return tf.math.divide_no_nan(t, w)
+
+    return tuple(mean(t) for t in total)
 
 
 class ClusteredMeanFactory(tff.aggregators.WeightedAggregationFactory):
@@ -49,15 +73,7 @@ class ClusteredMeanFactory(tff.aggregators.WeightedAggregationFactory):
         @tff.tensorflow.computation(stacked_type, tff.StructType([value_type, weight_type]))
         def accumulate(total: object, element: object) -> object:
             value, weight = element
-            # Adds the weighted update into its own cluster's row only: O(d) per client,
-            # whatever the number of clusters.
-            key = tf.reshape(tf.argmax(weight, output_type=tf.int32), [1, 1])
-            scale = tf.reduce_max(weight)
-
-            def add(acc: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
-                return tf.tensor_scatter_nd_add(acc, key, tf.expand_dims(scale * t, 0))
-
-            return tuple(add(total[i], value[i]) for i in range(len(value)))
+            return add_to_cluster(total, value, weight)
 
         @tff.tensorflow.computation(stacked_type, stacked_type)
         def merge(a: object, b: object) -> object:
@@ -69,11 +85,7 @@ class ClusteredMeanFactory(tff.aggregators.WeightedAggregationFactory):
 
         @tff.tensorflow.computation(tff.types.tensorflow_to_type(stacked_specs), weight_type)
         def divide(total: object, total_weight: tf.Tensor) -> object:
-            def mean(t: tf.Tensor) -> tf.Tensor:
-                w = tf.reshape(total_weight, [num_clusters] + [1] * (len(t.shape) - 1))
-                return tf.math.divide_no_nan(t, w)
-
-            return tf.nest.map_structure(mean, total)
+            return cluster_mean(total, total_weight)
 
         @tff.federated_computation()
         def init_fn() -> object:

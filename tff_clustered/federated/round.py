@@ -12,9 +12,12 @@ Server state holds `num_clusters` models stacked along a leading cluster axis. A
   broadcasts an extra server model (some trainable tensors, held in the server state) that the
   client work reads as an anchor (FedAC's global embedding);
 * client work: a `ClientWork` parameter, a pure TF function (`client_work.LocalSGD`,
-  `client_work.DittoSGD`, ...). A client is sent its examples as arrays (`arrays_type`) and
+  `client_work.DittoSGD`, ...). A client is sent its examples as arrays (any length) and
   builds its batches itself from the round's hyperparameters and its shuffle seed
-  (`federated_data.batches`): the worker never deserializes a `tf.data` graph per client;
+  (`federated_data.ArrayBatches`, the order of `federated_data.batches`): the worker never
+  deserializes a `tf.data` graph per client and round, which kept part of each one alive,
+  and the training loop is a `tf.while_loop` that runs where the graph is placed (a GPU in the
+  in-process execution), not inside tf.data's CPU-only runtime;
 * aggregator: `ClusteredMeanFactory`, the weighted mean per cluster of the shared variables'
   updates (weights: examples processed, or 1 per client);
 * finalizer: adds each cluster's mean update to its shared variables. A cluster no sampled
@@ -30,8 +33,13 @@ comes back (FedTSDP's moving boundary, CFL's growing cluster count).
 `tff.learning.templates.compose_learning_process` cannot express this round: its `next` takes
 only `(state, client_data)` and returns nothing per client, while we need cluster keys and
 stored client variables in, and stored client variables and model updates out. So the parts
-are composed by hand into a `tff.templates.IterativeProcess` whose `next` returns
+are composed by hand into `initialize` and a `next` that returns
 `(state, client_outputs@CLIENTS, measurements@SERVER)`.
+
+The parts are plain TF functions (`round_functions`) before any runtime wraps them: `tff_round`
+makes them TFF computations, and `in_process.in_process_round` runs the same functions with
+the same aggregation math as `tf.function`s inside this process (a GPU, when TensorFlow sees
+one). Both give the same results for the same seeds.
 """
 
 from __future__ import annotations
@@ -39,13 +47,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_clustered.data.federated_data import batches
+from tff_clustered.data.federated_data import ArrayBatches
 from tff_clustered.federated import client_work
 from tff_clustered.federated.clustered_mean import ClusteredMeanFactory
 from tff_clustered.models.functional import FunctionalModel
@@ -94,19 +102,6 @@ def client_seed(shuffle: int, dropout: int) -> dict:
     (dropout) `[dropout, 0]`."""
     return collections.OrderedDict(
         shuffle=np.int64(shuffle), dropout=np.array([dropout, 0], np.int32)
-    )
-
-
-def arrays_type(input_spec: dict) -> tff.Type:
-    """What a client is sent as its data: its examples as arrays of any length, from which it
-    builds its batches itself (`federated_data.batches`). Sending arrays, not a
-    `tf.data.Dataset`, keeps the worker from deserializing (and keeping part of) one dataset
-    graph per client and round."""
-    return to_type(
-        collections.OrderedDict(
-            (name, tf.TensorSpec([None, *spec.shape[1:]], spec.dtype))
-            for name, spec in input_spec.items()
-        )
     )
 
 
@@ -201,34 +196,79 @@ class RoundIO:
 
 @dataclasses.dataclass
 class FederatedRound:
-    """The built computations of one signature plus what is needed to feed them."""
+    """A built round of one signature: `initialize() -> state`, `next(state, datasets, keys,
+    stored, prox_scales, seeds, hparams) -> (state, client_outputs, measurements)` and
+    `evaluate(cluster_models, datasets, keys, stored, batch_size) -> client results`, whichever
+    execution runs them (TFF computations, or `in_process.InProcessRound`)."""
 
-    iterative_process: tff.templates.IterativeProcess
-    evaluate: tff.Computation
+    initialize: Callable[..., Any]
+    next: Callable[..., Any]
+    evaluate: Callable[..., Any]
     signature: RoundSignature
     io: RoundIO
     layout: ModelLayout
 
-    @property
-    def initialize(self) -> tff.Computation:
-        return self.iterative_process.initialize
+
+@dataclasses.dataclass(frozen=True)
+class RoundFunctions:
+    """The TF functions of one signature's round and the specs of what they take, before any
+    execution wraps them. The TFF round makes them `tff.tensorflow.computation`s placed by
+    federated operators; the in-process round runs the very same functions as `tf.function`s.
+
+    * `select_shared(cluster_models, key)`: the selection a client of cluster `key` is sent,
+      `(key, *its shared variables)` (federated_select's select function);
+    * `every_cluster_shared(cluster_models)`: what a client that picks its cluster is sent;
+    * `client_update(distributed, stored, data, key, prox_scale, seed, hparams, anchor)`: one
+      client's work -> `(shared_delta, cluster_weight, outputs)`; `distributed` is a dataset of
+      the one selection, or every cluster's shared variables;
+    * `apply_cluster_updates(cluster_models, mean_deltas)`: the finalizer;
+    * `client_evaluate(selected, stored, data, batch_size)`: one client's scores.
+    The aggregation between them is `clustered_mean`'s `add_to_cluster` and `cluster_mean`.
+    """
+
+    signature: RoundSignature
+    io: RoundIO
+    layout: ModelLayout
+    cluster_models_spec: tuple
+    shared_spec: tuple
+    store_in_spec: tuple
+    anchor_spec: tuple
+    data_spec: dict
+    key_spec: tf.TensorSpec
+    seed_spec: dict
+    hparams_spec: dict
+    initial_cluster_models: tuple
+    initial_anchor: tuple
+    select_shared: Callable[..., tuple]
+    every_cluster_shared: Callable[..., tuple]
+    client_update: Callable[..., tuple]
+    apply_cluster_updates: Callable[..., tuple]
+    client_evaluate: Callable[..., dict]
 
     @property
-    def next(self) -> tff.Computation:
-        return self.iterative_process.next
+    def num_clusters(self) -> int:
+        return self.signature.num_clusters
+
+    @property
+    def picks_cluster(self) -> bool:
+        return self.signature.distribution == "lowest_loss_cluster"
+
+    @property
+    def selection_spec(self) -> tuple:
+        return (tf.TensorSpec([], tf.int32), *self.shared_spec)
+
+    def stacked_shared_spec(self) -> tuple:
+        k = self.num_clusters
+        return tuple(tf.TensorSpec([k, *s.shape], s.dtype) for s in self.shared_spec)
 
 
-def build_round(
+def round_functions(
     model: FunctionalModel,
     input_spec: dict,
     signature: RoundSignature,
     initial_variables: Sequence[np.ndarray],
-) -> FederatedRound:
-    """Builds `initialize`/`next` and `evaluate` for one model and signature.
-
-    `initial_variables` (one model's trainable tensors then its state) initialise every cluster
-    in `initialize`; the orchestration passes its own server state to `next`.
-    """
+) -> RoundFunctions:
+    """The round's TF functions for one model and signature (see `RoundFunctions`)."""
     layout = ModelLayout.of(model)
     io = RoundIO.of(layout, signature)
     shapes = layout.shapes
@@ -237,6 +277,7 @@ def build_round(
     k = signature.num_clusters
     num_trainable = layout.num_trainable
     work = signature.work
+    picks_cluster = signature.distribution == "lowest_loss_cluster"
 
     def specs(indices: Sequence[int], lead: tuple[int, ...] = ()) -> tuple[tf.TensorSpec, ...]:
         return tuple(tf.TensorSpec([*lead, *shapes[i]], tf.float32) for i in indices)
@@ -250,21 +291,7 @@ def build_round(
     ) -> tuple[tf.Tensor, tuple]:
         return model.apply(weights, state, x, training, seed)
 
-    cluster_models_spec = specs(range(len(shapes)), (k,))
     shared_spec = specs(io.shared)
-    store_in_spec = specs(io.store_in)
-    anchor_spec = specs(signature.anchor)
-    has_anchor = bool(signature.anchor)
-    picks_cluster = signature.distribution == "lowest_loss_cluster"
-    data_type = arrays_type(input_spec)
-    key_spec = tf.TensorSpec([1], tf.int32)
-    seed_spec = collections.OrderedDict(
-        (name, tf.TensorSpec(np.shape(v), tf.as_dtype(v.dtype)))
-        for name, v in client_seed(0, 0).items()
-    )
-    hparams_spec = collections.OrderedDict(
-        (name, tf.TensorSpec([], tf.as_dtype(v.dtype))) for name, v in round_hparams(0, 1).items()
-    )
 
     def join(
         selected: Sequence[tf.Tensor], stored: Sequence[tf.Tensor]
@@ -287,18 +314,13 @@ def build_round(
             tuple(own[num_trainable:]),
         )
 
-    @tff.tensorflow.computation(to_type(cluster_models_spec), tff.TensorType(np.int32))
     def select_shared(cluster_models: tuple, key: tf.Tensor) -> tuple:
         # The key leads the selection so that it is never an empty structure (TF datasets
         # cannot hold one), which purely local models (nothing shared) would give.
         return (key, *(tf.gather(cluster_models[i], key) for i in io.shared))
 
-    @tff.tensorflow.computation(to_type(cluster_models_spec))
     def every_cluster_shared(cluster_models: tuple) -> tuple:
         return tuple(cluster_models[i] for i in io.shared)
-
-    selection_type = sequence_type((tf.TensorSpec([], tf.int32), *shared_spec))
-    distributed_type = to_type(specs(io.shared, (k,))) if picks_cluster else selection_type
 
     def first_element(selected: tf.data.Dataset) -> tuple:
         initial = (tf.constant(0), *(tf.zeros(s.shape) for s in shared_spec))
@@ -317,29 +339,17 @@ def build_round(
             losses.append(tf.where(float(j) < num_clusters, loss, np.inf))
         return tf.argmin(tf.stack(losses), output_type=tf.int32)
 
-    client_types = [
-        distributed_type,
-        to_type(store_in_spec),
-        data_type,
-        to_type(key_spec),
-        tff.TensorType(np.float32),
-        to_type(seed_spec),
-        to_type(hparams_spec),
-    ]
-    if has_anchor:
-        client_types.append(to_type(anchor_spec))
-
-    def client_update_fn(
+    def client_update(
         distributed: object,
         stored: tuple,
         data: object,
         key: tf.Tensor,
         prox_scale: tf.Tensor,
-        seed: tf.Tensor,
+        seed: dict,
         hparams: dict,
         anchor: tuple,
     ) -> tuple:
-        dataset = batches(
+        dataset = ArrayBatches(
             data,
             hparams["batch_size"],
             hparams["epochs"],
@@ -350,7 +360,7 @@ def build_round(
             cluster = lowest_loss_cluster(
                 distributed,
                 stored,
-                batches(data, hparams["eval_batch_size"]),
+                ArrayBatches(data, hparams["eval_batch_size"]),
                 hparams["num_clusters"],
             )
             selected = tuple(tf.gather(t, cluster) for t in distributed)
@@ -399,31 +409,112 @@ def build_round(
             outputs["model_delta"] = client_work.flatten([t - s for t, s in zip(trained, start)])
         return shared_delta, cluster_weight, outputs
 
-    # TFF computations take no default arguments: the anchor is a parameter only when sent.
-    if has_anchor:
-        client_update = tff.tensorflow.computation(*client_types)(client_update_fn)
-    else:
-        client_update = tff.tensorflow.computation(*client_types)(
-            lambda distributed, stored, data, key, prox_scale, seed, hparams: client_update_fn(
-                distributed, stored, data, key, prox_scale, seed, hparams, ()
-            )
-        )
-
-    aggregator = ClusteredMeanFactory(k).create(
-        to_type(shared_spec), tff.TensorType(np.float32, [k])
-    )
-
-    @tff.tensorflow.computation(to_type(cluster_models_spec), to_type(specs(io.shared, (k,))))
     def apply_cluster_updates(cluster_models: tuple, mean_deltas: tuple) -> tuple:
         updated = list(cluster_models)
         for i, delta in zip(io.shared, mean_deltas):
             updated[i] = cluster_models[i] + delta
         return tuple(updated)
 
-    stacked = tuple(
-        np.repeat(np.asarray(v, np.float32)[None], k, axis=0) for v in initial_variables
+    def client_evaluate(
+        selected: tf.data.Dataset, stored: tuple, data: object, batch_size: tf.Tensor
+    ) -> dict:
+        weights, state, own_weights, own_state = join(first_element(selected), stored)
+        if work.reads_own_model:  # the client's own (personal) model is what it uses
+            weights, state = own_weights, own_state
+        dataset = ArrayBatches(data, batch_size)
+        return client_work.evaluate_client(forward, weights, dataset, state)._asdict()
+
+    return RoundFunctions(
+        signature=signature,
+        io=io,
+        layout=layout,
+        cluster_models_spec=specs(range(len(shapes)), (k,)),
+        shared_spec=shared_spec,
+        store_in_spec=specs(io.store_in),
+        anchor_spec=specs(signature.anchor),
+        data_spec=collections.OrderedDict(
+            (name, tf.TensorSpec([None, *spec.shape[1:]], spec.dtype))
+            for name, spec in input_spec.items()
+        ),
+        key_spec=tf.TensorSpec([1], tf.int32),
+        seed_spec=collections.OrderedDict(
+            (name, tf.TensorSpec(np.shape(v), tf.as_dtype(v.dtype)))
+            for name, v in client_seed(0, 0).items()
+        ),
+        hparams_spec=collections.OrderedDict(
+            (name, tf.TensorSpec([], tf.as_dtype(v.dtype)))
+            for name, v in round_hparams(0, 1).items()
+        ),
+        initial_cluster_models=tuple(
+            np.repeat(np.asarray(v, np.float32)[None], k, axis=0) for v in initial_variables
+        ),
+        initial_anchor=tuple(
+            np.asarray(initial_variables[i], np.float32) for i in signature.anchor
+        ),
+        select_shared=select_shared,
+        every_cluster_shared=every_cluster_shared,
+        client_update=client_update,
+        apply_cluster_updates=apply_cluster_updates,
+        client_evaluate=client_evaluate,
     )
-    initial_anchor = tuple(np.asarray(initial_variables[i], np.float32) for i in signature.anchor)
+
+
+def build_round(
+    model: FunctionalModel,
+    input_spec: dict,
+    signature: RoundSignature,
+    initial_variables: Sequence[np.ndarray],
+) -> FederatedRound:
+    """Builds `initialize`/`next` and `evaluate` as TFF computations for one model and
+    signature.
+
+    `initial_variables` (one model's trainable tensors then its state) initialise every cluster
+    in `initialize`; the orchestration passes its own server state to `next`.
+    """
+    return tff_round(round_functions(model, input_spec, signature, initial_variables))
+
+
+def tff_round(fns: RoundFunctions) -> FederatedRound:
+    """The round's functions composed as TFF computations (see the module docstring)."""
+    signature, k = fns.signature, fns.num_clusters
+    has_anchor = bool(signature.anchor)
+    data_type = to_type(fns.data_spec)
+    cluster_models_type = to_type(fns.cluster_models_spec)
+    store_in_type = to_type(fns.store_in_spec)
+    select_shared = tff.tensorflow.computation(cluster_models_type, tff.TensorType(np.int32))(
+        fns.select_shared
+    )
+    every_cluster_shared = tff.tensorflow.computation(cluster_models_type)(fns.every_cluster_shared)
+    selection_type = sequence_type(fns.selection_spec)
+    stacked_shared_type = to_type(fns.stacked_shared_spec())
+    distributed_type = stacked_shared_type if fns.picks_cluster else selection_type
+
+    client_types = [
+        distributed_type,
+        store_in_type,
+        data_type,
+        to_type(fns.key_spec),
+        tff.TensorType(np.float32),
+        to_type(fns.seed_spec),
+        to_type(fns.hparams_spec),
+    ]
+    # TFF computations take no default arguments: the anchor is a parameter only when sent.
+    if has_anchor:
+        client_types.append(to_type(fns.anchor_spec))
+        client_update = tff.tensorflow.computation(*client_types)(fns.client_update)
+    else:
+        client_update = tff.tensorflow.computation(*client_types)(
+            lambda distributed, stored, data, key, prox_scale, seed, hparams: fns.client_update(
+                distributed, stored, data, key, prox_scale, seed, hparams, ()
+            )
+        )
+
+    aggregator = ClusteredMeanFactory(k).create(
+        to_type(fns.shared_spec), tff.TensorType(np.float32, [k])
+    )
+    apply_cluster_updates = tff.tensorflow.computation(cluster_models_type, stacked_shared_type)(
+        fns.apply_cluster_updates
+    )
 
     def server_state(cluster_models: object, anchor: object, aggregator_state: object) -> object:
         parts = collections.OrderedDict(cluster_models=cluster_models)
@@ -435,8 +526,8 @@ def build_round(
     @tff.federated_computation()
     def initialize() -> object:
         return server_state(
-            tff.federated_value(stacked, tff.SERVER),
-            tff.federated_value(initial_anchor, tff.SERVER) if has_anchor else None,
+            tff.federated_value(fns.initial_cluster_models, tff.SERVER),
+            tff.federated_value(fns.initial_anchor, tff.SERVER) if has_anchor else None,
             aggregator.initialize(),
         )
 
@@ -453,11 +544,11 @@ def build_round(
     @tff.federated_computation(
         state_type,
         tff.FederatedType(data_type, tff.CLIENTS),
-        clients(key_spec),
-        clients(store_in_spec),
+        clients(fns.key_spec),
+        clients(fns.store_in_spec),
         tff.FederatedType(np.float32, tff.CLIENTS),
-        clients(seed_spec),
-        tff.FederatedType(to_type(hparams_spec), tff.SERVER),
+        clients(fns.seed_spec),
+        tff.FederatedType(to_type(fns.hparams_spec), tff.SERVER),
     )
     def next_fn(
         state: object,
@@ -468,11 +559,11 @@ def build_round(
         seeds: object,
         hparams: object,
     ) -> object:
-        """`datasets`: each client's training examples as arrays (`arrays_type`), batched by
+        """`datasets`: each client's training examples as arrays (any length), batched by
         the client as `hparams` say; `keys`: each client's cluster (ignored when clients pick);
         `prox_scales`: per-client factor of the proximal strength (1.0: plain FedProx);
         `seeds`: per-client seeds of its shuffle and its random ops (`client_seed`)."""
-        if picks_cluster:
+        if fns.picks_cluster:
             distributed = tff.federated_broadcast(
                 tff.federated_map(every_cluster_shared, state.cluster_models)
             )
@@ -499,22 +590,15 @@ def build_round(
 
     # Evaluation: the same distributor, then each client's joined model on its data.
     batch_size_type = tff.TensorType(np.int64)
-
-    @tff.tensorflow.computation(selection_type, to_type(store_in_spec), data_type, batch_size_type)
-    def client_evaluate(
-        selected: tf.data.Dataset, stored: tuple, data: object, batch_size: tf.Tensor
-    ) -> dict:
-        weights, state, own_weights, own_state = join(first_element(selected), stored)
-        if work.reads_own_model:  # the client's own (personal) model is what it uses
-            weights, state = own_weights, own_state
-        dataset = batches(data, batch_size)
-        return client_work.evaluate_client(forward, weights, dataset, state)._asdict()
+    client_evaluate = tff.tensorflow.computation(
+        selection_type, store_in_type, data_type, batch_size_type
+    )(fns.client_evaluate)
 
     @tff.federated_computation(
-        tff.FederatedType(to_type(cluster_models_spec), tff.SERVER),
+        tff.FederatedType(cluster_models_type, tff.SERVER),
         tff.FederatedType(data_type, tff.CLIENTS),
-        clients(key_spec),
-        clients(store_in_spec),
+        clients(fns.key_spec),
+        clients(fns.store_in_spec),
         tff.FederatedType(batch_size_type, tff.SERVER),
     )
     def evaluate(
@@ -527,49 +611,66 @@ def build_round(
         )
 
     return FederatedRound(
-        iterative_process=tff.templates.IterativeProcess(initialize, next_fn),
+        initialize=initialize,
+        next=next_fn,
         evaluate=evaluate,
         signature=signature,
-        io=io,
-        layout=layout,
+        io=fns.io,
+        layout=fns.layout,
     )
 
 
+EXECUTIONS = ("tff", "in_process")
+
+
 class RoundCache:
-    """Built rounds by signature: a signature that comes back costs no rebuild."""
+    """Built rounds by signature: a signature that comes back costs no rebuild. `execution`
+    says what runs them: "tff" (TFF computations on the TFF runtime), or "in_process" (the same
+    TF functions run by TensorFlow in this process, on its GPU when it sees one;
+    `in_process.py`) placed on `device` when one is named."""
 
     def __init__(
-        self, model: FunctionalModel, input_spec: dict, initial_variables: Sequence[np.ndarray]
+        self,
+        model: FunctionalModel,
+        input_spec: dict,
+        initial_variables: Sequence[np.ndarray],
+        execution: str = "tff",
+        device: Optional[str] = None,
     ) -> None:
+        if execution not in EXECUTIONS:
+            raise ValueError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
         self.model, self.input_spec = model, input_spec
         self.initial_variables = list(initial_variables)
+        self.execution, self.device = execution, device
         self._built: dict[RoundSignature, FederatedRound] = {}
         self.builds = 0  # how many times a round was traced and built
 
     def get(self, signature: RoundSignature) -> FederatedRound:
         if signature not in self._built:
-            self._built[signature] = build_round(
-                self.model, self.input_spec, signature, self.initial_variables
-            )
+            fns = round_functions(self.model, self.input_spec, signature, self.initial_variables)
+            if self.execution == "tff":
+                self._built[signature] = tff_round(fns)
+            else:
+                from tff_clustered.federated import in_process
+
+                self._built[signature] = in_process.in_process_round(fns, self.device)
             self.builds += 1
         return self._built[signature]
 
+    def predict_probabilities(self) -> Callable[..., Any]:
+        """Server-side inference (`predict_probabilities_fn`) run by this cache's execution."""
+        if self.execution == "tff":
+            return build_predict_probabilities(self.model, self.input_spec)
+        from tff_clustered.federated import in_process
 
-def build_predict_probabilities(model: FunctionalModel, input_spec: dict) -> tff.Computation:
-    """Server-side inference as one TFF computation for many models: `(weights, state, x) ->
-    probabilities` with every variable stacked along a leading model axis, in inference mode
-    (softmax, or [1 - p, p] for a single-logit model). Output: (models, len(x), classes)."""
-    layout = ModelLayout.of(model)
-    x_spec = input_spec["x"]
+        return in_process.in_process_predict(self.model, self.input_spec, self.device)
 
-    def stacked(shapes: Sequence[tuple[int, ...]]) -> tuple[tf.TensorSpec, ...]:
-        return tuple(tf.TensorSpec([None, *s], tf.float32) for s in shapes)
 
-    @tff.tensorflow.computation(
-        to_type(stacked(layout.trainable_shapes)),
-        to_type(stacked(layout.state_shapes)),
-        to_type(tf.TensorSpec(x_spec.shape, tf.float32)),
-    )
+def predict_probabilities_fn(model: FunctionalModel) -> Callable[..., tf.Tensor]:
+    """`(weights, state, x) -> probabilities`, many models at once: every variable stacked
+    along a leading model axis, in inference mode (softmax, or [1 - p, p] for a single-logit
+    model). Output: (models, len(x), classes)."""
+
     def predict(weights: tuple, state: tuple, x: tf.Tensor) -> tf.Tensor:
         def one(variables: tuple) -> tf.Tensor:
             w, s = variables[: len(weights)], variables[len(weights) :]
@@ -582,3 +683,22 @@ def build_predict_probabilities(model: FunctionalModel, input_spec: dict) -> tff
         return tf.map_fn(one, tuple(weights) + tuple(state), fn_output_signature=tf.float32)
 
     return predict
+
+
+def predict_probabilities_specs(model: FunctionalModel, input_spec: dict) -> tuple:
+    layout = ModelLayout.of(model)
+
+    def stacked(shapes: Sequence[tuple[int, ...]]) -> tuple[tf.TensorSpec, ...]:
+        return tuple(tf.TensorSpec([None, *s], tf.float32) for s in shapes)
+
+    return (
+        stacked(layout.trainable_shapes),
+        stacked(layout.state_shapes),
+        tf.TensorSpec(input_spec["x"].shape, tf.float32),
+    )
+
+
+def build_predict_probabilities(model: FunctionalModel, input_spec: dict) -> tff.Computation:
+    """Server-side inference (`predict_probabilities_fn`) as one TFF computation."""
+    types = [to_type(s) for s in predict_probabilities_specs(model, input_spec)]
+    return tff.tensorflow.computation(*types)(predict_probabilities_fn(model))

@@ -1,0 +1,223 @@
+"""The in-process execution (the GPU path) against the TFF runtime: every algorithm, same seed,
+same clusters and the same results within float tolerance; and ops placed where asked."""
+
+from __future__ import annotations
+
+import collections
+import json
+import textwrap
+
+import numpy as np
+import pytest
+from conftest import run_binary
+
+from tff_clustered.algorithms import ALGORITHMS, make_algorithm
+from tff_clustered.data import load_dataset
+from tff_clustered.federated import client_work
+from tff_clustered.federated.round import (
+    RoundCache,
+    RoundSignature,
+    client_seed,
+    round_hparams,
+)
+from tff_clustered.models import initial_weights, model_spec
+from tff_clustered.models.functional import functional_model
+from tff_clustered.orchestration import Experiment, TrainingConfig
+
+pytestmark = pytest.mark.usefixtures("tff_context")
+CONFIG = TrainingConfig(rounds=3, clients_per_round=6, local_epochs=1, learning_rate=0.1, seed=3)
+# Options that make each clustered method decide within three rounds of twelve clients.
+CLUSTERED = {"cfl", "fesem", "fedtsdp", "ifca"} | {
+    a for a in ALGORITHMS if a.startswith("fedgroup")
+}
+OPTIONS = {
+    "fedtsdp": {"hopkins_threshold": 0.5},
+    "cfl": {"cfl_warmup_rounds": 1, "cfl_eps1": 100.0, "cfl_eps2": 1e-6},  # splits at once
+    "ditto": {"ditto_lambda": 0.5},
+}
+TOLERANCE = 1e-4  # float32 sums in another order, over three rounds
+
+
+def run(algorithm: str, execution: str) -> Experiment:
+    data = load_dataset("digits_dirichlet", seed=CONFIG.seed, num_clients=12, dirichlet_beta=0.2)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
+    exp = Experiment(
+        data,
+        model,
+        make_algorithm(algorithm, **OPTIONS.get(algorithm, {})),
+        CONFIG,
+        execution=execution,
+    )
+    exp.start()
+    list(exp.rounds())
+    return exp
+
+
+def numbers(row: dict) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in row.items()
+        if k != "round_seconds" and isinstance(v, (int, float, np.number))
+    }
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_in_process_round_gives_the_tff_rounds_results(algorithm: str) -> None:
+    tff_run, local_run = run(algorithm, "tff"), run(algorithm, "in_process")
+    if algorithm in CLUSTERED:  # the clustering path is compared too, not a single model
+        assert len(set(tff_run.state.assignment.values())) > 1
+    assert local_run.rounds_cache.execution == "in_process"
+    # The same decisions: clusters, assignments, split.
+    assert local_run.state.assignment == tff_run.state.assignment
+    assert local_run.state.shared == tff_run.state.shared
+    assert len(local_run.state.cluster_models) == len(tff_run.state.cluster_models)
+    np.testing.assert_allclose(
+        local_run.state.cluster_models, tff_run.state.cluster_models, atol=TOLERANCE
+    )
+    for c in tff_run.data.client_ids:
+        np.testing.assert_allclose(
+            local_run.client_models([c]), tff_run.client_models([c]), atol=TOLERANCE
+        )
+    for ours, theirs in zip(local_run.state.history, tff_run.state.history, strict=True):
+        a, b = numbers(ours), numbers(theirs)
+        assert a.keys() == b.keys()
+        for key in a:
+            if np.isnan(b[key]):
+                assert np.isnan(a[key]), key
+            else:
+                assert a[key] == pytest.approx(b[key], abs=1e-3), key
+
+
+def test_in_process_ifca_round_with_an_anchor_matches_tff() -> None:
+    """The two distributor options the algorithms above may not combine: clients that pick
+    their cluster (IFCA) and a broadcast anchor read by the client work (a proximal pull to
+    it), in one round, against the TFF round."""
+    spec = model_spec("mlp", (6,), 3, hidden_units=5)
+    functional = functional_model(spec.build(), spec.input_spec())
+    w0 = initial_weights(spec, 0)
+    signature = RoundSignature(
+        3,
+        tuple(range(len(w0))),
+        client_work.LocalSGD(prox_mu=0.3),
+        return_model_deltas=True,
+        distribution="lowest_loss_cluster",
+        anchor=(0, 1),
+    )
+    rng = np.random.default_rng(0)
+    arrays = [
+        collections.OrderedDict(
+            x=rng.normal(size=(n, 6)).astype(np.float32),
+            y=rng.integers(0, 3, size=n).astype(np.int32),
+        )
+        for n in (7, 12, 3, 9)
+    ]
+    results = {}
+    for execution in ("tff", "in_process"):
+        cache = RoundCache(functional, spec.input_spec(), w0, execution)
+        fed_round = cache.get(signature)
+        state = fed_round.initialize()
+        models = [np.array(m) for m in state["cluster_models"]]
+        for j in range(3):  # three different clusters
+            models = [
+                m + np.float32(0.1 * j) * (np.arange(3) == j).reshape(3, *[1] * (m.ndim - 1))
+                for m in models
+            ]
+        state["cluster_models"] = tuple(models)
+        state["anchor"] = tuple(np.array(a) * 0.5 for a in state["anchor"])
+        new_state, outputs, measurements = fed_round.next(
+            state,
+            arrays,
+            [np.array([0], np.int32)] * 4,
+            [()] * 4,
+            [np.float32(1.0)] * 4,
+            [client_seed(i, i) for i in range(4)],
+            round_hparams(0.1, 4, 2, num_clusters=3),
+        )
+        scores = fed_round.evaluate(
+            new_state["cluster_models"],
+            arrays,
+            [np.array([o["cluster"]], np.int32) for o in outputs],
+            [()] * 4,
+            np.int64(64),
+        )
+        results[execution] = (new_state, outputs, measurements, scores)
+    (s1, o1, m1, e1), (s2, o2, m2, e2) = results["tff"], results["in_process"]
+    for a, b in zip(s1["cluster_models"], s2["cluster_models"], strict=True):
+        np.testing.assert_allclose(b, a, atol=1e-5)
+    assert [o["cluster"] for o in o2] == [o["cluster"] for o in o1]
+    assert len({int(o["cluster"]) for o in o1}) > 1  # the picks are not all the same
+    for a, b in zip(o1, o2, strict=True):
+        np.testing.assert_allclose(b["model_delta"], a["model_delta"], atol=1e-5)
+        assert b["num_examples"] == a["num_examples"]
+    np.testing.assert_allclose(m2["cluster_weight"], m1["cluster_weight"])
+    for a, b in zip(e1, e2, strict=True):
+        assert b["loss_sum"] == pytest.approx(a["loss_sum"], rel=1e-5)
+
+
+PLACEMENT_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from tff_clustered.data import load_digits_clusters
+    from tff_clustered.algorithms import make_algorithm
+    from tff_clustered.models import model_spec
+    from tff_clustered.orchestration import Experiment, TrainingConfig
+    data = load_digits_clusters(num_clients=4, num_groups=2, seed=0)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
+    config = TrainingConfig(rounds=1, clients_per_round=2, seed=0)
+    device = sys.argv[1] or None
+    exp = Experiment(
+        data, model, make_algorithm("fedavg"), config, execution="in_process", device=device
+    )
+    tf.debugging.set_log_device_placement(True)
+    exp.start()
+    list(exp.rounds())
+    import os
+    children = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read()
+        except OSError:
+            continue
+        if parent == os.getpid() and b"worker_binary" in command:
+            children.append(pid)
+    result = {"accuracy": exp.state.history[-1]["accuracy"], "workers": children}
+    print(json.dumps(result))
+    """
+)
+
+
+@pytest.mark.parametrize("device", ["/CPU:1", ""])
+def test_in_process_rounds_run_on_the_named_device_without_a_tff_worker(device: str) -> None:
+    """With two logical CPUs, `device="/CPU:1"` puts the training's matmuls on the second and
+    TensorFlow's default leaves them on the first; no TFF computation runs (none is needed).
+    On a GPU machine the same log shows `device:GPU:0` (see the README)."""
+    result = run_binary(
+        ["-c", PLACEMENT_SCRIPT, device], env_extra={"TF_CPP_MIN_LOG_LEVEL": "0"}, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    # The placer's log: "name: (OpType): /job:localhost/replica:0/task:0/device:CPU:1".
+    placed = collections.defaultdict(set)
+    for line in result.stderr.splitlines():
+        if "placer.cc" in line and "device:" in line:
+            op_type = line.split("(")[-1].split(")")[0]
+            placed[op_type].add(line.rsplit("/", 1)[-1])
+    # The model's forward (a function call), its loss, the batch gather of the training loop
+    # and the per-cluster sum: the work that must land on the device.
+    work = (
+        "PartitionedCall",
+        "SparseSoftmaxCrossEntropyWithLogits",
+        "GatherV2",
+        "TensorScatterAdd",
+    )
+    where = "device:CPU:1" if device else "device:CPU:0"
+    for op_type in work:
+        assert placed[op_type] == {where}, (op_type, placed[op_type])
+    result = json.loads(result.stdout.strip().splitlines()[-1])
+    assert result["workers"] == []  # nothing of TFF's was started
+    assert 0.0 <= result["accuracy"] <= 1.0

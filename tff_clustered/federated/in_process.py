@@ -1,0 +1,240 @@
+"""The round run by TensorFlow inside the training process: the GPU path.
+
+TFF's pip runtime (`worker_binary`) runs on CPU only. This execution takes the very functions
+the TFF round is built from (`round.RoundFunctions`: the distributor's select function, the
+client work, the finalizer, the client evaluation) and the same per-cluster mean
+(`clustered_mean.add_to_cluster`, `clustered_mean.cluster_mean`), and runs them as
+graphs in this process, so that their ops land on whatever device TensorFlow picks: the
+first GPU when it sees one. The round is the TFF round's, step for step:
+
+1. distributor: each client gets `select_shared(cluster_models, key)` as a one-element
+   dataset (what `federated_select` hands it), or every cluster's shared variables when it
+   picks its own cluster;
+2. client work: `client_update`, one client after another;
+3. aggregator: each client's weighted update is added into its cluster's row as it finishes;
+4. finalizer: `apply_cluster_updates(cluster_models, cluster_mean(sums, weights))`.
+
+Each function is traced once into a graph and run by a session (`GraphFunction`), as TFF's
+TensorFlow executor runs its computations.
+
+Inputs and outputs have the TFF round's structure (lists over clients, OrderedDicts), so the
+orchestration cannot tell the two apart; only float summation order differs.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+from tff_clustered.federated.clustered_mean import add_to_cluster, cluster_mean
+from tff_clustered.federated.round import (
+    FederatedRound,
+    RoundFunctions,
+    predict_probabilities_fn,
+    predict_probabilities_specs,
+)
+from tff_clustered.models.functional import FunctionalModel
+
+
+def placed_on(device: Optional[str]) -> contextlib.AbstractContextManager:
+    """Ops created inside go to `device` (e.g. "/GPU:1"); None leaves TensorFlow's choice."""
+    return tf.device(device) if device else contextlib.nullcontext()
+
+
+def check_device(device: Optional[str]) -> None:
+    """A named device must be one TensorFlow sees: soft placement (needed for the dataset ops,
+    which have CPU kernels only) would otherwise move everything to the CPU in silence."""
+    if not device:
+        return
+    seen = [d.name for d in tf.config.list_logical_devices()]
+    wanted = tf.DeviceSpec.from_string(device)
+    for name in seen:
+        spec = tf.DeviceSpec.from_string(name)
+        if spec.device_type == (wanted.device_type or "").upper() and spec.device_index == (
+            wanted.device_index or 0
+        ):
+            return
+    raise ValueError(
+        f"device {device!r} is not one TensorFlow sees ({', '.join(seen)}); name one of them, "
+        "or leave --device out (TensorFlow's choice). For a GPU see the README's GPU section."
+    )
+
+
+class GraphFunction:
+    """`fn` traced once into its own graph from `specs` and run by a session.
+
+    TFF's Keras functional models only trace inside a graph (they refuse an eager outer
+    context, which a `tf.function` called eagerly has), as inside a TFF computation: this runs
+    the functions the way TFF's own TensorFlow executor does, as graphs, in this process. Ops go
+    to `device` or to TensorFlow's choice (a GPU when it sees one); ops with CPU kernels only
+    (tf.data) stay on the CPU."""
+
+    def __init__(self, fn: Callable[..., Any], specs: Sequence[Any], device: Optional[str]):
+        self.graph = tf.Graph()
+        with self.graph.as_default(), placed_on(device):
+            self.inputs = tf.nest.map_structure(
+                lambda s: tf.compat.v1.placeholder(s.dtype, s.shape), tuple(specs)
+            )
+            self.outputs = fn(*self.inputs)
+        self.placeholders = tf.nest.flatten(self.inputs)
+        logical_cpus = len(tf.config.list_logical_devices("CPU"))
+        config = tf.compat.v1.ConfigProto(
+            allow_soft_placement=True,
+            log_device_placement=context.context().log_device_placement,
+            device_count={"CPU": max(logical_cpus, 1)},
+        )
+        self.session = tf.compat.v1.Session(graph=self.graph, config=config)
+
+    def __call__(self, *args: Any) -> Any:
+        tf.nest.assert_same_structure(self.inputs, tuple(args), check_types=False)
+        values = tf.nest.flatten(tuple(args))
+        return self.session.run(self.outputs, feed_dict=dict(zip(self.placeholders, values)))
+
+
+def in_process_predict(
+    model: FunctionalModel, input_spec: dict, device: Optional[str] = None
+) -> Callable[..., np.ndarray]:
+    """`round.predict_probabilities_fn`, run in this process."""
+    check_device(device)
+    return GraphFunction(
+        predict_probabilities_fn(model), predict_probabilities_specs(model, input_spec), device
+    )
+
+
+def in_process_round(fns: RoundFunctions, device: Optional[str] = None) -> FederatedRound:
+    """`fns` run in this process, on `device` when one is named (else TensorFlow's choice)."""
+    check_device(device)
+    k = fns.num_clusters
+    has_anchor = bool(fns.signature.anchor)
+    sums_spec = fns.stacked_shared_spec()
+    weight_spec = tf.TensorSpec([k], tf.float32)
+
+    def train_client(
+        cluster_models: tuple,
+        anchor: tuple,
+        sums: tuple,
+        total_weight: tf.Tensor,
+        data: dict,
+        key: tf.Tensor,
+        stored: tuple,
+        prox_scale: tf.Tensor,
+        seed: dict,
+        hparams: dict,
+    ) -> tuple:
+        """Distributor and client work for one client, its update added into the running
+        per-cluster sums (the aggregator's accumulate)."""
+        if fns.picks_cluster:
+            distributed = fns.every_cluster_shared(cluster_models)
+        else:  # what federated_select hands the client: a dataset of its one selection
+            distributed = tf.data.Dataset.from_tensors(fns.select_shared(cluster_models, key[0]))
+        shared_delta, cluster_weight, outputs = fns.client_update(
+            distributed, stored, data, key, prox_scale, seed, hparams, anchor
+        )
+        sums = add_to_cluster(sums, shared_delta, cluster_weight)
+        return sums, total_weight + cluster_weight, outputs
+
+    def finalize(cluster_models: tuple, sums: tuple, total_weight: tf.Tensor) -> tuple:
+        return fns.apply_cluster_updates(cluster_models, cluster_mean(sums, total_weight))
+
+    def evaluate_client(
+        cluster_models: tuple, data: dict, key: tf.Tensor, stored: tuple, batch_size: tf.Tensor
+    ) -> dict:
+        selected = tf.data.Dataset.from_tensors(fns.select_shared(cluster_models, key[0]))
+        return fns.client_evaluate(selected, stored, data, batch_size)
+
+    train_client_graph = GraphFunction(
+        train_client,
+        [
+            fns.cluster_models_spec,
+            fns.anchor_spec,
+            sums_spec,
+            weight_spec,
+            fns.data_spec,
+            fns.key_spec,
+            fns.store_in_spec,
+            tf.TensorSpec([], tf.float32),
+            fns.seed_spec,
+            fns.hparams_spec,
+        ],
+        device,
+    )
+    finalize_graph = GraphFunction(
+        finalize, [fns.cluster_models_spec, sums_spec, weight_spec], device
+    )
+    evaluate_client_graph = GraphFunction(
+        evaluate_client,
+        [
+            fns.cluster_models_spec,
+            fns.data_spec,
+            fns.key_spec,
+            fns.store_in_spec,
+            tf.TensorSpec([], tf.int64),
+        ],
+        device,
+    )
+
+    def server_state(cluster_models: tuple, anchor: tuple) -> collections.OrderedDict:
+        state = collections.OrderedDict(cluster_models=tuple(cluster_models))
+        if has_anchor:
+            state["anchor"] = tuple(anchor)
+        state["aggregator"] = ()
+        return state
+
+    def initialize() -> collections.OrderedDict:
+        return server_state(fns.initial_cluster_models, fns.initial_anchor)
+
+    def next_fn(
+        state: dict,
+        datasets: Sequence[dict],
+        keys: Sequence[np.ndarray],
+        stored: Sequence[tuple],
+        prox_scales: Sequence[float],
+        seeds: Sequence[dict],
+        hparams: dict,
+    ) -> tuple:
+        """The TFF round's `next`, with the same arguments and results."""
+        lengths = {len(datasets), len(keys), len(stored), len(prox_scales), len(seeds)}
+        if len(lengths) != 1:
+            raise ValueError(f"per-client inputs of different lengths: {sorted(lengths)}")
+        models = tuple(state["cluster_models"])
+        anchor = tuple(state["anchor"]) if has_anchor else ()
+        sums = tuple(np.zeros(s.shape, np.float32) for s in sums_spec)
+        total_weight = np.zeros([k], np.float32)
+        outputs = []
+        for data, key, own, scale, seed in zip(datasets, keys, stored, prox_scales, seeds):
+            sums, total_weight, out = train_client_graph(
+                models, anchor, sums, total_weight, data, key, tuple(own), scale, seed, hparams
+            )
+            outputs.append(out)
+        new_models = finalize_graph(models, sums, total_weight)
+        measurements = collections.OrderedDict(cluster_weight=total_weight)
+        return server_state(new_models, anchor), outputs, measurements
+
+    def evaluate(
+        cluster_models: tuple,
+        datasets: Sequence[dict],
+        keys: Sequence[np.ndarray],
+        stored: Sequence[tuple],
+        batch_size: int,
+    ) -> list:
+        """The TFF round's `evaluate`: each client's scores with its cluster's model."""
+        models = tuple(cluster_models)
+        return [
+            evaluate_client_graph(models, data, key, tuple(own), np.int64(batch_size))
+            for data, key, own in zip(datasets, keys, stored)
+        ]
+
+    return FederatedRound(
+        initialize=initialize,
+        next=next_fn,
+        evaluate=evaluate,
+        signature=fns.signature,
+        io=fns.io,
+        layout=fns.layout,
+    )
