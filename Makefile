@@ -3,7 +3,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint benchmark doctor clean-env
+.PHONY: run test lint benchmark doctor gpu-extras clean-env
 
 run: $(STAMP)
 	$(VENV)/bin/python binaries/train.py $(ARGS)
@@ -22,6 +22,10 @@ doctor: $(STAMP)
 
 $(STAMP): requirements/lock.txt setup.cfg scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
+
+# Opt-in: TensorFlow's CUDA libraries, for --execution=in_process on an NVIDIA GPU (several GB).
+gpu-extras: $(STAMP)
+	$(VENV)/bin/python -m pip install -c requirements/lock.txt -r requirements/gpu.txt
 
 clean-env:
 	rm -rf $(VENV)

@@ -1,4 +1,7 @@
 """Speed, always as ratios against a reference measured in the same run.
+* `round_floors`: one FedAvg round on TFF's runtime and in process (`--execution=in_process`)
+  against two plain-TensorFlow floors of the same local training: the clients one after
+  another, one `tf.function` each, and all clients vectorised along a client axis.
 
 * `fedavg_vs_tff`: one round of our FedAvg against TFF's own `build_weighted_fed_avg` on the
   same Keras model, clients, data, epochs and batch size, on the same TFF worker (goal <= 1.0).
@@ -45,8 +48,8 @@ from tff_clustered import clustering  # noqa: E402
 from tff_clustered.algorithms import make_algorithm  # noqa: E402
 from tff_clustered.data import load_dataset  # noqa: E402
 from tff_clustered.federated.round import (  # noqa: E402
+    RoundCache,
     RoundSignature,
-    build_round,
     client_seed,
     round_hparams,
 )
@@ -72,7 +75,7 @@ flags.DEFINE_float("learning_rate", 0.03, "Client learning rate.")
 flags.DEFINE_integer("seed", 0, "Seed of the data and initial model.")
 flags.DEFINE_list(
     "benchmarks",
-    ["fedavg_vs_tff", "fedgroup_vs_fedavg", "clustering", "fedtsdp_vs_fedavg"],
+    ["round_floors", "fedavg_vs_tff", "fedgroup_vs_fedavg", "clustering", "fedtsdp_vs_fedavg"],
     "Benchmarks to run.",
 )
 flags.DEFINE_enum("tsdp_trigger", "always", ["always", "paper"], "FedTSDP clustering per round.")
@@ -115,15 +118,16 @@ def datasets(clients: list) -> list:
     ]
 
 
-def our_round_fn(spec: object, w0: list, clients: list, num_clusters: int) -> object:
-    """One round of the clustered core with clients spread over `num_clusters` clusters."""
+def our_round_fn(
+    spec: object, w0: list, clients: list, num_clusters: int, execution: str = "tff"
+) -> object:
+    """One round of the clustered core with clients spread over `num_clusters` clusters, run
+    by `execution` (TFF's runtime, or in this process)."""
     keras_model = spec.build()
-    process = build_round(
-        functional_model(keras_model, spec.input_spec()),
-        spec.input_spec(),
-        RoundSignature(num_clusters, tuple(range(len(w0)))),
-        w0,
+    cache = RoundCache(
+        functional_model(keras_model, spec.input_spec()), spec.input_spec(), w0, execution
     )
+    process = cache.get(RoundSignature(num_clusters, tuple(range(len(w0)))))
     state = process.initialize()
     keys = [np.array([i % num_clusters], np.int32) for i in range(len(clients))]
     hparams = round_hparams(FLAGS.learning_rate, FLAGS.batch_size, FLAGS.local_epochs)
@@ -135,6 +139,74 @@ def our_round_fn(spec: object, w0: list, clients: list, num_clusters: int) -> ob
         state, _, _ = process.next(state, clients, keys, [()] * len(clients), ones, seeds, hparams)
 
     return run
+
+
+def dense_stack_forward(weights: list, x: tf.Tensor, einsum: str) -> tf.Tensor:
+    """The MLP / MCLR of this benchmark as plain TF: (kernel, bias) pairs, ReLU between."""
+    for i in range(0, len(weights), 2):
+        x = tf.einsum(einsum, x, weights[i]) + tf.expand_dims(weights[i + 1], -2)
+        if i + 2 < len(weights):
+            x = tf.nn.relu(x)
+    return x
+
+
+def stacked_batches(clients: list) -> tuple[np.ndarray, np.ndarray]:
+    """Every client's epochs of batches in one fixed order: x (clients, steps, batch, d),
+    y (clients, steps, batch). The floors' data needs no shuffling: the order costs nothing."""
+    per_epoch = FLAGS.examples_per_client // FLAGS.batch_size
+    used = per_epoch * FLAGS.batch_size
+    x = np.stack([c["x"][:used] for c in clients]).reshape(
+        len(clients), per_epoch, FLAGS.batch_size, -1
+    )
+    y = np.stack([c["y"][:used] for c in clients]).reshape(len(clients), per_epoch, -1)
+    return np.tile(x, (1, FLAGS.local_epochs, 1, 1)), np.tile(y, (1, FLAGS.local_epochs, 1))
+
+
+def floor_round_fns(w0: list, clients: list) -> dict:
+    """The same local training in plain TensorFlow, no TFF and no framework: `sequential`, one
+    `tf.function` per client (traced once) with the clients run one after another, then the
+    mean; `vectorised`, every client at once along a leading client axis (batched matmuls) in
+    one `tf.function`. What a round could cost on this machine."""
+    x, y = stacked_batches(clients)
+    lr = FLAGS.learning_rate
+    weights = [tf.constant(w) for w in w0]
+
+    def sgd(start: list, xs: tf.Tensor, ys: tf.Tensor, einsum: str) -> list:
+        def step(i: tf.Tensor, current: list) -> tuple:
+            with tf.GradientTape() as tape:
+                tape.watch(current)
+                logits = dense_stack_forward(current, xs[..., i, :, :], einsum)
+                losses = tf.nn.sparse_softmax_cross_entropy_with_logits(ys[..., i, :], logits)
+                loss = tf.reduce_sum(tf.reduce_mean(losses, axis=-1))  # per-client means
+            grads = tape.gradient(loss, current)
+            return i + 1, [w - lr * g for w, g in zip(current, grads)]
+
+        steps = xs.shape[-3]
+        _, trained = tf.while_loop(lambda i, _: i < steps, step, (tf.constant(0), start))
+        return trained
+
+    @tf.function
+    def one_client(xs: tf.Tensor, ys: tf.Tensor) -> list:
+        return sgd(weights, xs, ys, "bd,dh->bh")
+
+    @tf.function
+    def all_clients(xs: tf.Tensor, ys: tf.Tensor) -> list:
+        stacked = [tf.repeat(w[None], len(clients), axis=0) for w in weights]
+        trained = sgd(stacked, xs, ys, "cbd,cdh->cbh")
+        return [tf.reduce_mean(t, axis=0) for t in trained]
+
+    xs = [tf.constant(x[i]) for i in range(len(clients))]
+    ys = [tf.constant(y[i]) for i in range(len(clients))]
+    x_all, y_all = tf.constant(x), tf.constant(y)
+
+    def sequential() -> None:
+        trained = [one_client(a, b) for a, b in zip(xs, ys)]
+        [np.mean([t[i].numpy() for t in trained], axis=0) for i in range(len(weights))]
+
+    def vectorised() -> None:
+        [t.numpy() for t in all_clients(x_all, y_all)]
+
+    return {"sequential_floor": sequential, "vectorised_floor": vectorised}
 
 
 def tff_round_fn(spec: object, w0: list, clients: list) -> object:
@@ -322,6 +394,30 @@ def main(argv: list[str]) -> None:
                 tff_s_per_round=round(t["tff"], 4),
                 ratio=round(t["ours"] / t["tff"], 3),
             )
+        if "round_floors" in FLAGS.benchmarks:
+            t = alternate(
+                {
+                    "tff_round": our_round_fn(spec, w0, clients, 1),
+                    "in_process_round": our_round_fn(spec, w0, clients, 1, "in_process"),
+                    **floor_round_fns(w0, clients),
+                },
+                FLAGS.rounds,
+            )
+            seq, vec = t["sequential_floor"], t["vectorised_floor"]
+            print(
+                f"FedAvg round, {workload}: TFF runtime {t['tff_round']:.3f} s "
+                f"({t['tff_round'] / seq:.2f}x the sequential floor), in process "
+                f"{t['in_process_round']:.3f} s ({t['in_process_round'] / vec:.2f}x the "
+                f"vectorised floor); plain TF floors: sequential {seq:.3f} s, vectorised "
+                f"{vec:.3f} s",
+                flush=True,
+            )
+            report["round_floors"] = {
+                **{f"{name}_s": round(v, 4) for name, v in t.items()},
+                "tff_over_sequential_floor": round(t["tff_round"] / seq, 3),
+                "in_process_over_vectorised_floor": round(t["in_process_round"] / vec, 3),
+                "in_process_over_sequential_floor": round(t["in_process_round"] / seq, 3),
+            }
         if "fedgroup_vs_fedavg" in FLAGS.benchmarks:
             t = alternate(
                 {
