@@ -10,8 +10,8 @@ first GPU when it sees one. The round is the TFF round's, step for step:
 1. distributor: each client gets `select_shared(cluster_models, key)` as a one-element
    dataset (what `federated_select` hands it), or every cluster's shared variables when it
    picks its own cluster;
-2. client work: `client_update`, one client after another;
-3. aggregator: each client's weighted update is added into its cluster's row as it finishes;
+2. client work: `client_update`, several clients at a time (threads; one per core);
+3. aggregator: each client's weighted update is added into its cluster's row, in client order;
 4. finalizer: `apply_cluster_updates(cluster_models, cluster_mean(sums, weights))`.
 
 Each function is traced once into a graph and run by a session (`GraphFunction`), as TFF's
@@ -24,7 +24,9 @@ orchestration cannot tell the two apart; only float summation order differs.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
+import os
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
@@ -107,8 +109,12 @@ def in_process_predict(
     )
 
 
-def in_process_round(fns: RoundFunctions, device: Optional[str] = None) -> FederatedRound:
-    """`fns` run in this process, on `device` when one is named (else TensorFlow's choice)."""
+def in_process_round(
+    fns: RoundFunctions, device: Optional[str] = None, parallel_clients: int = 0
+) -> FederatedRound:
+    """`fns` run in this process, on `device` when one is named (else TensorFlow's choice),
+    `parallel_clients` clients at a time (0: one per CPU core)."""
+    parallel_clients = parallel_clients or os.cpu_count() or 1
     check_device(device)
     k = fns.num_clusters
     has_anchor = bool(fns.signature.anchor)
@@ -118,8 +124,6 @@ def in_process_round(fns: RoundFunctions, device: Optional[str] = None) -> Feder
     def train_client(
         cluster_models: tuple,
         anchor: tuple,
-        sums: tuple,
-        total_weight: tf.Tensor,
         data: dict,
         key: tf.Tensor,
         stored: tuple,
@@ -127,17 +131,18 @@ def in_process_round(fns: RoundFunctions, device: Optional[str] = None) -> Feder
         seed: dict,
         hparams: dict,
     ) -> tuple:
-        """Distributor and client work for one client, its update added into the running
-        per-cluster sums (the aggregator's accumulate)."""
+        """Distributor and client work for one client."""
         if fns.picks_cluster:
             distributed = fns.every_cluster_shared(cluster_models)
         else:  # what federated_select hands the client: a dataset of its one selection
             distributed = tf.data.Dataset.from_tensors(fns.select_shared(cluster_models, key[0]))
-        shared_delta, cluster_weight, outputs = fns.client_update(
-            distributed, stored, data, key, prox_scale, seed, hparams, anchor
-        )
-        sums = add_to_cluster(sums, shared_delta, cluster_weight)
-        return sums, total_weight + cluster_weight, outputs
+        return fns.client_update(distributed, stored, data, key, prox_scale, seed, hparams, anchor)
+
+    def accumulate(
+        sums: tuple, total_weight: tf.Tensor, shared_delta: tuple, cluster_weight: tf.Tensor
+    ) -> tuple:
+        """The aggregator's accumulate: one client's update into the per-cluster sums."""
+        return add_to_cluster(sums, shared_delta, cluster_weight), total_weight + cluster_weight
 
     def finalize(cluster_models: tuple, sums: tuple, total_weight: tf.Tensor) -> tuple:
         return fns.apply_cluster_updates(cluster_models, cluster_mean(sums, total_weight))
@@ -153,8 +158,6 @@ def in_process_round(fns: RoundFunctions, device: Optional[str] = None) -> Feder
         [
             fns.cluster_models_spec,
             fns.anchor_spec,
-            sums_spec,
-            weight_spec,
             fns.data_spec,
             fns.key_spec,
             fns.store_in_spec,
@@ -163,6 +166,9 @@ def in_process_round(fns: RoundFunctions, device: Optional[str] = None) -> Feder
             fns.hparams_spec,
         ],
         device,
+    )
+    accumulate_graph = GraphFunction(
+        accumulate, [sums_spec, weight_spec, fns.shared_spec, weight_spec], device
     )
     finalize_graph = GraphFunction(
         finalize, [fns.cluster_models_spec, sums_spec, weight_spec], device
@@ -207,11 +213,20 @@ def in_process_round(fns: RoundFunctions, device: Optional[str] = None) -> Feder
         sums = tuple(np.zeros(s.shape, np.float32) for s in sums_spec)
         total_weight = np.zeros([k], np.float32)
         outputs = []
-        for data, key, own, scale, seed in zip(datasets, keys, stored, prox_scales, seeds):
-            sums, total_weight, out = train_client_graph(
-                models, anchor, sums, total_weight, data, key, tuple(own), scale, seed, hparams
-            )
-            outputs.append(out)
+
+        def work(client: tuple) -> tuple:
+            data, key, own, scale, seed = client
+            return train_client_graph(models, anchor, data, key, tuple(own), scale, seed, hparams)
+
+        # Clients train concurrently (a session runs calls from several threads); their
+        # updates are added in client order, so the sums do not depend on which finished first.
+        clients = zip(datasets, keys, stored, prox_scales, seeds)
+        with concurrent.futures.ThreadPoolExecutor(parallel_clients) as pool:
+            for shared_delta, cluster_weight, out in pool.map(work, clients):
+                sums, total_weight = accumulate_graph(
+                    sums, total_weight, shared_delta, cluster_weight
+                )
+                outputs.append(out)
         new_models = finalize_graph(models, sums, total_weight)
         measurements = collections.OrderedDict(cluster_weight=total_weight)
         return server_state(new_models, anchor), outputs, measurements
@@ -225,10 +240,13 @@ def in_process_round(fns: RoundFunctions, device: Optional[str] = None) -> Feder
     ) -> list:
         """The TFF round's `evaluate`: each client's scores with its cluster's model."""
         models = tuple(cluster_models)
-        return [
-            evaluate_client_graph(models, data, key, tuple(own), np.int64(batch_size))
-            for data, key, own in zip(datasets, keys, stored)
-        ]
+
+        def score(client: tuple) -> dict:
+            data, key, own = client
+            return evaluate_client_graph(models, data, key, tuple(own), np.int64(batch_size))
+
+        with concurrent.futures.ThreadPoolExecutor(parallel_clients) as pool:
+            return list(pool.map(score, zip(datasets, keys, stored)))
 
     return FederatedRound(
         initialize=initialize,
