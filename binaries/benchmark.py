@@ -30,6 +30,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Optional
 
 from absl import app, flags
 
@@ -84,6 +85,9 @@ flags.DEFINE_integer("groups", 5, "FedGroup groups for fedgroup_vs_fedavg.")
 flags.DEFINE_list("cluster_sizes", ["100", "500", "2000"], "Clients clustered (clustering).")
 flags.DEFINE_integer("cluster_dim", 415_258, "Update length d (clustering): FEMNIST MLP.")
 flags.DEFINE_integer("memory_rounds", 300, "Rounds of the memory benchmark.", lower_bound=20)
+flags.DEFINE_enum(
+    "memory_execution", "tff", ["tff", "in_process"], "What runs the memory benchmark's rounds."
+)
 flags.DEFINE_integer("memory_warmup", 50, "Rounds before memory growth is measured.", lower_bound=0)
 
 
@@ -308,10 +312,12 @@ def resident_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def memory_growth(worker_pid: int) -> dict:
+def memory_growth(worker_pid: Optional[int]) -> dict:
     """A FedAvg digits run of `memory_rounds` rounds (10 clients a round, evaluated every
-    round): resident memory of this process and of the TFF worker every 10 rounds, and the
-    growth per 100 rounds after `memory_warmup` (least-squares slope)."""
+    round) on `--memory_execution`: resident memory of this process and of the TFF worker (none
+    in process) every 10 rounds, and the growth per 100 rounds after `memory_warmup`
+    (least-squares slope)."""
+    execution = FLAGS.memory_execution
     data = load_dataset("digits", seed=FLAGS.seed)
     spec = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=64)
     config = TrainingConfig(
@@ -322,14 +328,20 @@ def memory_growth(worker_pid: int) -> dict:
         learning_rate=0.1,
         seed=FLAGS.seed,
     )
-    experiment = Experiment(data, spec, make_algorithm("fedavg"), config)
+    experiment = Experiment(data, spec, make_algorithm("fedavg"), config, execution=execution)
     experiment.start()
     samples = []
+    in_worker = execution == "tff" and worker_pid is not None
     for row in experiment.rounds():
         if row["round"] % 10 == 0:
-            samples.append((row["round"], resident_mb(os.getpid()), resident_mb(worker_pid)))
+            worker_mb = resident_mb(worker_pid) if in_worker else 0.0
+            samples.append((row["round"], resident_mb(os.getpid()), worker_mb))
     measured = np.array([s for s in samples if s[0] >= FLAGS.memory_warmup])
-    result: dict = {"rounds": FLAGS.memory_rounds, "warmup": FLAGS.memory_warmup}
+    result: dict = {
+        "rounds": FLAGS.memory_rounds,
+        "warmup": FLAGS.memory_warmup,
+        "execution": execution,
+    }
     for column, name in ((1, "python"), (2, "worker")):
         slope = np.polyfit(measured[:, 0], measured[:, column], 1)[0]
         result[f"{name}_mb_per_100_rounds"] = round(float(slope * 100), 2)
@@ -347,7 +359,7 @@ def memory_growth(worker_pid: int) -> dict:
             flush=True,
         )
     print(
-        f"memory over {FLAGS.memory_rounds} FedAvg digits rounds: python "
+        f"memory over {FLAGS.memory_rounds} FedAvg digits rounds ({execution}): python "
         f"{result['python_mb_at_warmup']} -> {result['python_mb_at_end']} MB "
         f"({result['python_mb_per_100_rounds']:+.2f} MB/100 rounds), worker "
         f"{result['worker_mb_at_warmup']} -> {result['worker_mb_at_end']} MB "
