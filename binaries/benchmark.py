@@ -48,8 +48,8 @@ import tensorflow_federated as tff  # noqa: E402
 from tff_clustered import clustering  # noqa: E402
 from tff_clustered.algorithms import make_algorithm  # noqa: E402
 from tff_clustered.data import load_dataset  # noqa: E402
+from tff_clustered.federated.executions import RoundCache  # noqa: E402
 from tff_clustered.federated.round import (  # noqa: E402
-    RoundCache,
     RoundSignature,
     client_seed,
     round_hparams,

@@ -119,3 +119,30 @@ def test_fesem_e_step_and_m_step() -> None:
     np.testing.assert_allclose(new[0], [0.75, 0.5])  # unweighted mean
     np.testing.assert_allclose(new[1], [8.5, 0.0])
     np.testing.assert_array_equal(new[2], centers[2])  # no member: kept
+
+
+def test_streamed_svd_directions_match_the_exact_svd_whatever_the_blocks(tmp_path: object) -> None:
+    rng = np.random.default_rng(5)
+    updates, _ = planted_updates(rng, 4, 30, 300, 0.2)
+    updates = updates.astype(np.float32)
+    exact = np.linalg.svd(updates.astype(np.float64), full_matrices=False)[2][:4]
+    for block_rows in (7, 64, 1000):
+        v = clustering.svd_directions(updates, 4, seed=3, block_rows=block_rows)
+        assert v.shape == (4, 300)
+        # each direction is +-1 times the exact one (a spectrum with a gap)
+        np.testing.assert_allclose(np.abs(np.sum(v * exact, axis=1)), 1.0, atol=1e-4)
+    # from a disk memmap (how 10,000 clients of a large model fit): the same directions
+    on_disk = np.lib.format.open_memmap(
+        str(tmp_path / "updates.npy"), mode="w+", dtype=np.float32, shape=updates.shape
+    )
+    on_disk[:] = updates
+    on_disk.flush()
+    np.testing.assert_array_equal(
+        clustering.svd_directions(on_disk, 4, seed=3, block_rows=64),
+        clustering.svd_directions(updates, 4, seed=3, block_rows=64),
+    )
+    np.testing.assert_allclose(
+        clustering.decomposed_cosine(on_disk, exact, block_rows=9),
+        clustering.cosine_similarity(updates, exact),
+        atol=1e-6,
+    )

@@ -14,8 +14,8 @@ from conftest import run_binary
 from tff_clustered.algorithms import ALGORITHMS, make_algorithm
 from tff_clustered.data import load_dataset
 from tff_clustered.federated import client_work
+from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round import (
-    RoundCache,
     RoundSignature,
     client_seed,
     round_hparams,
@@ -221,3 +221,22 @@ def test_in_process_rounds_run_on_the_named_device_without_a_tff_worker(device: 
     result = json.loads(result.stdout.strip().splitlines()[-1])
     assert result["workers"] == []  # nothing of TFF's was started
     assert 0.0 <= result["accuracy"] <= 1.0
+
+
+def test_execution_settings_that_cannot_work_are_refused_with_the_fix() -> None:
+    from tff_clustered.federated import in_process
+    from tff_clustered.runtime import RuntimeConfig
+
+    with pytest.raises(ValueError, match="Drop one of the two"):
+        RuntimeConfig(execution="in_process", workers=("host:8000",))
+    with pytest.raises(ValueError, match="Add --execution=in_process or drop --device"):
+        RuntimeConfig(device="/GPU:0")
+    with pytest.raises(ValueError, match="execution must be tff or in_process"):
+        RuntimeConfig(execution="gpu")
+    with pytest.raises(ValueError, match="is not one TensorFlow sees"):
+        in_process.check_device("/GPU:7")
+    in_process.check_device("/CPU:0")
+    spec = model_spec("mlp", (5,), 3, hidden_units=4)
+    functional = functional_model(spec.build(), spec.input_spec())
+    with pytest.raises(ValueError, match="execution must be one of"):
+        RoundCache(functional, spec.input_spec(), initial_weights(spec, 0), "gpu")

@@ -30,10 +30,10 @@ from tff_clustered.algorithms.base import (
 from tff_clustered.client_store import ClientStore
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.federated import client_work
+from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round import (
     FederatedRound,
     ModelLayout,
-    RoundCache,
     RoundSignature,
     client_seed,
     evaluation_batch_size,

@@ -17,7 +17,7 @@ from tff_clustered.data import DATASET_NAMES, DataError
 from tff_clustered.models import MODEL_NAMES
 from tff_clustered.orchestration import LR_SCHEDULES, TrainingConfig
 from tff_clustered.runner import RunSpec
-from tff_clustered.runtime import RuntimeConfig
+from tff_clustered.runtime import RuntimeConfig, WorkerLostError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("dataset", "digits", list(DATASET_NAMES), "Dataset.")
@@ -87,7 +87,12 @@ flags.DEFINE_string(
     "With --execution=in_process: the TensorFlow device of the rounds (e.g. /GPU:1). "
     "Default: TensorFlow's choice, the first GPU if it sees one.",
 )
-flags.DEFINE_list("workers", [], "Remote TFF workers HOST:PORT (empty: one local worker).")
+flags.DEFINE_list(
+    "workers",
+    [],
+    "TFF workers HOST:PORT started with binaries/worker.py; with several, each round's clients "
+    "are split over them (empty: one local worker).",
+)
 flags.DEFINE_integer(
     "max_concurrent_computation_calls",
     -1,
@@ -159,13 +164,17 @@ def runtime_config_from_flags(log_dir: str) -> RuntimeConfig:
 
 @contextlib.contextmanager
 def reported_errors(on_interrupt: str) -> Iterator[None]:
-    """Bad input: `error: ...` on stderr and exit code 2; Ctrl-C: `on_interrupt`, exit 130.
+    """Bad input: `error: ...` on stderr and exit code 2; a TFF worker lost or unreachable:
+    exit 3 (the message names it); Ctrl-C: `on_interrupt`, exit 130.
     The runtime's own context manager has stopped the TFF worker by then."""
     try:
         yield
     except (ValueError, DataError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    except WorkerLostError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(3) from None
     except KeyboardInterrupt:
         print(f"interrupted; {on_interrupt}", file=sys.stderr)
         raise SystemExit(130) from None

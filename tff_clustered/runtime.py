@@ -14,9 +14,14 @@ as `train.py | tee log` cannot hang on it.
 With `execution="in_process"` nothing is started: rounds run in this process
 (`federated/in_process.py`). Otherwise, contexts:
 * `local` (default): one worker on localhost, talked to over gRPC (TFF's own C++ runtime).
-* `remote`: a `worker_binary --port=P` already running on another host (`--workers=host:port`),
-  reached with the same `RemoteExecutor` stack. Several workers (TFF's
-  `MergeableCompExecutionContext`) need computations in mergeable form and are not wired yet.
+* `remote`: workers already running elsewhere (`--workers=host1:port1,host2:port2,...`, each
+  started with `binaries/worker.py`), reached with the same `RemoteExecutor` stack. With
+  several, each round's clients are split over them (`federated/sharded.py`); computations
+  that are not split run on the first.
+
+A worker that stops answering is not retried for ever (TFF retries UNAVAILABLE without end,
+which hangs a run): the call fails with `WorkerLostError` naming its address, the run stops
+after its last checkpoint, and the same command resumes it once the worker is back.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Optional
 
 _GRPC_OPTIONS = [
@@ -40,6 +45,18 @@ _GRPC_OPTIONS = [
 ]
 _PR_SET_PDEATHSIG = 1
 WORKER_TAG_ENV = "TFF_CLUSTERED_RUN_TAG"
+# The started runtime's workers, `(address, execution context)` in `--workers` order.
+_ACTIVE_WORKERS: tuple[tuple[str, object], ...] = ()
+
+
+class WorkerLostError(RuntimeError):
+    """A TFF worker stopped answering mid-run (its address is in the message)."""
+
+
+def worker_contexts() -> tuple[tuple[str, object], ...]:
+    """`(address, context)` of each worker of the started runtime; empty when none is started
+    (or rounds run in process). Computations invoked under a context run on its worker."""
+    return _ACTIVE_WORKERS
 
 
 def worker_binary_path() -> str:
@@ -76,6 +93,8 @@ class RuntimeConfig:
     # (8 per core). The worker's many threads each keep freed memory in their own arena, which
     # shows as resident memory growing round after round (see the README's memory figures).
     worker_malloc_arenas: int = 4
+    # How long to wait for each of `workers` to answer at start.
+    connect_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.execution not in ("tff", "in_process"):
@@ -109,6 +128,7 @@ class TffRuntime:
         self._process: Optional[subprocess.Popen] = None
         self._log_file = None
         self._previous_handlers: dict[int, object] = {}
+        self._outer_workers: tuple[tuple[str, object], ...] = ()
         self.started = False
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -120,14 +140,18 @@ class TffRuntime:
             return self
         import tensorflow_federated as tff
 
+        global _ACTIVE_WORKERS
         if self.config.workers:
-            context = _remote_context(self.config.workers)
+            for address in self.config.workers:
+                _wait_until_ready(address, None, self.config.connect_timeout_s)
+            targets = list(self.config.workers)
         else:
-            target = self._start_local_worker()
-            context = _sync_context_for_targets([target])
+            targets = [self._start_local_worker()]
+        contexts = tuple((target, _sync_context(target)) for target in targets)
         # Replacing TFF's import-time default context drops its (never started) ServiceManager
         # now, while its `__del__` can still run cleanly, instead of at interpreter exit.
-        tff.framework.set_default_context(context)
+        tff.framework.set_default_context(contexts[0][1])
+        self._outer_workers, _ACTIVE_WORKERS = _ACTIVE_WORKERS, contexts
         atexit.register(self.stop)
         self._install_signal_handlers()
         self.started = True
@@ -135,6 +159,14 @@ class TffRuntime:
 
     def stop(self) -> None:
         """Stops the local worker (SIGINT, then SIGKILL) and restores signal handlers."""
+        global _ACTIVE_WORKERS
+        if self.started and self.config.execution == "tff":
+            # A runtime started inside another one (a test) gives its workers back.
+            _ACTIVE_WORKERS, self._outer_workers = self._outer_workers, ()
+            if _ACTIVE_WORKERS:
+                import tensorflow_federated as tff
+
+                tff.framework.set_default_context(_ACTIVE_WORKERS[0][1])
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGINT)
@@ -198,7 +230,10 @@ class TffRuntime:
             self._previous_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_sigterm)
 
 
-def _wait_until_ready(target: str, process: subprocess.Popen, timeout_s: float = 60.0) -> None:
+def _wait_until_ready(
+    target: str, process: Optional[subprocess.Popen], timeout_s: float = 60.0
+) -> None:
+    """Waits until the worker at `target` answers; `process`: ours, when we started it."""
     import grpc
     from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub
 
@@ -207,20 +242,62 @@ def _wait_until_ready(target: str, process: subprocess.Popen, timeout_s: float =
     )
     deadline = time.monotonic() + timeout_s
     while not stub.is_ready:
-        if process.poll() is not None:
+        if process is not None and process.poll() is not None:
             raise RuntimeError(f"TFF worker exited with code {process.returncode} at start-up")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"TFF worker at {target} not ready after {timeout_s:.0f}s")
+            if process is not None:
+                raise RuntimeError(f"TFF worker at {target} not ready after {timeout_s:.0f}s")
+            port = target.rpartition(":")[2]
+            raise WorkerLostError(
+                f"TFF worker {target} is unreachable (no answer in {timeout_s:.0f}s). Start it "
+                f"on that machine with `python binaries/worker.py --port={port}`, "
+                "reach it through an SSH tunnel or a private network (see the README), and "
+                "check the address in --workers."
+            )
         time.sleep(0.05)
+
+
+class _FailFastStub:
+    """TFF's gRPC stub to one worker, except that a worker that stops answering raises
+    `WorkerLostError` (naming it) instead of TFF's `RetryableError`, which its execution
+    context retries for ever."""
+
+    def __init__(self, target: str) -> None:
+        import grpc
+        import tensorflow_federated as tff
+
+        self._target = target
+        self._stub = tff.framework.RemoteExecutorGrpcStub(
+            grpc.insecure_channel(target, _GRPC_OPTIONS)
+        )
+
+    def __getattr__(self, name: str) -> object:
+        from tensorflow_federated.python.core.impl.executors import executors_errors
+
+        attribute = getattr(self._stub, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: object, **kwargs: object) -> object:
+            try:
+                return attribute(*args, **kwargs)
+            except executors_errors.RetryableError as e:
+                code = e.code() if isinstance(e, executors_errors.RetryableGRPCError) else None
+                raise WorkerLostError(
+                    f"TFF worker {self._target} stopped answering ({code or e}). The run "
+                    "stopped; its finished rounds are in its last checkpoint. Restart the "
+                    "worker, then run the same command with --resume."
+                ) from None
+
+        return call
 
 
 def _executor_factory(target: str) -> object:
     """TFF's own remote-executor stack (the same one its local C++ context builds)."""
-    import grpc
     import tensorflow_federated as tff
     from tensorflow_federated.python.core.impl.executor_stacks import python_executor_stacks
 
-    stub = tff.framework.RemoteExecutorGrpcStub(grpc.insecure_channel(target, _GRPC_OPTIONS))
+    stub = _FailFastStub(target)
 
     def stack_fn(cardinalities: dict) -> object:
         if cardinalities.get(tff.CLIENTS) is None:
@@ -232,29 +309,19 @@ def _executor_factory(target: str) -> object:
     return python_executor_stacks.ResourceManagingExecutorFactory(executor_stack_fn=stack_fn)
 
 
-def _sync_context_for_targets(targets: Sequence[str]) -> object:
+def _sync_context(target: str) -> object:
     import tensorflow_federated as tff
     from tensorflow_federated.python.core.backends.native import compiler
     from tensorflow_federated.python.core.environments.tensorflow_frontend import (
         tensorflow_computation,
     )
 
-    (target,) = targets
     return tff.framework.SyncExecutionContext(
         executor_fn=_executor_factory(target),
         compiler_fn=compiler.desugar_and_transform_to_native,
         transform_args=tensorflow_computation.transform_args,
         transform_result=tensorflow_computation.transform_result,
     )
-
-
-def _remote_context(workers: Sequence[str]) -> object:
-    if len(workers) != 1:
-        raise NotImplementedError(
-            f"{len(workers)} workers given; one remote worker is supported so far. Pass a single "
-            "--workers=host:port (splitting clients over several workers is planned)."
-        )
-    return _sync_context_for_targets(workers)
 
 
 @contextlib.contextmanager

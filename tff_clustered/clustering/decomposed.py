@@ -8,13 +8,15 @@ Rows of every matrix are flattened client updates or models.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Optional
 
 import numpy as np
 from sklearn.cluster import AgglomerativeClustering, KMeans
-from sklearn.utils.extmath import randomized_svd
 
 _EPS = 1e-12
+# Rows per block when a pass streams over an update matrix (which may be a disk memmap).
+BLOCK_ROWS = 512
 
 
 def _float(a: np.ndarray) -> np.ndarray:
@@ -54,21 +56,57 @@ def madc_matrix(updates: np.ndarray) -> np.ndarray:
     return (out + out.T) / 2  # exact symmetry against rounding
 
 
-def svd_directions(updates: np.ndarray, num_directions: int, seed: int = 0) -> np.ndarray:
+def row_blocks(a: np.ndarray, block_rows: int = BLOCK_ROWS) -> Iterator[np.ndarray]:
+    """Consecutive row blocks of `a` (views: a memmap is read block by block)."""
+    for start in range(0, len(a), block_rows):
+        yield _float(a[start : start + block_rows])
+
+
+def svd_directions(
+    updates: np.ndarray,
+    num_directions: int,
+    seed: int = 0,
+    power_iterations: int = 4,
+    block_rows: int = BLOCK_ROWS,
+) -> np.ndarray:
     """V = SVD(DW^T, m): the top-m right singular vectors of DW, no centering (Eq. 8),
-    as rows (m x d). Randomized SVD: time linear in the number of clients and in d."""
-    dw = _float(updates)
-    if num_directions > min(dw.shape):
-        raise ValueError(
-            f"{num_directions} directions need at least as many clients; got {len(dw)}"
-        )
-    _, _, vt = randomized_svd(dw, num_directions, n_iter=7, random_state=seed)
-    return vt
+    as rows (m x d), by randomized subspace iteration streamed over row blocks of DW.
+
+    Z (d x l, l = m + 10 oversampling) starts Gaussian (from `seed`); each power iteration is
+    one pass Z <- orth(sum_b DW_b^T (DW_b Z)); a last pass C = DW Z (P x l) and the SVD
+    C = U S W^T give V = (Z W)[:, :m]^T. So `power_iterations + 1` passes over the rows, time
+    and memory linear in the number of clients: DW is never copied, and may be a disk memmap
+    (10,000 clients of FEMNIST's MLP are 16.6 GB in float32). Signs: each direction's largest
+    entry is positive (EDC does not depend on them)."""
+    p, d = updates.shape
+    if num_directions > min(p, d):
+        raise ValueError(f"{num_directions} directions need at least as many clients; got {p}")
+    width = min(num_directions + 10, p, d)
+    rng = np.random.default_rng(seed)
+    z, _ = np.linalg.qr(rng.standard_normal((d, width)))
+    for _ in range(power_iterations):
+        product = np.zeros((d, width))
+        z32 = z.astype(np.float32) if updates.dtype == np.float32 else z
+        for block in row_blocks(updates, block_rows):
+            product += block.T @ (block @ z32)
+        z, _ = np.linalg.qr(product)
+    z32 = z.astype(np.float32) if updates.dtype == np.float32 else z
+    c = np.concatenate([block @ z32 for block in row_blocks(updates, block_rows)]).astype(float)
+    _, _, wt = np.linalg.svd(c, full_matrices=False)
+    directions = (z @ wt.T[:, :num_directions]).T
+    largest = np.argmax(np.abs(directions), axis=1)
+    signs = np.sign(directions[np.arange(num_directions), largest])
+    return directions * signs[:, None]
 
 
-def decomposed_cosine(updates: np.ndarray, directions: np.ndarray) -> np.ndarray:
-    """M_d = K(DW, V^T): cosine of each update with each direction (P x m, Alg. 3 line 13)."""
-    return cosine_similarity(updates, directions)
+def decomposed_cosine(
+    updates: np.ndarray, directions: np.ndarray, block_rows: int = BLOCK_ROWS
+) -> np.ndarray:
+    """M_d = K(DW, V^T): cosine of each update with each direction (P x m, Alg. 3 line 13),
+    streamed over row blocks of DW."""
+    return np.concatenate(
+        [cosine_similarity(block, directions) for block in row_blocks(updates, block_rows)]
+    )
 
 
 def edc_matrix(embedding: np.ndarray) -> np.ndarray:

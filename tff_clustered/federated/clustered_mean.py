@@ -45,32 +45,29 @@ def cluster_mean(total: tuple, total_weight: tf.Tensor) -> tuple:
     return tuple(mean(t) for t in total)
 
 
-class ClusteredMeanFactory(tff.aggregators.WeightedAggregationFactory):
-    """`create(value_type, weight_type)` with `weight_type = float32[num_clusters]`."""
+class ClusterSums:
+    """The per-cluster weighted sums of CLIENTS-placed updates as SERVER-placed values:
+    `sums(value, weight) -> (total, total_weight)`, `total[k] = sum_i w_i[k] v_i` (one
+    `tff.federated_aggregate` whose accumulator is the [num_clusters, ...] stack) and
+    `total_weight = sum_i w_i`. Sums of disjoint sets of clients add up to the sums of their
+    union, which is how a round split over several workers is merged."""
 
-    def __init__(self, num_clusters: int) -> None:
+    def __init__(self, value_type: tff.types.Type, num_clusters: int) -> None:
         if num_clusters < 1:
             raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
         self.num_clusters = num_clusters
-
-    def create(
-        self, value_type: tff.types.Type, weight_type: tff.types.Type
-    ) -> tff.templates.AggregationProcess:
-        num_clusters = self.num_clusters
-        expected = tff.TensorType(np.float32, [num_clusters])
-        if not weight_type.is_equivalent_to(expected):
-            raise TypeError(f"weight type must be {expected}, got {weight_type}")
-        stacked_specs = tf.nest.map_structure(
+        self.weight_type = tff.TensorType(np.float32, [num_clusters])
+        self.stacked_specs = tf.nest.map_structure(
             lambda t: tf.TensorSpec([num_clusters, *t.shape], t.dtype),
             tff.types.type_to_tf_tensor_specs(value_type),
         )
-
-        stacked_type = tff.types.tensorflow_to_type(stacked_specs)
-        zero = tf.nest.map_structure(
-            lambda t: np.zeros(t.shape, t.dtype.as_numpy_dtype), stacked_specs
+        self.stacked_type = tff.types.tensorflow_to_type(self.stacked_specs)
+        self._zero = tf.nest.map_structure(
+            lambda t: np.zeros(t.shape, t.dtype.as_numpy_dtype), self.stacked_specs
         )
+        stacked_type = self.stacked_type
 
-        @tff.tensorflow.computation(stacked_type, tff.StructType([value_type, weight_type]))
+        @tff.tensorflow.computation(stacked_type, tff.StructType([value_type, self.weight_type]))
         def accumulate(total: object, element: object) -> object:
             value, weight = element
             return add_to_cluster(total, value, weight)
@@ -83,7 +80,35 @@ class ClusteredMeanFactory(tff.aggregators.WeightedAggregationFactory):
         def report(total: object) -> object:
             return tuple(total[i] for i in range(len(total)))
 
-        @tff.tensorflow.computation(tff.types.tensorflow_to_type(stacked_specs), weight_type)
+        self._accumulate, self._merge, self._report = accumulate, merge, report
+
+    def __call__(self, value: object, weight: object) -> tuple[object, object]:
+        total = tff.federated_aggregate(
+            tff.federated_zip((value, weight)),
+            self._zero,
+            self._accumulate,
+            self._merge,
+            self._report,
+        )
+        return total, tff.federated_sum(weight)
+
+
+class ClusteredMeanFactory(tff.aggregators.WeightedAggregationFactory):
+    """`create(value_type, weight_type)` with `weight_type = float32[num_clusters]`."""
+
+    def __init__(self, num_clusters: int) -> None:
+        if num_clusters < 1:
+            raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
+        self.num_clusters = num_clusters
+
+    def create(
+        self, value_type: tff.types.Type, weight_type: tff.types.Type
+    ) -> tff.templates.AggregationProcess:
+        sums = ClusterSums(value_type, self.num_clusters)
+        if not weight_type.is_equivalent_to(sums.weight_type):
+            raise TypeError(f"weight type must be {sums.weight_type}, got {weight_type}")
+
+        @tff.tensorflow.computation(sums.stacked_type, weight_type)
         def divide(total: object, total_weight: tf.Tensor) -> object:
             return cluster_mean(total, total_weight)
 
@@ -97,14 +122,7 @@ class ClusteredMeanFactory(tff.aggregators.WeightedAggregationFactory):
             tff.FederatedType(weight_type, tff.CLIENTS),
         )
         def next_fn(state: object, value: object, weight: object) -> object:
-            total = tff.federated_aggregate(
-                tff.federated_zip((value, weight)),
-                zero,
-                accumulate,
-                merge,
-                report,
-            )
-            total_weight = tff.federated_sum(weight)
+            total, total_weight = sums(value, weight)
             result = tff.federated_map(divide, (total, total_weight))
             measurements = tff.federated_zip(collections.OrderedDict(cluster_weight=total_weight))
             return tff.templates.MeasuredProcessOutput(

@@ -27,8 +27,8 @@ Server state holds `num_clusters` models stacked along a leading cluster axis. A
 Variables are the model's trainable tensors followed by its state tensors (BatchNorm moving
 statistics); a state tensor is shared exactly when the trainable tensor that owns it (its BN
 layer's gamma) is. Which variables are shared and how many clusters there are are per-round
-data: `RoundCache` builds one process per `RoundSignature` and reuses it whenever the signature
-comes back (FedTSDP's moving boundary, CFL's growing cluster count).
+data: `executions.RoundCache` builds one round per `RoundSignature` and reuses it whenever the
+signature comes back (FedTSDP's moving boundary, CFL's growing cluster count).
 
 `tff.learning.templates.compose_learning_process` cannot express this round: its `next` takes
 only `(state, client_data)` and returns nothing per client, while we need cluster keys and
@@ -55,7 +55,7 @@ import tensorflow_federated as tff
 
 from tff_clustered.data.federated_data import ArrayBatches
 from tff_clustered.federated import client_work
-from tff_clustered.federated.clustered_mean import ClusteredMeanFactory
+from tff_clustered.federated.clustered_mean import ClusteredMeanFactory, ClusterSums, cluster_mean
 from tff_clustered.models.functional import FunctionalModel
 
 to_type = tff.types.tensorflow_to_type  # TF specs -> TFF types (0.87's tff.to_type rejects them)
@@ -474,8 +474,41 @@ def build_round(
     return tff_round(round_functions(model, input_spec, signature, initial_variables))
 
 
+@dataclasses.dataclass(frozen=True)
+class TffRoundParts:
+    """The round's TFF computations. `next` is the whole round on one worker; `partial_next`
+    (same arguments) stops after the clients' work and returns, besides the client outputs,
+    the per-cluster weighted sums of their updates and the per-cluster total weight (both
+    SERVER-placed), and `finalize(cluster_models, sums, total_weight) -> cluster_models` turns
+    sums, added up over any split of the clients, into the new cluster models. `next` equals
+    `partial_next` followed by `finalize` (`sharded.py` runs them on several workers)."""
+
+    initialize: tff.Computation
+    next: tff.Computation
+    partial_next: tff.Computation
+    finalize: tff.Computation
+    evaluate: tff.Computation
+    functions: RoundFunctions
+
+    def as_round(self) -> FederatedRound:
+        fns = self.functions
+        return FederatedRound(
+            initialize=self.initialize,
+            next=self.next,
+            evaluate=self.evaluate,
+            signature=fns.signature,
+            io=fns.io,
+            layout=fns.layout,
+        )
+
+
 def tff_round(fns: RoundFunctions) -> FederatedRound:
     """The round's functions composed as TFF computations (see the module docstring)."""
+    return tff_round_parts(fns).as_round()
+
+
+def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
+    """The TFF computations of the round (`TffRoundParts`)."""
     signature, k = fns.signature, fns.num_clusters
     has_anchor = bool(signature.anchor)
     data_type = to_type(fns.data_spec)
@@ -541,7 +574,7 @@ def tff_round(fns: RoundFunctions) -> FederatedRound:
             keys, tff.federated_value(k, tff.SERVER), cluster_models, select_shared
         )
 
-    @tff.federated_computation(
+    next_parameter_types = (
         state_type,
         tff.FederatedType(data_type, tff.CLIENTS),
         clients(fns.key_spec),
@@ -550,7 +583,8 @@ def tff_round(fns: RoundFunctions) -> FederatedRound:
         clients(fns.seed_spec),
         tff.FederatedType(to_type(fns.hparams_spec), tff.SERVER),
     )
-    def next_fn(
+
+    def train_clients(
         state: object,
         datasets: object,
         keys: object,
@@ -558,11 +592,8 @@ def tff_round(fns: RoundFunctions) -> FederatedRound:
         prox_scales: object,
         seeds: object,
         hparams: object,
-    ) -> object:
-        """`datasets`: each client's training examples as arrays (any length), batched by
-        the client as `hparams` say; `keys`: each client's cluster (ignored when clients pick);
-        `prox_scales`: per-client factor of the proximal strength (1.0: plain FedProx);
-        `seeds`: per-client seeds of its shuffle and its random ops (`client_seed`)."""
+    ) -> tuple[object, object, object]:
+        """Distributor and client work: `(shared_delta, cluster_weight, outputs)@CLIENTS`."""
         if fns.picks_cluster:
             distributed = tff.federated_broadcast(
                 tff.federated_map(every_cluster_shared, state.cluster_models)
@@ -580,13 +611,56 @@ def tff_round(fns: RoundFunctions) -> FederatedRound:
         ]
         if has_anchor:
             client_args.append(tff.federated_broadcast(state.anchor))
-        shared_delta, cluster_weight, outputs = tff.federated_map(client_update, tuple(client_args))
+        return tff.federated_map(client_update, tuple(client_args))
+
+    @tff.federated_computation(*next_parameter_types)
+    def next_fn(
+        state: object,
+        datasets: object,
+        keys: object,
+        stored: object,
+        prox_scales: object,
+        seeds: object,
+        hparams: object,
+    ) -> object:
+        """`datasets`: each client's training examples as arrays (any length), batched by
+        the client as `hparams` say; `keys`: each client's cluster (ignored when clients pick);
+        `prox_scales`: per-client factor of the proximal strength (1.0: plain FedProx);
+        `seeds`: per-client seeds of its shuffle and its random ops (`client_seed`)."""
+        shared_delta, cluster_weight, outputs = train_clients(
+            state, datasets, keys, stored, prox_scales, seeds, hparams
+        )
         aggregate = aggregator.next(state.aggregator, shared_delta, cluster_weight)
         new_models = tff.federated_map(
             apply_cluster_updates, (state.cluster_models, aggregate.result)
         )
         new_state = server_state(new_models, state.anchor if has_anchor else None, aggregate.state)
         return new_state, outputs, aggregate.measurements
+
+    cluster_sums = ClusterSums(to_type(fns.shared_spec), k)
+
+    @tff.federated_computation(*next_parameter_types)
+    def partial_next(
+        state: object,
+        datasets: object,
+        keys: object,
+        stored: object,
+        prox_scales: object,
+        seeds: object,
+        hparams: object,
+    ) -> object:
+        """`next` for a share of the clients, up to their per-cluster sums."""
+        shared_delta, cluster_weight, outputs = train_clients(
+            state, datasets, keys, stored, prox_scales, seeds, hparams
+        )
+        total, total_weight = cluster_sums(shared_delta, cluster_weight)
+        return total, total_weight, outputs
+
+    @tff.tensorflow.computation(
+        cluster_models_type, cluster_sums.stacked_type, cluster_sums.weight_type
+    )
+    def finalize(cluster_models: object, total: object, total_weight: object) -> object:
+        return fns.apply_cluster_updates(cluster_models, cluster_mean(total, total_weight))
 
     # Evaluation: the same distributor, then each client's joined model on its data.
     batch_size_type = tff.TensorType(np.int64)
@@ -610,60 +684,14 @@ def tff_round(fns: RoundFunctions) -> FederatedRound:
             client_evaluate, (selected, stored, datasets, tff.federated_broadcast(batch_size))
         )
 
-    return FederatedRound(
+    return TffRoundParts(
         initialize=initialize,
         next=next_fn,
+        partial_next=partial_next,
+        finalize=finalize,
         evaluate=evaluate,
-        signature=signature,
-        io=fns.io,
-        layout=fns.layout,
+        functions=fns,
     )
-
-
-EXECUTIONS = ("tff", "in_process")
-
-
-class RoundCache:
-    """Built rounds by signature: a signature that comes back costs no rebuild. `execution`
-    says what runs them: "tff" (TFF computations on the TFF runtime), or "in_process" (the same
-    TF functions run by TensorFlow in this process, on its GPU when it sees one;
-    `in_process.py`) placed on `device` when one is named."""
-
-    def __init__(
-        self,
-        model: FunctionalModel,
-        input_spec: dict,
-        initial_variables: Sequence[np.ndarray],
-        execution: str = "tff",
-        device: Optional[str] = None,
-    ) -> None:
-        if execution not in EXECUTIONS:
-            raise ValueError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
-        self.model, self.input_spec = model, input_spec
-        self.initial_variables = list(initial_variables)
-        self.execution, self.device = execution, device
-        self._built: dict[RoundSignature, FederatedRound] = {}
-        self.builds = 0  # how many times a round was traced and built
-
-    def get(self, signature: RoundSignature) -> FederatedRound:
-        if signature not in self._built:
-            fns = round_functions(self.model, self.input_spec, signature, self.initial_variables)
-            if self.execution == "tff":
-                self._built[signature] = tff_round(fns)
-            else:
-                from tff_clustered.federated import in_process
-
-                self._built[signature] = in_process.in_process_round(fns, self.device)
-            self.builds += 1
-        return self._built[signature]
-
-    def predict_probabilities(self) -> Callable[..., Any]:
-        """Server-side inference (`predict_probabilities_fn`) run by this cache's execution."""
-        if self.execution == "tff":
-            return build_predict_probabilities(self.model, self.input_spec)
-        from tff_clustered.federated import in_process
-
-        return in_process.in_process_predict(self.model, self.input_spec, self.device)
 
 
 def predict_probabilities_fn(model: FunctionalModel) -> Callable[..., tf.Tensor]:

@@ -1,0 +1,188 @@
+"""Several TFF workers on loopback (`binaries/worker.py`, `--workers=a,b`): the same results as
+one worker, a worker killed mid-run named and the run resumed, an unreachable worker named at
+start, and a worker that listens where it says only."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import portpicker
+import pytest
+from conftest import ROOT, run_binary
+
+from tff_clustered.federated import sharded
+from tff_clustered.orchestration import TrainingConfig
+from tff_clustered.runner import RunSpec, build_experiment
+from tff_clustered.runtime import RuntimeConfig, WorkerLostError, tff_runtime
+
+WORKER = os.path.join("binaries", "worker.py")
+TRAIN = os.path.join("binaries", "train.py")
+
+
+def start_worker_service(port: int) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [sys.executable, WORKER, f"--port={port}"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    line = process.stdout.readline()
+    assert line.strip() == f"TFF worker listening on 127.0.0.1:{port} (loopback only).", (
+        line + process.stderr.read()
+    )
+    return process
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def two_workers() -> Iterator[list]:
+    services = [start_worker_service(portpicker.pick_unused_port()) for _ in range(2)]
+    yield services
+    for service in services:
+        stop(service)
+
+
+def address(service: subprocess.Popen) -> str:
+    port = next(a for a in service.args if a.startswith("--port=")).split("=")[1]
+    return f"127.0.0.1:{port}"
+
+
+def test_split_clients_gives_contiguous_balanced_non_empty_shares() -> None:
+    assert sharded.split_clients([10] * 6, 2) == [slice(0, 3), slice(3, 6)]
+    assert sharded.split_clients([100, 1, 1, 1, 1], 2) == [slice(0, 1), slice(1, 5)]
+    assert sharded.split_clients([1, 1, 1, 100], 3) == [slice(0, 2), slice(2, 3), slice(3, 4)]
+    assert sharded.split_clients([5, 5], 4) == [slice(0, 1), slice(1, 2)]
+    assert sharded.split_clients([], 2) == []
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        sizes = rng.integers(0, 50, rng.integers(1, 30))
+        shards = sharded.split_clients(list(sizes), int(rng.integers(1, 6)))
+        assert shards[0].start == 0 and shards[-1].stop == len(sizes)
+        assert all(a.stop == b.start for a, b in zip(shards[:-1], shards[1:]))
+        assert all(s.stop > s.start for s in shards)
+
+
+def test_two_workers_give_the_one_worker_result(two_workers: list, monkeypatch: object) -> None:
+    """IFCA (clients pick their cluster; per-client outputs must come back in order), with
+    each round's clients split over both workers."""
+    spec = RunSpec(
+        algorithm="ifca",
+        dataset="digits",
+        training=TrainingConfig(rounds=2, clients_per_round=8, local_epochs=1, learning_rate=0.1),
+    )
+    used = []
+    call_on = sharded._call_on
+    monkeypatch.setattr(
+        sharded, "_call_on", lambda c, *a: used.append(id(c)) or call_on(c, *a)
+    )
+    results = []
+    for workers in ([address(two_workers[0])], [address(s) for s in two_workers]):
+        with tff_runtime(RuntimeConfig(workers=tuple(workers))):
+            experiment = build_experiment(spec)
+            experiment.start()
+            history = list(experiment.rounds())
+            results.append((experiment.state, history))
+    assert len(set(used)) == 2  # both workers trained and scored clients
+    (one, one_history), (two, two_history) = results
+    assert one.assignment == two.assignment
+    np.testing.assert_allclose(one.cluster_models, two.cluster_models, atol=1e-5)
+    for a, b in zip(one_history, two_history):
+        assert a.keys() == b.keys()
+        for key in a:
+            if key != "round_seconds" and isinstance(a[key], float):
+                assert a[key] == pytest.approx(b[key], abs=1e-6, nan_ok=True), key
+
+
+def test_an_unreachable_worker_is_named_at_start() -> None:
+    dead = f"127.0.0.1:{portpicker.pick_unused_port()}"
+    config = RuntimeConfig(workers=("127.0.0.1:1", dead), connect_timeout_s=1.0)
+    with pytest.raises(WorkerLostError, match="127.0.0.1:1 is unreachable.*binaries/worker.py"):
+        with tff_runtime(config):
+            pass
+
+
+def test_a_worker_killed_mid_run_is_named_and_the_run_resumes(tmp_path: object) -> None:
+    ports = [portpicker.pick_unused_port() for _ in range(2)]
+    services = [start_worker_service(p) for p in ports]
+    workers = f"--workers=127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}"
+    args = [TRAIN, "--rounds=6", "--clients_per_round=6", "--local_epochs=1", workers]
+    args += ["--checkpoint_every=1", "--algorithm=fedavg"]
+    try:
+        reference = str(tmp_path / "reference")
+        done = run_binary([*args, f"--output_dir={reference}"])
+        assert done.returncode == 0, done.stderr[-3000:]
+
+        out = str(tmp_path / "killed")
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        process = subprocess.Popen(
+            [sys.executable, *args, f"--output_dir={out}"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        metrics = os.path.join(out, "metrics.csv")
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and process.poll() is None:
+            if os.path.exists(metrics) and len(read_csv(metrics)) >= 3:  # rounds 0..2 done
+                break
+            time.sleep(0.05)
+        assert process.poll() is None, "the run finished before its worker could be killed"
+        services[1].kill()  # the machine goes away: its TFF worker dies with the service
+        services[1].wait()
+        _, stderr = process.communicate(timeout=120)
+        assert process.returncode == 3, stderr[-3000:]
+        assert f"TFF worker 127.0.0.1:{ports[1]} stopped answering" in stderr
+        assert "--resume" in stderr
+        assert len(read_csv(metrics)) < 7
+
+        services[1] = start_worker_service(ports[1])
+        done = run_binary([*args, f"--output_dir={out}", "--resume"])
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "resuming" in done.stdout
+        strip = lambda rows: [{k: v for k, v in r.items() if k != "round_seconds"} for r in rows]  # noqa: E731
+        assert strip(read_csv(metrics)) == strip(read_csv(os.path.join(reference, "metrics.csv")))
+    finally:
+        for service in services:
+            stop(service)
+
+
+def test_a_worker_listens_on_loopback_only(two_workers: list) -> None:
+    port = int(address(two_workers[0]).rpartition(":")[2])
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: this finds our own address
+            own = probe.getsockname()[0]
+        except OSError:
+            own = None
+    if own is None or own.startswith("127."):
+        pytest.skip("this machine has no non-loopback address to try")
+    with pytest.raises(OSError):
+        socket.create_connection((own, port), timeout=5).close()
+
+
+def read_csv(path: str) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))

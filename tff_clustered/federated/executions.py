@@ -1,0 +1,62 @@
+"""What runs a built round: `RoundCache` builds one per `RoundSignature` for an execution,
+"tff" (TFF computations: `round.tff_round_parts`, split over several workers by `sharded.py`)
+or "in_process" (`in_process.py`), and reuses it whenever the signature comes back."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from tff_clustered.federated import in_process, sharded
+from tff_clustered.federated.round import (
+    FederatedRound,
+    RoundSignature,
+    build_predict_probabilities,
+    round_functions,
+    tff_round_parts,
+)
+from tff_clustered.models.functional import FunctionalModel
+
+EXECUTIONS = ("tff", "in_process")
+
+
+class RoundCache:
+    """Built rounds by signature: a signature that comes back costs no rebuild. `execution`
+    says what runs them: "tff" (TFF computations on the TFF runtime, each round's clients split
+    over its workers when it has several: `sharded.py`), or "in_process" (the same
+    TF functions run by TensorFlow in this process, on its GPU when it sees one;
+    `in_process.py`) placed on `device` when one is named."""
+
+    def __init__(
+        self,
+        model: FunctionalModel,
+        input_spec: dict,
+        initial_variables: Sequence[np.ndarray],
+        execution: str = "tff",
+        device: Optional[str] = None,
+    ) -> None:
+        if execution not in EXECUTIONS:
+            raise ValueError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
+        self.model, self.input_spec = model, input_spec
+        self.initial_variables = list(initial_variables)
+        self.execution, self.device = execution, device
+        self._built: dict[RoundSignature, FederatedRound] = {}
+        self.builds = 0  # how many times a round was traced and built
+
+    def get(self, signature: RoundSignature) -> FederatedRound:
+        if signature not in self._built:
+            fns = round_functions(self.model, self.input_spec, signature, self.initial_variables)
+            if self.execution == "tff":
+                self._built[signature] = sharded.sharded_round(tff_round_parts(fns))
+            else:
+                self._built[signature] = in_process.in_process_round(fns, self.device)
+            self.builds += 1
+        return self._built[signature]
+
+    def predict_probabilities(self) -> Callable[..., Any]:
+        """Server-side inference (`predict_probabilities_fn`) run by this cache's execution."""
+        if self.execution == "tff":
+            return build_predict_probabilities(self.model, self.input_spec)
+        return in_process.in_process_predict(self.model, self.input_spec, self.device)
