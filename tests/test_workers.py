@@ -91,9 +91,7 @@ def test_two_workers_give_the_one_worker_result(two_workers: list, monkeypatch: 
     )
     used = []
     call_on = sharded._call_on
-    monkeypatch.setattr(
-        sharded, "_call_on", lambda c, *a: used.append(id(c)) or call_on(c, *a)
-    )
+    monkeypatch.setattr(sharded, "_call_on", lambda c, *a: used.append(id(c)) or call_on(c, *a))
     results = []
     for workers in ([address(two_workers[0])], [address(s) for s in two_workers]):
         with tff_runtime(RuntimeConfig(workers=tuple(workers))):
