@@ -7,8 +7,13 @@
   same Keras model, clients, data, epochs and batch size, on the same TFF worker (goal <= 1.0).
 * `fedgroup_vs_fedavg`: one round of FedGroup with m=5 groups against our FedAvg on the same
   clients (goal <= 1.3).
-* `clustering`: server-side EDC against MADC clustering time as the number of clustered clients
-  grows, at FEMNIST-MLP size d = 415,258 (EDC must stay linear in the number of clients).
+* `client_scaling`: seconds per FedAvg round against clients per round (10, 100, 1,000), on
+  TFF's runtime and in process, with the fixed and per-client parts of a linear fit and a
+  log-log text plot (a round must stay linear, no per-round constant dominating).
+* `clustering`: server-side EDC time as the number of clustered clients grows (2,000, 5,000,
+  10,000) at FEMNIST-MLP size d = 415,258, the updates streamed from a disk memmap (10,000 are
+  16.6 GB), with the planted groups' adjusted Rand index; MADC beside it up to 2,000 clients
+  (EDC must stay linear in the number of clients).
 * `fedtsdp_vs_fedavg`: one whole FedTSDP round (stateful clients uploading whole models,
   public-batch inference of every model, Hopkins statistic, and, when it fires, the two
   DBSCAN stages and the regrouping) against one FedAvg round on the same clients, both through
@@ -76,13 +81,25 @@ flags.DEFINE_float("learning_rate", 0.03, "Client learning rate.")
 flags.DEFINE_integer("seed", 0, "Seed of the data and initial model.")
 flags.DEFINE_list(
     "benchmarks",
-    ["round_floors", "fedavg_vs_tff", "fedgroup_vs_fedavg", "clustering", "fedtsdp_vs_fedavg"],
+    [
+        "round_floors",
+        "fedavg_vs_tff",
+        "fedgroup_vs_fedavg",
+        "client_scaling",
+        "clustering",
+        "fedtsdp_vs_fedavg",
+    ],
     "Benchmarks to run.",
 )
 flags.DEFINE_enum("tsdp_trigger", "always", ["always", "paper"], "FedTSDP clustering per round.")
 flags.DEFINE_integer("tsdp_rounds", 6, "Timed rounds of fedtsdp_vs_fedavg.", lower_bound=1)
 flags.DEFINE_integer("groups", 5, "FedGroup groups for fedgroup_vs_fedavg.")
-flags.DEFINE_list("cluster_sizes", ["100", "500", "2000"], "Clients clustered (clustering).")
+flags.DEFINE_list("cluster_sizes", ["2000", "5000", "10000"], "Clients clustered (clustering).")
+flags.DEFINE_integer("madc_max_clients", 2000, "Largest P MADC is timed at (O(P^3)).")
+flags.DEFINE_string("scratch_dir", None, "Where clustering's update memmaps go (default: /tmp).")
+flags.DEFINE_list("scaling_clients", ["10", "100", "1000"], "Clients per round (client_scaling).")
+flags.DEFINE_integer("scaling_epochs", 1, "Local epochs in client_scaling.", lower_bound=1)
+flags.DEFINE_integer("scaling_rounds", 3, "Timed rounds per size (client_scaling).", lower_bound=1)
 flags.DEFINE_integer("cluster_dim", 415_258, "Update length d (clustering): FEMNIST MLP.")
 flags.DEFINE_integer("memory_rounds", 300, "Rounds of the memory benchmark.", lower_bound=20)
 flags.DEFINE_enum(
@@ -105,13 +122,13 @@ def alternate(fns: dict, rounds: int, warmup: int = 1) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in timings.items()}
 
 
-def client_data(rng: np.random.Generator) -> list:
+def client_data(rng: np.random.Generator, count: Optional[int] = None) -> list:
     return [
         collections.OrderedDict(
             x=rng.normal(size=(FLAGS.examples_per_client, FLAGS.input_dim)).astype(np.float32),
             y=rng.integers(0, FLAGS.num_classes, FLAGS.examples_per_client).astype(np.int32),
         )
-        for _ in range(FLAGS.clients)
+        for _ in range(FLAGS.clients if count is None else count)
     ]
 
 
@@ -123,7 +140,12 @@ def datasets(clients: list) -> list:
 
 
 def our_round_fn(
-    spec: object, w0: list, clients: list, num_clusters: int, execution: str = "tff"
+    spec: object,
+    w0: list,
+    clients: list,
+    num_clusters: int,
+    execution: str = "tff",
+    epochs: Optional[int] = None,
 ) -> object:
     """One round of the clustered core with clients spread over `num_clusters` clusters, run
     by `execution` (TFF's runtime, or in this process)."""
@@ -134,7 +156,8 @@ def our_round_fn(
     process = cache.get(RoundSignature(num_clusters, tuple(range(len(w0)))))
     state = process.initialize()
     keys = [np.array([i % num_clusters], np.int32) for i in range(len(clients))]
-    hparams = round_hparams(FLAGS.learning_rate, FLAGS.batch_size, FLAGS.local_epochs)
+    epochs = FLAGS.local_epochs if epochs is None else epochs
+    hparams = round_hparams(FLAGS.learning_rate, FLAGS.batch_size, epochs)
     ones = [np.float32(1.0)] * len(clients)
     seeds = [client_seed(i, i) for i in range(len(clients))]
 
@@ -238,33 +261,123 @@ def tff_round_fn(spec: object, w0: list, clients: list) -> object:
     return run
 
 
-def clustering_scaling(rng: np.random.Generator) -> dict:
-    """EDC vs MADC seconds on P random updates of length d (float32), P growing."""
+def planted_updates_on_disk(
+    path: str, size: int, dim: int, groups: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`size` float32 updates of length `dim` in a .npy memmap at `path`: update i is
+    scale_i * (center of its group + unit noise), groups drawn at random; written in blocks,
+    so 10,000 x 415,258 (16.6 GB) never has to fit in memory. Returns (memmap, groups)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, groups, size)
+    centers = rng.standard_normal((groups, dim), dtype=np.float32)
+    updates = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(size, dim))
+    for start in range(0, size, clustering.BLOCK_ROWS):
+        rows = labels[start : start + clustering.BLOCK_ROWS]
+        block = rng.standard_normal((len(rows), dim), dtype=np.float32)
+        block += centers[rows]
+        block *= rng.uniform(0.2, 5.0, (len(rows), 1)).astype(np.float32)
+        updates[start : start + len(rows)] = block
+    updates.flush()
+    return updates, labels
+
+
+def clustering_scaling() -> dict:
+    """EDC (and MADC, up to --madc_max_clients) seconds on P planted updates of length d
+    (float32, streamed from a disk memmap), P growing; and how well EDC recovers the groups."""
+    import tempfile
+
+    from sklearn.metrics import adjusted_rand_score
+
     out: dict[str, dict] = {}
     for size in (int(s) for s in FLAGS.cluster_sizes):
-        updates = rng.standard_normal((size, FLAGS.cluster_dim), dtype=np.float32)
-        start = time.perf_counter()
-        clustering.cluster_edc(updates, FLAGS.groups, seed=0)
-        edc = time.perf_counter() - start
-        start = time.perf_counter()
-        clustering.cluster_madc(updates, FLAGS.groups)
-        madc = time.perf_counter() - start
-        out[str(size)] = {
-            "edc_s": round(edc, 3),
-            "madc_s": round(madc, 3),
-            "madc_over_edc": round(madc / edc, 2),
-        }
+        with tempfile.TemporaryDirectory(dir=FLAGS.scratch_dir) as scratch:
+            start = time.perf_counter()
+            updates, planted = planted_updates_on_disk(
+                os.path.join(scratch, "updates.npy"), size, FLAGS.cluster_dim, FLAGS.groups, size
+            )
+            written = time.perf_counter() - start
+            start = time.perf_counter()
+            labels = clustering.cluster_edc(updates, FLAGS.groups, seed=0)
+            edc = time.perf_counter() - start
+            row = {
+                "edc_s": round(edc, 3),
+                "edc_adjusted_rand": round(adjusted_rand_score(planted, labels), 4),
+                "gigabytes": round(updates.nbytes / 1e9, 2),
+                "write_s": round(written, 1),
+            }
+            if size <= FLAGS.madc_max_clients:
+                start = time.perf_counter()
+                clustering.cluster_madc(np.asarray(updates), FLAGS.groups)
+                madc = time.perf_counter() - start
+                row.update(madc_s=round(madc, 3), madc_over_edc=round(madc / edc, 2))
+            del updates
+        out[str(size)] = row
+        madc_text = f", MADC {row['madc_s']:.2f} s" if "madc_s" in row else ""
         print(
-            f"clustering P={size} d={FLAGS.cluster_dim}: EDC {edc:.2f} s, MADC {madc:.2f} s",
+            f"clustering P={size} d={FLAGS.cluster_dim} ({row['gigabytes']} GB on disk): EDC "
+            f"{edc:.2f} s (adjusted Rand {row['edc_adjusted_rand']}){madc_text}",
             flush=True,
         )
-        del updates
     sizes = sorted(out, key=int)
     if len(sizes) > 1:
         first, last = sizes[0], sizes[-1]
         growth = out[last]["edc_s"] / out[first]["edc_s"]
         out["edc_time_growth_vs_clients_growth"] = round(growth / (int(last) / int(first)), 3)
     return out
+
+
+def client_scaling(spec: object, w0: list, rng: np.random.Generator) -> dict:
+    """Seconds per FedAvg round against clients per round, TFF runtime and in process, with a
+    least-squares fit seconds = fixed + per_client * clients (what a round costs whatever its
+    size, and per client)."""
+    sizes = [int(s) for s in FLAGS.scaling_clients]
+    rows: dict[str, dict] = {}
+    for size in sizes:
+        clients = client_data(rng, size)
+        fns = {
+            execution: our_round_fn(spec, w0, clients, 1, execution, FLAGS.scaling_epochs)
+            for execution in ("tff", "in_process")
+        }
+        t = alternate(fns, FLAGS.scaling_rounds)
+        rows[str(size)] = {f"{name}_s": round(v, 4) for name, v in t.items()}
+        print(
+            f"{size} clients x {FLAGS.examples_per_client} examples, {FLAGS.scaling_epochs} "
+            f"epoch(s): TFF {t['tff']:.3f} s/round, in process {t['in_process']:.3f} s/round",
+            flush=True,
+        )
+    out: dict = {"rounds": rows}
+    for execution in ("tff", "in_process"):
+        seconds = np.array([rows[str(n)][f"{execution}_s"] for n in sizes])
+        per_client, fixed = np.polyfit(np.array(sizes, float), seconds, 1)
+        out[execution] = {
+            "fixed_s": round(float(fixed), 4),
+            "per_client_ms": round(1000 * float(per_client), 3),
+            # the per-round constant's share of the smallest round
+            "fixed_share_at_smallest": round(float(fixed) / float(seconds[0]), 3),
+        }
+    print(ascii_loglog(sizes, {e: [rows[str(n)][f"{e}_s"] for n in sizes] for e in fns}))
+    return out
+
+
+def ascii_loglog(sizes: list[int], series: dict[str, list[float]]) -> str:
+    """A log-log text plot of seconds per round against clients (one letter per series)."""
+    width, height = 50, 14
+    xs = np.log10(sizes)
+    ys = {name: np.log10(np.maximum(v, 1e-4)) for name, v in series.items()}
+    lo = min(v.min() for v in ys.values())
+    hi = max(v.max() for v in ys.values())
+    grid = [[" "] * (width + 1) for _ in range(height + 1)]
+    for name, values in ys.items():
+        for x, y in zip(xs, values):
+            col = int(round((x - xs[0]) / max(xs[-1] - xs[0], 1e-9) * width))
+            row = height - int(round((y - lo) / max(hi - lo, 1e-9) * height))
+            grid[row][col] = name[0].upper()
+    lines = [f"s/round (log): {10**hi:.3g} at top, {10**lo:.3g} at bottom"]
+    lines += ["|" + "".join(r) for r in grid]
+    lines.append("+" + "-" * (width + 1))
+    legend = ", ".join(f"{n[0].upper()} = {n}" for n in series)
+    lines.append(f" clients (log): {sizes[0]} .. {sizes[-1]};  {legend}")
+    return "\n".join(lines)
 
 
 def tsdp_round_fns() -> tuple[dict, dict]:
@@ -467,8 +580,10 @@ def main(argv: list[str]) -> None:
                 fedtsdp_over_fedavg=round(t["fedtsdp"] / t["fedavg"], 3),
                 fedtsdp_trigger=FLAGS.tsdp_trigger,
             )
+        if "client_scaling" in FLAGS.benchmarks:
+            report["client_scaling"] = client_scaling(spec, w0, rng)
     if "clustering" in FLAGS.benchmarks:
-        report["clustering"] = clustering_scaling(rng)
+        report["clustering"] = clustering_scaling()
     print(json.dumps(report))
 
 

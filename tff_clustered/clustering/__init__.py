@@ -15,6 +15,7 @@ from tff_clustered.clustering.bipartition import (
     update_norms,
 )
 from tff_clustered.clustering.decomposed import (
+    BLOCK_ROWS,
     agglomerative_madc,
     assign_newcomers,
     best_kmeans,
@@ -47,6 +48,7 @@ from tff_clustered.clustering.density import (
 )
 
 __all__ = [
+    "BLOCK_ROWS",
     "squared_center_distances",
     "kmeans_edc",
     "edc_embedding",

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Optional
 
 import numpy as np
+from scipy.spatial.distance import cdist
 from sklearn.cluster import AgglomerativeClustering, KMeans
 
 _EPS = 1e-12
@@ -110,10 +111,9 @@ def decomposed_cosine(
 
 
 def edc_matrix(embedding: np.ndarray) -> np.ndarray:
-    """EDC(i, j) = (1/m) ||M_d[i] - M_d[j]||_2 (Eq. 8)."""
-    m = embedding.shape[1]
-    diff = embedding[:, None, :] - embedding[None, :, :]
-    return np.sqrt((diff**2).sum(-1)) / m
+    """EDC(i, j) = (1/m) ||M_d[i] - M_d[j]||_2 (Eq. 8); O(P^2) memory, not O(P^2 m)."""
+    embedding = np.asarray(embedding, np.float64)
+    return cdist(embedding, embedding) / embedding.shape[1]
 
 
 def edc_embedding(updates: np.ndarray, num_groups: int, seed: int = 0) -> np.ndarray:
