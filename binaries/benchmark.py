@@ -371,11 +371,11 @@ def ascii_loglog(sizes: list[int], series: dict[str, list[float]]) -> str:
         for x, y in zip(xs, values):
             col = int(round((x - xs[0]) / max(xs[-1] - xs[0], 1e-9) * width))
             row = height - int(round((y - lo) / max(hi - lo, 1e-9) * height))
-            grid[row][col] = name[0].upper()
+            grid[row][col] = "*" if grid[row][col] != " " else name[0].upper()
     lines = [f"s/round (log): {10**hi:.3g} at top, {10**lo:.3g} at bottom"]
     lines += ["|" + "".join(r) for r in grid]
     lines.append("+" + "-" * (width + 1))
-    legend = ", ".join(f"{n[0].upper()} = {n}" for n in series)
+    legend = ", ".join(f"{n[0].upper()} = {n}" for n in series) + ", * = both"
     lines.append(f" clients (log): {sizes[0]} .. {sizes[-1]};  {legend}")
     return "\n".join(lines)
 
