@@ -191,8 +191,9 @@ def test_array_batches_loop_over_the_batches_of_the_dataset_in_the_same_order(
     batch_size: int, epochs: int, shuffle_seed: int | None, max_steps: int
 ) -> None:
     """The round's in-graph batches (a while loop gathering from arrays) are `batches`' own,
-    partial last batch, reshuffles and step cap included, and a second pass continues the
-    shuffle as a second iteration of the dataset does (Ditto loops twice)."""
+    partial last batch, reshuffles and step cap included, and a second pass draws the next
+    pass's order (Ditto loops twice). Every pass of every epoch is a permutation of the
+    examples, in order without a seed, cut to the step cap."""
     import collections
 
     import tensorflow as tf
@@ -204,7 +205,29 @@ def test_array_batches_loop_over_the_batches_of_the_dataset_in_the_same_order(
         x=rng.normal(size=(23, 3)).astype(np.float32), y=np.arange(23, dtype=np.int32)
     )
     dataset = batches(arrays, batch_size, epochs, shuffle_seed, max_steps)
-    expected = [[b["y"].numpy().tolist() for b in dataset] for _ in range(2)]
+    assert [b["y"].numpy().tolist() for b in dataset] == [
+        b["y"].numpy().tolist() for b in dataset
+    ]  # iterating the dataset again gives the same batches
+    expected = [
+        [b["y"].numpy().tolist() for b in batches(arrays, *args, pass_index=p)]
+        for p in range(2)
+        for args in [(batch_size, epochs, shuffle_seed, max_steps)]
+    ]
+    per_epoch = -(-23 // batch_size)
+    steps = (epochs if epochs >= 0 else 10**6) * per_epoch
+    steps = min(steps, max_steps) if max_steps >= 0 else steps
+    for order in expected:
+        assert len(order) == steps
+        epochs_seen = [order[i : i + per_epoch] for i in range(0, steps, per_epoch)]
+        for e, epoch in enumerate(epochs_seen):
+            flat = [y for b in epoch for y in b]
+            assert [len(b) for b in epoch[:-1]] == [batch_size] * (len(epoch) - 1)
+            if len(epoch) == per_epoch:  # a whole epoch: every example once
+                assert sorted(flat) == list(range(23))
+                if shuffle_seed is None:
+                    assert flat == list(range(23))
+                elif e > 0:
+                    assert flat != [y for b in epochs_seen[0] for y in b]
 
     @tf.function
     def two_passes() -> tuple[tf.Tensor, tf.Tensor]:
