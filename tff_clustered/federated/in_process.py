@@ -7,10 +7,12 @@ client work, the finalizer, the client evaluation) and the same per-cluster mean
 graphs in this process, so that their ops land on whatever device TensorFlow picks: the
 first GPU when it sees one. The round is the TFF round's, step for step:
 
-1. distributor: each client gets `select_shared(cluster_models, key)` as a one-element
-   dataset (what `federated_select` hands it), or every cluster's shared variables when it
-   picks its own cluster;
-2. client work: `client_update`, several clients at a time (threads; one per core);
+1. distributor: each client gets `select_shared(cluster_models, key)` (what
+   `federated_select` hands it, as a tuple rather than a one-element dataset), or every
+   cluster's shared variables when it picks its own cluster;
+2. client work: `client_update`; the clients holding the same number of examples together,
+   vectorised along a client axis (`tf.vectorized_map`: one call, batched matmuls), a client
+   of a size of its own alone, several at a time (threads; one per core);
 3. aggregator: each client's weighted update is added into its cluster's row, in client order;
 4. finalizer: `apply_cluster_updates(cluster_models, cluster_mean(sums, weights))`.
 
@@ -110,10 +112,16 @@ def in_process_predict(
 
 
 def in_process_round(
-    fns: RoundFunctions, device: Optional[str] = None, parallel_clients: int = 0
+    fns: RoundFunctions,
+    device: Optional[str] = None,
+    parallel_clients: int = 0,
+    vectorise: bool = True,
 ) -> FederatedRound:
-    """`fns` run in this process, on `device` when one is named (else TensorFlow's choice),
-    `parallel_clients` clients at a time (0: one per CPU core)."""
+    """`fns` run in this process, on `device` when one is named (else TensorFlow's choice).
+    `vectorise`: the clients of a round that hold the same number of examples train together,
+    `client_update` vectorised along a client axis (`tf.vectorized_map`: batched matmuls, one
+    call); otherwise, and for clients of a size of their own, `parallel_clients` clients at a
+    time (0: one per CPU core)."""
     parallel_clients = parallel_clients or os.cpu_count() or 1
     check_device(device)
     k = fns.num_clusters
@@ -134,9 +142,44 @@ def in_process_round(
         """Distributor and client work for one client."""
         if fns.picks_cluster:
             distributed = fns.every_cluster_shared(cluster_models)
-        else:  # what federated_select hands the client: a dataset of its one selection
-            distributed = tf.data.Dataset.from_tensors(fns.select_shared(cluster_models, key[0]))
+        else:  # what federated_select hands the client: its one selection
+            distributed = fns.select_shared(cluster_models, key[0])
         return fns.client_update(distributed, stored, data, key, prox_scale, seed, hparams, anchor)
+
+    def train_clients(
+        cluster_models: tuple,
+        anchor: tuple,
+        data: dict,
+        keys: tf.Tensor,
+        stored: tuple,
+        prox_scales: tf.Tensor,
+        seeds: dict,
+        hparams: dict,
+    ) -> tuple:
+        """`train_client` for clients stacked along a leading axis (same example count).
+        Ops without a vectorised form (the stateless shuffle's seeding) loop per client."""
+
+        def one(client: tuple) -> tuple:
+            return train_client(cluster_models, anchor, *client, hparams)
+
+        return tf.vectorized_map(
+            one, (data, keys, stored, prox_scales, seeds), fallback_to_while_loop=True
+        )
+
+    def accumulate_stacked(
+        sums: tuple, total_weight: tf.Tensor, shared_deltas: tuple, cluster_weights: tf.Tensor
+    ) -> tuple:
+        """`accumulate` over stacked clients, one after another in their order."""
+
+        def body(i: tf.Tensor, sums: tuple, total_weight: tf.Tensor) -> tuple:
+            delta = tuple(d[i] for d in shared_deltas)
+            return (i + 1, *accumulate(sums, total_weight, delta, cluster_weights[i]))
+
+        count = tf.shape(cluster_weights)[0]
+        _, sums, total_weight = tf.while_loop(
+            lambda i, *_: i < count, body, (tf.constant(0), tuple(sums), total_weight)
+        )
+        return sums, total_weight
 
     def accumulate(
         sums: tuple, total_weight: tf.Tensor, shared_delta: tuple, cluster_weight: tf.Tensor
@@ -150,8 +193,9 @@ def in_process_round(
     def evaluate_client(
         cluster_models: tuple, data: dict, key: tf.Tensor, stored: tuple, batch_size: tf.Tensor
     ) -> dict:
-        selected = tf.data.Dataset.from_tensors(fns.select_shared(cluster_models, key[0]))
-        return fns.client_evaluate(selected, stored, data, batch_size)
+        return fns.client_evaluate(
+            fns.select_shared(cluster_models, key[0]), stored, data, batch_size
+        )
 
     train_client_graph = GraphFunction(
         train_client,
@@ -165,6 +209,29 @@ def in_process_round(
             fns.seed_spec,
             fns.hparams_spec,
         ],
+        device,
+    )
+
+    def stacked(spec: Any) -> Any:
+        return tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape], t.dtype), spec)
+
+    train_clients_graph = GraphFunction(
+        train_clients,
+        [
+            fns.cluster_models_spec,
+            fns.anchor_spec,
+            stacked(fns.data_spec),
+            stacked(fns.key_spec),
+            stacked(fns.store_in_spec),
+            tf.TensorSpec([None], tf.float32),
+            stacked(fns.seed_spec),
+            fns.hparams_spec,
+        ],
+        device,
+    )
+    accumulate_stacked_graph = GraphFunction(
+        accumulate_stacked,
+        [sums_spec, weight_spec, stacked(fns.shared_spec), stacked(weight_spec)],
         device,
     )
     accumulate_graph = GraphFunction(
@@ -212,21 +279,45 @@ def in_process_round(
         anchor = tuple(state["anchor"]) if has_anchor else ()
         sums = tuple(np.zeros(s.shape, np.float32) for s in sums_spec)
         total_weight = np.zeros([k], np.float32)
-        outputs = []
+        outputs: list = [None] * len(datasets)
+        clients = list(zip(datasets, keys, stored, prox_scales, seeds))
 
-        def work(client: tuple) -> tuple:
-            data, key, own, scale, seed = client
+        # Clients holding the same number of examples train together, vectorised; the rest
+        # one by one, concurrently (a session runs calls from several threads).
+        groups: dict[int, list[int]] = collections.defaultdict(list)
+        for i, data in enumerate(datasets):
+            groups[len(next(iter(data.values()))) if vectorise else -1 - i].append(i)
+        singles = [members[0] for members in groups.values() if len(members) == 1]
+
+        def work(i: int) -> tuple:
+            data, key, own, scale, seed = clients[i]
             return train_client_graph(models, anchor, data, key, tuple(own), scale, seed, hparams)
 
-        # Clients train concurrently (a session runs calls from several threads); their
-        # updates are added in client order, so the sums do not depend on which finished first.
-        clients = zip(datasets, keys, stored, prox_scales, seeds)
         with concurrent.futures.ThreadPoolExecutor(parallel_clients) as pool:
-            for shared_delta, cluster_weight, out in pool.map(work, clients):
+            done = dict(zip(singles, pool.map(work, singles)))
+        # Updates are added in client order within each group, groups in the order of their
+        # first client, so the sums do not depend on which finished first.
+        for members in groups.values():
+            if len(members) == 1:
+                shared_delta, cluster_weight, out = done[members[0]]
                 sums, total_weight = accumulate_graph(
                     sums, total_weight, shared_delta, cluster_weight
                 )
-                outputs.append(out)
+                outputs[members[0]] = out
+                continue
+            data, key, own, scale, seed = (
+                tf.nest.map_structure(lambda *values: np.stack(values), *field)
+                for field in zip(*(clients[i] for i in members))
+            )
+            own = tuple(own)
+            shared_deltas, cluster_weights, out = train_clients_graph(
+                models, anchor, data, key, own, scale, seed, hparams
+            )
+            sums, total_weight = accumulate_stacked_graph(
+                sums, total_weight, shared_deltas, cluster_weights
+            )
+            for row, i in enumerate(members):
+                outputs[i] = tf.nest.map_structure(lambda a, row=row: a[row], out)
         new_models = finalize_graph(models, sums, total_weight)
         measurements = collections.OrderedDict(cluster_weight=total_weight)
         return server_state(new_models, anchor), outputs, measurements

@@ -322,7 +322,11 @@ def round_functions(
     def every_cluster_shared(cluster_models: tuple) -> tuple:
         return tuple(cluster_models[i] for i in io.shared)
 
-    def first_element(selected: tf.data.Dataset) -> tuple:
+    def first_element(selected: Any) -> tuple:
+        """The shared variables of a selection: a dataset of one (what `federated_select`
+        hands a client), or the selection itself (the in-process round)."""
+        if isinstance(selected, tuple):
+            return selected[1:]
         initial = (tf.constant(0), *(tf.zeros(s.shape) for s in shared_spec))
         return selected.reduce(initial, lambda _, x: x)[1:]
 
