@@ -4,7 +4,8 @@
   (E-step, M-step);
 * `density`: FedTSDP (JS divergence, Hopkins, Eq. 9 distance, two DBSCAN stages, amended
   sampling, shared-layer schedule);
-* `bipartition`: CFL (split criterion, optimal bipartition).
+* `bipartition`: CFL (split criterion, optimal bipartition);
+* `fedac`: FedAC (PCA map, LrCos, E-step, M-step, cluster number tuning, initial assignment).
 """
 
 from tff_clustered.clustering.bipartition import (
@@ -46,6 +47,24 @@ from tff_clustered.clustering.density import (
     two_stage_clusters,
     weight_distance_matrix,
 )
+from tff_clustered.clustering.fedac import (
+    ClusteringStep,
+    CntResult,
+    PcaMap,
+    clustering_step,
+    drop_empty_clusters,
+    e_step,
+    fit_pca_map,
+    gc_ratios,
+    lrcos,
+    lrcos_models,
+    m_step,
+    project,
+    random_assignment,
+    random_projection_map,
+    spherical_kmeans,
+    tune_cluster_number,
+)
 
 __all__ = [
     "BLOCK_ROWS",
@@ -81,4 +100,20 @@ __all__ = [
     "two_stage_clusters",
     "update_norms",
     "weight_distance_matrix",
+    "ClusteringStep",
+    "CntResult",
+    "PcaMap",
+    "clustering_step",
+    "drop_empty_clusters",
+    "e_step",
+    "fit_pca_map",
+    "gc_ratios",
+    "lrcos",
+    "lrcos_models",
+    "m_step",
+    "project",
+    "random_assignment",
+    "random_projection_map",
+    "spherical_kmeans",
+    "tune_cluster_number",
 ]
