@@ -1,0 +1,608 @@
+"""FedAC's server-side clustering math (Zhang et al., "FedAC: A Adaptive Clustered Federated
+Learning Framework for Heterogeneous Data", arXiv:2403.16460), NumPy only: the PCA map of
+UpdateMap and the low-rank cosine LrCos (Alg. 2, Sec. 4.3), the E-step (Eq. 4, Alg. 1 line 11)
+and M-step (Eq. 5) over all stored client models, and cluster number tuning (CNT, Alg. 3, with
+(a, b) = (0.2, 0.8) from Sec. 5.5).
+
+Rows of every matrix are flattened client models (or their reduced vectors); labels are int32
+cluster indices 0..K-1. No function mutates its inputs. Choices the paper leaves open, made
+here (each is repeated where it applies):
+
+* E-step: Eq. 4 prints argmin of a similarity; we take the argmax (as Eq. 3 does); ties go to
+  the lowest cluster index. Clusters left empty by the E-step are removed (K decreases).
+* PCA: fit on the stored models of all clients (not only the |S_t| of this round, which would
+  cap the components at |S_t| - 1 < D = 50), by the exact Gram-matrix route, with D clipped
+  to the numerical rank; projections subtract the fitted mean by default (Alg. 2 writes
+  M w, uncentred, which is kept as `center=False`).
+* CNT: G_c is computed once per call (a snapshot); merges (smallest G_c first) go to the
+  centre nearest in squared L2 in full dimension; splits (largest G_c first) are seeded by
+  the member least LrCos-similar to its centre and the member least similar to that one,
+  followed by one reassignment pass; K stays within [K_min, K_max]; a split that leaves a
+  side with fewer than s_min members is cancelled, and a cluster touched by a merge in the
+  same call is not split.
+* Initialization (Alg. 1 line 1 initializes R^0 without saying how): spherical k-means with
+  k-means++ seeding on the reduced vectors, or a random balanced assignment as an ablation.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Union
+
+import numpy as np
+from scipy.spatial.distance import cdist
+
+from tff_clustered.clustering.decomposed import _float, cosine_similarity, row_blocks
+
+# Reduced dimension D (Sec. 4.3), G_c bounds (a, b) (Sec. 5.5); K_min, K_max, s_min are not in
+# the paper (our defaults).
+NUM_COMPONENTS = 50
+GC_LOWER = 0.2
+GC_UPPER = 0.8
+MIN_CLUSTERS = 2
+MAX_CLUSTERS = 20
+MIN_SPLIT_SIZE = 2
+# Eigenvalues of the Gram matrix at most this fraction of the largest count as rank-deficient.
+RANK_TOLERANCE = 1e-10
+# Columns of the model matrix converted to float64 at a time when fitting the PCA map.
+PCA_BLOCK_COLUMNS = 1 << 16
+
+# An int seed, or a Generator (e.g. Generator(SeedSequence((seed, round, purpose)))), which the
+# call advances.
+SeedLike = Union[int, np.random.Generator]
+
+
+class PcaMap(NamedTuple):
+    """The D x d map of UpdateMap (Alg. 2): z = axes @ (w - offset).
+
+    `axes` (D', d) has orthonormal rows, the top principal axes of the fitted models (each
+    axis's largest-magnitude entry positive); `offset` (d,) is the fitted mean x_bar when
+    centring, zeros otherwise; `variances` (D',) are the Gram eigenvalues of the kept axes
+    (sums of squared projections of the fitted models, not divided by n)."""
+
+    offset: np.ndarray
+    axes: np.ndarray
+    variances: np.ndarray
+
+    @property
+    def num_components(self) -> int:
+        return int(self.axes.shape[0])
+
+
+class CntResult(NamedTuple):
+    """Outcome of one CNT call (Alg. 3): the new labels (0..K'-1), full-dimension centres
+    (K', d), reduced centres (K', D'), the G_c snapshot of the input clusters, the merges as
+    (merged cluster, receiving cluster) pairs and the split clusters, both in input indices."""
+
+    assign: np.ndarray
+    centers: np.ndarray
+    reduced_centers: np.ndarray
+    gc: np.ndarray
+    merges: tuple[tuple[int, int], ...]
+    splits: tuple[int, ...]
+
+    @property
+    def num_clusters(self) -> int:
+        return int(len(self.centers))
+
+
+class ClusteringStep(NamedTuple):
+    """Server state after one round's E-step, M-step and CNT (Alg. 1 lines 11-12 and Alg. 3):
+    labels, full-dimension centres, reduced centres, and the CNT details."""
+
+    assign: np.ndarray
+    centers: np.ndarray
+    reduced_centers: np.ndarray
+    cnt: CntResult
+
+    @property
+    def num_clusters(self) -> int:
+        return int(len(self.centers))
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation helpers.
+
+
+def _rng(seed: SeedLike) -> np.random.Generator:
+    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+
+
+def _matrix(a: np.ndarray, name: str) -> np.ndarray:
+    a = _float(a)
+    if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
+        raise ValueError(f"{name} must be a non-empty 2-D (rows, dim) array, got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} contains NaN or inf; check the uploaded models")
+    return a
+
+
+def _same_dim(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> None:
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(
+            f"{name_a} has {a.shape[1]} columns but {name_b} has {b.shape[1]}; both must be "
+            "flattened in the same layout (same model, same variable order)"
+        )
+
+
+def _labels(assign: np.ndarray, num_rows: int, num_clusters: int) -> np.ndarray:
+    labels = np.asarray(assign)
+    if labels.shape != (num_rows,):
+        raise ValueError(f"assign must have one label per model ({num_rows}), got {labels.shape}")
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"assign must hold integer cluster indices, got dtype {labels.dtype}")
+    if num_rows and (labels.min() < 0 or labels.max() >= num_clusters):
+        raise ValueError(
+            f"assign holds labels outside 0..{num_clusters - 1}; pass the matching number of "
+            "clusters (or centres)"
+        )
+    return labels.astype(np.int32)
+
+
+def _reduced(
+    reduced_models: Optional[np.ndarray], models: np.ndarray, pca_map: PcaMap
+) -> np.ndarray:
+    """The models' projections with `pca_map`: computed when None, else checked for shape."""
+    if reduced_models is None:
+        return project(pca_map, models)
+    z = _matrix(reduced_models, "reduced_models")
+    if z.shape != (len(models), pca_map.num_components):
+        raise ValueError(
+            f"reduced_models must be ({len(models)}, {pca_map.num_components}) (the models "
+            f"projected with this map), got {z.shape}; recompute them with project()"
+        )
+    return z
+
+
+def _require_nonempty(labels: np.ndarray, num_clusters: int) -> np.ndarray:
+    sizes = np.bincount(labels, minlength=num_clusters)
+    empty = np.flatnonzero(sizes == 0)
+    if len(empty):
+        raise ValueError(
+            f"clusters {empty.tolist()} have no members; remove them with drop_empty_clusters "
+            "before computing centres"
+        )
+    return sizes
+
+
+# ----------------------------------------------------------------------------------------------
+# PCA map and LrCos (Alg. 2, Sec. 4.3).
+
+
+def fit_pca_map(
+    models: np.ndarray,
+    num_components: int = NUM_COMPONENTS,
+    center: bool = True,
+    block_columns: int = PCA_BLOCK_COLUMNS,
+) -> PcaMap:
+    """UpdateMap (Alg. 2, Sec. 4.3): PCA with D = `num_components` of the stacked models (n, d).
+
+    Exact PCA by the Gram matrix: G = Xc Xc^T (n x n, float64, accumulated over column blocks
+    so a float32 store is never copied whole), eigh(G) = V diag(lambda) V^T, and the axes
+    U^T = Lambda^{-1/2} V^T Xc (so the fitted rows project to V Lambda^{1/2}). D is clipped to
+    the numerical rank, #{j : lambda_j > 1e-10 lambda_1}, which is at most n - 1 after
+    centring. Axes have the dtype of the models (float32 stays float32).
+
+    Choices: fit on all stored models (Alg. 2 fits on the |S_t| models of the round, which
+    cannot give D = 50 components); `center=True` subtracts the fitted mean before projecting,
+    `center=False` keeps Alg. 2's literal M w (the axes are the same either way)."""
+    x = _matrix(models, "models")
+    if num_components < 1:
+        raise ValueError(f"num_components must be at least 1, got {num_components}")
+    if len(x) < 2:
+        raise ValueError(f"PCA needs at least 2 models, got {len(x)}")
+    if block_columns < 1:
+        raise ValueError(f"block_columns must be at least 1, got {block_columns}")
+    n, d = x.shape
+    mean = x.mean(axis=0, dtype=np.float64)
+    gram = np.zeros((n, n))
+    identical = True
+    for start in range(0, d, block_columns):
+        cols = slice(start, start + block_columns)
+        identical = identical and bool(np.all(x[:, cols] == x[:1, cols]))
+        xc = x[:, cols].astype(np.float64) - mean[cols]
+        gram += xc @ xc.T
+    eigenvalues, eigenvectors = np.linalg.eigh((gram + gram.T) / 2)
+    eigenvalues, eigenvectors = eigenvalues[::-1], eigenvectors[:, ::-1]
+    if identical or eigenvalues[0] <= 0:
+        raise ValueError(
+            "all models are identical, so there are no principal axes; fit the map after the "
+            "clients have trained (e.g. after warm-up)"
+        )
+    rank = int(np.sum(eigenvalues > RANK_TOLERANCE * eigenvalues[0]))
+    keep = min(num_components, rank)
+    coefficients = eigenvectors[:, :keep] / np.sqrt(eigenvalues[:keep])  # V Lambda^{-1/2}
+    axes = np.empty((keep, d), x.dtype)
+    for start in range(0, d, block_columns):
+        cols = slice(start, start + block_columns)
+        xc = x[:, cols].astype(np.float64) - mean[cols]
+        axes[:, cols] = coefficients.T @ xc
+    largest = np.argmax(np.abs(axes), axis=1)
+    signs = np.where(axes[np.arange(keep), largest] < 0, -1, 1).astype(x.dtype)
+    offset = mean.astype(x.dtype) if center else np.zeros(d, x.dtype)
+    return PcaMap(offset, axes * signs[:, None], eigenvalues[:keep].copy())
+
+
+def random_projection_map(
+    dim: int, num_components: int = NUM_COMPONENTS, seed: SeedLike = 0
+) -> PcaMap:
+    """A Gaussian random projection in place of PCA (the paper notes other reductions are
+    compatible with LrCos): entries N(0, 1/D), shape (D, dim), no centring, float64; the
+    `variances` field is zeros (there are no principal variances)."""
+    if dim < 1 or num_components < 1:
+        raise ValueError(f"dim and num_components must be positive, got {dim}, {num_components}")
+    axes = _rng(seed).standard_normal((num_components, dim)) / np.sqrt(num_components)
+    return PcaMap(np.zeros(dim), axes, np.zeros(num_components))
+
+
+def project(pca_map: PcaMap, models: np.ndarray) -> np.ndarray:
+    """P(w - x_bar) for every row (Alg. 2; Sec. 4.3's P w): the reduced vectors (n, D'),
+    float64, streamed over row blocks (a float32 store is not copied whole)."""
+    x = _matrix(models, "models")
+    if x.shape[1] != pca_map.axes.shape[1]:
+        raise ValueError(
+            f"models have {x.shape[1]} parameters but the PCA map was fit on "
+            f"{pca_map.axes.shape[1]}; refit the map (fit_pca_map) on models of this shape"
+        )
+    offset = pca_map.offset.astype(x.dtype, copy=False)
+    axes = pca_map.axes.astype(x.dtype, copy=False)
+    return np.concatenate([(block - offset) @ axes.T for block in row_blocks(x)]).astype(float)
+
+
+def lrcos(reduced_a: np.ndarray, reduced_b: np.ndarray) -> np.ndarray:
+    """LrCos (Alg. 2): cos(P w_i, P Omega_k) of every row of `reduced_a` with every row of
+    `reduced_b` (both already projected), a float64 matrix. A zero vector has cosine 0 with
+    everything (norms are floored at 1e-12)."""
+    a = _matrix(reduced_a, "reduced_a")
+    b = _matrix(reduced_b, "reduced_b")
+    _same_dim(a, b, "reduced_a", "reduced_b")
+    return cosine_similarity(a, b)
+
+
+def lrcos_models(pca_map: PcaMap, models: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    """LrCos(i, k) of Alg. 2 from full-dimension models (n, d) and centres (K, d): projects
+    both with the map, then takes cosines (n, K)."""
+    return lrcos(project(pca_map, models), project(pca_map, centers))
+
+
+# ----------------------------------------------------------------------------------------------
+# E-step and M-step (Eqs. 4-5, Alg. 1 lines 11-12).
+
+
+def e_step(reduced_models: np.ndarray, reduced_centers: np.ndarray) -> np.ndarray:
+    """E-step (Eq. 4, Alg. 1 line 11): R_{i,k} = 1 iff k = argmax_j LrCos(w_i, Omega_j), for
+    every stored model against the centres from before this round's M-step. Returns int32
+    labels. Choice: Eq. 4 prints argmin of the similarity; the argmax (Eq. 3) is used, and
+    ties go to the lowest cluster index."""
+    return np.argmax(lrcos(reduced_models, reduced_centers), axis=1).astype(np.int32)
+
+
+def drop_empty_clusters(assign: np.ndarray, num_clusters: int) -> tuple[np.ndarray, np.ndarray]:
+    """Remove the clusters the E-step left without members (K decreases; the paper does not
+    say what happens to them). Returns (labels renumbered 0..K'-1 in the old order, the old
+    indices of the kept clusters)."""
+    if num_clusters < 1:
+        raise ValueError(f"num_clusters must be at least 1, got {num_clusters}")
+    labels = _labels(assign, len(np.asarray(assign)), num_clusters)
+    kept = np.flatnonzero(np.bincount(labels, minlength=num_clusters) > 0)
+    new_index = np.full(num_clusters, -1, np.int32)
+    new_index[kept] = np.arange(len(kept), dtype=np.int32)
+    return new_index[labels], kept
+
+
+def _cluster_mean(
+    models: np.ndarray, members: np.ndarray, weights: Optional[np.ndarray]
+) -> np.ndarray:
+    """Mean (float64) of the member rows, unweighted or weighted; copies only the members."""
+    rows = models[members]
+    if weights is None:
+        return rows.mean(axis=0, dtype=np.float64)
+    w = weights[members]
+    return (w @ rows.astype(np.float64)) / w.sum()
+
+
+def _weights(weights: Optional[np.ndarray], num_rows: int) -> Optional[np.ndarray]:
+    if weights is None:
+        return None
+    w = np.asarray(weights, np.float64)
+    if w.shape != (num_rows,) or not np.all(np.isfinite(w)) or np.any(w <= 0):
+        raise ValueError(
+            f"weights must be {num_rows} positive finite numbers (one per model, e.g. |D_i|), "
+            f"got shape {w.shape}"
+        )
+    return w
+
+
+def m_step(
+    models: np.ndarray,
+    assign: np.ndarray,
+    num_clusters: int,
+    weights: Optional[np.ndarray] = None,
+) -> np.ndarray:
+    """M-step (Eq. 5): Omega_k = (1 / sum_i R_{i,k}) sum_i R_{i,k} w_i over all stored models,
+    in full dimension; unweighted as in the paper, or weighted by `weights` (e.g. |D_i|) as an
+    option. Returns (K, d) float64. Every cluster must have a member (drop_empty_clusters)."""
+    x = _matrix(models, "models")
+    labels = _labels(assign, len(x), num_clusters)
+    _require_nonempty(labels, num_clusters)
+    w = _weights(weights, len(x))
+    return np.stack([_cluster_mean(x, labels == k, w) for k in range(num_clusters)])
+
+
+# ----------------------------------------------------------------------------------------------
+# Cluster number tuning (Alg. 3).
+
+
+def _squared_distances_to(rows: np.ndarray, center: np.ndarray) -> np.ndarray:
+    """||row - center||^2 for every row, float64, by explicit differences (no cancellation)."""
+    return np.concatenate(
+        [((block.astype(np.float64) - center) ** 2).sum(axis=1) for block in row_blocks(rows)]
+    )
+
+
+def gc_ratios(models: np.ndarray, centers: np.ndarray, assign: np.ndarray) -> np.ndarray:
+    """G_c^k = Dist_intra^k / Dist_inter^k of every cluster (Alg. 3), squared L2 in full
+    dimension: Dist_intra^k = (1/|k|) sum_{i in k} ||w_i - Omega_k||^2 and
+    Dist_inter^k = (1/(K-1)) sum_j ||Omega_k - Omega_j||^2 (the j = k term is 0).
+
+    Choices: a cluster with Dist_intra = 0 (a singleton, or identical members) has G_c = 0;
+    otherwise Dist_inter = 0 (it coincides with every other centre) gives G_c = inf."""
+    x = _matrix(models, "models")
+    c = _matrix(centers, "centers").astype(np.float64)
+    _same_dim(x, c, "models", "centers")
+    num_clusters = len(c)
+    if num_clusters < 2:
+        raise ValueError("G_c needs at least 2 clusters (Dist_inter is undefined for K = 1)")
+    labels = _labels(assign, len(x), num_clusters)
+    sizes = _require_nonempty(labels, num_clusters)
+    intra = np.array(
+        [_squared_distances_to(x[labels == k], c[k]).sum() / sizes[k] for k in range(num_clusters)]
+    )
+    inter = cdist(c, c, "sqeuclidean").sum(axis=1) / (num_clusters - 1)
+    gc = np.full(num_clusters, np.inf)
+    gc[intra == 0] = 0.0
+    positive = (intra > 0) & (inter > 0)
+    gc[positive] = intra[positive] / inter[positive]
+    return gc
+
+
+def _check_cnt_settings(
+    lower: float, upper: float, min_clusters: int, max_clusters: int, min_split_size: int
+) -> None:
+    if not 0 <= lower <= upper:
+        raise ValueError(f"need 0 <= lower <= upper for the G_c bounds, got ({lower}, {upper})")
+    if not 1 <= min_clusters <= max_clusters:
+        raise ValueError(
+            f"need 1 <= min_clusters <= max_clusters, got {min_clusters}, {max_clusters}"
+        )
+    if min_split_size < 1:
+        raise ValueError(f"min_split_size must be at least 1, got {min_split_size}")
+
+
+def _split_sides(reduced_members: np.ndarray, reduced_center: np.ndarray) -> np.ndarray:
+    """Alg. 3's split of one cluster into 2 (seeding left open by the paper): seed1 = the
+    member least LrCos-similar to the centre, seed2 = the member least similar to seed1, then
+    one pass in which each member joins the seed of higher cosine (ties to seed1). Returns a
+    boolean mask of the members that go to seed2."""
+    to_center = lrcos(reduced_members, reduced_center[None, :])[:, 0]
+    seed1 = int(np.argmin(to_center))
+    seed2 = int(np.argmin(lrcos(reduced_members, reduced_members[seed1][None, :])[:, 0]))
+    to_seeds = lrcos(reduced_members, reduced_members[[seed1, seed2]])
+    return to_seeds[:, 1] > to_seeds[:, 0]
+
+
+def tune_cluster_number(
+    models: np.ndarray,
+    centers: np.ndarray,
+    assign: np.ndarray,
+    pca_map: PcaMap,
+    reduced_models: Optional[np.ndarray] = None,
+    lower: float = GC_LOWER,
+    upper: float = GC_UPPER,
+    min_clusters: int = MIN_CLUSTERS,
+    max_clusters: int = MAX_CLUSTERS,
+    min_split_size: int = MIN_SPLIT_SIZE,
+    weights: Optional[np.ndarray] = None,
+) -> CntResult:
+    """Cluster number tuning (Alg. 3; (a, b) = (0.2, 0.8), Sec. 5.5): merge a cluster with
+    G_c < a into the closest cluster, split one with G_c > b into 2 (K grows by 1).
+
+    Deterministic. `reduced_models` are the projections of `models` with `pca_map` (computed
+    when None); the reduced centres that seed splits are projected here. Choices (the paper
+    leaves them open):
+    * G_c is one snapshot per call (gc_ratios); K < 2 returns the input unchanged (G_c NaN);
+    * merges go smallest G_c first, each into the live centre nearest in squared L2 (full
+      dimension, ties to the lowest index), whose centre becomes the mean of its new member
+      set; they stop at K = min_clusters;
+    * splits go largest G_c first, skip clusters removed or grown by a merge in this call,
+      need 2 * min_split_size members, are seeded as in _split_sides and are cancelled when a
+      side has fewer than min_split_size members; they stop at K = max_clusters;
+    * new centres are member means (weighted by `weights` when given, as in m_step).
+    Labels of the result: surviving input clusters in their order, then one new cluster per
+    split. Intra-cluster distances stream over row blocks (the models are never copied)."""
+    _check_cnt_settings(lower, upper, min_clusters, max_clusters, min_split_size)
+    x = _matrix(models, "models")
+    c = _matrix(centers, "centers").astype(np.float64)
+    _same_dim(x, c, "models", "centers")
+    num_clusters = len(c)
+    labels = _labels(assign, len(x), num_clusters)
+    w = _weights(weights, len(x))
+    z = _reduced(reduced_models, x, pca_map)
+    if num_clusters < 2:
+        return CntResult(labels, c, project(pca_map, c), np.full(num_clusters, np.nan), (), ())
+    gc = gc_ratios(x, c, labels)
+    labels, c = labels.copy(), c.copy()
+    alive = np.ones(num_clusters, bool)
+    touched = np.zeros(num_clusters, bool)
+    count = num_clusters
+    merges: list[tuple[int, int]] = []
+    for k in np.argsort(gc, kind="stable"):
+        if gc[k] >= lower or count <= min_clusters:
+            break
+        if not alive[k]:
+            continue
+        distances = cdist(c[k][None, :], c, "sqeuclidean")[0]
+        distances[~alive | (np.arange(num_clusters) == k)] = np.inf
+        target = int(np.argmin(distances))
+        labels[labels == k] = target
+        c[target] = _cluster_mean(x, labels == target, w)
+        alive[k], touched[target] = False, True
+        merges.append((int(k), target))
+        count -= 1
+    reduced_centers = project(pca_map, c)
+    new_centers: list[np.ndarray] = []
+    splits: list[int] = []
+    for k in np.argsort(-gc, kind="stable"):
+        if gc[k] <= upper or count >= max_clusters:
+            break
+        members = np.flatnonzero(labels == k)
+        if not alive[k] or touched[k] or len(members) < 2 * min_split_size:
+            continue
+        second = _split_sides(z[members], reduced_centers[k])
+        if min(second.sum(), (~second).sum()) < min_split_size:
+            continue
+        new_label = num_clusters + len(new_centers)
+        labels[members[second]] = new_label
+        c[k] = _cluster_mean(x, labels == k, w)
+        new_centers.append(_cluster_mean(x, labels == new_label, w))
+        splits.append(int(k))
+        count += 1
+    all_centers = np.concatenate([c, np.reshape(new_centers, (-1, c.shape[1]))])
+    keep = np.concatenate([alive, np.ones(len(new_centers), bool)])
+    labels, kept = drop_empty_clusters(labels, len(all_centers))
+    if not np.array_equal(kept, np.flatnonzero(keep)):
+        raise AssertionError("CNT bookkeeping: a live cluster lost all its members")
+    final = all_centers[kept]
+    return CntResult(labels, final, project(pca_map, final), gc, tuple(merges), tuple(splits))
+
+
+def clustering_step(
+    models: np.ndarray,
+    centers: np.ndarray,
+    pca_map: PcaMap,
+    reduced_models: Optional[np.ndarray] = None,
+    lower: float = GC_LOWER,
+    upper: float = GC_UPPER,
+    min_clusters: int = MIN_CLUSTERS,
+    max_clusters: int = MAX_CLUSTERS,
+    min_split_size: int = MIN_SPLIT_SIZE,
+    weights: Optional[np.ndarray] = None,
+) -> ClusteringStep:
+    """One round's server-side clustering (Alg. 1 lines 11-12, then Alg. 3): E-step of every
+    stored model against the current centres (before the M-step), removal of the clusters
+    left empty, M-step, then CNT."""
+    x = _matrix(models, "models")
+    c = _matrix(centers, "centers")
+    _same_dim(x, c, "models", "centers")
+    z = _reduced(reduced_models, x, pca_map)
+    labels = e_step(z, project(pca_map, c))
+    labels, kept = drop_empty_clusters(labels, len(c))
+    new_centers = m_step(x, labels, len(kept), weights)
+    cnt = tune_cluster_number(
+        x,
+        new_centers,
+        labels,
+        pca_map,
+        z,
+        lower,
+        upper,
+        min_clusters,
+        max_clusters,
+        min_split_size,
+        weights,
+    )
+    return ClusteringStep(cnt.assign, cnt.centers, cnt.reduced_centers, cnt)
+
+
+# ----------------------------------------------------------------------------------------------
+# Initialization of R^0 (Alg. 1 line 1, left open by the paper).
+
+
+def _kmeans_pp_seeds(unit: np.ndarray, num_clusters: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding under the cosine distance 1 - cos: the first seed uniform, each next
+    one drawn with probability proportional to its squared distance to the nearest seed
+    (uniform among the non-seeds when every distance is 0)."""
+    n = len(unit)
+    seeds = [int(rng.integers(n))]
+    nearest = 1.0 - unit @ unit[seeds[0]]
+    for _ in range(1, num_clusters):
+        weight = np.maximum(nearest, 0.0) ** 2
+        weight[seeds] = 0.0
+        if weight.sum() <= 0:
+            weight = np.ones(n)
+            weight[seeds] = 0.0
+        seeds.append(int(rng.choice(n, p=weight / weight.sum())))
+        nearest = np.minimum(nearest, 1.0 - unit @ unit[seeds[-1]])
+    return np.array(seeds)
+
+
+def _spherical_lloyd(
+    unit: np.ndarray, centroids: np.ndarray, iterations: int
+) -> tuple[np.ndarray, float]:
+    """Lloyd passes of spherical k-means from the given centroids; returns (labels, objective
+    sum_i cos(z_i, centroid of its cluster)). An emptied cluster is re-seeded with the point
+    least similar to its own centroid among clusters of 2 or more members."""
+    n, num_clusters = len(unit), len(centroids)
+    labels = np.full(n, -1, np.int32)
+    for _ in range(iterations):
+        similarity = cosine_similarity(unit, centroids)
+        new_labels = np.argmax(similarity, axis=1).astype(np.int32)
+        for k in np.flatnonzero(np.bincount(new_labels, minlength=num_clusters) == 0):
+            own = similarity[np.arange(n), new_labels]
+            movable = np.bincount(new_labels, minlength=num_clusters)[new_labels] >= 2
+            new_labels[int(np.argmin(np.where(movable, own, np.inf)))] = k
+        if np.array_equal(new_labels, labels):
+            break
+        labels = new_labels
+        centroids = np.stack([unit[labels == k].mean(axis=0) for k in range(num_clusters)])
+    objective = cosine_similarity(unit, centroids)[np.arange(n), labels].sum()
+    return labels, float(objective)
+
+
+def spherical_kmeans(
+    reduced_models: np.ndarray,
+    num_clusters: int,
+    seed: SeedLike = 0,
+    iterations: int = 20,
+    restarts: int = 10,
+) -> np.ndarray:
+    """Initial assignment R^0 (Alg. 1 line 1; the paper does not say how): spherical k-means
+    on the reduced vectors (assign by argmax cosine as the E-step; centroid = mean of the
+    members' unit vectors), k-means++ seeded, at most `iterations` passes per run. Every
+    cluster is non-empty (see _spherical_lloyd). Returns int32 labels.
+
+    Choice: `restarts` runs from successive seedings of one generator built from `seed`, keeping
+    the run of largest sum of member-to-centroid cosines (the first on ties); a single run
+    puts two seeds in one well-separated group about a quarter of the time on 4 planted groups
+    and stays there."""
+    z = _matrix(reduced_models, "reduced_models").astype(np.float64)
+    n = len(z)
+    if not 1 <= num_clusters <= n:
+        raise ValueError(
+            f"cannot form {num_clusters} clusters from {n} clients; use 1 <= K <= {n} clusters "
+            "(fewer clusters or more clients)"
+        )
+    if iterations < 1 or restarts < 1:
+        raise ValueError(
+            f"iterations and restarts must be at least 1, got {iterations}, {restarts}"
+        )
+    unit = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
+    rng = _rng(seed)
+    best_labels, best_objective = np.zeros(n, np.int32), -np.inf
+    for _ in range(restarts):
+        seeds = _kmeans_pp_seeds(unit, num_clusters, rng)
+        labels, objective = _spherical_lloyd(unit, unit[seeds], iterations)
+        if objective > best_objective:
+            best_labels, best_objective = labels, objective
+    return best_labels
+
+
+def random_assignment(num_clients: int, num_clusters: int, seed: SeedLike = 0) -> np.ndarray:
+    """Random initial R^0 (ablation; Alg. 1 line 1 is left open): a random permutation of
+    0, 1, ..., K-1, 0, 1, ..., so sizes differ by at most 1 and no cluster is empty."""
+    if not 1 <= num_clusters <= num_clients:
+        raise ValueError(
+            f"cannot form {num_clusters} clusters from {num_clients} clients; use "
+            f"1 <= K <= {num_clients}"
+        )
+    labels = np.arange(num_clients) % num_clusters
+    return _rng(seed).permutation(labels).astype(np.int32)
