@@ -141,6 +141,13 @@ class TffRuntime:
         import tensorflow_federated as tff
 
         global _ACTIVE_WORKERS
+        if not _ACTIVE_WORKERS:
+            # Drop TFF's import-time default context now, while its ServiceManager's `__del__`
+            # can still run cleanly, not at interpreter exit (a traceback there), even when
+            # no worker can be reached below.
+            from tensorflow_federated.python.core.impl.context_stack import set_default_context
+
+            set_default_context.set_no_default_context()
         if self.config.workers:
             for address in self.config.workers:
                 _wait_until_ready(address, None, self.config.connect_timeout_s)
