@@ -58,7 +58,7 @@ def main(argv: list[str]) -> int:
             FLAGS.max_concurrent_computation_calls,
             FLAGS.log_file,
         )
-    except worker_service.WorkerServiceError as e:
+    except RuntimeError as e:  # WorkerServiceError, or TFF's worker binary missing
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -310,13 +310,17 @@ def test_cnt_keeps_k_within_bounds() -> None:
     pca_map = clustering.fit_pca_map(models)
     singletons = np.arange(len(truth), dtype=np.int32)
     centers = clustering.m_step(models, singletons, len(truth))
-    merged = clustering.tune_cluster_number(models, centers, singletons, pca_map, min_clusters=3)
+    merged = clustering.tune_cluster_number(
+        models, centers, singletons, pca_map, settings=clustering.CntSettings(min_clusters=3)
+    )
     assert merged.num_clusters == 3 and len(merged.merges) == len(truth) - 3
     # Everything in one pair of clusters, both far above b: K_max = 3 allows one split only.
     pair = (truth >= 2).astype(np.int32)
     centers = clustering.m_step(models, pair, 2)
     assert np.all(clustering.gc_ratios(models, centers, pair) > fedac.GC_UPPER)
-    capped = clustering.tune_cluster_number(models, centers, pair, pca_map, max_clusters=3)
+    capped = clustering.tune_cluster_number(
+        models, centers, pair, pca_map, settings=clustering.CntSettings(max_clusters=3)
+    )
     assert capped.num_clusters == 3 and len(capped.splits) == 1
     free = clustering.tune_cluster_number(models, centers, pair, pca_map)
     assert free.num_clusters == 4 and len(free.splits) == 2
@@ -341,13 +345,15 @@ def test_splits_respect_the_minimum_side_size() -> None:
     pca_map = clustering.fit_pca_map(models)
     centers = clustering.m_step(models, labels, 3)
     # Bounds (0, 0): every cluster (G_c > 0) asks for a split.
-    result = clustering.tune_cluster_number(models, centers, labels, pca_map, lower=0, upper=0)
+    result = clustering.tune_cluster_number(
+        models, centers, labels, pca_map, settings=clustering.CntSettings(0, 0)
+    )
     assert np.all(result.gc > 0)
     assert result.splits == (2,) and result.num_clusters == 4
     np.testing.assert_array_equal(result.assign, [0, 0, 0, 0, 1, 1, 1, 2, 2, 3, 3])
     # With s_min = 1 the 3 / 1 split of cluster 0 and a split of cluster 1 go ahead.
     loose = clustering.tune_cluster_number(
-        models, centers, labels, pca_map, lower=0, upper=0, min_split_size=1
+        models, centers, labels, pca_map, settings=clustering.CntSettings(0, 0, min_split_size=1)
     )
     assert sorted(loose.splits) == [0, 1, 2] and loose.num_clusters == 6
     sides = np.bincount(loose.assign[:4])
@@ -390,8 +396,10 @@ def test_inputs_are_not_mutated() -> None:
     centers = clustering.m_step(models, labels, 2)
     inputs = [models, labels, reduced, centers, pca_map.axes, pca_map.offset]
     copies = [a.copy() for a in inputs]
-    clustering.clustering_step(models, centers, pca_map, reduced, lower=0.0, upper=0.0)
-    clustering.tune_cluster_number(models, centers, labels, pca_map, reduced, lower=9, upper=9)
+    clustering.clustering_step(models, centers, pca_map, reduced, clustering.CntSettings(0.0, 0.0))
+    clustering.tune_cluster_number(
+        models, centers, labels, pca_map, reduced, clustering.CntSettings(9, 9)
+    )
     clustering.drop_empty_clusters(labels, 3)
     clustering.spherical_kmeans(reduced, 2, seed=0)
     for original, copy in zip(inputs, copies):
@@ -421,9 +429,7 @@ def test_bad_inputs_raise_clear_errors() -> None:
             models, models[:2], np.array([0, 1, 0, 1, 0]), pca_map, np.zeros((5, 1))
         )
     with pytest.raises(ValueError, match="lower <= upper"):
-        clustering.tune_cluster_number(
-            models, models[:2], np.array([0, 1, 0, 1, 0]), pca_map, lower=0.8, upper=0.2
-        )
+        clustering.CntSettings(lower=0.8, upper=0.2)
     with pytest.raises(ValueError, match="NaN or inf"):
         clustering.fit_pca_map(np.full((3, 4), np.nan))
     with pytest.raises(ValueError, match="positive finite"):

@@ -30,6 +30,7 @@ import atexit
 import contextlib
 import ctypes
 import dataclasses
+import importlib.util
 import os
 import signal
 import subprocess
@@ -60,10 +61,12 @@ def worker_contexts() -> tuple[tuple[str, object], ...]:
 
 
 def worker_binary_path() -> str:
-    """Path of the C++ worker shipped in the tensorflow-federated wheel."""
-    import tensorflow_federated as tff
-
-    path = os.path.join(os.path.dirname(tff.__file__), "data", "worker_binary")
+    """Path of the C++ worker shipped in the tensorflow-federated wheel (found without importing
+    TensorFlow: `worker_service` must stay single-threaded until it has its namespace)."""
+    spec = importlib.util.find_spec("tensorflow_federated")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("tensorflow_federated is not installed: run `make test` once.")
+    path = os.path.join(os.path.dirname(spec.origin), "data", "worker_binary")
     if not os.path.isfile(path):
         raise RuntimeError(
             f"TFF's worker binary is missing at {path}. Reinstall the environment: "
@@ -72,10 +75,22 @@ def worker_binary_path() -> str:
     return path
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """preexec_fn: ask the kernel to SIGKILL the worker when its parent process dies."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def stop_process(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """SIGINT, then SIGKILL if `process` has not exited within `timeout_s`."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,13 +190,8 @@ class TffRuntime:
 
                 tff.framework.set_default_context(_ACTIVE_WORKERS[0][1])
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        if process is not None:
+            stop_process(process)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -222,7 +232,7 @@ class TffRuntime:
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         target = f"localhost:{port}"
         _wait_until_ready(target, self._process)

@@ -10,7 +10,7 @@ public socket can reach the worker, and the worker dies with the service (PDEATH
 
 The namespace must be entered before any thread exists (the kernel refuses `unshare` of a
 user namespace in a multi-threaded process), so this module imports neither TensorFlow nor
-gRPC.
+gRPC (`runtime` imports neither at module level).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import importlib.util
 import os
 import signal
 import socket
@@ -29,26 +28,17 @@ import threading
 import time
 from typing import Optional
 
+from tff_clustered.runtime import die_with_parent, stop_process, worker_binary_path
+
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
-_PR_SET_PDEATHSIG = 1
 INNER_PORT = 10000  # the worker's port inside the private namespace (nothing else is there)
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 class WorkerServiceError(RuntimeError):
     """The service cannot start as asked; the message says what to change."""
-
-
-def worker_binary_path() -> str:
-    spec = importlib.util.find_spec("tensorflow_federated")
-    if spec is None or spec.origin is None:
-        raise WorkerServiceError("tensorflow_federated is not installed: run `make test` once.")
-    path = os.path.join(os.path.dirname(spec.origin), "data", "worker_binary")
-    if not os.path.isfile(path):
-        raise WorkerServiceError(f"TFF's worker binary is missing at {path}: `make clean-env`.")
-    return path
 
 
 def bind_public_socket(listen: str, port: int) -> socket.socket:
@@ -99,10 +89,6 @@ def enter_private_network() -> None:
         fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH", b"lo", current | _IFF_UP))
 
 
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6").prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
 def start_worker(port: int, max_concurrent_calls: int, log_path: str) -> subprocess.Popen:
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
@@ -114,7 +100,7 @@ def start_worker(port: int, max_concurrent_calls: int, log_path: str) -> subproc
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
     deadline = time.monotonic() + 60
     while True:
@@ -207,10 +193,5 @@ def serve(
             f"TFF's worker exited with code {process.returncode}; see {log_path}", file=sys.stderr
         )
         return 1
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop_process(process)
     return 0

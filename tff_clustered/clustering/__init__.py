@@ -50,6 +50,7 @@ from tff_clustered.clustering.density import (
 from tff_clustered.clustering.fedac import (
     ClusteringStep,
     CntResult,
+    CntSettings,
     PcaMap,
     clustering_step,
     drop_empty_clusters,
@@ -102,6 +103,7 @@ __all__ = [
     "weight_distance_matrix",
     "ClusteringStep",
     "CntResult",
+    "CntSettings",
     "PcaMap",
     "clustering_step",
     "drop_empty_clusters",

@@ -26,6 +26,7 @@ here (each is repeated where it applies):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple, Optional, Union
 
 import numpy as np
@@ -365,17 +366,30 @@ def gc_ratios(models: np.ndarray, centers: np.ndarray, assign: np.ndarray) -> np
     return gc
 
 
-def _check_cnt_settings(
-    lower: float, upper: float, min_clusters: int, max_clusters: int, min_split_size: int
-) -> None:
-    if not 0 <= lower <= upper:
-        raise ValueError(f"need 0 <= lower <= upper for the G_c bounds, got ({lower}, {upper})")
-    if not 1 <= min_clusters <= max_clusters:
-        raise ValueError(
-            f"need 1 <= min_clusters <= max_clusters, got {min_clusters}, {max_clusters}"
-        )
-    if min_split_size < 1:
-        raise ValueError(f"min_split_size must be at least 1, got {min_split_size}")
+@dataclasses.dataclass(frozen=True)
+class CntSettings:
+    """Cluster number tuning's bounds: merge below G_c `lower` (a), split above `upper` (b)
+    (Sec. 5.5: 0.2, 0.8); K stays in [`min_clusters`, `max_clusters`]; a split leaving a side
+    with fewer than `min_split_size` members is cancelled (the last three are ours)."""
+
+    lower: float = GC_LOWER
+    upper: float = GC_UPPER
+    min_clusters: int = MIN_CLUSTERS
+    max_clusters: int = MAX_CLUSTERS
+    min_split_size: int = MIN_SPLIT_SIZE
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lower <= self.upper:
+            raise ValueError(
+                f"need 0 <= lower <= upper for the G_c bounds, got ({self.lower}, {self.upper})"
+            )
+        if not 1 <= self.min_clusters <= self.max_clusters:
+            raise ValueError(
+                "need 1 <= min_clusters <= max_clusters, got "
+                f"{self.min_clusters}, {self.max_clusters}"
+            )
+        if self.min_split_size < 1:
+            raise ValueError(f"min_split_size must be at least 1, got {self.min_split_size}")
 
 
 def _split_sides(reduced_members: np.ndarray, reduced_center: np.ndarray) -> np.ndarray:
@@ -396,11 +410,7 @@ def tune_cluster_number(
     assign: np.ndarray,
     pca_map: PcaMap,
     reduced_models: Optional[np.ndarray] = None,
-    lower: float = GC_LOWER,
-    upper: float = GC_UPPER,
-    min_clusters: int = MIN_CLUSTERS,
-    max_clusters: int = MAX_CLUSTERS,
-    min_split_size: int = MIN_SPLIT_SIZE,
+    settings: CntSettings = CntSettings(),
     weights: Optional[np.ndarray] = None,
 ) -> CntResult:
     """Cluster number tuning (Alg. 3; (a, b) = (0.2, 0.8), Sec. 5.5): merge a cluster with
@@ -419,7 +429,9 @@ def tune_cluster_number(
     * new centres are member means (weighted by `weights` when given, as in m_step).
     Labels of the result: surviving input clusters in their order, then one new cluster per
     split. Intra-cluster distances stream over row blocks (the models are never copied)."""
-    _check_cnt_settings(lower, upper, min_clusters, max_clusters, min_split_size)
+    lower, upper = settings.lower, settings.upper
+    min_clusters, max_clusters = settings.min_clusters, settings.max_clusters
+    min_split_size = settings.min_split_size
     x = _matrix(models, "models")
     c = _matrix(centers, "centers").astype(np.float64)
     _same_dim(x, c, "models", "centers")
@@ -480,11 +492,7 @@ def clustering_step(
     centers: np.ndarray,
     pca_map: PcaMap,
     reduced_models: Optional[np.ndarray] = None,
-    lower: float = GC_LOWER,
-    upper: float = GC_UPPER,
-    min_clusters: int = MIN_CLUSTERS,
-    max_clusters: int = MAX_CLUSTERS,
-    min_split_size: int = MIN_SPLIT_SIZE,
+    settings: CntSettings = CntSettings(),
     weights: Optional[np.ndarray] = None,
 ) -> ClusteringStep:
     """One round's server-side clustering (Alg. 1 lines 11-12, then Alg. 3): E-step of every
@@ -503,11 +511,7 @@ def clustering_step(
         labels,
         pca_map,
         z,
-        lower,
-        upper,
-        min_clusters,
-        max_clusters,
-        min_split_size,
+        settings,
         weights,
     )
     return ClusteringStep(cnt.assign, cnt.centers, cnt.reduced_centers, cnt)

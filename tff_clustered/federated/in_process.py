@@ -40,8 +40,11 @@ from tff_clustered.federated.clustered_mean import add_to_cluster, cluster_mean
 from tff_clustered.federated.round import (
     FederatedRound,
     RoundFunctions,
+    check_client_inputs,
+    example_count,
     predict_probabilities_fn,
     predict_probabilities_specs,
+    python_server_state,
 )
 from tff_clustered.models.functional import FunctionalModel
 
@@ -253,11 +256,7 @@ def in_process_round(
     )
 
     def server_state(cluster_models: tuple, anchor: tuple) -> collections.OrderedDict:
-        state = collections.OrderedDict(cluster_models=tuple(cluster_models))
-        if has_anchor:
-            state["anchor"] = tuple(anchor)
-        state["aggregator"] = ()
-        return state
+        return python_server_state(cluster_models, anchor if has_anchor else None)
 
     def initialize() -> collections.OrderedDict:
         return server_state(fns.initial_cluster_models, fns.initial_anchor)
@@ -272,9 +271,7 @@ def in_process_round(
         hparams: dict,
     ) -> tuple:
         """The TFF round's `next`, with the same arguments and results."""
-        lengths = {len(datasets), len(keys), len(stored), len(prox_scales), len(seeds)}
-        if len(lengths) != 1:
-            raise ValueError(f"per-client inputs of different lengths: {sorted(lengths)}")
+        check_client_inputs(datasets, keys, stored, prox_scales, seeds)
         models = tuple(state["cluster_models"])
         anchor = tuple(state["anchor"]) if has_anchor else ()
         sums = tuple(np.zeros(s.shape, np.float32) for s in sums_spec)
@@ -286,7 +283,7 @@ def in_process_round(
         # one by one, concurrently (a session runs calls from several threads).
         groups: dict[int, list[int]] = collections.defaultdict(list)
         for i, data in enumerate(datasets):
-            groups[len(next(iter(data.values()))) if vectorise else -1 - i].append(i)
+            groups[example_count(data) if vectorise else -1 - i].append(i)
         singles = [members[0] for members in groups.values() if len(members) == 1]
 
         def work(i: int) -> tuple:

@@ -210,6 +210,30 @@ class FederatedRound:
     layout: ModelLayout
 
 
+def check_client_inputs(*per_client: Sequence[Any]) -> None:
+    """`next`'s per-client arguments must hold one entry per client each."""
+    lengths = {len(values) for values in per_client}
+    if len(lengths) > 1:
+        raise ValueError(f"per-client inputs of different lengths: {sorted(lengths)}")
+
+
+def example_count(data: dict) -> int:
+    """Examples in one client's arrays (the length of the first)."""
+    return len(next(iter(data.values())))
+
+
+def python_server_state(
+    cluster_models: Sequence[Any], anchor: Optional[Sequence[Any]]
+) -> collections.OrderedDict:
+    """The round's server state as the TFF round returns it, for executions that build it in
+    Python: cluster models, the anchor when the round has one, the aggregator's (empty) state."""
+    state = collections.OrderedDict(cluster_models=tuple(cluster_models))
+    if anchor is not None:
+        state["anchor"] = tuple(anchor)
+    state["aggregator"] = ()
+    return state
+
+
 @dataclasses.dataclass(frozen=True)
 class RoundFunctions:
     """The TF functions of one signature's round and the specs of what they take, before any
@@ -598,7 +622,11 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
         seeds: object,
         hparams: object,
     ) -> tuple[object, object, object]:
-        """Distributor and client work: `(shared_delta, cluster_weight, outputs)@CLIENTS`."""
+        """Distributor and client work: `(shared_delta, cluster_weight, outputs)@CLIENTS`.
+        `datasets`: each client's training examples as arrays (any length), batched by the
+        client as `hparams` say; `keys`: each client's cluster (ignored when clients pick);
+        `prox_scales`: per-client factor of the proximal strength (1.0: plain FedProx);
+        `seeds`: per-client seeds of its shuffle and its random ops (`client_seed`)."""
         if fns.picks_cluster:
             distributed = tff.federated_broadcast(
                 tff.federated_map(every_cluster_shared, state.cluster_models)
@@ -618,23 +646,30 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
             client_args.append(tff.federated_broadcast(state.anchor))
         return tff.federated_map(client_update, tuple(client_args))
 
-    @tff.federated_computation(*next_parameter_types)
-    def next_fn(
-        state: object,
-        datasets: object,
-        keys: object,
-        stored: object,
-        prox_scales: object,
-        seeds: object,
-        hparams: object,
+    def after_client_work(finish: Callable[..., Any]) -> tff.Computation:
+        """A computation with `next`'s parameters: distributor and client work
+        (`train_clients`), then `finish(state, shared_delta, cluster_weight, outputs)`."""
+
+        @tff.federated_computation(*next_parameter_types)
+        def computation(
+            state: object,
+            datasets: object,
+            keys: object,
+            stored: object,
+            prox_scales: object,
+            seeds: object,
+            hparams: object,
+        ) -> object:
+            return finish(
+                state, *train_clients(state, datasets, keys, stored, prox_scales, seeds, hparams)
+            )
+
+        return computation
+
+    def aggregate_and_apply(
+        state: object, shared_delta: object, cluster_weight: object, outputs: object
     ) -> object:
-        """`datasets`: each client's training examples as arrays (any length), batched by
-        the client as `hparams` say; `keys`: each client's cluster (ignored when clients pick);
-        `prox_scales`: per-client factor of the proximal strength (1.0: plain FedProx);
-        `seeds`: per-client seeds of its shuffle and its random ops (`client_seed`)."""
-        shared_delta, cluster_weight, outputs = train_clients(
-            state, datasets, keys, stored, prox_scales, seeds, hparams
-        )
+        """Aggregator and finalizer: the whole round."""
         aggregate = aggregator.next(state.aggregator, shared_delta, cluster_weight)
         new_models = tff.federated_map(
             apply_cluster_updates, (state.cluster_models, aggregate.result)
@@ -644,22 +679,15 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
 
     cluster_sums = ClusterSums(to_type(fns.shared_spec), k)
 
-    @tff.federated_computation(*next_parameter_types)
-    def partial_next(
-        state: object,
-        datasets: object,
-        keys: object,
-        stored: object,
-        prox_scales: object,
-        seeds: object,
-        hparams: object,
+    def sums_only(
+        state: object, shared_delta: object, cluster_weight: object, outputs: object
     ) -> object:
-        """`next` for a share of the clients, up to their per-cluster sums."""
-        shared_delta, cluster_weight, outputs = train_clients(
-            state, datasets, keys, stored, prox_scales, seeds, hparams
-        )
+        """A share of the clients, up to their per-cluster sums (merged by `sharded.py`)."""
         total, total_weight = cluster_sums(shared_delta, cluster_weight)
         return total, total_weight, outputs
+
+    next_fn = after_client_work(aggregate_and_apply)
+    partial_next = after_client_work(sums_only)
 
     @tff.tensorflow.computation(
         cluster_models_type, cluster_sums.stacked_type, cluster_sums.weight_type

@@ -24,7 +24,13 @@ import numpy as np
 import tensorflow_federated as tff
 
 from tff_clustered import runtime
-from tff_clustered.federated.round import FederatedRound, TffRoundParts
+from tff_clustered.federated.round import (
+    FederatedRound,
+    TffRoundParts,
+    check_client_inputs,
+    example_count,
+    python_server_state,
+)
 
 
 def split_clients(sizes: Sequence[int], num_shards: int) -> list[slice]:
@@ -52,10 +58,6 @@ def _call_on(context: object, computation: Callable[..., Any], *args: object) ->
         return computation(*args)
 
 
-def _example_count(data: dict) -> int:
-    return len(next(iter(data.values())))
-
-
 def sharded_round(parts: TffRoundParts) -> FederatedRound:
     """The round of `parts`, split over the started runtime's workers when there are several
     (`runtime.worker_contexts()`, read at each call); on one worker it is `parts.next`."""
@@ -67,7 +69,7 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
     ) -> list[Any]:
         """`computation(*common_head, *client_shares, *common_tail)` per worker, in order."""
         workers = runtime.worker_contexts()
-        shards = split_clients([_example_count(d) for d in per_client[0]], len(workers))
+        shards = split_clients([example_count(d) for d in per_client[0]], len(workers))
         with concurrent.futures.ThreadPoolExecutor(max(len(shards), 1)) as pool:
             futures = [
                 pool.submit(
@@ -95,9 +97,7 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
         workers = runtime.worker_contexts()
         if len(workers) <= 1 or len(datasets) <= 1:
             return parts.next(state, datasets, keys, stored, prox_scales, seeds, hparams)
-        lengths = {len(datasets), len(keys), len(stored), len(prox_scales), len(seeds)}
-        if len(lengths) != 1:
-            raise ValueError(f"per-client inputs of different lengths: {sorted(lengths)}")
+        check_client_inputs(datasets, keys, stored, prox_scales, seeds)
         per_client = [list(datasets), list(keys), list(stored), list(prox_scales), list(seeds)]
         shares = run_shards(parts.partial_next, per_client, state, hparams)
         total = [np.asarray(t, np.float32) for t in shares[0][0]]
@@ -109,10 +109,7 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
             outputs.extend(share_outputs)
         models = tuple(state["cluster_models"])
         new_models = _call_on(workers[0][1], parts.finalize, models, tuple(total), total_weight)
-        new_state = collections.OrderedDict(cluster_models=tuple(new_models))
-        if has_anchor:
-            new_state["anchor"] = tuple(state["anchor"])
-        new_state["aggregator"] = ()
+        new_state = python_server_state(new_models, state["anchor"] if has_anchor else None)
         return new_state, outputs, collections.OrderedDict(cluster_weight=total_weight)
 
     def evaluate(
