@@ -64,22 +64,14 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
     fns = parts.functions
     has_anchor = bool(fns.signature.anchor)
 
-    def run_shards(
-        computation: Callable[..., Any], per_client: Sequence[Sequence[Any]], *common: object
-    ) -> list[Any]:
-        """`computation(*common_head, *client_shares, *common_tail)` per worker, in order."""
+    def run_shards(work: Callable[..., Any], per_client: Sequence[Sequence[Any]]) -> list[Any]:
+        """`work(*shares)` on each worker, for its contiguous share of every per-client list;
+        results in worker order."""
         workers = runtime.worker_contexts()
         shards = split_clients([example_count(d) for d in per_client[0]], len(workers))
         with concurrent.futures.ThreadPoolExecutor(max(len(shards), 1)) as pool:
             futures = [
-                pool.submit(
-                    _call_on,
-                    context,
-                    computation,
-                    *common[:1],
-                    *(list(values[shard]) for values in per_client),
-                    *common[1:],
-                )
+                pool.submit(_call_on, context, work, *(list(v[shard]) for v in per_client))
                 for (_, context), shard in zip(workers, shards)
             ]
             return [future.result() for future in futures]
@@ -99,7 +91,7 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
             return parts.next(state, datasets, keys, stored, prox_scales, seeds, hparams)
         check_client_inputs(datasets, keys, stored, prox_scales, seeds)
         per_client = [list(datasets), list(keys), list(stored), list(prox_scales), list(seeds)]
-        shares = run_shards(parts.partial_next, per_client, state, hparams)
+        shares = run_shards(lambda *share: parts.partial_next(state, *share, hparams), per_client)
         total = [np.asarray(t, np.float32) for t in shares[0][0]]
         total_weight = np.asarray(shares[0][1], np.float32)
         outputs = list(shares[0][2])
@@ -123,7 +115,9 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
         if len(runtime.worker_contexts()) <= 1 or len(datasets) <= 1:
             return parts.evaluate(cluster_models, datasets, keys, stored, batch_size)
         per_client = [list(datasets), list(keys), list(stored)]
-        shares = run_shards(parts.evaluate, per_client, cluster_models, batch_size)
+        shares = run_shards(
+            lambda *share: parts.evaluate(cluster_models, *share, batch_size), per_client
+        )
         return [result for share in shares for result in share]
 
     return FederatedRound(
