@@ -64,6 +64,9 @@ class TrainingConfig:
     rounds: int = 30
     clients_per_round: int = 10
     local_epochs: int = 1
+    # > 0: each sampled client takes this many minibatch steps per round instead of
+    # `local_epochs` passes (its batches reshuffled whenever its data runs out).
+    local_steps: int = 0
     batch_size: int = 10
     learning_rate: float = 0.05
     lr_schedule: str = "constant"
@@ -83,6 +86,7 @@ class TrainingConfig:
             (self.rounds >= 1, "rounds must be >= 1"),
             (self.clients_per_round >= 1, "clients_per_round must be >= 1"),
             (self.local_epochs >= 1, "local_epochs must be >= 1"),
+            (self.local_steps >= 0, "local_steps must be >= 0 (0: --local_epochs passes)"),
             (self.batch_size >= 1, "batch_size must be >= 1"),
             (
                 self.learning_rate > 0 and math.isfinite(self.learning_rate),
@@ -407,6 +411,7 @@ class Experiment:
             self.config.local_epochs,
             learning_rate,
             plan.prox_scales,
+            steps=self.config.local_steps or None,
         )
         if picks:
             clusters = np.array([int(o["cluster"]) for o in outputs], np.int32)

@@ -33,6 +33,12 @@ flags.DEFINE_integer(
 flags.DEFINE_integer("rounds", 50, "Communication rounds.", lower_bound=1)
 flags.DEFINE_integer("clients_per_round", 10, "Clients sampled per round.", lower_bound=1)
 flags.DEFINE_integer("local_epochs", 5, "Local epochs per round.", lower_bound=1)
+flags.DEFINE_integer(
+    "local_steps",
+    0,
+    "Minibatch steps per client and round instead of --local_epochs passes (0: epochs).",
+    lower_bound=0,
+)
 flags.DEFINE_integer("batch_size", 10, "Local minibatch size.", lower_bound=1)
 flags.DEFINE_float("learning_rate", 0.1, "Client learning rate.")
 flags.DEFINE_enum(
@@ -122,6 +128,7 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
             rounds=FLAGS.rounds,
             clients_per_round=FLAGS.clients_per_round,
             local_epochs=FLAGS.local_epochs,
+            local_steps=FLAGS.local_steps,
             batch_size=FLAGS.batch_size,
             learning_rate=FLAGS.learning_rate,
             lr_schedule=FLAGS.lr_schedule,

@@ -487,6 +487,9 @@ def tune_cluster_number(
     return CntResult(labels, final, project(pca_map, final), gc, tuple(merges), tuple(splits))
 
 
+SIMILARITIES = ("lrcos", "l2")
+
+
 def clustering_step(
     models: np.ndarray,
     centers: np.ndarray,
@@ -494,26 +497,27 @@ def clustering_step(
     reduced_models: Optional[np.ndarray] = None,
     settings: CntSettings = CntSettings(),
     weights: Optional[np.ndarray] = None,
+    similarity: str = "lrcos",
 ) -> ClusteringStep:
     """One round's server-side clustering (Alg. 1 lines 11-12, then Alg. 3): E-step of every
     stored model against the current centres (before the M-step), removal of the clusters
-    left empty, M-step, then CNT."""
+    left empty, M-step, then CNT. `similarity="l2"` is the ablation of Sec. 5.4: the E-step
+    assigns by the smallest squared L2 distance in full dimension instead of LrCos."""
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
     x = _matrix(models, "models")
     c = _matrix(centers, "centers")
     _same_dim(x, c, "models", "centers")
     z = _reduced(reduced_models, x, pca_map)
-    labels = e_step(z, project(pca_map, c))
+    if similarity == "lrcos":
+        labels = e_step(z, project(pca_map, c))
+    else:
+        labels = np.concatenate(
+            [np.argmin(cdist(block, c, "sqeuclidean"), axis=1) for block in row_blocks(x)]
+        ).astype(np.int32)
     labels, kept = drop_empty_clusters(labels, len(c))
     new_centers = m_step(x, labels, len(kept), weights)
-    cnt = tune_cluster_number(
-        x,
-        new_centers,
-        labels,
-        pca_map,
-        z,
-        settings,
-        weights,
-    )
+    cnt = tune_cluster_number(x, new_centers, labels, pca_map, z, settings, weights)
     return ClusteringStep(cnt.assign, cnt.centers, cnt.reduced_centers, cnt)
 
 

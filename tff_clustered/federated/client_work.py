@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Callable, ClassVar, NamedTuple, Optional, Protocol, Union
+from typing import Any, Callable, NamedTuple, Optional, Protocol, Union
 
 import tensorflow as tf
 
@@ -214,12 +214,21 @@ class LocalSGD:
     """FedAvg's ClientUpdate (McMahan et al. Alg. 1), with FedProx's proximal term (Li et al.
     Eq. 2) toward the received model when `prox_mu` > 0 (times the client's prox scale), a pull
     of strength `anchor_lambda` toward the round's broadcast anchor when > 0, and heavy-ball
-    momentum when `momentum` > 0."""
+    momentum when `momentum` > 0.
+
+    `from_own_model`: training starts from the client's whole stored model instead of the
+    received one, which it only pulls toward (FedAC's LocalUpdate, Zhang et al. Alg. 1: own
+    model omega_i, pulls toward its cluster centre and the global embedding; CGPFL's personal
+    model pulled toward its context model). Then the client keeps and uploads its own model."""
 
     prox_mu: float = 0.0
     momentum: float = 0.0
     anchor_lambda: float = 0.0
-    reads_own_model: ClassVar[bool] = False
+    from_own_model: bool = False
+
+    @property
+    def reads_own_model(self) -> bool:
+        return self.from_own_model
 
     def __call__(self, forward: ForwardFn, inputs: ClientInputs) -> ClientOutputs:
         pulls = []
@@ -229,13 +238,14 @@ class LocalSGD:
             if not inputs.anchor_indices:
                 raise ValueError("anchor_lambda > 0 needs a round that broadcasts an anchor")
             pulls.append(Pull(self.anchor_lambda, inputs.anchor, inputs.anchor_indices))
+        own = self.from_own_model
         result = train_client(
             forward,
-            inputs.weights,
+            inputs.own_weights if own else inputs.weights,
             inputs.dataset,
             inputs.learning_rate,
             momentum=self.momentum,
-            state=inputs.state,
+            state=inputs.own_state if own else inputs.state,
             seed=inputs.seed,
             pulls=pulls,
         )
@@ -259,7 +269,10 @@ class DittoSGD:
 
     ditto_lambda: float = 0.1
     momentum: float = 0.0
-    reads_own_model: ClassVar[bool] = True
+
+    @property
+    def reads_own_model(self) -> bool:
+        return True
 
     def __call__(self, forward: ForwardFn, inputs: ClientInputs) -> ClientOutputs:
         personal = train_client(
@@ -303,6 +316,7 @@ class ClientWork(Protocol):
     cached by it), `reads_own_model` (whether the client's whole stored model comes in), and a
     pure TF function of the model's forward pass and the client's inputs."""
 
-    reads_own_model: ClassVar[bool]
+    @property
+    def reads_own_model(self) -> bool: ...
 
     def __call__(self, forward: ForwardFn, inputs: ClientInputs) -> ClientOutputs: ...

@@ -1,0 +1,273 @@
+"""FedAC (Zhang et al., "FedAC: A Adaptive Clustered Federated Learning Framework for
+Heterogeneous Data", arXiv:2403.16460), Algorithm 1.
+
+Every client keeps its own model omega_i = (phi_i, h_i): the embedding phi (every layer but the
+last) and the decision head h (the last Dense layer). The server keeps the global embedding
+Phi, K cluster centres Omega_k (whole models) and every client's latest uploaded model.
+
+Round t (Alg. 1):
+  [4-6]  each sampled client receives its centre Omega_k and Phi and runs LocalUpdate (Alg. 1,
+         Sec. 4.2) from its OWN model: SGD on CE + mu/2 ||omega - Omega_k||^2
+         + lambda/2 ||phi - Phi||^2, then uploads omega_i (kept in the store);
+  [9]    Phi <- the mean of the sampled clients' embeddings (the paper writes a sum);
+  [10]   the PCA map (UpdateMap, Alg. 2) is refit on all stored models every
+         `--fedac_pca_period` rounds;
+  [11]   E-step (Eq. 4): every client joins the centre of highest LrCos (cosine of the reduced
+         vectors; the paper prints argmin, Eq. 3 argmax); clusters left empty are removed;
+  [12]   M-step (Eq. 5): Omega_k <- the unweighted mean of its members' stored models;
+  [13]   cluster number tuning (CNT, Alg. 3): merge clusters with G_c < a, split those with
+         G_c > b ((a, b) = (0.2, 0.8), Sec. 5.5).
+
+The paper initialises R^0, Omega^0 and Phi^0 without saying how (Alg. 1 line 1); from a common
+initial model every LrCos would tie. So the run starts with a warm-up: `--fedac_warmup_rounds`
+rounds (default ceil(m / |S_t|)) in which the sampled sets are the blocks of one random
+permutation of the clients (each trains once), with a single cluster whose centre is the mean
+of all stored models. At the end of the warm-up the PCA map is fit and spherical k-means
+(k-means++ seeding, `--num_clusters` = K_init) on the reduced models gives R^0 and the centres.
+
+Clients are scored with their own model (the personal kind): the paper reports the unweighted
+mean over clients (`client_accuracy_mean`); the example-weighted `accuracy` is logged beside it.
+Cluster models are computed from the stored models, not from the round's aggregate. The server
+computes P omega_i from the uploaded omega_i (the paper has clients upload it: same numbers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Optional
+
+import numpy as np
+
+from tff_clustered.algorithms.base import (
+    Algorithm,
+    Decision,
+    Queries,
+    RoundResult,
+    RunInfo,
+    ServerView,
+    Similarity,
+    check,
+    layers_to_tensors,
+)
+from tff_clustered.clustering import fedac as fedac_clustering
+from tff_clustered.federated import client_work
+from tff_clustered.federated.round import CLIENT_WEIGHTINGS
+from tff_clustered.options import option
+from tff_clustered.seeds import ALGORITHM, derived_seed
+
+DEFAULT_INITIAL_CLUSTERS = 10  # K_init; Fig. 4(c) finds K = 10 best in the paper's setting
+
+
+@dataclasses.dataclass(frozen=True)
+class FedACState:
+    """`warmup_order`: the client permutation whose blocks are the warm-up cohorts; the PCA map
+    (UpdateMap, Alg. 2) once fit, and the round it was fit in (-1: not yet)."""
+
+    warmup_order: np.ndarray
+    pca_offset: Optional[np.ndarray] = None
+    pca_axes: Optional[np.ndarray] = None
+    pca_variances: Optional[np.ndarray] = None
+    pca_round: int = -1
+
+    @property
+    def pca_map(self) -> fedac_clustering.PcaMap:
+        return fedac_clustering.PcaMap(self.pca_offset, self.pca_axes, self.pca_variances)
+
+    def with_map(self, pca_map: fedac_clustering.PcaMap, round_num: int) -> FedACState:
+        return dataclasses.replace(
+            self,
+            pca_offset=pca_map.offset,
+            pca_axes=pca_map.axes,
+            pca_variances=pca_map.variances,
+            pca_round=round_num,
+        )
+
+
+class FedAC(Algorithm):
+    name = "fedac"
+    model_kinds = ("personal", "cluster")
+    paper = (
+        "Zhang et al., FedAC: A Adaptive Clustered Federated Learning Framework for "
+        "Heterogeneous Data, arXiv:2403.16460"
+    )
+    keep_client_models = True
+    refused = {
+        **Algorithm.refused,
+        "mu": "FedAC's pull toward the cluster centre is --fedac_mu",
+    }
+
+    @dataclasses.dataclass(frozen=True)
+    class Options:
+        num_clusters: Optional[int] = option(
+            None, f"Clusters (FedAC: K_init after warm-up; unset: {DEFAULT_INITIAL_CLUSTERS})."
+        )
+        fedac_mu: float = option(0.1, "FedAC mu: pull of the whole model toward its centre.")
+        fedac_lambda: float = option(
+            0.1, "FedAC lambda: pull of the embedding toward the global embedding Phi."
+        )
+        fedac_components: int = option(50, "FedAC reduced dimension D of the PCA map.")
+        fedac_pca_period: int = option(100, "FedAC: refit the PCA map every this many rounds.")
+        fedac_pca_center: bool = option(
+            True, "FedAC: subtract the PCA mean before projecting (Alg. 2 literal: false)."
+        )
+        fedac_warmup_rounds: int = option(
+            0, "FedAC warm-up rounds with one cluster (0: ceil(clients / clients_per_round))."
+        )
+        fedac_init: str = option(
+            "kmeans", "FedAC initial clusters after warm-up.", ("kmeans", "random")
+        )
+        fedac_similarity: str = option(
+            "lrcos", "FedAC E-step similarity (l2: the Sec. 5.4 ablation).", ("lrcos", "l2")
+        )
+        gc_lower: float = option(0.2, "FedAC CNT: merge clusters with G_c below this (a).")
+        gc_upper: float = option(0.8, "FedAC CNT: split clusters with G_c above this (b).")
+        fedac_min_clusters: int = option(2, "FedAC CNT: never fewer clusters (K_min).")
+        fedac_max_clusters: int = option(20, "FedAC CNT: never more clusters (K_max).")
+        fedac_min_split_size: int = option(2, "FedAC CNT: members of each side of a split.")
+        fedac_weighting: str = option(
+            "uniform",
+            "FedAC means (Phi, centres): uniform as in the paper, or by training examples.",
+            CLIENT_WEIGHTINGS,
+        )
+
+    def __init__(self, options: Optional[Options] = None) -> None:
+        super().__init__(options)
+        o = self.options
+        check(
+            [
+                (o.fedac_mu >= 0 and o.fedac_lambda >= 0, "fedac_mu and fedac_lambda: >= 0"),
+                (self.initial_clusters >= 1, "fedac: num_clusters must be >= 1"),
+                (o.fedac_components >= 1, "fedac_components must be >= 1"),
+                (o.fedac_pca_period >= 1, "fedac_pca_period must be >= 1"),
+                (o.fedac_warmup_rounds >= 0, "fedac_warmup_rounds must be >= 0 (0: automatic)"),
+                (0 <= o.gc_lower < o.gc_upper, "need 0 <= gc_lower < gc_upper"),
+                (
+                    1 <= o.fedac_min_clusters <= o.fedac_max_clusters,
+                    "need 1 <= fedac_min_clusters <= fedac_max_clusters",
+                ),
+                (o.fedac_min_split_size >= 1, "fedac_min_split_size must be >= 1"),
+            ]
+        )
+
+    @property
+    def initial_clusters(self) -> int:
+        return self.options.num_clusters or DEFAULT_INITIAL_CLUSTERS
+
+    @property
+    def cnt_settings(self) -> fedac_clustering.CntSettings:
+        o = self.options
+        return fedac_clustering.CntSettings(
+            o.gc_lower, o.gc_upper, o.fedac_min_clusters, o.fedac_max_clusters,
+            o.fedac_min_split_size,
+        )  # fmt: skip
+
+    def client_work(self, momentum: float) -> client_work.ClientWork:
+        """LocalUpdate: from the client's own model, pulled toward Omega_k (mu, every tensor)
+        and Phi (lambda, the embedding's tensors)."""
+        o = self.options
+        return client_work.LocalSGD(
+            prox_mu=float(o.fedac_mu),
+            momentum=float(momentum),
+            anchor_lambda=float(o.fedac_lambda),
+            from_own_model=True,
+        )
+
+    def anchor_tensors(self, run: RunInfo) -> tuple[int, ...]:
+        """Phi: the embedding, every layer but the last (Sec. 5.1)."""
+        return layers_to_tensors(run.layer_sizes, 1)
+
+    def warmup_rounds(self, run: RunInfo) -> int:
+        return self.options.fedac_warmup_rounds or math.ceil(
+            len(run.client_ids) / run.clients_per_round
+        )
+
+    # -- decisions ------------------------------------------------------------------------------
+    def init(self, run: RunInfo, queries: Queries) -> Decision:
+        if self.initial_clusters > len(run.client_ids):
+            raise ValueError(
+                f"fedac: num_clusters={self.initial_clusters} exceeds the "
+                f"{len(run.client_ids)} clients; lower --num_clusters"
+            )
+        order = np.random.default_rng(derived_seed(run.seed, ALGORITHM)).permutation(
+            len(run.client_ids)
+        )
+        return Decision(
+            assignment={c: 0 for c in run.client_ids}, state=FedACState(order.astype(np.int64))
+        )
+
+    def eligible(self, run: RunInfo, view: ServerView) -> Sequence[str]:
+        """During warm-up, round r's cohort is block r of the permutation (everyone trains
+        once); afterwards every client."""
+        r = view.round_num + 1
+        if r > self.warmup_rounds(run):
+            return run.client_ids
+        block = view.state.warmup_order[(r - 1) * run.clients_per_round :][: run.clients_per_round]
+        return [run.client_ids[i] for i in sorted(block)] or run.client_ids
+
+    def after_round(
+        self, run: RunInfo, view: ServerView, result: RoundResult, queries: Queries
+    ) -> Decision:
+        ids = list(run.client_ids)
+        models = queries.client_models(ids)  # omega_i of every client, stale ones included
+        sizes = np.array([run.train_sizes[c] for c in ids], np.float64)
+        weights = None if self.options.fedac_weighting == "uniform" else sizes
+        sampled = np.array([ids.index(c) for c in result.client_ids])
+        anchor = np.average(
+            models[sampled], axis=0, weights=None if weights is None else sizes[sampled]
+        ).astype(np.float32)  # line 9: Phi (only its embedding tensors are read)
+        r, warmup = result.round_num, self.warmup_rounds(run)
+        if r < warmup:
+            center = np.average(models, axis=0, weights=weights)[None, :]
+            return Decision(cluster_models=center, anchor=anchor, metrics={"num_clusters": 1.0})
+        state: FedACState = view.state
+        o = self.options
+        refit = state.pca_round < 0 or r - state.pca_round >= o.fedac_pca_period
+        if refit:
+            state = state.with_map(
+                fedac_clustering.fit_pca_map(models, o.fedac_components, o.fedac_pca_center), r
+            )
+        z = fedac_clustering.project(state.pca_map, models)
+        metrics = {"pca_refit": float(refit), "pca_components": float(len(state.pca_axes))}
+        if r == warmup:  # R^0 and Omega^0 from the warmed-up models (Alg. 1 line 1)
+            seed = derived_seed(run.seed, ALGORITHM, r)
+            if o.fedac_init == "kmeans":
+                labels = fedac_clustering.spherical_kmeans(z, self.initial_clusters, seed)
+            else:
+                labels = fedac_clustering.random_assignment(len(ids), self.initial_clusters, seed)
+            centers = fedac_clustering.m_step(models, labels, self.initial_clusters, weights)
+        else:
+            step = fedac_clustering.clustering_step(
+                models,
+                result.cluster_models_before,  # the centres before this round's M-step
+                state.pca_map,
+                z,
+                self.cnt_settings,
+                weights,
+                o.fedac_similarity,
+            )
+            labels, centers = step.assign, step.centers
+            gc = step.cnt.gc[np.isfinite(step.cnt.gc)]
+            metrics.update(
+                merges=float(len(step.cnt.merges)),
+                splits=float(len(step.cnt.splits)),
+                gc_mean=float(gc.mean()) if len(gc) else float("nan"),
+            )
+        metrics["num_clusters"] = float(len(centers))
+        reduced_centers = fedac_clustering.project(state.pca_map, centers)
+        return Decision(
+            assignment=dict(zip(ids, labels.tolist())),
+            cluster_models=centers.astype(np.float32),
+            anchor=anchor,
+            state=state,
+            metrics=metrics,
+            similarity=Similarity(
+                "LrCos of client models to the centres (Alg. 2)",
+                tuple(ids),
+                fedac_clustering.lrcos(z, reduced_centers),
+                tuple(int(k) for k in labels),
+                r,
+                columns=tuple(f"center {k}" for k in range(len(centers))),
+            ),
+        )
