@@ -118,7 +118,7 @@ class AnchoredFedAvg(Algorithm):
         super().__init__()
         self.anchor_lambda = anchor_lambda
 
-    def client_work(self, momentum: float) -> client_work.ClientWork:
+    def client_work(self, momentum: float, run: RunInfo) -> client_work.ClientWork:
         return client_work.LocalSGD(momentum=momentum, anchor_lambda=self.anchor_lambda)
 
     def anchor_tensors(self, run: RunInfo) -> tuple[int, ...]:

@@ -213,9 +213,10 @@ class Experiment:
             num_trainable_values=sum(tensor_sizes),
             initial_model=flat.flatten(self.initial_variables),
             public_x=data.public_x,
+            input_shape=tuple(int(d) for d in model.input_spec()["x"].shape[1:]),
         )
         self.client_index = {cid: i for i, cid in enumerate(data.client_ids)}
-        self.work = algorithm.client_work(config.momentum)
+        self.work = algorithm.client_work(config.momentum, self.run)
         self.anchor_tensors = tuple(algorithm.anchor_tensors(self.run))
         self.return_model_deltas = algorithm.needs_model_deltas or bool(self.round_metrics)
         self.state = RunState()
@@ -310,6 +311,7 @@ class Experiment:
             client_weighting=self.algorithm.client_weighting,
             distribution=self.algorithm.distribution,
             anchor=self.anchor_tensors,
+            num_neighbours=self.algorithm.num_neighbours,
         )
 
     def current_round(self) -> FederatedRound:
@@ -373,11 +375,14 @@ class Experiment:
             -1 if steps is not None else epochs,
             num_clusters=len(cluster_models),
             max_steps=-1 if steps is None else steps,
+            row_weights=self.row_examples(signature.num_clusters)
+            if signature.distribution == "neighbours"
+            else None,
         )
         new_state, outputs, measurements = fed_round.next(
             server_state,
             [self.data.arrays("train", c) for c in client_ids],
-            [np.array([k], np.int32) for k in clusters],
+            [np.atleast_1d(np.asarray(k, np.int32)) for k in clusters],
             [self.store.variables(c, store_in) if stored else () for c in client_ids],
             [np.float32(s) for s in scales],
             self.client_seeds(round_num, client_ids, stream),
@@ -385,6 +390,15 @@ class Experiment:
         )
         new_models = flat.stacked_to_matrix(new_state["cluster_models"])[: len(cluster_models)]
         return new_models, outputs, measurements
+
+    def row_examples(self, num_rows: int) -> np.ndarray:
+        """Training examples held by the clients assigned to each server row (cluster)."""
+        assigned = [
+            (k, self.data.train_sizes[c]) for c, k in self.state.assignment.items() if k >= 0
+        ]
+        rows = np.array([k for k, _ in assigned], np.int64)
+        sizes = np.array([n for _, n in assigned], np.float64)
+        return np.bincount(rows, weights=sizes, minlength=num_rows)[:num_rows].astype(np.float32)
 
     def train_round(self, round_num: int) -> dict[str, Any]:
         assignment_before = dict(self.state.assignment)
@@ -402,12 +416,15 @@ class Experiment:
         deltas = self.return_model_deltas
         fed_round = self.current_round()
         before = self.state.cluster_models
+        keys: Any = clusters
+        if plan.neighbours is not None:  # each peer's own row, then the rows routed to it
+            keys = np.concatenate([clusters[:, None], np.asarray(plan.neighbours)], axis=1)
         after, outputs, _ = self.run_clients(
             fed_round,
             before,
             round_num,
             client_ids,
-            clusters,
+            keys,
             self.config.local_epochs,
             learning_rate,
             plan.prox_scales,
@@ -444,6 +461,10 @@ class Experiment:
             if deltas
             else None,
             cluster_models_before=before,
+            client_metrics={
+                name: np.stack([np.asarray(o["metrics"][name]) for o in outputs])
+                for name in (outputs[0].get("metrics", {}) if outputs else {})
+            },
         )
         decision = self.algorithm.after_round(self.run, self.view(), result, self)
         self.apply(decision)
@@ -647,6 +668,8 @@ class Experiment:
         """Per-client test results of one model kind (`algorithms.base.MODEL_KINDS`)."""
         models, keys = self.server_models("cluster" if kind == "personal" else kind, clusters)
         fed_round = self.current_round()
+        if fed_round.signature.distribution == "neighbours":  # a peer's own row is its model
+            return self.score_whole_models(models, keys, client_ids)
         joins_store = bool(fed_round.io.store_in) or self.work.reads_own_model
         if kind != "personal" and joins_store:
             return self.score_whole_models(models, keys, client_ids)

@@ -21,7 +21,12 @@ from tff_clustered.runtime import RuntimeConfig, WorkerLostError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("dataset", "digits", list(DATASET_NAMES), "Dataset.")
-flags.DEFINE_string("data_dir", None, "Folder of the dataset's files (LEAF: holds train/ test/).")
+flags.DEFINE_string(
+    "data_dir",
+    None,
+    "Folder of the dataset's files (LEAF: holds train/ test/; pathmnist: holds pathmnist.npz, "
+    "or the file itself).",
+)
 flags.DEFINE_enum("model", "mlp", list(MODEL_NAMES), "Model architecture.")
 flags.DEFINE_string("glove_path", None, "GloVe text file (sent140), e.g. glove.6B.300d.txt.")
 flags.DEFINE_integer("hidden_units", 64, "Hidden units of the MLP.", lower_bound=1)
@@ -49,8 +54,9 @@ flags.DEFINE_float("momentum", 0.0, "Client SGD momentum.")
 flags.DEFINE_enum(
     "partition",
     None,
-    ["iid", "dirichlet", "pathological"],
-    "How cifar10/cifar100/svhn are dealt to clients (unset: dirichlet).",
+    ["iid", "dirichlet", "pathological", "shards"],
+    "How cifar10/cifar100/svhn/pathmnist are dealt to clients (unset: dirichlet); shards: "
+    "2 label-sorted shards per client (McMahan et al.).",
 )
 flags.DEFINE_float("dirichlet_beta", None, "Dirichlet concentration beta (unset: dataset default).")
 flags.DEFINE_integer("classes_per_client", 2, "Classes per client of the pathological partition.")

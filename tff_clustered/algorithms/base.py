@@ -48,6 +48,7 @@ class RunInfo:
     num_trainable_values: int  # length of the trainable prefix of a flat model
     initial_model: np.ndarray  # flat initial model (all variables)
     public_x: Optional[np.ndarray] = None  # the server's unlabeled public inputs, if any
+    input_shape: tuple[int, ...] = ()  # the shape of one example's input
 
     @property
     def num_tensors(self) -> int:
@@ -81,6 +82,8 @@ class RoundResult:
     loss_sums: np.ndarray
     model_deltas: Optional[np.ndarray]  # (n, D) flat updates, when asked for
     cluster_models_before: np.ndarray  # (num_clusters, D) before aggregation
+    # What the client work reported per client (`ClientOutputs.metrics`), stacked by client.
+    client_metrics: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,12 +121,15 @@ class Decision:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """The sampled clients' clusters for this round (None when each client picks its own in the
-    round, `Algorithm.distribution`), their proximal scales, and any decision taken before
-    training (for instance newcomers assigned on first sight)."""
+    round, `Algorithm.distribution`), their proximal scales, any decision taken before
+    training (for instance newcomers assigned on first sight), and, for decentralized peers
+    (`distribution="neighbours"`), the rows each one receives besides its own, (clients,
+    `num_neighbours`)."""
 
     clusters: Optional[np.ndarray]
     prox_scales: Optional[np.ndarray] = None
     decision: Decision = Decision()
+    neighbours: Optional[np.ndarray] = None
 
 
 class Queries(Protocol):
@@ -180,6 +186,8 @@ class Algorithm:
     # What each sampled client receives (`federated.round.DISTRIBUTIONS`): its own cluster's
     # model, or every cluster's to pick the lowest-loss one from (IFCA).
     distribution: ClassVar[str] = "own_cluster"
+    # With distribution "neighbours": the rows each peer receives besides its own.
+    num_neighbours: int = 0
 
     def __init__(self, options: Optional[Any] = None) -> None:
         self.options = options if options is not None else self.Options()
@@ -191,7 +199,7 @@ class Algorithm:
     def prox_mu(self) -> float:
         return 0.0
 
-    def client_work(self, momentum: float) -> client_work.ClientWork:
+    def client_work(self, momentum: float, run: RunInfo) -> client_work.ClientWork:
         return client_work.LocalSGD(prox_mu=float(self.prox_mu), momentum=float(momentum))
 
     def initial_shared(self, run: RunInfo) -> tuple[int, ...]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from tff_clustered.algorithms.base import Algorithm, check
+from tff_clustered.algorithms.base import Algorithm, RunInfo, check
 from tff_clustered.federated import client_work
 from tff_clustered.options import option
 
@@ -29,5 +29,5 @@ class Ditto(Algorithm):
         super().__init__(options)
         check([(self.options.ditto_lambda >= 0, "ditto_lambda must be >= 0")])
 
-    def client_work(self, momentum: float) -> client_work.ClientWork:
+    def client_work(self, momentum: float, run: RunInfo) -> client_work.ClientWork:
         return client_work.DittoSGD(float(self.options.ditto_lambda), float(momentum))

@@ -163,7 +163,7 @@ class FedAC(Algorithm):
             o.fedac_min_split_size,
         )  # fmt: skip
 
-    def client_work(self, momentum: float) -> client_work.ClientWork:
+    def client_work(self, momentum: float, run: RunInfo) -> client_work.ClientWork:
         """LocalUpdate: from the client's own model, pulled toward Omega_k (mu, every tensor)
         and Phi (lambda, the embedding's tensors)."""
         o = self.options

@@ -8,7 +8,15 @@
   Silos: An Experimental Study", ICDE 2022);
 * pathological: the shards of McMahan et al., "Communication-Efficient Learning of Deep
   Networks from Decentralized Data" (AISTATS 2017), each client holding `classes_per_client`
-  single-class shards of different classes.
+  single-class shards of different classes;
+* shards: McMahan et al.'s split as they describe it and as UA-PDFL (Zhu, Fan and Xie, "UA-PDFL:
+  A Personalized Approach for Decentralized Federated Learning", arXiv:2412.11674) uses it for
+  its extreme non-IID peers: the training set sorted by label and cut into 2M equal contiguous
+  shards (a shard may straddle two classes), two random shards per peer, redrawn while some
+  peer would hold a single class (`shard_partition`).
+
+UA-PDFL's peers then hold out a random 20 % of their own allocation as their local test set
+(`holdout_split`, `federate_holdout`).
 
 FedAC's setups (Zhang et al., "FedAC: A Adaptive Clustered Federated Learning Framework for
 Heterogeneous Data", arXiv:2403.16460, 2024, Sec. 5.1) fix each client's training count instead:
@@ -32,7 +40,8 @@ import numpy as np
 
 from tff_clustered.data.federated_data import FederatedData, from_arrays, split_train_test
 
-PARTITIONS = ("iid", "dirichlet", "pathological")
+PARTITIONS = ("iid", "dirichlet", "pathological", "shards")
+HOLDOUT_FRACTION = 0.2  # UA-PDFL: each peer tests on a random 20 % of its own allocation
 
 
 def iid_partition(
@@ -181,6 +190,125 @@ def pathological_partition(
     raise ValueError(
         f"could not give {num_clients} clients {classes_per_client} shards of different "
         "classes; use fewer clients or classes per client"
+    )
+
+
+# McMahan et al.'s contiguous shards, as UA-PDFL (arXiv:2412.11674) deals its extreme non-IID
+# peers.
+
+
+def label_sorted_shards(
+    labels: np.ndarray, num_shards: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """The examples sorted by label (in random order within a class) and cut into `num_shards`
+    contiguous shards whose sizes differ by at most 1 (the first `len(labels) % num_shards` are
+    the larger). A shard may straddle the boundary between two classes."""
+    shuffled = rng.permutation(len(labels))
+    order = shuffled[np.argsort(labels[shuffled], kind="stable")]
+    return np.array_split(order, num_shards)
+
+
+def _pure_classes(labels: np.ndarray, shards: Sequence[np.ndarray]) -> np.ndarray:
+    """The class of each shard that holds a single class, -1 for a shard of several."""
+    return np.asarray(
+        [int(labels[s[0]]) if np.all(labels[s] == labels[s[0]]) else -1 for s in shards],
+        dtype=np.int64,
+    )
+
+
+def _single_class_rows(classes: np.ndarray) -> np.ndarray:
+    """Which rows of a (peers, shards) matrix of `_pure_classes` hold one class only: all their
+    shards single-class shards of the same class."""
+    return (classes[:, 0] >= 0) & (classes == classes[:, :1]).all(axis=1)
+
+
+def fewest_single_class_peers(pure: np.ndarray, num_clients: int, shards_per_client: int) -> int:
+    """The fewest peers that must hold a single class, given the class of every single-class
+    shard (`pure`, -1 for mixed shards): a peer holds at most `shards_per_client - 1` shards of
+    class c without being single-class, so a class with k_c > (s - 1) M single-class shards
+    forces k_c - (s - 1) M peers onto it alone (and no more are needed). 0 unless one class
+    fills more than (s - 1) / s of the shards (with s = 2, more than half the data)."""
+    counts = np.bincount(pure[pure >= 0]) if np.any(pure >= 0) else np.zeros(0, np.int64)
+    return int(np.maximum(counts - (shards_per_client - 1) * num_clients, 0).sum())
+
+
+def _repair_single_class(
+    deal: np.ndarray, pure: np.ndarray, target: int, rng: np.random.Generator
+) -> Optional[np.ndarray]:
+    """`deal` with shards swapped until at most `target` peers hold a single class, or None if
+    no single swap lowers the count any more (then draw again). Each swap moves a shard of a
+    random single-class peer r to a random place (r2, j2) such that the number of single-class
+    peers drops, so this ends within `deal.shape[0]` swaps."""
+    deal = deal.copy()
+    s = deal.shape[1]
+    for _ in range(deal.shape[0] + 1):
+        classes = pure[deal]
+        single = _single_class_rows(classes)
+        if single.sum() <= target:
+            return deal
+        r = int(rng.choice(np.flatnonzero(single)))
+        c = classes[r, 0]
+        is_c = classes == c
+        # After swapping deal[r, 0] (class c) with deal[r2, j2]: r stays single-class iff the
+        # incoming shard is of class c too (or r holds one shard); r2 becomes single-class iff
+        # all its other shards are of class c.
+        r_single = is_c if s > 1 else classes >= 0
+        r2_single = (is_c.sum(axis=1, keepdims=True) - is_c) == s - 1
+        change = r_single.astype(int) + r2_single - 1 - single[:, None]
+        change[r] = 0
+        candidates = np.argwhere(change < 0)
+        if not len(candidates):
+            return None
+        r2, j2 = candidates[rng.integers(len(candidates))]
+        deal[r, 0], deal[r2, j2] = deal[r2, j2], deal[r, 0]
+    return None
+
+
+def shard_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    shards_per_client: int = 2,
+    rejection_draws: int = 1000,
+    repair_draws: int = 100,
+) -> list[np.ndarray]:
+    """The extreme non-IID split of McMahan et al. (2017) that UA-PDFL (arXiv:2412.11674) uses:
+    sort the examples by label, cut them into `num_clients * shards_per_client` contiguous
+    shards of equal size (+-1, `label_sorted_shards`) and give each peer `shards_per_client` (2)
+    random shards. Unlike `pathological_partition`, shards are cut from the sorted whole, not
+    per class, so a shard may straddle two classes and a peer may get two shards of one class.
+
+    The deal is redrawn while some peer would hold a single class (all its shards single-class
+    shards of the same class): uniform over the deals without one. After `rejection_draws`
+    failures (likely with many peers: with 100 peers x 2 shards of 10 classes a deal has about
+    9 such peers on average) a random deal is repaired by swapping shards instead. When one
+    class fills more than (s - 1) / s of the shards, some peers must hold it alone; the deal
+    then has the fewest such peers (`fewest_single_class_peers`). Every example is dealt once.
+    """
+    labels = np.asarray(labels)
+    if shards_per_client < 1:
+        raise ValueError(f"shards_per_client must be >= 1, got {shards_per_client}")
+    num_shards = num_clients * shards_per_client
+    if num_clients < 1 or num_shards > len(labels):
+        raise ValueError(
+            f"{len(labels)} examples cannot make {num_clients} x {shards_per_client} shards; "
+            "use fewer clients or shards per client"
+        )
+    shards = label_sorted_shards(labels, num_shards, rng)
+    pure = _pure_classes(labels, shards)
+    target = fewest_single_class_peers(pure, num_clients, shards_per_client)
+    for attempt in range(rejection_draws + repair_draws):
+        deal = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
+        if attempt >= rejection_draws:
+            deal = _repair_single_class(deal, pure, target, rng)
+        elif _single_class_rows(pure[deal]).sum() > target:
+            deal = None
+        if deal is not None:
+            return [np.sort(np.concatenate([shards[s] for s in row])) for row in deal]
+    raise ValueError(
+        f"could not deal {num_shards} shards to {num_clients} clients with at most {target} "
+        f"holding a single class in {rejection_draws + repair_draws} draws; raise "
+        "repair_draws or use fewer clients"
     )
 
 
@@ -457,6 +585,7 @@ def partition(
     dirichlet_beta: float = 0.5,
     classes_per_client: int = 2,
     min_size: int = 10,
+    shards_per_client: int = 2,
 ) -> list[np.ndarray]:
     """Dispatches to the partition named `scheme` (one of `PARTITIONS`)."""
     if scheme == "iid":
@@ -465,6 +594,8 @@ def partition(
         return dirichlet_partition(labels, num_clients, dirichlet_beta, rng, min_size)
     if scheme == "pathological":
         return pathological_partition(labels, num_clients, classes_per_client, rng)
+    if scheme == "shards":
+        return shard_partition(labels, num_clients, rng, shards_per_client)
     raise ValueError(f"unknown partition {scheme!r}; choose one of {', '.join(PARTITIONS)}")
 
 
@@ -486,6 +617,56 @@ def federate(
     for k, idx in enumerate(parts):
         cid = f"{name}_{k:03d}"
         train[cid], test[cid] = split_train_test(x[idx], y[idx], train_fraction, rng)
+    return from_arrays(
+        name, train, test, num_classes, image_shape=image_shape, source=source, public_x=public_x
+    )
+
+
+def holdout_split(
+    indices: np.ndarray, fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """One peer's allocation split at random into (train, test), both sorted: the test part
+    holds round(fraction * n) of its n indices, rounded half up and kept within 1..n - 1 so
+    both parts are non-empty (UA-PDFL, arXiv:2412.11674: each peer tests on a random 20 % of
+    its own data and trains on the rest, n_i being the training part). Pass a generator seeded
+    apart from the partition's, so the holdouts do not shift the partition's random stream."""
+    indices = np.asarray(indices)
+    if not 0 < fraction < 1:
+        raise ValueError(f"holdout fraction must be in (0, 1), got {fraction}; UA-PDFL uses 0.2")
+    if indices.ndim != 1 or len(indices) < 2:
+        raise ValueError(
+            f"a holdout needs a 1-D allocation of >= 2 indices, got shape {indices.shape}; give "
+            "every peer at least 2 examples"
+        )
+    n = len(indices)
+    n_test = int(np.clip(np.floor(fraction * n + 0.5), 1, n - 1))
+    order = rng.permutation(n)
+    return np.sort(indices[order[n_test:]]), np.sort(indices[order[:n_test]])
+
+
+def federate_holdout(
+    name: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    parts: Sequence[np.ndarray],
+    num_classes: int,
+    rng: np.random.Generator,
+    test_fraction: float = HOLDOUT_FRACTION,
+    public_x: Optional[np.ndarray] = None,
+    image_shape: Optional[tuple[int, ...]] = None,
+    source: str = "",
+) -> FederatedData:
+    """Peer k (id f"{name}_{k:03d}") trains on `x[train], y[train]` and tests on `x[test],
+    y[test]`, `train, test = holdout_split(parts[k], test_fraction, rng)`, peers in order and
+    all from `rng` (UA-PDFL's local test sets); `public_x` is the unlabeled public set."""
+    train, test = {}, {}
+    for k, idx in enumerate(parts):
+        cid = f"{name}_{k:03d}"
+        try:
+            tr, te = holdout_split(idx, test_fraction, rng)
+        except ValueError as e:
+            raise ValueError(f"peer {cid}: {e}") from e
+        train[cid], test[cid] = (x[tr], y[tr]), (x[te], y[te])
     return from_arrays(
         name, train, test, num_classes, image_shape=image_shape, source=source, public_x=public_x
     )

@@ -9,6 +9,7 @@ from tff_clustered.data.digits import load_digits_clusters, load_digits_partitio
 from tff_clustered.data.federated_data import DataError, FederatedData
 from tff_clustered.data.images import load_image_federation
 from tff_clustered.data.leaf import load_leaf
+from tff_clustered.data.medmnist import PATHMNIST_PEERS, load_pathmnist
 from tff_clustered.data.mnist import load_mnist
 from tff_clustered.data.sent140 import load_sent140
 from tff_clustered.data.synthetic import load_synthetic
@@ -27,6 +28,7 @@ DATASET_NAMES = (
     "cifar10",
     "cifar100",
     "svhn",
+    "pathmnist",
 )
 # FedTSDP's datasets: dealt to clients by a partition (default Dirichlet(0.5)), public set =
 # the official test split without labels.
@@ -68,7 +70,9 @@ def load_dataset(
     `digits_iid` / `digits_pathological` (embedded, true labels, a public set; `partition`
     overrides the suffix), `synthetic` (Synthetic(1,1)), `mnist` (IDX/npz files),
     `femnist`/`femnist_leaf`/`sent140`/`leaf` (LEAF JSON under `data_dir/{train,test}`),
-    `cifar10`/`cifar100`/`svhn` (the official files under `data_dir`, or a TFDS directory)."""
+    `cifar10`/`cifar100`/`svhn` (the official files under `data_dir`, or a TFDS directory),
+    `pathmnist` (MedMNIST v2's pathmnist.npz in `data_dir`, dealt to UA-PDFL's peers: 30 by
+    default, `partition` dirichlet (default, beta 0.5) / shards / iid, 20 % local holdouts)."""
     if name == "digits":
         return load_digits_clusters(num_clients=num_clients or 40, seed=seed)
     if name.startswith("digits_"):
@@ -89,6 +93,15 @@ def load_dataset(
             classes_per_client=classes_per_client,
             seed=seed,
             tfds_dir=tfds_dir,
+        )
+    if name == "pathmnist":
+        return load_pathmnist(
+            data_dir,
+            partition=partition or "dirichlet",
+            num_clients=num_clients or PATHMNIST_PEERS,
+            dirichlet_beta=0.5 if dirichlet_beta is None else dirichlet_beta,
+            seed=seed,
+            classes_per_client=classes_per_client,
         )
     if name == "synthetic":
         return load_synthetic(num_clients=num_clients or 100, seed=seed)

@@ -97,15 +97,17 @@ def train_client(
     state: Weights = (),
     seed: Optional[tf.Tensor] = None,
     pulls: Sequence[Pull] = (),
+    penalty: Optional[Callable[[tuple, tuple], tf.Tensor]] = None,
 ) -> TrainResult:
     """Local minibatch SGD over every batch of `dataset` (its epochs already repeated).
 
     Step: g = grad mean-loss(b; w) + sum over pulls p of p.strength * (w - p.target) on the
     pulled tensors; v = momentum v + g; w = w - lr v. The momentum buffer starts at zero every
     round. `momentum` is a Python number and a pull of Python strength 0 is left out: no pull
-    and no momentum run exactly FedAvg's plain SGD step. `state` (BatchNorm statistics) is
-    updated by the forward pass in training mode; `seed` (int32 [2]) seeds dropout, step by
-    step.
+    and no momentum run exactly FedAvg's plain SGD step. `penalty(weights, state)`, when
+    given, is added to each step's loss (differentiated with it; UA-PDFL's feature
+    alignment). `state` (BatchNorm statistics) is updated by the forward pass in training
+    mode; `seed` (int32 [2]) seeds dropout, step by step.
     """
     everything = tuple(range(len(weights)))
     pulls = tuple(
@@ -132,7 +134,8 @@ def train_client(
             tape.watch(current)
             logits, new_state = forward(current, model_state, batch["x"], True, step_seed)
             loss = batch_loss(logits, batch["y"])
-        direction = list(tape.gradient(loss, current))
+            objective = loss if penalty is None else loss + penalty(current, model_state)
+        direction = list(tape.gradient(objective, current))
         for p in pulls:
             for i, target in zip(p.indices, p.target):
                 direction[i] = direction[i] + p.strength * (current[i] - target)
@@ -195,6 +198,12 @@ class ClientInputs(NamedTuple):
     seed: tf.Tensor  # int32 [2]
     anchor: tuple = ()  # the server's broadcast anchor tensors, when the round sends one
     anchor_indices: tuple[int, ...] = ()  # the trainable tensors the anchor stands for
+    # Rows routed to a decentralized peer (`distribution="neighbours"`): every variable stacked
+    # along a leading row axis, its own published model first, then its neighbours'; the
+    # examples each row's peer holds; and the model's feature extractor (`FeaturesFn`).
+    inbox: tuple = ()
+    inbox_weights: Optional[tf.Tensor] = None
+    features: Optional[Callable[..., tf.Tensor]] = None
 
 
 class ClientOutputs(NamedTuple):
@@ -207,6 +216,7 @@ class ClientOutputs(NamedTuple):
     own_state: tuple
     num_examples: tf.Tensor
     loss_sum: tf.Tensor
+    metrics: dict = {}  # per-client values the algorithm logs (a fixed structure per work)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -145,6 +145,8 @@ def in_process_round(
         """Distributor and client work for one client."""
         if fns.picks_cluster:
             distributed = fns.every_cluster_shared(cluster_models)
+        elif fns.routes_rows:  # what federated_select hands the client: the rows it names
+            distributed = fns.select_rows(cluster_models, key)
         else:  # what federated_select hands the client: its one selection
             distributed = fns.select_shared(cluster_models, key[0])
         return fns.client_update(distributed, stored, data, key, prox_scale, seed, hparams, anchor)

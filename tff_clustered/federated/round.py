@@ -62,8 +62,10 @@ from tff_clustered.models.functional import FunctionalModel
 to_type = tff.types.tensorflow_to_type  # TF specs -> TFF types (0.87's tff.to_type rejects them)
 CLIENT_WEIGHTINGS = ("num_examples", "uniform")
 # What the distributor sends each client: its own cluster's shared variables (chosen by the
-# server), or every cluster's, the client joining the one of lowest loss on its data (IFCA).
-DISTRIBUTIONS = ("own_cluster", "lowest_loss_cluster")
+# server), or every cluster's, the client joining the one of lowest loss on its data (IFCA), or
+# the rows its keys name, its own first (decentralized peers: the server state is a mailbox of
+# every peer's published model and only routes them; UA-PDFL).
+DISTRIBUTIONS = ("own_cluster", "lowest_loss_cluster", "neighbours")
 
 
 def sequence_type(element_spec: object) -> tff.SequenceType:
@@ -82,12 +84,14 @@ def round_hparams(
     *,
     num_clusters: float = np.inf,
     max_steps: int = -1,
+    row_weights: Optional[Sequence[float]] = None,
 ) -> dict:
     """The SERVER-placed per-round hyperparameters `next` takes (broadcast to clients): the
     learning rate; how many of the built round's clusters are in use (a client that picks its
     cluster never picks a padding one); and how each client batches its arrays: `epochs`
     passes of `batch_size` (-1: without end), cut after `max_steps` minibatches (-1: no cut),
-    and the scoring pass's batch size."""
+    the scoring pass's batch size, and a weight per server row (the examples its peer holds,
+    read by peers that receive rows; one 1 otherwise)."""
     return collections.OrderedDict(
         learning_rate=np.float32(learning_rate),
         num_clusters=np.float32(num_clusters),
@@ -95,6 +99,7 @@ def round_hparams(
         epochs=np.int64(epochs),
         max_steps=np.int64(max_steps),
         eval_batch_size=np.int64(evaluation_batch_size(batch_size)),
+        row_weights=np.asarray([1.0] if row_weights is None else row_weights, np.float32),
     )
 
 
@@ -153,6 +158,9 @@ class RoundSignature:
     (server-side clustering needs it). `distribution`: see `DISTRIBUTIONS`. `anchor`: trainable
     tensor indices of an extra model the server broadcasts to every client beside its cluster's
     (FedAC's global embedding); the client work reads it as `ClientInputs.anchor`.
+    `num_neighbours`: with `distribution="neighbours"`, how many rows besides its own each
+    client receives (its key holds its own row, then theirs); the work reads them stacked as
+    `ClientInputs.inbox` and nothing is aggregated on the server.
     """
 
     num_clusters: int
@@ -163,6 +171,7 @@ class RoundSignature:
     client_weighting: str = "num_examples"
     distribution: str = "own_cluster"
     anchor: tuple[int, ...] = ()
+    num_neighbours: int = 0
 
     def __post_init__(self) -> None:
         if self.num_clusters < 1:
@@ -171,6 +180,8 @@ class RoundSignature:
             raise ValueError(
                 f"distribution must be one of {DISTRIBUTIONS}, got {self.distribution}"
             )
+        if self.num_neighbours < 0 or (self.num_neighbours and self.distribution != "neighbours"):
+            raise ValueError("num_neighbours >= 1 goes with distribution='neighbours'")
         if self.client_weighting not in CLIENT_WEIGHTINGS:
             raise ValueError(
                 f"client_weighting must be one of {CLIENT_WEIGHTINGS}, got {self.client_weighting}"
@@ -265,6 +276,7 @@ class RoundFunctions:
     initial_cluster_models: tuple
     initial_anchor: tuple
     select_shared: Callable[..., tuple]
+    select_rows: Callable[..., tuple]
     every_cluster_shared: Callable[..., tuple]
     client_update: Callable[..., tuple]
     apply_cluster_updates: Callable[..., tuple]
@@ -277,6 +289,10 @@ class RoundFunctions:
     @property
     def picks_cluster(self) -> bool:
         return self.signature.distribution == "lowest_loss_cluster"
+
+    @property
+    def routes_rows(self) -> bool:
+        return self.signature.distribution == "neighbours"
 
     @property
     def selection_spec(self) -> tuple:
@@ -303,6 +319,8 @@ def round_functions(
     num_trainable = layout.num_trainable
     work = signature.work
     picks_cluster = signature.distribution == "lowest_loss_cluster"
+    routes_rows = signature.distribution == "neighbours"
+    num_rows = 1 + signature.num_neighbours
 
     def specs(indices: Sequence[int], lead: tuple[int, ...] = ()) -> tuple[tf.TensorSpec, ...]:
         return tuple(tf.TensorSpec([*lead, *shapes[i]], tf.float32) for i in indices)
@@ -317,6 +335,7 @@ def round_functions(
         return model.apply(weights, state, x, training, seed)
 
     shared_spec = specs(io.shared)
+    features = model.features
 
     def join(
         selected: Sequence[tf.Tensor], stored: Sequence[tf.Tensor]
@@ -346,6 +365,22 @@ def round_functions(
 
     def every_cluster_shared(cluster_models: tuple) -> tuple:
         return tuple(cluster_models[i] for i in io.shared)
+
+    def stacked_rows(selected: Any) -> tuple:
+        """Every selected row, stacked per variable (`num_rows` first): from a dataset of the
+        selections (what `federated_select` hands a client) or from `select_rows`."""
+        if isinstance(selected, tuple):
+            return selected[1:]
+        initial = (
+            tf.zeros([num_rows], tf.int32),
+            *(tf.zeros([num_rows, *s.shape]) for s in shared_spec),
+        )
+        batched = selected.batch(num_rows, drop_remainder=True)
+        return batched.reduce(initial, lambda _, x: x)[1:]
+
+    def select_rows(cluster_models: tuple, keys: tf.Tensor) -> tuple:
+        """The rows `keys` names, stacked: what a client of the in-process round receives."""
+        return (keys, *(tf.gather(cluster_models[i], keys) for i in io.shared))
 
     def first_element(selected: Any) -> tuple:
         """The shared variables of a selection: a dataset of one (what `federated_select`
@@ -385,7 +420,14 @@ def round_functions(
             seed["shuffle"],
             hparams["max_steps"],
         )
-        if picks_cluster:  # scored on one ordered pass over its training data
+        inbox: tuple = ()
+        inbox_weights = tf.zeros([0])
+        if routes_rows:  # its own published model first, then its neighbours'
+            inbox = stacked_rows(distributed)
+            selected = tuple(t[0] for t in inbox)
+            inbox_weights = tf.gather(hparams["row_weights"], key)
+            cluster = key[0]
+        elif picks_cluster:  # scored on one ordered pass over its training data
             cluster = lowest_loss_cluster(
                 distributed,
                 stored,
@@ -397,6 +439,9 @@ def round_functions(
             cluster = key[0]
             selected = first_element(distributed)
         weights, state, own_weights, own_state = join(selected, stored)
+        extra: dict = {}
+        if routes_rows:
+            extra = dict(inbox=inbox, inbox_weights=inbox_weights, features=features)
         result = work(
             forward,
             client_work.ClientInputs(
@@ -410,6 +455,7 @@ def round_functions(
                 seed["dropout"],
                 tuple(anchor),
                 signature.anchor,
+                **extra,
             ),
         )
         start = weights + state
@@ -426,7 +472,7 @@ def round_functions(
         )
         weight = result.num_examples if signature.client_weighting == "num_examples" else 1.0
         cluster_weight = tf.one_hot(cluster, k, dtype=tf.float32) * weight
-        cluster_weight *= tf.cast(finite, tf.float32)
+        cluster_weight *= tf.cast(finite, tf.float32) * (0.0 if routes_rows else 1.0)
         outputs = collections.OrderedDict(
             stored=tuple(kept[i] for i in io.store_out),
             num_examples=result.num_examples,
@@ -434,6 +480,8 @@ def round_functions(
             cluster=cluster,
             finite=finite,
         )
+        if result.metrics:
+            outputs["metrics"] = result.metrics
         if signature.return_model_deltas:
             outputs["model_delta"] = client_work.flatten([t - s for t, s in zip(trained, start)])
         return shared_delta, cluster_weight, outputs
@@ -465,13 +513,13 @@ def round_functions(
             (name, tf.TensorSpec([None, *spec.shape[1:]], spec.dtype))
             for name, spec in input_spec.items()
         ),
-        key_spec=tf.TensorSpec([1], tf.int32),
+        key_spec=tf.TensorSpec([1 + signature.num_neighbours], tf.int32),
         seed_spec=collections.OrderedDict(
             (name, tf.TensorSpec(np.shape(v), tf.as_dtype(v.dtype)))
             for name, v in client_seed(0, 0).items()
         ),
         hparams_spec=collections.OrderedDict(
-            (name, tf.TensorSpec([], tf.as_dtype(v.dtype)))
+            (name, tf.TensorSpec([None] * np.ndim(v), tf.as_dtype(v.dtype)))
             for name, v in round_hparams(0, 1).items()
         ),
         initial_cluster_models=tuple(
@@ -481,6 +529,7 @@ def round_functions(
             np.asarray(initial_variables[i], np.float32) for i in signature.anchor
         ),
         select_shared=select_shared,
+        select_rows=select_rows,
         every_cluster_shared=every_cluster_shared,
         client_update=client_update,
         apply_cluster_updates=apply_cluster_updates,

@@ -36,6 +36,10 @@ ApplyFn = Callable[
     [Sequence[tf.Tensor], Sequence[tf.Tensor], tf.Tensor, bool, Optional[tf.Tensor]],
     tuple[tf.Tensor, tuple[tf.Tensor, ...]],
 ]
+# (trainable, state, x, head_start) -> the input of the layer that owns trainable tensor
+# `head_start`, flattened per example, in inference mode: the output of the feature extractor
+# g when the head h starts there (UA-PDFL's auxiliary representation, Eq. 11).
+FeaturesFn = Callable[[Sequence[tf.Tensor], Sequence[tf.Tensor], tf.Tensor, int], tf.Tensor]
 
 # Weighted layers the interpreter computes from the given tensors (exact types: subclasses such
 # as Conv2DTranspose or SpatialDropout2D compute something else).
@@ -73,6 +77,7 @@ class FunctionalModel:
     layer_sizes: tuple[int, ...]  # trainable tensors per layer with weights, bottom to top
     initial_state: tuple[np.ndarray, ...]
     apply: ApplyFn  # (trainable, state, x, training, seed) -> (logits, new_state)
+    features: Optional[FeaturesFn] = None  # None: a layer the interpreter does not run
 
 
 def _shapes(variables: Sequence[tf.Variable]) -> tuple[tuple[int, ...], ...]:
@@ -107,6 +112,12 @@ def functional_model(
             f"model {keras_model.name} has no BatchNorm or Dropout: it goes through TFF's "
             "functional_model_from_keras, which needs input_spec"
         )
+    # TFF's builder exposes no intermediate values: the interpreter gives the features. It is
+    # built first: TFF's builder leaves the model's layers unusable outside its graph.
+    try:
+        features: Optional[FeaturesFn] = _interpreted(keras_model, bn_momentum).features
+    except ValueError:  # a layer the interpreter does not run (an LSTM)
+        features = None
     functional = tff.learning.models.functional_model_from_keras(
         keras_model,
         loss_fn=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -131,6 +142,7 @@ def functional_model(
         layer_sizes=tuple(trainable_layer_sizes(keras_model)),
         initial_state=(),
         apply=apply,
+        features=features,
     )
 
 
@@ -291,6 +303,26 @@ def _batch_norm(
     return y, new_mean, new_variance
 
 
+def _parameter_free(layer: tf.keras.layers.Layer, x: object) -> Optional[tf.Tensor]:
+    """The common parameter-free layers as TF ops (channels-last), or None for any other.
+    Calling a Keras layer fails once TFF's own builder has run inside a TF1 graph (it leaves
+    every Keras layer made outside that graph unusable), so the feature pass of a model built
+    by TFF's builder does not call them."""
+    kind = type(layer)
+    if kind is tf.keras.layers.Flatten:
+        return tf.reshape(x, [tf.shape(x)[0], -1])
+    if kind in (tf.keras.layers.MaxPool2D, tf.keras.layers.AveragePooling2D):
+        pool = tf.nn.max_pool2d if kind is tf.keras.layers.MaxPool2D else tf.nn.avg_pool2d
+        return pool(x, layer.pool_size, layer.strides, layer.padding.upper())
+    if kind is tf.keras.layers.GlobalAveragePooling2D:
+        return tf.reduce_mean(x, axis=[1, 2], keepdims=bool(layer.keepdims))
+    if kind is tf.keras.layers.Activation:
+        return layer.activation(x)
+    if kind is tf.keras.layers.Add:
+        return tf.add_n(list(x))
+    return None
+
+
 def _interpreted(model: tf.keras.Model, bn_momentum: Optional[float]) -> FunctionalModel:
     trainable_of = {v.ref(): i for i, v in enumerate(model.trainable_weights)}
     state_of = {v.ref(): i for i, v in enumerate(model.non_trainable_weights)}
@@ -411,6 +443,25 @@ def _interpreted(model: tf.keras.Model, bn_momentum: Optional[float]) -> Functio
                 values[out_id] = out
         return values[model_output], tuple(stats)
 
+    def features(
+        weights: Sequence[tf.Tensor], state: Sequence[tf.Tensor], x: tf.Tensor, head_start: int
+    ) -> tf.Tensor:
+        stats = list(state)
+        values = {model_inputs[0]: x}
+        for step in steps:
+            inputs = [values[i] for i in step.inputs]
+            if head_start in step.trainable:
+                if len(inputs) != 1:
+                    raise ValueError(f"the head starts at layer {step.layer.name}, which merges")
+                return tf.reshape(inputs[0], [tf.shape(x)[0], -1])
+            x_in = inputs[0] if len(inputs) == 1 else inputs
+            value = _parameter_free(step.layer, x_in)
+            if value is None:
+                value = run_step(step, x_in, weights, stats, False, None)
+            for out_id, out in zip(step.outputs, tf.nest.flatten(value)):
+                values[out_id] = out
+        raise ValueError(f"no layer of model {model.name} owns trainable tensor {head_start}")
+
     return FunctionalModel(
         trainable_shapes=_shapes(model.trainable_weights),
         state_shapes=_shapes(model.non_trainable_weights),
@@ -418,4 +469,5 @@ def _interpreted(model: tf.keras.Model, bn_momentum: Optional[float]) -> Functio
         layer_sizes=tuple(trainable_layer_sizes(model)),
         initial_state=tuple(v.numpy() for v in model.non_trainable_weights),
         apply=apply,
+        features=features,
     )
