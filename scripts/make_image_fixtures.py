@@ -1,8 +1,9 @@
-"""Regenerates the CIFAR-10, CIFAR-100, SVHN and TFDS fixtures in testdata/ in the official
-on-disk formats, deterministically: synthetic, learnable images (noise plus a bright bar whose
-row and colour encode the label), each file under 100 KB.
+"""Regenerates the CIFAR-10, CIFAR-100, SVHN, TFDS and PathMNIST fixtures in testdata/ in the
+official on-disk formats, deterministically: synthetic, learnable images (CIFAR/SVHN/TFDS: noise
+plus a bright bar whose row and colour encode the label, each file under 100 KB; PathMNIST: a
+class colour and stripe pattern plus noise, the .npz under 300 KB).
 
-    .venv/bin/python scripts/make_image_fixtures.py [--out DIR]
+    .venv/bin/python scripts/make_image_fixtures.py [--out DIR] [--only NAME ...]
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import os
 import pickle
 import shutil
 import types
-from collections.abc import Iterator
+import zipfile
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from scipy.io import savemat
@@ -146,14 +148,80 @@ def tfds_cifar10(root: str) -> None:
     )
 
 
+# PathMNIST (MedMNIST v2): 9 classes; per class 12, 16 or 20 training images (uneven, as the
+# real classes are), 2 validation and 4 test images.
+PATHMNIST_TRAIN = tuple(12 + 4 * (c % 3) for c in range(9))
+PATHMNIST_VAL, PATHMNIST_TEST = 2, 4
+
+
+def pathmnist_images(labels: np.ndarray, seed: int) -> np.ndarray:
+    """(n, 28, 28, 3) uint8: class c's colour (hue c/9, values 40..200) plus stripes of
+    amplitude 40 and width 1 + c % 4 pixels (horizontal for c < 5, else vertical), plus noise
+    in 0..3, so both the mean colour and the pattern give the class away."""
+    rng = np.random.default_rng([23, seed])
+    hue = 2 * np.pi * np.arange(9) / 9
+    colours = 120 + 80 * np.cos(hue[:, None] - 2 * np.pi * np.arange(3) / 3)  # (9, 3)
+    grid = np.arange(28)
+    x = np.empty((len(labels), 28, 28, 3), np.uint8)
+    for i, c in enumerate(int(c) for c in labels):
+        along = grid[:, None] if c < 5 else grid[None, :]
+        stripes = 40.0 * ((along // (1 + c % 4)) % 2) * np.ones((28, 28))
+        noise = rng.integers(0, 4, (28, 28, 3))
+        x[i] = np.clip(colours[c] + stripes[..., None] + noise - 20, 0, 255).astype(np.uint8)
+    return x
+
+
+def write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
+    """What np.savez_compressed writes (a deflated zip of .npy members), with a fixed member
+    time so that the bytes are the same every run."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for key, value in arrays.items():
+            info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            with zf.open(info, "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asarray(value), allow_pickle=False)
+
+
+def pathmnist(root: str) -> None:
+    """pathmnist_tiny/pathmnist.npz with MedMNIST v2's keys, dtypes and shapes: 144 training
+    (12/16/20 per class), 18 validation and 36 test images, labels uint8 (n, 1), shuffled."""
+    rng = np.random.default_rng(24)
+    arrays = {}
+    counts = {"train": PATHMNIST_TRAIN, "val": (PATHMNIST_VAL,) * 9, "test": (PATHMNIST_TEST,) * 9}
+    for seed, (split, per_class) in enumerate(counts.items()):
+        labels = rng.permutation(np.repeat(np.arange(9), per_class)).astype(np.uint8)
+        arrays[f"{split}_images"] = pathmnist_images(labels, seed)
+        arrays[f"{split}_labels"] = labels.reshape(-1, 1)
+    folder = os.path.join(root, "pathmnist_tiny")
+    write_npz(os.path.join(folder, "pathmnist.npz"), arrays)
+    write_readme(
+        folder,
+        "# pathmnist_tiny\n\nMedMNIST v2's `pathmnist.npz` layout (`train_images` (n, 28, 28, 3) "
+        "uint8, `train_labels` (n, 1) uint8 in 0..8, and the same for `val_` and `test_`): 144 "
+        "training (12, 16 or 20 per class), 18 validation and 36 test images. A class sets the "
+        "mean colour and the stripe pattern.",
+    )
+
+
+FIXTURES: dict[str, Callable[[str], None]] = {
+    "cifar10": cifar10,
+    "cifar100": cifar100,
+    "svhn": svhn,
+    "tfds": tfds_cifar10,
+    "pathmnist": pathmnist,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=ROOT, help="folder to write the fixtures into")
-    root = parser.parse_args().out
-    cifar10(root)
-    cifar100(root)
-    svhn(root)
-    tfds_cifar10(root)
+    parser.add_argument(
+        "--only", nargs="+", choices=list(FIXTURES), help="write only these fixtures (default: all)"
+    )
+    args = parser.parse_args()
+    for name in args.only or FIXTURES:
+        FIXTURES[name](args.out)
 
 
 if __name__ == "__main__":
