@@ -345,6 +345,7 @@ COMPARISON_COLUMNS = (
     "max_accuracy",
     "max_accuracy_round",
     "final_accuracy",
+    "final_client_mean_accuracy",
     "rounds_to_target",
     "mean_discrepancy",
     "floats_per_round",
@@ -365,11 +366,13 @@ def comparison_row(
         if not math.isnan(r.get("accuracy", math.nan)) and r["accuracy"] >= target_accuracy
     ]
     discrepancy = [r["discrepancy"] for r in trained if "discrepancy" in r]
+    evaluated = [r for r in history if "client_accuracy_mean" in r]
     return dict(
         algorithm=algorithm,
         max_accuracy=results.get("max_accuracy", math.nan),
         max_accuracy_round=results.get("max_accuracy_round"),
         final_accuracy=results.get("final_accuracy", math.nan),
+        final_client_mean_accuracy=evaluated[-1]["client_accuracy_mean"] if evaluated else math.nan,
         rounds_to_target=reached[0] if reached else None,
         mean_discrepancy=sum(discrepancy) / len(discrepancy) if discrepancy else None,
         floats_per_round=sum(r["floats_communicated"] for r in trained) / max(len(trained), 1),
@@ -418,9 +421,16 @@ def write_comparison(
     )
 
 
-def write_setting_table(output_dir: str, rows: Sequence[dict[str, Any]], title: str) -> None:
-    """FedTSDP's Tables 3-5 shape: one row per setting, one column per algorithm, final test
-    accuracy (%); comparison.csv keeps every run's figures in long form."""
+def write_setting_table(
+    output_dir: str,
+    rows: Sequence[dict[str, Any]],
+    title: str,
+    client_mean: bool = False,
+) -> None:
+    """FedTSDP's Tables 3-5 shape (and FedAC's Table 1, UA-PDFL's Tables 1-2): one row per
+    setting, one column per algorithm, final test accuracy (%), pooled over clients or (with
+    `client_mean`) the unweighted mean over clients; comparison.csv keeps every run's figures
+    in long form."""
     import os
 
     columns = ("setting", *COMPARISON_COLUMNS)
@@ -432,11 +442,13 @@ def write_setting_table(output_dir: str, rows: Sequence[dict[str, Any]], title: 
     atomic_write_bytes(os.path.join(output_dir, "comparison.csv"), buffer.getvalue().encode())
     settings = list(dict.fromkeys(r["setting"] for r in rows))
     algorithms = list(dict.fromkeys(r["algorithm"] for r in rows))
-    final = {(r["setting"], r["algorithm"]): r["final_accuracy"] for r in rows}
+    key = "final_client_mean_accuracy" if client_mean else "final_accuracy"
+    final = {(r["setting"], r["algorithm"]): r[key] for r in rows}
     lines = [
         f"# {title}",
         "",
-        "Final test accuracy (%), each client with the model it uses, pooled over clients.",
+        "Final test accuracy (%), each client with the model it uses, "
+        + ("unweighted mean over clients." if client_mean else "pooled over clients."),
         "",
         "| setting | " + " | ".join(algorithms) + " |",
         "|---|" + "---|" * len(algorithms),
