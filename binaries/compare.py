@@ -90,7 +90,7 @@ TABLES: dict[str, dict[str, Any]] = {
     # FedAC Table 1's shape (FedAC, Sec. 5.1: 25 % participation, lr 0.01, batch 32, 5 local
     # steps, (a, b) = (0.2, 0.8)); on the embedded digits: 20 clients, 5 per round, 40 rounds.
     "fedac": dict(
-        algorithms=["fedavg", "fedper", "fesem", "fedgroup", "ifca", "fedac"],
+        algorithms=["fedavg", "fedper", "fesem", "fedgroup", "flhc", "cgpfl", "ifca", "fedac"],
         dataset="digits_dirichlet",
         model="mlp",
         settings=["dirichlet:0.1", "pathological"],

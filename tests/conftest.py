@@ -65,3 +65,28 @@ def checkpoint_round_trip(state: object, folder: object) -> object:
     path = os.path.join(str(folder), checkpoint.CHECKPOINT_NAME)
     checkpoint.save(path, state, {"run": "test"})
     return checkpoint.load(path, {"run": "test"})
+
+
+def history_rows(exp: object) -> list[dict]:
+    """A run's history without timings, NaN (no client evaluated yet) as None, so that two
+    runs' rows compare with ==."""
+    import math
+
+    return [
+        {
+            k: (None if isinstance(v, float) and math.isnan(v) else v)
+            for k, v in r.items()
+            if k != "round_seconds"
+        }
+        for r in exp.state.history
+    ]
+
+
+def ari_with_plant(exp: object) -> float:
+    """Adjusted Rand index of the assigned clients' clusters against the planted groups."""
+    from sklearn.metrics import adjusted_rand_score
+
+    ids = [c for c in exp.data.client_ids if exp.state.assignment[c] >= 0]
+    return adjusted_rand_score(
+        [exp.data.true_clusters[c] for c in ids], [exp.state.assignment[c] for c in ids]
+    )

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import checkpoint_round_trip
+from conftest import ari_with_plant, checkpoint_round_trip, history_rows
 from sklearn.metrics import adjusted_rand_score
 
 from tff_clustered import options as options_lib
@@ -42,25 +42,6 @@ def experiment(
     exp = Experiment(data, model, make_algorithm(algorithm, **options), config)
     exp.start()
     return exp
-
-
-def metrics(exp: Experiment) -> list[dict]:
-    """History without timings; NaN (no client evaluated yet) as None so rows compare."""
-    return [
-        {
-            k: (None if isinstance(v, float) and np.isnan(v) else v)
-            for k, v in r.items()
-            if k != "round_seconds"
-        }
-        for r in exp.state.history
-    ]
-
-
-def ari_with_plant(exp: Experiment) -> float:
-    ids = [c for c in exp.data.client_ids if exp.state.assignment[c] >= 0]
-    return adjusted_rand_score(
-        [exp.data.true_clusters[c] for c in ids], [exp.state.assignment[c] for c in ids]
-    )
 
 
 @pytest.mark.parametrize("algorithm", ["fedgroup", "fedgroup_madc"])
@@ -124,7 +105,7 @@ def test_fedgrouprox_with_mu_zero_is_fedgroup() -> None:
     a = experiment("fedgrouprox", num_clusters=3, mu=0.0)
     b = experiment("fedgroup", num_clusters=3)
     list(a.rounds()), list(b.rounds())
-    assert metrics(a) == metrics(b)
+    assert history_rows(a) == history_rows(b)
 
 
 def test_empty_groups_keep_their_models_across_a_round() -> None:
@@ -259,7 +240,7 @@ def test_checkpoint_round_trip_continues_identically(algorithm: str, tmp_path: P
     )
     resumed.restore(saved)
     list(resumed.rounds())
-    assert metrics(resumed) == metrics(straight)
+    assert history_rows(resumed) == history_rows(straight)
 
 
 def test_fedgroup_beats_fedavg_on_planted_clusters(tmp_path: Path) -> None:

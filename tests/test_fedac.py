@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import checkpoint_round_trip, history_rows
 from sklearn.metrics import adjusted_rand_score
 
 from tff_clustered.algorithms import make_algorithm
@@ -134,8 +135,6 @@ def test_global_embedding_is_the_mean_of_the_sampled_embeddings() -> None:
 
 
 def test_checkpoint_round_trip_continues_identically(tmp_path: Path) -> None:
-    from conftest import checkpoint_round_trip
-
     config = TrainingConfig(rounds=5, clients_per_round=6, local_epochs=1, seed=4)
     options = dict(num_clusters=2, fedac_components=4, fedac_pca_period=2)
     straight = experiment("fedac", config, 12, **options)
@@ -147,11 +146,7 @@ def test_checkpoint_round_trip_continues_identically(tmp_path: Path) -> None:
     resumed = Experiment(first.data, first.model, straight.algorithm, config)
     resumed.restore(checkpoint_round_trip(first.snapshot(), tmp_path))
     list(resumed.rounds())
-
-    def rows(exp: Experiment) -> list[dict]:
-        return [{k: v for k, v in r.items() if k != "round_seconds"} for r in exp.state.history]
-
-    assert rows(resumed) == rows(straight)
+    assert history_rows(resumed) == history_rows(straight)
 
 
 def test_fedac_options_are_checked() -> None:

@@ -4,6 +4,7 @@ same clusters and the same results within float tolerance; and ops placed where 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import textwrap
 
@@ -12,6 +13,7 @@ import pytest
 from conftest import run_binary
 
 from tff_clustered.algorithms import ALGORITHMS, make_algorithm
+from tff_clustered.algorithms.dfl import Decentralized
 from tff_clustered.data import load_dataset
 from tff_clustered.federated import client_work
 from tff_clustered.federated.executions import RoundCache
@@ -27,14 +29,19 @@ from tff_clustered.orchestration import Experiment, TrainingConfig
 pytestmark = pytest.mark.usefixtures("tff_context")
 CONFIG = TrainingConfig(rounds=2, clients_per_round=6, local_epochs=1, learning_rate=0.1, seed=3)
 # Options that make each clustered method decide within two rounds of twelve clients.
-CLUSTERED = {"cfl", "fesem", "fedtsdp", "ifca"} | {
+CLUSTERED = {"cfl", "fesem", "fedtsdp", "ifca", "fedac", "flhc", "cgpfl"} | {
     a for a in ALGORITHMS if a.startswith("fedgroup")
 }
 OPTIONS = {
     "fedtsdp": {"hopkins_threshold": 0.5},
     "cfl": {"cfl_warmup_rounds": 1, "cfl_eps1": 100.0, "cfl_eps2": 1e-6},  # splits at once
     "ditto": {"ditto_lambda": 0.5},
+    "fedac": {"num_clusters": 2, "fedac_components": 5},  # warm-up: rounds 1-2
+    "flhc": {"flhc_cluster_round": 1},
 }
+# Decentralized algorithms: every peer takes part in every round and pulls 3 others.
+DECENTRALIZED = {a for a, cls in ALGORITHMS.items() if issubclass(cls, Decentralized)}
+OPTIONS.update({a: {"num_neighbours": 3} for a in DECENTRALIZED})
 TOLERANCE = 1e-4  # float32 sums in another order, over two rounds
 
 
@@ -45,7 +52,7 @@ def run(algorithm: str, execution: str) -> Experiment:
         data,
         model,
         make_algorithm(algorithm, **OPTIONS.get(algorithm, {})),
-        CONFIG,
+        dataclasses.replace(CONFIG, clients_per_round=12) if algorithm in DECENTRALIZED else CONFIG,
         execution=execution,
     )
     exp.start()

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Optional, Protocol
 
 import numpy as np
 
+from tff_clustered import clustering
 from tff_clustered.federated import client_work
 from tff_clustered.seeds import ALGORITHM, derived_seed
 
@@ -287,5 +288,39 @@ def independent_clusters(run: RunInfo, queries: Queries, num_clusters: int) -> D
     return Decision(
         assignment={c: -1 for c in run.client_ids},
         cluster_models=np.stack([queries.initial_model(s) for s in seeds]),
+        state=None,
+    )
+
+
+def clusters_of_local_models(
+    name: str,
+    run: RunInfo,
+    queries: Queries,
+    num_clusters: int,
+    epochs: int,
+    restarts: int,
+    weights: Optional[np.ndarray] = None,
+) -> Decision:
+    """Start of FeSEM and CGPFL: every client's model after `epochs` of plain local SGD from
+    w0; K-means (best of `restarts`, by intra-cluster distance) on their trainable values gives
+    the first assignment, and each cluster model is its members' mean (weighted by `weights`,
+    one per client, when given)."""
+    if len(run.client_ids) < num_clusters:
+        raise ValueError(
+            f"{name}: num_clusters={num_clusters} exceeds the {len(run.client_ids)} clients; "
+            "lower --num_clusters"
+        )
+    ids = list(run.client_ids)
+    models = run.initial_model[None, :] + queries.local_updates(ids, run.initial_model, epochs, 0)
+    labels, _ = clustering.best_kmeans(
+        models[:, : run.num_trainable_values],
+        num_clusters,
+        restarts,
+        derived_seed(run.seed, ALGORITHM),
+    )
+    previous = np.repeat(run.initial_model[None, :], num_clusters, axis=0)
+    return Decision(
+        assignment=dict(zip(ids, labels.tolist())),
+        cluster_models=clustering.mean_per_cluster(models, labels, previous, weights),
         state=None,
     )

@@ -213,7 +213,8 @@ class FedAC(Algorithm):
         models = queries.client_models(ids)  # omega_i of every client, stale ones included
         sizes = np.array([run.train_sizes[c] for c in ids], np.float64)
         weights = None if self.options.fedac_weighting == "uniform" else sizes
-        sampled = np.array([ids.index(c) for c in result.client_ids])
+        index = {c: i for i, c in enumerate(ids)}
+        sampled = np.array([index[c] for c in result.client_ids])
         anchor = np.average(
             models[sampled], axis=0, weights=None if weights is None else sizes[sampled]
         ).astype(np.float32)  # line 9: Phi (only its embedding tensors are read)

@@ -42,11 +42,11 @@ from tff_clustered.algorithms.base import (
     ServerView,
     Similarity,
     check,
+    clusters_of_local_models,
 )
 from tff_clustered.algorithms.ifca import DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP
 from tff_clustered.federated.round import CLIENT_WEIGHTINGS
 from tff_clustered.options import option
-from tff_clustered.seeds import ALGORITHM, derived_seed
 
 
 class FeSEM(Algorithm):
@@ -108,28 +108,12 @@ class FeSEM(Algorithm):
     def init(self, run: RunInfo, queries: Queries) -> Decision:
         """Every client's W_i from one local update from w0; K-means (best of restarts) on
         them gives the first assignment and the centers (members' means)."""
-        if len(run.client_ids) < self.num_clusters:
-            raise ValueError(
-                f"{self.name}: num_clusters={self.num_clusters} exceeds the "
-                f"{len(run.client_ids)} clients; lower --num_clusters"
-            )
-        ids = list(run.client_ids)
-        models = run.initial_model[None, :] + queries.local_updates(
-            ids, run.initial_model, self.options.fesem_init_epochs, 0
-        )
-        labels, _ = clustering.best_kmeans(
-            models[:, : run.num_trainable_values],
-            self.num_clusters,
-            self.options.fesem_restarts,
-            derived_seed(run.seed, ALGORITHM),
-        )
-        previous = np.repeat(run.initial_model[None, :], self.num_clusters, axis=0)
-        weights = self._weights([run.train_sizes[c] for c in ids])
-        return Decision(
-            assignment=dict(zip(ids, labels.tolist())),
-            cluster_models=clustering.mean_per_cluster(models, labels, previous, weights),
-            state=None,
-        )
+        o = self.options
+        sizes = [run.train_sizes[c] for c in run.client_ids]
+        return clusters_of_local_models(
+            self.name, run, queries, self.num_clusters, o.fesem_init_epochs, o.fesem_restarts,
+            self._weights(sizes),
+        )  # fmt: skip
 
     def plan(
         self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries

@@ -420,12 +420,15 @@ def round_functions(
             seed["shuffle"],
             hparams["max_steps"],
         )
-        inbox: tuple = ()
-        inbox_weights = tf.zeros([0])
+        routed: dict = {}  # what a decentralized peer reads besides its own model
         if routes_rows:  # its own published model first, then its neighbours'
             inbox = stacked_rows(distributed)
             selected = tuple(t[0] for t in inbox)
-            inbox_weights = tf.gather(hparams["row_weights"], key)
+            routed = dict(
+                inbox=inbox,
+                inbox_weights=tf.gather(hparams["row_weights"], key),
+                features=features,
+            )
             cluster = key[0]
         elif picks_cluster:  # scored on one ordered pass over its training data
             cluster = lowest_loss_cluster(
@@ -439,9 +442,6 @@ def round_functions(
             cluster = key[0]
             selected = first_element(distributed)
         weights, state, own_weights, own_state = join(selected, stored)
-        extra: dict = {}
-        if routes_rows:
-            extra = dict(inbox=inbox, inbox_weights=inbox_weights, features=features)
         result = work(
             forward,
             client_work.ClientInputs(
@@ -455,7 +455,7 @@ def round_functions(
                 seed["dropout"],
                 tuple(anchor),
                 signature.anchor,
-                **extra,
+                **routed,
             ),
         )
         start = weights + state
