@@ -41,7 +41,7 @@ OPTIONS = {
 }
 # Decentralized algorithms: every peer takes part in every round and pulls 3 others.
 DECENTRALIZED = {a for a, cls in ALGORITHMS.items() if issubclass(cls, Decentralized)}
-OPTIONS.update({a: {"num_neighbours": 3} for a in DECENTRALIZED})
+OPTIONS["uapdfl"] = {"num_neighbours": 3}
 TOLERANCE = 1e-4  # float32 sums in another order, over two rounds
 
 
@@ -68,7 +68,12 @@ def numbers(row: dict) -> dict[str, float]:
     }
 
 
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+# The decentralized baselines run UA-PDFL's peer step with other mixing weights: uapdfl covers
+# the routed round in both executions.
+COMPARED = sorted(a for a in ALGORITHMS if a not in DECENTRALIZED - {"uapdfl"})
+
+
+@pytest.mark.parametrize("algorithm", COMPARED)
 def test_in_process_round_gives_the_tff_rounds_results(algorithm: str) -> None:
     tff_run, local_run = run(algorithm, "tff"), run(algorithm, "in_process")
     if algorithm in CLUSTERED:  # the clustering path is compared too, not a single model
