@@ -19,6 +19,10 @@
   DBSCAN stages and the regrouping) against one FedAvg round on the same clients, both through
   the same orchestration (goal <= 1.5). `--tsdp_trigger=always` forces the clustering every
   round (psi = 1 so the split stays put), the worst case; `paper` uses h_th = 0.65.
+* `uapdfl_vs_fedavg`: one whole UA-PDFL round (every peer receives its own and N_com routed
+  models, fingerprints each, mixes and trains with the alignment term; the mailbox is rebuilt)
+  against one FedAvg round with the same participants, at each N_com of
+  `--uapdfl_neighbours`, with how the ratio grows per extra neighbour.
 
 After a warm-up round each (tracing), timed rounds alternate between the two implementations so
 that machine noise hits both alike; medians are reported. The last output line is one JSON object.
@@ -88,9 +92,12 @@ flags.DEFINE_list(
         "client_scaling",
         "clustering",
         "fedtsdp_vs_fedavg",
+        "uapdfl_vs_fedavg",
     ],
     "Benchmarks to run.",
 )
+flags.DEFINE_list("uapdfl_neighbours", ["1", "3", "5", "9"], "N_com values (uapdfl_vs_fedavg).")
+flags.DEFINE_integer("dfl_rounds", 4, "Timed rounds of uapdfl_vs_fedavg.", lower_bound=1)
 flags.DEFINE_enum("tsdp_trigger", "always", ["always", "paper"], "FedTSDP clustering per round.")
 flags.DEFINE_integer("tsdp_rounds", 6, "Timed rounds of fedtsdp_vs_fedavg.", lower_bound=1)
 flags.DEFINE_integer("groups", 5, "FedGroup groups for fedgroup_vs_fedavg.")
@@ -380,9 +387,9 @@ def ascii_loglog(sizes: list[int], series: dict[str, list[float]]) -> str:
     return "\n".join(lines)
 
 
-def tsdp_round_fns() -> tuple[dict, dict]:
-    """Whole rounds (orchestration included) of FedTSDP and FedAvg on the digits Dirichlet
-    clients with the FedTSDP CNN, the paper's training settings otherwise."""
+def digits_rounds_setup() -> tuple[object, object, TrainingConfig]:
+    """The digits Dirichlet clients, the FedTSDP CNN and its paper's training settings, every
+    client in every round: what the whole-round benchmarks run."""
     data = load_dataset("digits_dirichlet", seed=FLAGS.seed, dirichlet_beta=0.2)
     spec = model_spec("tsdp_cnn", data.input_shape, data.num_classes, image_shape=(8, 8, 1))
     config = TrainingConfig(
@@ -394,11 +401,12 @@ def tsdp_round_fns() -> tuple[dict, dict]:
         momentum=0.5,
         seed=FLAGS.seed,
     )
-    options = dict(hopkins_threshold=1e-6, psi=1.0) if FLAGS.tsdp_trigger == "always" else {}
-    experiments = {
-        "fedtsdp": Experiment(data, spec, make_algorithm("fedtsdp", **options), config),
-        "fedavg": Experiment(data, spec, make_algorithm("fedavg"), config),
-    }
+    return data, spec, config
+
+
+def whole_round_fns(experiments: dict[str, Experiment]) -> tuple[dict, dict]:
+    """One callable per experiment running its next whole round (orchestration included), and
+    the dict where each one's last round row lands."""
     info: dict = {}
 
     def round_fn(name: str) -> object:
@@ -413,7 +421,51 @@ def tsdp_round_fns() -> tuple[dict, dict]:
 
         return run
 
-    return {name: round_fn(name) for name in experiments}, (experiments, info)
+    return {name: round_fn(name) for name in experiments}, info
+
+
+def tsdp_round_fns() -> tuple[dict, tuple[dict, dict]]:
+    """Whole rounds of FedTSDP and FedAvg (`digits_rounds_setup`)."""
+    data, spec, config = digits_rounds_setup()
+    options = dict(hopkins_threshold=1e-6, psi=1.0) if FLAGS.tsdp_trigger == "always" else {}
+    experiments = {
+        "fedtsdp": Experiment(data, spec, make_algorithm("fedtsdp", **options), config),
+        "fedavg": Experiment(data, spec, make_algorithm("fedavg"), config),
+    }
+    fns, info = whole_round_fns(experiments)
+    return fns, (experiments, info)
+
+
+def uapdfl_vs_fedavg() -> dict:
+    """Whole rounds of UA-PDFL at each N_com of --uapdfl_neighbours against a FedAvg round
+    with the same participants (every client), interleaved; the ratios and a least-squares
+    line of the UA-PDFL round time against N_com."""
+    data, spec, config = digits_rounds_setup()
+    counts = sorted({int(n) for n in FLAGS.uapdfl_neighbours})
+    experiments = {"fedavg": Experiment(data, spec, make_algorithm("fedavg"), config)}
+    for n in counts:
+        algorithm = make_algorithm("uapdfl", num_neighbours=n, dfl_head_layers=2)
+        experiments[f"uapdfl_n{n}"] = Experiment(data, spec, algorithm, config)
+    fns, info = whole_round_fns(experiments)
+    t = alternate(fns, FLAGS.dfl_rounds, warmup=2)
+    fedavg = t["fedavg"]
+    seconds = [t[f"uapdfl_n{n}"] for n in counts]
+    slope, intercept = np.polyfit(counts, seconds, 1) if len(counts) > 1 else (0.0, seconds[0])
+    ratios = {str(n): round(s / fedavg, 3) for n, s in zip(counts, seconds)}
+    print(
+        f"UA-PDFL vs FedAvg, {len(data.client_ids)} digits clients every round, tsdp_cnn: "
+        f"FedAvg {fedavg:.3f} s/round; UA-PDFL "
+        + ", ".join(f"N_com={n} {s:.3f} s ({s / fedavg:.2f}x)" for n, s in zip(counts, seconds))
+        + f"; +{slope / fedavg:.3f} FedAvg rounds per extra neighbour",
+        flush=True,
+    )
+    return {
+        "fedavg_s_per_round": round(fedavg, 4),
+        "uapdfl_s_per_round": {str(n): round(s, 4) for n, s in zip(counts, seconds)},
+        "uapdfl_over_fedavg": ratios,
+        "extra_neighbour_over_fedavg": round(float(slope) / fedavg, 4),
+        "zero_neighbour_intercept_over_fedavg": round(float(intercept) / fedavg, 3),
+    }
 
 
 def resident_mb(pid: int) -> float:
@@ -580,6 +632,8 @@ def main(argv: list[str]) -> None:
                 fedtsdp_over_fedavg=round(t["fedtsdp"] / t["fedavg"], 3),
                 fedtsdp_trigger=FLAGS.tsdp_trigger,
             )
+        if "uapdfl_vs_fedavg" in FLAGS.benchmarks:
+            report["uapdfl_vs_fedavg"] = uapdfl_vs_fedavg()
         if "client_scaling" in FLAGS.benchmarks:
             report["client_scaling"] = client_scaling(spec, w0, rng)
     if "clustering" in FLAGS.benchmarks:

@@ -41,7 +41,7 @@ OPTIONS = {
 }
 # Decentralized algorithms: every peer takes part in every round and pulls 3 others.
 DECENTRALIZED = {a for a, cls in ALGORITHMS.items() if issubclass(cls, Decentralized)}
-OPTIONS["uapdfl"] = {"num_neighbours": 3}
+OPTIONS["uapdfl"] = OPTIONS["dispfl"] = {"num_neighbours": 3}
 TOLERANCE = 1e-4  # float32 sums in another order, over two rounds
 
 
@@ -69,10 +69,11 @@ def numbers(row: dict) -> dict[str, float]:
 
 
 # Algorithms whose rounds are another's with different server-side decisions: the decentralized
-# baselines run UA-PDFL's peer step with other mixing weights; FedGroup's variants differ from
+# baselines but DisPFL run UA-PDFL's peer step with other mixing weights (CriticalFL-DFL's
+# shorter queues are data); FedGroup's variants differ from
 # fedgroup / fedgrouprox only in how the server clusters. The executions are compared on the
 # rounds, so one of each covers them.
-SAME_ROUNDS_AS_ANOTHER = (DECENTRALIZED - {"uapdfl"}) | {
+SAME_ROUNDS_AS_ANOTHER = (DECENTRALIZED - {"uapdfl", "dispfl"}) | {
     "fedgroup_madc", "fedgrouprox_madc", "fedgroup_rac", "fedgroup_rcc",
 }  # fmt: skip
 COMPARED = sorted(set(ALGORITHMS) - SAME_ROUNDS_AS_ANOTHER)

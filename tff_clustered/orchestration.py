@@ -210,6 +210,7 @@ class Experiment:
             clients_per_round=config.clients_per_round,
             layer_sizes=tuple(trainable_layer_sizes(keras_model)),
             tensor_sizes=tensor_sizes,
+            trainable_shapes=tuple(tuple(int(d) for d in s) for s in self.layout.trainable_shapes),
             num_trainable_values=sum(tensor_sizes),
             initial_model=flat.flatten(self.initial_variables),
             public_x=data.public_x,
@@ -378,6 +379,8 @@ class Experiment:
             row_weights=self.row_examples(signature.num_clusters)
             if signature.distribution == "neighbours"
             else None,
+            round_num=round_num,
+            total_rounds=self.config.rounds,
         )
         new_state, outputs, measurements = fed_round.next(
             server_state,

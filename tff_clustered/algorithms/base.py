@@ -50,6 +50,7 @@ class RunInfo:
     initial_model: np.ndarray  # flat initial model (all variables)
     public_x: Optional[np.ndarray] = None  # the server's unlabeled public inputs, if any
     input_shape: tuple[int, ...] = ()  # the shape of one example's input
+    trainable_shapes: tuple[tuple[int, ...], ...] = ()  # the shape of each trainable tensor
 
     @property
     def num_tensors(self) -> int:

@@ -26,7 +26,7 @@ Every peer takes part in every round: set --clients_per_round to the number of p
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import ClassVar, Optional
 
 import numpy as np
@@ -71,6 +71,19 @@ def divergence(p: tf.Tensor, q: tf.Tensor, kind: str = "skl") -> tf.Tensor:
         return 0.5 * kl(p, q) + 0.5 * kl(q, p)
     m = 0.5 * (p + q)
     return 0.5 * kl(p, m) + 0.5 * kl(q, m)
+
+
+def received_rows(inbox_rows: Optional[tf.Tensor], rows: int) -> tf.Tensor:
+    """Which routed rows a peer received: its own (first) and every neighbour row that is not
+    a copy of its own (a queue shorter than the round's is padded with the peer's own row)."""
+    if inbox_rows is None:
+        return tf.ones([rows], tf.bool)
+    return tf.concat([[True], tf.not_equal(inbox_rows[1:], inbox_rows[0])], axis=0)
+
+
+def update_norm(start: Sequence[tf.Tensor], end: Sequence[tf.Tensor]) -> tf.Tensor:
+    """||end - start|| over all tensors."""
+    return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(b - a)) for a, b in zip(start, end)]))
 
 
 def softmax_outputs(logits: tf.Tensor) -> tf.Tensor:
@@ -136,10 +149,11 @@ class PeerStep:
         unit_outputs = tf.stack([p for p, _ in prints])  # I, own first
         aux = tf.stack([a for _, a in prints])  # I^Aux
         div = divergence(unit_outputs[0], unit_outputs[1:], self.divergence)
-        sizes = tf.cast(inputs.inbox_weights, tf.float32)
+        present = received_rows(inputs.inbox_rows, rows)
+        sizes = tf.cast(inputs.inbox_weights, tf.float32) * tf.cast(present, tf.float32)
         own_only = tf.one_hot(0, rows)
         everyone = sizes / tf.reduce_sum(sizes)
-        similar = tf.concat([[True], div < self.threshold], axis=0)
+        similar = tf.concat([[True], div < self.threshold], axis=0) & present
         regime = tf.constant(NO_REGIME)
         if self.mixing == "uapdfl" and n:
             dropout = tf.reduce_all(div <= self.threshold) & self.allow_dropout
@@ -187,7 +201,9 @@ class PeerStep:
             seed=inputs.seed,
             penalty=penalty,
         )
-        values = self.values_received(inbox, num_trainable, regime, similar, unit_outputs, aux)
+        values = self.values_received(
+            inbox, num_trainable, regime, similar, present, unit_outputs, aux
+        )
         return client_work.ClientOutputs(
             result.weights,
             result.state,
@@ -200,6 +216,9 @@ class PeerStep:
                 "divergence": div,
                 "similar_neighbours": tf.reduce_sum(tf.cast(similar[1:], tf.int32)),
                 "values_received": values,
+                "neighbours_received": tf.reduce_sum(tf.cast(present[1:], tf.int32)),
+                "update_norm": update_norm(mixed[:num_trainable], result.weights)
+                / inputs.learning_rate,
             },
         )
 
@@ -209,14 +228,16 @@ class PeerStep:
         num_trainable: int,
         regime: tf.Tensor,
         similar: tf.Tensor,
+        present: tf.Tensor,
         unit_outputs: tf.Tensor,
         aux: tf.Tensor,
     ) -> tf.Tensor:
         """Model values this peer receives by the protocol: UA-PDFL (its Sec. 3.5 two phases)
         N_com (C + d_aux + 1) fingerprint values, then the dropout neighbour's whole model, or
         every neighbour's g and the similar ones' h; FedAvg-DFL every neighbour's whole model;
-        FedPer-DFL every neighbour's g; Local nothing."""
-        n = int(inbox[0].shape[0]) - 1
+        FedPer-DFL every neighbour's g; Local nothing. Padding rows are not received."""
+        rows = int(inbox[0].shape[0]) - 1
+        n = tf.reduce_sum(tf.cast(present[1:], tf.float32))
 
         def size(indices: Sequence[int]) -> int:
             return sum(int(np.prod(inbox[i].shape[1:])) for i in indices)
@@ -224,15 +245,15 @@ class PeerStep:
         heads = [i for i in range(num_trainable) if i >= self.head_start]
         whole, h = size(range(len(inbox))), size(heads)
         g = whole - h
-        if self.mixing == "local" or not n:
+        if self.mixing == "local" or not rows:
             return tf.constant(0.0)
         if self.mixing == "fedper":
-            return tf.constant(float(n * g))
+            return n * g
         if self.mixing == "fedavg":
-            return tf.constant(float(n * whole))
-        prints = float(n * (int(unit_outputs.shape[-1]) + int(aux.shape[-1]) + 1))
+            return n * whole
+        prints = n * (int(unit_outputs.shape[-1]) + int(aux.shape[-1]) + 1)
         similar_count = tf.reduce_sum(tf.cast(similar[1:], tf.float32))
-        mixed = n * g + similar_count * h if self.layerwise else float(n * whole)
+        mixed = n * g + similar_count * h if self.layerwise else n * whole
         return prints + tf.where(regime == DROPOUT, float(whole), mixed)
 
 
@@ -331,17 +352,26 @@ class Decentralized(Algorithm):
         return Decision(cluster_models=mailbox, metrics=metrics)
 
 
-def round_log(client_metrics: dict) -> dict[str, float]:
-    """Per-round log of the peers' reports: how many peers took each regime, quantiles of the
-    divergences, and the values received in all (`floats_communicated`)."""
-    if not client_metrics:
-        return {}
-    regimes = np.asarray(client_metrics["regime"])
-    log = {f"peers_{name}": float(np.sum(regimes == code)) for code, name in REGIME_NAMES.items()}
-    div = np.asarray(client_metrics["divergence"], np.float64).ravel()
-    for q in (0, 25, 50, 75, 100):
-        log[f"divergence_p{q}"] = float(np.percentile(div, q)) if div.size else float("nan")
-    log["floats_communicated"] = float(np.sum(client_metrics["values_received"]))
+def round_log(client_metrics: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Per-round log of the peers' reports (those they make): how many peers took each regime,
+    quantiles of the divergences, the mean number of neighbours received, the mean number of
+    mask entries a peer changed (DisPFL), and the values received in all
+    (`floats_communicated`)."""
+    log: dict[str, float] = {}
+    if "regime" in client_metrics:
+        regimes = np.asarray(client_metrics["regime"])
+        for code, name in REGIME_NAMES.items():
+            log[f"peers_{name}"] = float(np.sum(regimes == code))
+    if "divergence" in client_metrics:
+        div = np.asarray(client_metrics["divergence"], np.float64).ravel()
+        for q in (0, 25, 50, 75, 100):
+            log[f"divergence_p{q}"] = float(np.percentile(div, q)) if div.size else float("nan")
+    if "neighbours_received" in client_metrics:
+        log["neighbours_mean"] = float(np.mean(client_metrics["neighbours_received"]))
+    if "mask_changes" in client_metrics:
+        log["mask_changes_mean"] = float(np.mean(client_metrics["mask_changes"]))
+    if "values_received" in client_metrics:
+        log["floats_communicated"] = float(np.sum(client_metrics["values_received"]))
     return log
 
 

@@ -98,6 +98,7 @@ def train_client(
     seed: Optional[tf.Tensor] = None,
     pulls: Sequence[Pull] = (),
     penalty: Optional[Callable[[tuple, tuple], tf.Tensor]] = None,
+    project: Optional[Callable[[tuple], tuple]] = None,
 ) -> TrainResult:
     """Local minibatch SGD over every batch of `dataset` (its epochs already repeated).
 
@@ -106,8 +107,10 @@ def train_client(
     round. `momentum` is a Python number and a pull of Python strength 0 is left out: no pull
     and no momentum run exactly FedAvg's plain SGD step. `penalty(weights, state)`, when
     given, is added to each step's loss (differentiated with it; UA-PDFL's feature
-    alignment). `state` (BatchNorm statistics) is updated by the forward pass in training
-    mode; `seed` (int32 [2]) seeds dropout, step by step.
+    alignment). `project(weights) -> weights`, when given, is applied after every step (DisPFL's
+    sparse training keeps the weights on the peer's mask). `state` (BatchNorm statistics) is
+    updated by the forward pass in training mode; `seed` (int32 [2]) seeds dropout, step by
+    step.
     """
     everything = tuple(range(len(weights)))
     pulls = tuple(
@@ -143,6 +146,8 @@ def train_client(
             velocity = tuple(momentum * v + g for v, g in zip(velocity, direction))
             direction = list(velocity)
         current = tuple(w - learning_rate * d for w, d in zip(current, direction))
+        if project is not None:
+            current = tuple(project(current))
         batch_size = tf.cast(tf.shape(batch["y"])[0], tf.float32)
         return (
             current,
@@ -200,10 +205,16 @@ class ClientInputs(NamedTuple):
     anchor_indices: tuple[int, ...] = ()  # the trainable tensors the anchor stands for
     # Rows routed to a decentralized peer (`distribution="neighbours"`): every variable stacked
     # along a leading row axis, its own published model first, then its neighbours'; the
-    # examples each row's peer holds; and the model's feature extractor (`FeaturesFn`).
+    # examples each row's peer holds; the server rows they are (a row equal to its own, after
+    # the first, pads a queue shorter than the round's and counts as absent); and the model's
+    # feature extractor (`FeaturesFn`).
     inbox: tuple = ()
     inbox_weights: Optional[tf.Tensor] = None
+    inbox_rows: Optional[tf.Tensor] = None
     features: Optional[Callable[..., tf.Tensor]] = None
+    # Where the round stands in the run (int64 scalars, 1-based; 0 of 0 outside a run).
+    round_num: Optional[tf.Tensor] = None
+    total_rounds: Optional[tf.Tensor] = None
 
 
 class ClientOutputs(NamedTuple):

@@ -85,13 +85,17 @@ def round_hparams(
     num_clusters: float = np.inf,
     max_steps: int = -1,
     row_weights: Optional[Sequence[float]] = None,
+    round_num: int = 0,
+    total_rounds: int = 0,
 ) -> dict:
     """The SERVER-placed per-round hyperparameters `next` takes (broadcast to clients): the
     learning rate; how many of the built round's clusters are in use (a client that picks its
     cluster never picks a padding one); and how each client batches its arrays: `epochs`
     passes of `batch_size` (-1: without end), cut after `max_steps` minibatches (-1: no cut),
-    the scoring pass's batch size, and a weight per server row (the examples its peer holds,
-    read by peers that receive rows; one 1 otherwise)."""
+    the scoring pass's batch size, a weight per server row (the examples its peer holds,
+    read by peers that receive rows; one 1 otherwise), and where the round stands in the run
+    (`round_num` of `total_rounds`, 1-based; 0 of 0 outside a run), for client work with a
+    schedule (DisPFL's mask annealing)."""
     return collections.OrderedDict(
         learning_rate=np.float32(learning_rate),
         num_clusters=np.float32(num_clusters),
@@ -100,6 +104,8 @@ def round_hparams(
         max_steps=np.int64(max_steps),
         eval_batch_size=np.int64(evaluation_batch_size(batch_size)),
         row_weights=np.asarray([1.0] if row_weights is None else row_weights, np.float32),
+        round_num=np.int64(round_num),
+        total_rounds=np.int64(total_rounds),
     )
 
 
@@ -427,6 +433,7 @@ def round_functions(
             routed = dict(
                 inbox=inbox,
                 inbox_weights=tf.gather(hparams["row_weights"], key),
+                inbox_rows=key,
                 features=features,
             )
             cluster = key[0]
@@ -455,6 +462,8 @@ def round_functions(
                 seed["dropout"],
                 tuple(anchor),
                 signature.anchor,
+                round_num=hparams["round_num"],
+                total_rounds=hparams["total_rounds"],
                 **routed,
             ),
         )
