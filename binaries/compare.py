@@ -106,7 +106,10 @@ TABLES: dict[str, dict[str, Any]] = {
     # UA-PDFL Tables 1-2's shape (Sec. 5.1: every peer active, N_com = 5, E = 2, batch 50,
     # eta_r = 0.05 * 0.95^(r-1), momentum 0.5); on the embedded digits: 10 peers, N_com = 3.
     "uapdfl": dict(
-        algorithms=["local_dfl", "fedavg_dfl", "fedper_dfl", "dfedavgm", "uapdfl"],
+        algorithms=[
+            "local_dfl", "fedavg_dfl", "criticalfl_dfl", "fedper_dfl", "dispfl", "dfedavgm",
+            "uapdfl",
+        ],
         dataset="digits_dirichlet",
         model="mlp",
         settings=["dirichlet:0.5", "dirichlet:5"],

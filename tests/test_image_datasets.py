@@ -16,6 +16,7 @@ from sklearn.datasets import load_digits
 from tff_clustered.data import DataError, FederatedData, from_arrays, load_dataset
 from tff_clustered.data import partitions as parts
 from tff_clustered.data.images import read_cifar, read_svhn, read_tfds
+from tff_clustered.data.registry import image_beta
 
 LABELS = np.repeat(np.arange(10), 100)
 CIFAR10 = os.path.join(TESTDATA, "cifar10_tiny")
@@ -236,6 +237,47 @@ def test_image_federation_partitions_and_seeds() -> None:
         "cifar100", data_dir=os.path.join(TESTDATA, "cifar100_tiny"), partition="iid", num_clients=3
     )
     assert cifar100.num_classes == 100 and cifar100.public_x.shape == (10, 32, 32, 3)
+
+
+def cifar10_folder(root: Path, train_per_class: int, test_per_class: int) -> str:
+    """CIFAR-10's pickle layout with random images: 5 training batches and a test batch."""
+    rng = np.random.default_rng(0)
+
+    def batch(per_class: int) -> dict:
+        labels = np.repeat(np.arange(10), per_class)
+        data = rng.integers(0, 256, (len(labels), 3072), dtype=np.uint8)
+        return {b"data": data, b"labels": labels.tolist()}
+
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    for i in range(1, 6):
+        (folder / f"data_batch_{i}").write_bytes(pickle.dumps(batch(train_per_class)))
+    (folder / "test_batch").write_bytes(pickle.dumps(batch(test_per_class)))
+    return str(root)
+
+
+def test_image_federation_deals_fedacs_clients(tmp_path: Path) -> None:
+    """FedAC's reading of its Sec. 5.1: UniformInt[50, 350] training images per client (the
+    small class pools refill), a local test set of round(0.25 n_i) from the test split in the
+    training proportions, no public set; alpha 0.1 unless given; seeded."""
+    folder = cifar10_folder(tmp_path, train_per_class=4, test_per_class=100)
+    data = load_dataset("cifar10", data_dir=folder, partition="fedac_dirichlet", num_clients=4)
+    again = load_dataset("cifar10", data_dir=folder, partition="fedac_dirichlet", num_clients=4)
+    assert data.train_sizes == again.train_sizes and data.public_x is None
+    for c in data.client_ids:
+        n = data.train_sizes[c]
+        assert 50 <= n <= 350 and abs(data.test_sizes[c] - 0.25 * n) <= 1
+    for (_, y_train), (_, y_test) in zip(client_arrays(data, "train"), client_arrays(data, "test")):
+        assert set(np.unique(y_test)) <= set(np.unique(y_train))
+    patho = load_dataset(
+        "cifar10", data_dir=folder, partition="fedac_pathological", num_clients=5,
+        classes_per_client=3,
+    )  # fmt: skip
+    assert all(len(np.unique(y)) == 3 for y in client_labels(patho))
+    with pytest.raises(ValueError, match="deals cifar10/cifar100/svhn only"):
+        load_dataset("digits_dirichlet", partition="fedac_dirichlet")
+    assert image_beta("fedac_dirichlet", None) == 0.1 and image_beta(None, None) == 0.5
+    assert image_beta("fedac_dirichlet", 0.3) == 0.3
 
 
 def test_a_prepared_tfds_directory_is_read_without_download(tmp_path: Path) -> None:

@@ -54,9 +54,11 @@ flags.DEFINE_float("momentum", 0.0, "Client SGD momentum.")
 flags.DEFINE_enum(
     "partition",
     None,
-    ["iid", "dirichlet", "pathological", "shards"],
+    ["iid", "dirichlet", "pathological", "shards", "fedac_dirichlet", "fedac_pathological"],
     "How cifar10/cifar100/svhn/pathmnist are dealt to clients (unset: dirichlet); shards: "
-    "2 label-sorted shards per client (McMahan et al.).",
+    "2 label-sorted shards per client (McMahan et al.); fedac_*: cifar10/cifar100/svhn as "
+    "FedAC deals them (UniformInt[50, 350] images per client, local tests from the test split; "
+    "alpha = --dirichlet_beta, labels = --classes_per_client).",
 )
 flags.DEFINE_float("dirichlet_beta", None, "Dirichlet concentration beta (unset: dataset default).")
 flags.DEFINE_integer("classes_per_client", 2, "Classes per client of the pathological partition.")

@@ -2,7 +2,11 @@
 dealt to clients as in FedTSDP (Zhu et al., "Federated Two Stage Decoupling With Adaptive
 Personalization Layers", 2023): a partition (IID, Dirichlet(beta), pathological), each client's
 share split 80/20 into train and test, and the official test split without labels as the
-server's public set.
+server's public set. Or dealt as in FedAC (Zhang et al., arXiv:2403.16460, Sec. 5.1):
+`fedac_dirichlet` / `fedac_pathological` give each client n_i ~ UniformInt[50, 350] training
+images (a per-client Dirichlet(alpha) label mixture, or n labels split equally) and a local
+test set drawn from the official test split in its training proportions (round(0.25 n_i)); no
+public set then.
 
 Sources:
 * CIFAR-10: the official Python pickle batches, `cifar-10-batches-py/` (data_batch_1..5,
@@ -24,12 +28,14 @@ from typing import Optional
 import numpy as np
 
 from tff_clustered.data import partitions
-from tff_clustered.data.federated_data import DataError, FederatedData, first_line
+from tff_clustered.data.federated_data import DataError, FederatedData, first_line, from_arrays
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 SVHN_URL = "http://ufldl.stanford.edu/housenumbers/"
 FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
 NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "svhn": 10}
+# FedAC's partitions (`partitions.fedac_partition`) by the name `--partition` gives them.
+FEDAC_SCHEMES = {"fedac_dirichlet": "dirichlet", "fedac_pathological": "pathological"}
 TFDS_NAMES = {"cifar10": "cifar10", "cifar100": "cifar100", "svhn": "svhn_cropped"}
 FILES = {
     "cifar10": "cifar-10-batches-py/",
@@ -253,19 +259,20 @@ def load_image_federation(
 ) -> FederatedData:
     """`name` (cifar10, cifar100, svhn) as FedTSDP deals it: the official training split
     standardised and dealt to `num_clients` clients by `partition` (`iid`, `dirichlet` with
-    `dirichlet_beta`, or `pathological` with `classes_per_client`), each client's share split
-    80/20 into train and test; the official test split, without labels, is the server's public
-    set (`public_x`). Reads `tfds_dir` (a prepared TFDS directory) when given, else the
-    official files under `data_dir`. The partition draws from seed stream [seed, 4], the
-    per-client splits from [seed, 5]."""
+    `dirichlet_beta`, or `pathological` with `classes_per_client`), each client's share split 80/20
+    into train and test; the official test split, without labels, is the server's public set
+    (`public_x`). `fedac_dirichlet` (alpha = `dirichlet_beta`) and `fedac_pathological`
+    (`classes_per_client` labels) deal FedAC's clients instead (module docstring). Reads `tfds_dir`
+    (a prepared TFDS directory) when given, else the official files under `data_dir`. The partition
+    draws from seed stream [seed, 4], the per-client splits from [seed, 5]."""
     if name not in NUM_CLASSES:
         raise ValueError(f"unknown image dataset {name!r}; choose one of {', '.join(NUM_CLASSES)}")
     if tfds_dir:
-        x_train, y_train, x_test, _ = read_tfds(name, tfds_dir)
+        x_train, y_train, x_test, y_test = read_tfds(name, tfds_dir)
         source = f"TFDS {TFDS_NAMES[name]} in {tfds_dir}"
     elif data_dir:
         reader = read_svhn if name == "svhn" else lambda d: read_cifar(name, d)
-        x_train, y_train, x_test, _ = reader(data_dir)
+        x_train, y_train, x_test, y_test = reader(data_dir)
         source = data_dir
     else:
         url = SVHN_URL if name == "svhn" else CIFAR_URL
@@ -286,6 +293,25 @@ def load_image_federation(
             "check that the files are the official ones"
         )
     train, public = standardise(x_train, x_test)
+    if partition in FEDAC_SCHEMES:
+        drawn = partitions.fedac_partition(
+            y_train,
+            y_test,
+            num_clients,
+            FEDAC_SCHEMES[partition],
+            np.random.default_rng([seed, 4]),
+            np.random.default_rng([seed, 5]),
+            alpha=dirichlet_beta,
+            labels_per_client=classes_per_client,
+        )
+        return from_arrays(
+            name,
+            {f"{name}_{k:03d}": (train[i], y_train[i]) for k, i in enumerate(drawn.train)},
+            {f"{name}_{k:03d}": (public[i], y_test[i]) for k, i in enumerate(drawn.test)},
+            NUM_CLASSES[name],
+            image_shape=(32, 32, 3),
+            source=source,
+        )
     parts = partitions.partition(
         y_train,
         num_clients,

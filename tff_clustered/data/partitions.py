@@ -596,6 +596,11 @@ def partition(
         return pathological_partition(labels, num_clients, classes_per_client, rng)
     if scheme == "shards":
         return shard_partition(labels, num_clients, rng, shards_per_client)
+    if scheme.startswith("fedac_"):
+        raise ValueError(
+            f"partition {scheme!r} deals cifar10/cifar100/svhn only (FedAC's setting); this "
+            f"dataset takes one of {', '.join(PARTITIONS)}"
+        )
     raise ValueError(f"unknown partition {scheme!r}; choose one of {', '.join(PARTITIONS)}")
 
 
