@@ -81,7 +81,7 @@ def test_compare_writes_the_fedtsdp_table_shape(tmp_path: object) -> None:
         [
             os.path.join("binaries", "compare.py"),
             "--table=fedtsdp",
-            "--algorithms=fedavg,ditto,cfl,fedtsdp",
+            "--algorithms=fedavg,fedtsdp",
             "--settings=iid,dirichlet:0.2",
             "--rounds=2",
             f"--output_dir={out}",
@@ -91,13 +91,13 @@ def test_compare_writes_the_fedtsdp_table_shape(tmp_path: object) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert worker_pids_with_tag(tag) == []
     table = open(os.path.join(out, "comparison.md")).read().splitlines()
-    assert "| setting | fedavg | ditto | cfl | fedtsdp |" in table
+    assert "| setting | fedavg | fedtsdp |" in table
     rows = [line for line in table if line.startswith(("| iid", "| dirichlet:0.2"))]
-    assert len(rows) == 2 and all(len(r.split("|")) == 7 for r in rows)
+    assert len(rows) == 2 and all(len(r.split("|")) == 5 for r in rows)
     with open(os.path.join(out, "comparison.csv")) as f:
         runs = list(csv.DictReader(f))
     assert {(r["setting"], r["algorithm"]) for r in runs} == {
-        (s, a) for s in ("iid", "dirichlet:0.2") for a in ("fedavg", "ditto", "cfl", "fedtsdp")
+        (s, a) for s in ("iid", "dirichlet:0.2") for a in ("fedavg", "fedtsdp")
     }
     assert os.path.exists(os.path.join(out, "dirichlet-0.2", "fedtsdp", "metrics.csv"))
     bad = run_binary(

@@ -250,3 +250,47 @@ def test_criticalfl_pulls_fewer_peers_once_the_gradient_norm_falls(
     assert history[0]["neighbours_mean"] == 3 and history[0]["criticalfl_critical_peers"] == 8
     assert min(r["neighbours_mean"] for r in history) < 3
     assert history[-1]["client_accuracy_mean"] >= 0.6
+
+
+def mixed_by_hand(snapshot: np.ndarray, sizes: np.ndarray, queues: np.ndarray) -> np.ndarray:
+    """A reference peer-to-peer round without TFF: each peer's |D|-weighted mean of its own
+    and its neighbours' models, all read from the same snapshot (the end of the last round)."""
+    expected = np.empty_like(snapshot)
+    for i, queue in enumerate(queues):
+        rows = np.concatenate([[i], queue])
+        expected[i] = np.average(snapshot[rows], axis=0, weights=sizes[rows])
+    return expected
+
+
+@pytest.mark.parametrize(
+    "algorithm, options, contacts",
+    [("fedavg_dfl", {}, 3), ("criticalfl_dfl", {"criticalfl_threshold": 1e9}, 1)],
+)
+def test_routed_rounds_equal_a_reference_p2p_simulation_of_the_snapshot(
+    planted: tuple[FederatedData, TrainingConfig],
+    algorithm: str,
+    options: dict,
+    contacts: int,
+) -> None:
+    """Round 3 of 3, its learning rate ~0 (exponential decay 1e-6 per round): every peer's model
+    is its mixing of the round-2 mailbox, which no peer's round-3 result has overwritten.
+    CriticalFL-DFL, never critical after round 1, pulls from the first 3 // 2 = 1 of its 3."""
+    data, _ = planted
+    config = TrainingConfig(
+        rounds=3, clients_per_round=8, local_epochs=1, learning_rate=0.1, seed=5,
+        lr_schedule="exponential", lr_decay=1e-6, eval_every=3,
+    )  # fmt: skip
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
+    exp = Experiment(data, model, make_algorithm(algorithm, num_neighbours=3, **options), config)
+    exp.start()
+    ids = list(exp.run.client_ids)
+    rows = exp.rounds()
+    while exp.state.round_num < 2:
+        next(rows)
+    snapshot = exp.client_models(ids).astype(np.float64)
+    list(rows)
+    sizes = np.array([data.train_sizes[c] for c in ids], np.float64)
+    queues = exp.algorithm.queues(exp.run, 3)[:, :contacts]
+    expected = mixed_by_hand(snapshot, sizes, queues)
+    np.testing.assert_allclose(exp.client_models(ids), expected, atol=1e-5)
+    assert exp.state.history[-1]["neighbours_mean"] == contacts
