@@ -107,7 +107,12 @@ TABLES: dict[str, dict[str, Any]] = {
     # eta_r = 0.05 * 0.95^(r-1), momentum 0.5); on the embedded digits: 10 peers, N_com = 3.
     "uapdfl": dict(
         algorithms=[
-            "local_dfl", "fedavg_dfl", "criticalfl_dfl", "fedper_dfl", "dispfl", "dfedavgm",
+            "local_dfl",
+            "fedavg_dfl",
+            "criticalfl_dfl",
+            "fedper_dfl",
+            "dispfl",
+            "dfedavgm",
             "uapdfl",
         ],
         dataset="digits_dirichlet",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from sklearn.datasets import load_digits
+from peers import identical_data, linear, peer_inputs, run_mlp
 
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.algorithms.criticalfl import next_contacts
@@ -14,27 +14,17 @@ from tff_clustered.algorithms.dfl import PeerStep
 from tff_clustered.algorithms.dispfl import (
     SparsePeerStep,
     active_counts,
+    drop_fraction,
     erk_densities,
     masked_tensors,
     next_mask,
 )
 from tff_clustered.data import load_digits_clusters
-from tff_clustered.data.federated_data import FederatedData, from_arrays
-from tff_clustered.federated import client_work
+from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment, TrainingConfig
 
 pytestmark = pytest.mark.usefixtures("tff_context")
-
-
-def run(
-    algorithm: str, data: FederatedData, config: TrainingConfig, **options: object
-) -> Experiment:
-    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
-    exp = Experiment(data, model, make_algorithm(algorithm, **options), config)
-    exp.start()
-    list(exp.rounds())
-    return exp
 
 
 # -- DisPFL's pieces ---------------------------------------------------------------------------
@@ -54,6 +44,8 @@ def test_erk_densities_keep_the_overall_density() -> None:
     assert dense[1] == 1.0 and dense[0] == pytest.approx((0.5 * 1_000_004 - 4) / 1e6)
     assert masked_tensors([(64, 16), (16,), (3, 3, 1, 4), (4,)]) == (0, 2)
     assert active_counts([(10, 10)], 0.3) == (30,)
+    # the budget covers every trainable tensor: a dense bias leaves the kernel less
+    assert active_counts([(10, 10), (10,)], 0.5) == (45,)
 
 
 def test_next_mask_prunes_the_smallest_and_regrows_to_the_count() -> None:
@@ -82,65 +74,78 @@ def test_next_mask_prunes_the_smallest_and_regrows_to_the_count() -> None:
     np.testing.assert_array_equal(same.numpy(), mask)
     grown = next_mask(tf.constant(weights * mask), tf.constant(mask), 24, tf.constant(0.0), seed)
     assert grown.numpy().sum() == 24 and (mask <= grown.numpy()).all()
-
-
-def linear(
-    weights: tuple, state: tuple, x: tf.Tensor, training: bool, seed: object = None
-) -> tuple[tf.Tensor, tuple]:
-    return tf.matmul(x, weights[0]) + weights[1], tuple(state)
-
-
-def routed_inputs(
-    kernels: list[list[float]], biases: list[list[float]], rows: list[int], round_num: int = 1
-) -> client_work.ClientInputs:
-    """A peer of a 1-input, 2-class linear model (kernel (1, 2), bias (2,)) with no training
-    examples: what it returns is what it mixed."""
-    k = tf.constant([[r] for r in kernels])
-    b = tf.constant(biases)
-    dataset = tf.data.Dataset.from_tensors({"x": tf.zeros([1, 1]), "y": tf.constant([0])})
-    return client_work.ClientInputs(
-        (k[0], b[0]), (), (), (), dataset.take(0), tf.constant(0.1), tf.constant(1.0),
-        tf.constant([3, 0]), inbox=(k, b), inbox_weights=tf.constant([1.0, 2.0, 3.0]),
-        inbox_rows=tf.constant(rows), round_num=tf.constant(round_num, tf.int64),
-        total_rounds=tf.constant(10, tf.int64),
-    )  # fmt: skip
+    # exactly ceil(0.25 * 20) = 5 pruned: with a count of 15 nothing regrows, and what is
+    # left is the 15 largest active weights
+    pruned = next_mask(tf.constant(weights * mask), tf.constant(mask), 15, tf.constant(0.25), seed)
+    largest = np.abs(weights * mask) >= np.sort(magnitudes)[5]
+    np.testing.assert_array_equal(pruned.numpy(), mask & largest)
 
 
 def test_sparse_peer_averages_each_weight_over_the_masks_that_hold_it() -> None:
-    kernels = [[1.0, 0.0], [3.0, 5.0], [0.0, 7.0]]  # own mask: first weight only
-    biases = [[1.0, 2.0], [3.0, 4.0], [5.0, 9.0]]
-    step = SparsePeerStep(masked=(0,), active=(1,))
-    out = step(linear, routed_inputs(kernels, biases, [4, 1, 7]))
+    own, other, third = [1.0, 0.0, 1.0, 2.0], [3.0, 5.0, 3.0, 4.0], [0.0, 7.0, 5.0, 9.0]
+    step = SparsePeerStep(masked=(0,), active=(1,))  # own mask: the first kernel weight
+    out = step(linear, peer_inputs([own, other, third], [1.0, 2.0, 3.0], [4, 1, 7]))
     # held by rows 0 and 1: (1 + 3) / 2; the second weight is off the own mask
     np.testing.assert_allclose(out.weights[0].numpy(), [[2.0, 0.0]])
-    np.testing.assert_allclose(out.weights[1].numpy(), np.mean(biases, 0))  # dense: all rows
-    assert float(out.metrics["values_received"]) == 2 + 1 + 2 + 2  # non-zeros of rows 1, 2
-    # a padding row (the peer's own row again) is not received
-    padded = step(linear, routed_inputs(kernels, biases, [4, 1, 4]))
+    np.testing.assert_allclose(out.weights[1].numpy(), [3.0, 5.0])  # dense: every row
+    # a padding row (the server row of the peer's own, here with other values to show that
+    # rows are left out by their index) is not received
+    padded = step(linear, peer_inputs([own, other, third], [1.0, 2.0, 3.0], [4, 1, 4]))
     np.testing.assert_allclose(padded.weights[0].numpy(), [[2.0, 0.0]])
     np.testing.assert_allclose(padded.weights[1].numpy(), [2.0, 3.0])
+
+
+def test_sparse_peer_counts_the_sparse_values_it_receives() -> None:
+    """Masked tensors travel as their non-zero values, dense ones whole (a zero bias too)."""
+    own, other, third = [1.0, 0.0, 0.0, 2.0], [3.0, 5.0, 0.0, 4.0], [0.0, 7.0, 5.0, 0.0]
+    step = SparsePeerStep(masked=(0,), active=(1,))
+    out = step(linear, peer_inputs([own, other, third], [1.0, 2.0, 3.0], [4, 1, 7]))
+    assert float(out.metrics["values_received"]) == (2 + 2) + (1 + 2)
+    padded = step(linear, peer_inputs([own, other, third], [1.0, 2.0, 3.0], [4, 1, 4]))
     assert float(padded.metrics["values_received"]) == 2 + 2
-    # from round 2 on the peer updates its mask first: still one active weight
-    later = step(linear, routed_inputs(kernels, biases, [4, 1, 7], round_num=3))
-    assert int(np.count_nonzero(later.weights[0].numpy())) == 1
-    assert float(later.metrics["mask_changes"]) in (0.0, 2.0)
+
+
+def test_the_mask_update_anneals_from_the_first_finished_round() -> None:
+    """The prune fraction of the round just finished, t = r - 2 for round r (0-based as the
+    paper's): alpha at t = 0, 0 at t = T; round 1 updates nothing."""
+    assert float(drop_fraction(0.5, tf.constant(0), tf.constant(10))) == pytest.approx(0.5)
+    assert float(drop_fraction(0.5, tf.constant(5), tf.constant(10))) == pytest.approx(0.25)
+    assert float(drop_fraction(0.5, tf.constant(10), tf.constant(10))) == pytest.approx(0.0)
+    own = [[1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0]]
+    kernels, bias = tf.constant([[own[0]]]), tf.constant([[0.0]])
+    step = SparsePeerStep(masked=(0,), active=(4,), anneal=1.0)
+
+    def changes(round_num: int, total_rounds: int) -> float:
+        inputs = peer_inputs([[1.0, 1.0, 0.0, 0.0]], [1.0], [0], round_num, total_rounds)
+        inputs = inputs._replace(
+            weights=(kernels[0], bias[0]), inbox=(kernels, bias), inbox_weights=tf.constant([1.0])
+        )
+        return float(step(dense_forward, inputs).metrics["mask_changes"])
+
+    assert changes(1, 2) == 0  # round 1: the initial mask
+    assert changes(2, 1) > 0  # t = 0 of T = 1: alpha = 1, every active weight pruned
+    assert changes(3, 1) == 0  # t = 1 = T: nothing pruned
+
+
+def dense_forward(
+    weights: tuple, state: tuple, x: tf.Tensor, training: bool, seed: object = None
+) -> tuple[tf.Tensor, tuple]:
+    return tf.matmul(tf.ones([tf.shape(x)[0], 1]), weights[0]) + weights[1], tuple(state)
 
 
 def test_padded_rows_are_not_mixed_by_a_peer() -> None:
     """CriticalFL-DFL pads a short queue with the peer's own row: FedAvg-DFL's mixing over
-    the rows it received only, and only those counted as received."""
+    the rows it received only, only those counted, and no divergence reported for the pad."""
     step = PeerStep("fedavg", head_start=1, input_shape=(1,))
-    kernels = [[1.0, 2.0], [3.0, 6.0], [1.0, 2.0]]
-    biases = [[0.0, 0.0], [4.0, 8.0], [0.0, 0.0]]
-    inputs = routed_inputs(kernels, biases, [5, 2, 5])._replace(
-        features=lambda w, s, x, head: x * w[0][0]
-    )
-    out = step(linear, inputs)
+    rows = [[1.0, 2.0, 0.0, 0.0], [3.0, 6.0, 4.0, 8.0], [1.0, 2.0, 0.0, 0.0]]
+    out = step(linear, peer_inputs(rows, [1.0, 2.0, 3.0], [5, 2, 5]))
     # |D| weights 1 (own) and 2 (row 1): (1 * own + 2 * row 1) / 3
     np.testing.assert_allclose(out.weights[0].numpy(), [[7 / 3, 14 / 3]], rtol=1e-6)
     np.testing.assert_allclose(out.weights[1].numpy(), [8 / 3, 16 / 3], rtol=1e-6)
     assert int(out.metrics["neighbours_received"]) == 1
     assert float(out.metrics["values_received"]) == 4.0  # one whole model: 2 + 2 values
+    divergences = out.metrics["divergence"].numpy()
+    assert np.isfinite(divergences[0]) and np.isnan(divergences[1])
 
 
 def test_criticalfl_contacts_grow_in_a_critical_period_and_shrink_after() -> None:
@@ -159,32 +164,19 @@ def test_criticalfl_contacts_grow_in_a_critical_period_and_shrink_after() -> Non
 # -- runs --------------------------------------------------------------------------------------
 
 
-def identical_data(peers: int) -> FederatedData:
-    digits = load_digits()
-    x, y = (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int64)
-    order = np.random.default_rng(0).permutation(len(y))
-    train, test = order[:200], order[200:300]
-    return from_arrays(
-        "identical",
-        {f"p{i:02d}": (x[train], y[train]) for i in range(peers)},
-        {f"p{i:02d}": (x[test], y[test]) for i in range(peers)},
-        10,
-    )
-
-
 IDENTICAL = TrainingConfig(rounds=3, clients_per_round=5, local_epochs=1, seed=2)
 
 
 @pytest.fixture(scope="module")
 def fedavg_dfl_identical() -> Experiment:
-    return run("fedavg_dfl", identical_data(5), IDENTICAL, num_neighbours=2)
+    return run_mlp("fedavg_dfl", identical_data(5, 200), IDENTICAL, num_neighbours=2)
 
 
 def test_dense_dispfl_is_fedavg_dfl(fedavg_dfl_identical: Experiment) -> None:
     """With density 1 no weight is masked and, peers holding equally many examples, DisPFL's
     count average is FedAvg-DFL's |D|-weighted one."""
-    data = identical_data(5)
-    dense = run("dispfl", data, IDENTICAL, num_neighbours=2, dispfl_density=1.0)
+    data = identical_data(5, 200)
+    dense = run_mlp("dispfl", data, IDENTICAL, num_neighbours=2, dispfl_density=1.0)
     ids = list(data.client_ids)
     np.testing.assert_allclose(
         dense.client_models(ids), fedavg_dfl_identical.client_models(ids), atol=1e-5
@@ -192,8 +184,8 @@ def test_dense_dispfl_is_fedavg_dfl(fedavg_dfl_identical: Experiment) -> None:
 
 
 def test_always_critical_criticalfl_is_fedavg_dfl(fedavg_dfl_identical: Experiment) -> None:
-    data = identical_data(5)
-    always = run("criticalfl_dfl", data, IDENTICAL, num_neighbours=2, criticalfl_threshold=-1e9)
+    data = identical_data(5, 200)
+    always = run_mlp("criticalfl_dfl", data, IDENTICAL, num_neighbours=2, criticalfl_threshold=-1e9)
     ids = list(data.client_ids)
     np.testing.assert_allclose(
         always.client_models(ids), fedavg_dfl_identical.client_models(ids), atol=1e-6
@@ -214,12 +206,12 @@ def test_dispfl_keeps_every_peer_on_its_own_sparse_mask(
     planted: tuple[FederatedData, TrainingConfig],
 ) -> None:
     data, config = planted
-    exp = run("dispfl", data, config, num_neighbours=3)
+    exp = run_mlp("dispfl", data, config, num_neighbours=3)
     ids = list(data.client_ids)
     models = exp.client_models(ids)
     offsets = np.concatenate([[0], np.cumsum(exp.run.tensor_sizes)])
     masked = masked_tensors(exp.run.trainable_shapes)
-    counts = active_counts([exp.run.trainable_shapes[t] for t in masked], 0.5)
+    counts = active_counts(exp.run.trainable_shapes, 0.5)
     patterns = []
     for t, count in zip(masked, counts):
         segment = models[:, offsets[t] : offsets[t + 1]]
@@ -245,7 +237,7 @@ def test_criticalfl_pulls_fewer_peers_once_the_gradient_norm_falls(
     planted: tuple[FederatedData, TrainingConfig],
 ) -> None:
     data, config = planted
-    exp = run("criticalfl_dfl", data, config, num_neighbours=3)
+    exp = run_mlp("criticalfl_dfl", data, config, num_neighbours=3)
     history = exp.state.history[1:]
     assert history[0]["neighbours_mean"] == 3 and history[0]["criticalfl_critical_peers"] == 8
     assert min(r["neighbours_mean"] for r in history) < 3

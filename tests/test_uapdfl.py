@@ -6,27 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from sklearn.datasets import load_digits
+from peers import identical_data, linear, peer_inputs, run_mlp
 
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.algorithms.dfl import DROPOUT, PERSONAL_HEAD, PeerStep, divergence
 from tff_clustered.data import load_digits_clusters
-from tff_clustered.data.federated_data import FederatedData, from_arrays
-from tff_clustered.federated import client_work
 from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment, TrainingConfig
 
 pytestmark = pytest.mark.usefixtures("tff_context")
-
-
-def run(
-    algorithm: str, data: FederatedData, config: TrainingConfig, **options: object
-) -> Experiment:
-    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
-    exp = Experiment(data, model, make_algorithm(algorithm, **options), config)
-    exp.start()
-    list(exp.rounds())
-    return exp
 
 
 def test_divergence_is_the_symmetrised_kl() -> None:
@@ -41,25 +29,6 @@ def test_divergence_is_the_symmetrised_kl() -> None:
     assert back == pytest.approx(got[1], rel=1e-5)  # symmetric
     js = divergence(p, q, "js").numpy()
     assert (js <= np.log(2) + 1e-6).all() and js[1] < got[1]
-
-
-def peer_inputs(rows: list[list[float]], sizes: list[float]) -> client_work.ClientInputs:
-    """A peer of a 1-input, 2-class linear model whose g is the kernel (tensor 0) and h the
-    bias (tensor 1); row 0 is its own model, rows are [kernel, bias]."""
-    kernels = tf.constant([[r[:2]] for r in rows])  # (R, 1, 2)
-    biases = tf.constant([r[2:] for r in rows])  # (R, 2)
-    dataset = tf.data.Dataset.from_tensors({"x": tf.zeros([1, 1]), "y": tf.constant([0])})
-    return client_work.ClientInputs(
-        (kernels[0], biases[0]), (), (), (), dataset.take(0), tf.constant(0.1),
-        tf.constant(1.0), tf.constant([3, 0]), inbox=(kernels, biases),
-        inbox_weights=tf.constant(sizes), features=lambda w, s, x, head: x * w[0][0],
-    )  # fmt: skip
-
-
-def linear(
-    weights: tuple, state: tuple, x: tf.Tensor, training: bool, seed: object = None
-) -> tuple:
-    return tf.matmul(x, weights[0]) + weights[1], ()
 
 
 def test_peer_regimes_and_weights() -> None:
@@ -84,25 +53,11 @@ def test_peer_regimes_and_weights() -> None:
     assert float(out.metrics["values_received"]) == 2 * (2 + 2 + 1) + 2 * 2
 
 
-def identical_data(peers: int) -> FederatedData:
-    digits = load_digits()
-    x, y = (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int64)
-    rng = np.random.default_rng(0)
-    order = rng.permutation(len(y))
-    train, test = order[:300], order[300:400]
-    return from_arrays(
-        "identical",
-        {f"p{i:02d}": (x[train], y[train]) for i in range(peers)},
-        {f"p{i:02d}": (x[test], y[test]) for i in range(peers)},
-        10,
-    )
-
-
 def test_uapdfl_with_no_neighbours_is_local() -> None:
     data = load_digits_clusters(num_clients=6, num_groups=2, seed=1)
     config = TrainingConfig(rounds=2, clients_per_round=6, local_epochs=1, seed=1)
-    uapdfl = run("uapdfl", data, config, num_neighbours=0)
-    local = run("local", data, config)
+    uapdfl = run_mlp("uapdfl", data, config, num_neighbours=0)
+    local = run_mlp("local", data, config)
     ids = list(data.client_ids)
     np.testing.assert_allclose(uapdfl.client_models(ids), local.client_models(ids), atol=1e-6)
     assert uapdfl.state.history[-1]["client_accuracy_mean"] == pytest.approx(
@@ -116,8 +71,8 @@ def test_identical_data_keeps_uapdfl_with_fedavg_dfl() -> None:
     UA-PDFL stays within 2 points of FedAvg-DFL."""
     data = identical_data(6)
     config = TrainingConfig(rounds=4, clients_per_round=6, local_epochs=1, seed=0, eval_every=4)
-    uapdfl = run("uapdfl", data, config, num_neighbours=2)
-    fedavg = run("fedavg_dfl", data, config, num_neighbours=2)
+    uapdfl = run_mlp("uapdfl", data, config, num_neighbours=2)
+    fedavg = run_mlp("fedavg_dfl", data, config, num_neighbours=2)
     a = uapdfl.state.history[-1]["client_accuracy_mean"]
     b = fedavg.state.history[-1]["client_accuracy_mean"]
     assert abs(a - b) <= 0.02, (a, b)
@@ -132,8 +87,8 @@ def two_groups() -> tuple[Experiment, Experiment]:
         rounds=8, clients_per_round=10, local_epochs=2, learning_rate=0.1, seed=0, eval_every=4
     )
     return (
-        run("uapdfl", data, config, num_neighbours=3),
-        run("fedavg_dfl", data, config, num_neighbours=3),
+        run_mlp("uapdfl", data, config, num_neighbours=3),
+        run_mlp("fedavg_dfl", data, config, num_neighbours=3),
     )
 
 

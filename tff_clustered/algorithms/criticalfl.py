@@ -11,15 +11,16 @@ the loosest reproduction in that comparison. Each peer i, at the end of round t:
   G_i(t) = ||w_i after training - w_i after mixing|| / eta     (its accumulated gradient norm:
                                                                the FGN a peer can see locally)
   critical  iff  t = 1  or  (G_i(t) - G_i(t-1)) / G_i(t-1) >= delta
-  n_i(t+1) = min(ceil(n_i(t) * beta), N_com)    if critical
+  n_i(t+1) = min(max(ceil(n_i(t) * beta), 1), N_com)    if critical
            = max(floor(n_i(t) / beta), n_min)   otherwise
 
 (delta: --criticalfl_threshold, beta: --criticalfl_factor, n_min: --criticalfl_min_neighbours),
 starting from n_i(1) = N_com (--num_neighbours: training starts in a critical period). Each
 round peer i mixes its model with the first n_i of its N_com uniformly drawn neighbours
-(|D|-weighted, as FedAvg-DFL) and trains. The peers report G_i; the orchestration keeps each
-peer's n_i and G_i(t-1) for it (the numbers the peer itself would keep), and pads a shorter
-queue with the peer's own row, which the peer does not count (`dfl.received_rows`). Logged per
+(|D|-weighted, as FedAvg-DFL) and trains. The peers report G_i; the rule runs in the
+orchestration between rounds, on each peer's behalf, with per-peer numbers only (its n_i,
+G_i(t) and G_i(t-1): what the peer itself would keep and decide on). A shorter queue is padded
+with the peer's own row, which the peer does not count (`dfl.received_rows`). Logged per
 round: `neighbours_mean` and `criticalfl_critical_peers`.
 """
 
@@ -67,12 +68,14 @@ def next_contacts(
     with np.errstate(divide="ignore", invalid="ignore"):
         rise = (norms - last_norms) / last_norms
     critical = np.isnan(last_norms) | (rise >= threshold)
-    grown = np.minimum(np.ceil(contacts * factor), most)
+    grown = np.minimum(np.maximum(np.ceil(contacts * factor), 1), most)
     shrunk = np.maximum(np.floor(contacts / factor), fewest)
     return np.where(critical, grown, shrunk).astype(np.int64), critical
 
 
 class CriticalFLDFL(Decentralized):
+    """FedAvg-DFL with per-peer neighbour counts from the rule of the module docstring."""
+
     name = "criticalfl_dfl"
     mixing = "fedavg"
     paper = "Yan et al., CriticalFL, KDD 2023, decentralized as in UA-PDFL's comparison"
@@ -91,12 +94,12 @@ class CriticalFLDFL(Decentralized):
 
     def __init__(self, options: Optional[Options] = None) -> None:
         super().__init__(options)
-        o = self.options
+        options = self.options
         check(
             [
-                (o.criticalfl_factor > 1, "criticalfl_factor must be > 1"),
+                (options.criticalfl_factor > 1, "criticalfl_factor must be > 1"),
                 (
-                    0 <= o.criticalfl_min_neighbours <= o.num_neighbours,
+                    0 <= options.criticalfl_min_neighbours <= options.num_neighbours,
                     "criticalfl_min_neighbours must be in [0, num_neighbours]",
                 ),
             ]
@@ -126,15 +129,15 @@ class CriticalFLDFL(Decentralized):
         index = {c: i for i, c in enumerate(run.client_ids)}
         rows = np.array([index[c] for c in result.client_ids], np.int64)
         norms = np.asarray(result.client_metrics["update_norm"], np.float64)
-        o = self.options
+        options = self.options
         contacts, critical = next_contacts(
             state.contacts[rows],
             norms,
             state.last_norms[rows],
-            threshold=float(o.criticalfl_threshold),
-            factor=float(o.criticalfl_factor),
+            threshold=float(options.criticalfl_threshold),
+            factor=float(options.criticalfl_factor),
             most=self.num_neighbours,
-            fewest=int(o.criticalfl_min_neighbours),
+            fewest=int(options.criticalfl_min_neighbours),
         )
         new_contacts, new_norms = state.contacts.copy(), state.last_norms.copy()
         new_contacts[rows], new_norms[rows] = contacts, norms

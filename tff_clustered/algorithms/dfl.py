@@ -156,7 +156,11 @@ class PeerStep:
         similar = tf.concat([[True], div < self.threshold], axis=0) & present
         regime = tf.constant(NO_REGIME)
         if self.mixing == "uapdfl" and n:
-            dropout = tf.reduce_all(div <= self.threshold) & self.allow_dropout
+            dropout = (
+                tf.reduce_all((div <= self.threshold) | ~present[1:])
+                & tf.reduce_any(present[1:])
+                & self.allow_dropout
+            )
             pick = tf.random.stateless_uniform(
                 [], tf.stack([inputs.seed[0], inputs.seed[1] + 7919]), 0, n, tf.int32
             )
@@ -213,7 +217,7 @@ class PeerStep:
             result.loss_sum,
             metrics={
                 "regime": regime,
-                "divergence": div,
+                "divergence": tf.where(present[1:], div, np.nan),  # none for a padding row
                 "similar_neighbours": tf.reduce_sum(tf.cast(similar[1:], tf.int32)),
                 "values_received": values,
                 "neighbours_received": tf.reduce_sum(tf.cast(present[1:], tf.int32)),
@@ -364,6 +368,7 @@ def round_log(client_metrics: Mapping[str, np.ndarray]) -> dict[str, float]:
             log[f"peers_{name}"] = float(np.sum(regimes == code))
     if "divergence" in client_metrics:
         div = np.asarray(client_metrics["divergence"], np.float64).ravel()
+        div = div[np.isfinite(div)]
         for q in (0, 25, 50, 75, 100):
             log[f"divergence_p{q}"] = float(np.percentile(div, q)) if div.size else float("nan")
     if "neighbours_received" in client_metrics:

@@ -4,10 +4,12 @@ Federated Learning via Decentralized Sparse Training", ICML 2022), on the decent
 
 Each round every peer i (inside its own client computation, `SparsePeerStep`):
   1. updates its mask from its last model (done at the end of the previous round in the
-     paper's Alg. 1; here at the start of this one, which is the same sequence):
+     paper's Alg. 1; here at the start of this one, which is the same sequence; round 1
+     keeps the initial mask):
      prune: drop the ceil(alpha_t * |m_i|) active weights of smallest magnitude, with
-            alpha_t = alpha/2 (1 + cos(pi t / T)) for the finished round t of T (cosine
-            annealing, --dispfl_anneal);
+            alpha_t = alpha/2 (1 + cos(pi t / T)), t = r - 2 for this round r (1-based): the
+            0-based index of the round just finished, the reference's `round_idx`, of T
+            rounds (cosine annealing, --dispfl_anneal);
      regrow: reactivate as many inactive weights, drawn uniformly at random (the authors'
             published runs, `--dis_gradient_check`; the gradient-magnitude regrowth of the
             paper's text is not built);
@@ -19,15 +21,19 @@ A peer publishes its trained sparse model; the mask it trained with is the non-z
 of that model, so the mailbox carries the masks and nothing else is needed. A trained active
 weight is exactly zero only when it was regrown at 0 (no neighbour held it) and its gradient
 is always 0 (an input that is always 0, a dead unit): it then drops out of the pattern, is not
-counted by the neighbours' averages (the reference counts it, at value 0), and the peer regrows
-its count at its next mask update. Masked: every trainable tensor of rank >= 2
-(kernels), with per-tensor densities from the Erdos-Renyi-Kernel rule at overall density
---dispfl_density (0.5); biases and normalisation parameters stay dense (where ERK puts them in
-practice). Masks start random and different per peer (the authors' `--different_initial`).
+counted by the neighbours' averages (the reference counts it, at value 0), its prune count is
+taken from the non-zero count, and the peer regrows its count at its next mask update.
+Densities: the Erdos-Renyi-Kernel rule over every trainable tensor at overall density
+--dispfl_density (0.5), as the reference computes them; the kernels (rank >= 2) carry masks,
+and biases and normalisation parameters stay dense (ERK makes them dense in practice: a
+rank-1 tensor has the largest ERK weight, 1). BatchNorm moving statistics, which the
+reference's GroupNorm ResNet does not have, are averaged plainly over the received models.
+Masks start random and different per peer (the authors' `--different_initial`).
 
-Communication (`floats_communicated`): the non-zero values of every received model (the mask
-indices are not counted). Not built: gradient clipping (norm 10) and weight decay (5e-4) of
-the reference trainer; its learning-rate decay is --lr_schedule=exponential --lr_decay=0.998.
+Communication (`floats_communicated`): the non-zero values of the received kernels and every
+value of their other tensors (the mask indices are not counted). Not built: gradient clipping
+(norm 10) and weight decay (5e-4) of the reference trainer; its learning-rate decay is
+--lr_schedule=exponential --lr_decay=0.998.
 """
 
 from __future__ import annotations
@@ -75,10 +81,10 @@ def erk_densities(shapes: Sequence[Sequence[int]], density: float) -> tuple[floa
 
 
 def active_counts(shapes: Sequence[Sequence[int]], density: float) -> tuple[int, ...]:
-    """Active weights of each masked tensor: int(density_l * size_l), at least 1."""
-    return tuple(
-        max(1, int(d * np.prod(s))) for s, d in zip(shapes, erk_densities(shapes, density))
-    )
+    """Active weights of each masked tensor (`masked_tensors`): int(density_l * size_l), at
+    least 1, with the ERK densities of all of `shapes` (every trainable tensor)."""
+    densities = erk_densities(shapes, density)
+    return tuple(max(1, int(densities[t] * np.prod(shapes[t]))) for t in masked_tensors(shapes))
 
 
 def drop_fraction(anneal: float, finished_round: tf.Tensor, total_rounds: tf.Tensor) -> tf.Tensor:
@@ -142,29 +148,27 @@ class SparsePeerStep:
         round_num = tf.constant(0, tf.int64) if inputs.round_num is None else inputs.round_num
         total = tf.constant(0, tf.int64) if inputs.total_rounds is None else inputs.total_rounds
         fraction = drop_fraction(self.anneal, round_num - 2, total)
-        masks: dict[int, tf.Tensor] = {}
-        changed = tf.constant(0.0)
-        for k, (i, active) in enumerate(zip(self.masked, self.active)):
-            own = inbox[i][0]
-            old = tf.not_equal(own, 0.0)
-            seed = tf.stack([inputs.seed[0], inputs.seed[1] + 104729 * (k + 1)])
-            new = tf.cond(
+        masks: dict[int, tf.Tensor] = {}  # trainable tensor index -> this round's mask
+        mask_changes = tf.constant(0.0)
+        for order, (tensor, active) in enumerate(zip(self.masked, self.active)):
+            published = inbox[tensor][0]
+            last_mask = tf.not_equal(published, 0.0)
+            seed = tf.random.experimental.stateless_fold_in(inputs.seed, order + 1)
+            mask = tf.cond(
                 round_num >= 2,
-                lambda own=own, old=old, active=active, seed=seed: next_mask(
-                    own, old, active, fraction, seed
-                ),
-                lambda old=old: old,
+                lambda w=published, m=last_mask, n=active, s=seed: next_mask(w, m, n, fraction, s),
+                lambda m=last_mask: m,
             )
-            masks[i] = new
-            changed += tf.reduce_sum(tf.cast(tf.not_equal(new, old), tf.float32))
+            masks[tensor] = mask
+            mask_changes += tf.reduce_sum(tf.cast(tf.not_equal(mask, last_mask), tf.float32))
         mixed = []
-        for i, v in enumerate(inbox):
-            mean = sparse_mean(v, present, i in masks)
-            mixed.append(mean * tf.cast(masks[i], mean.dtype) if i in masks else mean)
+        for tensor, received in enumerate(inbox):
+            mean = sparse_mean(received, present, tensor in masks)
+            mixed.append(mean * tf.cast(masks[tensor], mean.dtype) if tensor in masks else mean)
 
-        def on_masks(weights: tuple) -> tuple:
+        def onto_masks(weights: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, ...]:
             return tuple(
-                w * tf.cast(masks[i], w.dtype) if i in masks else w for i, w in enumerate(weights)
+                w * tf.cast(masks[t], w.dtype) if t in masks else w for t, w in enumerate(weights)
             )
 
         result = client_work.train_client(
@@ -175,14 +179,19 @@ class SparsePeerStep:
             momentum=self.momentum,
             state=tuple(mixed[num_trainable:]),
             seed=inputs.seed,
-            project=on_masks,
+            project=onto_masks,
         )
         values = tf.constant(0.0)
-        if rows > 1:  # the non-zero values of each received row
+        if rows > 1:  # per received row: its kernels' non-zero values, its other tensors whole
+            neighbours = tf.reduce_sum(tf.cast(present[1:], tf.float32))
             received = tf.cast(present[1:], tf.float32)
-            for v in inbox:
-                nonzero = tf.cast(tf.not_equal(tf.reshape(v[1:], [rows - 1, -1]), 0.0), tf.float32)
-                values += tf.reduce_sum(tf.reduce_sum(nonzero, 1) * received)
+            for tensor, rows_of in enumerate(inbox):
+                if tensor in masks:
+                    flat = tf.reshape(rows_of[1:], [rows - 1, -1])
+                    nonzero = tf.reduce_sum(tf.cast(tf.not_equal(flat, 0.0), tf.float32), 1)
+                    values += tf.reduce_sum(nonzero * received)
+                else:
+                    values += neighbours * float(np.prod(rows_of.shape[1:]))
         return client_work.ClientOutputs(
             result.weights,
             result.state,
@@ -193,7 +202,7 @@ class SparsePeerStep:
             metrics={
                 "values_received": values,
                 "neighbours_received": tf.reduce_sum(tf.cast(present[1:], tf.int32)),
-                "mask_changes": changed,
+                "mask_changes": mask_changes,
                 "update_norm": update_norm(mixed[:num_trainable], result.weights)
                 / inputs.learning_rate,
             },
@@ -201,6 +210,9 @@ class SparsePeerStep:
 
 
 class DisPFL(Decentralized):
+    """DisPFL on the decentralized loop: sparse peers (`SparsePeerStep`) starting from the
+    common initial model on their own random ERK masks."""
+
     name = "dispfl"
     paper = "Dai et al., DisPFL, ICML 2022"
 
@@ -215,20 +227,20 @@ class DisPFL(Decentralized):
 
     def __init__(self, options: Optional[Options] = None) -> None:
         super().__init__(options)
-        o = self.options
+        options = self.options
         check(
             [
-                (0 < o.dispfl_density <= 1, "dispfl_density must be in (0, 1]"),
-                (0 <= o.dispfl_anneal <= 1, "dispfl_anneal must be in [0, 1]"),
+                (0 < options.dispfl_density <= 1, "dispfl_density must be in (0, 1]"),
+                (0 <= options.dispfl_anneal <= 1, "dispfl_anneal must be in [0, 1]"),
             ]
         )
 
     def sparse_layout(self, run: RunInfo) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The trainable tensors carrying masks, and each one's active-weight count."""
         if not run.trainable_shapes:
             raise ValueError("dispfl needs the trainable tensors' shapes (RunInfo)")
-        masked = masked_tensors(run.trainable_shapes)
-        shapes = [run.trainable_shapes[i] for i in masked]
-        return masked, active_counts(shapes, float(self.options.dispfl_density))
+        shapes = run.trainable_shapes
+        return masked_tensors(shapes), active_counts(shapes, float(self.options.dispfl_density))
 
     def client_work(self, momentum: float, run: RunInfo) -> client_work.ClientWork:
         masked, active = self.sparse_layout(run)
@@ -242,15 +254,15 @@ class DisPFL(Decentralized):
         models = decision.cluster_models.copy()
         for i in range(len(run.client_ids)):
             rng = np.random.default_rng(derived_seed(run.seed, ALGORITHM, 0, i, MASK_STREAM))
-            for t, count in zip(masked, active):
-                start, size = int(offsets[t]), int(run.tensor_sizes[t])
+            for tensor, count in zip(masked, active):
+                start, size = int(offsets[tensor]), int(run.tensor_sizes[tensor])
                 segment = models[i, start : start + size]
                 if np.any(segment == 0):
                     raise ValueError(
                         "dispfl reads a peer's mask from the non-zero pattern of its model, but "
-                        f"the initial model has exact zeros in trainable tensor {t}; use a "
+                        f"the initial model has exact zeros in trainable tensor {tensor}; use a "
                         "kernel initialiser without exact zeros"
                     )
-                off = rng.permutation(size)[count:]
-                segment[off] = 0.0
+                inactive = rng.permutation(size)[count:]
+                segment[inactive] = 0.0
         return dataclasses.replace(decision, cluster_models=models)
