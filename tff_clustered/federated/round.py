@@ -728,6 +728,9 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
         state: object, shared_delta: object, cluster_weight: object, outputs: object
     ) -> object:
         """Aggregator and finalizer: the whole round."""
+        if fns.routes_rows:  # a relay: the mailbox is the peers' to rewrite, nothing is summed
+            nothing = collections.OrderedDict(cluster_weight=np.zeros([k], np.float32))
+            return state, outputs, tff.federated_value(nothing, tff.SERVER)
         aggregate = aggregator.next(state.aggregator, shared_delta, cluster_weight)
         new_models = tff.federated_map(
             apply_cluster_updates, (state.cluster_models, aggregate.result)
