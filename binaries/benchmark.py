@@ -444,7 +444,7 @@ def uapdfl_vs_fedavg() -> dict:
     counts = sorted({int(n) for n in FLAGS.uapdfl_neighbours})
     experiments = {"fedavg": Experiment(data, spec, make_algorithm("fedavg"), config)}
     for n in counts:
-        algorithm = make_algorithm("uapdfl", num_neighbours=n, dfl_head_layers=2)
+        algorithm = make_algorithm("uapdfl", num_neighbours=n)
         experiments[f"uapdfl_n{n}"] = Experiment(data, spec, algorithm, config)
     fns, info = whole_round_fns(experiments)
     t = alternate(fns, FLAGS.dfl_rounds, warmup=2)

@@ -9,6 +9,7 @@ import tensorflow as tf
 from peers import identical_data, linear, peer_inputs, run_mlp
 
 from tff_clustered.algorithms import make_algorithm
+from tff_clustered.algorithms.base import RunInfo
 from tff_clustered.algorithms.criticalfl import next_contacts
 from tff_clustered.algorithms.dfl import PeerStep
 from tff_clustered.algorithms.dispfl import (
@@ -22,6 +23,7 @@ from tff_clustered.algorithms.dispfl import (
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.models import model_spec
+from tff_clustered.models.split import classifier_layers
 from tff_clustered.orchestration import Experiment, TrainingConfig
 
 pytestmark = pytest.mark.usefixtures("tff_context")
@@ -286,3 +288,43 @@ def test_routed_rounds_equal_a_reference_p2p_simulation_of_the_snapshot(
     expected = mixed_by_hand(snapshot, sizes, queues)
     np.testing.assert_allclose(exp.client_models(ids), expected, atol=1e-5)
     assert exp.state.history[-1]["neighbours_mean"] == contacts
+
+
+def test_batchnorm_statistics_mix_with_g_or_stay_local() -> None:
+    """A state tensor (a BatchNorm moving mean) is averaged with g's weights, or kept as the
+    peer's own with `local_statistics`; the trainable tensors mix the same either way."""
+    rows = [[1.0, 2.0, 0.0, 0.0], [3.0, 6.0, 4.0, 8.0]]
+    inputs = peer_inputs(rows, [1.0, 3.0])
+    stats = tf.constant([[1.0, 1.0], [5.0, 9.0]])
+    inputs = inputs._replace(state=(stats[0],), inbox=(*inputs.inbox, stats))
+    mixed = PeerStep("fedavg", head_start=1, input_shape=(1,))(linear, inputs)
+    np.testing.assert_allclose(mixed.state[0].numpy(), [4.0, 7.0])  # (1 * own + 3 * row 1) / 4
+    local = PeerStep("fedavg", head_start=1, input_shape=(1,), local_statistics=True)
+    kept = local(linear, inputs)
+    np.testing.assert_allclose(kept.state[0].numpy(), [1.0, 1.0])
+    np.testing.assert_allclose(kept.weights[0].numpy(), mixed.weights[0].numpy())
+    sparse = SparsePeerStep(masked=(0,), active=(2,), local_statistics=True)(linear, inputs)
+    np.testing.assert_allclose(sparse.state[0].numpy(), [1.0, 1.0])
+
+
+def test_the_head_is_the_classifier_after_the_last_convolution() -> None:
+    """UA-PDFL's prose split by default: h = the FC layers after the last conv/BN layer."""
+    tsdp_cnn = model_spec("tsdp_cnn", (64,), 10, image_shape=(8, 8, 1)).build()
+    resnet = model_spec("resnet18", (32, 32, 3), 10).build()
+    mlp = model_spec("mlp", (64,), 10).build()
+    assert [classifier_layers(m) for m in (tsdp_cnn, resnet, mlp)] == [2, 1, 0]
+
+    def run_info(layer_sizes: tuple[int, ...], classifier: int) -> RunInfo:
+        return RunInfo(
+            client_ids=("a", "b"), train_sizes={"a": 1, "b": 1}, seed=0, clients_per_round=2,
+            layer_sizes=layer_sizes, tensor_sizes=(1,) * sum(layer_sizes),
+            num_trainable_values=sum(layer_sizes), initial_model=np.zeros(sum(layer_sizes)),
+            classifier_layers=classifier,
+        )  # fmt: skip
+
+    uapdfl = make_algorithm("uapdfl")
+    assert uapdfl.head_start(run_info((2, 2, 2, 2), 2)) == 4  # tsdp_cnn: conv, conv | fc, fc
+    assert uapdfl.head_start(run_info((2, 2), 0)) == 2  # an MLP: its top layer
+    assert make_algorithm("uapdfl", dfl_head_layers=3).head_start(run_info((2, 2, 2, 2), 2)) == 2
+    with pytest.raises(ValueError, match="lower --dfl_head_layers"):
+        make_algorithm("uapdfl", dfl_head_layers=5).head_start(run_info((2, 2, 2, 2), 2))

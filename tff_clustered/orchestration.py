@@ -41,7 +41,7 @@ from tff_clustered.federated.round import (
 )
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec, initial_weights
-from tff_clustered.models.split import trainable_layer_sizes
+from tff_clustered.models.split import classifier_layers, trainable_layer_sizes
 from tff_clustered.seeds import (
     DROPOUT,
     FINE_TUNE_SHUFFLE,
@@ -209,6 +209,7 @@ class Experiment:
             seed=config.seed,
             clients_per_round=config.clients_per_round,
             layer_sizes=tuple(trainable_layer_sizes(keras_model)),
+            classifier_layers=classifier_layers(keras_model),
             tensor_sizes=tensor_sizes,
             trainable_shapes=tuple(tuple(int(d) for d in s) for s in self.layout.trainable_shapes),
             num_trainable_values=sum(tensor_sizes),

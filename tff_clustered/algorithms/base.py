@@ -51,6 +51,9 @@ class RunInfo:
     public_x: Optional[np.ndarray] = None  # the server's unlabeled public inputs, if any
     input_shape: tuple[int, ...] = ()  # the shape of one example's input
     trainable_shapes: tuple[tuple[int, ...], ...] = ()  # the shape of each trainable tensor
+    # Weighted layers after the last convolutional/normalisation one (the FC classifier; 0 for
+    # a model of Dense layers only): `models.split.classifier_layers`.
+    classifier_layers: int = 0
 
     @property
     def num_tensors(self) -> int:

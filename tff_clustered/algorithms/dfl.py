@@ -106,9 +106,10 @@ class PeerStep:
     `allow_dropout=False` never takes the dropout branch and `layerwise=False` averages the
     whole model instead of deciding h separately (the paper's Fig. 13 ablations). Trainable
     tensors from `head_start` on are h; BatchNorm statistics go with g (every head here is
-    Dense layers). `aux_mu` > 0 adds mu ||g(w; X_unit) - mean of the received I^Aux||^2
-    (Eq. 12, not halved, inference mode) to the local loss, for a peer that has neighbours.
-    X_unit is one input of shape `input_shape` filled with `unit_value` (Eq. 4)."""
+    Dense layers), or stay the peer's own with `local_statistics` (FedBN-style). `aux_mu` > 0
+    adds mu ||g(w; X_unit) - mean of the received I^Aux||^2 (Eq. 12, not halved, inference
+    mode) to the local loss, for a peer that has neighbours. X_unit is one input of shape
+    `input_shape` filled with `unit_value` (Eq. 4)."""
 
     mixing: str
     head_start: int
@@ -120,6 +121,7 @@ class PeerStep:
     allow_dropout: bool = True
     layerwise: bool = True
     unit_value: float = 1.0
+    local_statistics: bool = False
 
     @property
     def reads_own_model(self) -> bool:
@@ -183,10 +185,13 @@ class PeerStep:
             g_weights, h_weights = everyone, own_only
         else:
             g_weights = h_weights = own_only
-        mixed = [
-            tf.tensordot(h_weights if num_trainable > i >= self.head_start else g_weights, v, 1)
-            for i, v in enumerate(inbox)
-        ]
+
+        def row_weights(tensor: int) -> tf.Tensor:
+            if tensor >= num_trainable:  # BatchNorm statistics: with g (heads are Dense)
+                return own_only if self.local_statistics else g_weights
+            return h_weights if tensor >= self.head_start else g_weights
+
+        mixed = [tf.tensordot(row_weights(i), v, 1) for i, v in enumerate(inbox)]
         penalty = None
         if self.aux_mu and n and (self.mixing != "uapdfl" or self.layerwise):
             target = tf.stop_gradient(tf.reduce_mean(aux, axis=0))
@@ -282,7 +287,15 @@ class Decentralized(Algorithm):
             "dynamic", "Decentralized: redraw the queues every round, or once.", TOPOLOGIES
         )
         dfl_head_layers: int = option(
-            1, "Decentralized: top weighted layers forming the head h (the rest is g)."
+            0,
+            "Decentralized: top weighted layers forming the head h (the rest is g); 0: the "
+            "fully connected layers after the last convolutional/BN layer (the top layer of a "
+            "model of Dense layers only).",
+        )
+        dfl_local_statistics: bool = option(
+            False,
+            "Decentralized: keep each peer's BatchNorm moving statistics its own (FedBN-style) "
+            "instead of mixing them with their layer's weights.",
         )
 
     def __init__(self, options: Optional[Options] = None) -> None:
@@ -290,7 +303,7 @@ class Decentralized(Algorithm):
         check(
             [
                 (self.options.num_neighbours >= 0, "num_neighbours must be >= 0"),
-                (self.options.dfl_head_layers >= 1, "dfl_head_layers must be >= 1"),
+                (self.options.dfl_head_layers >= 0, "dfl_head_layers must be >= 0"),
             ]
         )
 
@@ -299,10 +312,23 @@ class Decentralized(Algorithm):
         return int(self.options.num_neighbours)
 
     def head_start(self, run: RunInfo) -> int:
-        return len(layers_to_tensors(run.layer_sizes, self.options.dfl_head_layers))
+        """The first trainable tensor of the head h."""
+        layers = self.options.dfl_head_layers or run.classifier_layers or 1
+        if layers > len(run.layer_sizes):
+            raise ValueError(
+                f"{self.name}: --dfl_head_layers={layers} but the model has "
+                f"{len(run.layer_sizes)} weighted layers; lower --dfl_head_layers"
+            )
+        return len(layers_to_tensors(run.layer_sizes, layers))  # g's tensors come first
 
     def peer_step(self, run: RunInfo, momentum: float) -> PeerStep:
-        return PeerStep(self.mixing, self.head_start(run), run.input_shape, momentum=momentum)
+        return PeerStep(
+            self.mixing,
+            self.head_start(run),
+            run.input_shape,
+            momentum=momentum,
+            local_statistics=bool(self.options.dfl_local_statistics),
+        )
 
     def client_work(self, momentum: float, run: RunInfo) -> client_work.ClientWork:
         return self.peer_step(run, float(momentum))

@@ -27,7 +27,8 @@ Densities: the Erdos-Renyi-Kernel rule over every trainable tensor at overall de
 --dispfl_density (0.5), as the reference computes them; the kernels (rank >= 2) carry masks,
 and biases and normalisation parameters stay dense (ERK makes them dense in practice: a
 rank-1 tensor has the largest ERK weight, 1). BatchNorm moving statistics, which the
-reference's GroupNorm ResNet does not have, are averaged plainly over the received models.
+reference's GroupNorm ResNet does not have, are averaged plainly over the received models
+(or kept, --dfl_local_statistics).
 Masks start random and different per peer (the authors' `--different_initial`).
 
 Communication (`floats_communicated`): the non-zero values of the received kernels and every
@@ -134,6 +135,7 @@ class SparsePeerStep:
     active: tuple[int, ...]
     anneal: float = 0.5
     momentum: float = 0.0
+    local_statistics: bool = False
 
     @property
     def reads_own_model(self) -> bool:
@@ -163,6 +165,9 @@ class SparsePeerStep:
             mask_changes += tf.reduce_sum(tf.cast(tf.not_equal(mask, last_mask), tf.float32))
         mixed = []
         for tensor, received in enumerate(inbox):
+            if tensor >= num_trainable and self.local_statistics:
+                mixed.append(received[0])  # its own BatchNorm statistics
+                continue
             mean = sparse_mean(received, present, tensor in masks)
             mixed.append(mean * tf.cast(masks[tensor], mean.dtype) if tensor in masks else mean)
 
@@ -244,7 +249,13 @@ class DisPFL(Decentralized):
 
     def client_work(self, momentum: float, run: RunInfo) -> client_work.ClientWork:
         masked, active = self.sparse_layout(run)
-        return SparsePeerStep(masked, active, float(self.options.dispfl_anneal), float(momentum))
+        return SparsePeerStep(
+            masked,
+            active,
+            float(self.options.dispfl_anneal),
+            float(momentum),
+            bool(self.options.dfl_local_statistics),
+        )
 
     def init(self, run: RunInfo, queries: Queries) -> Decision:
         """Every peer starts from the common initial model on its own random mask."""

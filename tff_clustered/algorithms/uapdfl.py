@@ -76,4 +76,5 @@ class UAPDFL(Decentralized):
             divergence=o.uapdfl_divergence,
             allow_dropout=o.uapdfl_ablation != "without_cd",
             layerwise=o.uapdfl_ablation != "without_lp",
+            local_statistics=bool(o.dfl_local_statistics),
         )

@@ -81,6 +81,27 @@ def trainable_layer_sizes(model: tf.keras.Model) -> list[int]:
     return sizes
 
 
+def classifier_layers(model: tf.keras.Model) -> int:
+    """The weighted layers at the top of `model` after its last convolutional or normalisation
+    layer: its fully connected classifier (UA-PDFL's prose split: g = every convolutional/BN
+    layer up to the last pooling, h = the FC layers); 0 for a model of Dense layers only."""
+
+    def weighted(m: tf.keras.Model) -> list[tf.keras.layers.Layer]:
+        found: list[tf.keras.layers.Layer] = []
+        for layer in m.layers:
+            if isinstance(layer, tf.keras.Model):
+                found += weighted(layer)
+            elif layer.trainable_weights:
+                found.append(layer)
+        return found
+
+    layers = weighted(model)
+    dense = [isinstance(layer, tf.keras.layers.Dense) for layer in layers]
+    if all(dense):
+        return 0
+    return len(dense) - 1 - max(i for i, d in enumerate(dense) if not d)
+
+
 @dataclasses.dataclass(frozen=True)
 class ResolvedSplit:
     """Concrete base and personal tensor indices of one model."""
