@@ -83,7 +83,7 @@ def test_compare_writes_the_fedtsdp_table_shape(tmp_path: object) -> None:
             "--table=fedtsdp",
             "--algorithms=fedavg,fedtsdp",
             "--settings=iid,dirichlet:0.2",
-            "--rounds=2",
+            "--rounds=1",
             f"--output_dir={out}",
         ],
         {"TFF_CLUSTERED_RUN_TAG": tag},

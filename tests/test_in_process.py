@@ -27,7 +27,9 @@ from tff_clustered.models.functional import functional_model
 from tff_clustered.orchestration import Experiment, TrainingConfig
 
 pytestmark = pytest.mark.usefixtures("tff_context")
-CONFIG = TrainingConfig(rounds=2, clients_per_round=6, local_epochs=1, learning_rate=0.1, seed=3)
+CONFIG = TrainingConfig(
+    rounds=2, clients_per_round=6, local_epochs=1, learning_rate=0.1, seed=3, eval_every=2
+)
 # Options that make each clustered method decide within two rounds of twelve clients.
 CLUSTERED = {"cfl", "fesem", "fedtsdp", "ifca", "fedac", "flhc", "cgpfl"} | {
     a for a in ALGORITHMS if a.startswith("fedgroup")
@@ -70,11 +72,12 @@ def numbers(row: dict) -> dict[str, float]:
 
 # Algorithms whose rounds are another's with different server-side decisions: the decentralized
 # baselines but DisPFL run UA-PDFL's peer step with other mixing weights (CriticalFL-DFL's
-# shorter queues are data); FedGroup's variants differ from
+# shorter queues are data); FedAvg's round is FedGroup's with one cluster, FedProx's is
+# FedGrouProx's; FedGroup's variants differ from
 # fedgroup / fedgrouprox only in how the server clusters. The executions are compared on the
 # rounds, so one of each covers them.
 SAME_ROUNDS_AS_ANOTHER = (DECENTRALIZED - {"uapdfl", "dispfl"}) | {
-    "fedgroup_madc", "fedgrouprox_madc", "fedgroup_rac", "fedgroup_rcc",
+    "fedgroup_madc", "fedgrouprox_madc", "fedgroup_rac", "fedgroup_rcc", "fedavg", "fedprox",
 }  # fmt: skip
 COMPARED = sorted(set(ALGORITHMS) - SAME_ROUNDS_AS_ANOTHER)
 
