@@ -126,8 +126,7 @@ class CriticalFLDFL(Decentralized):
     ) -> Decision:
         decision = super().after_round(run, view, result, queries)
         state: CriticalState = view.state
-        index = {c: i for i, c in enumerate(run.client_ids)}
-        rows = np.array([index[c] for c in result.client_ids], np.int64)
+        rows = np.asarray(result.clusters, np.int64)  # each peer's mailbox row is its own
         norms = np.asarray(result.client_metrics["update_norm"], np.float64)
         options = self.options
         contacts, critical = next_contacts(

@@ -55,6 +55,7 @@ TOPOLOGIES = ("dynamic", "static")
 DROPOUT, PARTIAL, PERSONAL_HEAD, NO_REGIME = 0, 1, 2, -1
 REGIME_NAMES = {DROPOUT: "dropout", PARTIAL: "partial", PERSONAL_HEAD: "personal_head"}
 PROBABILITY_FLOOR = 1e-10
+UNIT_VALUE = 1.0  # every value of X_unit, the input the fingerprints are taken on (Eq. 4)
 
 
 def divergence(p: tf.Tensor, q: tf.Tensor, kind: str = "skl") -> tf.Tensor:
@@ -86,6 +87,40 @@ def update_norm(start: Sequence[tf.Tensor], end: Sequence[tf.Tensor]) -> tf.Tens
     return tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(b - a)) for a, b in zip(start, end)]))
 
 
+def train_mixed(
+    forward: client_work.ForwardFn,
+    inputs: client_work.ClientInputs,
+    mixed: Sequence[tf.Tensor],
+    present: tf.Tensor,
+    metrics: dict,
+    momentum: float = 0.0,
+    **train_options: object,
+) -> client_work.ClientOutputs:
+    """The end of every peer's round: local training from its mixed model (all variables,
+    trainable first), kept and published; `metrics` plus the neighbours it received and its
+    accumulated gradient norm ||w_trained - w_mixed|| / eta (`update_norm`)."""
+    num_trainable = len(inputs.weights)
+    start = tuple(mixed[:num_trainable])
+    result = client_work.train_client(
+        forward,
+        start,
+        inputs.dataset,
+        inputs.learning_rate,
+        momentum=momentum,
+        state=tuple(mixed[num_trainable:]),
+        seed=inputs.seed,
+        **train_options,
+    )
+    return client_work.ClientOutputs.kept(
+        result,
+        {
+            **metrics,
+            "neighbours_received": tf.reduce_sum(tf.cast(present[1:], tf.int32)),
+            "update_norm": update_norm(start, result.weights) / inputs.learning_rate,
+        },
+    )
+
+
 def softmax_outputs(logits: tf.Tensor) -> tf.Tensor:
     """Class probabilities (a single logit: [1 - p, p])."""
     if logits.shape[-1] == 1:
@@ -109,7 +144,7 @@ class PeerStep:
     Dense layers), or stay the peer's own with `local_statistics` (FedBN-style). `aux_mu` > 0
     adds mu ||g(w; X_unit) - mean of the received I^Aux||^2 (Eq. 12, not halved, inference
     mode) to the local loss, for a peer that has neighbours. X_unit is one input of shape
-    `input_shape` filled with `unit_value` (Eq. 4)."""
+    `input_shape` filled with `UNIT_VALUE` (Eq. 4)."""
 
     mixing: str
     head_start: int
@@ -120,8 +155,11 @@ class PeerStep:
     divergence: str = "skl"
     allow_dropout: bool = True
     layerwise: bool = True
-    unit_value: float = 1.0
     local_statistics: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mixing not in MIXINGS:
+            raise ValueError(f"unknown mixing {self.mixing!r}; choose one of {', '.join(MIXINGS)}")
 
     @property
     def reads_own_model(self) -> bool:
@@ -135,7 +173,7 @@ class PeerStep:
         inbox, num_trainable = inputs.inbox, len(inputs.weights)
         rows = int(inbox[0].shape[0])
         n = rows - 1
-        unit = tf.fill([1, *self.input_shape], tf.constant(self.unit_value, tf.float32))
+        unit = tf.fill([1, *self.input_shape], tf.constant(UNIT_VALUE, tf.float32))
 
         def row(r: int) -> tuple[tuple, tuple]:
             return tuple(v[r] for v in inbox[:num_trainable]), tuple(
@@ -200,36 +238,16 @@ class PeerStep:
                 features = inputs.features(weights, state, unit, self.head_start)[0]
                 return self.aux_mu * tf.reduce_sum(tf.square(features - target))
 
-        result = client_work.train_client(
-            forward,
-            tuple(mixed[:num_trainable]),
-            inputs.dataset,
-            inputs.learning_rate,
-            momentum=self.momentum,
-            state=tuple(mixed[num_trainable:]),
-            seed=inputs.seed,
-            penalty=penalty,
-        )
         values = self.values_received(
             inbox, num_trainable, regime, similar, present, unit_outputs, aux
         )
-        return client_work.ClientOutputs(
-            result.weights,
-            result.state,
-            result.weights,
-            result.state,
-            result.num_examples,
-            result.loss_sum,
-            metrics={
-                "regime": regime,
-                "divergence": tf.where(present[1:], div, np.nan),  # none for a padding row
-                "similar_neighbours": tf.reduce_sum(tf.cast(similar[1:], tf.int32)),
-                "values_received": values,
-                "neighbours_received": tf.reduce_sum(tf.cast(present[1:], tf.int32)),
-                "update_norm": update_norm(mixed[:num_trainable], result.weights)
-                / inputs.learning_rate,
-            },
-        )
+        metrics = {
+            "regime": regime,
+            "divergence": tf.where(present[1:], div, np.nan),  # none for a padding row
+            "similar_neighbours": tf.reduce_sum(tf.cast(similar[1:], tf.int32)),
+            "values_received": values,
+        }
+        return train_mixed(forward, inputs, mixed, present, metrics, self.momentum, penalty=penalty)
 
     def values_received(
         self,

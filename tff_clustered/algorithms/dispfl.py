@@ -48,7 +48,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.algorithms.base import Decision, Queries, RunInfo, check
-from tff_clustered.algorithms.dfl import Decentralized, received_rows, update_norm
+from tff_clustered.algorithms.dfl import Decentralized, received_rows, train_mixed
 from tff_clustered.federated import client_work
 from tff_clustered.options import option
 from tff_clustered.seeds import ALGORITHM, derived_seed
@@ -176,19 +176,8 @@ class SparsePeerStep:
                 w * tf.cast(masks[t], w.dtype) if t in masks else w for t, w in enumerate(weights)
             )
 
-        result = client_work.train_client(
-            forward,
-            tuple(mixed[:num_trainable]),
-            inputs.dataset,
-            inputs.learning_rate,
-            momentum=self.momentum,
-            state=tuple(mixed[num_trainable:]),
-            seed=inputs.seed,
-            project=onto_masks,
-        )
         values = tf.constant(0.0)
         if rows > 1:  # per received row: its kernels' non-zero values, its other tensors whole
-            neighbours = tf.reduce_sum(tf.cast(present[1:], tf.float32))
             received = tf.cast(present[1:], tf.float32)
             for tensor, rows_of in enumerate(inbox):
                 if tensor in masks:
@@ -196,21 +185,10 @@ class SparsePeerStep:
                     nonzero = tf.reduce_sum(tf.cast(tf.not_equal(flat, 0.0), tf.float32), 1)
                     values += tf.reduce_sum(nonzero * received)
                 else:
-                    values += neighbours * float(np.prod(rows_of.shape[1:]))
-        return client_work.ClientOutputs(
-            result.weights,
-            result.state,
-            result.weights,
-            result.state,
-            result.num_examples,
-            result.loss_sum,
-            metrics={
-                "values_received": values,
-                "neighbours_received": tf.reduce_sum(tf.cast(present[1:], tf.int32)),
-                "mask_changes": mask_changes,
-                "update_norm": update_norm(mixed[:num_trainable], result.weights)
-                / inputs.learning_rate,
-            },
+                    values += tf.reduce_sum(received) * float(np.prod(rows_of.shape[1:]))
+        metrics = {"values_received": values, "mask_changes": mask_changes}
+        return train_mixed(
+            forward, inputs, mixed, present, metrics, self.momentum, project=onto_masks
         )
 
 

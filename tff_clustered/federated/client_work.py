@@ -229,6 +229,19 @@ class ClientOutputs(NamedTuple):
     loss_sum: tf.Tensor
     metrics: dict = {}  # per-client values the algorithm logs (a fixed structure per work)
 
+    @classmethod
+    def kept(cls, result: TrainResult, metrics: Optional[dict] = None) -> ClientOutputs:
+        """The trained model, both aggregated and kept (plain local training)."""
+        return cls(
+            result.weights,
+            result.state,
+            result.weights,
+            result.state,
+            result.num_examples,
+            result.loss_sum,
+            metrics or {},
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class LocalSGD:
@@ -270,14 +283,7 @@ class LocalSGD:
             seed=inputs.seed,
             pulls=pulls,
         )
-        return ClientOutputs(
-            result.weights,
-            result.state,
-            result.weights,
-            result.state,
-            result.num_examples,
-            result.loss_sum,
-        )
+        return ClientOutputs.kept(result)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -146,7 +146,7 @@ def in_process_round(
         if fns.picks_cluster:
             distributed = fns.every_cluster_shared(cluster_models)
         elif fns.routes_rows:  # what federated_select hands the client: the rows it names
-            distributed = fns.select_rows(cluster_models, key)
+            distributed = fns.select_shared(cluster_models, key)
         else:  # what federated_select hands the client: its one selection
             distributed = fns.select_shared(cluster_models, key[0])
         return fns.client_update(distributed, stored, data, key, prox_scale, seed, hparams, anchor)
@@ -299,9 +299,10 @@ def in_process_round(
         for members in groups.values():
             if len(members) == 1:
                 shared_delta, cluster_weight, out = done[members[0]]
-                sums, total_weight = accumulate_graph(
-                    sums, total_weight, shared_delta, cluster_weight
-                )
+                if not fns.routes_rows:
+                    sums, total_weight = accumulate_graph(
+                        sums, total_weight, shared_delta, cluster_weight
+                    )
                 outputs[members[0]] = out
                 continue
             data, key, own, scale, seed = (
@@ -312,12 +313,14 @@ def in_process_round(
             shared_deltas, cluster_weights, out = train_clients_graph(
                 models, anchor, data, key, own, scale, seed, hparams
             )
-            sums, total_weight = accumulate_stacked_graph(
-                sums, total_weight, shared_deltas, cluster_weights
-            )
+            if not fns.routes_rows:
+                sums, total_weight = accumulate_stacked_graph(
+                    sums, total_weight, shared_deltas, cluster_weights
+                )
             for row, i in enumerate(members):
                 outputs[i] = tf.nest.map_structure(lambda a, row=row: a[row], out)
-        new_models = finalize_graph(models, sums, total_weight)
+        # A relay (routed rows) sums nothing: the mailbox is the peers' to rewrite.
+        new_models = models if fns.routes_rows else finalize_graph(models, sums, total_weight)
         measurements = collections.OrderedDict(cluster_weight=total_weight)
         return server_state(new_models, anchor), outputs, measurements
 

@@ -282,7 +282,6 @@ class RoundFunctions:
     initial_cluster_models: tuple
     initial_anchor: tuple
     select_shared: Callable[..., tuple]
-    select_rows: Callable[..., tuple]
     every_cluster_shared: Callable[..., tuple]
     client_update: Callable[..., tuple]
     apply_cluster_updates: Callable[..., tuple]
@@ -374,7 +373,8 @@ def round_functions(
 
     def stacked_rows(selected: Any) -> tuple:
         """Every selected row, stacked per variable (`num_rows` first): from a dataset of the
-        selections (what `federated_select` hands a client) or from `select_rows`."""
+        selections (what `federated_select` hands a client) or from `select_shared` given
+        every key at once (the in-process round)."""
         if isinstance(selected, tuple):
             return selected[1:]
         initial = (
@@ -383,10 +383,6 @@ def round_functions(
         )
         batched = selected.batch(num_rows, drop_remainder=True)
         return batched.reduce(initial, lambda _, x: x)[1:]
-
-    def select_rows(cluster_models: tuple, keys: tf.Tensor) -> tuple:
-        """The rows `keys` names, stacked: what a client of the in-process round receives."""
-        return (keys, *(tf.gather(cluster_models[i], keys) for i in io.shared))
 
     def first_element(selected: Any) -> tuple:
         """The shared variables of a selection: a dataset of one (what `federated_select`
@@ -481,7 +477,7 @@ def round_functions(
         )
         weight = result.num_examples if signature.client_weighting == "num_examples" else 1.0
         cluster_weight = tf.one_hot(cluster, k, dtype=tf.float32) * weight
-        cluster_weight *= tf.cast(finite, tf.float32) * (0.0 if routes_rows else 1.0)
+        cluster_weight *= tf.cast(finite, tf.float32)
         outputs = collections.OrderedDict(
             stored=tuple(kept[i] for i in io.store_out),
             num_examples=result.num_examples,
@@ -538,7 +534,6 @@ def round_functions(
             np.asarray(initial_variables[i], np.float32) for i in signature.anchor
         ),
         select_shared=select_shared,
-        select_rows=select_rows,
         every_cluster_shared=every_cluster_shared,
         client_update=client_update,
         apply_cluster_updates=apply_cluster_updates,
