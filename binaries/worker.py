@@ -58,7 +58,7 @@ def main(argv: list[str]) -> int:
             FLAGS.max_concurrent_computation_calls,
             FLAGS.log_file,
         )
-    except RuntimeError as e:  # WorkerServiceError, or TFF's worker binary missing
+    except worker_service.WorkerServiceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -58,6 +58,18 @@ def worker_pids_with_tag(tag: str) -> list[int]:
     return found
 
 
+def mlp_experiment(algorithm: str, data: object, config: object, **options: object) -> object:
+    """`algorithm` with `options` on `data` with a 16-unit MLP, started (no round run yet)."""
+    from tff_clustered.algorithms import make_algorithm
+    from tff_clustered.models import model_spec
+    from tff_clustered.orchestration import Experiment
+
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
+    exp = Experiment(data, model, make_algorithm(algorithm, **options), config)
+    exp.start()
+    return exp
+
+
 def checkpoint_round_trip(state: object, folder: object) -> object:
     """`state` written as a checkpoint file and read back (what a resumed run gets)."""
     from tff_clustered import checkpoint

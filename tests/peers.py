@@ -7,12 +7,11 @@ from typing import Optional
 
 import numpy as np
 import tensorflow as tf
+from conftest import mlp_experiment
 from sklearn.datasets import load_digits
 
-from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data.federated_data import FederatedData, from_arrays
 from tff_clustered.federated import client_work
-from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment, TrainingConfig
 
 
@@ -20,9 +19,7 @@ def run_mlp(
     algorithm: str, data: FederatedData, config: TrainingConfig, **options: object
 ) -> Experiment:
     """`algorithm` with `options` run to the end on `data` with a 16-unit MLP."""
-    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
-    exp = Experiment(data, model, make_algorithm(algorithm, **options), config)
-    exp.start()
+    exp = mlp_experiment(algorithm, data, config, **options)
     list(exp.rounds())
     return exp
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ari_with_plant, checkpoint_round_trip, history_rows
+from conftest import ari_with_plant, checkpoint_round_trip, history_rows, mlp_experiment
 from sklearn.metrics import adjusted_rand_score
 
 from tff_clustered import options as options_lib
@@ -17,7 +17,6 @@ from tff_clustered import weights as flat
 from tff_clustered.algorithms import algorithm_class, make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.data.federated_data import batches
-from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment, TrainingConfig
 
 pytestmark = pytest.mark.usefixtures("tff_context")
@@ -35,13 +34,10 @@ def experiment(
     # cold start a usable signal (1 epoch, the paper's default, recovers the plant unreliably).
     options.setdefault("pretrain_epochs", 3)
     data = load_digits_clusters(num_clients=clients, num_groups=groups, seed=config.seed)
-    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
     # One option set serves every algorithm here: each takes the options it has.
     accepted = options_lib.names(algorithm_class(algorithm).Options)
     options = {k: v for k, v in options.items() if k in accepted}
-    exp = Experiment(data, model, make_algorithm(algorithm, **options), config)
-    exp.start()
-    return exp
+    return mlp_experiment(algorithm, data, config, **options)
 
 
 @pytest.mark.parametrize("algorithm", ["fedgroup", "fedgroup_madc"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import mlp_experiment
 from peers import identical_data, linear, peer_inputs, run_mlp
 
 from tff_clustered.algorithms import make_algorithm
@@ -274,9 +275,7 @@ def test_routed_rounds_equal_a_reference_p2p_simulation_of_the_snapshot(
         rounds=3, clients_per_round=8, local_epochs=1, learning_rate=0.1, seed=5,
         lr_schedule="exponential", lr_decay=1e-6, eval_every=3,
     )  # fmt: skip
-    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
-    exp = Experiment(data, model, make_algorithm(algorithm, num_neighbours=3, **options), config)
-    exp.start()
+    exp = mlp_experiment(algorithm, data, config, num_neighbours=3, **options)
     ids = list(exp.run.client_ids)
     rows = exp.rounds()
     while exp.state.round_num < 2:

@@ -9,13 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import checkpoint_round_trip, history_rows
+from conftest import checkpoint_round_trip, history_rows, mlp_experiment
 from sklearn.metrics import adjusted_rand_score
 
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated import client_work
-from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment, TrainingConfig
 
 pytestmark = pytest.mark.usefixtures("tff_context")
@@ -25,10 +24,7 @@ def experiment(
     algorithm: str, config: TrainingConfig, clients: int, **options: object
 ) -> Experiment:
     data = load_digits_clusters(num_clients=clients, num_groups=4, seed=config.seed)
-    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
-    exp = Experiment(data, model, make_algorithm(algorithm, **options), config)
-    exp.start()
-    return exp
+    return mlp_experiment(algorithm, data, config, **options)
 
 
 def test_local_update_moves_by_the_two_pulls_only() -> None:
@@ -101,6 +97,9 @@ def test_warm_up_trains_everyone_once_in_one_cluster(
     # each warm-up cohort is one block of the permutation: 4 x 10 distinct clients
     order = fedac.state.algorithm_state.warmup_order
     assert sorted(order.tolist()) == list(range(40))
+    cohorts = [set(fedac.sample_clients(r)) for r in (1, 2, 3, 4)]  # what the loop sampled
+    assert [len(c) for c in cohorts] == [10] * 4
+    assert set().union(*cohorts) == set(fedac.data.client_ids)  # everyone trained once
 
 
 def test_fedac_recovers_the_planted_groups_and_beats_fedavg(

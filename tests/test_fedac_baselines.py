@@ -9,13 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from absl import flags
-from conftest import ari_with_plant, checkpoint_round_trip, history_rows
+from conftest import ari_with_plant, checkpoint_round_trip, history_rows, mlp_experiment
 
 from tff_clustered.algorithms import define_all_flags, make_algorithm
 from tff_clustered.algorithms.cgpfl import context_step
 from tff_clustered.clustering import hierarchical
 from tff_clustered.data import load_digits_clusters
-from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment, TrainingConfig
 
 pytestmark = pytest.mark.usefixtures("tff_context")
@@ -35,10 +34,7 @@ def experiment(
     **options: object,
 ) -> Experiment:
     data = load_digits_clusters(num_clients=clients, num_groups=groups, seed=config.seed)
-    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
-    exp = Experiment(data, model, make_algorithm(algorithm, **options), config)
-    exp.start()
-    return exp
+    return mlp_experiment(algorithm, data, config, **options)
 
 
 def trained(exp: Experiment) -> Experiment:
@@ -308,6 +304,8 @@ def test_cgpfl_recovers_the_planted_groups_and_beats_fedavg(
     assert last["accuracy_cluster"] >= theirs + 0.2, (last["accuracy_cluster"], theirs)
     similarity = cgpfl_run.state.similarity
     np.testing.assert_array_equal(np.argmin(similarity.matrix, axis=1), similarity.labels)
+    assignment = cgpfl_run.state.assignment  # the picture shows the assignment that was made
+    assert similarity.labels == tuple(assignment[c] for c in similarity.client_ids)
 
 
 # -- both ----------------------------------------------------------------------------------------

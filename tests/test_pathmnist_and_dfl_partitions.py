@@ -132,7 +132,7 @@ def test_channel_statistics_are_accumulated_in_float64() -> None:
     mean, std = channel_stats(x, chunk=300)
     np.testing.assert_allclose(mean, x.mean(axis=(0, 1, 2), dtype=np.float64), rtol=1e-12)
     np.testing.assert_allclose(std, x.std(axis=(0, 1, 2), dtype=np.float64), rtol=1e-9)
-    train, test = standardise(noise, noise[:5] * 2, scale=1.0 / 255.0)
+    train, test = standardise(noise, noise[:5] * 2)
     np.testing.assert_allclose(train.mean(axis=(0, 1, 2), dtype=np.float64), 0.0, atol=1e-5)
     np.testing.assert_allclose(train.std(axis=(0, 1, 2), dtype=np.float64), 1.0, atol=1e-5)
     ref_mean = noise.mean(axis=(0, 1, 2), dtype=np.float64)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import checkpoint_round_trip
+from conftest import checkpoint_round_trip, history_rows
 
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_dataset, load_digits_clusters
@@ -21,18 +21,6 @@ from tff_clustered.orchestration import Experiment, TrainingConfig
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 QUICK = TrainingConfig(rounds=3, clients_per_round=6, local_epochs=1, learning_rate=0.1, seed=1)
-
-
-def metrics(exp: Experiment) -> list[dict]:
-    """History without timings; NaN as None so rows compare."""
-    return [
-        {
-            k: (None if isinstance(v, float) and np.isnan(v) else v)
-            for k, v in r.items()
-            if k != "round_seconds"
-        }
-        for r in exp.state.history
-    ]
 
 
 def planted(algorithm: str, config: TrainingConfig = QUICK, **options: object) -> Experiment:
@@ -214,5 +202,5 @@ def test_checkpoint_round_trip_continues_identically(algorithm: str, tmp_path: P
     resumed = fresh()
     resumed.restore(checkpoint_round_trip(first.snapshot(), tmp_path))
     list(resumed.rounds())
-    assert metrics(resumed) == metrics(straight)
+    assert history_rows(resumed) == history_rows(straight)
     np.testing.assert_array_equal(resumed.state.cluster_models, straight.state.cluster_models)

@@ -90,10 +90,14 @@ def enter_private_network() -> None:
 
 
 def start_worker(port: int, max_concurrent_calls: int, log_path: str) -> subprocess.Popen:
+    try:
+        binary = worker_binary_path()
+    except RuntimeError as e:  # TFF's worker binary missing
+        raise WorkerServiceError(str(e)) from e
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             [
-                worker_binary_path(),
+                binary,
                 f"--port={port}",
                 f"--max_concurrent_computation_calls={max_concurrent_calls}",
             ],

@@ -105,6 +105,26 @@ class Similarity:
     round_num: int
     columns: Optional[tuple[str, ...]] = None
 
+    @classmethod
+    def to_centers(
+        cls,
+        measure: str,
+        client_ids: Sequence[str],
+        matrix: np.ndarray,
+        labels: Sequence[int],
+        round_num: int,
+        center_name: str = "center",
+    ) -> Similarity:
+        """Clients (rows) against the cluster centers (columns "center 0", ...)."""
+        return cls(
+            measure,
+            tuple(client_ids),
+            matrix,
+            tuple(int(k) for k in labels),
+            round_num,
+            columns=tuple(f"{center_name} {k}" for k in range(matrix.shape[1])),
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
@@ -272,6 +292,15 @@ def check(conditions: Sequence[tuple[bool, str]]) -> None:
             raise ValueError(message)
 
 
+def check_cluster_count(name: str, num_clusters: int, run: RunInfo) -> None:
+    """Refuses more clusters than the run has clients, naming the flag to lower."""
+    if num_clusters > len(run.client_ids):
+        raise ValueError(
+            f"{name}: num_clusters={num_clusters} exceeds the {len(run.client_ids)} clients; "
+            "lower --num_clusters"
+        )
+
+
 def layers_to_tensors(layer_sizes: Sequence[int], top_layers: int) -> tuple[int, ...]:
     """Indices of the trainable tensors of all but the top `top_layers` layers (-1: none)."""
     if top_layers == -1:
@@ -309,11 +338,7 @@ def clusters_of_local_models(
     w0; K-means (best of `restarts`, by intra-cluster distance) on their trainable values gives
     the first assignment, and each cluster model is its members' mean (weighted by `weights`,
     one per client, when given)."""
-    if len(run.client_ids) < num_clusters:
-        raise ValueError(
-            f"{name}: num_clusters={num_clusters} exceeds the {len(run.client_ids)} clients; "
-            "lower --num_clusters"
-        )
+    check_cluster_count(name, num_clusters, run)
     ids = list(run.client_ids)
     models = run.initial_model[None, :] + queries.local_updates(ids, run.initial_model, epochs, 0)
     labels, _ = clustering.best_kmeans(

@@ -140,13 +140,13 @@ class CGPFL(Algorithm):
             assignment=dict(zip(result.client_ids, labels.tolist())),
             cluster_models=new_contexts.astype(np.float32),
             metrics=self.metrics(personal, new_contexts, labels, width),
-            similarity=Similarity(
+            similarity=Similarity.to_centers(
                 "L2 distance of personal models to the context models",
-                tuple(result.client_ids),
+                result.client_ids,
                 np.sqrt(np.maximum(distances, 0.0)),
-                tuple(labels.tolist()),
+                labels,
                 result.round_num,
-                columns=tuple(f"context {k}" for k in range(len(contexts))),
+                "context",
             ),
         )
 

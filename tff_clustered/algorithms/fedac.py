@@ -49,6 +49,7 @@ from tff_clustered.algorithms.base import (
     ServerView,
     Similarity,
     check,
+    check_cluster_count,
     layers_to_tensors,
 )
 from tff_clustered.clustering import fedac as fedac_clustering
@@ -107,7 +108,9 @@ class FedAC(Algorithm):
         fedac_lambda: float = option(
             0.1, "FedAC lambda: pull of the embedding toward the global embedding Phi."
         )
-        fedac_components: int = option(50, "FedAC reduced dimension D of the PCA map.")
+        fedac_components: int = option(
+            fedac_clustering.NUM_COMPONENTS, "FedAC reduced dimension D of the PCA map."
+        )
         fedac_pca_period: int = option(100, "FedAC: refit the PCA map every this many rounds.")
         fedac_pca_center: bool = option(
             True, "FedAC: subtract the PCA mean before projecting (Alg. 2 literal: false)."
@@ -119,13 +122,25 @@ class FedAC(Algorithm):
             "kmeans", "FedAC initial clusters after warm-up.", ("kmeans", "random")
         )
         fedac_similarity: str = option(
-            "lrcos", "FedAC E-step similarity (l2: the Sec. 5.4 ablation).", ("lrcos", "l2")
+            "lrcos",
+            "FedAC E-step similarity (l2: the Sec. 5.4 ablation).",
+            fedac_clustering.SIMILARITIES,
         )
-        gc_lower: float = option(0.2, "FedAC CNT: merge clusters with G_c below this (a).")
-        gc_upper: float = option(0.8, "FedAC CNT: split clusters with G_c above this (b).")
-        fedac_min_clusters: int = option(2, "FedAC CNT: never fewer clusters (K_min).")
-        fedac_max_clusters: int = option(20, "FedAC CNT: never more clusters (K_max).")
-        fedac_min_split_size: int = option(2, "FedAC CNT: members of each side of a split.")
+        gc_lower: float = option(
+            fedac_clustering.GC_LOWER, "FedAC CNT: merge clusters with G_c below this (a)."
+        )
+        gc_upper: float = option(
+            fedac_clustering.GC_UPPER, "FedAC CNT: split clusters with G_c above this (b)."
+        )
+        fedac_min_clusters: int = option(
+            fedac_clustering.MIN_CLUSTERS, "FedAC CNT: never fewer clusters (K_min)."
+        )
+        fedac_max_clusters: int = option(
+            fedac_clustering.MAX_CLUSTERS, "FedAC CNT: never more clusters (K_max)."
+        )
+        fedac_min_split_size: int = option(
+            fedac_clustering.MIN_SPLIT_SIZE, "FedAC CNT: members of each side of a split."
+        )
         fedac_weighting: str = option(
             "uniform",
             "FedAC means (Phi, centres): uniform as in the paper, or by training examples.",
@@ -142,26 +157,22 @@ class FedAC(Algorithm):
                 (o.fedac_components >= 1, "fedac_components must be >= 1"),
                 (o.fedac_pca_period >= 1, "fedac_pca_period must be >= 1"),
                 (o.fedac_warmup_rounds >= 0, "fedac_warmup_rounds must be >= 0 (0: automatic)"),
-                (0 <= o.gc_lower < o.gc_upper, "need 0 <= gc_lower < gc_upper"),
-                (
-                    1 <= o.fedac_min_clusters <= o.fedac_max_clusters,
-                    "need 1 <= fedac_min_clusters <= fedac_max_clusters",
-                ),
-                (o.fedac_min_split_size >= 1, "fedac_min_split_size must be >= 1"),
+                (0 <= o.gc_lower < o.gc_upper, "need 0 <= gc_lower < gc_upper"),  # a = b: no CNT
             ]
         )
+        try:  # the rest of cluster number tuning's bounds, checked where they are defined
+            self.cnt_settings = fedac_clustering.CntSettings(
+                o.gc_lower, o.gc_upper, o.fedac_min_clusters, o.fedac_max_clusters,
+                o.fedac_min_split_size,
+            )  # fmt: skip
+        except ValueError as e:
+            raise ValueError(
+                f"fedac: {e} (--fedac_min_clusters, --fedac_max_clusters, --fedac_min_split_size)"
+            ) from e
 
     @property
     def initial_clusters(self) -> int:
         return self.options.num_clusters or DEFAULT_INITIAL_CLUSTERS
-
-    @property
-    def cnt_settings(self) -> fedac_clustering.CntSettings:
-        o = self.options
-        return fedac_clustering.CntSettings(
-            o.gc_lower, o.gc_upper, o.fedac_min_clusters, o.fedac_max_clusters,
-            o.fedac_min_split_size,
-        )  # fmt: skip
 
     def client_work(self, momentum: float, run: RunInfo) -> client_work.ClientWork:
         """LocalUpdate: from the client's own model, pulled toward Omega_k (mu, every tensor)
@@ -185,11 +196,7 @@ class FedAC(Algorithm):
 
     # -- decisions ------------------------------------------------------------------------------
     def init(self, run: RunInfo, queries: Queries) -> Decision:
-        if self.initial_clusters > len(run.client_ids):
-            raise ValueError(
-                f"fedac: num_clusters={self.initial_clusters} exceeds the "
-                f"{len(run.client_ids)} clients; lower --num_clusters"
-            )
+        check_cluster_count(self.name, self.initial_clusters, run)
         order = np.random.default_rng(derived_seed(run.seed, ALGORITHM)).permutation(
             len(run.client_ids)
         )
@@ -238,6 +245,7 @@ class FedAC(Algorithm):
             else:
                 labels = fedac_clustering.random_assignment(len(ids), self.initial_clusters, seed)
             centers = fedac_clustering.m_step(models, labels, self.initial_clusters, weights)
+            reduced_centers = fedac_clustering.project(state.pca_map, centers)
         else:
             step = fedac_clustering.clustering_step(
                 models,
@@ -248,7 +256,7 @@ class FedAC(Algorithm):
                 weights,
                 o.fedac_similarity,
             )
-            labels, centers = step.assign, step.centers
+            labels, centers, reduced_centers = step.assign, step.centers, step.reduced_centers
             gc = step.cnt.gc[np.isfinite(step.cnt.gc)]
             metrics.update(
                 merges=float(len(step.cnt.merges)),
@@ -256,19 +264,17 @@ class FedAC(Algorithm):
                 gc_mean=float(gc.mean()) if len(gc) else float("nan"),
             )
         metrics["num_clusters"] = float(len(centers))
-        reduced_centers = fedac_clustering.project(state.pca_map, centers)
         return Decision(
             assignment=dict(zip(ids, labels.tolist())),
             cluster_models=centers.astype(np.float32),
             anchor=anchor,
             state=state,
             metrics=metrics,
-            similarity=Similarity(
+            similarity=Similarity.to_centers(
                 "LrCos of client models to the centres (Alg. 2)",
-                tuple(ids),
+                ids,
                 fedac_clustering.lrcos(z, reduced_centers),
-                tuple(int(k) for k in labels),
+                labels,
                 r,
-                columns=tuple(f"center {k}" for k in range(len(centers))),
             ),
         )

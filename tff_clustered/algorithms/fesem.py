@@ -132,19 +132,18 @@ class FeSEM(Algorithm):
         centers = result.cluster_models_before
         models = centers[result.clusters] + result.model_deltas
         width = run.num_trainable_values
-        labels = clustering.nearest_centers(models[:, :width], centers[:, :width])
         distances = clustering.squared_center_distances(models[:, :width], centers[:, :width])
+        labels = np.argmin(distances, axis=1).astype(np.int32)  # nearest center
         weights = self._weights(result.num_examples)
         return Decision(
             assignment=dict(zip(result.client_ids, labels.tolist())),
             cluster_models=clustering.mean_per_cluster(models, labels, centers, weights),
-            similarity=Similarity(
+            similarity=Similarity.to_centers(
                 "L2 distance of trained models to the centers (Eq. 8)",
-                tuple(result.client_ids),
+                result.client_ids,
                 np.sqrt(np.maximum(distances, 0.0)),
-                tuple(labels.tolist()),
+                labels,
                 result.round_num,
-                columns=tuple(f"center {k}" for k in range(len(centers))),
             ),
         )
 

@@ -38,6 +38,7 @@ from tff_clustered.algorithms.base import (
     ServerView,
     Similarity,
     check,
+    check_cluster_count,
 )
 from tff_clustered.algorithms.ifca import DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP
 from tff_clustered.clustering import hierarchical
@@ -87,10 +88,6 @@ class FLHC(Algorithm):
                     or (o.flhc_distance_threshold > 0 and np.isfinite(o.flhc_distance_threshold)),
                     "flhc_distance_threshold must be > 0",
                 ),
-                (
-                    o.flhc_linkage in hierarchical.LINKAGES,
-                    f"flhc_linkage must be one of {', '.join(hierarchical.LINKAGES)}",
-                ),
                 (o.flhc_cluster_round >= 0, "flhc_cluster_round must be >= 0"),
                 (o.flhc_local_epochs >= 1, "flhc_local_epochs must be >= 1"),
             ]
@@ -106,11 +103,8 @@ class FLHC(Algorithm):
 
     def init(self, run: RunInfo, queries: Queries) -> Decision:
         count, _ = self.cut
-        if count is not None and count > len(run.client_ids):
-            raise ValueError(
-                f"flhc: num_clusters={count} exceeds the {len(run.client_ids)} clients; "
-                "lower --num_clusters"
-            )
+        if count is not None:
+            check_cluster_count(self.name, count, run)
         if self.options.flhc_cluster_round == 0:
             return self.cluster(run, run.initial_model, 0, queries)
         return Decision(assignment={c: 0 for c in run.client_ids}, state=None)

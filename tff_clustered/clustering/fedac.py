@@ -32,7 +32,12 @@ from typing import NamedTuple, Optional, Union
 import numpy as np
 from scipy.spatial.distance import cdist
 
-from tff_clustered.clustering.decomposed import _float, cosine_similarity, row_blocks
+from tff_clustered.clustering.decomposed import (
+    _float,
+    cosine_similarity,
+    nearest_centers,
+    row_blocks,
+)
 
 # Reduced dimension D (Sec. 4.3), G_c bounds (a, b) (Sec. 5.5); K_min, K_max, s_min are not in
 # the paper (our defaults).
@@ -512,9 +517,7 @@ def clustering_step(
     if similarity == "lrcos":
         labels = e_step(z, project(pca_map, c))
     else:
-        labels = np.concatenate(
-            [np.argmin(cdist(block, c, "sqeuclidean"), axis=1) for block in row_blocks(x)]
-        ).astype(np.int32)
+        labels = np.concatenate([nearest_centers(block, c) for block in row_blocks(x)])
     labels, kept = drop_empty_clusters(labels, len(c))
     new_centers = m_step(x, labels, len(kept), weights)
     cnt = tune_cluster_number(x, new_centers, labels, pca_map, z, settings, weights)

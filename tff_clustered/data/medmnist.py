@@ -131,7 +131,7 @@ def load_pathmnist(
     if not data_dir:
         raise DataError(f"--dataset=pathmnist reads a file you already have: {GET_IT}")
     x_train, y_train, x_test, _ = read_pathmnist(data_dir)
-    train, public = standardise(x_train, x_test, scale=1.0 / 255.0)
+    train, public = standardise(x_train, x_test)  # the same as scaled to [0, 1] first
     parts = partitions.partition(
         y_train,
         num_clients,

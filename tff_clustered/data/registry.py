@@ -107,7 +107,7 @@ def load_dataset(
             data_dir,
             partition=partition or "dirichlet",
             num_clients=num_clients or PATHMNIST_PEERS,
-            dirichlet_beta=0.5 if dirichlet_beta is None else dirichlet_beta,
+            dirichlet_beta=image_beta(partition, dirichlet_beta),
             seed=seed,
             classes_per_client=classes_per_client,
         )

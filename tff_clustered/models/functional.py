@@ -306,8 +306,7 @@ def _batch_norm(
 def _parameter_free(layer: tf.keras.layers.Layer, x: object) -> Optional[tf.Tensor]:
     """The common parameter-free layers as TF ops (channels-last), or None for any other.
     Calling a Keras layer fails once TFF's own builder has run inside a TF1 graph (it leaves
-    every Keras layer made outside that graph unusable), so the feature pass of a model built
-    by TFF's builder does not call them."""
+    every Keras layer made outside that graph unusable), so no pass calls these."""
     kind = type(layer)
     if kind is tf.keras.layers.Flatten:
         return tf.reshape(x, [tf.shape(x)[0], -1])
@@ -416,7 +415,32 @@ def _interpreted(model: tf.keras.Model, bn_momentum: Optional[float]) -> Functio
             return tf.nn.experimental.stateless_dropout(
                 x, layer.rate, seed=layer_seed, noise_shape=noise_shape
             )
-        return layer(x)
+        as_ops = _parameter_free(layer, x)
+        return layer(x) if as_ops is None else as_ops
+
+    def run(
+        weights: Sequence[tf.Tensor],
+        stats: list,
+        x: tf.Tensor,
+        training: bool,
+        seed: Optional[tf.Tensor],
+        head_start: Optional[int] = None,
+    ) -> tuple[tf.Tensor, bool]:
+        """The layers in order; with `head_start`, stops at the layer owning that trainable
+        tensor and returns its (flattened) input. (value, whether it stopped there)."""
+        values = {model_inputs[0]: x}
+        for step in steps:
+            inputs = [values[i] for i in step.inputs]
+            if head_start is not None and head_start in step.trainable:
+                if len(inputs) != 1:
+                    raise ValueError(f"the head starts at layer {step.layer.name}, which merges")
+                return tf.reshape(inputs[0], [tf.shape(x)[0], -1]), True
+            value = run_step(
+                step, inputs[0] if len(inputs) == 1 else inputs, weights, stats, training, seed
+            )
+            for out_id, out in zip(step.outputs, tf.nest.flatten(value)):
+                values[out_id] = out
+        return values[model_output], False
 
     def apply(
         weights: Sequence[tf.Tensor],
@@ -433,34 +457,16 @@ def _interpreted(model: tf.keras.Model, bn_momentum: Optional[float]) -> Functio
         if seed is not None:
             seed = tf.convert_to_tensor(seed)
         stats = list(state)
-        values = {model_inputs[0]: x}
-        for step in steps:
-            inputs = [values[i] for i in step.inputs]
-            value = run_step(
-                step, inputs[0] if len(inputs) == 1 else inputs, weights, stats, training, seed
-            )
-            for out_id, out in zip(step.outputs, tf.nest.flatten(value)):
-                values[out_id] = out
-        return values[model_output], tuple(stats)
+        output, _ = run(weights, stats, x, training, seed)
+        return output, tuple(stats)
 
     def features(
         weights: Sequence[tf.Tensor], state: Sequence[tf.Tensor], x: tf.Tensor, head_start: int
     ) -> tf.Tensor:
-        stats = list(state)
-        values = {model_inputs[0]: x}
-        for step in steps:
-            inputs = [values[i] for i in step.inputs]
-            if head_start in step.trainable:
-                if len(inputs) != 1:
-                    raise ValueError(f"the head starts at layer {step.layer.name}, which merges")
-                return tf.reshape(inputs[0], [tf.shape(x)[0], -1])
-            x_in = inputs[0] if len(inputs) == 1 else inputs
-            value = _parameter_free(step.layer, x_in)
-            if value is None:
-                value = run_step(step, x_in, weights, stats, False, None)
-            for out_id, out in zip(step.outputs, tf.nest.flatten(value)):
-                values[out_id] = out
-        raise ValueError(f"no layer of model {model.name} owns trainable tensor {head_start}")
+        value, reached = run(weights, list(state), x, False, None, head_start)
+        if not reached:
+            raise ValueError(f"no layer of model {model.name} owns trainable tensor {head_start}")
+        return value
 
     return FunctionalModel(
         trainable_shapes=_shapes(model.trainable_weights),

@@ -67,36 +67,30 @@ class PersonalSplit:
         return tuple(i for unit in chosen for i in unit)
 
 
-def trainable_layer_sizes(model: tf.keras.Model) -> list[int]:
-    """Number of trainable tensors per layer that has any, bottom to top (the order of
-    `model.trainable_weights`): Dense and Conv2D count kernel and bias (or just the kernel
-    without bias), BatchNormalization its gamma and beta (its moving statistics are not
-    trainable). A nested model counts as its own layers."""
-    sizes: list[int] = []
+def weighted_layers(model: tf.keras.Model) -> list[tf.keras.layers.Layer]:
+    """The layers that have trainable tensors, bottom to top (the order of
+    `model.trainable_weights`); a nested model counts as its own layers."""
+    found: list[tf.keras.layers.Layer] = []
     for layer in model.layers:
         if isinstance(layer, tf.keras.Model):
-            sizes += trainable_layer_sizes(layer)
+            found += weighted_layers(layer)
         elif layer.trainable_weights:
-            sizes.append(len(layer.trainable_weights))
-    return sizes
+            found.append(layer)
+    return found
+
+
+def trainable_layer_sizes(model: tf.keras.Model) -> list[int]:
+    """Number of trainable tensors per layer that has any, bottom to top: Dense and Conv2D
+    count kernel and bias (or just the kernel without bias), BatchNormalization its gamma and
+    beta (its moving statistics are not trainable)."""
+    return [len(layer.trainable_weights) for layer in weighted_layers(model)]
 
 
 def classifier_layers(model: tf.keras.Model) -> int:
     """The weighted layers at the top of `model` after its last convolutional or normalisation
     layer: its fully connected classifier (UA-PDFL's prose split: g = every convolutional/BN
     layer up to the last pooling, h = the FC layers); 0 for a model of Dense layers only."""
-
-    def weighted(m: tf.keras.Model) -> list[tf.keras.layers.Layer]:
-        found: list[tf.keras.layers.Layer] = []
-        for layer in m.layers:
-            if isinstance(layer, tf.keras.Model):
-                found += weighted(layer)
-            elif layer.trainable_weights:
-                found.append(layer)
-        return found
-
-    layers = weighted(model)
-    dense = [isinstance(layer, tf.keras.layers.Dense) for layer in layers]
+    dense = [isinstance(layer, tf.keras.layers.Dense) for layer in weighted_layers(model)]
     if all(dense):
         return 0
     return len(dense) - 1 - max(i for i, d in enumerate(dense) if not d)
