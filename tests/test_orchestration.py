@@ -166,3 +166,42 @@ def test_a_non_finite_cluster_model_stops_the_run_naming_round_clients_and_fix()
     message = str(raised.value)
     assert "round 7" in message and "cluster model(s) 2" in message
     assert "clients: b, c" in message and "lower --learning_rate" in message
+
+
+class ExamplesRecorder(Algorithm):
+    """FedAvg that records how many examples each sampled client trained on."""
+
+    name = "examples_recorder"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.examples: list[np.ndarray] = []
+
+    def after_round(
+        self, run: RunInfo, view: ServerView, result: RoundResult, queries: Queries
+    ) -> Decision:
+        self.examples.append(result.num_examples.copy())
+        return Decision()
+
+
+def test_local_steps_cut_local_training_to_that_many_minibatches() -> None:
+    """--local_steps (FedAC's 5 local steps): each client takes exactly that many minibatches,
+    its epochs repeated as needed; 0 keeps --local_epochs passes."""
+    data = load_digits_clusters(num_clients=12, num_groups=2, seed=5)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
+    for steps, epochs in ((40, 1), (0, 2)):
+        recorder = ExamplesRecorder()
+        config = TrainingConfig(
+            rounds=1, clients_per_round=4, local_epochs=epochs, local_steps=steps,
+            batch_size=5, learning_rate=0.1, seed=5,
+        )  # fmt: skip
+        experiment = Experiment(data, model, recorder, config)
+        experiment.start()
+        list(experiment.rounds())
+        (examples,) = recorder.examples
+        sampled = experiment.sample_clients(1)
+        if steps:  # 40 x 5 examples: more than a client holds, so its data repeats
+            assert max(data.train_sizes[c] for c in sampled) < 200
+            np.testing.assert_array_equal(examples, 200.0)
+        else:
+            np.testing.assert_array_equal(examples, [2 * data.train_sizes[c] for c in sampled])
