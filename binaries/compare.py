@@ -19,15 +19,23 @@ there 10 clients, batch 10, decay 0.99 and 20 rounds show the comparison in minu
 cores.
 
 Accuracy is each client's test set evaluated with the model it would use (its cluster's, its
-personal one), pooled over clients. Each run is kept under OUTPUT_DIR/[SETTING/]ALGORITHM/
-with its checkpoint; running the same command again continues or reuses them. Flags given on
-the command line always win over a table's defaults.
+personal one), pooled over clients (FedAC and UA-PDFL: the unweighted mean over clients).
+`--seeds=0,1,2` runs every cell with each seed (the seed draws the partition, the initial
+model, the sampling and every algorithm's choices) and writes mean ± std over them, with
+each cell's diagnostics per seed (clusters formed, FedTSDP's triggers, UA-PDFL's regimes), the
+command and the date. Each run is kept under OUTPUT_DIR/[sSEED/][SETTING/]ALGORITHM/ with its
+checkpoint; running the same command again continues or reuses them, so a stopped table
+resumes where it stopped. Flags given on the command line always win over a table's defaults;
+a baseline the paper ran differently keeps that difference relative to them (UA-PDFL's
+DFedAvgM: twice the local work, half the rounds).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
+import shlex
 import sys
 from typing import Any
 
@@ -39,7 +47,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from tff_clustered import logs  # noqa: E402 - light; quiets TensorFlow before its import
 
 logs.quiet_tensorflow(sys.argv)
-from tff_clustered import reporting, run_flags, runner  # noqa: E402
+from tff_clustered import result_tables, run_flags, runner  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS  # noqa: E402
 from tff_clustered.algorithms.fedgroup import discrepancy  # noqa: E402
 from tff_clustered.runtime import RuntimeConfig, tff_runtime  # noqa: E402
@@ -133,6 +141,11 @@ TABLES: dict[str, dict[str, Any]] = {
 # Tables whose rows are partition settings, and whether the paper reports the unweighted mean
 # over clients (FedAC's A9 reading, UA-PDFL) rather than the pooled accuracy.
 SETTING_TABLES = {"fedtsdp": False, "fedac": True, "uapdfl": True}
+# Baselines run as the table's paper ran them, relative to the table's own settings: UA-PDFL
+# (Sec. 5.1) gives DFedAvgM twice the local iterations and half the rounds.
+PROTOCOLS: dict[str, dict[str, dict[str, float]]] = {
+    "uapdfl": {"dfedavgm": {"local_work": 2, "rounds": 0.5}},
+}
 # Digits (1,797 images): with the paper's 20 clients each holds ~54 training images and the
 # client models disagree enough on IID data for H to wander across 0.65; 10 clients of ~108
 # images behave as the paper's IID runs do (H stays below h_th).
@@ -152,8 +165,16 @@ flags.DEFINE_list(
     "settings", None, "fedtsdp table: partitions, rows (iid, dirichlet:BETA, pathological)."
 )
 flags.DEFINE_float("target_accuracy", 0.9, "Accuracy for the rounds-to-target column.")
+flags.DEFINE_list(
+    "seeds",
+    None,
+    "Seeds to run every cell with (e.g. 0,1,2): the table shows mean ± std over them "
+    "(unset: --seed alone).",
+)
 flags.DEFINE_string(
-    "output_dir", None, "Where outputs go (default runs/compare-TABLE-DATASET-sSEED)."
+    "output_dir",
+    None,
+    "Where outputs go (default runs/compare-TABLE-DATASET-sSEED, or -seedsA-B-C).",
 )
 
 
@@ -181,6 +202,22 @@ def parse_setting(setting: str) -> dict[str, Any]:
         raise ValueError(f"setting {setting!r}: BETA must be a number") from None
 
 
+def table_protocol(table: str, spec: runner.RunSpec) -> runner.RunSpec:
+    """A baseline run as the table's paper ran it (`PROTOCOLS`): UA-PDFL gives DFedAvgM twice
+    the local iterations and half the rounds of the others."""
+    change = PROTOCOLS.get(table, {}).get(spec.algorithm)
+    if change is None:
+        return spec
+    t = spec.training
+    training = dataclasses.replace(
+        t,
+        local_epochs=t.local_epochs * change.get("local_work", 1),
+        local_steps=t.local_steps * change.get("local_work", 1),
+        rounds=max(1, int(t.rounds * change.get("rounds", 1))),
+    )
+    return dataclasses.replace(spec, training=training)
+
+
 def run_one(spec: runner.RunSpec, output_dir: str, runtime: RuntimeConfig) -> dict[str, Any]:
     summary = runner.run(
         spec,
@@ -195,6 +232,23 @@ def run_one(spec: runner.RunSpec, output_dir: str, runtime: RuntimeConfig) -> di
     return summary
 
 
+def seeds_from_flags() -> list[int]:
+    """`--seeds` (each >= 0, no repeats), else `--seed` alone."""
+    if not FLAGS.seeds:
+        return [FLAGS.seed]
+    try:
+        seeds = [int(s) for s in FLAGS.seeds]
+    except ValueError:
+        raise ValueError(
+            f"--seeds={','.join(FLAGS.seeds)}: give whole numbers, e.g. 0,1,2"
+        ) from None
+    if min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds={','.join(FLAGS.seeds)}: give distinct numbers >= 0")
+    if FLAGS["seed"].present:
+        raise ValueError("give --seeds or --seed, not both")
+    return seeds
+
+
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -207,44 +261,72 @@ def main(argv: list[str]) -> int:
                 f"{', '.join(ALGORITHMS)}"
             )
         run_flags.refuse_other_algorithms_flags(FLAGS.algorithms)
+        seeds = seeds_from_flags()
         # Each algorithm reads only its own options from the command line (an algorithm with
         # one model has no --num_clusters, one without a proximal term no --mu), so one
         # command line serves the whole table.
         base = run_flags.run_spec_from_flags(FLAGS.algorithms[0])
+        seed_part = f"s{seeds[0]}" if len(seeds) == 1 else "seeds" + "-".join(map(str, seeds))
         output_dir = FLAGS.output_dir or os.path.join(
-            "runs", f"compare-{FLAGS.table}-{base.dataset}-s{base.training.seed}"
+            "runs", f"compare-{FLAGS.table}-{base.dataset}-{seed_part}"
         )
         settings = FLAGS.settings if FLAGS.table in SETTING_TABLES else [None]
         partitions = {s: parse_setting(s) for s in settings if s is not None}
-        rows, histories = [], {}
+        rows: list[dict[str, Any]] = []
+        histories: dict[tuple[str, str], list] = {}
         runtime_config = run_flags.runtime_config_from_flags(output_dir)
         with tff_runtime(runtime_config):
-            for setting in settings:
-                for algorithm in FLAGS.algorithms:
-                    spec = run_flags.run_spec_from_flags(algorithm)
-                    if setting is not None:
-                        spec = dataclasses.replace(spec, **partitions[setting])
-                    where = [output_dir] + ([setting.replace(":", "-")] if setting else [])
-                    summary = run_one(spec, os.path.join(*where, algorithm), runtime_config)
-                    history = summary["history"]
-                    row = reporting.comparison_row(algorithm, history, FLAGS.target_accuracy)
-                    row["setting"] = setting or base.dataset
-                    rows.append(row)
-                    histories[(row["setting"], algorithm)] = history
-                    print(
-                        f"{row['setting']:>16} {algorithm:>18}: max {row['max_accuracy']:.4f}  "
-                        f"final {row['final_accuracy']:.4f}",
-                        flush=True,
-                    )
+            for seed in seeds:  # seed by seed, so that an early stop leaves whole tables
+                for setting in settings:
+                    for algorithm in FLAGS.algorithms:
+                        spec = table_protocol(FLAGS.table, run_flags.run_spec_from_flags(algorithm))
+                        spec = dataclasses.replace(
+                            spec,
+                            training=dataclasses.replace(spec.training, seed=seed),
+                            **(partitions[setting] if setting is not None else {}),
+                        )
+                        where = [output_dir] + ([f"s{seed}"] if len(seeds) > 1 else [])
+                        where += [result_tables.setting_directory(setting), algorithm]
+                        summary = run_one(spec, os.path.join(*where), runtime_config)
+                        history = summary["history"]
+                        row = result_tables.run_row(
+                            setting or base.dataset,
+                            algorithm,
+                            seed,
+                            history,
+                            FLAGS.target_accuracy,
+                            decentralized=ALGORITHMS[algorithm].distribution == "neighbours",
+                        )
+                        rows.append(row)
+                        histories.setdefault((row["setting"], algorithm), []).append(history)
+                        print(
+                            f"seed {seed} {row['setting']:>16} {algorithm:>18}: "
+                            f"max {row['max_accuracy']:.4f}  final {row['final_accuracy']:.4f}  "
+                            f"client mean {row['final_client_mean_accuracy']:.4f}",
+                            flush=True,
+                        )
     title = (
-        f"{base.dataset} / {base.model}, seed {base.training.seed}, {base.training.rounds} rounds"
+        f"{FLAGS.table} table: {base.dataset} / {base.model}, {base.training.rounds} rounds, "
+        f"{base.training.clients_per_round} clients per round"
     )
-    if FLAGS.table in SETTING_TABLES:
-        reporting.write_setting_table(output_dir, rows, title, SETTING_TABLES[FLAGS.table])
-    else:
-        reporting.write_comparison(output_dir, rows, title, FLAGS.target_accuracy)
-    reporting.write_comparison_png(os.path.join(output_dir, "comparison.png"), histories, title)
-    print(open(os.path.join(output_dir, "comparison.md")).read())
+    client_mean = SETTING_TABLES.get(FLAGS.table, False)
+    markdown = result_tables.write_tables(
+        output_dir,
+        rows,
+        title,
+        by_setting=FLAGS.table in SETTING_TABLES,
+        client_mean=client_mean,
+        target_accuracy=FLAGS.target_accuracy,
+        command=shlex.join(["python", *sys.argv]),
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    )
+    result_tables.write_comparison_png(
+        os.path.join(output_dir, "comparison.png"),
+        histories,
+        title,
+        "client_accuracy_mean" if client_mean else "accuracy",
+    )
+    print(markdown)
     print(f"outputs in {output_dir}: comparison.md, comparison.csv, comparison.png")
     return 0
 

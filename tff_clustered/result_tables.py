@@ -1,0 +1,318 @@
+"""Comparison tables of several algorithms over seeds (`binaries/compare.py`).
+
+Every run gives one row (`run_row`: setting, algorithm, seed, its accuracies and what its
+clustering did). `write_tables` aggregates them per (setting, algorithm) over the seeds into
+mean ± std cells (the sample standard deviation, ddof = 1, so one seed shows no spread), with
+the per-setting diagnostics that say whether an algorithm did what it is for (clusters formed,
+FedTSDP's triggers, CFL's splits, UA-PDFL's regimes), the command that made the table and its
+date, and keeps every run's figures in long form in `comparison.csv`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+import numpy as np
+
+from tff_clustered.checkpoint import atomic_write_bytes
+from tff_clustered.reporting import pyplot, save_figure, summarize
+
+RUN_COLUMNS = (
+    "setting",
+    "algorithm",
+    "seed",
+    "max_accuracy",
+    "max_accuracy_round",
+    "final_accuracy",
+    "final_client_mean_accuracy",
+    "rounds_to_target",
+    "mean_discrepancy",
+    "floats_per_round",
+    "train_seconds",
+    "clusters",
+    "triggers",
+    "regime_dropout",
+    "regime_partial",
+    "regime_personal_head",
+    "neighbours_mean",
+)
+REGIMES = ("dropout", "partial", "personal_head")
+
+
+def _last(history: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
+    """The last row's columns that start with `prefix` (e.g. every `cluster_size_k`)."""
+    for row in reversed(history):
+        found = {k: float(v) for k, v in row.items() if k.startswith(prefix)}
+        if found:
+            return found
+    return {}
+
+
+def _mean(values: Sequence[float]) -> Optional[float]:
+    return float(np.mean(values)) if len(values) else None
+
+
+def diagnostics(history: Sequence[Mapping[str, Any]], decentralized: bool) -> dict[str, Any]:
+    """What a run's clustering did: clusters in use at the end (clients assigned to them; None
+    for decentralized peers, which each keep their own model), FedTSDP's re-clustering
+    triggers (rounds with H > h_th), the share of peer-rounds in each UA-PDFL regime (rounds
+    after the first, when every model is still the common initial one), and the mean number of
+    neighbours mixed (CriticalFL-DFL)."""
+    trained = [r for r in history if r["round"] > 0]
+    sizes = _last(history, "cluster_size_")
+    out: dict[str, Any] = {
+        "clusters": None if decentralized or not sizes else sum(v > 0 for v in sizes.values()),
+        "triggers": sum(int(r["clustered"]) for r in trained)
+        if any("clustered" in r for r in trained)
+        else None,
+    }
+    counted = [r for r in trained[1:] if all(f"peers_{g}" in r for g in REGIMES)]
+    totals = {g: sum(r[f"peers_{g}"] for r in counted) for g in REGIMES}
+    everyone = sum(totals.values())
+    for g in REGIMES:
+        out[f"regime_{g}"] = totals[g] / everyone if everyone else None
+    out["neighbours_mean"] = _mean(
+        [r["neighbours_mean"] for r in trained if "neighbours_mean" in r]
+    )
+    return out
+
+
+def run_row(
+    setting: str,
+    algorithm: str,
+    seed: int,
+    history: Sequence[dict[str, Any]],
+    target_accuracy: float,
+    decentralized: bool = False,
+) -> dict[str, Any]:
+    """One run's figures: max and final accuracy (fractions, pooled over clients), the final
+    unweighted client mean, the first round reaching `target_accuracy` (None if never), the
+    mean Eq. 4 discrepancy of FedGroup, the mean values communicated per round, the training
+    seconds, and its `diagnostics`."""
+    results = summarize(history)
+    trained = [r for r in history if r["round"] > 0]
+    reached = [
+        r["round"]
+        for r in history
+        if not math.isnan(r.get("accuracy", math.nan)) and r["accuracy"] >= target_accuracy
+    ]
+    discrepancy = [r["discrepancy"] for r in trained if "discrepancy" in r]
+    evaluated = [r for r in history if "client_accuracy_mean" in r]
+    return dict(
+        setting=setting,
+        algorithm=algorithm,
+        seed=seed,
+        max_accuracy=results.get("max_accuracy", math.nan),
+        max_accuracy_round=results.get("max_accuracy_round"),
+        final_accuracy=results.get("final_accuracy", math.nan),
+        final_client_mean_accuracy=evaluated[-1]["client_accuracy_mean"] if evaluated else math.nan,
+        rounds_to_target=reached[0] if reached else None,
+        mean_discrepancy=_mean(discrepancy),
+        floats_per_round=sum(r["floats_communicated"] for r in trained) / max(len(trained), 1),
+        train_seconds=results.get("total_train_seconds", 0.0),
+        **diagnostics(history, decentralized),
+    )
+
+
+def mean_std(values: Sequence[Optional[float]], scale: float = 1.0, digits: int = 2) -> str:
+    """`mean ± std` of the known values (sample std, ddof = 1; no ± for a single value), '-'
+    when none is known."""
+    known = [scale * float(v) for v in values if v is not None and not math.isnan(float(v))]
+    if not known:
+        return "-"
+    if len(known) == 1:
+        return f"{known[0]:.{digits}f}"
+    return f"{np.mean(known):.{digits}f} ± {np.std(known, ddof=1):.{digits}f}"
+
+
+def _groups(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["setting"], row["algorithm"]), []).append(row)
+    return groups
+
+
+def diagnostics_text(runs: Sequence[Mapping[str, Any]]) -> str:
+    """Per-seed diagnostics of one table cell, e.g. `clusters 4/4/3; triggers 2/3/2`."""
+
+    def per_seed(key: str, fmt: str) -> Optional[str]:
+        values = [r.get(key) for r in runs]
+        if all(v is None or v == "" for v in values):
+            return None
+        return "/".join("-" if v is None or v == "" else fmt.format(float(v)) for v in values)
+
+    parts = []
+    for key, label, fmt in (
+        ("clusters", "clusters", "{:.0f}"),
+        ("triggers", "triggers", "{:.0f}"),
+        ("neighbours_mean", "neighbours", "{:.1f}"),
+    ):
+        text = per_seed(key, fmt)
+        if text is not None:
+            parts.append(f"{label} {text}")
+    if runs and all(r.get("regime_dropout") is not None for r in runs):
+        shares = [
+            "/".join(
+                f"{100 * np.mean([float(r[f'regime_{g}']) for r in runs]):.0f}" for g in REGIMES
+            )
+        ]
+        parts.append(f"regimes dropout/partial/head {shares[0]} %")
+    return "; ".join(parts)
+
+
+def _header(title: str, command: str, date: str, seeds: Sequence[int]) -> list[str]:
+    return [
+        f"# {title}",
+        "",
+        f"- command: `{command}`",
+        f"- date: {date}",
+        f"- seeds: {', '.join(str(s) for s in seeds)} (cells: mean ± sample std over seeds)",
+        "",
+    ]
+
+
+def setting_table(rows: Sequence[Mapping[str, Any]], key: str, seeds: Sequence[int]) -> list[str]:
+    """Markdown: one row per setting, one column per algorithm, `key` in % as mean ± std; the
+    best mean of each row in bold."""
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    algorithms = list(dict.fromkeys(r["algorithm"] for r in rows))
+    groups = _groups(rows)
+    lines = ["| setting | " + " | ".join(algorithms) + " |", "|---|" + "---|" * len(algorithms)]
+    for setting in settings:
+        means = {
+            a: np.mean([float(r[key]) for r in groups.get((setting, a), [])] or [np.nan])
+            for a in algorithms
+        }
+        best = max((m for m in means.values() if not math.isnan(m)), default=None)
+        cells = []
+        for a in algorithms:
+            text = mean_std([r[key] for r in groups.get((setting, a), [])], 100.0)
+            cells.append(f"**{text}**" if best is not None and means[a] == best else text)
+        lines.append(f"| {setting} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def algorithm_table(rows: Sequence[Mapping[str, Any]], target_accuracy: float) -> list[str]:
+    """Markdown, FedGroup's Table III shape: one row per algorithm (per setting)."""
+    lines = [
+        "| setting | algorithm | max accuracy (%) | final accuracy (%) | client mean (%) | "
+        f"rounds to {target_accuracy:.0%} | mean discrepancy (Eq. 4) | values sent per round "
+        "| train s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (setting, algorithm), runs in _groups(rows).items():
+        col = {k: [r[k] for r in runs] for k in RUN_COLUMNS}
+        reached = [v for v in col["rounds_to_target"] if v is not None]
+        lines.append(
+            f"| {setting} | {algorithm} | {mean_std(col['max_accuracy'], 100, 1)} | "
+            f"{mean_std(col['final_accuracy'], 100, 1)} | "
+            f"{mean_std(col['final_client_mean_accuracy'], 100, 1)} | "
+            f"{'/'.join(str(v) for v in reached) if reached else '-'} | "
+            f"{mean_std(col['mean_discrepancy'], 1, 3)} | "
+            f"{mean_std(col['floats_per_round'], 1, 0)} | {mean_std(col['train_seconds'], 1, 1)} |"
+        )
+    return lines
+
+
+def write_tables(
+    output_dir: str,
+    rows: Sequence[Mapping[str, Any]],
+    title: str,
+    *,
+    by_setting: bool,
+    client_mean: bool,
+    target_accuracy: float,
+    command: str,
+    date: str,
+) -> str:
+    """comparison.md (the table, then each cell's diagnostics per seed) and comparison.csv
+    (every run in long form). Returns the markdown."""
+    seeds = sorted({int(r["seed"]) for r in rows})
+    buffer = io.StringIO()
+    writer = csv.DictWriter(
+        buffer, fieldnames=RUN_COLUMNS, lineterminator="\n", extrasaction="ignore"
+    )
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else _format(row[k]) for k in RUN_COLUMNS})
+    atomic_write_bytes(os.path.join(output_dir, "comparison.csv"), buffer.getvalue().encode())
+    key = "final_client_mean_accuracy" if client_mean else "final_accuracy"
+    lines = _header(title, command, date, seeds)
+    if by_setting:
+        lines += [
+            "Final test accuracy (%), each client with the model it uses, "
+            + ("unweighted mean over clients." if client_mean else "pooled over clients."),
+            "",
+            *setting_table(rows, key, seeds),
+        ]
+    else:
+        lines += algorithm_table(rows, target_accuracy)
+    notes = [
+        (setting, algorithm, diagnostics_text(runs))
+        for (setting, algorithm), runs in _groups(rows).items()
+    ]
+    notes = [n for n in notes if n[2]]
+    if notes:
+        lines += [
+            "",
+            f"Diagnostics per seed ({'/'.join(str(s) for s in seeds)}): clusters in use at the "
+            "end, FedTSDP's re-clustering triggers, UA-PDFL's regimes (share of peer-rounds "
+            "after round 1), neighbours mixed.",
+            "",
+            "| setting | algorithm | diagnostics |",
+            "|---|---|---|",
+            *[f"| {s} | {a} | {text} |" for s, a, text in notes],
+        ]
+    markdown = "\n".join(lines) + "\n"
+    atomic_write_bytes(os.path.join(output_dir, "comparison.md"), markdown.encode())
+    return markdown
+
+
+def _format(value: Any) -> Any:
+    return f"{value:.6g}" if isinstance(value, float) else value
+
+
+def write_comparison_png(
+    path: str,
+    histories: Mapping[tuple[str, str], Sequence[Sequence[Mapping[str, Any]]]],
+    title: str,
+    key: str = "accuracy",
+) -> None:
+    """Test accuracy against rounds, one panel per setting, one curve per algorithm: the mean
+    over seeds with a band of ± one std where there are several."""
+    plt = pyplot()
+    settings = list(dict.fromkeys(setting for setting, _ in histories))
+    fig, axes = plt.subplots(1, len(settings), figsize=(8 * len(settings), 5), squeeze=False)
+    for ax, setting in zip(axes[0], settings):
+        for (where, name), runs in histories.items():
+            if where != setting:
+                continue
+            curves = [
+                {r["round"]: r[key] for r in h if not math.isnan(r.get(key, math.nan))}
+                for h in runs
+            ]
+            rounds = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+            if not rounds:
+                continue
+            values = np.array([[c[t] for t in rounds] for c in curves])
+            (line,) = ax.plot(rounds, values.mean(axis=0), label=name)
+            if len(values) > 1:
+                std = values.std(axis=0, ddof=1)
+                mean = values.mean(axis=0)
+                ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+        ax.set(xlabel="round", ylabel=f"test {key.replace('_', ' ')}", title=setting, ylim=(0, 1))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, ncol=2)
+    fig.suptitle(title)
+    save_figure(fig, path)
+
+
+def setting_directory(setting: Optional[str]) -> str:
+    """A setting's folder name (`dirichlet:0.5` -> `dirichlet-0.5`)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", setting) if setting else ""
