@@ -302,6 +302,76 @@ def test_amended_sampling_custom_increment_and_validation() -> None:
         clustering.amend_sampling_weights(w, [4])
 
 
+def test_raised_sampling_weights_cannot_collapse_onto_one_batch() -> None:
+    n, b = 10_000, 50
+    w = np.ones(n)
+    batch = clustering.draw_public_batch(w, b, np.random.default_rng(0))
+    raised = clustering.raise_sampling_weights(w, batch)
+    assert np.all(w == 1.0) and np.all(raised[batch] == 1 + n / b)
+    share = raised[batch].sum() / raised.sum()
+    assert share == pytest.approx((b + n) / (2 * n), rel=1e-12)  # about half, not 1 - 1/n
+    # However often the same batch triggers, it keeps that share; other batches dilute it.
+    again = clustering.raise_sampling_weights(raised, batch)
+    np.testing.assert_array_equal(again, raised)
+    w = raised
+    for seed in range(1, 20):
+        w = clustering.raise_sampling_weights(
+            w, clustering.draw_public_batch(w, b, np.random.default_rng(seed))
+        )
+    assert w[batch].sum() / w.sum() <= share
+    assert w.max() == 1 + n / b
+    with pytest.raises(ValueError, match="distinct"):
+        clustering.raise_sampling_weights(w, [1, 1])
+
+
+def trained_client_outputs(partition: str, seed: int = 0) -> np.ndarray:
+    """Softmax outputs (10 clients, 50 public digits, 10 classes) of logistic regressions
+    trained on each client's share of the digits: real trained models' outputs."""
+    from sklearn.linear_model import LogisticRegression
+
+    from tff_clustered.data import load_dataset
+
+    data = load_dataset("digits_dirichlet", seed=seed, partition=partition, num_clients=10)
+    public = data.public_x[:50].reshape(50, -1)
+    outputs = []
+    for c in data.client_ids:
+        arrays = data.arrays("train", c)
+        x, y = arrays["x"], arrays["y"]
+        model = LogisticRegression(max_iter=300).fit(x.reshape(len(x), -1), y)
+        probs = np.zeros((50, 10))
+        probs[:, model.classes_] = model.predict_proba(public)
+        outputs.append(probs)
+    return np.stack(outputs).reshape(10, -1)
+
+
+@pytest.mark.parametrize("partition", ["dirichlet", "pathological"])
+def test_hopkins_estimate_decides_by_the_threshold_not_the_draw(partition: str) -> None:
+    outputs = trained_client_outputs(partition)
+    single = [clustering.hopkins_statistic(outputs, np.random.default_rng(s)) for s in range(200)]
+    pooled = [
+        clustering.hopkins_estimate(outputs, np.random.default_rng(s))[0] for s in range(60)
+    ]
+    # m = 10 gives m~ = 1: one draw spreads widely; the pooled estimate is tight.
+    assert np.std(single) >= 0.02, np.std(single)
+    assert np.std(pooled) <= 0.01, np.std(pooled)
+    assert abs(np.mean(pooled) - np.mean(single)) <= 0.05
+    # The same trigger decision, whatever the draw, for any h_th not within 3 std of H.
+    for threshold in (0.55, 0.6, 0.65, 0.7, 0.75):
+        if abs(np.mean(pooled) - threshold) > 3 * max(np.std(pooled), 0.005):
+            assert len({h > threshold for h in pooled}) == 1, threshold
+
+
+def test_hopkins_estimate_validation_and_degenerate_cases() -> None:
+    rng = np.random.default_rng(0)
+    assert clustering.hopkins_estimate(np.ones((1, 3)), rng) == (0.5, 0)
+    assert clustering.hopkins_estimate(np.ones((5, 3)), rng)[0] == 0.5
+    with pytest.raises(ValueError, match="target_std"):
+        clustering.hopkins_estimate(np.ones((5, 3)), rng, target_std=0)
+    grouped = np.repeat(np.eye(4) * 10, 5, axis=0) + rng.normal(0, 0.01, (20, 4))
+    h, draws = clustering.hopkins_estimate(grouped, rng)
+    assert h > 0.9 and draws >= 16
+
+
 # --------------------------------------------------------- shared-layer schedule (Eq. 11)
 
 

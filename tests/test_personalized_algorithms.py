@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import checkpoint_round_trip, history_rows
+from conftest import ari_with_plant, checkpoint_round_trip, history_rows
 
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_dataset, load_digits_clusters
@@ -148,35 +148,40 @@ def test_fedtsdp_without_a_trigger_is_fedavg() -> None:
     ]
 
 
-def test_fedtsdp_clusters_and_personalises_on_dirichlet_data_and_beats_fedavg() -> None:
-    fedtsdp = tsdp_experiment("fedtsdp", "dirichlet")
-    fedavg = tsdp_experiment("fedavg", "dirichlet")
+def test_fedtsdp_recovers_planted_groups_personalises_and_beats_fedavg() -> None:
+    """Two label-permutation groups: the models' outputs on the public images split in two,
+    H passes h_th = 0.65 (the paper's) within a few rounds, the two stages recover the groups
+    and FedTSDP ends far above FedAvg, which cannot fit both labelings."""
+    config = TrainingConfig(
+        rounds=8, clients_per_round=10, local_epochs=2, learning_rate=0.05, momentum=0.5
+    )
+    runs = {}
+    for name in ("fedtsdp", "fedavg"):
+        data = load_digits_clusters(num_clients=10, num_groups=2, seed=0)
+        model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=32)
+        runs[name] = Experiment(data, model, make_algorithm(name), config, execution="in_process")
+        runs[name].start()
+        list(runs[name].rounds())
+    fedtsdp, fedavg = runs["fedtsdp"], runs["fedavg"]
     history = fedtsdp.state.history
-    assert any(r.get("clustered") == 1.0 for r in history[1:]), "FedTSDP never clustered"
     triggers = sum(r["clustered"] for r in history[1:])
-    assert len(fedtsdp.state.shared) < fedtsdp.run.num_tensors  # deep tensors became personal
+    assert triggers >= 1, [r["hopkins"] for r in history[1:]]
     assert fedtsdp.state.algorithm_state.triggers == triggers
-    assert fedtsdp.num_clusters >= 2
-    # Digits is easy (FedAvg ends near 96 %), so the margin is small but holds at every
-    # evaluated round from 5 on: final >= 1 point, mean over rounds 1-20 >= 3 points.
-    ours = np.array([r["accuracy"] for r in history[1:]])
-    theirs = np.array([r["accuracy"] for r in fedavg.state.history[1:]])
-    assert ours[-1] >= theirs[-1] + 0.01, (ours[-1], theirs[-1])
-    assert ours.mean() >= theirs.mean() + 0.03, (ours.mean(), theirs.mean())
+    assert ari_with_plant(fedtsdp) == 1.0
+    assert len(fedtsdp.state.shared) < fedtsdp.run.num_tensors  # deep tensors became personal
+    assert history[-1]["accuracy"] >= fedavg.state.history[-1]["accuracy"] + 0.25
 
 
-def test_fedtsdp_on_iid_data_never_clusters_and_tracks_fedavg() -> None:
+def test_fedtsdp_on_iid_data_never_triggers_and_is_fedavg() -> None:
+    """With H estimated to +-0.005 (not one noisy draw) IID clients never pass h_th, and
+    FedTSDP stays FedAvg bit for bit."""
     fedtsdp = tsdp_experiment("fedtsdp", "iid")
     fedavg = tsdp_experiment("fedavg", "iid")
     history = fedtsdp.state.history
-    # Hopkins over 10 clients is noisy: on IID data single rounds reach 0.73-0.79 (seeds 0-2).
-    # Such a round triggers the clustering, whose DBSCAN stages then find one group (the
-    # boundary may move: personal deep layers on IID data); the typical round stays under
-    # h_th = 0.65 and triggers stay rare.
-    assert np.median([r["hopkins"] for r in history[1:]]) <= 0.6
-    assert sum(r["clustered"] for r in history[1:]) <= 0.2 * (len(history) - 1)
-    assert fedtsdp.num_clusters == 1
-    assert abs(history[-1]["accuracy"] - fedavg.state.history[-1]["accuracy"]) <= 0.02
+    assert max(r["hopkins"] for r in history[1:]) < 0.65
+    assert sum(r["clustered"] for r in history[1:]) == 0
+    assert [r["accuracy"] for r in history] == [r["accuracy"] for r in fedavg.state.history]
+    np.testing.assert_array_equal(fedtsdp.state.cluster_models, fedavg.state.cluster_models)
 
 
 @pytest.mark.parametrize("algorithm", ["fedtsdp", "cfl", "ditto"])

@@ -69,6 +69,17 @@ class FedTSDP(Algorithm):
         psi: float = option(0.98, "FedTSDP dampening ratio of the shared-layer count (Eq. 11).")
         public_batch_size: int = option(50, "FedTSDP public samples per round (B).")
         hopkins_sample_size: int = option(0, "FedTSDP Hopkins m~ (0: max(1, round(0.1 m))).")
+        hopkins_target_std: float = option(
+            0.005,
+            "FedTSDP: repeat the Hopkins draw until H's standard error is at most this (ours; "
+            "0: one draw, the paper's literal estimate).",
+        )
+        tsdp_sampling: str = option(
+            "bounded",
+            "FedTSDP public sampling weights (Eqs. 7-8): bounded (ours: each sample raised to "
+            "1 + |D_pub|/B once) or literal (the increment added to normalised weights).",
+            ("bounded", "literal"),
+        )
         upsilon: float = option(1e-6, "FedTSDP small constant of the weight distance (Eq. 9).")
         stage2_weights: str = option(
             "full", "FedTSDP tensors of the Eq. 9 distance.", ("full", "shared_only")
@@ -95,6 +106,7 @@ class FedTSDP(Algorithm):
                 (0 < o.psi <= 1, "psi must be in (0, 1]"),
                 (o.public_batch_size >= 1, "public_batch_size must be >= 1"),
                 (o.hopkins_sample_size >= 0, "hopkins_sample_size must be >= 0"),
+                (o.hopkins_target_std >= 0, "hopkins_target_std must be >= 0 (0: one draw)"),
                 (o.upsilon >= 0, "upsilon must be >= 0"),
                 (o.min_shared_tensors >= 0, "min_shared_tensors must be >= 0"),
                 (o.sampling_increment >= 0, "sampling_increment must be >= 0"),
@@ -110,7 +122,12 @@ class FedTSDP(Algorithm):
         size = len(run.public_x)
         return Decision(
             assignment={c: 0 for c in run.client_ids},
-            state=TSDPState(np.full(size, 1.0 / size), triggers=0),
+            state=TSDPState(
+                np.ones(size)
+                if self.options.tsdp_sampling == "bounded"
+                else np.full(size, 1 / size),
+                triggers=0,
+            ),
         )
 
     def shared_count(self, run: RunInfo, triggers: int) -> int:
@@ -131,12 +148,13 @@ class FedTSDP(Algorithm):
             np.random.default_rng(derived_seed(run.seed, PUBLIC_BATCH, result.round_num)),
         )
         probs = queries.predict_probabilities(models, run.public_x[batch])
-        hopkins = clustering.hopkins_statistic(
-            probs.reshape(len(ids), -1),
-            np.random.default_rng(derived_seed(run.seed, ALGORITHM, result.round_num)),
-            o.hopkins_sample_size or None,
-        )
-        metrics = {"hopkins": hopkins, "clustered": 0.0, "shared_tensors": float(len(view.shared))}
+        hopkins, draws = self.hopkins(probs.reshape(len(ids), -1), run.seed, result.round_num)
+        metrics = {
+            "hopkins": hopkins,
+            "hopkins_draws": float(draws),
+            "clustered": 0.0,
+            "shared_tensors": float(len(view.shared)),
+        }
         if not (len(ids) >= 2 and hopkins > o.hopkins_threshold):
             return Decision(metrics=metrics)
         js = clustering.js_divergence_matrix(probs)
@@ -152,8 +170,11 @@ class FedTSDP(Algorithm):
         assignment, cluster_models = regroup(view, ids, labels, models, sizes)
         triggers = state.triggers + 1
         shared = tuple(range(self.shared_count(run, triggers)))
-        increment = o.sampling_increment or None
-        weights = clustering.amend_sampling_weights(state.sampling_weights, batch, increment)
+        if o.tsdp_sampling == "bounded":
+            weights = clustering.raise_sampling_weights(state.sampling_weights, batch)
+        else:
+            increment = o.sampling_increment or None
+            weights = clustering.amend_sampling_weights(state.sampling_weights, batch, increment)
         metrics.update(
             clustered=1.0,
             shared_tensors=float(len(shared)),
@@ -173,6 +194,16 @@ class FedTSDP(Algorithm):
                 result.round_num,
             ),
         )
+
+    def hopkins(self, outputs: np.ndarray, seed: int, round_num: int) -> tuple[float, int]:
+        """H of the flattened outputs (Eq. 6) and the draws it took: pooled over repeated draws
+        until its standard error is at most `hopkins_target_std`, or one draw (the paper's)."""
+        o = self.options
+        rng = np.random.default_rng(derived_seed(seed, ALGORITHM, round_num))
+        size = o.hopkins_sample_size or None
+        if not o.hopkins_target_std:
+            return clustering.hopkins_statistic(outputs, rng, size), 1
+        return clustering.hopkins_estimate(outputs, rng, size, o.hopkins_target_std)
 
     def distance_part(self, run: RunInfo, view: ServerView, models: np.ndarray) -> np.ndarray:
         """The values of Eq. 9: all trainable tensors (BN statistics excluded), or only the

@@ -66,11 +66,33 @@ def _nearest_distances(queries: np.ndarray, points: np.ndarray) -> np.ndarray:
     return out
 
 
+def _hopkins_sums(x: np.ndarray, rng: np.random.Generator, size: int) -> tuple[float, float]:
+    """One draw of Eq. 6's sums: (sum_k z_k, sum_k v_k) over `size` real and as many synthetic
+    points (the real draw first, then the synthetic points, from `rng`)."""
+    m = len(x)
+    real = rng.choice(m, size, replace=False)
+    synthetic = rng.uniform(x.min(axis=0), x.max(axis=0), size=(size, x.shape[1]))
+    to_points = _nearest_distances(x[real], x)
+    to_points[np.arange(size), real] = np.inf  # a point is never its own neighbour
+    return float(_nearest_distances(synthetic, x).min(axis=1).sum()), float(
+        to_points.min(axis=1).sum()
+    )
+
+
+def _hopkins_input(points: np.ndarray, sample_size: Optional[int]) -> tuple[np.ndarray, int]:
+    x = np.asarray(points, np.float64)
+    if x.ndim != 2:
+        raise ValueError(f"points must be (m, d), got shape {x.shape}")
+    if sample_size is not None and sample_size < 1:
+        raise ValueError(f"sample_size must be at least 1, got {sample_size}")
+    return x, min(sample_size or max(1, int(round(0.1 * len(x)))), len(x))
+
+
 def hopkins_statistic(
     points: np.ndarray, rng: np.random.Generator, sample_size: Optional[int] = None
 ) -> float:
     """Hopkins statistic H = sum_k z_k / (sum_k z_k + sum_k v_k) (Eq. 6) of m points in R^d
-    (FedTSDP: the m flattened B x C inference outputs).
+    (FedTSDP: the m flattened B x C inference outputs), from one draw.
 
     m~ = `sample_size` or, when None, max(1, round(0.1 m)); it is capped at m. v_k: Euclidean
     distance from each of m~ real points (drawn without replacement) to its nearest *other*
@@ -80,24 +102,64 @@ def hopkins_statistic(
     with fewer than 2 points or when every distance is 0 (all points identical): 0.5 then.
     The real draw comes first, then the synthetic points, from `rng`.
     """
-    x = np.asarray(points, np.float64)
-    if x.ndim != 2:
-        raise ValueError(f"points must be (m, d), got shape {x.shape}")
-    if sample_size is not None and sample_size < 1:
-        raise ValueError(f"sample_size must be at least 1, got {sample_size}")
+    x, size = _hopkins_input(points, sample_size)
+    if len(x) < 2:
+        return 0.5
+    z, v = _hopkins_sums(x, rng, size)
+    return 0.5 if z + v == 0 else float(z / (z + v))
+
+
+def hopkins_estimate(
+    points: np.ndarray,
+    rng: np.random.Generator,
+    sample_size: Optional[int] = None,
+    target_std: float = 0.005,
+    min_draws: int = 16,
+    max_points: int = 20_000,
+) -> tuple[float, int]:
+    """H of Eq. 6 with a sampling spread small enough that a threshold on it decides, not the
+    draw: repeated draws of m~ real and m~ synthetic points each (as `hopkins_statistic`),
+    pooled as H = sum_r Z_r / (sum_r Z_r + sum_r V_r), until the estimated standard error of H
+    is at most `target_std` (the ratio estimator's, sd(Z_r - H T_r) / (mean T_r sqrt(R)) with
+    T_r = Z_r + V_r), from `min_draws` draws on, doubling the draws each time, up to
+    `max_points` synthetic points in all. Returns (H, draws). At m = 10 and m~ = 1 a single
+    draw has a standard deviation of 0.05-0.07 on trained models' outputs; the pooled
+    estimate's is about 0.005 after a few hundred draws (milliseconds: a real point's nearest
+    other point is computed once, the synthetic points' distances in blocks)."""
+    if not target_std > 0 or min_draws < 2:
+        raise ValueError(f"need target_std > 0 and min_draws >= 2, got {target_std}, {min_draws}")
+    x, size = _hopkins_input(points, sample_size)
     m = len(x)
     if m < 2:
-        return 0.5
-    size = min(sample_size or max(1, int(round(0.1 * m))), m)
-    real = rng.choice(m, size, replace=False)
-    synthetic = rng.uniform(x.min(axis=0), x.max(axis=0), size=(size, x.shape[1]))
-    to_points = _nearest_distances(x[real], x)
-    to_points[np.arange(size), real] = np.inf  # a point is never its own neighbour
-    v = to_points.min(axis=1).sum()
-    z = _nearest_distances(synthetic, x).min(axis=1).sum()
-    if z + v == 0:
-        return 0.5
-    return float(z / (z + v))
+        return 0.5, 0
+    own = _nearest_distances(x, x)
+    own[np.arange(m), np.arange(m)] = np.inf
+    nearest_other = own.min(axis=1)
+    low, high, squares = x.min(axis=0), x.max(axis=0), np.einsum("ij,ij->i", x, x)
+    block = max(1, (1 << 22) // max(1, x.shape[1]))  # synthetic rows per block (32 MiB)
+
+    def draw(count: int) -> tuple[np.ndarray, np.ndarray]:
+        real = np.argsort(rng.random((count, m)), axis=1)[:, :size]
+        synthetic_nearest = np.empty(count * size)
+        for start in range(0, count * size, block):
+            rows = min(block, count * size - start)
+            y = rng.uniform(low, high, size=(rows, x.shape[1]))
+            squared = np.einsum("ij,ij->i", y, y)[:, None] + squares[None] - 2 * y @ x.T
+            synthetic_nearest[start : start + rows] = np.sqrt(np.maximum(squared, 0).min(1))
+        return synthetic_nearest.reshape(count, size).sum(1), nearest_other[real].sum(1)
+
+    z, v = draw(min_draws)
+    while True:
+        total = z + v
+        if total.sum() == 0:
+            return 0.5, len(z)
+        h = float(z.sum() / total.sum())
+        spread = np.std(z - h * total, ddof=1) / (total.mean() * np.sqrt(len(z)))
+        more = min(len(z), max_points // size - len(z))
+        if spread <= target_std or more < 1:
+            return h, len(z)
+        extra_z, extra_v = draw(more)
+        z, v = np.concatenate([z, extra_z]), np.concatenate([v, extra_v])
 
 
 def weight_distance_matrix(weights: np.ndarray, upsilon: float = 1e-6) -> np.ndarray:
@@ -217,6 +279,23 @@ def amend_sampling_weights(
         raise ValueError(f"increment must be non-negative, got {step}")
     w[batch] += step
     return w / w.sum()
+
+
+def raise_sampling_weights(sampling_weights: np.ndarray, batch_indices: np.ndarray) -> np.ndarray:
+    """Hopkins-amended sampling with bounded weights (our reading of Eqs. 7-8): W counts in
+    units of one public sample (W^0 = 1 each, Eq. 8's normalisation only makes them
+    probabilities for the draw), and Eq. 7's increment |D_pub| / |D_B| is given to a sample once:
+    W_k <- max(W_k, 1 + |D_pub| / |D_B|) for k in D_B. One amended batch then holds about half of
+    the sampling mass and no later trigger can push any batch above that, whereas Eq. 7 added to
+    normalised weights puts 1 - 1/|D_pub| of the mass on the first amended batch."""
+    w = np.array(sampling_weights, np.float64)
+    batch = np.asarray(batch_indices, np.int64).reshape(-1)
+    if w.ndim != 1 or not len(batch):
+        raise ValueError("sampling_weights must be a vector and the batch D_B non-empty")
+    if batch.min() < 0 or batch.max() >= len(w) or len(np.unique(batch)) != len(batch):
+        raise ValueError(f"batch indices must be distinct and in [0, {len(w)})")
+    w[batch] = np.maximum(w[batch], 1.0 + len(w) / len(batch))
+    return w
 
 
 def shared_tensor_count(

@@ -35,7 +35,9 @@ def load_digits_clusters(
     train_fraction: float = 0.8,
     seed: int = 0,
 ) -> FederatedData:
-    """Digits over `num_clients` clients in `num_groups` label-permutation groups."""
+    """Digits over `num_clients` clients in `num_groups` label-permutation groups. The server's
+    unlabeled public set (FedTSDP's) is every image without its label: the groups differ in
+    what the images mean, which unlabeled images do not reveal."""
     if num_groups < 1 or num_clients < num_groups:
         raise ValueError(
             f"need 1 <= num_groups <= num_clients, got {num_groups} groups, {num_clients} clients"
@@ -82,6 +84,7 @@ def load_digits_clusters(
         num_classes,
         image_shape=(8, 8, 1),
         true_clusters=true_clusters,
+        public_x=x,
         source="sklearn.datasets.load_digits",
     )
 
