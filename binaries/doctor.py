@@ -30,6 +30,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_federated as tff  # noqa: E402
 
+from tff_clustered.data.medmnist import pathmnist_path  # noqa: E402
+from tff_clustered.data.mnist import FASHION_MNIST, MNIST  # noqa: E402
+from tff_clustered.data.mnist_writers import WRITERS_FILE  # noqa: E402
 from tff_clustered.runtime import tff_runtime, worker_binary_path  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
@@ -156,10 +159,18 @@ def check_gpu(report: Report) -> None:
         )
 
 
+def mnist_files(folder: str) -> bool:
+    """MNIST's (or Fashion-MNIST's: the same names) IDX files, or a Keras-style .npz of either."""
+    names = (*MNIST.npz_names, *FASHION_MNIST.npz_names)
+    return bool(glob.glob(os.path.join(folder, "train-images-idx3-ubyte*"))) or any(
+        os.path.isfile(os.path.join(folder, name)) for name in names
+    )
+
+
 DATASETS: dict[str, Callable[[str], bool]] = {
-    "mnist (IDX or npz)": lambda d: bool(
-        glob.glob(os.path.join(d, "train-images-idx3-ubyte*"))
-        or glob.glob(os.path.join(d, "*.npz"))
+    "mnist / mnist_partitioned / fashion_mnist (IDX or npz)": mnist_files,
+    "mnist_writers (MNIST files and writers.npz)": lambda d: (
+        mnist_files(d) and os.path.isfile(os.path.join(d, WRITERS_FILE))
     ),
     "leaf / femnist / sent140 (train/ and test/ JSON)": lambda d: bool(
         glob.glob(os.path.join(d, "train", "*.json"))
@@ -171,6 +182,7 @@ DATASETS: dict[str, Callable[[str], bool]] = {
         os.path.isfile(os.path.join(d, "train_32x32.mat"))
         and os.path.isfile(os.path.join(d, "test_32x32.mat"))
     ),
+    "pathmnist": lambda d: os.path.isfile(pathmnist_path(d)),
 }
 
 

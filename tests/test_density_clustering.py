@@ -348,9 +348,7 @@ def trained_client_outputs(partition: str, seed: int = 0) -> np.ndarray:
 def test_hopkins_estimate_decides_by_the_threshold_not_the_draw(partition: str) -> None:
     outputs = trained_client_outputs(partition)
     single = [clustering.hopkins_statistic(outputs, np.random.default_rng(s)) for s in range(200)]
-    pooled = [
-        clustering.hopkins_estimate(outputs, np.random.default_rng(s))[0] for s in range(60)
-    ]
+    pooled = [clustering.hopkins_estimate(outputs, np.random.default_rng(s))[0] for s in range(60)]
     # m = 10 gives m~ = 1: one draw spreads widely; the pooled estimate is tight.
     assert np.std(single) >= 0.02, np.std(single)
     assert np.std(pooled) <= 0.01, np.std(pooled)

@@ -274,7 +274,7 @@ def test_image_federation_deals_fedacs_clients(tmp_path: Path) -> None:
         classes_per_client=3,
     )  # fmt: skip
     assert all(len(np.unique(y)) == 3 for y in client_labels(patho))
-    with pytest.raises(ValueError, match="deals cifar10/cifar100/svhn only"):
+    with pytest.raises(ValueError, match="deals the image datasets only"):
         load_dataset("digits_dirichlet", partition="fedac_dirichlet")
     assert image_beta("fedac_dirichlet", None) == 0.1 and image_beta(None, None) == 0.5
     assert image_beta("fedac_dirichlet", 0.3) == 0.3

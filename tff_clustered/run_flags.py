@@ -25,13 +25,20 @@ flags.DEFINE_string(
     "data_dir",
     None,
     "Folder of the dataset's files (LEAF: holds train/ test/; pathmnist: holds pathmnist.npz, "
-    "or the file itself).",
+    "or the file itself; mnist, mnist_partitioned, fashion_mnist: the four IDX files or Keras' "
+    ".npz; mnist_writers: those of MNIST and writers.npz).",
 )
 flags.DEFINE_enum("model", "mlp", list(MODEL_NAMES), "Model architecture.")
 flags.DEFINE_string("glove_path", None, "GloVe text file (sent140), e.g. glove.6B.300d.txt.")
 flags.DEFINE_integer("hidden_units", 64, "Hidden units of the MLP.", lower_bound=1)
 flags.DEFINE_integer("cnn_dense_units", 128, "Units of the CNN's dense layer.", lower_bound=1)
-flags.DEFINE_integer("num_clients", None, "Clients to generate (digits, synthetic).", lower_bound=1)
+flags.DEFINE_integer(
+    "num_clients",
+    None,
+    "Clients to generate or deal to (unset: the dataset's default); mnist_writers: writers kept, "
+    "a seeded random choice (unset: all 539).",
+    lower_bound=1,
+)
 flags.DEFINE_integer(
     "num_classes", None, "Classes (LEAF; default: from the labels).", lower_bound=2
 )
@@ -55,10 +62,11 @@ flags.DEFINE_enum(
     "partition",
     None,
     ["iid", "dirichlet", "pathological", "shards", "fedac_dirichlet", "fedac_pathological"],
-    "How cifar10/cifar100/svhn/pathmnist are dealt to clients (unset: dirichlet); shards: "
-    "2 label-sorted shards per client (McMahan et al.); fedac_*: cifar10/cifar100/svhn as "
-    "FedAC deals them (UniformInt[50, 350] images per client, local tests from the test split; "
-    "alpha = --dirichlet_beta, labels = --classes_per_client).",
+    "How cifar10/cifar100/svhn/fashion_mnist/mnist_partitioned/pathmnist are dealt to clients "
+    "(unset: dirichlet); shards: 2 label-sorted shards per client (McMahan et al.); fedac_*: "
+    "cifar10/cifar100/svhn/fashion_mnist/mnist_partitioned as FedAC deals them (UniformInt[50, "
+    "350] images per client, local tests from the test split; alpha = --dirichlet_beta, labels "
+    "= --classes_per_client).",
 )
 flags.DEFINE_float("dirichlet_beta", None, "Dirichlet concentration beta (unset: dataset default).")
 flags.DEFINE_integer("classes_per_client", 2, "Classes per client of the pathological partition.")

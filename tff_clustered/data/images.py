@@ -1,22 +1,29 @@
-"""CIFAR-10, CIFAR-100 and SVHN from files the user already has (nothing is downloaded),
-dealt to clients as in FedTSDP (Zhu et al., "Federated Two Stage Decoupling With Adaptive
-Personalization Layers", 2023): a partition (IID, Dirichlet(beta), pathological), each client's
-share split 80/20 into train and test, and the official test split without labels as the
-server's public set. Or dealt as in FedAC (Zhang et al., arXiv:2403.16460, Sec. 5.1):
-`fedac_dirichlet` / `fedac_pathological` give each client n_i ~ UniformInt[50, 350] training
-images (a per-client Dirichlet(alpha) label mixture, or n labels split equally) and a local
-test set drawn from the official test split in its training proportions (round(0.25 n_i)); no
-public set then.
+"""CIFAR-10, CIFAR-100, SVHN, Fashion-MNIST and MNIST from files the user already has (nothing
+is downloaded), dealt to clients as in FedTSDP (Zhu et al., "Federated Two Stage Decoupling With
+Adaptive Personalization Layers", 2023): a partition (IID, Dirichlet(beta), pathological,
+shards), each client's share split 80/20 into train and test, and the official test split
+without labels as the server's public set. Or dealt as in FedAC (Zhang et al.,
+arXiv:2403.16460, Sec. 5.1): `fedac_dirichlet` / `fedac_pathological` give each client
+n_i ~ UniformInt[50, 350] training images (a per-client Dirichlet(alpha) label mixture, or n
+labels split equally) and a local test set drawn from the official test split in its training
+proportions (round(0.25 n_i)); no public set then.
 
 Sources:
 * CIFAR-10: the official Python pickle batches, `cifar-10-batches-py/` (data_batch_1..5,
   test_batch), https://www.cs.toronto.edu/~kriz/cifar.html;
 * CIFAR-100: `cifar-100-python/` (train, test; fine labels), same page;
 * SVHN: `train_32x32.mat` and `test_32x32.mat`, http://ufldl.stanford.edu/housenumbers/;
-* any of them from a prepared TFDS data directory (`cifar10`, `cifar100`, `svhn_cropped`).
+* Fashion-MNIST (Xiao, Rasul and Vollgraf, arXiv:1708.07747, 2017), `fashion_mnist`: its four
+  official IDX files (`train-images-idx3-ubyte.gz`, ..., the names MNIST's files have) or a
+  Keras-style `fashion-mnist.npz`, https://github.com/zalandoresearch/fashion-mnist;
+* MNIST (LeCun et al., "Gradient-based learning applied to document recognition", Proc. IEEE
+  86(11), 1998), `mnist_partitioned`: the same formats (`mnist.npz`), dealt by the same
+  partitions (FedGroup's own MNIST setup is `--dataset=mnist`, `data.mnist.load_mnist`);
+* CIFAR-10, CIFAR-100 and SVHN also from a prepared TFDS data directory (`cifar10`, `cifar100`,
+  `svhn_cropped`).
 
-Images are float32 NHWC 32x32x3, standardised per channel with the training split's mean and
-standard deviation (no augmentation).
+Images are float32 NHWC (32x32x3, or 28x28x1 for Fashion-MNIST and MNIST), standardised per
+channel with the training split's mean and standard deviation (no augmentation).
 """
 
 from __future__ import annotations
@@ -29,11 +36,27 @@ import numpy as np
 
 from tff_clustered.data import partitions
 from tff_clustered.data.federated_data import DataError, FederatedData, first_line, from_arrays
+from tff_clustered.data.mnist import FASHION_MNIST, MNIST, MnistFormat, read_mnist_splits
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 SVHN_URL = "http://ufldl.stanford.edu/housenumbers/"
 FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
-NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "svhn": 10}
+NUM_CLASSES = {
+    "cifar10": 10,
+    "cifar100": 100,
+    "svhn": 10,
+    "fashion_mnist": 10,
+    "mnist_partitioned": 10,
+}
+IMAGE_SHAPES = {
+    "cifar10": (32, 32, 3),
+    "cifar100": (32, 32, 3),
+    "svhn": (32, 32, 3),
+    "fashion_mnist": (28, 28, 1),
+    "mnist_partitioned": (28, 28, 1),
+}
+# The grey 28x28 datasets in MNIST's file formats (`mnist.read_mnist_splits`).
+MNIST_FORMATS: dict[str, MnistFormat] = {"fashion_mnist": FASHION_MNIST, "mnist_partitioned": MNIST}
 # FedAC's partitions (`partitions.fedac_partition`) by the name `--partition` gives them.
 FEDAC_SCHEMES = {"fedac_dirichlet": "dirichlet", "fedac_pathological": "pathological"}
 TFDS_NAMES = {"cifar10": "cifar10", "cifar100": "cifar100", "svhn": "svhn_cropped"}
@@ -242,6 +265,17 @@ def standardise(x_train: np.ndarray, x_test: np.ndarray) -> tuple[np.ndarray, np
     return train, test
 
 
+def read_official(name: str, data_dir: str) -> Arrays:
+    """`name`'s official files under `data_dir` as NHWC uint8 images and int64 labels (the grey
+    28x28 datasets get a channel axis)."""
+    if name in MNIST_FORMATS:
+        x_train, y_train, x_test, y_test = read_mnist_splits(data_dir, MNIST_FORMATS[name])
+        return x_train[..., None], y_train, x_test[..., None], y_test
+    if name == "svhn":
+        return read_svhn(data_dir)
+    return read_cifar(name, data_dir)
+
+
 def load_image_federation(
     name: str,
     data_dir: Optional[str],
@@ -252,34 +286,45 @@ def load_image_federation(
     seed: int = 0,
     tfds_dir: Optional[str] = None,
 ) -> FederatedData:
-    """`name` (cifar10, cifar100, svhn) as FedTSDP deals it: the official training split
-    standardised and dealt to `num_clients` clients by `partition` (`iid`, `dirichlet` with
-    `dirichlet_beta`, or `pathological` with `classes_per_client`), each client's share split 80/20
-    into train and test; the official test split, without labels, is the server's public set
+    """`name` (cifar10, cifar100, svhn, fashion_mnist, mnist_partitioned) as FedTSDP deals it:
+    the official training split standardised and dealt to `num_clients` clients by `partition`
+    (`iid`, `dirichlet` with `dirichlet_beta`, `pathological` with `classes_per_client`, or
+    McMahan et al.'s two label-sorted `shards` per client), each client's share split 80/20 into
+    train and test; the official test split, without labels, is the server's public set
     (`public_x`). `fedac_dirichlet` (alpha = `dirichlet_beta`) and `fedac_pathological`
     (`classes_per_client` labels) deal FedAC's clients instead (module docstring). Reads `tfds_dir`
-    (a prepared TFDS directory) when given, else the official files under `data_dir`. The partition
-    draws from seed stream [seed, 4], the per-client splits from [seed, 5]."""
+    (a prepared TFDS directory; cifar10, cifar100, svhn) when given, else the official files under
+    `data_dir`. The partition draws from seed stream [seed, 4], the per-client splits from
+    [seed, 5]."""
     if name not in NUM_CLASSES:
         raise ValueError(f"unknown image dataset {name!r}; choose one of {', '.join(NUM_CLASSES)}")
+    if tfds_dir and name not in TFDS_NAMES:
+        raise DataError(
+            f"--dataset={name} is not read from --tfds_dir (that is for "
+            f"{', '.join(TFDS_NAMES)}); {MNIST_FORMATS[name].missing_help}"
+        )
     if tfds_dir:
         x_train, y_train, x_test, y_test = read_tfds(name, tfds_dir)
         source = f"TFDS {TFDS_NAMES[name]} in {tfds_dir}"
     elif data_dir:
-        reader = read_svhn if name == "svhn" else lambda d: read_cifar(name, d)
-        x_train, y_train, x_test, y_test = reader(data_dir)
+        x_train, y_train, x_test, y_test = read_official(name, data_dir)
         source = data_dir
+    elif name in MNIST_FORMATS:
+        raise DataError(
+            f"--dataset={name} reads files you already have: {MNIST_FORMATS[name].missing_help}"
+        )
     else:
         url = SVHN_URL if name == "svhn" else CIFAR_URL
         raise DataError(
             f"--dataset={name} reads files you already have: give --data_dir (the folder with "
             f"{FILES[name]}, from {url}) or --tfds_dir (a prepared TFDS directory)"
         )
+    shape = IMAGE_SHAPES[name]
     for split, x in (("train", x_train), ("test", x_test)):
-        if x.shape[1:] != (32, 32, 3) or not len(x):
+        if x.shape[1:] != shape or not len(x):
             raise DataError(
                 f"{name}: {split} images in {source} have shape {x.shape}, expected "
-                "(n>0, 32, 32, 3); check that the files are the official ones"
+                f"(n>0, {', '.join(map(str, shape))}); check that the files are the official ones"
             )
     bad = y_train[(y_train < 0) | (y_train >= NUM_CLASSES[name])]
     if bad.size:
@@ -304,7 +349,7 @@ def load_image_federation(
             {f"{name}_{k:03d}": (train[i], y_train[i]) for k, i in enumerate(drawn.train)},
             {f"{name}_{k:03d}": (public[i], y_test[i]) for k, i in enumerate(drawn.test)},
             NUM_CLASSES[name],
-            image_shape=(32, 32, 3),
+            image_shape=shape,
             source=source,
         )
     parts = partitions.partition(
@@ -323,6 +368,6 @@ def load_image_federation(
         NUM_CLASSES[name],
         np.random.default_rng([seed, 5]),
         public_x=public,
-        image_shape=(32, 32, 3),
+        image_shape=shape,
         source=source,
     )

@@ -1,12 +1,17 @@
 """MNIST in FedGroup's setup (spec A.12, FedProx generator): 1,000 clients with two digits
-each and power-law sizes, from MNIST files the user already has.
+each and power-law sizes, from MNIST files the user already has; and the readers of MNIST's file
+formats, which Fashion-MNIST shares (Xiao, Rasul and Vollgraf, "Fashion-MNIST: a Novel Image
+Dataset for Benchmarking Machine Learning Algorithms", arXiv:1708.07747, 2017: the same four IDX
+file names, 60,000 / 10,000 28x28 grey images, 10 classes).
 
 Reads the four IDX files (`train-images-idx3-ubyte`, ..., optionally `.gz`) or a Keras-style
-`mnist.npz` (`x_train`, `y_train`, `x_test`, `y_test`) from `data_dir`.
+`.npz` (`x_train`, `y_train`, `x_test`, `y_test`; `mnist.npz`, or `fashion-mnist.npz` /
+`fashion_mnist.npz`) from `data_dir`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import math
 import os
@@ -30,15 +35,43 @@ IDX_FILES = {
     "x_test": "t10k-images-idx3-ubyte",
     "y_test": "t10k-labels-idx1-ubyte",
 }
-REDOWNLOAD = "the file is corrupt or not MNIST, download it again"
 MAX_IDX_BYTES = 1 << 30  # MNIST's largest file holds 47 MB; a larger header is corrupt
-MISSING_HELP = (
-    "put the four MNIST IDX files (train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], "
-    "t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz], from "
-    "http://yann.lecun.com/exdb/mnist/ or a mirror) or Keras' mnist.npz in --data_dir"
+IDX_LIST = (
+    "train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz], "
+    "t10k-labels-idx1-ubyte[.gz]"
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class MnistFormat:
+    """A dataset stored as MNIST is (four IDX files, or a Keras `.npz` of `x_train`, `y_train`,
+    `x_test`, `y_test`): its name in messages, the `.npz` names it may have (the first is the
+    one messages name) and where to get the files."""
+
+    name: str
+    npz_names: tuple[str, ...]
+    url: str
+
+    @property
+    def redownload(self) -> str:
+        return f"the file is corrupt or not {self.name}, download it again"
+
+    @property
+    def missing_help(self) -> str:
+        """What to put where: the files, their source and the flag."""
+        npz = " or ".join(self.npz_names)
+        return (
+            f"put the four {self.name} IDX files ({IDX_LIST}, from {self.url} or a mirror) or "
+            f"Keras' {npz} in --data_dir"
+        )
+
+
+MNIST = MnistFormat("MNIST", ("mnist.npz",), "http://yann.lecun.com/exdb/mnist/")
+FASHION_MNIST = MnistFormat(
+    "Fashion-MNIST",
+    ("fashion-mnist.npz", "fashion_mnist.npz"),
+    "https://github.com/zalandoresearch/fashion-mnist",
+)
 IDX_SHAPES = {"x_train": (28, 28), "y_train": (), "x_test": (28, 28), "y_test": ()}
 
 
@@ -76,14 +109,14 @@ def read_idx(path: str) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8).reshape(dims)
 
 
-def read_npz(path: str) -> dict[str, np.ndarray]:
-    """Keras' `mnist.npz` (no pickled objects)."""
+def read_npz(path: str, fmt: MnistFormat = MNIST) -> dict[str, np.ndarray]:
+    """A Keras-style `.npz` of `fmt` (`mnist.npz`; no pickled objects)."""
     try:
         with np.load(path, allow_pickle=False) as blob:
             missing = [k for k in IDX_FILES if k not in blob.files]
             if missing:
                 raise DataError(
-                    f"{path} lacks {', '.join(missing)}; Keras' mnist.npz holds x_train, "
+                    f"{path} lacks {', '.join(missing)}; Keras' {fmt.npz_names[0]} holds x_train, "
                     "y_train, x_test and y_test"
                 )
             return {k: blob[k] for k in IDX_FILES}
@@ -93,21 +126,24 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
         message = first_line(e)
         raise DataError(
             f"{path} cannot be read as an .npz of arrays ({message}); download Keras' "
-            "mnist.npz again"
+            f"{fmt.npz_names[0]} again"
         ) from e
 
 
-def check_mnist_part(key: str, array: np.ndarray, source: str) -> np.ndarray:
+def check_mnist_part(
+    key: str, array: np.ndarray, source: str, fmt: MnistFormat = MNIST
+) -> np.ndarray:
     """One of x_train/y_train/x_test/y_test: 28x28 images with values 0..255, or labels 0..9."""
     shape = IDX_SHAPES[key]
     if array.ndim != 1 + len(shape) or array.shape[1:] != shape:
         want = "(n, 28, 28) images" if shape else "(n,) labels"
         raise DataError(
-            f"{source}: {key} has shape {array.shape}, MNIST needs {want}; {REDOWNLOAD}"
+            f"{source}: {key} has shape {array.shape}, {fmt.name} needs {want}; {fmt.redownload}"
         )
     if array.dtype.kind not in "uif":
         raise DataError(
-            f"{source}: {key} holds {array.dtype} values, MNIST needs numbers; {REDOWNLOAD}"
+            f"{source}: {key} holds {array.dtype} values, {fmt.name} needs numbers; "
+            f"{fmt.redownload}"
         )
     values = array.astype(np.float64)
     high = 255 if shape else 9
@@ -121,13 +157,18 @@ def check_mnist_part(key: str, array: np.ndarray, source: str) -> np.ndarray:
     return array.astype(np.uint8)
 
 
-def read_mnist(data_dir: str) -> tuple[np.ndarray, np.ndarray]:
-    """All 70,000 (or however many the files hold) images as (n, 784) uint8, and labels."""
+def read_mnist_splits(
+    data_dir: str, fmt: MnistFormat = MNIST
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`(x_train, y_train, x_test, y_test)` of `fmt` in `data_dir`, in the files' order: uint8
+    (n, 28, 28) images and int64 labels. Reads the first of `fmt.npz_names` present, else the
+    four IDX files (each plain or `.gz`)."""
     if not data_dir or not os.path.isdir(data_dir):
-        raise DataError(f"MNIST folder {data_dir!r} does not exist; {MISSING_HELP}")
-    npz = os.path.join(data_dir, "mnist.npz")
-    if os.path.exists(npz):
-        parts = {k: check_mnist_part(k, v, npz) for k, v in read_npz(npz).items()}
+        raise DataError(f"{fmt.name} folder {data_dir!r} does not exist; {fmt.missing_help}")
+    npzs = [os.path.join(data_dir, name) for name in fmt.npz_names]
+    npz = next((p for p in npzs if os.path.exists(p)), None)
+    if npz is not None:
+        parts = {k: check_mnist_part(k, v, npz, fmt) for k, v in read_npz(npz, fmt).items()}
         sources = {k: npz for k in IDX_FILES}
     else:
         parts, sources = {}, {}
@@ -135,8 +176,8 @@ def read_mnist(data_dir: str) -> tuple[np.ndarray, np.ndarray]:
             candidates = [os.path.join(data_dir, name + ext) for ext in ("", ".gz")]
             path = next((p for p in candidates if os.path.exists(p)), None)
             if path is None:
-                raise DataError(f"{candidates[0]}[.gz] is missing; {MISSING_HELP}")
-            parts[key], sources[key] = check_mnist_part(key, read_idx(path), path), path
+                raise DataError(f"{candidates[0]}[.gz] is missing; {fmt.missing_help}")
+            parts[key], sources[key] = check_mnist_part(key, read_idx(path), path, fmt), path
     for split in ("train", "test"):
         x, y = parts[f"x_{split}"], parts[f"y_{split}"]
         if len(x) != len(y):
@@ -144,8 +185,19 @@ def read_mnist(data_dir: str) -> tuple[np.ndarray, np.ndarray]:
                 f"{sources[f'x_{split}']} holds {len(x)} images but {sources[f'y_{split}']} "
                 f"holds {len(y)} labels; one of them is corrupt, download both again"
             )
-    x = np.concatenate([parts["x_train"], parts["x_test"]]).reshape(-1, 784)
-    y = np.concatenate([parts["y_train"], parts["y_test"]]).astype(np.int64)
+    return (
+        parts["x_train"],
+        parts["y_train"].astype(np.int64),
+        parts["x_test"],
+        parts["y_test"].astype(np.int64),
+    )
+
+
+def read_mnist(data_dir: str) -> tuple[np.ndarray, np.ndarray]:
+    """All 70,000 (or however many the files hold) images as (n, 784) uint8, and labels."""
+    x_train, y_train, x_test, y_test = read_mnist_splits(data_dir)
+    x = np.concatenate([x_train, x_test]).reshape(-1, 784)
+    y = np.concatenate([y_train, y_test])
     return x, y
 
 

@@ -598,8 +598,9 @@ def partition(
         return shard_partition(labels, num_clients, rng, shards_per_client)
     if scheme.startswith("fedac_"):
         raise ValueError(
-            f"partition {scheme!r} deals cifar10/cifar100/svhn only (FedAC's setting); this "
-            f"dataset takes one of {', '.join(PARTITIONS)}"
+            f"partition {scheme!r} deals the image datasets only (FedAC's setting: cifar10, "
+            f"cifar100, svhn, fashion_mnist, mnist_partitioned); this dataset takes one of "
+            f"{', '.join(PARTITIONS)}"
         )
     raise ValueError(f"unknown partition {scheme!r}; choose one of {', '.join(PARTITIONS)}")
 

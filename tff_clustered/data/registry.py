@@ -11,6 +11,7 @@ from tff_clustered.data.images import load_image_federation
 from tff_clustered.data.leaf import load_leaf
 from tff_clustered.data.medmnist import PATHMNIST_PEERS, load_pathmnist
 from tff_clustered.data.mnist import load_mnist
+from tff_clustered.data.mnist_writers import load_mnist_writers
 from tff_clustered.data.sent140 import load_sent140
 from tff_clustered.data.synthetic import load_synthetic
 
@@ -21,6 +22,9 @@ DATASET_NAMES = (
     "digits_pathological",
     "synthetic",
     "mnist",
+    "mnist_partitioned",
+    "mnist_writers",
+    "fashion_mnist",
     "femnist",
     "femnist_leaf",
     "sent140",
@@ -30,9 +34,9 @@ DATASET_NAMES = (
     "svhn",
     "pathmnist",
 )
-# FedTSDP's datasets: dealt to clients by a partition (default Dirichlet(0.5)), public set =
-# the official test split without labels.
-IMAGE_DATASETS = ("cifar10", "cifar100", "svhn")
+# FedTSDP's datasets, and the 28x28 grey ones in MNIST's formats: dealt to clients by a partition
+# (default Dirichlet(0.5)), public set = the official test split without labels.
+IMAGE_DATASETS = ("cifar10", "cifar100", "svhn", "fashion_mnist", "mnist_partitioned")
 # FEMNIST: FedProx/FedGroup subset (200 writers, 10 letters, 26-way head: Table II counts) or
 # the full LEAF FEMNIST (62 classes by writer).
 FEMNIST_CLASSES = {"femnist": 26, "femnist_leaf": 62}
@@ -76,9 +80,13 @@ def load_dataset(
 ) -> FederatedData:
     """`digits` (embedded default: planted label-permutation groups), `digits_dirichlet` /
     `digits_iid` / `digits_pathological` (embedded, true labels, a public set; `partition`
-    overrides the suffix), `synthetic` (Synthetic(1,1)), `mnist` (IDX/npz files),
+    overrides the suffix), `synthetic` (Synthetic(1,1)), `mnist` (IDX/npz files, FedGroup's
+    1,000 two-digit clients), `mnist_writers` (the same files and `writers.npz`: one client per
+    NIST writer, all 539 training writers unless `num_clients`),
     `femnist`/`femnist_leaf`/`sent140`/`leaf` (LEAF JSON under `data_dir/{train,test}`),
     `cifar10`/`cifar100`/`svhn` (the official files under `data_dir`, or a TFDS directory),
+    `fashion_mnist`/`mnist_partitioned` (Fashion-MNIST's or MNIST's IDX/npz files under
+    `data_dir`), these five dealt by `partition` (default Dirichlet(0.5)) to 20 clients,
     `pathmnist` (MedMNIST v2's pathmnist.npz in `data_dir`, dealt to UA-PDFL's peers: 30 by
     default, `partition` dirichlet (default, beta 0.5) / shards / iid, 20 % local holdouts)."""
     if name == "digits":
@@ -115,6 +123,8 @@ def load_dataset(
         return load_synthetic(num_clients=num_clients or 100, seed=seed)
     if name == "mnist":
         return load_mnist(data_dir or "", num_clients=num_clients or 1000, seed=seed)
+    if name == "mnist_writers":
+        return load_mnist_writers(data_dir, num_clients=num_clients, seed=seed)
     if name in FEMNIST_CLASSES:
         train, test = _leaf_dirs(name, data_dir)
         return load_leaf(

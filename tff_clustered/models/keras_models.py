@@ -115,6 +115,35 @@ def tsdp_cnn(
     )
 
 
+def lenet(
+    input_shape: Sequence[int],
+    num_classes: int,
+    image_shape: Optional[Sequence[int]] = None,
+    filters: tuple[int, int] = (6, 16),
+) -> tf.keras.Model:
+    """A LeNet-5-like CNN (LeCun et al., "Gradient-based learning applied to document
+    recognition", Proc. IEEE 86(11), 1998) for small grey images: Conv 5x5x6 ReLU -> MaxPool 2 ->
+    Conv 5x5x16 ReLU -> MaxPool 2 -> Dense 120 ReLU -> Dense 84 ReLU -> Dense C, both convolutions
+    with 'same' padding (so that 8x8 digits pass too) and max pooling instead of LeNet-5's
+    subsampling. No Dropout or BatchNorm: it goes through TFF's functional-model path. 5 weighted
+    layers, 10 tensors, the last three (120, 84, C) the fully connected classifier; 107,786
+    parameters at 28x28x1, C = 10 (7 x 7 x 16 = 784 flattened)."""
+    return tf.keras.Sequential(
+        [
+            *_image_layers(input_shape, image_shape),
+            tf.keras.layers.Conv2D(filters[0], 5, padding="same", activation="relu", name="conv1"),
+            tf.keras.layers.MaxPool2D(2),
+            tf.keras.layers.Conv2D(filters[1], 5, padding="same", activation="relu", name="conv2"),
+            tf.keras.layers.MaxPool2D(2),
+            tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(120, activation="relu", name="fc1"),
+            tf.keras.layers.Dense(84, activation="relu", name="fc2"),
+            tf.keras.layers.Dense(num_classes, name="logits"),
+        ],
+        name="lenet",
+    )
+
+
 def resnet18(
     input_shape: Sequence[int],
     num_classes: int,
@@ -211,7 +240,7 @@ def stacked_lstm(
     return tf.keras.Sequential(layers, name="stacked_lstm")
 
 
-MODEL_NAMES = ("mclr", "mlp", "cnn", "lstm", "tsdp_cnn", "resnet18")
+MODEL_NAMES = ("mclr", "mlp", "cnn", "lstm", "tsdp_cnn", "resnet18", "lenet")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +288,8 @@ def model_spec(
         build = lambda: stacked_lstm(input_shape, num_classes)  # noqa: E731
     elif name == "tsdp_cnn":
         build = lambda: tsdp_cnn(input_shape, num_classes, image_shape)  # noqa: E731
+    elif name == "lenet":
+        build = lambda: lenet(input_shape, num_classes, image_shape)  # noqa: E731
     elif name == "resnet18":
         build = lambda: resnet18(  # noqa: E731
             input_shape, num_classes, image_shape, width=resnet_width

@@ -1,0 +1,348 @@
+"""Fashion-MNIST and MNIST dealt by the image partitions (`fashion_mnist`, `mnist_partitioned`),
+MNIST by NIST writer (`mnist_writers`), and the LeNet-like CNN, on tiny files written here in the
+official formats; one test checks the real MNIST writers when a copy is at hand (else skipped)."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+from typing import Optional
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import ROOT
+from test_functional_models import graph_apply
+
+from tff_clustered.algorithms import make_algorithm
+from tff_clustered.algorithms.base import RunInfo
+from tff_clustered.data import DataError, FederatedData, load_dataset
+from tff_clustered.data.images import channel_stats, standardise
+from tff_clustered.data.mnist import IDX_FILES
+from tff_clustered.data.mnist_writers import read_writer_keys, writer_parts
+from tff_clustered.models import count_trainable_parameters, model_spec, trainable_layer_sizes
+from tff_clustered.models.functional import functional_model
+from tff_clustered.models.split import classifier_layers
+
+SHARED_MNIST = os.path.join(ROOT, "..", "shared", "data", "mnist")
+# 90 test images per class: FedAC's local test sets need up to 0.25 * 350 of one class.
+PER_CLASS_TRAIN, PER_CLASS_TEST = 20, 90
+# Writers of the fixture's 200 training images: keys hsf * 10000 + writer, sizes 10..60.
+WRITERS = {0: 25, 7: 40, 12: 10, 40012: 60, 40013: 30, 31999: 35}
+TEST_WRITERS = {2500: 400, 42600: 500}
+
+
+def grey_images(labels: np.ndarray, seed: int) -> np.ndarray:
+    """(n, 28, 28) uint8: noise plus a bright bar whose row encodes the label."""
+    rng = np.random.default_rng([7, seed])
+    x = rng.integers(0, 40, (len(labels), 28, 28)).astype(np.uint8)
+    for i, label in enumerate(labels):
+        x[i, 2 + 2 * int(label) : 4 + 2 * int(label), 4:24] = 220
+    return x
+
+
+def mnist_arrays() -> dict[str, np.ndarray]:
+    """Keras' mnist.npz layout: 200 training and 900 test images, every class equally often."""
+    y_train = np.random.default_rng(1).permutation(np.repeat(np.arange(10), PER_CLASS_TRAIN))
+    y_test = np.random.default_rng(2).permutation(np.repeat(np.arange(10), PER_CLASS_TEST))
+    return {
+        "x_train": grey_images(y_train, 1),
+        "y_train": y_train.astype(np.uint8),
+        "x_test": grey_images(y_test, 2),
+        "y_test": y_test.astype(np.uint8),
+    }
+
+
+def write_idx(path: str, array: np.ndarray) -> None:
+    """One IDX file of unsigned bytes, gzipped if `path` ends in .gz."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write(b"\x00\x00\x08" + bytes([array.ndim]))
+        f.write(struct.pack(">" + "I" * array.ndim, *array.shape))
+        f.write(array.astype(np.uint8).tobytes())
+
+
+def mnist_folder(
+    folder: object, npz_name: Optional[str] = None, gzipped: bool = True
+) -> dict[str, np.ndarray]:
+    """`mnist_arrays()` written to `folder` as the four IDX files, or as `npz_name`."""
+    arrays = mnist_arrays()
+    os.makedirs(folder, exist_ok=True)
+    if npz_name:
+        np.savez(os.path.join(folder, npz_name), **arrays)
+    else:
+        for key, name in IDX_FILES.items():
+            write_idx(os.path.join(folder, name + (".gz" if gzipped else "")), arrays[key])
+    return arrays
+
+
+def writer_keys(sizes: dict[int, int], seed: int) -> np.ndarray:
+    """One writer key per image, the writers' images interleaved at random."""
+    keys = np.concatenate([np.full(n, k) for k, n in sizes.items()])
+    return np.random.default_rng(seed).permutation(keys).astype(np.int32)
+
+
+def writers_folder(folder: object, **overrides: np.ndarray) -> dict[str, np.ndarray]:
+    """MNIST fixture files plus writers.npz (`overrides` replace or add arrays)."""
+    arrays = mnist_folder(folder, "mnist.npz")
+    writers = dict(
+        train_writer_key=writer_keys(WRITERS, 3), test_writer_key=writer_keys(TEST_WRITERS, 4)
+    )
+    writers.update(overrides)
+    np.savez(os.path.join(folder, "writers.npz"), **writers)
+    return {**arrays, **writers}
+
+
+def client_xy(data: FederatedData, split: str, cid: str) -> tuple[np.ndarray, np.ndarray]:
+    arrays = data.arrays(split, cid)
+    return np.asarray(arrays["x"]), np.asarray(arrays["y"])
+
+
+def fingerprints(x: np.ndarray, y: np.ndarray) -> list[tuple[int, bytes]]:
+    """Each example as (label, its bytes), sorted: equal lists = the same examples."""
+    return sorted(zip(y.tolist(), (row.tobytes() for row in x)))
+
+
+# -- fashion_mnist and mnist_partitioned -------------------------------------------------------
+
+
+def test_fashion_mnist_reads_idx_gz_idx_and_both_npz_names_alike(tmp_path: object) -> None:
+    arrays = mnist_folder(tmp_path / "gz")
+    mnist_folder(tmp_path / "plain", gzipped=False)
+    mnist_folder(tmp_path / "dash", "fashion-mnist.npz")
+    mnist_folder(tmp_path / "underscore", "fashion_mnist.npz")
+    loaded = [
+        load_dataset("fashion_mnist", str(tmp_path / d), num_clients=4, partition="iid")
+        for d in ("gz", "plain", "dash", "underscore")
+    ]
+    data = loaded[0]
+    assert data.input_shape == (28, 28, 1) and data.image_shape == (28, 28, 1)
+    assert data.num_classes == 10 and len(data.client_ids) == 4
+    # IID: every training image dealt once, each client's share split 80/20.
+    assert sum(data.train_sizes.values()) + sum(data.test_sizes.values()) == 10 * PER_CLASS_TRAIN
+    assert all(data.train_sizes[c] == 40 and data.test_sizes[c] == 10 for c in data.client_ids)
+    labels = np.concatenate(
+        [client_xy(data, s, c)[1] for c in data.client_ids for s in ("train", "test")]
+    )
+    assert np.array_equal(np.bincount(labels), np.full(10, PER_CLASS_TRAIN))
+    # Standardised with the training split's statistics; the public set is the test split.
+    train, public = standardise(arrays["x_train"][..., None], arrays["x_test"][..., None])
+    x = np.concatenate(
+        [client_xy(data, s, c)[0] for c in data.client_ids for s in ("train", "test")]
+    )
+    assert abs(float(x.mean())) < 1e-4 and abs(float(x.std()) - 1) < 1e-3
+    np.testing.assert_array_equal(data.public_x, public)
+    for other in loaded[1:]:
+        for cid in data.client_ids:
+            for split in ("train", "test"):
+                for a, b in zip(client_xy(data, split, cid), client_xy(other, split, cid)):
+                    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "partition",
+    ["iid", "dirichlet", "pathological", "shards", "fedac_dirichlet", "fedac_pathological"],
+)
+def test_every_partition_deals_fashion_mnist(tmp_path: object, partition: str) -> None:
+    mnist_folder(tmp_path)
+    data = load_dataset("fashion_mnist", str(tmp_path), num_clients=4, partition=partition, seed=2)
+    assert len(data.client_ids) == 4 and data.input_shape == (28, 28, 1)
+    labels = [
+        set(np.concatenate([client_xy(data, s, c)[1] for s in ("train", "test")]).tolist())
+        for c in data.client_ids
+    ]
+    if partition.startswith("fedac_"):
+        assert data.public_x is None  # FedAC's local tests come from the test split
+        assert all(50 <= data.train_sizes[c] <= 350 for c in data.client_ids)
+        if partition == "fedac_pathological":
+            assert all(len(s) == 2 for s in labels)
+        return
+    assert data.public_x.shape == (10 * PER_CLASS_TEST, 28, 28, 1)
+    dealt = sum(data.train_sizes.values()) + sum(data.test_sizes.values())
+    if partition == "pathological":  # 8 single-class shards: 2 classes per client
+        assert all(len(s) == 2 for s in labels) and dealt <= 10 * PER_CLASS_TRAIN
+    else:
+        assert dealt == 10 * PER_CLASS_TRAIN
+
+
+def test_mnist_partitioned_is_the_same_dealing_of_mnist_files(tmp_path: object) -> None:
+    mnist_folder(tmp_path)
+    fashion = load_dataset("fashion_mnist", str(tmp_path), num_clients=5, seed=1)
+    mnist = load_dataset("mnist_partitioned", str(tmp_path), num_clients=5, seed=1)
+    assert mnist.name == "mnist_partitioned" and mnist.input_shape == (28, 28, 1)
+    for a, b in zip(fashion.client_ids, mnist.client_ids):
+        for split in ("train", "test"):
+            np.testing.assert_array_equal(
+                client_xy(fashion, split, a)[1], client_xy(mnist, split, b)[1]
+            )
+    # FedGroup's `mnist` keeps its own setup: flat inputs, 1,000 two-digit clients by default.
+    assert load_dataset("mnist", str(tmp_path), num_clients=10).input_shape == (784,)
+
+
+def test_missing_fashion_mnist_files_name_the_files_and_the_flag(tmp_path: object) -> None:
+    with pytest.raises(
+        DataError, match=r"train-images-idx3-ubyte\[.gz\] is missing.*Fashion-MNIST IDX.*--data_dir"
+    ):
+        load_dataset("fashion_mnist", str(tmp_path))
+    with pytest.raises(
+        DataError, match=r"reads files you already have.*fashion-mnist.npz.*--data_dir"
+    ):
+        load_dataset("fashion_mnist")
+    with pytest.raises(DataError, match=r"not read from --tfds_dir.*--data_dir"):
+        load_dataset("fashion_mnist", tfds_dir=str(tmp_path))
+    np.savez(tmp_path / "fashion-mnist.npz", x_train=np.zeros((2, 28, 28)))
+    with pytest.raises(DataError, match="lacks y_train, x_test, y_test; Keras' fashion-mnist.npz"):
+        load_dataset("fashion_mnist", str(tmp_path))
+
+
+# -- mnist_writers -----------------------------------------------------------------------------
+
+
+def test_one_client_per_writer_with_its_own_images_split_80_20(tmp_path: object) -> None:
+    files = writers_folder(tmp_path)
+    data = load_dataset("mnist_writers", str(tmp_path), seed=3)
+    assert data.client_ids == [f"writer_{k:05d}" for k in sorted(WRITERS)]
+    assert data.input_shape == (28, 28, 1) and data.num_classes == 10
+    train, public = standardise(files["x_train"][..., None], files["x_test"][..., None])
+    np.testing.assert_array_equal(data.public_x, public)  # the test split's other writers
+    for key, n in WRITERS.items():
+        cid = f"writer_{key:05d}"
+        assert data.train_sizes[cid] == int(0.8 * n) and data.test_sizes[cid] == n - int(0.8 * n)
+        own = np.flatnonzero(files["train_writer_key"] == key)
+        (x_tr, y_tr), (x_te, y_te) = client_xy(data, "train", cid), client_xy(data, "test", cid)
+        # Train and test are disjoint and together exactly the writer's images.
+        assert fingerprints(np.concatenate([x_tr, x_te]), np.concatenate([y_tr, y_te])) == (
+            fingerprints(train[own], files["y_train"][own])
+        )
+        assert not set(fingerprints(x_tr, y_tr)) & set(fingerprints(x_te, y_te))
+    again = load_dataset("mnist_writers", str(tmp_path), seed=3)
+    other = load_dataset("mnist_writers", str(tmp_path), seed=4)
+    cid = data.client_ids[0]
+    assert np.array_equal(client_xy(data, "test", cid)[0], client_xy(again, "test", cid)[0])
+    assert not np.array_equal(client_xy(data, "test", cid)[0], client_xy(other, "test", cid)[0])
+
+
+def test_num_clients_keeps_a_seeded_choice_of_writers(tmp_path: object) -> None:
+    writers_folder(tmp_path)
+    chosen = load_dataset("mnist_writers", str(tmp_path), num_clients=3, seed=1).client_ids
+    assert len(chosen) == 3 and chosen == sorted(chosen)
+    assert set(chosen) <= {f"writer_{k:05d}" for k in WRITERS}
+    assert load_dataset("mnist_writers", str(tmp_path), num_clients=3, seed=1).client_ids == chosen
+    draws = {
+        tuple(load_dataset("mnist_writers", str(tmp_path), num_clients=3, seed=s).client_ids)
+        for s in range(6)
+    }
+    assert len(draws) > 1
+    with pytest.raises(DataError, match="holds 6 training writers.*--num_clients between 1 and 6"):
+        load_dataset("mnist_writers", str(tmp_path), num_clients=7)
+
+
+def test_writer_keys_group_and_check_alignment(tmp_path: object) -> None:
+    parts = writer_parts(np.array([5, 3, 5, 0, 3, 5]))
+    assert list(parts) == [0, 3, 5]
+    assert [p.tolist() for p in parts.values()] == [[3], [1, 4], [0, 2, 5]]
+    writers_folder(tmp_path)
+    keys = read_writer_keys(str(tmp_path), 200, 900)
+    assert keys.dtype == np.int64 and len(np.unique(keys)) == len(WRITERS)
+    with pytest.raises(
+        DataError, match=r"test_writer_key names the writers of 900 images.*holds 899"
+    ):
+        read_writer_keys(str(tmp_path), 200, 899)
+
+
+def test_missing_or_misaligned_writers_file_is_explained(tmp_path: object) -> None:
+    mnist_folder(tmp_path / "no_writers", "mnist.npz")
+    with pytest.raises(
+        DataError,
+        match=r"writers.npz not found.*--data_dir.*hsf \* 10000 \+ writer.*qmnist-train-labels",
+    ):
+        load_dataset("mnist_writers", str(tmp_path / "no_writers"))
+    with pytest.raises(DataError, match=r"mnist_writers reads files you already have.*writers.npz"):
+        load_dataset("mnist_writers")
+    short = writer_keys(WRITERS, 3)[:-1]
+    writers_folder(tmp_path / "short", train_writer_key=short)
+    with pytest.raises(
+        DataError,
+        match=r"train_writer_key names the writers of 199 images.*holds 200.*do not align",
+    ):
+        load_dataset("mnist_writers", str(tmp_path / "short"))
+    os.makedirs(tmp_path / "lacking")
+    mnist_folder(tmp_path / "lacking", "mnist.npz")
+    np.savez(tmp_path / "lacking" / "writers.npz", train_writer_key=writer_keys(WRITERS, 3))
+    with pytest.raises(DataError, match="lacks test_writer_key"):
+        load_dataset("mnist_writers", str(tmp_path / "lacking"))
+    writers_folder(tmp_path / "floats", train_writer_key=np.zeros(200))
+    with pytest.raises(DataError, match="train_writer_key is float64 of shape"):
+        load_dataset("mnist_writers", str(tmp_path / "floats"))
+
+
+@pytest.mark.skipif(
+    not os.path.isfile(os.path.join(SHARED_MNIST, "writers.npz")),
+    reason=f"no real MNIST with writers.npz in {os.path.normpath(SHARED_MNIST)} (the machines' "
+    "shared data folder; a user's clone has none)",
+)
+def test_real_mnist_writers() -> None:
+    data = load_dataset("mnist_writers", SHARED_MNIST)
+    assert len(data.client_ids) == 539
+    assert sum(data.train_sizes.values()) + sum(data.test_sizes.values()) == 60_000
+    with np.load(os.path.join(SHARED_MNIST, "mnist.npz")) as blob:
+        x_train, y_train = blob["x_train"], blob["y_train"]
+    keys = read_writer_keys(SHARED_MNIST, 60_000, 10_000)
+    # Each client holds exactly its writer's images and labels of mnist.npz (standardised back).
+    mean, std = channel_stats(x_train[..., None].astype(np.float32))
+    assert data.public_x.shape == (10_000, 28, 28, 1)
+    for cid in data.client_ids:
+        own = np.flatnonzero(keys == int(cid.split("_")[1]))
+        (x_tr, y_tr), (x_te, y_te) = client_xy(data, "train", cid), client_xy(data, "test", cid)
+        raw = np.round(np.concatenate([x_tr, x_te]) * np.maximum(std, 1e-3) + mean).astype(np.uint8)
+        assert fingerprints(raw, np.concatenate([y_tr, y_te])) == fingerprints(
+            x_train[own][..., None], y_train[own]
+        )
+
+
+# -- lenet -------------------------------------------------------------------------------------
+
+
+def test_lenet_builds_for_images_and_flat_inputs() -> None:
+    image = model_spec("lenet", (28, 28, 1), 10).build()
+    flat = model_spec("lenet", (784,), 10, image_shape=(28, 28, 1)).build()
+    for model in (image, flat):
+        assert trainable_layer_sizes(model) == [2, 2, 2, 2, 2]  # 5 weighted layers
+        # 156 + 2,416 + (7 * 7 * 16 = 784) * 120 + 120 + 10,164 + 850.
+        assert count_trainable_parameters(model) == 107_786
+        assert not any(
+            isinstance(layer, (tf.keras.layers.Dropout, tf.keras.layers.BatchNormalization))
+            for layer in model.layers
+        )
+    assert flat(np.zeros((2, 784), np.float32)).shape == (2, 10)
+    digits = model_spec("lenet", (64,), 10, image_shape=(8, 8, 1)).build()  # 8 -> 4 -> 2
+    assert digits(np.zeros((3, 64), np.float32)).shape == (3, 10)
+
+
+def test_lenet_head_is_its_three_fc_layers() -> None:
+    model = model_spec("lenet", (28, 28, 1), 10).build()
+    assert classifier_layers(model) == 3
+    sizes = tuple(trainable_layer_sizes(model))
+    run = RunInfo(
+        client_ids=("a", "b"), train_sizes={"a": 1, "b": 1}, seed=0, clients_per_round=2,
+        layer_sizes=sizes, tensor_sizes=(1,) * sum(sizes), num_trainable_values=sum(sizes),
+        initial_model=np.zeros(sum(sizes)), classifier_layers=classifier_layers(model),
+    )  # fmt: skip
+    assert make_algorithm("uapdfl").head_start(run) == 4  # conv1, conv2 | fc1, fc2, logits
+
+
+@pytest.mark.parametrize(
+    "shape, kwargs", [((28, 28, 1), {}), ((784,), {"image_shape": (28, 28, 1)})]
+)
+def test_lenet_functional_path_matches_keras(shape: tuple, kwargs: dict) -> None:
+    spec = model_spec("lenet", shape, 10, **kwargs)
+    keras_model = spec.build()
+    x = tf.random.stateless_normal([5, *shape], seed=[4, 2])
+    want = keras_model(x, training=False)
+    weights = [tf.constant(v.numpy()) for v in keras_model.trainable_weights]
+    model = functional_model(keras_model, spec.input_spec())  # TFF's own path: no BN/Dropout
+    assert model.layer_sizes == (2, 2, 2, 2, 2) and model.state_shapes == ()
+    assert model.features is not None  # UA-PDFL's auxiliary features
+    logits, _ = graph_apply(model, weights, [], x, False)
+    np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-5)
