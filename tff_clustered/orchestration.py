@@ -351,7 +351,7 @@ class Experiment:
         clusters: Sequence[int],
         epochs: int,
         learning_rate: float,
-        prox_scales: Optional[Sequence[float]] = None,
+        client_scalars: Optional[Sequence[float]] = None,
         stream: int = SHUFFLE,
         stored: bool = True,
         steps: Optional[int] = None,
@@ -369,7 +369,7 @@ class Experiment:
             anchor = flat.unflatten(self.state.anchor, shapes)
             server_state["anchor"] = tuple(anchor[i] for i in signature.anchor)
         server_state["aggregator"] = ()
-        scales = [1.0] * len(client_ids) if prox_scales is None else prox_scales
+        scales = [1.0] * len(client_ids) if client_scalars is None else client_scalars
         store_in = fed_round.io.store_in
         hparams = round_hparams(
             learning_rate,
@@ -431,7 +431,7 @@ class Experiment:
             keys,
             self.config.local_epochs,
             learning_rate,
-            plan.prox_scales,
+            plan.client_scalars,
             steps=self.config.local_steps or None,
         )
         if picks:

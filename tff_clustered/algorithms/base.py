@@ -146,13 +146,15 @@ class Decision:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """The sampled clients' clusters for this round (None when each client picks its own in the
-    round, `Algorithm.distribution`), their proximal scales, any decision taken before
+    round, `Algorithm.distribution`), one number per client for its client work
+    (`ClientInputs.client_scalar`, 1.0 when not given: FeSEM's proximal scales, UA-PDFL's
+    divergence threshold), any decision taken before
     training (for instance newcomers assigned on first sight), and, for decentralized peers
     (`distribution="neighbours"`), the rows each one receives besides its own, (clients,
     `num_neighbours`)."""
 
     clusters: Optional[np.ndarray]
-    prox_scales: Optional[np.ndarray] = None
+    client_scalars: Optional[np.ndarray] = None
     decision: Decision = Decision()
     neighbours: Optional[np.ndarray] = None
 

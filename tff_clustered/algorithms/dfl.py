@@ -135,7 +135,8 @@ class PeerStep:
     received (its own first) with |D| weights, then train locally.
 
     `mixing`: "uapdfl" (the regime decided by the divergence of the unit representations, Eq. 6,
-    against `threshold`: every Div <= th_I -> copy the whole model of one random neighbour;
+    against `threshold`, or the peer's `client_scalar` when it is None: every Div <= th_I -> copy
+    the whole model of one random neighbour;
     else g averaged over all, h over itself and the neighbours with Div < th_I), "fedavg"
     (whole model averaged over all), "fedper" (g averaged, h own), "local" (nothing mixed).
     `allow_dropout=False` never takes the dropout branch and `layerwise=False` averages the
@@ -149,7 +150,7 @@ class PeerStep:
     mixing: str
     head_start: int
     input_shape: tuple[int, ...]
-    threshold: float = 0.1
+    threshold: Optional[float] = 0.1  # None: each peer's `ClientInputs.client_scalar`
     aux_mu: float = 0.0
     momentum: float = 0.0
     divergence: str = "skl"
@@ -193,11 +194,14 @@ class PeerStep:
         sizes = tf.cast(inputs.inbox_weights, tf.float32) * tf.cast(present, tf.float32)
         own_only = tf.one_hot(0, rows)
         everyone = sizes / tf.reduce_sum(sizes)
-        similar = tf.concat([[True], div < self.threshold], axis=0) & present
+        threshold = (
+            tf.cast(inputs.client_scalar, tf.float32) if self.threshold is None else self.threshold
+        )
+        similar = tf.concat([[True], div < threshold], axis=0) & present
         regime = tf.constant(NO_REGIME)
         if self.mixing == "uapdfl" and n:
             dropout = (
-                tf.reduce_all((div <= self.threshold) | ~present[1:])
+                tf.reduce_all((div <= threshold) | ~present[1:])
                 & tf.reduce_any(present[1:])
                 & self.allow_dropout
             )

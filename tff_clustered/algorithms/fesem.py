@@ -121,7 +121,7 @@ class FeSEM(Algorithm):
         """Each sampled client trains from its current cluster's center."""
         return Plan(
             np.array([view.assignment[c] for c in client_ids], np.int32),
-            prox_scales=self.prox_scales(run, client_ids),
+            client_scalars=self.prox_scales(run, client_ids),
         )
 
     def after_round(

@@ -22,15 +22,40 @@ paper's figure, `client_accuracy_mean`). Logged per round: peers in each regime
 
 With N_com = 0 a peer has no neighbourhood: nothing is mixed and there is nothing to align
 with (the Eq. 12 term is dropped), so UA-PDFL is Local.
+
+th_I (ours: the paper gives no value) is `--uapdfl_threshold`, 0.1 by default. Div's scale
+depends on the model, the classes and how far training has gone (on the embedded digits the
+median Div between peers grows from about 0.1 to 0.3 over 20 rounds on IID data, and is 1-1.5
+at Dirichlet 0.5), so this constant decides which regime peers take: at 0.1 nearly every peer
+takes the personal-head branch on non-IID digits. Two rules calibrated from the run were tried
+and dropped because on IID data they too sent most peers to the personal head (1-2 % dropout):
+th_I = the median drift Div(I(w^0), I(w_i)) after round 1 (Div grows as models become
+confident, so an early scale is too small later), and each peer's own movement between rounds
+(a peer that keeps its head drifts away from its neighbours, so the regime feeds back on Div).
+Each peer's th_I reaches its client computation as its `client_scalar` (`plan`), so a rule only
+changes `plan`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Optional
 
-from tff_clustered.algorithms.base import RunInfo, check
-from tff_clustered.algorithms.dfl import DIVERGENCES, Decentralized, PeerStep
+import numpy as np
+
+from tff_clustered.algorithms.base import (
+    Plan,
+    Queries,
+    RunInfo,
+    ServerView,
+    check,
+)
+from tff_clustered.algorithms.dfl import (
+    DIVERGENCES,
+    Decentralized,
+    PeerStep,
+)
 from tff_clustered.options import option
 
 ABLATIONS = ("full", "without_cd", "without_lp")
@@ -43,7 +68,9 @@ class UAPDFL(Decentralized):
 
     @dataclasses.dataclass(frozen=True)
     class Options(Decentralized.Options):
-        uapdfl_threshold: float = option(0.1, "UA-PDFL th_I: the divergence threshold.")
+        uapdfl_threshold: float = option(
+            0.1, "UA-PDFL th_I, the divergence threshold (ours; the paper gives none)."
+        )
         uapdfl_mu: float = option(0.01, "UA-PDFL mu of the auxiliary alignment term (Eq. 12).")
         uapdfl_divergence: str = option(
             "skl", "UA-PDFL Div: symmetrised KL (Eq. 6) or Jensen-Shannon.", DIVERGENCES
@@ -70,11 +97,19 @@ class UAPDFL(Decentralized):
             "uapdfl",
             self.head_start(run),
             run.input_shape,
-            threshold=float(o.uapdfl_threshold),
+            threshold=None,  # each round's th_I arrives as the peer's client scalar (`plan`)
             aux_mu=float(o.uapdfl_mu),
             momentum=momentum,
             divergence=o.uapdfl_divergence,
             allow_dropout=o.uapdfl_ablation != "without_cd",
             layerwise=o.uapdfl_ablation != "without_lp",
             local_statistics=bool(o.dfl_local_statistics),
+        )
+
+    def plan(
+        self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
+    ) -> Plan:
+        scalars = np.full(len(client_ids), float(self.options.uapdfl_threshold))
+        return dataclasses.replace(
+            super().plan(run, view, client_ids, queries), client_scalars=scalars
         )

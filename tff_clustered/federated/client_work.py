@@ -199,7 +199,7 @@ class ClientInputs(NamedTuple):
     own_state: tuple
     dataset: Batches
     learning_rate: tf.Tensor
-    prox_scale: tf.Tensor
+    client_scalar: tf.Tensor  # set by the algorithm's plan (1.0 by default): `Plan.client_scalars`
     seed: tf.Tensor  # int32 [2]
     anchor: tuple = ()  # the server's broadcast anchor tensors, when the round sends one
     anchor_indices: tuple[int, ...] = ()  # the trainable tensors the anchor stands for
@@ -267,7 +267,7 @@ class LocalSGD:
     def __call__(self, forward: ForwardFn, inputs: ClientInputs) -> ClientOutputs:
         pulls = []
         if self.prox_mu:
-            pulls.append(Pull(self.prox_mu * inputs.prox_scale, tuple(inputs.weights)))
+            pulls.append(Pull(self.prox_mu * inputs.client_scalar, tuple(inputs.weights)))
         if self.anchor_lambda:
             if not inputs.anchor_indices:
                 raise ValueError("anchor_lambda > 0 needs a round that broadcasts an anchor")

@@ -138,7 +138,7 @@ def in_process_round(
         data: dict,
         key: tf.Tensor,
         stored: tuple,
-        prox_scale: tf.Tensor,
+        client_scalar: tf.Tensor,
         seed: dict,
         hparams: dict,
     ) -> tuple:
@@ -149,7 +149,9 @@ def in_process_round(
             distributed = fns.select_shared(cluster_models, key)
         else:  # what federated_select hands the client: its one selection
             distributed = fns.select_shared(cluster_models, key[0])
-        return fns.client_update(distributed, stored, data, key, prox_scale, seed, hparams, anchor)
+        return fns.client_update(
+            distributed, stored, data, key, client_scalar, seed, hparams, anchor
+        )
 
     def train_clients(
         cluster_models: tuple,
@@ -157,7 +159,7 @@ def in_process_round(
         data: dict,
         keys: tf.Tensor,
         stored: tuple,
-        prox_scales: tf.Tensor,
+        client_scalars: tf.Tensor,
         seeds: dict,
         hparams: dict,
     ) -> tuple:
@@ -168,7 +170,7 @@ def in_process_round(
             return train_client(cluster_models, anchor, *client, hparams)
 
         return tf.vectorized_map(
-            one, (data, keys, stored, prox_scales, seeds), fallback_to_while_loop=True
+            one, (data, keys, stored, client_scalars, seeds), fallback_to_while_loop=True
         )
 
     def accumulate_stacked(
@@ -268,18 +270,18 @@ def in_process_round(
         datasets: Sequence[dict],
         keys: Sequence[np.ndarray],
         stored: Sequence[tuple],
-        prox_scales: Sequence[float],
+        client_scalars: Sequence[float],
         seeds: Sequence[dict],
         hparams: dict,
     ) -> tuple:
         """The TFF round's `next`, with the same arguments and results."""
-        check_client_inputs(datasets, keys, stored, prox_scales, seeds)
+        check_client_inputs(datasets, keys, stored, client_scalars, seeds)
         models = tuple(state["cluster_models"])
         anchor = tuple(state["anchor"]) if has_anchor else ()
         sums = tuple(np.zeros(s.shape, np.float32) for s in sums_spec)
         total_weight = np.zeros([k], np.float32)
         outputs: list = [None] * len(datasets)
-        clients = list(zip(datasets, keys, stored, prox_scales, seeds))
+        clients = list(zip(datasets, keys, stored, client_scalars, seeds))
 
         # Clients holding the same number of examples train together, vectorised; the rest
         # one by one, concurrently (a session runs calls from several threads).

@@ -215,7 +215,7 @@ class RoundIO:
 @dataclasses.dataclass
 class FederatedRound:
     """A built round of one signature: `initialize() -> state`, `next(state, datasets, keys,
-    stored, prox_scales, seeds, hparams) -> (state, client_outputs, measurements)` and
+    stored, client_scalars, seeds, hparams) -> (state, client_outputs, measurements)` and
     `evaluate(cluster_models, datasets, keys, stored, batch_size) -> client results`, whichever
     execution runs them (TFF computations, or `in_process.InProcessRound`)."""
 
@@ -260,7 +260,7 @@ class RoundFunctions:
     * `select_shared(cluster_models, key)`: the selection a client of cluster `key` is sent,
       `(key, *its shared variables)` (federated_select's select function);
     * `every_cluster_shared(cluster_models)`: what a client that picks its cluster is sent;
-    * `client_update(distributed, stored, data, key, prox_scale, seed, hparams, anchor)`: one
+    * `client_update(distributed, stored, data, key, client_scalar, seed, hparams, anchor)`: one
       client's work -> `(shared_delta, cluster_weight, outputs)`; `distributed` is a dataset of
       the one selection, or every cluster's shared variables;
     * `apply_cluster_updates(cluster_models, mean_deltas)`: the finalizer;
@@ -410,7 +410,7 @@ def round_functions(
         stored: tuple,
         data: object,
         key: tf.Tensor,
-        prox_scale: tf.Tensor,
+        client_scalar: tf.Tensor,
         seed: dict,
         hparams: dict,
         anchor: tuple,
@@ -454,7 +454,7 @@ def round_functions(
                 own_state,
                 dataset,
                 hparams["learning_rate"],
-                prox_scale,
+                client_scalar,
                 seed["dropout"],
                 tuple(anchor),
                 signature.anchor,
@@ -619,8 +619,8 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
         client_update = tff.tensorflow.computation(*client_types)(fns.client_update)
     else:
         client_update = tff.tensorflow.computation(*client_types)(
-            lambda distributed, stored, data, key, prox_scale, seed, hparams: fns.client_update(
-                distributed, stored, data, key, prox_scale, seed, hparams, ()
+            lambda distributed, stored, data, key, client_scalar, seed, hparams: fns.client_update(
+                distributed, stored, data, key, client_scalar, seed, hparams, ()
             )
         )
 
@@ -671,14 +671,15 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
         datasets: object,
         keys: object,
         stored: object,
-        prox_scales: object,
+        client_scalars: object,
         seeds: object,
         hparams: object,
     ) -> tuple[object, object, object]:
         """Distributor and client work: `(shared_delta, cluster_weight, outputs)@CLIENTS`.
         `datasets`: each client's training examples as arrays (any length), batched by the
         client as `hparams` say; `keys`: each client's cluster (ignored when clients pick);
-        `prox_scales`: per-client factor of the proximal strength (1.0: plain FedProx);
+        `client_scalars`: one number per client that its algorithm's plan sets for the round
+        (FedProx/FeSEM: a factor of the proximal strength, 1.0 by default; UA-PDFL: th_I);
         `seeds`: per-client seeds of its shuffle and its random ops (`client_seed`)."""
         if fns.picks_cluster:
             distributed = tff.federated_broadcast(
@@ -691,7 +692,7 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
             stored,
             datasets,
             keys,
-            prox_scales,
+            client_scalars,
             seeds,
             tff.federated_broadcast(hparams),
         ]
@@ -709,12 +710,12 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
             datasets: object,
             keys: object,
             stored: object,
-            prox_scales: object,
+            client_scalars: object,
             seeds: object,
             hparams: object,
         ) -> object:
             return finish(
-                state, *train_clients(state, datasets, keys, stored, prox_scales, seeds, hparams)
+                state, *train_clients(state, datasets, keys, stored, client_scalars, seeds, hparams)
             )
 
         return computation

@@ -81,16 +81,16 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
         datasets: Sequence[dict],
         keys: Sequence[np.ndarray],
         stored: Sequence[tuple],
-        prox_scales: Sequence[float],
+        client_scalars: Sequence[float],
         seeds: Sequence[dict],
         hparams: dict,
     ) -> tuple:
         """`parts.next` with the same arguments and results."""
         workers = runtime.worker_contexts()
         if len(workers) <= 1 or len(datasets) <= 1:
-            return parts.next(state, datasets, keys, stored, prox_scales, seeds, hparams)
-        check_client_inputs(datasets, keys, stored, prox_scales, seeds)
-        per_client = [list(datasets), list(keys), list(stored), list(prox_scales), list(seeds)]
+            return parts.next(state, datasets, keys, stored, client_scalars, seeds, hparams)
+        check_client_inputs(datasets, keys, stored, client_scalars, seeds)
+        per_client = [list(datasets), list(keys), list(stored), list(client_scalars), list(seeds)]
         shares = run_shards(lambda *share: parts.partial_next(state, *share, hparams), per_client)
         total = [np.asarray(t, np.float32) for t in shares[0][0]]
         total_weight = np.asarray(shares[0][1], np.float32)
