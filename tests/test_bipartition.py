@@ -113,3 +113,20 @@ def test_split_criterion() -> None:
     a = np.random.default_rng(6).normal(size=50)
     assert split(*clustering.update_norms(np.stack([a, a, -a, -a])), 4, 0.4, 1.6)
     assert not split(*clustering.update_norms(np.stack([a, a, a])), 3, 0.4, 1.6)
+
+
+def test_separation_gap_is_positive_only_for_separated_groups() -> None:
+    rng = np.random.default_rng(0)
+    directions = rng.normal(size=(2, 50))
+    grouped = np.repeat(directions, 5, axis=0) + rng.normal(0, 0.3, (10, 50))
+    s = clustering.pairwise_cosine(grouped)
+    first, second = clustering.optimal_bipartition(s)
+    assert clustering.separation_gap(s, first, second) > 0.5
+    noise = clustering.pairwise_cosine(rng.normal(size=(10, 50)))
+    first, second = clustering.optimal_bipartition(noise)
+    assert clustering.separation_gap(noise, first, second) < 0
+    # hand-made: within 0.9 / 0.8, across at most 0.1 -> 0.8 - 0.1
+    s = np.array([[1, 0.9, 0.1, 0.0], [0.9, 1, 0.0, -0.2], [0.1, 0.0, 1, 0.8], [0.0, -0.2, 0.8, 1]])
+    gap = clustering.separation_gap(s, np.array([0, 1]), np.array([2, 3]))
+    assert gap == pytest.approx(0.7)
+    assert clustering.separation_gap(s, np.array([0]), np.array([1])) == -np.inf

@@ -216,6 +216,7 @@ class Experiment:
             initial_model=flat.flatten(self.initial_variables),
             public_x=data.public_x,
             input_shape=tuple(int(d) for d in model.input_spec()["x"].shape[1:]),
+            total_rounds=config.rounds,
         )
         self.client_index = {cid: i for i, cid in enumerate(data.client_ids)}
         self.work = algorithm.client_work(config.momentum, self.run)

@@ -54,6 +54,7 @@ class RunInfo:
     # Weighted layers after the last convolutional/normalisation one (the FC classifier; 0 for
     # a model of Dense layers only): `models.split.classifier_layers`.
     classifier_layers: int = 0
+    total_rounds: int = 0  # the run's length in rounds (0: unknown, outside a run)
 
     @property
     def num_tensors(self) -> int:

@@ -9,11 +9,23 @@ its members' updates (Alg. 1; complete-linkage bipartition as in the reference c
 half starts from the cluster's model plus its own members' mean update. The cluster count
 grows up to `cfl_max_clusters`; splits are allowed from round `cfl_warmup_rounds` on and only
 for clusters of more than `cfl_min_size` sampled members.
+
+eps1 and eps2 are absolute update norms (the reference code's 0.4 and 1.6 fit its models and
+learning rates; on others every update norm can sit below eps2, and CFL never splits). By
+default (`--cfl_criterion=relative`, ours) the criterion is scale-free and follows the run:
+split when max_i ||dW_i|| > `cfl_norm_ratio` * ||mean dW|| (4, the reference code's
+eps2 / eps1: the clients' updates largely cancel while some stay large) and the optimal
+bipartition has a positive separation gap (every within-part cosine above every cross-part
+one: Sattler et al.'s condition for a correct split, which updates that differ only by noise,
+as on IID data, do not meet). `--cfl_criterion=absolute` is the paper's eps1/eps2 test. The
+warm-up defaults to a fifth of the run (the reference code's 20 rounds are its whole length in
+short runs; `--cfl_warmup_rounds` >= 0 sets it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 import numpy as np
@@ -43,10 +55,21 @@ class CFL(Algorithm):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        cfl_eps1: float = option(0.4, "CFL eps1: split only if ||mean update|| < eps1.")
-        cfl_eps2: float = option(1.6, "CFL eps2: split only if max ||update_i|| > eps2.")
+        cfl_eps1: float = option(0.4, "CFL absolute test: split only if ||mean update|| < eps1.")
+        cfl_eps2: float = option(1.6, "CFL absolute test: split only if max ||update_i|| > eps2.")
         cfl_min_size: int = option(2, "CFL: split only clusters of more sampled clients.")
-        cfl_warmup_rounds: int = option(20, "CFL: no split before this round.")
+        cfl_warmup_rounds: int = option(
+            -1, "CFL: no split before this round (-1: a fifth of the run, rounded up)."
+        )
+        cfl_criterion: str = option(
+            "relative",
+            "CFL split test: relative (ours: update-norm ratio and a positive separation gap) "
+            "or absolute (the paper's eps1/eps2).",
+            ("relative", "absolute"),
+        )
+        cfl_norm_ratio: float = option(
+            2.0, "CFL relative test: split if max ||dW_i|| > this * ||mean dW||."
+        )
         cfl_max_clusters: int = option(8, "CFL: the most clusters splitting may make.")
 
     def __init__(self, options: Optional[Options] = None) -> None:
@@ -56,10 +79,23 @@ class CFL(Algorithm):
             [
                 (o.cfl_eps1 > 0 and o.cfl_eps2 > 0, "cfl_eps1 and cfl_eps2 must be > 0"),
                 (o.cfl_min_size >= 2, "cfl_min_size must be >= 2"),
-                (o.cfl_warmup_rounds >= 0, "cfl_warmup_rounds must be >= 0"),
+                (o.cfl_warmup_rounds >= -1, "cfl_warmup_rounds must be >= 0 (-1: a fifth)"),
+                (o.cfl_norm_ratio > 1, "cfl_norm_ratio must be > 1"),
                 (o.cfl_max_clusters >= 1, "cfl_max_clusters must be >= 1"),
             ]
         )
+
+    def warmup_rounds(self, run: RunInfo) -> int:
+        rounds = self.options.cfl_warmup_rounds
+        return rounds if rounds >= 0 else math.ceil(run.total_rounds / 5)
+
+    def norms_call_for_split(self, mean_norm: float, max_norm: float, size: int) -> bool:
+        o = self.options
+        if o.cfl_criterion == "absolute":
+            return clustering.should_split(
+                mean_norm, max_norm, size, o.cfl_eps1, o.cfl_eps2, o.cfl_min_size
+            )
+        return size > o.cfl_min_size and max_norm > o.cfl_norm_ratio * mean_norm
 
     def after_round(
         self, run: RunInfo, view: ServerView, result: RoundResult, queries: Queries
@@ -77,15 +113,17 @@ class CFL(Algorithm):
             mean_norm, max_norm = clustering.update_norms(updates)
             norms[f"cfl_mean_norm_{k}"], norms[f"cfl_max_norm_{k}"] = mean_norm, max_norm
             if (
-                result.round_num < o.cfl_warmup_rounds
+                result.round_num < self.warmup_rounds(run)
                 or len(models) >= o.cfl_max_clusters
-                or not clustering.should_split(
-                    mean_norm, max_norm, len(members), o.cfl_eps1, o.cfl_eps2, o.cfl_min_size
-                )
+                or not self.norms_call_for_split(mean_norm, max_norm, len(members))
             ):
                 continue
             cosines = clustering.pairwise_cosine(updates)
             first, second = clustering.optimal_bipartition(cosines)
+            gap = clustering.separation_gap(cosines, first, second)
+            norms[f"cfl_separation_gap_{k}"] = gap
+            if o.cfl_criterion == "relative" and not gap > 0:
+                continue
             split_labels = np.zeros(len(members), np.int32)
             split_labels[second] = 1
             similarity = Similarity(

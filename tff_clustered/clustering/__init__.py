@@ -12,6 +12,7 @@ from tff_clustered.clustering.bipartition import (
     max_cross_similarity,
     optimal_bipartition,
     pairwise_cosine,
+    separation_gap,
     should_split,
     update_norms,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "nearest_centers",
     "newcomer_dissimilarity",
     "optimal_bipartition",
+    "separation_gap",
     "pairwise_cosine",
     "shared_tensor_count",
     "should_split",

@@ -78,3 +78,18 @@ def max_cross_similarity(similarity: np.ndarray, first: np.ndarray, second: np.n
     if len(first) == 0 or len(second) == 0:
         raise ValueError("both parts of the bipartition must be non-empty")
     return float(np.max(np.asarray(similarity, np.float64)[np.ix_(first, second)]))
+
+
+def separation_gap(similarity: np.ndarray, first: np.ndarray, second: np.ndarray) -> float:
+    """Sattler et al.'s separation gap of a bipartition (Sec. III): the smallest similarity
+    within either part minus the largest across them. Positive exactly when every client is
+    more similar to each member of its own part than to any of the other (the condition under
+    which their Theorem guarantees the split separates clients with different optima); about
+    zero or negative for updates that differ only by noise (IID clients). A part of one client
+    has no within-part pair."""
+    s = np.asarray(similarity, np.float64)
+    within = [s[np.ix_(part, part)][~np.eye(len(part), dtype=bool)] for part in (first, second)]
+    within_values = np.concatenate(within)
+    if not within_values.size:
+        return -np.inf
+    return float(within_values.min() - s[np.ix_(first, second)].max())
