@@ -104,7 +104,23 @@ def test_algorithm_options_are_checked() -> None:
     with pytest.raises(ValueError, match="unknown algorithm"):
         make_algorithm("fedsomething")
     assert make_algorithm("fedprox").prox_mu == 0.01
-    assert make_algorithm("fedper", personal_layers=2).personal_layers == 2
+    assert make_algorithm("fedper", personal_layers=2).options.personal_layers == 2
+
+
+def test_fedper_personalises_the_classifier_head_by_default() -> None:
+    """Unset --personal_layers: the dense layers after the last convolution (FedTSDP's FedPer on
+    its CNN: 2 of 4 weighted layers), the top layer of an MLP; a given count wins."""
+    fedper = make_algorithm("fedper")
+    for model, personal in (("tsdp_cnn", 2), ("lenet", 3), ("mlp", 1)):
+        spec = model_spec(model, (8, 8, 1), 10, hidden_units=8)
+        exp = Experiment(
+            load_digits_clusters(num_clients=4, num_groups=1),
+            spec,
+            fedper,
+            TrainingConfig(clients_per_round=4),
+        )
+        assert fedper.personal_layers(exp.run) == personal, model
+        assert make_algorithm("fedper", personal_layers=1).personal_layers(exp.run) == 1
 
 
 class AnchoredFedAvg(Algorithm):

@@ -1,4 +1,9 @@
-"""FedPer (Arivazhagan et al., 2019): base layers federated, the top layer(s) personal."""
+"""FedPer (Arivazhagan et al., 2019): base layers federated, the top layer(s) personal.
+
+How many layers are personal is the user's choice in the paper; by default here it is the
+model's classifier head, the fully connected layers after its last convolutional or BatchNorm
+layer (the top layer of a model of Dense layers only): FedTSDP's comparison personalises the
+CNN's dense layers, which is this rule on its CNN (2 layers)."""
 
 from __future__ import annotations
 
@@ -17,16 +22,19 @@ class FedPer(Algorithm):
     @dataclasses.dataclass(frozen=True)
     class Options:
         personal_layers: Optional[int] = option(
-            None, "Personal top layers (fedper; unset: 1, the head)."
+            None,
+            "Personal top layers (fedper; unset: the classifier head, the fully connected "
+            "layers after the last convolutional layer; 1 for an MLP).",
         )
 
     def __init__(self, options: Optional[Options] = None) -> None:
         super().__init__(options)
-        check([(self.personal_layers >= 1, "fedper needs --personal_layers >= 1 (the head)")])
+        given = self.options.personal_layers
+        check([(given is None or given >= 1, "fedper needs --personal_layers >= 1 (the head)")])
 
-    @property
-    def personal_layers(self) -> int:
-        return 1 if self.options.personal_layers is None else self.options.personal_layers
+    def personal_layers(self, run: RunInfo) -> int:
+        given = self.options.personal_layers
+        return given if given is not None else (run.classifier_layers or 1)
 
     def initial_shared(self, run: RunInfo) -> tuple[int, ...]:
-        return layers_to_tensors(run.layer_sizes, self.personal_layers)
+        return layers_to_tensors(run.layer_sizes, self.personal_layers(run))
