@@ -36,7 +36,12 @@ CLUSTERED = {"cfl", "fesem", "fedtsdp", "ifca", "fedac", "flhc", "cgpfl"} | {
 }
 OPTIONS = {
     "fedtsdp": {"hopkins_threshold": 0.5},
-    "cfl": {"cfl_warmup_rounds": 1, "cfl_eps1": 100.0, "cfl_eps2": 1e-6},  # splits at once
+    "cfl": {  # splits at once
+        "cfl_criterion": "absolute",
+        "cfl_warmup_rounds": 1,
+        "cfl_eps1": 100.0,
+        "cfl_eps2": 1e-6,
+    },
     "ditto": {"ditto_lambda": 0.5},
     "fedac": {"num_clusters": 2, "fedac_components": 5},  # warm-up: rounds 1-2
     "flhc": {"flhc_cluster_round": 1},
