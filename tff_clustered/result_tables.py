@@ -21,7 +21,7 @@ from typing import Any, Optional
 import numpy as np
 
 from tff_clustered.checkpoint import atomic_write_bytes
-from tff_clustered.reporting import pyplot, save_figure, summarize
+from tff_clustered.reporting import _format, pyplot, save_figure, summarize
 
 RUN_COLUMNS = (
     "setting",
@@ -157,12 +157,8 @@ def diagnostics_text(runs: Sequence[Mapping[str, Any]]) -> str:
         if text is not None:
             parts.append(f"{label} {text}")
     if runs and all(r.get("regime_dropout") is not None for r in runs):
-        shares = [
-            "/".join(
-                f"{100 * np.mean([float(r[f'regime_{g}']) for r in runs]):.0f}" for g in REGIMES
-            )
-        ]
-        parts.append(f"regimes dropout/partial/head {shares[0]} %")
+        shares = [100 * np.mean([float(r[f"regime_{g}"]) for r in runs]) for g in REGIMES]
+        parts.append(f"regimes dropout/partial/head {'/'.join(f'{v:.0f}' for v in shares)} %")
     return "; ".join(parts)
 
 
@@ -249,7 +245,7 @@ def write_tables(
             "Final test accuracy (%), each client with the model it uses, "
             + ("unweighted mean over clients." if client_mean else "pooled over clients."),
             "",
-            *setting_table(rows, key, seeds),
+            *setting_table(rows, key),
         ]
     else:
         lines += algorithm_table(rows, target_accuracy)
@@ -272,10 +268,6 @@ def write_tables(
     markdown = "\n".join(lines) + "\n"
     atomic_write_bytes(os.path.join(output_dir, "comparison.md"), markdown.encode())
     return markdown
-
-
-def _format(value: Any) -> Any:
-    return f"{value:.6g}" if isinstance(value, float) else value
 
 
 def write_comparison_png(

@@ -260,12 +260,10 @@ def draw_public_batch(
     return np.sort(rng.choice(len(w), batch_size, replace=False, p=w / w.sum()))
 
 
-def amend_sampling_weights(
-    sampling_weights: np.ndarray, batch_indices: np.ndarray, increment: Optional[float] = None
-) -> np.ndarray:
-    """Hopkins-amended sampling: Eq. 7, W_k <- W_k + |D_pub| / |D_B| (or `increment`) for every
-    k in this round's batch D_B, the other W_k unchanged; Eq. 8, W <- W / sum W. Returns a new
-    array. Favours the public samples on which the client models disagreed."""
+def _weights_and_batch(
+    sampling_weights: np.ndarray, batch_indices: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """A float64 copy of the weights W and the batch D_B as distinct indices into W."""
     w = np.array(sampling_weights, np.float64)
     batch = np.asarray(batch_indices, np.int64).reshape(-1)
     if w.ndim != 1:
@@ -274,6 +272,16 @@ def amend_sampling_weights(
         raise ValueError("the batch D_B is empty")
     if batch.min() < 0 or batch.max() >= len(w) or len(np.unique(batch)) != len(batch):
         raise ValueError(f"batch indices must be distinct and in [0, {len(w)})")
+    return w, batch
+
+
+def amend_sampling_weights(
+    sampling_weights: np.ndarray, batch_indices: np.ndarray, increment: Optional[float] = None
+) -> np.ndarray:
+    """Hopkins-amended sampling: Eq. 7, W_k <- W_k + |D_pub| / |D_B| (or `increment`) for every
+    k in this round's batch D_B, the other W_k unchanged; Eq. 8, W <- W / sum W. Returns a new
+    array. Favours the public samples on which the client models disagreed."""
+    w, batch = _weights_and_batch(sampling_weights, batch_indices)
     step = len(w) / len(batch) if increment is None else float(increment)
     if step < 0:
         raise ValueError(f"increment must be non-negative, got {step}")
@@ -288,12 +296,7 @@ def raise_sampling_weights(sampling_weights: np.ndarray, batch_indices: np.ndarr
     W_k <- max(W_k, 1 + |D_pub| / |D_B|) for k in D_B. One amended batch then holds about half of
     the sampling mass and no later trigger can push any batch above that, whereas Eq. 7 added to
     normalised weights puts 1 - 1/|D_pub| of the mass on the first amended batch."""
-    w = np.array(sampling_weights, np.float64)
-    batch = np.asarray(batch_indices, np.int64).reshape(-1)
-    if w.ndim != 1 or not len(batch):
-        raise ValueError("sampling_weights must be a vector and the batch D_B non-empty")
-    if batch.min() < 0 or batch.max() >= len(w) or len(np.unique(batch)) != len(batch):
-        raise ValueError(f"batch indices must be distinct and in [0, {len(w)})")
+    w, batch = _weights_and_batch(sampling_weights, batch_indices)
     w[batch] = np.maximum(w[batch], 1.0 + len(w) / len(batch))
     return w
 
