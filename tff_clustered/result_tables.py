@@ -173,7 +173,7 @@ def _header(title: str, command: str, date: str, seeds: Sequence[int]) -> list[s
     ]
 
 
-def setting_table(rows: Sequence[Mapping[str, Any]], key: str, seeds: Sequence[int]) -> list[str]:
+def setting_table(rows: Sequence[Mapping[str, Any]], key: str) -> list[str]:
     """Markdown: one row per setting, one column per algorithm, `key` in % as mean ± std; the
     best mean of each row in bold."""
     settings = list(dict.fromkeys(r["setting"] for r in rows))
