@@ -92,10 +92,12 @@ def test_compare_writes_the_fedtsdp_table_shape(tmp_path: object) -> None:
     assert worker_pids_with_tag(tag) == []
     table = open(os.path.join(out, "comparison.md")).read().splitlines()
     assert "| setting | fedavg | fedtsdp |" in table
-    rows = [line for line in table if line.startswith(("| iid", "| dirichlet:0.2"))]
-    accuracy_rows = [r for r in rows if len(r.split("|")) == 5]  # the diagnostics table has 3
-    assert len(accuracy_rows) == 2
-    assert any("triggers 0" in r for r in rows)  # FedTSDP's diagnostics per setting
+    diagnostics_start = next(i for i, line in enumerate(table) if line.startswith("Diagnostics"))
+    settings = ("| iid", "| dirichlet:0.2")
+    rows = [line for line in table[:diagnostics_start] if line.startswith(settings)]
+    assert len(rows) == 2 and all(len(r.split("|")) == 5 for r in rows)
+    notes = [line for line in table[diagnostics_start:] if line.startswith(settings)]
+    assert len(notes) == 4 and all("triggers 0" in n for n in notes if "fedtsdp" in n)
     with open(os.path.join(out, "comparison.csv")) as f:
         runs = list(csv.DictReader(f))
     assert {(r["setting"], r["algorithm"]) for r in runs} == {
