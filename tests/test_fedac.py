@@ -4,6 +4,7 @@ test_fedac_clustering.py.)"""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import tensorflow as tf
 from conftest import checkpoint_round_trip, history_rows, mlp_experiment
 from sklearn.metrics import adjusted_rand_score
 
-from tff_clustered.algorithms import make_algorithm
+from tff_clustered.algorithms import fedac, make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated import client_work
 from tff_clustered.orchestration import Experiment, TrainingConfig
@@ -71,19 +72,17 @@ def test_fedac_with_no_pulls_is_local() -> None:
 
 @pytest.fixture(scope="module")
 def planted_runs() -> tuple[Experiment, Experiment]:
-    """FedAC and FedAvg on digits in 4 label-permutation groups, 40 clients, 10 per round.
-
-    gc_lower is 0.05, not the paper's 0.2: these groups are far apart, and as the models
-    converge each cluster's G_c (intra / inter distance) falls below 0.2, so the paper's CNT
-    merges two true groups at round 12 (seed 0, lr 0.1 and 0.3); CNT's own behaviour is
-    tested in test_fedac_clustering.py."""
+    """FedAC (default CNT: the relative rule) and FedAvg on digits in 4 label-permutation
+    groups, 40 clients, 10 per round. (With the paper's rule, gc_lower had to be 0.05 here: as
+    the models converge each cluster's G_c falls below 0.2 and the paper's CNT merged two true
+    groups at round 12, seed 0.) CNT's own behaviour is tested in test_fedac_clustering.py."""
     config = TrainingConfig(
         rounds=12, clients_per_round=10, local_epochs=3, learning_rate=0.3, seed=0, eval_every=4
     )
-    fedac = experiment("fedac", config, 40, num_clusters=4, fedac_components=10, gc_lower=0.05)
+    fedac_run = experiment("fedac", config, 40, num_clusters=4, fedac_components=10)
     fedavg = experiment("fedavg", config, 40)
-    list(fedac.rounds()), list(fedavg.rounds())
-    return fedac, fedavg
+    list(fedac_run.rounds()), list(fedavg.rounds())
+    return fedac_run, fedavg
 
 
 def test_warm_up_trains_everyone_once_in_one_cluster(
@@ -94,6 +93,9 @@ def test_warm_up_trains_everyone_once_in_one_cluster(
     assert fedac.algorithm.warmup_rounds(fedac.run) == 4
     assert [history[r]["num_clusters"] for r in (1, 2, 3)] == [1.0, 1.0, 1.0]
     assert history[4]["num_clusters"] == 4.0 and history[4]["pca_refit"] == 1.0
+    # the PCA map is refit every max(full pass, ceil(12 rounds / 10)) = 4 rounds
+    assert [history[r]["pca_period"] for r in range(4, 13)] == [4.0] * 9
+    assert [r for r in range(4, 13) if history[r]["pca_refit"]] == [4, 8, 12]
     # each warm-up cohort is one block of the permutation: 4 x 10 distinct clients
     order = fedac.state.algorithm_state.warmup_order
     assert sorted(order.tolist()) == list(range(40))
@@ -120,6 +122,32 @@ def test_fedac_recovers_the_planted_groups_and_beats_fedavg(
     assert mine >= theirs + 0.1, (mine, theirs)
     similarity = fedac.state.similarity
     np.testing.assert_array_equal(np.argmax(similarity.matrix, axis=1), similarity.labels)
+
+
+def test_pca_period_rule() -> None:
+    """max(full pass, ceil(T / 10)): the paper's 100 rounds for its 1,000; T unknown (0): the
+    full pass; an explicit --fedac_pca_period wins."""
+    assert fedac.pca_period(4, 40) == 4  # the table's budget: 20 clients, 5 per round
+    assert fedac.pca_period(10, 1000) == 100
+    assert fedac.pca_period(2, 95) == 10
+    assert fedac.pca_period(4, 0) == 4
+    assert fedac.pca_period(1, 5) == 1
+    config = TrainingConfig(rounds=1, clients_per_round=5, seed=1)
+    exp = experiment("fedac", config, 20, num_clusters=2, fedac_pca_period=100)
+    assert exp.algorithm.pca_period(exp.run) == 100
+    assert make_algorithm("fedac").pca_period(dataclasses.replace(exp.run, total_rounds=40)) == 4
+    assert make_algorithm("fedac").pca_period(dataclasses.replace(exp.run, total_rounds=200)) == 20
+
+
+def test_the_run_length_reaches_the_pca_period() -> None:
+    """6 clients, all in every round (a full pass is 1 round), 11 rounds: the server learns T
+    from RunInfo.total_rounds and refits every ceil(11 / 10) = 2 rounds after the warm-up."""
+    config = TrainingConfig(rounds=11, clients_per_round=6, local_epochs=1, seed=2, eval_every=11)
+    exp = experiment("fedac", config, 6, num_clusters=2, fedac_components=3)
+    list(exp.rounds())
+    history = exp.state.history
+    assert {history[r]["pca_period"] for r in range(1, 12)} == {2.0}
+    assert [r for r in range(1, 12) if history[r]["pca_refit"]] == [1, 3, 5, 7, 9, 11]
 
 
 def test_global_embedding_is_the_mean_of_the_sampled_embeddings() -> None:
@@ -152,7 +180,15 @@ def test_fedac_options_are_checked() -> None:
     with pytest.raises(ValueError, match="fedac_mu and fedac_lambda"):
         make_algorithm("fedac", fedac_mu=-1.0)
     with pytest.raises(ValueError, match="gc_lower < gc_upper"):
-        make_algorithm("fedac", gc_lower=0.9, gc_upper=0.8)
+        make_algorithm("fedac", fedac_cnt="paper", gc_lower=0.9, gc_upper=0.8)
+    with pytest.raises(ValueError, match="add --fedac_cnt=paper"):
+        make_algorithm("fedac", gc_lower=0.05)
+    with pytest.raises(ValueError, match="fedac_merge_separation < fedac_split_separation"):
+        make_algorithm("fedac", fedac_merge_separation=4.0)
+    with pytest.raises(ValueError, match="fedac_pca_period must be >= 0"):
+        make_algorithm("fedac", fedac_pca_period=-1)
+    with pytest.raises(ValueError, match="fedac_bimodality must be in"):
+        make_algorithm("fedac", fedac_bimodality=2.0)
     with pytest.raises(ValueError, match="fedac takes no --mu"):
         make_algorithm("fedac", mu=0.1)
     config = TrainingConfig(rounds=1, clients_per_round=5, seed=1)

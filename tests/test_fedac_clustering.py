@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
@@ -12,8 +14,11 @@ from tff_clustered.clustering import fedac
 # Planted setting used by the recovery tests: 4 groups of 12 clients in d = 500 around random
 # centres N(0, I) plus a common offset (the shared initialization all client models carry),
 # with isotropic noise 1.0. A pure cluster then has G_c ~ (1 - 1/12) d / (2 d) ~ 0.46, inside
-# (0.2, 0.8); two groups in one cluster have G_c ~ 1 (> 0.8), so CNT splits them.
+# (0.2, 0.8); two groups in one cluster have G_c ~ 1 (> 0.8), so CNT splits them. The relative
+# rule's separation of two groups is ~ 1 + 6 * 2 d / d = 13 (> 4), of two halves of one ~ 1.
 GROUPS, PER_GROUP, DIM, NOISE, OFFSET = 4, 12, 500, 1.0, 3.0
+PAPER = clustering.CntSettings(rule="paper")
+RULES = [PAPER, clustering.CntSettings()]
 
 
 def planted_models(
@@ -48,7 +53,7 @@ def reference_lrcos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def run_rounds(
-    models: np.ndarray, labels: np.ndarray, rounds: int, **cnt: float
+    models: np.ndarray, labels: np.ndarray, rounds: int, **cnt: object
 ) -> tuple[np.ndarray, list[int]]:
     """The server side of `rounds` FedAC rounds with fixed models: E-step, empties removed,
     M-step, CNT. Returns the final labels and K after each round."""
@@ -232,14 +237,15 @@ def test_gc_uses_squared_l2_in_full_dimension_and_excludes_j_equal_k() -> None:
     np.testing.assert_allclose(clustering.gc_ratios(models, centers, labels), expected, rtol=1e-12)
 
 
-def test_singletons_merge_into_their_nearest_cluster() -> None:
+@pytest.mark.parametrize("settings", RULES, ids=lambda s: s.rule)
+def test_singletons_merge_into_their_nearest_cluster(settings: clustering.CntSettings) -> None:
     rng = np.random.default_rng(9)
     models, truth = planted_models(rng)
     start = truth.copy()
     start[[3, 15, 40]] = [4, 5, 6]  # three clients in clusters of their own: K = 7
     pca_map = clustering.fit_pca_map(models)
     centers = clustering.m_step(models, start, 7)
-    result = clustering.tune_cluster_number(models, centers, start, pca_map)
+    result = clustering.tune_cluster_number(models, centers, start, pca_map, settings=settings)
     np.testing.assert_allclose(result.gc[4:], 0.0)
     assert sorted(result.merges) == [(4, 0), (5, 1), (6, 3)] and not result.splits
     assert result.num_clusters == GROUPS
@@ -250,56 +256,66 @@ def test_singletons_merge_into_their_nearest_cluster() -> None:
     )
 
 
-def test_a_cluster_grown_by_a_merge_is_not_split_in_the_same_call() -> None:
+@pytest.mark.parametrize("settings", RULES, ids=lambda s: s.rule)
+def test_a_cluster_grown_by_a_merge_is_not_split_in_the_same_call(
+    settings: clustering.CntSettings,
+) -> None:
     rng = np.random.default_rng(16)
     models, truth = planted_models(rng, groups=3)
     mixed = np.minimum(truth, 1).astype(np.int32)  # groups 1 and 2 share cluster 1: G_c > b
     pca_map = clustering.fit_pca_map(models)
     centers = clustering.m_step(models, mixed, 2)
-    alone = clustering.tune_cluster_number(models, centers, mixed, pca_map)
+    alone = clustering.tune_cluster_number(models, centers, mixed, pca_map, settings=settings)
     assert alone.splits == (1,) and alone.num_clusters == 3
     with_singleton = mixed.copy()
     with_singleton[30] = 2  # a member of group 2 on its own: merged back into cluster 1
     centers = clustering.m_step(models, with_singleton, 3)
-    result = clustering.tune_cluster_number(models, centers, with_singleton, pca_map)
+    result = clustering.tune_cluster_number(
+        models, centers, with_singleton, pca_map, settings=settings
+    )
     assert result.gc[1] > fedac.GC_UPPER
     assert result.merges == ((2, 1),) and result.splits == ()
     np.testing.assert_array_equal(result.assign, mixed)
 
 
-def test_planted_partition_is_a_fixed_point() -> None:
+@pytest.mark.parametrize("settings", RULES, ids=lambda s: s.rule)
+def test_planted_partition_is_a_fixed_point(settings: clustering.CntSettings) -> None:
     """Every G_c inside (a, b): no merge, no split, and the E-step keeps every client."""
     models, truth = planted_models(np.random.default_rng(10))
-    labels, ks = run_rounds(models, truth, rounds=3)
+    labels, ks = run_rounds(models, truth, rounds=3, settings=settings)
     assert ks == [GROUPS] * 3
     np.testing.assert_array_equal(labels, truth)
     gc = clustering.gc_ratios(models, clustering.m_step(models, truth, GROUPS), truth)
     assert np.all((gc > fedac.GC_LOWER) & (gc < fedac.GC_UPPER))
 
 
+@pytest.mark.parametrize("settings", RULES, ids=lambda s: s.rule)
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_cnt_reaches_the_planted_number_from_fewer_clusters(seed: int) -> None:
+def test_cnt_reaches_the_planted_number_from_fewer_clusters(
+    seed: int, settings: clustering.CntSettings
+) -> None:
     """From K = 2 (two or more groups per cluster, G_c > b): splits until K = 4, then stays."""
     rng = np.random.default_rng(200 + seed)
     models, truth = planted_models(rng)
     reduced = clustering.project(clustering.fit_pca_map(models), models)
     start = clustering.spherical_kmeans(reduced, 2, seed=seed)
-    labels, ks = run_rounds(models, start, rounds=8)
+    labels, ks = run_rounds(models, start, rounds=8, settings=settings)
     assert ks[0] > 2 and ks[-3:] == [GROUPS] * 3
     assert adjusted_rand_score(truth, labels) == 1.0
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_cnt_reaches_the_planted_number_from_more_clusters(seed: int) -> None:
-    """From one cluster per client (K = 48, all G_c = 0): the merges stop at K_min = 2 in one
-    call, then splits bring K back up to 4.
+    """Paper rule. From one cluster per client (K = 48, all G_c = 0): the merges stop at
+    K_min = 2 in one call, then splits bring K back up to 4.
 
     A moderate over-split (e.g. K = 8 from k-means: fragments of 5-7 clients) is NOT undone:
-    such fragments have G_c ~ 0.4, inside (0.2, 0.8), so Alg. 3 neither merges nor splits them."""
+    such fragments have G_c ~ 0.4, inside (0.2, 0.8), so Alg. 3 neither merges nor splits them
+    (the relative rule does: test_relative_cnt_undoes_an_over_split)."""
     rng = np.random.default_rng(300 + seed)
     models, truth = planted_models(rng)
     start = np.arange(len(truth), dtype=np.int32)
-    labels, ks = run_rounds(models, start, rounds=8)
+    labels, ks = run_rounds(models, start, rounds=8, settings=PAPER)
     assert ks[0] == fedac.MIN_CLUSTERS and ks[-3:] == [GROUPS] * 3
     assert adjusted_rand_score(truth, labels) == 1.0
 
@@ -311,19 +327,20 @@ def test_cnt_keeps_k_within_bounds() -> None:
     singletons = np.arange(len(truth), dtype=np.int32)
     centers = clustering.m_step(models, singletons, len(truth))
     merged = clustering.tune_cluster_number(
-        models, centers, singletons, pca_map, settings=clustering.CntSettings(min_clusters=3)
+        models, centers, singletons, pca_map, settings=dataclasses.replace(PAPER, min_clusters=3)
     )
     assert merged.num_clusters == 3 and len(merged.merges) == len(truth) - 3
     # Everything in one pair of clusters, both far above b: K_max = 3 allows one split only.
     pair = (truth >= 2).astype(np.int32)
     centers = clustering.m_step(models, pair, 2)
     assert np.all(clustering.gc_ratios(models, centers, pair) > fedac.GC_UPPER)
-    capped = clustering.tune_cluster_number(
-        models, centers, pair, pca_map, settings=clustering.CntSettings(max_clusters=3)
-    )
-    assert capped.num_clusters == 3 and len(capped.splits) == 1
-    free = clustering.tune_cluster_number(models, centers, pair, pca_map)
-    assert free.num_clusters == 4 and len(free.splits) == 2
+    for settings in RULES:  # both split both clusters when free to
+        capped = clustering.tune_cluster_number(
+            models, centers, pair, pca_map, settings=dataclasses.replace(settings, max_clusters=3)
+        )
+        assert capped.num_clusters == 3 and len(capped.splits) == 1
+        free = clustering.tune_cluster_number(models, centers, pair, pca_map, settings=settings)
+        assert free.num_clusters == 4 and len(free.splits) == 2
 
 
 def test_splits_respect_the_minimum_side_size() -> None:
@@ -346,18 +363,216 @@ def test_splits_respect_the_minimum_side_size() -> None:
     centers = clustering.m_step(models, labels, 3)
     # Bounds (0, 0): every cluster (G_c > 0) asks for a split.
     result = clustering.tune_cluster_number(
-        models, centers, labels, pca_map, settings=clustering.CntSettings(0, 0)
+        models, centers, labels, pca_map, settings=clustering.CntSettings(0, 0, rule="paper")
     )
     assert np.all(result.gc > 0)
     assert result.splits == (2,) and result.num_clusters == 4
     np.testing.assert_array_equal(result.assign, [0, 0, 0, 0, 1, 1, 1, 2, 2, 3, 3])
     # With s_min = 1 the 3 / 1 split of cluster 0 and a split of cluster 1 go ahead.
     loose = clustering.tune_cluster_number(
-        models, centers, labels, pca_map, settings=clustering.CntSettings(0, 0, min_split_size=1)
+        models,
+        centers,
+        labels,
+        pca_map,
+        settings=clustering.CntSettings(0, 0, min_split_size=1, rule="paper"),
     )
     assert sorted(loose.splits) == [0, 1, 2] and loose.num_clusters == 6
     sides = np.bincount(loose.assign[:4])
     assert sorted(sides[sides > 0]) == [1, 3] and len(set(loose.assign[:3])) == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# The relative CNT rule (ours): separation and bimodality, and what they do under a mu pull.
+
+
+def shrunk(models: np.ndarray, labels: np.ndarray, factor: float) -> np.ndarray:
+    """Every member moved toward its cluster's mean, w <- Omega + factor (w - Omega): what a pull
+    toward the centres does to the spread (the centres stay)."""
+    centers = clustering.m_step(models, labels, int(labels.max()) + 1)
+    return centers[labels] + factor * (models - centers[labels])
+
+
+def smaller_joins_larger(labels: np.ndarray, merge: tuple[int, int]) -> bool:
+    """Whether a merge (merged, receiving) moved the smaller cluster (ties: the higher index)."""
+    (merged, receiving), sizes = merge, np.bincount(labels)
+    return bool((sizes[merged], -merged) < (sizes[receiving], -receiving))
+
+
+def sides_separation(models: np.ndarray, first: np.ndarray) -> float:
+    a, b = models[first], models[~first]
+    mean_a, mean_b = a.mean(axis=0), b.mean(axis=0)
+    return fedac.separation(
+        len(a),
+        len(b),
+        float(np.sum((mean_a - mean_b) ** 2)),
+        float(np.sum((a - mean_a) ** 2)),
+        float(np.sum((b - mean_b) ** 2)),
+    )
+
+
+def test_separation_is_about_one_for_halves_of_a_group_and_large_for_two_groups() -> None:
+    rng = np.random.default_rng(20)
+    models, truth = planted_models(rng, groups=2)
+    # the formula: ||mean_a - mean_b||^2 / (s^2 (1/n_a + 1/n_b)), s^2 pooled over n - 2
+    expected = 9.0 / ((4.0 + 6.0) / (3 + 5 - 2) * (1 / 3 + 1 / 5))
+    assert fedac.separation(3, 5, 9.0, 4.0, 6.0) == pytest.approx(expected)
+    assert fedac.separation(1, 1, 9.0, 0.0, 0.0, fallback_variance=1.5) == pytest.approx(3.0)
+    assert fedac.separation(1, 1, 9.0, 0.0, 0.0) == np.inf
+    one = models[truth == 0]
+    halves = [sides_separation(one, rng.permutation(PER_GROUP) < 6) for _ in range(20)]
+    assert 0.8 < np.mean(halves) < 1.2
+    two = sides_separation(models, truth == 0)
+    assert two > 10
+    assert sides_separation(7.0 * models, truth == 0) == pytest.approx(two)
+    previous = two
+    for factor in (0.3, 0.1, 0.01):  # a pull toward the centres only moves groups apart
+        now = sides_separation(shrunk(models, truth, factor), truth == 0)
+        assert now > previous
+        previous = now
+
+
+def test_bimodality_reference_values() -> None:
+    """Q = between scatter / largest scatter eigenvalue: 1 for two point masses, 3/4 for a
+    uniform segment cut at its middle, 2/pi for a Gaussian cut at its mean, at most 1."""
+    rng = np.random.default_rng(21)
+    uniform = np.sort(rng.uniform(-1, 1, size=20000))[:, None]
+    gaussian = np.sort(rng.normal(size=20000))[:, None]
+    for values, expected in ((uniform, 0.75), (gaussian, 2 / np.pi)):
+        q = fedac.bimodality(values[values[:, 0] < 0], values[values[:, 0] >= 0])
+        assert q == pytest.approx(expected, abs=0.01)
+    points = np.array([[1.0, 0.0], [1.0, 0.0], [-1.0, 0.0], [-1.0, 0.0]])
+    assert fedac.bimodality(points[:2], points[2:]) == pytest.approx(1.0)
+    cloud = rng.normal(size=(30, 5))
+    q = fedac.bimodality(cloud[:10], cloud[10:])
+    assert 0 <= q <= 1 and fedac.bimodality(9 * cloud[:10], 9 * cloud[10:]) == pytest.approx(q)
+
+
+@pytest.mark.parametrize("factor", [1.0, 0.3, 0.1, 0.01])
+def test_relative_cnt_never_merges_separated_groups_whatever_the_pull(factor: float) -> None:
+    """Members shrunk toward their centres (a strong mu): the relative rule keeps the 4 groups
+    and splits none; the paper's G_c (intra / inter) shrinks with factor^2, so from 0.3 on it
+    falls below a = 0.2 and the paper's rule merges distinct groups down to K_min."""
+    models, truth = planted_models(np.random.default_rng(22))
+    models = shrunk(models, truth, factor)
+    pca_map = clustering.fit_pca_map(models)
+    centers = clustering.m_step(models, truth, GROUPS)
+    relative = clustering.tune_cluster_number(models, centers, truth, pca_map)
+    assert relative.merges == () and relative.splits == ()
+    np.testing.assert_array_equal(relative.assign, truth)
+    assert np.all(relative.merge_separations > 10)
+    paper = clustering.tune_cluster_number(models, centers, truth, pca_map, settings=PAPER)
+    if factor < 1:
+        assert paper.num_clusters == fedac.MIN_CLUSTERS and len(paper.merges) == 2
+    else:
+        assert paper.merges == ()
+
+
+@pytest.mark.parametrize("cut", ["split_sides", "random"])
+def test_relative_cnt_rejoins_a_group_cut_in_two(cut: str) -> None:
+    """Each group in turn cut in two (as CNT's split would cut it, or at random): the two
+    halves merge back, the other groups stay; the paper's rule leaves such halves apart."""
+    rng = np.random.default_rng(23)
+    models, truth = planted_models(rng)
+    pca_map = clustering.fit_pca_map(models)
+    reduced = clustering.project(pca_map, models)
+    reduced_centers = clustering.project(pca_map, clustering.m_step(models, truth, GROUPS))
+    for group in range(GROUPS):
+        members = np.flatnonzero(truth == group)
+        if cut == "split_sides":
+            second = fedac._split_sides(reduced[members], reduced_centers[group])
+        else:
+            second = rng.permutation(len(members)) < len(members) // 2
+        labels = truth.copy()
+        labels[members[second]] = GROUPS
+        centers = clustering.m_step(models, labels, GROUPS + 1)
+        result = clustering.tune_cluster_number(models, centers, labels, pca_map, reduced)
+        # the smaller half joins the larger one
+        assert len(result.merges) == 1 and set(result.merges[0]) == {group, GROUPS}
+        assert smaller_joins_larger(labels, result.merges[0]) and result.splits == ()
+        assert adjusted_rand_score(truth, result.assign) == 1.0
+        paper = clustering.tune_cluster_number(
+            models, centers, labels, pca_map, reduced, settings=PAPER
+        )
+        assert paper.merges == ()
+
+
+def test_relative_cnt_undoes_an_over_split() -> None:
+    """K = 8 from k-means (fragments of the 4 groups): merged back to the 4 groups, which then
+    stay (the paper's rule keeps the fragments: test_cnt_reaches_the_planted_number_from_more_
+    clusters)."""
+    models, truth = planted_models(np.random.default_rng(24))
+    reduced = clustering.project(clustering.fit_pca_map(models), models)
+    start = clustering.spherical_kmeans(reduced, 8, seed=0)
+    assert len(np.unique(start)) == 8
+    labels, ks = run_rounds(models, start, rounds=3)
+    assert ks == [GROUPS] * 3
+    assert adjusted_rand_score(truth, labels) == 1.0
+
+
+@pytest.mark.parametrize("factor", [1.0, 0.1])
+def test_relative_cnt_splits_a_mixed_cluster_and_no_pure_one_whatever_the_pull(
+    factor: float,
+) -> None:
+    """Groups 2 and 3 in one cluster, every cluster shrunk toward its own centre: the mixed one
+    is split into the two groups (its sides' separation and bimodality do not change with the
+    shrinkage), the pure ones are not."""
+    models, truth = planted_models(np.random.default_rng(25))
+    mixed = np.minimum(truth, 2).astype(np.int32)
+    models = shrunk(models, mixed, factor)
+    pca_map = clustering.fit_pca_map(models)
+    centers = clustering.m_step(models, mixed, 3)
+    result = clustering.tune_cluster_number(models, centers, mixed, pca_map)
+    assert result.splits == (2,) and result.merges == ()
+    assert adjusted_rand_score(truth, result.assign) == 1.0
+    assert np.all(result.split_separations[:2] < fedac.SPLIT_SEPARATION)
+    assert result.split_separations[2] > 10 and result.split_bimodalities[2] > 0.9
+
+
+def test_relative_split_needs_the_same_split_in_two_calls() -> None:
+    """With `previous_splits` (as FedAC runs it): a split goes ahead only when the earlier calls
+    allowed it too. A mixed cluster splits on the second call; a pure group in which each call
+    a different third of the members has just moved together (the clients that trained in the
+    round) looks two-sided every time, but never along the same line twice."""
+    rng = np.random.default_rng(26)
+    models, truth = planted_models(rng)
+    mixed = np.minimum(truth, 2).astype(np.int32)
+    pca_map = clustering.fit_pca_map(models)
+    centers = clustering.m_step(models, mixed, 3)
+    none = np.full(len(truth), -1, np.int32)
+    first = clustering.tune_cluster_number(models, centers, mixed, pca_map, previous_splits=none)
+    assert first.splits == () and first.num_clusters == 3
+    sides = first.split_candidates[truth >= 2]
+    assert len(set(sides[truth[truth >= 2] == 2])) == 1 and set(sides) == {0, 1}
+    second = clustering.tune_cluster_number(
+        models, centers, mixed, pca_map, previous_splits=first.split_candidates
+    )
+    assert second.splits == (2,) and adjusted_rand_score(truth, second.assign) == 1.0
+    for rows, splits in (
+        ([none, first.split_candidates], ()),
+        ([first.split_candidates] * 2, (2,)),
+    ):
+        # several earlier calls (FedAC: a full pass): every one of them must have allowed it
+        again = clustering.tune_cluster_number(
+            models, centers, mixed, pca_map, previous_splits=np.stack(rows)
+        )
+        assert again.splits == splits
+
+    members = np.flatnonzero(truth == 0)
+    direction = rng.normal(size=DIM)
+    previous, unchecked = none, []
+    for _ in range(4):
+        moved = models.copy()
+        fresh = rng.choice(members, size=4, replace=False)
+        moved[fresh] += 1.5 * direction  # 4 of 12 members trained this round
+        pca_map = clustering.fit_pca_map(moved)
+        centers = clustering.m_step(moved, truth, GROUPS)
+        result = clustering.tune_cluster_number(
+            moved, centers, truth, pca_map, previous_splits=previous
+        )
+        assert result.splits == () and (result.split_candidates[members] >= 0).all()
+        previous = result.split_candidates
+        unchecked.append(clustering.tune_cluster_number(moved, centers, truth, pca_map).splits)
+    assert all(splits == (0,) for splits in unchecked)  # without the check: split every time
 
 
 # ----------------------------------------------------------------------------------------------
@@ -396,9 +611,19 @@ def test_inputs_are_not_mutated() -> None:
     centers = clustering.m_step(models, labels, 2)
     inputs = [models, labels, reduced, centers, pca_map.axes, pca_map.offset]
     copies = [a.copy() for a in inputs]
-    clustering.clustering_step(models, centers, pca_map, reduced, clustering.CntSettings(0.0, 0.0))
+    clustering.clustering_step(
+        models, centers, pca_map, reduced, clustering.CntSettings(0.0, 0.0, rule="paper")
+    )
     clustering.tune_cluster_number(
-        models, centers, labels, pca_map, reduced, clustering.CntSettings(9, 9)
+        models, centers, labels, pca_map, reduced, clustering.CntSettings(9, 9, rule="paper")
+    )
+    clustering.tune_cluster_number(
+        models,
+        centers,
+        labels,
+        pca_map,
+        reduced,
+        clustering.CntSettings(merge_separation=0.0, split_separation=0.0),
     )
     clustering.drop_empty_clusters(labels, 3)
     clustering.spherical_kmeans(reduced, 2, seed=0)
@@ -430,6 +655,14 @@ def test_bad_inputs_raise_clear_errors() -> None:
         )
     with pytest.raises(ValueError, match="lower <= upper"):
         clustering.CntSettings(lower=0.8, upper=0.2)
+    with pytest.raises(ValueError, match="CNT rule must be one of"):
+        clustering.CntSettings(rule="fedac")
+    with pytest.raises(ValueError, match="merge_separation <= split_separation"):
+        clustering.CntSettings(merge_separation=5.0)
+    with pytest.raises(ValueError, match="bimodality bound"):
+        clustering.CntSettings(unimodal_bimodality=1.5)
+    with pytest.raises(ValueError, match="members on both sides"):
+        fedac.separation(0, 3, 1.0, 0.0, 1.0)
     with pytest.raises(ValueError, match="NaN or inf"):
         clustering.fit_pca_map(np.full((3, 4), np.nan))
     with pytest.raises(ValueError, match="positive finite"):

@@ -11,12 +11,13 @@ Round t (Alg. 1):
          + lambda/2 ||phi - Phi||^2, then uploads omega_i (kept in the store);
   [9]    Phi <- the mean of the sampled clients' embeddings (the paper writes a sum);
   [10]   the PCA map (UpdateMap, Alg. 2) is refit on all stored models every
-         `--fedac_pca_period` rounds;
+         `--fedac_pca_period` rounds (see below);
   [11]   E-step (Eq. 4): every client joins the centre of highest LrCos (cosine of the reduced
          vectors; the paper prints argmin, Eq. 3 argmax); clusters left empty are removed;
   [12]   M-step (Eq. 5): Omega_k <- the unweighted mean of its members' stored models;
-  [13]   cluster number tuning (CNT, Alg. 3): merge clusters with G_c < a, split those with
-         G_c > b ((a, b) = (0.2, 0.8), Sec. 5.5).
+  [13]   cluster number tuning (CNT, Alg. 3): by default our relative rule (below); the
+         paper's, merge clusters with G_c < a and split those with G_c > b ((a, b) =
+         (0.2, 0.8), Sec. 5.5), with `--fedac_cnt=paper`.
 
 The paper initialises R^0, Omega^0 and Phi^0 without saying how (Alg. 1 line 1); from a common
 initial model every LrCos would tie. So the run starts with a warm-up: `--fedac_warmup_rounds`
@@ -24,6 +25,47 @@ rounds (default ceil(m / |S_t|)) in which the sampled sets are the blocks of one
 permutation of the clients (each trains once), with a single cluster whose centre is the mean
 of all stored models. At the end of the warm-up the PCA map is fit and spherical k-means
 (k-means++ seeding, `--num_clusters` = K_init) on the reduced models gives R^0 and the centres.
+
+Values the paper leaves open or that we replace, each a rule of the run, with the paper's
+literal value kept as an option:
+
+* PCA refit period (line 10; the paper: every 100 of its 1,000 rounds). `--fedac_pca_period=0`
+  (ours, the default): every max(ceil(m / |S_t|), ceil(T / 10)) rounds for a run of T rounds,
+  the paper's ten refits per run, but no more often than once per full pass over the clients
+  (in fewer rounds most stored models have not changed, and a refit costs O(m^2 d)). T is
+  `RunInfo.total_rounds`; unknown (0): the full pass. `--fedac_pca_period=100` is the paper's.
+* CNT's decisions (Alg. 3). The paper's test G_c = Dist_intra / Dist_inter < a merges a
+  cluster whose members sit close to their centre compared with the other centres. The mu
+  pull brings every client toward its centre, so Dist_intra, and G_c, falls for distinct
+  groups as much as for fragments of one: on the embedded digits (4 planted groups, 20
+  clients, 5 per round, 40 rounds) the paper's rule merged planted groups in 3 of 3 seeds at
+  mu = 0.1 and in seed 0 at mu = 1 (three groups into one). `--fedac_cnt=relative` (ours, the
+  default) compares clusters with their own members' spread instead
+  (clustering.fedac.tune_cluster_number): merge a cluster into its nearest when their means
+  are not clearly apart (`separation` < 2, a trace two-sample statistic that is ~1 for two
+  halves of one group), split one whose two sides are clearly apart (separation > 4) and
+  two-sided (`bimodality` > 3/4, more than a cut of any symmetric unimodal group explains)
+  in every round of a full pass over the clients (the clients that trained in a round stand
+  out from the stale ones until others train). A pull toward the centres can only raise a
+  separation, so it never makes CNT merge groups it kept apart. The bounds come from the
+  statistics' own scale (random halves, unimodal cuts), not from a dataset:
+  `--fedac_merge_separation`, `--fedac_split_separation`, `--fedac_bimodality`. On the
+  digits runs above it merged and split no planted group (3 seeds; at mu = 2.59, one pure
+  group of 5 was split 2 / 3 in seed 2, after none of its members trained for 3 rounds).
+  `--fedac_cnt=paper` with `--gc_lower`/`--gc_upper` (0.2, 0.8) is the paper's rule.
+* mu and lambda (LocalUpdate's pulls) are not given by the paper; ours are 0.1 and 0.1.
+  With the relative rule CNT no longer depends on them. At the table's budget (5 local
+  steps, learning rate 0.05) a pull of 0.1 moves a client ~2.5 % of the way to its centre
+  per round it trains, so FedAC scores like Local. A rule tying mu to the local step
+  budget, mu = (1 - 2^(-1/s)) / eta (each time it trains, a client is pulled half-way to its
+  centre over its s steps at learning rate eta; 2.59 here), was tried and is not the
+  default: over seeds 0-2 (same budget, relative CNT) the mean client accuracy went from
+  43.5 to 45.2 % on the planted digits groups (+5.8, +0.6, -1.4 by seed), but from 93.3 to
+  81.8 % on the pathological partition and from 78.1 to 69.4 % on Dirichlet, where a
+  cluster's members do not share a distribution and the pull erases what each learned for
+  itself. Set it by hand (`--fedac_mu`) where clusters are true groups. A stronger lambda
+  (2.6 and 10, seed 0, CNT off) lowered the accuracy on the planted groups and on the
+  pathological partition too.
 
 Clients are scored with their own model (the personal kind): the paper reports the unweighted
 mean over clients (`client_accuracy_mean`); the example-weighted `accuracy` is logged beside it.
@@ -36,7 +78,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -59,18 +101,45 @@ from tff_clustered.options import option
 from tff_clustered.seeds import ALGORITHM, derived_seed
 
 DEFAULT_INITIAL_CLUSTERS = 10  # K_init; Fig. 4(c) finds K = 10 best in the paper's setting
+# The paper refits the PCA map every 100 of its 1,000 rounds: 10 refits per run.
+PCA_REFITS_PER_RUN = 10
+
+
+def full_pass_rounds(run: RunInfo) -> int:
+    """Rounds in which |S_t| sampled clients add up to every client once: ceil(m / |S_t|)."""
+    return math.ceil(len(run.client_ids) / run.clients_per_round)
+
+
+def pca_period(full_pass: int, total_rounds: int) -> int:
+    """The automatic refit period of the PCA map (ours; the paper's is 100 rounds): the
+    paper's 10 refits per run, max(1, ceil(T / 10)) for a run of T rounds, but never more
+    often than once per `full_pass` rounds (ceil(m / |S_t|): in fewer rounds most stored
+    models have not changed since the last fit, and a fit costs O(m^2 d)). T unknown (0):
+    the full pass alone."""
+    by_length = math.ceil(total_rounds / PCA_REFITS_PER_RUN) if total_rounds > 0 else 1
+    return max(1, full_pass, by_length)
+
+
+def finite_statistic(reduce: Callable[[np.ndarray], Any], values: np.ndarray) -> float:
+    """`reduce` over the finite values, NaN when there are none (a metric of CNT's snapshot)."""
+    finite = values[np.isfinite(values)]
+    return float(reduce(finite)) if len(finite) else float("nan")
 
 
 @dataclasses.dataclass(frozen=True)
 class FedACState:
     """`warmup_order`: the client permutation whose blocks are the warm-up cohorts; the PCA map
-    (UpdateMap, Alg. 2) once fit, and the round it was fit in (-1: not yet)."""
+    (UpdateMap, Alg. 2) once fit, and the round it was fit in (-1: not yet); the splits the
+    relative CNT rule allowed in each of the last ceil(m / |S_t|) - 1 rounds
+    (`CntResult.split_candidates`, one row per round, oldest first; None: not yet clustering),
+    which a split must repeat to go ahead."""
 
     warmup_order: np.ndarray
     pca_offset: Optional[np.ndarray] = None
     pca_axes: Optional[np.ndarray] = None
     pca_variances: Optional[np.ndarray] = None
     pca_round: int = -1
+    split_candidates: Optional[np.ndarray] = None
 
     @property
     def pca_map(self) -> fedac_clustering.PcaMap:
@@ -111,7 +180,11 @@ class FedAC(Algorithm):
         fedac_components: int = option(
             fedac_clustering.NUM_COMPONENTS, "FedAC reduced dimension D of the PCA map."
         )
-        fedac_pca_period: int = option(100, "FedAC: refit the PCA map every this many rounds.")
+        fedac_pca_period: int = option(
+            0,
+            "FedAC: refit the PCA map every this many rounds (0: max(ceil(clients / "
+            "clients_per_round), ceil(rounds / 10)); the paper's value is 100).",
+        )
         fedac_pca_center: bool = option(
             True, "FedAC: subtract the PCA mean before projecting (Alg. 2 literal: false)."
         )
@@ -126,11 +199,33 @@ class FedAC(Algorithm):
             "FedAC E-step similarity (l2: the Sec. 5.4 ablation).",
             fedac_clustering.SIMILARITIES,
         )
-        gc_lower: float = option(
-            fedac_clustering.GC_LOWER, "FedAC CNT: merge clusters with G_c below this (a)."
+        fedac_cnt: str = option(
+            "relative",
+            "FedAC cluster number tuning: relative (ours: bounds on the separation of two "
+            "member sets) or paper (Alg. 3: bounds on G_c).",
+            fedac_clustering.CNT_RULES,
         )
-        gc_upper: float = option(
-            fedac_clustering.GC_UPPER, "FedAC CNT: split clusters with G_c above this (b)."
+        fedac_merge_separation: float = option(
+            fedac_clustering.MERGE_SEPARATION,
+            "FedAC CNT (relative): merge a cluster separated from its nearest by less.",
+        )
+        fedac_split_separation: float = option(
+            fedac_clustering.SPLIT_SEPARATION,
+            "FedAC CNT (relative): split a cluster whose two sides are separated by more.",
+        )
+        fedac_bimodality: float = option(
+            fedac_clustering.UNIMODAL_BIMODALITY,
+            "FedAC CNT (relative): split only a cluster whose two sides are more two-sided.",
+        )
+        gc_lower: Optional[float] = option(
+            None,
+            f"FedAC CNT (paper): merge clusters with G_c below this (a; unset: "
+            f"{fedac_clustering.GC_LOWER}).",
+        )
+        gc_upper: Optional[float] = option(
+            None,
+            f"FedAC CNT (paper): split clusters with G_c above this (b; unset: "
+            f"{fedac_clustering.GC_UPPER}).",
         )
         fedac_min_clusters: int = option(
             fedac_clustering.MIN_CLUSTERS, "FedAC CNT: never fewer clusters (K_min)."
@@ -150,20 +245,35 @@ class FedAC(Algorithm):
     def __init__(self, options: Optional[Options] = None) -> None:
         super().__init__(options)
         o = self.options
+        lower = fedac_clustering.GC_LOWER if o.gc_lower is None else o.gc_lower
+        upper = fedac_clustering.GC_UPPER if o.gc_upper is None else o.gc_upper
+        paper = o.fedac_cnt == "paper"
         check(
             [
                 (o.fedac_mu >= 0 and o.fedac_lambda >= 0, "fedac_mu and fedac_lambda: >= 0"),
                 (self.initial_clusters >= 1, "fedac: num_clusters must be >= 1"),
                 (o.fedac_components >= 1, "fedac_components must be >= 1"),
-                (o.fedac_pca_period >= 1, "fedac_pca_period must be >= 1"),
+                (o.fedac_pca_period >= 0, "fedac_pca_period must be >= 0 (0: automatic)"),
                 (o.fedac_warmup_rounds >= 0, "fedac_warmup_rounds must be >= 0 (0: automatic)"),
-                (0 <= o.gc_lower < o.gc_upper, "need 0 <= gc_lower < gc_upper"),  # a = b: no CNT
+                (
+                    paper or (o.gc_lower is None and o.gc_upper is None),
+                    "fedac: --gc_lower/--gc_upper bound the paper's G_c; add --fedac_cnt=paper "
+                    "(the relative rule's bounds are --fedac_merge_separation and "
+                    "--fedac_split_separation)",
+                ),
+                (0 <= lower < upper, "need 0 <= gc_lower < gc_upper"),  # a = b: no CNT
+                (
+                    0 <= o.fedac_merge_separation < o.fedac_split_separation,
+                    "need 0 <= fedac_merge_separation < fedac_split_separation",
+                ),
+                (0 <= o.fedac_bimodality <= 1, "fedac_bimodality must be in [0, 1]"),
             ]
         )
         try:  # the rest of cluster number tuning's bounds, checked where they are defined
             self.cnt_settings = fedac_clustering.CntSettings(
-                o.gc_lower, o.gc_upper, o.fedac_min_clusters, o.fedac_max_clusters,
-                o.fedac_min_split_size,
+                lower, upper, o.fedac_min_clusters, o.fedac_max_clusters, o.fedac_min_split_size,
+                o.fedac_cnt, o.fedac_merge_separation, o.fedac_split_separation,
+                o.fedac_bimodality,
             )  # fmt: skip
         except ValueError as e:
             raise ValueError(
@@ -190,9 +300,12 @@ class FedAC(Algorithm):
         return layers_to_tensors(run.layer_sizes, 1)
 
     def warmup_rounds(self, run: RunInfo) -> int:
-        return self.options.fedac_warmup_rounds or math.ceil(
-            len(run.client_ids) / run.clients_per_round
-        )
+        return self.options.fedac_warmup_rounds or full_pass_rounds(run)
+
+    def pca_period(self, run: RunInfo) -> int:
+        """Rounds between refits of the PCA map: `--fedac_pca_period`, or the rule of
+        `pca_period` when it is 0."""
+        return self.options.fedac_pca_period or pca_period(full_pass_rounds(run), run.total_rounds)
 
     # -- decisions ------------------------------------------------------------------------------
     def init(self, run: RunInfo, queries: Queries) -> Decision:
@@ -231,13 +344,18 @@ class FedAC(Algorithm):
             return Decision(cluster_models=center, anchor=anchor, metrics={"num_clusters": 1.0})
         state: FedACState = view.state
         o = self.options
-        refit = state.pca_round < 0 or r - state.pca_round >= o.fedac_pca_period
+        period = self.pca_period(run)
+        refit = state.pca_round < 0 or r - state.pca_round >= period
         if refit:
             state = state.with_map(
                 fedac_clustering.fit_pca_map(models, o.fedac_components, o.fedac_pca_center), r
             )
         z = fedac_clustering.project(state.pca_map, models)
-        metrics = {"pca_refit": float(refit), "pca_components": float(len(state.pca_axes))}
+        metrics = {
+            "pca_refit": float(refit),
+            "pca_period": float(period),
+            "pca_components": float(len(state.pca_axes)),
+        }
         if r == warmup:  # R^0 and Omega^0 from the warmed-up models (Alg. 1 line 1)
             seed = derived_seed(run.seed, ALGORITHM, r)
             if o.fedac_init == "kmeans":
@@ -247,6 +365,11 @@ class FedAC(Algorithm):
             centers = fedac_clustering.m_step(models, labels, self.initial_clusters, weights)
             reduced_centers = fedac_clustering.project(state.pca_map, centers)
         else:
+            # a split must be allowed in every round of a full pass over the clients: the
+            # clients that trained in a round stand out from the rest until others train
+            previous = state.split_candidates
+            if previous is None or len(previous) != full_pass_rounds(run) - 1:
+                previous = np.full((full_pass_rounds(run) - 1, len(ids)), -1, np.int32)
             step = fedac_clustering.clustering_step(
                 models,
                 result.cluster_models_before,  # the centres before this round's M-step
@@ -255,13 +378,22 @@ class FedAC(Algorithm):
                 self.cnt_settings,
                 weights,
                 o.fedac_similarity,
+                previous_splits=previous,
             )
             labels, centers, reduced_centers = step.assign, step.centers, step.reduced_centers
-            gc = step.cnt.gc[np.isfinite(step.cnt.gc)]
+            cnt = step.cnt
+            kept = np.concatenate([previous, cnt.split_candidates[None, :]])[1:]
+            state = dataclasses.replace(state, split_candidates=kept)
             metrics.update(
-                merges=float(len(step.cnt.merges)),
-                splits=float(len(step.cnt.splits)),
-                gc_mean=float(gc.mean()) if len(gc) else float("nan"),
+                merges=float(len(cnt.merges)),
+                splits=float(len(cnt.splits)),
+                gc_mean=finite_statistic(np.mean, cnt.gc),
+                merge_separation_min=finite_statistic(np.min, cnt.merge_separations),
+                split_separation_max=finite_statistic(np.max, cnt.split_separations),
+                split_bimodality_max=finite_statistic(np.max, cnt.split_bimodalities),
+                split_candidates=float(
+                    len(np.unique(cnt.split_candidates[cnt.split_candidates >= 0] // 2))
+                ),
             )
         metrics["num_clusters"] = float(len(centers))
         return Decision(

@@ -2,7 +2,7 @@
 Learning Framework for Heterogeneous Data", arXiv:2403.16460), NumPy only: the PCA map of
 UpdateMap and the low-rank cosine LrCos (Alg. 2, Sec. 4.3), the E-step (Eq. 4, Alg. 1 line 11)
 and M-step (Eq. 5) over all stored client models, and cluster number tuning (CNT, Alg. 3, with
-(a, b) = (0.2, 0.8) from Sec. 5.5).
+(a, b) = (0.2, 0.8) from Sec. 5.5, or our relative rule).
 
 Rows of every matrix are flattened client models (or their reduced vectors); labels are int32
 cluster indices 0..K-1. No function mutates its inputs. Choices the paper leaves open, made
@@ -14,12 +14,23 @@ here (each is repeated where it applies):
   cap the components at |S_t| - 1 < D = 50), by the exact Gram-matrix route, with D clipped
   to the numerical rank; projections subtract the fitted mean by default (Alg. 2 writes
   M w, uncentred, which is kept as `center=False`).
-* CNT: G_c is computed once per call (a snapshot); merges (smallest G_c first) go to the
-  centre nearest in squared L2 in full dimension; splits (largest G_c first) are seeded by
-  the member least LrCos-similar to its centre and the member least similar to that one,
-  followed by one reassignment pass; K stays within [K_min, K_max]; a split that leaves a
-  side with fewer than s_min members is cancelled, and a cluster touched by a merge in the
-  same call is not split.
+* CNT, the paper's rule (`rule="paper"`): G_c is computed once per call (a snapshot); merges
+  (smallest G_c first) go to the centre nearest in squared L2 in full dimension; splits
+  (largest G_c first) are seeded by the member least LrCos-similar to its centre and the
+  member least similar to that one, followed by one reassignment pass; K stays within
+  [K_min, K_max]; a split that leaves a side with fewer than s_min members is cancelled, and
+  a cluster touched by a merge in the same call is not split.
+* CNT, our relative rule (`rule="relative"`, the default): the same merge targets, split
+  seeding and bounds, but the decisions compare clusters with their own members' spread
+  instead of G_c = Dist_intra / Dist_inter. G_c < a also holds for distinct, well-separated
+  groups as soon as members gather around their centres, which FedAC's mu pull makes them do
+  (at mu = 1 on the embedded digits the paper's rule merged three planted groups into one).
+  A cluster merges into its nearest when the two are not clearly apart (`separation` < 2: a
+  test of their means against the members' pooled spread, ~1 for two halves of one group);
+  a cluster splits when its two sides are clearly apart (separation > 4) and two-sided along
+  their main axis (`bimodality` > 3/4, more than a cut of any symmetric unimodal group).
+  Pulling members toward their centres can only raise a pair's separation (no merge of
+  groups it did not already allow) and leaves a split's statistics unchanged.
 * Initialization (Alg. 1 line 1 initializes R^0 without saying how): spherical k-means with
   k-means++ seeding on the reduced vectors, or a random balanced assignment as an ablation.
 """
@@ -44,6 +55,16 @@ from tff_clustered.clustering.decomposed import (
 NUM_COMPONENTS = 50
 GC_LOWER = 0.2
 GC_UPPER = 0.8
+# CNT's decision rules: "relative" (ours, the default) bounds the separation of two member sets
+# (see `separation`), "paper" is Alg. 3's G_c < a / G_c > b.
+CNT_RULES = ("relative", "paper")
+# The relative rule's bounds (ours): merge when `separation` is below 2 (two random halves of one
+# group average 1), split when it is above 4 (sides twice as far apart as random halves) and
+# `bimodality` is above 3/4 (more two-sided than a cut of any symmetric unimodal group: a
+# chosen cut of a large group can be far from random, its separation growing with its size).
+MERGE_SEPARATION = 2.0
+SPLIT_SEPARATION = 4.0
+UNIMODAL_BIMODALITY = 0.75
 MIN_CLUSTERS = 2
 MAX_CLUSTERS = 20
 MIN_SPLIT_SIZE = 2
@@ -77,7 +98,14 @@ class PcaMap(NamedTuple):
 class CntResult(NamedTuple):
     """Outcome of one CNT call (Alg. 3): the new labels (0..K'-1), full-dimension centres
     (K', d), reduced centres (K', D'), the G_c snapshot of the input clusters, the merges as
-    (merged cluster, receiving cluster) pairs and the split clusters, both in input indices."""
+    (merged cluster, receiving cluster) pairs and the split clusters, both in input indices.
+    Whatever the rule, `merge_separations` holds each input cluster's `separation` from its
+    nearest centre (the snapshot before any merge), and `split_separations` and
+    `split_bimodalities` the separation and `bimodality` of the two sides of the split CNT
+    considered for it (NaN where none was: a cluster merged or grown by a merge, or too small
+    to leave `min_split_size` members on both sides). `split_candidates` marks, per model, the
+    considered splits the relative bounds allow: 2 j or 2 j + 1 for the two sides of the j-th
+    of them, -1 elsewhere (a row of the next calls' `previous_splits`)."""
 
     assign: np.ndarray
     centers: np.ndarray
@@ -85,6 +113,10 @@ class CntResult(NamedTuple):
     gc: np.ndarray
     merges: tuple[tuple[int, int], ...]
     splits: tuple[int, ...]
+    merge_separations: np.ndarray
+    split_separations: np.ndarray
+    split_bimodalities: np.ndarray
+    split_candidates: np.ndarray
 
     @property
     def num_clusters(self) -> int:
@@ -345,6 +377,26 @@ def _squared_distances_to(rows: np.ndarray, center: np.ndarray) -> np.ndarray:
     )
 
 
+def _member_distances(x: np.ndarray, c: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """||w_i - Omega_{label i}||^2 of every row, float64."""
+    out = np.empty(len(x))
+    for k in range(len(c)):
+        members = np.flatnonzero(labels == k)
+        if len(members):
+            out[members] = _squared_distances_to(x[members], c[k])
+    return out
+
+
+def _gc_from(intra: np.ndarray, c: np.ndarray) -> np.ndarray:
+    num_clusters = len(c)
+    inter = cdist(c, c, "sqeuclidean").sum(axis=1) / (num_clusters - 1)
+    gc = np.full(num_clusters, np.inf)
+    gc[intra == 0] = 0.0
+    positive = (intra > 0) & (inter > 0)
+    gc[positive] = intra[positive] / inter[positive]
+    return gc
+
+
 def gc_ratios(models: np.ndarray, centers: np.ndarray, assign: np.ndarray) -> np.ndarray:
     """G_c^k = Dist_intra^k / Dist_inter^k of every cluster (Alg. 3), squared L2 in full
     dimension: Dist_intra^k = (1/|k|) sum_{i in k} ||w_i - Omega_k||^2 and
@@ -360,33 +412,107 @@ def gc_ratios(models: np.ndarray, centers: np.ndarray, assign: np.ndarray) -> np
         raise ValueError("G_c needs at least 2 clusters (Dist_inter is undefined for K = 1)")
     labels = _labels(assign, len(x), num_clusters)
     sizes = _require_nonempty(labels, num_clusters)
-    intra = np.array(
-        [_squared_distances_to(x[labels == k], c[k]).sum() / sizes[k] for k in range(num_clusters)]
-    )
-    inter = cdist(c, c, "sqeuclidean").sum(axis=1) / (num_clusters - 1)
-    gc = np.full(num_clusters, np.inf)
-    gc[intra == 0] = 0.0
-    positive = (intra > 0) & (inter > 0)
-    gc[positive] = intra[positive] / inter[positive]
-    return gc
+    distances = _member_distances(x, c, labels)
+    return _gc_from(np.bincount(labels, distances, num_clusters) / sizes, c)
+
+
+def separation(
+    count_a: int,
+    count_b: int,
+    squared_distance: float,
+    spread_a: float,
+    spread_b: float,
+    fallback_variance: float = 0.0,
+) -> float:
+    """How far apart two member sets are for their size and spread (the relative CNT rule's
+    statistic, ours): the squared distance of their centres over what it would be on average
+    if both were random samples of one group,
+
+        T = ||Omega_a - Omega_b||^2 / (s^2 (1/n_a + 1/n_b)),
+        s^2 = (S_a + S_b) / (n_a + n_b - 2),
+
+    with n the member counts and S the summed squared distances of the members to their own
+    centre (s^2 is the pooled spread of one member; the trace form of Hotelling's two-sample
+    statistic). T is about 1 for one group cut in two at random, whatever the group's spread
+    or the dimension, and 1 + n_a n_b / (n_a + n_b) Delta^2 / s^2 for two groups whose means are
+    Delta apart. It does not change when every model is scaled by a common factor, and it only
+    grows when members move toward their own centres (as FedAC's mu pull makes them: s shrinks,
+    the centres stay), so such a shrinkage can stop a merge, never cause one.
+
+    Two singletons have no spread of their own (n_a + n_b = 2): `fallback_variance` stands in
+    for s^2. s^2 = 0 gives T = inf (0 when the centres coincide too)."""
+    if count_a < 1 or count_b < 1:
+        raise ValueError(f"separation needs members on both sides, got {count_a}, {count_b}")
+    dof = count_a + count_b - 2
+    variance = (spread_a + spread_b) / dof if dof > 0 else fallback_variance
+    scale = variance * (1.0 / count_a + 1.0 / count_b)
+    if scale <= 0:
+        return 0.0 if squared_distance <= 0 else float("inf")
+    return float(squared_distance / scale)
+
+
+def bimodality(reduced_a: np.ndarray, reduced_b: np.ndarray) -> float:
+    """How two-sided two member sets are along the main axis of their union (the relative CNT
+    rule's second statistic, ours), from their reduced vectors:
+
+        Q = (n_a n_b / (n_a + n_b)) ||z_a_bar - z_b_bar||^2 / lambda_1,
+
+    the scatter between the two sides over the largest eigenvalue of the union's scatter
+    matrix. Q <= 1 (the between scatter is the union's scatter along one direction), with 1
+    for two point masses. A cut of one symmetric unimodal group explains at most 3/4 of its
+    main axis's scatter (such a group is a mixture of centred uniform segments, and
+    (E|X|)^2 <= 3/4 E[X^2] for each; a uniform segment cut at its middle reaches 3/4, a
+    Gaussian 2/pi), so Q > 3/4 says the union is not one such group (for many members; a
+    few can look two-sided by chance, which the separation bound guards against). Q does not
+    change when everything is scaled, and it grows when each side shrinks toward its own
+    centre (lambda_1 falls, the between scatter stays). Empty scatter gives 0."""
+    za = _matrix(reduced_a, "reduced_a")
+    zb = _matrix(reduced_b, "reduced_b")
+    _same_dim(za, zb, "reduced_a", "reduced_b")
+    union = np.concatenate([za, zb])
+    centred = union - union.mean(axis=0)
+    small = centred @ centred.T if len(union) <= union.shape[1] else centred.T @ centred
+    top = float(np.linalg.eigvalsh(small)[-1])
+    gap = za.mean(axis=0) - zb.mean(axis=0)
+    between = len(za) * len(zb) / len(union) * float(gap @ gap)
+    return min(between / top, 1.0) if top > 0 else 0.0
 
 
 @dataclasses.dataclass(frozen=True)
 class CntSettings:
-    """Cluster number tuning's bounds: merge below G_c `lower` (a), split above `upper` (b)
-    (Sec. 5.5: 0.2, 0.8); K stays in [`min_clusters`, `max_clusters`]; a split leaving a side
-    with fewer than `min_split_size` members is cancelled (the last three are ours)."""
+    """Cluster number tuning's settings. `rule="paper"`: merge below G_c `lower` (a), split
+    above `upper` (b) (Alg. 3; Sec. 5.5: 0.2, 0.8). `rule="relative"` (ours, the default):
+    merge a cluster into its nearest when their `separation` is below `merge_separation`,
+    split one whose considered split has sides separated by more than `split_separation` and
+    a `bimodality` above `unimodal_bimodality`. Both: K stays in [`min_clusters`,
+    `max_clusters`]; a split leaving a side with fewer than `min_split_size` members is
+    cancelled (the last three are ours)."""
 
     lower: float = GC_LOWER
     upper: float = GC_UPPER
     min_clusters: int = MIN_CLUSTERS
     max_clusters: int = MAX_CLUSTERS
     min_split_size: int = MIN_SPLIT_SIZE
+    rule: str = "relative"
+    merge_separation: float = MERGE_SEPARATION
+    split_separation: float = SPLIT_SEPARATION
+    unimodal_bimodality: float = UNIMODAL_BIMODALITY
 
     def __post_init__(self) -> None:
+        if self.rule not in CNT_RULES:
+            raise ValueError(f"the CNT rule must be one of {CNT_RULES}, got {self.rule!r}")
         if not 0 <= self.lower <= self.upper:
             raise ValueError(
                 f"need 0 <= lower <= upper for the G_c bounds, got ({self.lower}, {self.upper})"
+            )
+        if not 0 <= self.merge_separation <= self.split_separation:
+            raise ValueError(
+                "need 0 <= merge_separation <= split_separation, got "
+                f"({self.merge_separation}, {self.split_separation})"
+            )
+        if not 0 <= self.unimodal_bimodality <= 1:
+            raise ValueError(
+                f"the bimodality bound must be in [0, 1], got {self.unimodal_bimodality}"
             )
         if not 1 <= self.min_clusters <= self.max_clusters:
             raise ValueError(
@@ -409,6 +535,23 @@ def _split_sides(reduced_members: np.ndarray, reduced_center: np.ndarray) -> np.
     return to_seeds[:, 1] > to_seeds[:, 0]
 
 
+def _same_split(
+    previous: np.ndarray, members: np.ndarray, second: np.ndarray, min_split_size: int
+) -> bool:
+    """Whether a previous call allowed the split of `members` into (~second, second) on the
+    members it shares with it: one of its candidates holds at least `min_split_size` members
+    of each side, all of one side on one of its sides and all of the other on the other."""
+    marks = previous[members]
+    for candidate in np.unique(marks[marks >= 0] // 2):
+        inside = marks // 2 == candidate
+        side_a, side_b = marks[inside & ~second], marks[inside & second]
+        if min(len(side_a), len(side_b)) < min_split_size:
+            continue
+        if len(set(side_a)) == 1 and len(set(side_b)) == 1 and side_a[0] != side_b[0]:
+            return True
+    return False
+
+
 def tune_cluster_number(
     models: np.ndarray,
     centers: np.ndarray,
@@ -417,26 +560,51 @@ def tune_cluster_number(
     reduced_models: Optional[np.ndarray] = None,
     settings: CntSettings = CntSettings(),
     weights: Optional[np.ndarray] = None,
+    previous_splits: Optional[np.ndarray] = None,
 ) -> CntResult:
-    """Cluster number tuning (Alg. 3; (a, b) = (0.2, 0.8), Sec. 5.5): merge a cluster with
-    G_c < a into the closest cluster, split one with G_c > b into 2 (K grows by 1).
+    """Cluster number tuning (Alg. 3): merge clusters into their closest cluster, split
+    clusters into 2 (K grows by 1 per split), by `settings.rule`:
+
+    * "paper" (Alg. 3 literal; (a, b) = (0.2, 0.8), Sec. 5.5): merge when G_c < a, split when
+      G_c > b. G_c falls whenever members gather around their centres, for distinct groups as
+      much as for fragments of one: under FedAC's mu pull well-separated groups merge.
+    * "relative" (ours): merge a cluster into its nearest when their `separation` is below
+      `merge_separation`, split a cluster when the sides of its considered split are
+      separated by more than `split_separation` and their `bimodality` is above
+      `unimodal_bimodality`. A common shrinkage of every cluster toward its centre can only
+      stop merges, never cause them, and leaves a split's statistics unchanged. With
+      `previous_splits` (the `split_candidates` of earlier calls, one row per call, or one
+      1-D array), a split also needs every one of those calls to have allowed the same split
+      of the members they share with this one (at least `min_split_size` on each side): in
+      FedAC the clients that trained in a round have just moved together, away from the
+      stale ones, so a pure cluster can look two-sided along that line until other members
+      train (FedAC asks for the same split over a full pass over the clients).
 
     Deterministic. `reduced_models` are the projections of `models` with `pca_map` (computed
     when None); the reduced centres that seed splits are projected here. Choices (the paper
     leaves them open):
     * G_c is one snapshot per call (gc_ratios); K < 2 returns the input unchanged (G_c NaN);
-    * merges go smallest G_c first, each into the live centre nearest in squared L2 (full
-      dimension, ties to the lowest index), whose centre becomes the mean of its new member
-      set; they stop at K = min_clusters;
-    * splits go largest G_c first, skip clusters removed or grown by a merge in this call,
-      need 2 * min_split_size members, are seeded as in _split_sides and are cancelled when a
-      side has fewer than min_split_size members; they stop at K = max_clusters;
-    * new centres are member means (weighted by `weights` when given, as in m_step).
+    * paper: merges go smallest G_c first (snapshot), each into the live centre nearest in
+      squared L2 (full dimension, ties to the lowest index), whose centre becomes the mean of
+      its new member set; relative: each merge joins the live cluster least separated from
+      its nearest live centre and that cluster (recomputed after every merge; ties to the
+      lowest index), the smaller of the two moving into the larger (equal sizes: the higher
+      index moves), until none is below `merge_separation`; both stop at K = min_clusters;
+    * splits skip clusters removed or grown by a merge in this call, need 2 * min_split_size
+      members, are seeded as in _split_sides and are cancelled when a side has fewer than
+      min_split_size members; they go largest G_c (paper) or separation (relative) first and
+      stop at K = max_clusters; the relative statistics of each candidate split (Q in the
+      reduced space, where the seeding works) are computed whatever the rule, for the record;
+    * new centres are member means (weighted by `weights` when given, as in m_step); the
+      separations count members, unweighted, around those centres; two singletons are
+      compared with the pooled spread of all clusters (of all models when every cluster is a
+      singleton).
     Labels of the result: surviving input clusters in their order, then one new cluster per
-    split. Intra-cluster distances stream over row blocks (the models are never copied)."""
+    split."""
     lower, upper = settings.lower, settings.upper
     min_clusters, max_clusters = settings.min_clusters, settings.max_clusters
     min_split_size = settings.min_split_size
+    paper = settings.rule == "paper"
     x = _matrix(models, "models")
     c = _matrix(centers, "centers").astype(np.float64)
     _same_dim(x, c, "models", "centers")
@@ -444,41 +612,128 @@ def tune_cluster_number(
     labels = _labels(assign, len(x), num_clusters)
     w = _weights(weights, len(x))
     z = _reduced(reduced_models, x, pca_map)
+    previous = np.zeros((0, len(x)), np.int32)
+    if previous_splits is not None:
+        previous = np.asarray(previous_splits)
+        previous = previous[None, :] if previous.ndim == 1 else previous
+        if previous.ndim != 2 or previous.shape[1] != len(x):
+            raise ValueError(
+                f"previous_splits must hold one integer per model ({len(x)}) per previous call, "
+                f"got shape {np.shape(previous_splits)}; pass earlier calls' split_candidates"
+            )
+        if not np.issubdtype(previous.dtype, np.integer):
+            raise ValueError(f"previous_splits must be integers, got {previous.dtype}")
     if num_clusters < 2:
-        return CntResult(labels, c, project(pca_map, c), np.full(num_clusters, np.nan), (), ())
-    gc = gc_ratios(x, c, labels)
+        nan = np.full(num_clusters, np.nan)
+        none = np.full(len(x), -1, np.int32)
+        return CntResult(labels, c, project(pca_map, c), nan, (), (), nan, nan, nan, none)
+    counts = _require_nonempty(labels, num_clusters).astype(np.int64)
+    spread = np.bincount(labels, _member_distances(x, c, labels), num_clusters)
+    gc = _gc_from(spread / counts, c)
+    if len(x) > num_clusters:  # s^2 for two singletons: the pooled spread of every cluster
+        fallback = float(spread.sum() / (len(x) - num_clusters))
+    else:  # every cluster a singleton: the spread of all models
+        fallback = float(_squared_distances_to(x, x.mean(axis=0, dtype=np.float64)).sum())
+        fallback /= max(len(x) - 1, 1)
     labels, c = labels.copy(), c.copy()
     alive = np.ones(num_clusters, bool)
     touched = np.zeros(num_clusters, bool)
+
+    def nearest_separations() -> tuple[np.ndarray, np.ndarray]:
+        """Every live cluster's nearest live centre and their separation (NaN if removed)."""
+        d2 = cdist(c, c, "sqeuclidean")
+        d2[~alive, :] = np.inf
+        d2[:, ~alive] = np.inf
+        np.fill_diagonal(d2, np.inf)
+        nearest = np.argmin(d2, axis=1)
+        t = np.full(num_clusters, np.nan)
+        for k in np.flatnonzero(alive):
+            j = nearest[k]
+            t[k] = separation(counts[k], counts[j], d2[k, j], spread[k], spread[j], fallback)
+        return nearest, t
+
+    merge_separations = nearest_separations()[1]
     count = num_clusters
     merges: list[tuple[int, int]] = []
-    for k in np.argsort(gc, kind="stable"):
-        if gc[k] >= lower or count <= min_clusters:
-            break
-        if not alive[k]:
-            continue
-        distances = cdist(c[k][None, :], c, "sqeuclidean")[0]
-        distances[~alive | (np.arange(num_clusters) == k)] = np.inf
-        target = int(np.argmin(distances))
+
+    def merge(k: int, target: int) -> None:
+        nonlocal count
         labels[labels == k] = target
-        c[target] = _cluster_mean(x, labels == target, w)
+        members = labels == target
+        c[target] = _cluster_mean(x, members, w)
+        spread[target] = _squared_distances_to(x[members], c[target]).sum()
+        counts[target] += counts[k]
         alive[k], touched[target] = False, True
-        merges.append((int(k), target))
+        merges.append((k, target))
         count -= 1
+
+    if paper:
+        for k in np.argsort(gc, kind="stable"):
+            if gc[k] >= lower or count <= min_clusters:
+                break
+            if not alive[k]:
+                continue
+            distances = cdist(c[k][None, :], c, "sqeuclidean")[0]
+            distances[~alive | (np.arange(num_clusters) == k)] = np.inf
+            merge(int(k), int(np.argmin(distances)))
+    else:
+        while count > min_clusters:
+            nearest, t = nearest_separations()
+            k = int(np.nanargmin(t))
+            if not t[k] < settings.merge_separation:
+                break
+            j = int(nearest[k])
+            if (counts[j], -j) < (counts[k], -k):  # the smaller one joins the larger one
+                k, j = j, k
+            merge(k, j)
     reduced_centers = project(pca_map, c)
-    new_centers: list[np.ndarray] = []
-    splits: list[int] = []
-    for k in np.argsort(-gc, kind="stable"):
-        if gc[k] <= upper or count >= max_clusters:
-            break
+    split_separations = np.full(num_clusters, np.nan)
+    split_bimodalities = np.full(num_clusters, np.nan)
+    sides: dict[int, np.ndarray] = {}
+    for k in np.flatnonzero(alive & ~touched):  # the split CNT would make of each cluster
         members = np.flatnonzero(labels == k)
-        if not alive[k] or touched[k] or len(members) < 2 * min_split_size:
+        if len(members) < 2 * min_split_size:
             continue
         second = _split_sides(z[members], reduced_centers[k])
         if min(second.sum(), (~second).sum()) < min_split_size:
             continue
+        side_a, side_b = members[~second], members[second]
+        mean_a, mean_b = _cluster_mean(x, side_a, w), _cluster_mean(x, side_b, w)
+        split_separations[k] = separation(
+            len(side_a),
+            len(side_b),
+            float(np.sum((mean_a - mean_b) ** 2)),
+            _squared_distances_to(x[side_a], mean_a).sum(),
+            _squared_distances_to(x[side_b], mean_b).sum(),
+        )
+        split_bimodalities[k] = bimodality(z[side_a], z[side_b])
+        sides[int(k)] = second
+    new_centers: list[np.ndarray] = []
+    splits: list[int] = []
+    allowed = (split_separations > settings.split_separation) & (
+        split_bimodalities > settings.unimodal_bimodality
+    )  # clearly apart and two-sided
+    candidates = np.full(len(x), -1, np.int32)
+    for j, k in enumerate(np.flatnonzero(allowed)):
+        members = np.flatnonzero(labels == k)
+        candidates[members] = 2 * j + sides[int(k)]
+    if paper:
+        score, wanted = gc, gc > upper
+    else:
+        score, wanted = split_separations, allowed.copy()
+        for k in np.flatnonzero(allowed):
+            members = np.flatnonzero(labels == k)
+            wanted[k] = all(
+                _same_split(row, members, sides[int(k)], min_split_size) for row in previous
+            )
+    for k in np.argsort(-np.where(np.isnan(score), -np.inf, score), kind="stable"):
+        if paper and not wanted[k] or count >= max_clusters:
+            break
+        if int(k) not in sides or not wanted[k]:
+            continue
+        members = np.flatnonzero(labels == k)
         new_label = num_clusters + len(new_centers)
-        labels[members[second]] = new_label
+        labels[members[sides[int(k)]]] = new_label
         c[k] = _cluster_mean(x, labels == k, w)
         new_centers.append(_cluster_mean(x, labels == new_label, w))
         splits.append(int(k))
@@ -489,7 +744,18 @@ def tune_cluster_number(
     if not np.array_equal(kept, np.flatnonzero(keep)):
         raise AssertionError("CNT bookkeeping: a live cluster lost all its members")
     final = all_centers[kept]
-    return CntResult(labels, final, project(pca_map, final), gc, tuple(merges), tuple(splits))
+    return CntResult(
+        labels,
+        final,
+        project(pca_map, final),
+        gc,
+        tuple(merges),
+        tuple(splits),
+        merge_separations,
+        split_separations,
+        split_bimodalities,
+        candidates,
+    )
 
 
 SIMILARITIES = ("lrcos", "l2")
@@ -503,11 +769,13 @@ def clustering_step(
     settings: CntSettings = CntSettings(),
     weights: Optional[np.ndarray] = None,
     similarity: str = "lrcos",
+    previous_splits: Optional[np.ndarray] = None,
 ) -> ClusteringStep:
     """One round's server-side clustering (Alg. 1 lines 11-12, then Alg. 3): E-step of every
     stored model against the current centres (before the M-step), removal of the clusters
-    left empty, M-step, then CNT. `similarity="l2"` is the ablation of Sec. 5.4: the E-step
-    assigns by the smallest squared L2 distance in full dimension instead of LrCos."""
+    left empty, M-step, then CNT (`previous_splits`: see tune_cluster_number). `similarity="l2"`
+    is the ablation of Sec. 5.4: the E-step assigns by the smallest squared L2 distance in full
+    dimension instead of LrCos."""
     if similarity not in SIMILARITIES:
         raise ValueError(f"similarity must be one of {SIMILARITIES}, got {similarity!r}")
     x = _matrix(models, "models")
@@ -520,7 +788,9 @@ def clustering_step(
         labels = np.concatenate([nearest_centers(block, c) for block in row_blocks(x)])
     labels, kept = drop_empty_clusters(labels, len(c))
     new_centers = m_step(x, labels, len(kept), weights)
-    cnt = tune_cluster_number(x, new_centers, labels, pca_map, z, settings, weights)
+    cnt = tune_cluster_number(
+        x, new_centers, labels, pca_map, z, settings, weights, previous_splits
+    )
     return ClusteringStep(cnt.assign, cnt.centers, cnt.reduced_centers, cnt)
 
 
