@@ -162,7 +162,11 @@ FLAGS = flags.FLAGS
 flags.DEFINE_enum("table", "fedgroup", list(TABLES), "Which paper's comparison to produce.")
 flags.DEFINE_list("algorithms", None, f"Algorithms to compare ({', '.join(ALGORITHMS)}).")
 flags.DEFINE_list(
-    "settings", None, "fedtsdp table: partitions, rows (iid, dirichlet:BETA, pathological)."
+    "settings",
+    None,
+    "Rows of the fedtsdp, fedac and uapdfl tables: partitions (iid, dirichlet:BETA, "
+    "pathological, shards, fedac_dirichlet[:BETA], fedac_pathological) or natural (the "
+    "dataset's own clients, e.g. mnist_writers).",
 )
 flags.DEFINE_float("target_accuracy", 0.9, "Accuracy for the rounds-to-target column.")
 flags.DEFINE_list(
@@ -189,13 +193,32 @@ def apply_table_defaults(table: str) -> None:
             FLAGS[name].value = value
 
 
+# Settings (the rows of a table with partition rows): the partition, and whether it needs a
+# Dirichlet concentration (`dirichlet:BETA`), takes one (`fedac_dirichlet`, FedAC's 0.1
+# unset) or has none. `natural` keeps a dataset's own clients (writers, LEAF users).
+SETTING_PARTITIONS = {
+    "iid": "none",
+    "pathological": "none",
+    "shards": "none",
+    "dirichlet": "required",
+    "fedac_dirichlet": "optional",
+    "fedac_pathological": "none",
+    "natural": "none",
+}
+
+
 def parse_setting(setting: str) -> dict[str, Any]:
-    """`iid`, `pathological` or `dirichlet:BETA` -> partition flags."""
+    """`iid`, `pathological`, `shards`, `dirichlet:BETA`, `fedac_dirichlet[:BETA]`,
+    `fedac_pathological` or `natural` -> partition flags."""
     name, _, beta = setting.partition(":")
-    if name not in ("iid", "dirichlet", "pathological") or (name == "dirichlet") != bool(beta):
+    takes = SETTING_PARTITIONS.get(name)
+    if takes is None or (takes == "required" and not beta) or (takes == "none" and beta):
         raise ValueError(
-            f"setting {setting!r}: use iid, pathological or dirichlet:BETA (e.g. dirichlet:0.5)"
+            f"setting {setting!r}: use one of iid, pathological, shards, dirichlet:BETA, "
+            "fedac_dirichlet[:BETA], fedac_pathological, natural (e.g. dirichlet:0.5)"
         )
+    if name == "natural":
+        return {}
     try:
         return dict(partition=name, dirichlet_beta=float(beta) if beta else None)
     except ValueError:

@@ -180,6 +180,33 @@ def test_mnist_partitioned_is_the_same_dealing_of_mnist_files(tmp_path: object) 
     assert load_dataset("mnist", str(tmp_path), num_clients=10).input_shape == (784,)
 
 
+def test_train_examples_deals_a_seeded_subset_of_the_training_images(tmp_path: object) -> None:
+    """`train_examples` keeps that many training images, a choice fixed by the seed and drawn
+    anew for another seed; the public set stays the whole test split; a count beyond the
+    file or a dataset that has no such choice is refused. (Standardisation uses the chosen
+    images' statistics, so their values are not those of the whole file.)"""
+    arrays = mnist_folder(tmp_path)
+    small = load_dataset("fashion_mnist", str(tmp_path), num_clients=4, seed=3, train_examples=60)
+    again = load_dataset("fashion_mnist", str(tmp_path), num_clients=4, seed=3, train_examples=60)
+    other = load_dataset("fashion_mnist", str(tmp_path), num_clients=4, seed=4, train_examples=60)
+    assert sum(small.train_sizes.values()) + sum(small.test_sizes.values()) == 60
+    assert small.public_x.shape[0] == len(arrays["y_test"])
+
+    def pooled(data: FederatedData) -> list:
+        return sorted(
+            fp
+            for cid in data.client_ids
+            for split in ("train", "test")
+            for fp in fingerprints(*client_xy(data, split, cid))
+        )
+
+    assert pooled(small) == pooled(again) and pooled(small) != pooled(other)
+    with pytest.raises(DataError, match=r"--train_examples=201: fashion_mnist has 200"):
+        load_dataset("fashion_mnist", str(tmp_path), train_examples=201)
+    with pytest.raises(ValueError, match=r"--train_examples applies to .*not --dataset=digits"):
+        load_dataset("digits", train_examples=10)
+
+
 def test_missing_fashion_mnist_files_name_the_files_and_the_flag(tmp_path: object) -> None:
     with pytest.raises(
         DataError, match=r"train-images-idx3-ubyte\[.gz\] is missing.*Fashion-MNIST IDX.*--data_dir"

@@ -71,6 +71,13 @@ flags.DEFINE_enum(
 flags.DEFINE_float("dirichlet_beta", None, "Dirichlet concentration beta (unset: dataset default).")
 flags.DEFINE_integer("classes_per_client", 2, "Classes per client of the pathological partition.")
 flags.DEFINE_string("tfds_dir", None, "Read cifar10/cifar100/svhn from this TFDS data directory.")
+flags.DEFINE_integer(
+    "train_examples",
+    None,
+    "cifar10/cifar100/svhn/fashion_mnist/mnist_partitioned: deal a seeded uniform choice of "
+    "this many training images instead of all (a smaller run on the same distribution).",
+    lower_bound=1,
+)
 flags.DEFINE_integer("resnet_width", 64, "Channels of resnet18's first stage.", lower_bound=1)
 # Each algorithm's own options (num_clusters, mu, personal_layers, FedGroup's, FedTSDP's, ...)
 # are declared in its file, as the fields of its Options.
@@ -138,6 +145,7 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
         dirichlet_beta=FLAGS.dirichlet_beta,
         classes_per_client=FLAGS.classes_per_client,
         tfds_dir=FLAGS.tfds_dir,
+        train_examples=FLAGS.train_examples,
         resnet_width=FLAGS.resnet_width,
         algorithm_options=options_lib.from_flags(algorithm_class(algorithm).Options),
         training=TrainingConfig(

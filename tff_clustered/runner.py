@@ -34,6 +34,7 @@ class RunSpec:
     dirichlet_beta: Optional[float] = None
     classes_per_client: int = 2
     tfds_dir: Optional[str] = None
+    train_examples: Optional[int] = None
     resnet_width: int = 64
     algorithm_options: Any = None  # the algorithm's Options (None: its defaults)
     training: TrainingConfig = TrainingConfig(rounds=50, local_epochs=5, learning_rate=0.1)
@@ -64,6 +65,7 @@ def build_experiment(
         dirichlet_beta=spec.dirichlet_beta,
         classes_per_client=spec.classes_per_client,
         tfds_dir=spec.tfds_dir,
+        train_examples=spec.train_examples,
     )
     model = model_spec(
         spec.model,

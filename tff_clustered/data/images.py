@@ -285,6 +285,7 @@ def load_image_federation(
     classes_per_client: int = 2,
     seed: int = 0,
     tfds_dir: Optional[str] = None,
+    train_examples: Optional[int] = None,
 ) -> FederatedData:
     """`name` (cifar10, cifar100, svhn, fashion_mnist, mnist_partitioned) as FedTSDP deals it:
     the official training split standardised and dealt to `num_clients` clients by `partition`
@@ -294,8 +295,9 @@ def load_image_federation(
     (`public_x`). `fedac_dirichlet` (alpha = `dirichlet_beta`) and `fedac_pathological`
     (`classes_per_client` labels) deal FedAC's clients instead (module docstring). Reads `tfds_dir`
     (a prepared TFDS directory; cifar10, cifar100, svhn) when given, else the official files under
-    `data_dir`. The partition draws from seed stream [seed, 4], the per-client splits from
-    [seed, 5]."""
+    `data_dir`. `train_examples`: deal a uniform choice of that many training images instead
+    of all (seed stream [seed, 6]; a smaller run on the same distribution). The partition draws
+    from seed stream [seed, 4], the per-client splits from [seed, 5]."""
     if name not in NUM_CLASSES:
         raise ValueError(f"unknown image dataset {name!r}; choose one of {', '.join(NUM_CLASSES)}")
     if tfds_dir and name not in TFDS_NAMES:
@@ -332,6 +334,16 @@ def load_image_federation(
             f"{name}: label {int(bad[0])} outside 0..{NUM_CLASSES[name] - 1} in {source}; "
             "check that the files are the official ones"
         )
+    if train_examples is not None:
+        if not 1 <= train_examples <= len(y_train):
+            raise DataError(
+                f"--train_examples={train_examples}: {name} has {len(y_train)} training images "
+                f"in {source}; give a number in 1..{len(y_train)} or leave it unset"
+            )
+        chosen = np.sort(
+            np.random.default_rng([seed, 6]).permutation(len(y_train))[:train_examples]
+        )
+        x_train, y_train = x_train[chosen], y_train[chosen]
     train, public = standardise(x_train, x_test)
     if partition in FEDAC_SCHEMES:
         drawn = partitions.fedac_partition(

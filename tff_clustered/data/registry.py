@@ -77,6 +77,7 @@ def load_dataset(
     dirichlet_beta: Optional[float] = None,
     classes_per_client: int = 2,
     tfds_dir: Optional[str] = None,
+    train_examples: Optional[int] = None,
 ) -> FederatedData:
     """`digits` (embedded default: planted label-permutation groups), `digits_dirichlet` /
     `digits_iid` / `digits_pathological` (embedded, true labels, a public set; `partition`
@@ -88,7 +89,14 @@ def load_dataset(
     `fashion_mnist`/`mnist_partitioned` (Fashion-MNIST's or MNIST's IDX/npz files under
     `data_dir`), these five dealt by `partition` (default Dirichlet(0.5)) to 20 clients,
     `pathmnist` (MedMNIST v2's pathmnist.npz in `data_dir`, dealt to UA-PDFL's peers: 30 by
-    default, `partition` dirichlet (default, beta 0.5) / shards / iid, 20 % local holdouts)."""
+    default, `partition` dirichlet (default, beta 0.5) / shards / iid, 20 % local holdouts).
+    `train_examples` (the five image federations only): deal that many training images, a
+    seeded uniform choice, instead of all."""
+    if train_examples is not None and name not in IMAGE_DATASETS:
+        raise ValueError(
+            f"--train_examples applies to {', '.join(IMAGE_DATASETS)}, not --dataset={name}; "
+            "leave it unset"
+        )
     if name == "digits":
         return load_digits_clusters(num_clients=num_clients or 40, seed=seed)
     if name.startswith("digits_"):
@@ -109,6 +117,7 @@ def load_dataset(
             classes_per_client=classes_per_client,
             seed=seed,
             tfds_dir=tfds_dir,
+            train_examples=train_examples,
         )
     if name == "pathmnist":
         return load_pathmnist(
