@@ -7,6 +7,7 @@ import io
 import json
 import os
 import pickle
+import stat
 import zipfile
 from pathlib import Path
 
@@ -147,3 +148,17 @@ def test_truncated_or_foreign_files_and_other_settings_are_refused(tmp_path: Pat
     with pytest.raises(CheckpointError, match="rounds: 3 -> 4"):
         checkpoint.load(str(path), {**SETTINGS, "rounds": 4})
     assert checkpoint.load(str(tmp_path / "none.npz"), SETTINGS) is None
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_atomic_writes_take_the_users_umask(tmp_path: object, umask: int, mode: int) -> None:
+    """A colleague or a TensorBoard server on a shared filesystem reads what the user's umask
+    lets them read, as for any file the user writes (a bare temporary file would be 0600)."""
+    previous = os.umask(umask)
+    try:
+        path = os.path.join(str(tmp_path), "metrics.csv")
+        checkpoint.atomic_write_bytes(path, b"round\n")
+        checkpoint.atomic_write_bytes(path, b"round\n1\n")  # replacing keeps it
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(os.stat(path).st_mode) == mode

@@ -38,12 +38,22 @@ class CheckpointError(RuntimeError):
     pass
 
 
+def user_file_mode() -> int:
+    """The mode `open()` would give a new file: 0666 less the process's umask (read without
+    changing it for longer than the call)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_write_bytes(path: str, payload: bytes) -> None:
-    """Writes `payload` to `path` so that readers see the old or the new file, never a mix."""
+    """Writes `payload` to `path` so that readers see the old or the new file, never a mix. The
+    file takes the user's umask like any file they write (a temporary file would be 0600)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
+        os.fchmod(fd, user_file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()
