@@ -218,8 +218,15 @@ def test_bad_flags_exit_non_zero_with_a_clear_message(
     )
     assert done.returncode != 0
     assert message in done.stderr
+    assert "Traceback" not in done.stderr  # TFF's import-time context is dropped at exit
     assert not os.path.exists(tmp_path / "run" / "metrics.csv")
     assert_no_worker_left(tag)
+
+
+def test_help_ends_without_a_traceback() -> None:
+    done = run_binary([TRAIN, "--help"], {})
+    assert "--algorithm" in done.stdout + done.stderr  # (absl exits 1 after its help)
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
 def test_divergence_stops_with_a_clear_error_and_no_nan_output(tmp_path: object) -> None:
