@@ -8,6 +8,8 @@ import json
 import os
 import pickle
 import stat
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -162,3 +164,37 @@ def test_atomic_writes_take_the_users_umask(tmp_path: object, umask: int, mode: 
     finally:
         os.umask(previous)
     assert stat.S_IMODE(os.stat(path).st_mode) == mode
+
+
+def test_a_run_folder_is_held_by_one_run_and_a_killed_holder_never_blocks(
+    tmp_path: object,
+) -> None:
+    """A second run on a held folder is refused at once, naming the holder; the lock goes with
+    its process, however it ends (SIGKILL here), so `--resume` is never blocked by a stale
+    lock."""
+    folder = str(tmp_path / "run")
+    with checkpoint.hold_run_folder(folder):
+        with pytest.raises(CheckpointError, match=rf"in use by another run \(pid {os.getpid()}\)"):
+            with checkpoint.hold_run_folder(folder):
+                pass
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from tff_clustered import checkpoint\n"
+            f"with checkpoint.hold_run_folder({folder!r}):\n"
+            "    print('held', flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(CheckpointError, match=rf"pid {holder.pid}\).*--output_dir"):
+            with checkpoint.hold_run_folder(folder):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with checkpoint.hold_run_folder(folder):  # the killed holder left no lock
+        pass

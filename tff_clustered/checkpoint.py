@@ -10,17 +10,25 @@ refused, never loaded.
 It is written to a temporary file in the same folder, flushed to disk, then renamed over the
 old one (`os.replace` is atomic on POSIX), so a crash leaves either the previous or the new
 checkpoint, never a torn one. Resuming with other settings is refused.
+
+A run holds an exclusive lock on its output folder (`hold_run_folder`: `flock` on `.lock`)
+for its lifetime, so a second run on the same folder is refused at once instead of both
+appending to its files. The kernel drops the lock when the process ends, however it ends, so
+a killed run never leaves a lock that blocks `--resume`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import importlib
 import io
 import json
 import os
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from typing import Any, Optional
 
 import numpy as np
@@ -31,11 +39,35 @@ FORMAT_VERSION = 3  # 3: npz + JSON (2: pickle of the composable core's state)
 CHECKPOINT_NAME = "checkpoint.npz"
 LEGACY_NAMES = ("checkpoint.pkl",)
 META_ENTRY = "meta.json"
+LOCK_NAME = ".lock"
 PACKAGE = "tff_clustered."
 
 
 class CheckpointError(RuntimeError):
     pass
+
+
+@contextlib.contextmanager
+def hold_run_folder(output_dir: str) -> Iterator[None]:
+    """An exclusive lock on `output_dir` while the block runs; another process holding it:
+    `CheckpointError` naming that process (its pid is written in the lock file)."""
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, LOCK_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, user_file_mode())
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise CheckpointError(
+                f"{output_dir} is in use by another run (pid {holder}); wait for it to end "
+                "(then --resume continues it) or choose another --output_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
 
 
 def user_file_mode() -> int:

@@ -105,7 +105,23 @@ def run(
     Returns the summary, with the per-round rows under `history`."""
     if checkpoint_every < 0:
         raise ValueError("checkpoint_every must be >= 0 (0 = only at the end)")
-    os.makedirs(output_dir, exist_ok=True)
+    with checkpoint.hold_run_folder(output_dir):
+        return _run_in_folder(
+            spec, output_dir, checkpoint_every, resume, log, round_metrics, execution, device
+        )
+
+
+def _run_in_folder(
+    spec: RunSpec,
+    output_dir: str,
+    checkpoint_every: int,
+    resume: bool,
+    log: Callable[[str], None],
+    round_metrics: Sequence[RoundMetric],
+    execution: str,
+    device: Optional[str],
+) -> dict[str, Any]:
+    """`run`, once the output folder is held."""
     ckpt_path = os.path.join(output_dir, checkpoint.CHECKPOINT_NAME)
     settings = spec.settings()
     if checkpoint.exists(output_dir) and not resume:
