@@ -355,4 +355,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=run_flags.parse_flags)

@@ -193,6 +193,17 @@ def runtime_config_from_flags(log_dir: str) -> RuntimeConfig:
     )
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """`app.run`'s flags parser: a value absl itself rejects (not a number, out of its bounds,
+    not among an enum's choices, an unknown flag) exits 2 like every other bad input, with
+    absl's message naming the flag (absl's own parser exits 1)."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        print(f"error: {e}\nPass --helpshort or --helpfull to see the flags.", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 @contextlib.contextmanager
 def reported_errors(on_interrupt: str) -> Iterator[None]:
     """Bad input: `error: ...` on stderr and exit code 2; a TFF worker lost or unreachable:
