@@ -9,7 +9,7 @@ run: $(STAMP)
 	$(VENV)/bin/python binaries/train.py $(ARGS)
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -n 2 tests $(ARGS)
+	$(VENV)/bin/python -m pytest -q -n 2 --durations=15 tests $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tff_clustered binaries tests
