@@ -36,6 +36,7 @@ RUN_COLUMNS = (
     "floats_per_round",
     "train_seconds",
     "clusters",
+    "cluster_sizes",
     "triggers",
     "regime_dropout",
     "regime_partial",
@@ -60,7 +61,8 @@ def _mean(values: Sequence[float]) -> Optional[float]:
 
 def diagnostics(history: Sequence[Mapping[str, Any]], decentralized: bool) -> dict[str, Any]:
     """What a run's clustering did: clusters in use at the end (clients assigned to them; None
-    for decentralized peers, which each keep their own model), FedTSDP's re-clustering
+    for decentralized peers, which each keep their own model) and their sizes, largest first
+    (`70+28+5`), FedTSDP's re-clustering
     triggers (rounds with H > h_th), the share of peer-rounds in each UA-PDFL regime (rounds
     after the first, when every model is still the common initial one), and the mean number of
     neighbours mixed (CriticalFL-DFL)."""
@@ -68,6 +70,9 @@ def diagnostics(history: Sequence[Mapping[str, Any]], decentralized: bool) -> di
     sizes = _last(history, "cluster_size_")
     out: dict[str, Any] = {
         "clusters": None if decentralized or not sizes else sum(v > 0 for v in sizes.values()),
+        "cluster_sizes": None
+        if decentralized or not sizes
+        else "+".join(str(round(v)) for v in sorted(sizes.values(), reverse=True) if v > 0),
         "triggers": sum(int(r["clustered"]) for r in trained)
         if any("clustered" in r for r in trained)
         else None,
@@ -139,7 +144,8 @@ def _groups(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], list[Map
 
 
 def diagnostics_text(runs: Sequence[Mapping[str, Any]]) -> str:
-    """Per-seed diagnostics of one table cell, e.g. `clusters 4/4/3; triggers 2/3/2`."""
+    """Per-seed diagnostics of one table cell, e.g. `clusters 3/3/2; sizes 9+6+5 / 10+6+4 /
+    12+8; triggers 2/3/2`."""
 
     def per_seed(key: str, fmt: str) -> Optional[str]:
         values = [r.get(key) for r in runs]
@@ -156,6 +162,9 @@ def diagnostics_text(runs: Sequence[Mapping[str, Any]]) -> str:
         text = per_seed(key, fmt)
         if text is not None:
             parts.append(f"{label} {text}")
+    sizes = [str(r.get("cluster_sizes") or "-") for r in runs]
+    if any("+" in size for size in sizes):  # some seed formed more than one cluster
+        parts.append(f"sizes {' / '.join(sizes)}")
     if runs and all(r.get("regime_dropout") is not None for r in runs):
         shares = [100 * np.mean([float(r[f"regime_{g}"]) for r in runs]) for g in REGIMES]
         parts.append(f"regimes dropout/partial/head {'/'.join(f'{v:.0f}' for v in shares)} %")
