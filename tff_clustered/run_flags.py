@@ -196,9 +196,12 @@ def runtime_config_from_flags(log_dir: str) -> RuntimeConfig:
 def parse_flags(argv: list[str]) -> list[str]:
     """`app.run`'s flags parser: a value absl itself rejects (not a number, out of its bounds,
     not among an enum's choices, an unknown flag) exits 2 like every other bad input, with
-    absl's message naming the flag (absl's own parser exits 1)."""
+    absl's message naming the flag (absl's own parser exits 1); asking for help exits 0."""
     try:
         return FLAGS(argv)
+    except SystemExit as e:  # absl's --help/--helpfull/--helpshort print the help and exit 1
+        asked = {"--help", "--helpfull", "--helpshort", "-h", "-?"} & set(argv[1:])
+        raise SystemExit(0 if asked and e.code == 1 else e.code) from None
     except flags.Error as e:
         print(f"error: {e}\nPass --helpshort or --helpfull to see the flags.", file=sys.stderr)
         raise SystemExit(2) from None
