@@ -329,3 +329,9 @@ def test_fine_tuned_kind_adapts_the_global_model_to_each_group() -> None:
     # Personal-only algorithms have no server model to fine-tune from.
     fedper = experiment("fedper", dataclasses.replace(config, rounds=1))
     assert "accuracy_finetuned" not in fedper.evaluate(0)
+
+
+@pytest.mark.parametrize("name", ["ifca", "fedgroup", "fesem", "cgpfl", "fedac", "flhc"])
+def test_zero_clusters_is_refused_not_read_as_the_default(name: str) -> None:
+    with pytest.raises(ValueError, match="num_clusters must be >= 1"):
+        make_algorithm(name, num_clusters=0)

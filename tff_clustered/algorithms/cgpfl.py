@@ -43,6 +43,7 @@ from tff_clustered.algorithms.base import (
     Similarity,
     check,
     clusters_of_local_models,
+    default_if_unset,
 )
 from tff_clustered.algorithms.ifca import DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP
 from tff_clustered.federated import client_work
@@ -106,7 +107,7 @@ class CGPFL(Algorithm):
 
     @property
     def num_clusters(self) -> int:
-        return self.options.num_clusters or DEFAULT_CLUSTERS
+        return default_if_unset(self.options.num_clusters, DEFAULT_CLUSTERS)
 
     def client_work(self, momentum: float, run: RunInfo) -> client_work.ClientWork:
         """The personal model's local update: from v_i, pulled toward the received w_k."""

@@ -92,6 +92,7 @@ from tff_clustered.algorithms.base import (
     Similarity,
     check,
     check_cluster_count,
+    default_if_unset,
     layers_to_tensors,
 )
 from tff_clustered.clustering import fedac as fedac_clustering
@@ -282,7 +283,7 @@ class FedAC(Algorithm):
 
     @property
     def initial_clusters(self) -> int:
-        return self.options.num_clusters or DEFAULT_INITIAL_CLUSTERS
+        return default_if_unset(self.options.num_clusters, DEFAULT_INITIAL_CLUSTERS)
 
     def client_work(self, momentum: float, run: RunInfo) -> client_work.ClientWork:
         """LocalUpdate: from the client's own model, pulled toward Omega_k (mu, every tensor)

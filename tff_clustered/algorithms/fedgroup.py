@@ -29,6 +29,7 @@ from tff_clustered.algorithms.base import (
     ServerView,
     Similarity,
     check,
+    default_if_unset,
 )
 from tff_clustered.algorithms.fedprox import DEFAULT_MU, MU_HELP
 from tff_clustered.options import option
@@ -112,7 +113,7 @@ class FedGroup(Algorithm):
 
     @property
     def num_clusters(self) -> int:
-        return self.options.num_clusters or DEFAULT_GROUPS
+        return default_if_unset(self.options.num_clusters, DEFAULT_GROUPS)
 
     @property
     def prox_mu(self) -> float:

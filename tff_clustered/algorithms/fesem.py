@@ -43,6 +43,7 @@ from tff_clustered.algorithms.base import (
     Similarity,
     check,
     clusters_of_local_models,
+    default_if_unset,
 )
 from tff_clustered.algorithms.ifca import DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP
 from tff_clustered.federated.round import CLIENT_WEIGHTINGS
@@ -89,7 +90,7 @@ class FeSEM(Algorithm):
 
     @property
     def num_clusters(self) -> int:
-        return self.options.num_clusters or DEFAULT_CLUSTERS
+        return default_if_unset(self.options.num_clusters, DEFAULT_CLUSTERS)
 
     @property
     def prox_mu(self) -> float:

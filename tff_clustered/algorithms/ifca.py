@@ -18,6 +18,7 @@ from tff_clustered.algorithms.base import (
     RunInfo,
     ServerView,
     check,
+    default_if_unset,
     independent_clusters,
 )
 from tff_clustered.options import option
@@ -42,7 +43,7 @@ class IFCA(Algorithm):
 
     @property
     def num_clusters(self) -> int:
-        return self.options.num_clusters or DEFAULT_CLUSTERS
+        return default_if_unset(self.options.num_clusters, DEFAULT_CLUSTERS)
 
     def init(self, run: RunInfo, queries: Queries) -> Decision:
         return independent_clusters(run, queries, self.num_clusters)
