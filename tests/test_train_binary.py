@@ -208,6 +208,7 @@ def test_ctrl_c_stops_cleanly_with_exit_130_and_no_worker(tmp_path: object) -> N
         (["--algorithm=fedgroup_madc", "--fesem_mu=1"], "takes no --fesem_mu"),
         (["--lr_schedule=warmup"], "--lr_schedule=warmup: value should be one of"),
         (["--rounds=0"], "--rounds=0: 0 is not a positive integer"),
+        (["--algorithm=criticalfl_dfl", "--criticalfl_threshold=nan"], "give a finite number"),
     ],
 )
 def test_bad_flags_exit_non_zero_with_a_clear_message(
