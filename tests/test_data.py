@@ -256,3 +256,20 @@ def test_array_batches_loop_over_the_batches_of_the_dataset_in_the_same_order(
     got = [split(t) for t in two_passes()]
     assert got == expected
     assert got[0] and (shuffle_seed is None or got[0] != got[1])
+
+
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        ("digits", {"partition": "shards"}, "--partition=shards: --dataset=digits has its own"),
+        ("synthetic", {"dirichlet_beta": 0.5}, "draw no Dirichlet proportions"),
+        ("digits_dirichlet", {"partition": "shards", "dirichlet_beta": 0.5}, "the shards clients"),
+        ("digits_dirichlet", {"dirichlet_beta": -1.0}, "give a concentration > 0"),
+    ],
+)
+def test_partition_values_a_dataset_ignores_are_refused(
+    name: str, options: dict, message: str
+) -> None:
+    """Values the run would not use are refused, not recorded in summary.json as if used."""
+    with pytest.raises(ValueError, match=message):
+        load_dataset(name, **options)

@@ -119,8 +119,9 @@ def test_cfl_splits_planted_groups_and_not_iid_data(criterion: str) -> None:
 def tsdp_experiment(algorithm: str, partition: str, seed: int = 0, **options: object) -> Experiment:
     """The embedded FedTSDP setup of compare.py: 10 digits clients (~108 images each), the
     FedTSDP CNN, the paper's local training except a batch of 10 and a slower decay."""
+    beta = 0.2 if partition == "dirichlet" else None  # a beta only where a Dirichlet draw reads it
     data = load_dataset(
-        "digits_dirichlet", seed=seed, partition=partition, dirichlet_beta=0.2, num_clients=10
+        "digits_dirichlet", seed=seed, partition=partition, dirichlet_beta=beta, num_clients=10
     )
     model = model_spec("tsdp_cnn", data.input_shape, data.num_classes, image_shape=(8, 8, 1))
     config = TrainingConfig(

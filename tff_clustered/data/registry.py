@@ -66,6 +66,32 @@ def image_beta(partition: Optional[str], dirichlet_beta: Optional[float]) -> flo
     return 0.1 if partition == "fedac_dirichlet" else 0.5
 
 
+def check_partition_flags(
+    name: str, partition: Optional[str], dirichlet_beta: Optional[float]
+) -> None:
+    """Refuses `partition` for a dataset with its own clients and `dirichlet_beta` where no
+    Dirichlet draw reads it, instead of recording values the run ignores."""
+    if name.startswith("digits_"):
+        used = partition or name.split("_", 1)[1]
+    elif name in IMAGE_DATASETS or name == "pathmnist":
+        used = partition or "dirichlet"
+    elif partition is not None:
+        raise ValueError(
+            f"--partition={partition}: --dataset={name} has its own clients; leave --partition "
+            f"unset (it applies to the digits_*, {', '.join(IMAGE_DATASETS)} and pathmnist "
+            "federations)"
+        )
+    else:
+        used = None
+    if dirichlet_beta is not None and used not in ("dirichlet", "fedac_dirichlet"):
+        raise ValueError(
+            f"--dirichlet_beta={dirichlet_beta}: the {used or name} clients draw no Dirichlet "
+            "proportions; leave it unset or use --partition=dirichlet"
+        )
+    if dirichlet_beta is not None and not dirichlet_beta > 0:
+        raise ValueError(f"--dirichlet_beta={dirichlet_beta}: give a concentration > 0")
+
+
 def load_dataset(
     name: str,
     data_dir: Optional[str] = None,
@@ -92,6 +118,7 @@ def load_dataset(
     default, `partition` dirichlet (default, beta 0.5) / shards / iid, 20 % local holdouts).
     `train_examples` (the five image federations only): deal that many training images, a
     seeded uniform choice, instead of all."""
+    check_partition_flags(name, partition, dirichlet_beta)
     if train_examples is not None and name not in IMAGE_DATASETS:
         raise ValueError(
             f"--train_examples applies to {', '.join(IMAGE_DATASETS)}, not --dataset={name}; "
