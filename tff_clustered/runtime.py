@@ -156,13 +156,8 @@ class TffRuntime:
         import tensorflow_federated as tff
 
         global _ACTIVE_WORKERS
-        if not _ACTIVE_WORKERS:
-            # Drop TFF's import-time default context now, while its ServiceManager's `__del__`
-            # can still run cleanly, not at interpreter exit (a traceback there), even when
-            # no worker can be reached below.
-            from tensorflow_federated.python.core.impl.context_stack import set_default_context
-
-            set_default_context.set_no_default_context()
+        # (When no worker can be reached below, TFF's import-time context is dropped at exit by
+        # the hook in `tff_clustered/__init__.py`, before its `__del__` could fail.)
         if self.config.workers:
             for address in self.config.workers:
                 _wait_until_ready(address, None, self.config.connect_timeout_s)

@@ -65,6 +65,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
+import tensorflow as tf
 
 from tff_clustered.algorithms.base import (
     Decision,
@@ -77,10 +78,10 @@ from tff_clustered.algorithms.base import (
 )
 from tff_clustered.algorithms.dfl import (
     DIVERGENCES,
-    PROBABILITY_FLOOR,
     UNIT_VALUE,
     Decentralized,
     PeerStep,
+    divergence,
 )
 from tff_clustered.options import option
 
@@ -91,17 +92,12 @@ ALIKE_RATIO = 1.0
 
 
 def divergence_matrix(p: np.ndarray, q: np.ndarray, kind: str = "skl") -> np.ndarray:
-    """Div (`dfl.divergence`, NumPy) of every row of `p` [n, C] with every row of `q` [m, C]."""
-    p = np.clip(np.asarray(p, np.float64), PROBABILITY_FLOOR, 1.0)[:, None, :]
-    q = np.clip(np.asarray(q, np.float64), PROBABILITY_FLOOR, 1.0)[None, :, :]
-
-    def kl(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return np.sum(a * np.log(a / b), axis=-1)
-
-    if kind == "skl":
-        return 0.5 * kl(p, q) + 0.5 * kl(q, p)
-    m = 0.5 * (p + q)
-    return 0.5 * kl(p, m) + 0.5 * kl(q, m)
+    """Div of every row of `p` [n, C] with every row of `q` [m, C], float64: the peers' own
+    `dfl.divergence`, so the server's calibration measures exactly what the peers compare."""
+    q_rows = tf.constant(np.asarray(q, np.float64))
+    return np.stack(
+        [divergence(tf.constant(row), q_rows, kind).numpy() for row in np.asarray(p, np.float64)]
+    ).reshape(len(p), len(q))
 
 
 def alike_share(start: np.ndarray, ends: np.ndarray, kind: str = "skl") -> float:

@@ -66,11 +66,13 @@ def image_beta(partition: Optional[str], dirichlet_beta: Optional[float]) -> flo
     return 0.1 if partition == "fedac_dirichlet" else 0.5
 
 
-def check_partition_flags(
+def resolved_partition(
     name: str, partition: Optional[str], dirichlet_beta: Optional[float]
-) -> None:
-    """Refuses `partition` for a dataset with its own clients and `dirichlet_beta` where no
-    Dirichlet draw reads it, instead of recording values the run ignores."""
+) -> Optional[str]:
+    """The partition `name` is dealt by (`partition`, else the dataset's default; None for a
+    dataset with its own clients). Refuses `partition` for a dataset with its own clients and
+    `dirichlet_beta` where no Dirichlet draw reads it, instead of recording values the run
+    ignores."""
     if name.startswith("digits_"):
         used = partition or name.split("_", 1)[1]
     elif name in IMAGE_DATASETS or name == "pathmnist":
@@ -90,6 +92,7 @@ def check_partition_flags(
         )
     if dirichlet_beta is not None and not dirichlet_beta > 0:
         raise ValueError(f"--dirichlet_beta={dirichlet_beta}: give a concentration > 0")
+    return used
 
 
 def load_dataset(
@@ -118,7 +121,7 @@ def load_dataset(
     default, `partition` dirichlet (default, beta 0.5) / shards / iid, 20 % local holdouts).
     `train_examples` (the five image federations only): deal that many training images, a
     seeded uniform choice, instead of all."""
-    check_partition_flags(name, partition, dirichlet_beta)
+    partition = resolved_partition(name, partition, dirichlet_beta)
     if train_examples is not None and name not in IMAGE_DATASETS:
         raise ValueError(
             f"--train_examples applies to {', '.join(IMAGE_DATASETS)}, not --dataset={name}; "
@@ -128,7 +131,7 @@ def load_dataset(
         return load_digits_clusters(num_clients=num_clients or 40, seed=seed)
     if name.startswith("digits_"):
         return load_digits_partitioned(
-            partition=partition or name.split("_", 1)[1],
+            partition=partition,
             num_clients=num_clients or 20,
             dirichlet_beta=0.2 if dirichlet_beta is None else dirichlet_beta,
             classes_per_client=classes_per_client,
@@ -138,7 +141,7 @@ def load_dataset(
         return load_image_federation(
             name,
             data_dir,
-            partition=partition or "dirichlet",
+            partition=partition,
             num_clients=num_clients or 20,
             dirichlet_beta=image_beta(partition, dirichlet_beta),
             classes_per_client=classes_per_client,
@@ -149,7 +152,7 @@ def load_dataset(
     if name == "pathmnist":
         return load_pathmnist(
             data_dir,
-            partition=partition or "dirichlet",
+            partition=partition,
             num_clients=num_clients or PATHMNIST_PEERS,
             dirichlet_beta=image_beta(partition, dirichlet_beta),
             seed=seed,
