@@ -19,6 +19,11 @@
   DBSCAN stages and the regrouping) against one FedAvg round on the same clients, both through
   the same orchestration (goal <= 1.5). `--tsdp_trigger=always` forces the clustering every
   round (psi = 1 so the split stays put), the worst case; `paper` uses h_th = 0.65.
+* `evaluation`: scoring every one of 1,000 clients of power-law sizes (MNIST-FedProx-like:
+  log-normal, 20% held out for test; MCLR) with the pooled path the runs use
+  (`Experiment.score_pooled`: one call per model) against the per-client path (one scoring per
+  client) and against one FedAvg training round of 20 of them at E=20, on both executions
+  (goals: pooled <= the training round, per-client >= 10x pooled).
 * `uapdfl_vs_fedavg`: one whole UA-PDFL round (every peer receives its own and N_com routed
   models, fingerprints each, mixes and trains with the alignment term; the mailbox is rebuilt)
   against one FedAvg round with the same participants, at each N_com of
@@ -57,6 +62,7 @@ import tensorflow_federated as tff  # noqa: E402
 from tff_clustered import clustering  # noqa: E402
 from tff_clustered.algorithms import make_algorithm  # noqa: E402
 from tff_clustered.data import load_dataset  # noqa: E402
+from tff_clustered.data.federated_data import from_arrays  # noqa: E402
 from tff_clustered.federated.executions import RoundCache  # noqa: E402
 from tff_clustered.federated.round import (  # noqa: E402
     RoundSignature,
@@ -93,6 +99,7 @@ flags.DEFINE_list(
         "clustering",
         "fedtsdp_vs_fedavg",
         "uapdfl_vs_fedavg",
+        "evaluation",
     ],
     "Benchmarks to run.",
 )
@@ -108,6 +115,8 @@ flags.DEFINE_list("scaling_clients", ["10", "100", "1000"], "Clients per round (
 flags.DEFINE_integer("scaling_epochs", 1, "Local epochs in client_scaling.", lower_bound=1)
 flags.DEFINE_integer("scaling_rounds", 3, "Timed rounds per size (client_scaling).", lower_bound=1)
 flags.DEFINE_integer("cluster_dim", 415_258, "Update length d (clustering): FEMNIST MLP.")
+flags.DEFINE_integer("eval_clients", 1000, "Clients scored (evaluation).", lower_bound=1)
+flags.DEFINE_integer("eval_rounds", 3, "Timed repetitions of evaluation.", lower_bound=1)
 flags.DEFINE_integer("memory_rounds", 300, "Rounds of the memory benchmark.", lower_bound=20)
 flags.DEFINE_enum(
     "memory_execution", "tff", ["tff", "in_process"], "What runs the memory benchmark's rounds."
@@ -468,6 +477,69 @@ def uapdfl_vs_fedavg() -> dict:
     }
 
 
+def power_law_clients(rng: np.random.Generator, count: int) -> object:
+    """`count` MNIST-sized clients of log-normal sizes (median 55, long tail; FedProx's MNIST
+    split is power-law), random inputs and labels, 20% of each held out for test."""
+    sizes = np.clip(rng.lognormal(4.0, 0.8, count).astype(int), 5, 2000)
+    train, test = {}, {}
+    for i, n in enumerate(sizes):
+        x = rng.normal(size=(n, FLAGS.input_dim)).astype(np.float32)
+        y = rng.integers(0, FLAGS.num_classes, n).astype(np.int32)
+        cut = max(1, n // 5)
+        test[f"c{i:04d}"], train[f"c{i:04d}"] = (x[:cut], y[:cut]), (x[cut:], y[cut:])
+    return from_arrays("power_law", train, test, FLAGS.num_classes)
+
+
+def scoring_fns(exp: Experiment) -> dict:
+    """Pooled scoring of every client, per-client scoring, and one training round of `exp`."""
+    exp.start()
+    ids = exp.data.client_ids
+    models, keys = exp.server_models("global", np.zeros(len(ids), np.int32))
+    whole = exp.whole_model_round(1)
+
+    def train() -> None:
+        exp.train_round(exp.state.round_num + 1)
+        exp.state.round_num += 1
+
+    return {
+        "pooled": lambda: exp.score_pooled(models, keys, ids),
+        "per_client": lambda: exp.score(whole, models, keys, ids),
+        "training_round": train,
+    }
+
+
+def evaluation_speed() -> dict:
+    """Seconds to score every client (pooled and per client) against one training round of 20
+    clients at E=20 (FedGroup's MNIST setting), on both executions."""
+    data = power_law_clients(np.random.default_rng(FLAGS.seed), FLAGS.eval_clients)
+    spec = model_spec("mclr", (FLAGS.input_dim,), FLAGS.num_classes)
+    config = TrainingConfig(
+        rounds=10_000, clients_per_round=20, local_epochs=20, batch_size=10, seed=FLAGS.seed
+    )
+    examples = sum(data.test_sizes.values())
+    out: dict = {"clients": len(data.client_ids), "test_examples": examples}
+    for execution in ("tff", "in_process"):
+        exp = Experiment(data, spec, make_algorithm("fedavg"), config, execution=execution)
+        t = alternate(scoring_fns(exp), FLAGS.eval_rounds)
+        ids = data.client_ids
+        out[execution] = {
+            **{f"{name}_s": round(v, 4) for name, v in t.items()},
+            "pooled_ms_per_client": round(1000 * t["pooled"] / len(ids), 3),
+            "per_client_ms_per_client": round(1000 * t["per_client"] / len(ids), 3),
+            "per_client_over_pooled": round(t["per_client"] / t["pooled"], 1),
+            "pooled_over_training_round": round(t["pooled"] / t["training_round"], 3),
+        }
+        print(
+            f"Scoring {len(ids)} power-law clients ({examples} test examples, mclr) on "
+            f"{execution}: pooled {t['pooled']:.3f} s, per client {t['per_client']:.3f} s "
+            f"({t['per_client'] / t['pooled']:.1f}x); one training round of 20 clients at E=20 "
+            f"{t['training_round']:.3f} s (pooled / round = "
+            f"{t['pooled'] / t['training_round']:.2f})",
+            flush=True,
+        )
+    return out
+
+
 def resident_mb(pid: int) -> float:
     """Resident set size of a process, MB (Linux /proc)."""
     with open(f"/proc/{pid}/status") as f:
@@ -634,6 +706,8 @@ def main(argv: list[str]) -> None:
             )
         if "uapdfl_vs_fedavg" in FLAGS.benchmarks:
             report["uapdfl_vs_fedavg"] = uapdfl_vs_fedavg()
+        if "evaluation" in FLAGS.benchmarks:
+            report["evaluation"] = evaluation_speed()
         if "client_scaling" in FLAGS.benchmarks:
             report["client_scaling"] = client_scaling(spec, w0, rng)
     if "clustering" in FLAGS.benchmarks:

@@ -56,6 +56,9 @@ LR_SCHEDULES = ("constant", "exponential", "cosine")
 RoundMetric = Callable[[RunInfo, ServerView, RoundResult], dict]
 
 
+# Examples per batch when many clients' examples are scored pooled (`score_pooled`): no
+# gradients, and per-example results do not depend on it.
+POOLED_BATCH = 512
 FINE_TUNED = "finetuned"  # the evaluation-only model kind of `TrainingConfig.fine_tune_steps`
 
 
@@ -225,6 +228,7 @@ class Experiment:
         self.state = RunState()
         self.store = ClientStore(self.initial_variables)
         self._predict: Optional[Callable] = None
+        self._pooled_scores: Optional[Callable] = None
         # Per-client results of the last evaluation, one dict per client (for clients.csv).
         self.client_rows: list[dict[str, Any]] = []
 
@@ -555,22 +559,19 @@ class Experiment:
     def cluster_losses(self, cluster_models: np.ndarray, client_ids: Sequence[str]) -> np.ndarray:
         """Mean training loss of every cluster model on each client, (clients, clusters)."""
         capacity = cluster_capacity(len(cluster_models))
-        models = flat.matrix_to_stacked(padded(cluster_models, capacity), self.layout.shapes)
         fed_round = self.rounds_cache.get(
             dataclasses.replace(self.signature(), num_clusters=capacity)
         )
-        arrays = [self.data.arrays("train", c) for c in client_ids]
-        stored = [self.store.variables(c, fed_round.io.store_in) for c in client_ids]
         losses = np.zeros((len(client_ids), len(cluster_models)))
         for k in range(len(cluster_models)):
-            results = fed_round.evaluate(
-                models,
-                arrays,
-                [np.array([k], np.int32)] * len(client_ids),
-                stored,
-                np.int64(evaluation_batch_size(self.config.batch_size)),
-            )
-            losses[:, k] = [r["loss_sum"] / r["num_examples"] for r in results]
+            keys = np.full(len(client_ids), k, np.int32)
+            if fed_round.io.store_in:  # each client's stored tensors complete the model
+                results = self.score(fed_round, cluster_models, keys, client_ids, "train")
+            else:
+                results = self.score_pooled(cluster_models, keys, client_ids, "train")
+            losses[:, k] = [
+                results[c]["loss_sum"] / max(results[c]["num_examples"], 1.0) for c in client_ids
+            ]
         return losses
 
     def client_models(self, client_ids: Sequence[str]) -> np.ndarray:
@@ -670,15 +671,16 @@ class Experiment:
     def evaluate_kind(
         self, kind: str, client_ids: Sequence[str], clusters: np.ndarray
     ) -> dict[str, dict[str, float]]:
-        """Per-client test results of one model kind (`algorithms.base.MODEL_KINDS`)."""
+        """Per-client test results of one model kind (`algorithms.base.MODEL_KINDS`): whole
+        server models pooled (`score_pooled`), a personal model that joins each client's stored
+        tensors client by client (`score`)."""
         models, keys = self.server_models("cluster" if kind == "personal" else kind, clusters)
         fed_round = self.current_round()
-        if fed_round.signature.distribution == "neighbours":  # a peer's own row is its model
-            return self.score_whole_models(models, keys, client_ids)
         joins_store = bool(fed_round.io.store_in) or self.work.reads_own_model
-        if kind != "personal" and joins_store:
-            return self.score_whole_models(models, keys, client_ids)
-        return self.score(fed_round, models, keys, client_ids)
+        own_rows = fed_round.signature.distribution == "neighbours"  # a peer's row is its model
+        if kind == "personal" and joins_store and not own_rows:
+            return self.score(fed_round, models, keys, client_ids)
+        return self.score_pooled(models, keys, client_ids)
 
     def score(
         self,
@@ -686,18 +688,58 @@ class Experiment:
         models: np.ndarray,
         keys: np.ndarray,
         client_ids: Sequence[str],
+        split: str = "test",
     ) -> dict[str, dict[str, float]]:
-        """Each client's test results with `models[keys[i]]` (joined with its stored tensors
-        where the round reads them)."""
+        """Each client's results on its `split` arrays with `models[keys[i]]` (joined with its
+        stored tensors where the round reads them), one client at a time."""
         capacity = fed_round.signature.num_clusters
         results = fed_round.evaluate(
             flat.matrix_to_stacked(padded(models, capacity), self.layout.shapes),
-            [self.data.arrays("test", c) for c in client_ids],
+            [self.data.arrays(split, c) for c in client_ids],
             [np.array([k], np.int32) for k in keys],
             [self.store.variables(c, fed_round.io.store_in) for c in client_ids],
             np.int64(evaluation_batch_size(self.config.batch_size)),
         )
         return {c: {k: float(v) for k, v in r.items()} for c, r in zip(client_ids, results)}
+
+    def score_pooled(
+        self,
+        models: np.ndarray,
+        keys: np.ndarray,
+        client_ids: Sequence[str],
+        split: str = "test",
+    ) -> dict[str, dict[str, float]]:
+        """The results `score` gives with whole models (nothing from the client store), in one
+        call per model: the `split` examples of every client that `models[k]` scores pooled into
+        one array, summed per client inside the computation (`round.pooled_scores_fn`)."""
+        if self._pooled_scores is None:
+            self._pooled_scores = self.rounds_cache.pooled_scores()
+        split_at = self.layout.num_trainable
+        batch_size = np.int64(max(evaluation_batch_size(self.config.batch_size), POOLED_BATCH))
+        arrays = [self.data.arrays(split, c) for c in client_ids]
+        keys = np.asarray(keys)
+        results: dict[str, dict[str, float]] = {}
+        for k in np.unique(keys):
+            members = np.flatnonzero(keys == k)
+            sizes = [len(arrays[i]["y"]) for i in members]
+            variables = flat.unflatten(models[k], self.layout.shapes)
+            sums = self._pooled_scores(
+                tuple(variables[:split_at]),
+                tuple(variables[split_at:]),
+                np.concatenate([arrays[i]["x"] for i in members]),
+                np.concatenate([arrays[i]["y"] for i in members]),
+                np.repeat(np.arange(len(members), dtype=np.int32), sizes),
+                np.int32(len(members)),
+                batch_size,
+            )
+            loss_sum, num_correct, num_examples = (np.asarray(v, np.float64) for v in sums)
+            for j, i in enumerate(members):
+                results[client_ids[i]] = {
+                    "loss_sum": float(loss_sum[j]),
+                    "num_correct": float(num_correct[j]),
+                    "num_examples": float(num_examples[j]),
+                }
+        return {c: results[c] for c in client_ids}
 
     def whole_model_round(self, num_models: int) -> FederatedRound:
         """A round whose models are whole server models, nothing taken from the client store
@@ -705,12 +747,6 @@ class Experiment:
         return self.rounds_cache.get(
             RoundSignature(cluster_capacity(num_models), tuple(range(self.layout.num_trainable)))
         )
-
-    def score_whole_models(
-        self, models: np.ndarray, keys: np.ndarray, client_ids: Sequence[str]
-    ) -> dict[str, dict[str, float]]:
-        """Test results with whole server models, nothing taken from the client store."""
-        return self.score(self.whole_model_round(len(models)), models, keys, client_ids)
 
     def evaluate_fine_tuned(
         self,

@@ -56,18 +56,19 @@ class EvalResult(NamedTuple):
     num_examples: tf.Tensor
 
 
-def batch_loss(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-    """Mean cross-entropy of a batch (no weight decay): softmax over classes, or sigmoid for a
+def example_losses(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """Cross-entropy of each example (no weight decay): softmax over classes, or sigmoid for a
     single-logit binary model (the Sent140 LSTM)."""
     if logits.shape[-1] == 1:
-        return tf.reduce_mean(
-            tf.nn.sigmoid_cross_entropy_with_logits(
-                labels=tf.cast(labels, tf.float32), logits=logits[:, 0]
-            )
+        return tf.nn.sigmoid_cross_entropy_with_logits(
+            labels=tf.cast(labels, tf.float32), logits=logits[:, 0]
         )
-    return tf.reduce_mean(
-        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-    )
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+
+
+def batch_loss(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """Mean cross-entropy of a batch (`example_losses`)."""
+    return tf.reduce_mean(example_losses(logits, labels))
 
 
 def predicted_labels(logits: tf.Tensor) -> tf.Tensor:

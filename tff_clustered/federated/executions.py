@@ -13,6 +13,7 @@ from tff_clustered.federated import in_process, sharded
 from tff_clustered.federated.round import (
     FederatedRound,
     RoundSignature,
+    build_pooled_scores,
     build_predict_probabilities,
     round_functions,
     tff_round_parts,
@@ -60,3 +61,10 @@ class RoundCache:
         if self.execution == "tff":
             return build_predict_probabilities(self.model, self.input_spec)
         return in_process.in_process_predict(self.model, self.input_spec, self.device)
+
+    def pooled_scores(self) -> Callable[..., Any]:
+        """Scoring of one model on many clients' pooled examples (`pooled_scores_fn`) run by
+        this cache's execution."""
+        if self.execution == "tff":
+            return build_pooled_scores(self.model, self.input_spec)
+        return in_process.in_process_pooled_scores(self.model, self.input_spec, self.device)

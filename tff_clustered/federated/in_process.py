@@ -42,6 +42,8 @@ from tff_clustered.federated.round import (
     RoundFunctions,
     check_client_inputs,
     example_count,
+    pooled_scores_fn,
+    pooled_scores_specs,
     predict_probabilities_fn,
     predict_probabilities_specs,
     python_server_state,
@@ -112,6 +114,14 @@ def in_process_predict(
     return GraphFunction(
         predict_probabilities_fn(model), predict_probabilities_specs(model, input_spec), device
     )
+
+
+def in_process_pooled_scores(
+    model: FunctionalModel, input_spec: dict, device: Optional[str] = None
+) -> Callable[..., tuple]:
+    """`round.pooled_scores_fn`, run in this process."""
+    check_device(device)
+    return GraphFunction(pooled_scores_fn(model), pooled_scores_specs(model, input_spec), device)
 
 
 def in_process_round(

@@ -1,0 +1,130 @@
+"""Pooled evaluation (`Experiment.score_pooled`: one call per model over every client's
+examples) gives each client the results of the per-client path (`Experiment.score`), for every
+model kind, models with state (BatchNorm) and a single-logit model, on both executions."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+
+from tff_clustered.algorithms import make_algorithm
+from tff_clustered.data import load_dataset, load_digits_clusters
+from tff_clustered.data.federated_data import FederatedData
+from tff_clustered.models import model_spec
+from tff_clustered.models.keras_models import ModelSpec
+from tff_clustered.orchestration import Experiment, TrainingConfig
+
+pytestmark = pytest.mark.usefixtures("tff_context")
+TESTDATA = os.path.join(os.path.dirname(__file__), os.pardir, "testdata")
+CONFIG = TrainingConfig(rounds=2, clients_per_round=6, learning_rate=0.1, batch_size=8, seed=3)
+
+
+def trained(
+    algorithm: str, data: FederatedData, model: ModelSpec, execution: str, **options: object
+) -> Experiment:
+    config = dataclasses.replace(CONFIG, clients_per_round=min(6, len(data.client_ids)))
+    exp = Experiment(data, model, make_algorithm(algorithm, **options), config, execution=execution)
+    exp.start()
+    list(exp.rounds())
+    return exp
+
+
+def assert_same_results(pooled: dict, per_client: dict) -> None:
+    assert list(pooled) == list(per_client)
+    for client, expected in per_client.items():
+        got = pooled[client]
+        assert got["num_examples"] == expected["num_examples"] > 0, client
+        assert got["num_correct"] == expected["num_correct"], client
+        np.testing.assert_allclose(got["loss_sum"], expected["loss_sum"], rtol=1e-4, err_msg=client)
+
+
+def per_client(exp: Experiment, models: np.ndarray, keys: np.ndarray, split: str) -> dict:
+    return exp.score(exp.whole_model_round(len(models)), models, keys, exp.data.client_ids, split)
+
+
+def from_probabilities(exp: Experiment, model: np.ndarray, client_ids: list) -> dict:
+    """Per-client sums computed from the server-side inference (`predict_probabilities`)."""
+    results = {}
+    for c in client_ids:
+        arrays = exp.data.arrays("test", c)
+        probabilities = exp.predict_probabilities(model[None], arrays["x"])[0]
+        picked = probabilities[np.arange(len(arrays["y"])), arrays["y"]]
+        results[c] = {
+            "loss_sum": float(-np.log(picked).sum()),
+            "num_correct": float((probabilities.argmax(1) == arrays["y"]).sum()),
+            "num_examples": float(len(arrays["y"])),
+        }
+    return results
+
+
+@pytest.mark.parametrize("execution", ["tff", "in_process"])
+def test_pooled_scores_equal_per_client_scores_for_each_kind(execution: str) -> None:
+    data = load_digits_clusters(num_clients=10, num_groups=2, seed=3)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
+    exp = trained("ifca", data, model, execution, num_clusters=2)
+    ids = exp.data.client_ids
+    clusters = np.arange(len(ids)) % 2  # both models score clients, interleaved
+    for kind in ("global", "cluster"):
+        models, keys = exp.server_models(kind, clusters)
+        for split in ("test", "train"):
+            assert_same_results(
+                exp.score_pooled(models, keys, ids, split), per_client(exp, models, keys, split)
+            )
+    # the whole evaluation row, through the pooled path, is what the per-client path pools to
+    row = exp.evaluate()
+    clusters = exp.algorithm.evaluation_clusters(exp.run, exp.view(), list(ids), exp)
+    models, keys = exp.server_models("cluster", clusters)
+    expected = per_client(exp, models, keys, "test")
+    total = sum(r["num_examples"] for r in expected.values())
+    correct = sum(r["num_correct"] for r in expected.values())
+    assert row["accuracy_cluster"] == pytest.approx(correct / total, abs=1e-12)
+
+
+def test_pooled_scores_of_a_model_with_batchnorm_state() -> None:
+    data = load_dataset("cifar10", data_dir=os.path.join(TESTDATA, "cifar10_tiny"), num_clients=4)
+    model = model_spec("resnet18", data.input_shape, data.num_classes, resnet_width=4)
+    config = dataclasses.replace(CONFIG, clients_per_round=4)
+    exp = Experiment(data, model, make_algorithm("fedavg"), config, execution="in_process")
+    exp.start()
+    state_size = sum(int(np.prod(s)) for s in exp.layout.state_shapes)
+    assert state_size  # BatchNorm moving statistics go with the model
+    ids = exp.data.client_ids
+    models, keys = exp.server_models("global", np.zeros(len(ids), np.int32))
+    # moving means and variances away from their initial 0 and 1, so that they matter
+    models = models.copy()
+    models[:, -state_size:] = np.random.default_rng(0).uniform(0.5, 2.0, state_size)
+    pooled = exp.score_pooled(models, keys, ids, "test")
+    assert_same_results(pooled, from_probabilities(exp, models[0], ids))
+    initial = exp.score_pooled(exp.server_models("global", keys)[0], keys, ids, "test")
+    assert [pooled[c]["loss_sum"] for c in ids] != [initial[c]["loss_sum"] for c in ids]
+
+
+def test_a_personal_kind_that_joins_stored_layers_is_scored_client_by_client() -> None:
+    data = load_digits_clusters(num_clients=6, num_groups=2, seed=4)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
+    exp = trained("fedper", data, model, "in_process")
+    ids = exp.data.client_ids
+    clusters = np.zeros(len(ids), np.int32)
+    models, keys = exp.server_models("cluster", clusters)
+    personal = exp.evaluate_kind("personal", ids, clusters)
+    assert personal == exp.score(exp.current_round(), models, keys, ids)
+    whole = exp.score_pooled(models, keys, ids)  # the shared base with the initial head
+    assert [personal[c]["num_correct"] for c in ids] != [whole[c]["num_correct"] for c in ids]
+
+
+def test_pooled_scores_of_a_single_logit_model() -> None:
+    sent140 = os.path.join(TESTDATA, "sent140_tiny")
+    glove = os.path.join(sent140, "glove_tiny.300d.txt")
+    data = load_dataset("sent140", sent140, glove_path=glove, seed=0)
+    model = model_spec("lstm", data.input_shape, data.num_classes)
+    config = dataclasses.replace(CONFIG, clients_per_round=1)
+    exp = Experiment(data, model, make_algorithm("fedavg"), config, execution="in_process")
+    exp.start()
+    ids = exp.data.client_ids
+    models, keys = exp.server_models("global", np.zeros(len(ids), np.int32))
+    assert_same_results(
+        exp.score_pooled(models, keys, ids), from_probabilities(exp, models[0], ids)
+    )
