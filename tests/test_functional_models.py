@@ -14,7 +14,12 @@ import tensorflow_federated as tff
 
 from tff_clustered.federated import client_work
 from tff_clustered.models import count_trainable_parameters, model_spec, trainable_layer_sizes
-from tff_clustered.models.functional import FunctionalModel, _interpreted, functional_model
+from tff_clustered.models.functional import (
+    FunctionalModel,
+    _conv2d,
+    _interpreted,
+    functional_model,
+)
 from tff_clustered.models.keras_models import ModelSpec, initial_state
 
 BN = tf.keras.layers.BatchNormalization
@@ -436,3 +441,24 @@ def test_functional_model_type() -> None:
     _, model, _, _ = parts(model_spec("tsdp_cnn", (64,), 10, image_shape=(8, 8, 1)))
     assert isinstance(model, FunctionalModel)
     assert model.trainable_shapes[0] == (3, 3, 1, 32) and model.state_owner == ()
+
+
+@pytest.mark.parametrize("batch", [1, 3, 5, 8])
+def test_strided_1x1_conv_gradient_with_few_input_channels(batch: int) -> None:
+    # ResNet18's shortcut convs at resnet_width < 16: a 1x1 stride-2 conv, channels last, with
+    # fewer input channels than oneDNN's block (16). oneDNN 3.2's backward-weights kernel for
+    # it (TF 2.14's CPU Conv2DBackpropFilter) writes past its scratch buffer, which aborted
+    # training on odd batch sizes ("double free or corruption") or gave wrong gradients (AVX2).
+    layer = tf.keras.layers.Conv2D(8, 1, 2, padding="same", use_bias=False)
+    layer.build((None, 16, 16, 4))
+    kernel = tf.random.stateless_normal([1, 1, 4, 8], seed=[5, 0])
+    x = tf.random.stateless_normal([batch, 16, 16, 4], seed=[5, 1])
+    dy = tf.random.stateless_normal([batch, 8, 8, 8], seed=[5, 2])
+    want = np.einsum("nhwc,nhwo->co", x.numpy()[:, ::2, ::2], dy.numpy())[None, None]
+    for _ in range(10):
+        with tf.GradientTape() as tape:
+            tape.watch(kernel)
+            y = _conv2d(layer, x, kernel, None)
+            loss = tf.reduce_sum(y * dy)
+        np.testing.assert_allclose(tape.gradient(loss, kernel), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(y, tf.nn.conv2d(x, kernel, 2, "SAME"), rtol=1e-5, atol=1e-5)

@@ -234,10 +234,20 @@ def _conv2d(
 ) -> tf.Tensor:
     """Keras 2.14 `Conv.call` for Conv2D: tf.nn.convolution, bias_add, activation."""
     data_format = "NHWC" if layer.data_format == "channels_last" else "NCHW"
+    strides = list(layer.strides)
+    if tuple(layer.kernel_size) == (1, 1) and strides != [1, 1]:
+        # A strided 1x1 convolution is the 1x1 convolution of the strided subsample (no
+        # padding either way). Computed so: oneDNN's 1x1 backward-weights kernel for strided
+        # channels-last inputs (TF 2.14, oneDNN 3.2) writes past its scratch buffer when there
+        # are fewer input channels than its block (16 on AVX-512), which corrupts the heap
+        # (ResNet18's shortcut convs at resnet_width < 16), or gives wrong gradients (AVX2).
+        sh, sw = strides
+        x = x[:, ::sh, ::sw, :] if data_format == "NHWC" else x[:, :, ::sh, ::sw]
+        strides = [1, 1]
     y = tf.nn.convolution(
         x,
         kernel,
-        strides=list(layer.strides),
+        strides=strides,
         padding=layer.padding.upper(),
         dilations=list(layer.dilation_rate),
         data_format=data_format,
