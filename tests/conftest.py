@@ -88,7 +88,7 @@ def history_rows(exp: object) -> list[dict]:
         {
             k: (None if isinstance(v, float) and math.isnan(v) else v)
             for k, v in r.items()
-            if k != "round_seconds"
+            if not k.endswith("_seconds")
         }
         for r in exp.state.history
     ]

@@ -71,7 +71,7 @@ def numbers(row: dict) -> dict[str, float]:
     return {
         k: float(v)
         for k, v in row.items()
-        if k != "round_seconds" and isinstance(v, (int, float, np.number))
+        if not k.endswith("_seconds") and isinstance(v, (int, float, np.number))
     }
 
 

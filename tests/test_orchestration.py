@@ -35,7 +35,9 @@ def run(algorithm: str, config: TrainingConfig = CONFIG, **options: object) -> E
 
 
 def metrics(experiment: Experiment) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "round_seconds"} for r in experiment.state.history]
+    return [
+        {k: v for k, v in r.items() if not k.endswith("_seconds")} for r in experiment.state.history
+    ]
 
 
 def test_same_seed_same_metrics_and_other_seed_differs() -> None:

@@ -27,7 +27,7 @@ def read_csv(path: str) -> list[dict]:
 
 
 def without_timing(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "round_seconds"} for r in rows]
+    return [{k: v for k, v in r.items() if not k.endswith("_seconds")} for r in rows]
 
 
 def assert_no_worker_left(tag: str) -> None:
@@ -50,8 +50,22 @@ def test_default_run_fedper_reaches_075_and_beats_fedavg(tmp_path: object) -> No
     assert summary["config"]["algorithm"] == "fedper"
     rows = read_csv(os.path.join(out, "metrics.csv"))
     assert [int(r["round"]) for r in rows] == list(range(51))
-    for column in ("accuracy", "loss", "train_loss", "cluster_size_0", "round_seconds"):
+    for column in (
+        "accuracy",
+        "loss",
+        "train_loss",
+        "cluster_size_0",
+        "round_seconds",
+        "train_seconds",
+        "eval_seconds",
+        "checkpoint_seconds",
+    ):
         assert column in rows[0]
+    for row in rows[1:]:  # the round's time, split: training, server work, evaluation
+        parts = [float(row[f"{part}_seconds"]) for part in ("train", "server", "eval")]
+        assert parts[0] > 0 and min(parts) >= 0
+        assert sum(parts) <= float(row["round_seconds"]) + 1e-3
+        assert (float(row["checkpoint_seconds"]) > 0) == (int(row["round"]) % 5 == 0)
     with open(os.path.join(out, "curves.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert "final accuracy" in done.stdout

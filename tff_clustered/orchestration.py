@@ -299,8 +299,10 @@ class Experiment:
             round_num = self.state.round_num + 1
             started = time.perf_counter()
             row = {"round": round_num, **self.train_round(round_num)}
+            trained = time.perf_counter()
             if round_num % self.config.eval_every == 0 or round_num == self.config.rounds:
                 row.update(self.evaluate(round_num=round_num))
+            row["eval_seconds"] = time.perf_counter() - trained
             row["round_seconds"] = time.perf_counter() - started
             self.state.round_num = round_num
             self.state.history.append(row)
@@ -412,8 +414,10 @@ class Experiment:
     def train_round(self, round_num: int) -> dict[str, Any]:
         assignment_before = dict(self.state.assignment)
         client_ids = self.sample_clients(round_num)
+        started = time.perf_counter()
         plan = self.algorithm.plan(self.run, self.view(), client_ids, self)
         self.apply(plan.decision)
+        planned = time.perf_counter()
         picks = self.algorithm.distribution == "lowest_loss_cluster"
         if (plan.clusters is None) != picks:
             raise ValueError(
@@ -439,6 +443,7 @@ class Experiment:
             plan.client_scalars,
             steps=self.config.local_steps or None,
         )
+        train_seconds = time.perf_counter() - planned
         if picks:
             clusters = np.array([int(o["cluster"]) for o in outputs], np.int32)
         # Diverged clients were left out of the aggregate; they are left out of the store and
@@ -475,8 +480,10 @@ class Experiment:
                 for name in (outputs[0].get("metrics", {}) if outputs else {})
             },
         )
+        after_round = time.perf_counter()
         decision = self.algorithm.after_round(self.run, self.view(), result, self)
         self.apply(decision)
+        server_seconds = (planned - started) + (time.perf_counter() - after_round)
         check_finite(
             self.state.cluster_models, round_num, self.algorithm.name, clusters, result.client_ids
         )
@@ -490,6 +497,11 @@ class Experiment:
             "train_loss": float(result.loss_sums.sum() / max(num_examples, 1.0)),
             "num_sampled": len(finite),
             "dropped_clients": len(dropped),
+            # where the round's time went: the clients' training (the federated round), and
+            # the algorithm's own server-side work before and after it (clustering, cold starts
+            # and the queries they make); evaluation and checkpoints have their own columns
+            "train_seconds": train_seconds,
+            "server_seconds": server_seconds,
             "floats_communicated": self.algorithm.values_sent_per_round(
                 len(finite),
                 values(fed_round.signature.shared),

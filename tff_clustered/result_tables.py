@@ -35,6 +35,8 @@ RUN_COLUMNS = (
     "mean_discrepancy",
     "floats_per_round",
     "train_seconds",
+    "server_seconds",
+    "eval_seconds",
     "clusters",
     "cluster_sizes",
     "triggers",
@@ -121,6 +123,8 @@ def run_row(
         mean_discrepancy=_mean(discrepancy),
         floats_per_round=sum(r["floats_communicated"] for r in trained) / max(len(trained), 1),
         train_seconds=results.get("total_train_seconds", 0.0),
+        server_seconds=results.get("total_server_seconds", 0.0),
+        eval_seconds=results.get("total_eval_seconds", 0.0),
         **diagnostics(history, decentralized),
     )
 
@@ -208,8 +212,8 @@ def algorithm_table(rows: Sequence[Mapping[str, Any]], target_accuracy: float) -
     lines = [
         "| setting | algorithm | max accuracy (%) | final accuracy (%) | client mean (%) | "
         f"rounds to {target_accuracy:.0%} | mean discrepancy (Eq. 4) | values sent per round "
-        "| train s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| train s | server s | eval s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (setting, algorithm), runs in _groups(rows).items():
         col = {k: [r[k] for r in runs] for k in RUN_COLUMNS}
@@ -220,7 +224,8 @@ def algorithm_table(rows: Sequence[Mapping[str, Any]], target_accuracy: float) -
             f"{mean_std(col['final_client_mean_accuracy'], 100, 1)} | "
             f"{'/'.join(str(v) for v in reached) if reached else '-'} | "
             f"{mean_std(col['mean_discrepancy'], 1, 3)} | "
-            f"{mean_std(col['floats_per_round'], 1, 0)} | {mean_std(col['train_seconds'], 1, 1)} |"
+            f"{mean_std(col['floats_per_round'], 1, 0)} | {mean_std(col['train_seconds'], 1, 1)} | "
+            f"{mean_std(col['server_seconds'], 1, 1)} | {mean_std(col['eval_seconds'], 1, 1)} |"
         )
     return lines
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
@@ -164,8 +165,11 @@ def _run_in_folder(
             if done and (
                 (checkpoint_every and done % checkpoint_every == 0) or done == spec.training.rounds
             ):
+                started = time.perf_counter()
+                row["checkpoint_seconds"] = 0.0  # the saved row; the time is known after
                 checkpoint.save(ckpt_path, experiment.snapshot(), settings)
                 tensorboard.flush()
+                row["checkpoint_seconds"] = time.perf_counter() - started
         history = experiment.state.history
         reporting.write_metrics_csv(csv_path, history)
         config = dict(
