@@ -156,6 +156,7 @@ def _run_in_folder(
     progress = reporting.Progress(spec.training.rounds, initial=experiment.state.round_num)
     try:
         for row in experiment.rounds():
+            row["checkpoint_seconds"] = 0.0  # set below on a round that writes a checkpoint
             reporting.write_metrics_csv(csv_path, experiment.state.history)
             if "accuracy" in row:
                 clients_csv.append(experiment.client_rows)
@@ -166,7 +167,6 @@ def _run_in_folder(
                 (checkpoint_every and done % checkpoint_every == 0) or done == spec.training.rounds
             ):
                 started = time.perf_counter()
-                row["checkpoint_seconds"] = 0.0  # the saved row; the time is known after
                 checkpoint.save(ckpt_path, experiment.snapshot(), settings)
                 tensorboard.flush()
                 row["checkpoint_seconds"] = time.perf_counter() - started
