@@ -34,6 +34,7 @@ from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round import (
     FederatedRound,
     ModelLayout,
+    RoundIO,
     RoundSignature,
     client_seed,
     evaluation_batch_size,
@@ -570,20 +571,24 @@ class Experiment:
 
     def cluster_losses(self, cluster_models: np.ndarray, client_ids: Sequence[str]) -> np.ndarray:
         """Mean training loss of every cluster model on each client, (clients, clusters)."""
-        capacity = cluster_capacity(len(cluster_models))
-        fed_round = self.rounds_cache.get(
-            dataclasses.replace(self.signature(), num_clusters=capacity)
+        signature = dataclasses.replace(
+            self.signature(), num_clusters=cluster_capacity(len(cluster_models))
         )
         losses = np.zeros((len(client_ids), len(cluster_models)))
-        for k in range(len(cluster_models)):
-            keys = np.full(len(client_ids), k, np.int32)
-            if fed_round.io.store_in:  # each client's stored tensors complete the model
+        if RoundIO.of(self.layout, signature).store_in:  # stored tensors complete each model
+            fed_round = self.rounds_cache.get(signature)
+            for k in range(len(cluster_models)):
+                keys = np.full(len(client_ids), k, np.int32)
                 results = self.score(fed_round, cluster_models, keys, client_ids, "train")
-            else:
-                results = self.score_pooled(cluster_models, keys, client_ids, "train")
-            losses[:, k] = [
-                results[c]["loss_sum"] / max(results[c]["num_examples"], 1.0) for c in client_ids
-            ]
+                losses[:, k] = [
+                    results[c]["loss_sum"] / max(results[c]["num_examples"], 1.0)
+                    for c in client_ids
+                ]
+            return losses
+        pooled = self.pooled_arrays("train", client_ids)  # pooled once, scored by every model
+        for k, model in enumerate(cluster_models):
+            loss_sum, _, num_examples = self.score_arrays(model, pooled, len(client_ids))
+            losses[:, k] = loss_sum / np.maximum(num_examples, 1.0)
         return losses
 
     def client_models(self, client_ids: Sequence[str]) -> np.ndarray:
@@ -723,35 +728,51 @@ class Experiment:
     ) -> dict[str, dict[str, float]]:
         """The results `score` gives with whole models (nothing from the client store), in one
         call per model: the `split` examples of every client that `models[k]` scores pooled into
-        one array, summed per client inside the computation (`round.pooled_scores_fn`)."""
-        if self._pooled_scores is None:
-            self._pooled_scores = self.rounds_cache.pooled_scores()
-        split_at = self.layout.num_trainable
-        batch_size = np.int64(max(evaluation_batch_size(self.config.batch_size), POOLED_BATCH))
-        arrays = [self.data.arrays(split, c) for c in client_ids]
+        one array (`pooled_arrays`), summed per client inside the computation
+        (`score_arrays`)."""
         keys = np.asarray(keys)
         results: dict[str, dict[str, float]] = {}
         for k in np.unique(keys):
-            members = np.flatnonzero(keys == k)
-            sizes = [len(arrays[i]["y"]) for i in members]
-            variables = flat.unflatten(models[k], self.layout.shapes)
-            sums = self._pooled_scores(
-                tuple(variables[:split_at]),
-                tuple(variables[split_at:]),
-                np.concatenate([arrays[i]["x"] for i in members]),
-                np.concatenate([arrays[i]["y"] for i in members]),
-                np.repeat(np.arange(len(members), dtype=np.int32), sizes),
-                np.int32(len(members)),
-                batch_size,
-            )
-            loss_sum, num_correct, num_examples = (np.asarray(v, np.float64) for v in sums)
-            for j, i in enumerate(members):
-                results[client_ids[i]] = {
-                    "loss_sum": float(loss_sum[j]),
-                    "num_correct": float(num_correct[j]),
-                    "num_examples": float(num_examples[j]),
+            members = [client_ids[i] for i in np.flatnonzero(keys == k)]
+            sums = self.score_arrays(models[k], self.pooled_arrays(split, members), len(members))
+            for j, client in enumerate(members):
+                results[client] = {
+                    name: float(values[j])
+                    for name, values in zip(("loss_sum", "num_correct", "num_examples"), sums)
                 }
         return {c: results[c] for c in client_ids}
+
+    def pooled_arrays(
+        self, split: str, client_ids: Sequence[str]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The `split` examples of `client_ids` in one array: (x, y, the index in `client_ids`
+        of each example's client)."""
+        arrays = [self.data.arrays(split, c) for c in client_ids]
+        sizes = [len(a["y"]) for a in arrays]
+        return (
+            np.concatenate([a["x"] for a in arrays]),
+            np.concatenate([a["y"] for a in arrays]),
+            np.repeat(np.arange(len(arrays), dtype=np.int32), sizes),
+        )
+
+    def score_arrays(
+        self, model: np.ndarray, pooled: tuple[np.ndarray, ...], num_clients: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-client loss sums, correct predictions and examples (float64, `num_clients` each)
+        of one flat whole `model` on `pooled_arrays` (`round.pooled_scores_fn`)."""
+        if self._pooled_scores is None:
+            self._pooled_scores = self.rounds_cache.pooled_scores()
+        split_at = self.layout.num_trainable
+        variables = flat.unflatten(model, self.layout.shapes)
+        sums = self._pooled_scores(
+            tuple(variables[:split_at]),
+            tuple(variables[split_at:]),
+            *pooled,
+            np.int32(num_clients),
+            np.int64(max(evaluation_batch_size(self.config.batch_size), POOLED_BATCH)),
+        )
+        loss_sum, num_correct, num_examples = (np.asarray(v, np.float64) for v in sums)
+        return loss_sum, num_correct, num_examples
 
     def whole_model_round(self, num_models: int) -> FederatedRound:
         """A round whose models are whole server models, nothing taken from the client store
