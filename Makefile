@@ -3,7 +3,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint benchmark doctor gpu-extras clean-env
+.PHONY: run test lint benchmark doctor gpu-extras gpu-check clean-env
 
 run: $(STAMP)
 	$(VENV)/bin/python binaries/train.py $(ARGS)
@@ -26,6 +26,10 @@ $(STAMP): requirements/lock.txt setup.cfg scripts/bootstrap.sh
 # Opt-in: TensorFlow's CUDA libraries, for --execution=in_process on an NVIDIA GPU (several GB).
 gpu-extras: $(STAMP)
 	$(VENV)/bin/python -m pip install -c requirements/lock.txt -r requirements/gpu.txt
+
+# Does --execution=in_process train on the GPU, and how much faster than on the CPU?
+gpu-check: $(STAMP)
+	$(VENV)/bin/python binaries/gpu_check.py $(ARGS)
 
 clean-env:
 	rm -rf $(VENV)

@@ -63,12 +63,8 @@ from tff_clustered import clustering  # noqa: E402
 from tff_clustered.algorithms import make_algorithm  # noqa: E402
 from tff_clustered.data import load_dataset  # noqa: E402
 from tff_clustered.data.federated_data import from_arrays  # noqa: E402
-from tff_clustered.federated.executions import RoundCache  # noqa: E402
-from tff_clustered.federated.round import (  # noqa: E402
-    RoundSignature,
-    client_seed,
-    round_hparams,
-)
+from tff_clustered.federated.executions import RoundCache, repeated_round  # noqa: E402
+from tff_clustered.federated.round import round_hparams  # noqa: E402
 from tff_clustered.models import initial_weights, model_spec  # noqa: E402
 from tff_clustered.models.functional import functional_model  # noqa: E402
 from tff_clustered.orchestration import Experiment, TrainingConfig  # noqa: E402
@@ -169,19 +165,9 @@ def our_round_fn(
     cache = RoundCache(
         functional_model(keras_model, spec.input_spec()), spec.input_spec(), w0, execution
     )
-    process = cache.get(RoundSignature(num_clusters, tuple(range(len(w0)))))
-    state = process.initialize()
-    keys = [np.array([i % num_clusters], np.int32) for i in range(len(clients))]
     epochs = FLAGS.local_epochs if epochs is None else epochs
     hparams = round_hparams(FLAGS.learning_rate, FLAGS.batch_size, epochs)
-    ones = [np.float32(1.0)] * len(clients)
-    seeds = [client_seed(i, i) for i in range(len(clients))]
-
-    def run() -> None:
-        nonlocal state
-        state, _, _ = process.next(state, clients, keys, [()] * len(clients), ones, seeds, hparams)
-
-    return run
+    return repeated_round(cache, clients, num_clusters, hparams)
 
 
 def dense_stack_forward(weights: list, x: tf.Tensor) -> tf.Tensor:

@@ -4,7 +4,6 @@ and the TFF runtime. `run_spec_from_flags` turns them into a `RunSpec`."""
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 from collections.abc import Iterator, Sequence
 
@@ -14,6 +13,7 @@ from tff_clustered import logs
 from tff_clustered import options as options_lib
 from tff_clustered.algorithms import ALGORITHMS, algorithm_class, define_all_flags
 from tff_clustered.checkpoint import CheckpointError
+from tff_clustered.cli import parse_flags  # noqa: F401 - the binaries' flags parser
 from tff_clustered.data import DATASET_NAMES, DataError
 from tff_clustered.models import MODEL_NAMES
 from tff_clustered.orchestration import LR_SCHEDULES, TrainingConfig
@@ -192,27 +192,6 @@ def runtime_config_from_flags(log_dir: str) -> RuntimeConfig:
         max_concurrent_computation_calls=FLAGS.max_concurrent_computation_calls,
         log_dir=log_dir,
     )
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """`app.run`'s flags parser: a value absl itself rejects (not a number, out of its bounds,
-    not among an enum's choices, an unknown flag) exits 2 like every other bad input, with
-    absl's message naming the flag (absl's own parser exits 1), and so does a non-finite
-    number (absl reads `nan` and `inf` as floats); asking for help exits 0."""
-    try:
-        rest = FLAGS(argv)
-    except SystemExit as e:  # absl's --help/--helpfull/--helpshort print the help and exit 1
-        asked = {"--help", "--helpfull", "--helpshort", "-h", "-?"} & set(argv[1:])
-        raise SystemExit(0 if asked and e.code == 1 else e.code) from None
-    except flags.Error as e:
-        print(f"error: {e}\nPass --helpshort or --helpfull to see the flags.", file=sys.stderr)
-        raise SystemExit(2) from None
-    for name in FLAGS:
-        value = FLAGS[name].value
-        if FLAGS[name].present and isinstance(value, float) and not math.isfinite(value):
-            print(f"error: --{name}={value}: give a finite number", file=sys.stderr)
-            raise SystemExit(2)
-    return rest
 
 
 @contextlib.contextmanager

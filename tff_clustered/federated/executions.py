@@ -15,6 +15,7 @@ from tff_clustered.federated.round import (
     RoundSignature,
     build_pooled_scores,
     build_predict_probabilities,
+    client_seed,
     round_functions,
     tff_round_parts,
 )
@@ -68,3 +69,27 @@ class RoundCache:
         if self.execution == "tff":
             return build_pooled_scores(self.model, self.input_spec)
         return in_process.in_process_pooled_scores(self.model, self.input_spec, self.device)
+
+
+def repeated_round(
+    cache: RoundCache,
+    clients: Sequence[dict],
+    num_clusters: int,
+    hparams: dict,
+) -> Callable[[], None]:
+    """A callable that runs one more round of `cache`'s clustered core on the same `clients`
+    (arrays, as `next` takes them), client i in cluster i mod `num_clusters`, every client's
+    weight 1: the fixed workload the benchmark and the GPU check time."""
+    process = cache.get(RoundSignature(num_clusters, tuple(range(len(cache.initial_variables)))))
+    state = process.initialize()
+    keys = [np.array([i % num_clusters], np.int32) for i in range(len(clients))]
+    ones = [np.float32(1.0)] * len(clients)
+    seeds = [client_seed(i, i) for i in range(len(clients))]
+
+    def run() -> None:
+        nonlocal state
+        state, _, _ = process.next(
+            state, list(clients), keys, [()] * len(clients), ones, seeds, hparams
+        )
+
+    return run
