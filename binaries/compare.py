@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from tff_clustered import logs  # noqa: E402 - light; quiets TensorFlow before its import
 
 logs.quiet_tensorflow(sys.argv)
-from tff_clustered import result_tables, run_flags, runner  # noqa: E402
+from tff_clustered import checkpoint, result_tables, run_flags, runner  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS  # noqa: E402
 from tff_clustered.algorithms.fedgroup import discrepancy  # noqa: E402
 from tff_clustered.runtime import RuntimeConfig, tff_runtime  # noqa: E402
@@ -297,6 +297,7 @@ def main(argv: list[str]) -> int:
         partitions = {s: parse_setting(s) for s in settings if s is not None}
         rows: list[dict[str, Any]] = []
         histories: dict[tuple[str, str], list] = {}
+        checkpoint.make_output_folder(output_dir)  # before the worker writes its log there
         runtime_config = run_flags.runtime_config_from_flags(output_dir)
         with tff_runtime(runtime_config):
             for seed in seeds:  # seed by seed, so that an early stop leaves whole tables

@@ -3,6 +3,7 @@ code (pickles, foreign classes, damaged files and other versions are refused cle
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -153,17 +154,43 @@ def test_truncated_or_foreign_files_and_other_settings_are_refused(tmp_path: Pat
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
-def test_atomic_writes_take_the_users_umask(tmp_path: object, umask: int, mode: int) -> None:
+def test_atomic_writes_take_the_users_umask(
+    tmp_path: object, umask: int, mode: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A colleague or a TensorBoard server on a shared filesystem reads what the user's umask
-    lets them read, as for any file the user writes (a bare temporary file would be 0600)."""
+    lets them read, as for any file the user writes (a bare temporary file would be 0600). The
+    umask is read once, at import (reading it means setting it: per write, it could race with
+    another thread creating a file)."""
     previous = os.umask(umask)
     try:
-        path = os.path.join(str(tmp_path), "metrics.csv")
-        checkpoint.atomic_write_bytes(path, b"round\n")
-        checkpoint.atomic_write_bytes(path, b"round\n1\n")  # replacing keeps it
+        assert checkpoint._read_umask() == umask
     finally:
         os.umask(previous)
+    monkeypatch.setattr(checkpoint, "_UMASK", umask)
+    path = os.path.join(str(tmp_path), "metrics.csv")
+    checkpoint.atomic_write_bytes(path, b"round\n")
+    checkpoint.atomic_write_bytes(path, b"round\n1\n")  # replacing keeps it
     assert stat.S_IMODE(os.stat(path).st_mode) == mode
+
+
+def test_an_output_folder_that_cannot_be_used_is_one_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    for folder in (a_file, a_file / "run"):
+        with pytest.raises(CheckpointError, match="is a file, or inside one, not a folder"):
+            with checkpoint.hold_run_folder(str(folder)):
+                pass
+    assert a_file.read_text() == "not a folder"
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "run"))
+
+    monkeypatch.setattr(checkpoint.os, "makedirs", full)
+    with pytest.raises(CheckpointError, match="has no space left.*choose another --output_dir"):
+        with checkpoint.hold_run_folder(str(tmp_path / "run")):
+            pass
 
 
 def test_a_run_folder_is_held_by_one_run_and_a_killed_holder_never_blocks(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import importlib
 import io
@@ -50,10 +51,14 @@ class CheckpointError(RuntimeError):
 @contextlib.contextmanager
 def hold_run_folder(output_dir: str) -> Iterator[None]:
     """An exclusive lock on `output_dir` while the block runs; another process holding it:
-    `CheckpointError` naming that process (its pid is written in the lock file)."""
-    os.makedirs(output_dir, exist_ok=True)
+    `CheckpointError` naming that process (its pid is written in the lock file), and one
+    naming the problem when the folder cannot be made or written (a file, read-only, full)."""
+    make_output_folder(output_dir)
     path = os.path.join(output_dir, LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, user_file_mode())
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, user_file_mode())
+    except OSError as e:
+        raise CheckpointError(output_folder_problem(output_dir, e)) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -70,12 +75,43 @@ def hold_run_folder(output_dir: str) -> Iterator[None]:
         os.close(fd)  # closing drops the lock
 
 
-def user_file_mode() -> int:
-    """The mode `open()` would give a new file: 0666 less the process's umask (read without
-    changing it for longer than the call)."""
+def make_output_folder(output_dir: str) -> None:
+    """`os.makedirs`, with a folder that cannot be made (a file in the way, read-only, full)
+    refused by a `CheckpointError` naming the problem and the fix."""
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:
+        raise CheckpointError(output_folder_problem(output_dir, e)) from None
+
+
+def output_folder_problem(output_dir: str, error: OSError) -> str:
+    """One line for an output folder the run cannot make or write, with the fix."""
+    if error.errno in (errno.EEXIST, errno.ENOTDIR):
+        what = "is a file, or inside one, not a folder"
+    elif error.errno in (errno.ENOSPC, errno.EDQUOT):
+        what = "has no space left (or the disk quota is used up)"
+    elif error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        what = "cannot be written (read-only file system, or no permission)"
+    else:
+        what = f"cannot be used ({error.strerror})"
+    where = error.filename or output_dir
+    return f"--output_dir={output_dir}: {where} {what}; choose another --output_dir or fix it"
+
+
+def _read_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
-    return 0o666 & ~mask
+    return mask
+
+
+# Read once, at import (before any thread starts): reading the umask means setting it, so
+# reading it per write could race with another thread creating a file.
+_UMASK = _read_umask()
+
+
+def user_file_mode() -> int:
+    """The mode `open()` would give a new file: 0666 less the process's umask."""
+    return 0o666 & ~_UMASK
 
 
 def atomic_write_bytes(path: str, payload: bytes) -> None:

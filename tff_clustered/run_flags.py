@@ -4,6 +4,7 @@ and the TFF runtime. `run_spec_from_flags` turns them into a `RunSpec`."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import sys
 from collections.abc import Iterator, Sequence
 
@@ -194,10 +195,15 @@ def runtime_config_from_flags(log_dir: str) -> RuntimeConfig:
     )
 
 
+# File-system errors that are the user's to fix, not bugs: no space, quota, read-only, denied.
+OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
 @contextlib.contextmanager
 def reported_errors(on_interrupt: str) -> Iterator[None]:
     """Bad input: `error: ...` on stderr and exit code 2; a TFF worker lost or unreachable:
-    exit 3 (the message names it); Ctrl-C: `on_interrupt`, exit 130.
+    exit 3 (the message names it); a file the outputs cannot be written to: exit 2 with the
+    file and the reason; Ctrl-C: `on_interrupt`, exit 130.
     The runtime's own context manager has stopped the TFF worker by then."""
     try:
         yield
@@ -207,6 +213,17 @@ def reported_errors(on_interrupt: str) -> Iterator[None]:
     except WorkerLostError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(3) from None
+    except OSError as e:
+        if e.errno not in OUTPUT_ERRNOS:
+            raise
+        # A write that failed mid-run (disk full, a folder made read-only): the atomic
+        # writers left the previous files whole.
+        where = e.filename or "the output folder"
+        print(
+            f"error: {where}: {e.strerror}; free space or fix the folder ({on_interrupt})",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
     except KeyboardInterrupt:
         print(f"interrupted; {on_interrupt}", file=sys.stderr)
         raise SystemExit(130) from None

@@ -15,7 +15,12 @@ from tff_clustered.algorithms import make_algorithm, make_options
 from tff_clustered.data import load_dataset
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.models import model_spec
+from tff_clustered.models.keras_models import refuse_too_large
 from tff_clustered.orchestration import Experiment, RoundMetric, TrainingConfig
+
+# Copies of the model a round holds beside the cluster models: a client's model, its gradient
+# and its update, and the per-cluster sums.
+WORKING_COPIES = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +83,7 @@ def build_experiment(
         resnet_width=spec.resnet_width,
     )
     algorithm = make_algorithm(spec.algorithm, spec.algorithm_options)
+    refuse_too_large(model, getattr(algorithm, "num_clusters", 1) + WORKING_COPIES)
     return Experiment(
         data,
         model,

@@ -323,9 +323,11 @@ def layers_to_tensors(layer_sizes: Sequence[int], top_layers: int) -> tuple[int,
     return tuple(range(kept))
 
 
-def independent_clusters(run: RunInfo, queries: Queries, num_clusters: int) -> Decision:
-    """Start of IFCA and FeSEM: one independently initialised model per cluster, a seed each;
-    nobody assigned yet (a client counts in evaluation once it has been)."""
+def independent_clusters(name: str, run: RunInfo, queries: Queries, num_clusters: int) -> Decision:
+    """Start of IFCA: one independently initialised model per cluster, a seed each;
+    nobody assigned yet (a client counts in evaluation once it has been). More clusters than
+    clients is refused: some would never have a member."""
+    check_cluster_count(name, num_clusters, run)
     seeds = [derived_seed(run.seed, ALGORITHM, k) for k in range(num_clusters)]
     return Decision(
         assignment={c: -1 for c in run.client_ids},

@@ -46,7 +46,7 @@ class IFCA(Algorithm):
         return default_if_unset(self.options.num_clusters, DEFAULT_CLUSTERS)
 
     def init(self, run: RunInfo, queries: Queries) -> Decision:
-        return independent_clusters(run, queries, self.num_clusters)
+        return independent_clusters(self.name, run, queries, self.num_clusters)
 
     def plan(
         self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries

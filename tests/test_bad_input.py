@@ -1,0 +1,74 @@
+"""Bad input refused before any work, each with one line naming the problem and the fix: more
+clusters than clients, a model too large for memory, an output folder that cannot be used."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+from conftest import run_binary
+
+from tff_clustered import run_flags
+from tff_clustered.algorithms import make_algorithm
+from tff_clustered.algorithms.base import RunInfo
+from tff_clustered.models import model_spec
+from tff_clustered.models.keras_models import declared_parameter_count, refuse_too_large
+
+
+def test_ifca_refuses_more_clusters_than_clients() -> None:
+    run = RunInfo(
+        client_ids=("a", "b", "c"),
+        train_sizes={"a": 5, "b": 5, "c": 5},
+        seed=0,
+        clients_per_round=3,
+        layer_sizes=(2,),
+        tensor_sizes=(6, 3),
+        num_trainable_values=9,
+        initial_model=np.zeros(9, np.float32),
+    )
+
+    class NoQueries:  # the refusal comes before any query
+        pass
+
+    with pytest.raises(ValueError, match="num_clusters=4 exceeds the 3 clients; lower"):
+        make_algorithm("ifca", num_clusters=4).init(run, NoQueries())
+
+
+def test_a_model_too_large_for_memory_is_refused_with_its_size() -> None:
+    huge = model_spec("mlp", (64,), 10, hidden_units=2_000_000_000)
+    assert declared_parameter_count(huge) == 64 * 2_000_000_000 + 2_000_000_000 * 11 + 10
+    with pytest.raises(ValueError, match=r"has 150,000,000,010 parameters \(600 GB as float32\)"):
+        refuse_too_large(huge, models_held=5)
+    small = model_spec("mlp", (64,), 10, hidden_units=8)
+    refuse_too_large(small, models_held=5)
+    with pytest.raises(ValueError, match="about 1000 copies.*lower --hidden_units"):
+        refuse_too_large(small, models_held=1000, available=4 * 600 * 999)
+
+
+def test_a_failed_write_is_one_line_and_exit_2(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        with run_flags.reported_errors("the last checkpoint is kept, continue with --resume"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/runs/x/metrics.csv")
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: /runs/x/metrics.csv: No space left on device; free space")
+    assert "continue with --resume" in err
+    with pytest.raises(FileNotFoundError):  # not the user's folder: a bug, shown as one
+        with run_flags.reported_errors("..."):
+            raise FileNotFoundError(errno.ENOENT, "gone", "/somewhere")
+
+
+def test_an_output_folder_inside_a_file_exits_2_with_one_line(tmp_path: object) -> None:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("kept")
+    done = run_binary(
+        ["binaries/train.py", "--rounds=1", f"--output_dir={a_file / 'run'}"],
+        {"TFF_CLUSTERED_RUN_TAG": "bad-output-folder"},
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "is a file, or inside one, not a folder; choose another --output_dir" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert a_file.read_text() == "kept"
