@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tff_clustered import checkpoint
 from tff_clustered.algorithms.fedgroup import GroupState
@@ -225,3 +227,83 @@ def test_a_run_folder_is_held_by_one_run_and_a_killed_holder_never_blocks(
         holder.wait()
     with checkpoint.hold_run_folder(folder):  # the killed holder left no lock
         pass
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
+    max_leaves=8,
+)
+
+
+# What a crafted checkpoint may put in place of a part of the state: any JSON value, one of
+# the format's own markers around one, a list as a dict key, or nesting deeper than Python's
+# recursion limit.
+def _nested(depth: int) -> list:
+    tree: list = []
+    for _ in range(depth):
+        tree = [tree]
+    return tree
+
+
+CRAFTED = (
+    JSON_VALUES
+    | st.builds(
+        lambda kind, v: {kind: v}, st.sampled_from(["list", "dict", "ndarray"]), JSON_VALUES
+    )
+    | st.builds(lambda k, v: {"dict": [[k, v]]}, st.just({"list": [1]}), JSON_VALUES)
+    | st.integers(2, 400).map(_nested)
+)
+
+
+def _paths(tree: object, prefix: tuple = ()) -> list[tuple]:
+    """Every place in a JSON tree, as a path of keys and indices."""
+    found = [prefix]
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            found += _paths(value, (*prefix, key))
+    elif isinstance(tree, list):
+        for i, value in enumerate(tree):
+            found += _paths(value, (*prefix, i))
+    return found
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(data=st.data())
+def test_crafted_checkpoints_load_whole_or_are_refused_in_one_line(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
+    """Any part of a checkpoint's structure replaced by a crafted value: the load gives a run
+    state whose fields have their declared types, or the refusal message; never another
+    exception."""
+    path = tmp_path_factory.mktemp("crafted") / checkpoint.CHECKPOINT_NAME
+    checkpoint.save(str(path), state(GroupState(np.eye(2, 5), frozenset({"x"}))), SETTINGS)
+    with np.load(path, allow_pickle=False) as saved:
+        meta = json.loads(saved[checkpoint.META_ENTRY].tobytes().decode())
+    where = data.draw(st.sampled_from(_paths(meta["state"])[1:]))
+    crafted = data.draw(CRAFTED)
+
+    def replace(m: dict) -> None:
+        parent = m["state"]
+        for key in where[:-1]:
+            parent = parent[key]
+        parent[where[-1]] = crafted
+
+    rewrite_meta(path, replace)
+    try:
+        loaded = checkpoint.load(str(path), SETTINGS)
+    except CheckpointError as e:
+        assert "\n" not in str(e) and str(path) in str(e), str(e)
+        return
+    assert isinstance(loaded, RunState)
+    assert isinstance(loaded.round_num, int) and isinstance(loaded.assignment, dict)
+
+
+def test_a_checkpoint_nested_deeper_than_python_can_read_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / checkpoint.CHECKPOINT_NAME
+    text = '{"format": 3, "settings": {"dict": []}, "state": ' + "[" * 100_000 + "]" * 100_000
+    buffer = io.BytesIO()
+    np.savez(buffer, **{checkpoint.META_ENTRY: np.frombuffer((text + "}").encode(), np.uint8)})
+    path.write_bytes(buffer.getvalue())
+    with pytest.raises(CheckpointError, match="cannot be read.*delete it to start over"):
+        checkpoint.load(str(path), SETTINGS)

@@ -28,6 +28,8 @@ import io
 import json
 import os
 import tempfile
+import types
+import typing
 import zipfile
 from collections.abc import Iterator
 from typing import Any, Optional
@@ -170,6 +172,8 @@ def _encode(value: Any, arrays: dict[str, np.ndarray]) -> Any:
 
 def _dataclass(name: str) -> type:
     """A dataclass of this package by `module:qualname`; anything else is refused."""
+    if not isinstance(name, str):
+        raise CheckpointError(f"a state class name is a {type(name).__name__}, not a name")
     module_name, _, qualname = name.partition(":")
     if not module_name.startswith(PACKAGE) or not qualname:
         raise CheckpointError(f"it names {name!r}, which is not a tff-clustered state class")
@@ -184,28 +188,80 @@ def _dataclass(name: str) -> type:
     return found
 
 
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
 def _decode(tree: Any, arrays: Any) -> Any:
     if tree is None or isinstance(tree, (bool, int, float, str)):
         return tree
     if isinstance(tree, dict) and len(tree) == 1:
         ((kind, body),) = tree.items()
         if kind == "ndarray":
-            if body not in arrays:
+            if not isinstance(body, str) or body not in arrays:
                 raise CheckpointError(f"array {body!r} is missing")
             return arrays[body]
         if kind in ("list", "tuple", "set", "frozenset") and isinstance(body, list):
             items = [_decode(v, arrays) for v in body]
+            if kind in ("set", "frozenset") and not all(_hashable(v) for v in items):
+                raise CheckpointError(f"a {kind} holds an unhashable item")
             return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[kind](items)
         if kind == "dict" and isinstance(body, list):
-            return {_decode(k, arrays): _decode(v, arrays) for k, v in body}
+            if not all(isinstance(pair, list) and len(pair) == 2 for pair in body):
+                raise CheckpointError("a dict entry is not a (key, value) pair")
+            decoded = [(_decode(k, arrays), _decode(v, arrays)) for k, v in body]
+            if not all(_hashable(k) for k, _ in decoded):
+                raise CheckpointError("a dict key is not hashable")
+            return dict(decoded)
     if isinstance(tree, dict) and set(tree) == {"dataclass", "fields"}:
         cls = _dataclass(tree["dataclass"])
+        if not isinstance(tree["fields"], dict):
+            raise CheckpointError(f"its {cls.__name__} has no fields")
         fields = {k: _decode(v, arrays) for k, v in tree["fields"].items()}
+        _check_field_types(cls, fields)
         try:
             return cls(**fields)
         except TypeError as e:
             raise CheckpointError(f"its {cls.__name__} does not match this version: {e}") from e
     raise CheckpointError(f"unexpected structure {str(tree)[:80]!r}")
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether `value` is of the annotated type at its top level (containers' items are not
+    checked; hints this cannot read, e.g. a Literal or a TypeVar, pass)."""
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in typing.get_args(hint))
+    hint = origin or hint
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float, np.integer, np.floating))
+    if hint is int:
+        return isinstance(value, (int, np.integer))
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _check_field_types(cls: type, fields: dict[str, Any]) -> None:
+    """Refuses a field whose value is not of its annotated type (a crafted checkpoint would
+    otherwise fail later, far from its cause)."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - annotations this cannot resolve are not checked
+        return
+    for name, value in fields.items():
+        if name in hints and not _matches(value, hints[name]):
+            raise CheckpointError(
+                f"its {cls.__name__}.{name} is a {type(value).__name__}, not {hints[name]}"
+            )
 
 
 # -- save and load -----------------------------------------------------------------------------
@@ -232,7 +288,14 @@ def _read(path: str) -> tuple[dict, Any]:
         arrays = {name: data[name] for name in data.files if name != META_ENTRY}
     except CheckpointError:
         raise
-    except (OSError, ValueError, zipfile.BadZipFile, UnicodeDecodeError, EOFError) as e:
+    except (
+        OSError,
+        ValueError,
+        zipfile.BadZipFile,
+        UnicodeDecodeError,
+        EOFError,
+        RecursionError,
+    ) as e:
         raise CheckpointError(
             f"checkpoint {path} cannot be read ({e}); it is not a tff-clustered checkpoint or is "
             "damaged: delete it to start over"
@@ -260,10 +323,12 @@ def load(path: str, settings: dict[str, Any]) -> Optional[RunState]:
         return None
     meta, arrays = _read(path)
     try:
-        saved = _decode(meta["settings"], arrays)
-        state = _decode(meta["state"], arrays)
+        saved = _decode(meta.get("settings"), arrays)
+        state = _decode(meta.get("state"), arrays)
     except CheckpointError as e:
         raise CheckpointError(f"checkpoint {path} is refused: {e}") from None
+    except RecursionError:
+        raise CheckpointError(f"checkpoint {path} is refused: it is nested too deeply") from None
     if not isinstance(state, RunState) or not isinstance(saved, dict):
         raise CheckpointError(f"checkpoint {path} does not hold a run state")
     differing = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
