@@ -400,3 +400,71 @@ def test_a_crafted_cifar_pickle_is_refused_without_running_it(tmp_path: Path) ->
         pickle.dump([1, 2, 3], f)
     with pytest.raises(DataError, match="data_batch_3 holds a list, not a CIFAR batch"):
         read_cifar("cifar10", str(tmp_path))
+
+
+CIFAR_CORRUPTIONS = {
+    "data is None": lambda b: b.update({b"data": None}),
+    "data is a dict": lambda b: b.update({b"data": {"a": 1}}),
+    "a NaN pixel": lambda b: b.update({b"data": np.where(b[b"data"] == b[b"data"], np.nan, 0)}),
+    "a pixel of 300": lambda b: b.update({b"data": b[b"data"].astype(np.int64) + 300}),
+    "a negative pixel": lambda b: b.update({b"data": b[b"data"].astype(np.int64) - 256}),
+    "a fractional pixel": lambda b: b.update({b"data": b[b"data"] + 0.5}),
+    "float labels": lambda b: b.update({b"labels": [x + 0.7 for x in b[b"labels"]]}),
+    "a negative label": lambda b: b.update({b"labels": [-1] + b[b"labels"][1:]}),
+    "string labels": lambda b: b.update({b"labels": ["cat"] * len(b[b"labels"])}),
+}
+
+
+@pytest.mark.parametrize("corruption", sorted(CIFAR_CORRUPTIONS))
+def test_cifar_pixels_and_labels_that_are_not_whole_0_255_are_refused(
+    tmp_path: Path, corruption: str
+) -> None:
+    """A damaged batch is a one-line `DataError` naming the file: never converted (NaN or 300
+    wrapped to some uint8, a label 2.7 truncated to class 2), never another exception."""
+    root = cifar10_folder(tmp_path, train_per_class=1, test_per_class=1)
+    path = Path(root) / "cifar-10-batches-py" / "data_batch_3"
+    batch = pickle.loads(path.read_bytes())
+    CIFAR_CORRUPTIONS[corruption](batch)
+    path.write_bytes(pickle.dumps(batch))
+    with pytest.raises(DataError, match=r"data_batch_3.*; download the official files again"):
+        read_cifar("cifar10", root)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda m: m.update(X=m["X"].astype(np.float64) * np.nan), "pixel value nan"),
+        (lambda m: m.update(X=m["X"].astype(np.int32) + 256), "pixel value 2"),
+        (lambda m: m.update(y=m["y"] + 0.25), "label 1.25|label .*\\.25"),
+    ],
+)
+def test_svhn_pixels_and_labels_that_are_not_whole_are_refused(
+    tmp_path: Path, edit: object, message: str
+) -> None:
+    from scipy.io import loadmat, savemat
+
+    for split in ("train", "test"):
+        mat = {k: v for k, v in loadmat(os.path.join(SVHN, f"{split}_32x32.mat")).items()}
+        if split == "train":
+            edit(mat)
+        savemat(str(tmp_path / f"{split}_32x32.mat"), {"X": mat["X"], "y": mat["y"]})
+    with pytest.raises(DataError, match=f"train_32x32.mat holds the ({message})"):
+        read_svhn(str(tmp_path))
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_a_tfds_folder_with_a_damaged_dataset_info_is_one_error(
+    tmp_path: Path, damage: str
+) -> None:
+    import shutil
+
+    copy = tmp_path / "tfds"
+    shutil.copytree(TFDS, copy)
+    (info,) = copy.glob("cifar10/*/dataset_info.json")
+    if damage == "corrupt":
+        info.write_text('{"name": "cifar10", "splits": [{"name": ')
+    else:
+        info.unlink()
+    with pytest.raises(DataError) as raised:
+        read_tfds("cifar10", str(copy))
+    assert "\n" not in str(raised.value) and "cifar10" in str(raised.value)

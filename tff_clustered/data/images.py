@@ -122,13 +122,51 @@ def _unpickle(name: str, path: str) -> dict:
     return batch
 
 
+def pixel_array(values: object, what: str, fix: str) -> np.ndarray:
+    """`values` as uint8 pixels, refused (a `DataError` naming `what` and the `fix`) when they
+    are not numbers, or not whole numbers in 0..255: NaN, 300 or 0.5 is a damaged file, not
+    a pixel to round or wrap."""
+    try:
+        array = np.asarray(values)
+    except Exception as e:  # noqa: BLE001 - ragged or exotic contents
+        raise DataError(f"{what} cannot be read as an array ({first_line(e)}); {fix}") from e
+    if array.dtype == np.uint8:
+        return array
+    if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+        raise DataError(f"{what} holds {array.dtype} values, not pixels (0..255); {fix}")
+    if array.size:
+        wrong = ~np.isfinite(array) | (array < 0) | (array > 255) | (np.mod(array, 1) != 0)
+        if np.any(wrong):
+            value = array.reshape(-1)[np.argmax(wrong.reshape(-1))]
+            raise DataError(f"{what} holds the pixel value {value}, not a whole 0..255; {fix}")
+    return array.astype(np.uint8)
+
+
+def label_array(values: object, what: str, fix: str) -> np.ndarray:
+    """`values` as int64 class indices, refused when they are not whole non-negative numbers
+    (a float label such as 2.7 would otherwise be truncated to class 2)."""
+    try:
+        array = np.asarray(values)
+    except Exception as e:  # noqa: BLE001
+        raise DataError(f"{what} cannot be read as an array ({first_line(e)}); {fix}") from e
+    if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+        raise DataError(f"{what} holds {array.dtype} values, not class indices; {fix}")
+    if array.size:
+        wrong = ~np.isfinite(array) | (array < 0) | (np.mod(array, 1) != 0)
+        if np.any(wrong):
+            value = array.reshape(-1)[np.argmax(wrong.reshape(-1))]
+            raise DataError(f"{what} holds the label {value}, not a class index; {fix}")
+    return array.astype(np.int64)
+
+
 def _cifar_images(
     name: str, path: str, batch: dict, label_key: bytes
 ) -> tuple[np.ndarray, np.ndarray]:
     """(n, 32, 32, 3) uint8 images from a batch's CHW rows (`b"data"`), and its labels."""
+    fix = "download the official files again"
     try:
-        data = np.asarray(batch[b"data"], np.uint8)
-        labels = np.asarray(batch[label_key], np.int64)
+        data = pixel_array(batch[b"data"], f"{name}: {path}", fix)
+        labels = label_array(batch[label_key], f"{name}: {path}", fix).reshape(-1)
         images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
     except (KeyError, ValueError) as e:
         raise DataError(f"{name}: {path} is not a CIFAR batch ({e!r} missing or misshaped)") from e
@@ -176,10 +214,15 @@ def read_svhn(data_dir: str) -> Arrays:
             raise _missing("svhn", path)
         try:
             mat = loadmat(path)
-            x = np.asarray(mat["X"], np.uint8).transpose(3, 0, 1, 2)
-            y = np.asarray(mat["y"], np.int64).reshape(-1)
+            x, y = mat["X"], mat["y"]
         except Exception as e:  # noqa: BLE001
-            raise DataError(f"svhn: {path} is not an SVHN .mat file ({e})") from e
+            raise DataError(f"svhn: {path} is not an SVHN .mat file ({first_line(e)})") from e
+        fix = "download it again"
+        x = pixel_array(x, f"svhn: {path}", fix)
+        y = label_array(y, f"svhn: {path}", fix).reshape(-1)
+        if x.ndim != 4:
+            raise DataError(f"svhn: {path} holds images of shape {x.shape}, not 4-d; {fix}")
+        x = x.transpose(3, 0, 1, 2)
         if len(x) != len(y) or x.shape[1:] != (32, 32, 3):
             raise DataError(
                 f"svhn: {path} holds {x.shape} images and {len(y)} labels; download it again"
@@ -211,8 +254,15 @@ def read_tfds(name: str, tfds_dir: str) -> Arrays:
         ) from e
     tfds_name = TFDS_NAMES[name]
     root = _tfds_root(tfds_name, tfds_dir)
-    builder = tfds.builder(tfds_name, data_dir=root)
-    if not builder.is_prepared():
+    try:
+        builder = tfds.builder(tfds_name, data_dir=root)
+        prepared = builder.is_prepared()
+    except Exception as e:  # noqa: BLE001 - a damaged dataset_info.json, among others
+        raise DataError(
+            f"{name}: the TFDS dataset {tfds_name!r} under {root} cannot be opened "
+            f"({first_line(e)}); prepare it again, or use --data_dir with the original files"
+        ) from e
+    if not prepared:
         folder = os.path.join(root, tfds_name)
         found = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
         have = f"it holds versions {found}, " if found else ""
@@ -231,7 +281,8 @@ def read_tfds(name: str, tfds_dir: str) -> Arrays:
                 f"{name}: the {split} split of the TFDS dataset in {builder.data_dir} cannot be "
                 f"read ({e}); prepare it again"
             ) from e
-        out += [np.asarray(batch["image"], np.uint8), np.asarray(batch["label"], np.int64)]
+        what, fix = f"{name}: the {split} split of {builder.data_dir}", "prepare it again"
+        out += [pixel_array(batch["image"], what, fix), label_array(batch["label"], what, fix)]
     return tuple(out)  # type: ignore[return-value]
 
 
