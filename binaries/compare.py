@@ -44,8 +44,9 @@ from absl import app, flags
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 # TensorFlow is imported (through these) before absl parses flags (see train.py).
-from tff_clustered import logs  # noqa: E402 - light; quiets TensorFlow before its import
+from tff_clustered import cli, logs  # noqa: E402 - light: before TensorFlow's import
 
+cli.stop_at_once_on_signals("compare.py")
 logs.quiet_tensorflow(sys.argv)
 from tff_clustered import checkpoint, result_tables, run_flags, runner  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS  # noqa: E402

@@ -17,8 +17,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 # TensorFlow is imported (through these) before absl parses flags: imported inside `main`,
 # Keras' Flatten layer fails to build (seen with TF 2.14 / absl 1.4).
-from tff_clustered import logs  # noqa: E402 - light; quiets TensorFlow before its import
+from tff_clustered import cli, logs  # noqa: E402 - light: before TensorFlow's import
 
+cli.stop_at_once_on_signals("train.py")
 logs.quiet_tensorflow(sys.argv)
 from tff_clustered import checkpoint, run_flags, runner  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS  # noqa: E402

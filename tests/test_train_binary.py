@@ -183,7 +183,12 @@ def test_outputs_hold_per_client_and_per_cluster_results(tmp_path: object) -> No
     assert tensorboard_images(str(out)) == {"membership": [3], "labels": [3]}  # IFCA: no matrix
 
 
-def test_ctrl_c_stops_cleanly_with_exit_130_and_no_worker(tmp_path: object) -> None:
+@pytest.mark.parametrize(
+    "signum, code, said", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+)
+def test_ctrl_c_or_sigterm_stop_cleanly_with_one_line_and_no_worker(
+    tmp_path: object, signum: int, code: int, said: str
+) -> None:
     tag = uuid.uuid4().hex
     out = str(tmp_path / "interrupted")
     env = dict(os.environ, TFF_CLUSTERED_RUN_TAG=tag, TF_CPP_MIN_LOG_LEVEL="2")
@@ -203,11 +208,39 @@ def test_ctrl_c_stops_cleanly_with_exit_130_and_no_worker(tmp_path: object) -> N
     while not os.path.exists(os.path.join(out, "checkpoint.npz")) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert worker_pids_with_tag(tag), "the tagged worker should be running now"
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130, stderr[-2000:]
-    assert "--resume" in stderr
+    assert process.returncode == code, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == (
+        f"{said}; the last checkpoint is kept, continue with --resume"
+    )
+    assert "Traceback" not in stderr, stderr[-2000:]
+    assert os.path.exists(os.path.join(out, "checkpoint.npz"))
     assert_no_worker_left(tag)
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_start_up_is_one_line_and_never_swallowed(
+    tmp_path: object, signum: int, code: int
+) -> None:
+    """Mid-import (TensorFlow takes seconds to import): no traceback, nothing written."""
+    out = tmp_path / "early"
+    process = subprocess.Popen(
+        [sys.executable, TRAIN, *QUICK, f"--output_dir={out}"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(1.0)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == code, stderr[-2000:]
+    name = "interrupted" if signum == signal.SIGINT else "terminated"
+    assert stderr.strip() == f"train.py: {name} during start-up; nothing was written"
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,12 @@
-"""What every binary does with its command line before any work: absl's parser, with bad
-input as exit code 2. Light (absl only), so a binary can use it before TensorFlow is imported."""
+"""What every binary does around its work: absl's parser, with bad input as exit code 2; and
+Ctrl-C / SIGTERM as one line and exit code 130 / 143 at any moment, start-up included. Light
+(absl only), so a binary can use it before TensorFlow is imported."""
 
 from __future__ import annotations
 
 import math
+import os
+import signal
 import sys
 
 from absl import flags
@@ -36,3 +39,48 @@ def usage_error(message: str) -> SystemExit:
     """`error: message` on stderr; raise the returned exit (code 2)."""
     print(f"error: {message}", file=sys.stderr)
     return SystemExit(2)
+
+
+# Signals the process was started with ignored (`stop_at_once_on_signals`): never handled.
+_IGNORED: set[int] = set()
+
+
+class Terminated(SystemExit):
+    """SIGTERM received once work has started: exit code 143 (as a shell reports a process
+    ended by SIGTERM). `run_flags.reported_errors` prints its one line."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
+
+
+def raise_terminated(signum: int = signal.SIGTERM, frame: object = None) -> None:
+    raise Terminated()
+
+
+def stop_at_once_on_signals(binary: str) -> None:
+    """From a binary's first lines until its work starts (imports, flag parsing): Ctrl-C or
+    SIGTERM end the process at once with one line and 130 / 143. Nothing is written yet, and
+    a `KeyboardInterrupt` raised in the middle of an import would print a traceback (or be
+    swallowed by the imported code). A signal the process was started with ignored stays
+    ignored, here and after."""
+
+    def stop(signum: int, frame: object) -> None:
+        name = "interrupted" if signum == signal.SIGINT else "terminated"
+        os.write(2, f"{binary}: {name} during start-up; nothing was written\n".encode())
+        os._exit(128 + signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            _IGNORED.add(signum)  # as a shell starts background jobs: left ignored
+        else:
+            signal.signal(signum, stop)
+
+
+def stop_cleanly_on_signals() -> None:
+    """Once the work starts (inside `run_flags.reported_errors`): Ctrl-C raises
+    `KeyboardInterrupt` and SIGTERM `Terminated`, so that the run stops between two steps,
+    its worker is stopped and its last checkpoint is kept."""
+    if signal.SIGINT not in _IGNORED:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.SIGTERM not in _IGNORED:
+        signal.signal(signal.SIGTERM, raise_terminated)

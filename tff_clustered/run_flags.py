@@ -14,7 +14,11 @@ from tff_clustered import logs
 from tff_clustered import options as options_lib
 from tff_clustered.algorithms import ALGORITHMS, algorithm_class, define_all_flags
 from tff_clustered.checkpoint import CheckpointError
-from tff_clustered.cli import parse_flags  # noqa: F401 - the binaries' flags parser
+from tff_clustered.cli import (  # parse_flags: the binaries' flags parser, kept here too
+    Terminated,
+    parse_flags,  # noqa: F401
+    stop_cleanly_on_signals,
+)
 from tff_clustered.data import DATASET_NAMES, DataError
 from tff_clustered.models import MODEL_NAMES
 from tff_clustered.orchestration import LR_SCHEDULES, TrainingConfig
@@ -203,9 +207,10 @@ OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EP
 def reported_errors(on_interrupt: str) -> Iterator[None]:
     """Bad input: `error: ...` on stderr and exit code 2; a TFF worker lost or unreachable:
     exit 3 (the message names it); a file the outputs cannot be written to: exit 2 with the
-    file and the reason; Ctrl-C: `on_interrupt`, exit 130.
+    file and the reason; Ctrl-C or SIGTERM: `on_interrupt`, exit 130 or 143.
     The runtime's own context manager has stopped the TFF worker by then."""
     try:
+        stop_cleanly_on_signals()
         yield
     except (ValueError, DataError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -227,3 +232,6 @@ def reported_errors(on_interrupt: str) -> Iterator[None]:
     except KeyboardInterrupt:
         print(f"interrupted; {on_interrupt}", file=sys.stderr)
         raise SystemExit(130) from None
+    except Terminated:
+        print(f"terminated; {on_interrupt}", file=sys.stderr)
+        raise Terminated() from None
