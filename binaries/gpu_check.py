@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from absl import app, flags
 
@@ -51,6 +51,7 @@ from tff_clustered.federated.placement import (  # noqa: E402
     placed_devices,
     training_ops_elsewhere,
 )
+from tff_clustered.models.keras_models import ModelSpec, model_spec  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
 
@@ -81,10 +82,27 @@ flags.DEFINE_integer("cnn_examples", 500, "Examples per client, cnn round.", low
 flags.DEFINE_float("gpu_tflops", None, "Your GPU's nominal FP32 TFLOP/s (spec sheet), if known.")
 flags.DEFINE_string("child_device", None, "Internal: time the rounds on this device.")
 
-# A workload: model, input shape, examples per client flag, local epochs, batch size.
+
+class Workload(NamedTuple):
+    """One timed round: the model, its input shape, and the clients' local training."""
+
+    model: str
+    input_shape: tuple[int, ...]
+    examples_flag: str  # the flag giving each client's number of examples
+    epochs: int
+    batch_size: int
+
+    def spec(self) -> ModelSpec:
+        return model_spec(self.model, self.input_shape, 10, image_shape=self.input_shape)
+
+    @property
+    def examples(self) -> int:
+        return getattr(FLAGS, self.examples_flag)
+
+
 WORKLOADS = {
-    "mlp": ("mlp", (784,), "mlp_examples", 5, 10),
-    "cnn": ("tsdp_cnn", (32, 32, 3), "cnn_examples", 2, 50),
+    "mlp": Workload("mlp", (784,), "mlp_examples", epochs=5, batch_size=10),
+    "cnn": Workload("tsdp_cnn", (32, 32, 3), "cnn_examples", epochs=2, batch_size=50),
 }
 LEARNING_RATE = 0.01
 PLACEMENT_MARK = "=== placement above: "
@@ -99,20 +117,19 @@ def split_cpu(count: int) -> None:
         )
 
 
-def workload_clients(name: str, seed: int = 0) -> list[dict]:
-    _, shape, examples_flag, _, _ = WORKLOADS[name]
+def workload_clients(workload: Workload, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
-    examples = getattr(FLAGS, examples_flag)
+    n = workload.examples
     return [
         collections.OrderedDict(
-            x=rng.random((examples, *shape), dtype=np.float32),
-            y=rng.integers(0, 10, examples).astype(np.int32),
+            x=rng.random((n, *workload.input_shape), dtype=np.float32),
+            y=rng.integers(0, 10, n).astype(np.int32),
         )
         for _ in range(FLAGS.clients)
     ]
 
 
-def forward_flops(spec: object) -> float:
+def forward_flops(spec: ModelSpec) -> float:
     """Floating-point operations of one example's forward pass, counted by TensorFlow's
     profiler on the model's graph."""
     model = spec.build()
@@ -130,14 +147,14 @@ def time_rounds(device: str) -> list[dict]:
     trace, and the placement log), `--rounds` timed rounds."""
     from tff_clustered.federated.executions import RoundCache, repeated_round
     from tff_clustered.federated.round import round_hparams
-    from tff_clustered.models import initial_weights, model_spec
+    from tff_clustered.models import initial_weights
     from tff_clustered.models.functional import functional_model
 
     tf.debugging.set_log_device_placement(True)
     results = []
     for name in FLAGS.workloads:
-        model_name, shape, _, epochs, batch = WORKLOADS[name]
-        spec = model_spec(model_name, shape, 10, image_shape=shape)
+        workload = WORKLOADS[name]
+        spec = workload.spec()
         cache = RoundCache(
             functional_model(spec.build(), spec.input_spec()),
             spec.input_spec(),
@@ -145,8 +162,8 @@ def time_rounds(device: str) -> list[dict]:
             "in_process",
             device,
         )
-        clients = workload_clients(name)
-        run = repeated_round(cache, clients, 1, round_hparams(LEARNING_RATE, batch, epochs))
+        hparams = round_hparams(LEARNING_RATE, workload.batch_size, workload.epochs)
+        run = repeated_round(cache, workload_clients(workload), 1, hparams)
         run()
         print(PLACEMENT_MARK + name, file=sys.stderr, flush=True)
         seconds = []
@@ -165,7 +182,11 @@ def run_child(device: str, argv: Sequence[str]) -> tuple[list[dict], str]:
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         tail = "\n".join(done.stderr.splitlines()[-25:])
-        raise RuntimeError(f"the rounds on {device} failed (exit {done.returncode}):\n{tail}")
+        print(
+            f"{tail}\nerror: the rounds on {device} failed (exit {done.returncode})",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     return results, done.stderr
 
@@ -222,13 +243,9 @@ def choose_accelerator(gpus: list[str]) -> Optional[str]:
 
 def cnn_work(seconds: float) -> str:
     """The CNN round's floating-point work against its time and the GPU's nominal rate."""
-    from tff_clustered.models import model_spec
-
-    model_name, shape, examples_flag, epochs, batch = WORKLOADS["cnn"]
-    spec = model_spec(model_name, shape, 10, image_shape=shape)
-    examples = getattr(FLAGS, examples_flag)
-    steps = FLAGS.clients * epochs * -(-examples // batch)
-    flop = 3.0 * forward_flops(spec) * steps * batch
+    cnn = WORKLOADS["cnn"]
+    steps = FLAGS.clients * cnn.epochs * -(-cnn.examples // cnn.batch_size)
+    flop = 3.0 * forward_flops(cnn.spec()) * steps * cnn.batch_size
     text = f"cnn round: {flop / 1e9:.1f} GFLOP (3x forward), {flop / seconds / 1e12:.2f} TFLOP/s"
     if FLAGS.gpu_tflops:
         floor = flop / (FLAGS.gpu_tflops * 1e12)

@@ -78,4 +78,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=run_flags.parse_flags)
+    app.run(main, flags_parser=cli.parse_flags)

@@ -183,6 +183,22 @@ def test_outputs_hold_per_client_and_per_cluster_results(tmp_path: object) -> No
     assert tensorboard_images(str(out)) == {"membership": [3], "labels": [3]}  # IFCA: no matrix
 
 
+def start_as_foreground_job(args: list[str], **env: str) -> subprocess.Popen:
+    """train.py with `args`, stdout and stderr piped, as a terminal's foreground job: a shell
+    starts background jobs with SIGINT ignored and a child inherits that, so a suite started
+    with `&` would see Ctrl-C ignored."""
+    return subprocess.Popen(
+        [sys.executable, TRAIN, *args],
+        cwd=ROOT,
+        env=dict(os.environ, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
 @pytest.mark.parametrize(
     "signum, code, said", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
 )
@@ -191,18 +207,10 @@ def test_ctrl_c_or_sigterm_stop_cleanly_with_one_line_and_no_worker(
 ) -> None:
     tag = uuid.uuid4().hex
     out = str(tmp_path / "interrupted")
-    env = dict(os.environ, TFF_CLUSTERED_RUN_TAG=tag, TF_CPP_MIN_LOG_LEVEL="2")
-    process = subprocess.Popen(
-        [sys.executable, TRAIN, *QUICK, "--rounds=200", f"--output_dir={out}"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        # As a terminal's foreground job: a shell starts background jobs with SIGINT ignored and
-        # a child inherits that, so a suite started with `&` would see Ctrl-C ignored.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    process = start_as_foreground_job(
+        [*QUICK, "--rounds=200", f"--output_dir={out}"],
+        TFF_CLUSTERED_RUN_TAG=tag,
+        TF_CPP_MIN_LOG_LEVEL="2",
     )
     deadline = time.monotonic() + 300
     while not os.path.exists(os.path.join(out, "checkpoint.npz")) and time.monotonic() < deadline:
@@ -225,15 +233,7 @@ def test_a_signal_during_start_up_is_one_line_and_never_swallowed(
 ) -> None:
     """Mid-import (TensorFlow takes seconds to import): no traceback, nothing written."""
     out = tmp_path / "early"
-    process = subprocess.Popen(
-        [sys.executable, TRAIN, *QUICK, f"--output_dir={out}"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    process = start_as_foreground_job([*QUICK, f"--output_dir={out}"])
     time.sleep(1.0)
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=60)

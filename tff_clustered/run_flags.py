@@ -14,11 +14,7 @@ from tff_clustered import logs
 from tff_clustered import options as options_lib
 from tff_clustered.algorithms import ALGORITHMS, algorithm_class, define_all_flags
 from tff_clustered.checkpoint import CheckpointError
-from tff_clustered.cli import (  # parse_flags: the binaries' flags parser, kept here too
-    Terminated,
-    parse_flags,  # noqa: F401
-    stop_cleanly_on_signals,
-)
+from tff_clustered.cli import Terminated, stop_cleanly_on_signals
 from tff_clustered.data import DATASET_NAMES, DataError
 from tff_clustered.models import MODEL_NAMES
 from tff_clustered.orchestration import LR_SCHEDULES, TrainingConfig

@@ -94,10 +94,8 @@ ALIKE_RATIO = 1.0
 def divergence_matrix(p: np.ndarray, q: np.ndarray, kind: str = "skl") -> np.ndarray:
     """Div of every row of `p` [n, C] with every row of `q` [m, C], float64: the peers' own
     `dfl.divergence`, so the server's calibration measures exactly what the peers compare."""
-    q_rows = tf.constant(np.asarray(q, np.float64))
-    return np.stack(
-        [divergence(tf.constant(row), q_rows, kind).numpy() for row in np.asarray(p, np.float64)]
-    ).reshape(len(p), len(q))
+    p_rows = tf.constant(np.asarray(p, np.float64)[:, None, :])  # [n, 1, C] against [m, C]
+    return divergence(p_rows, tf.constant(np.asarray(q, np.float64)), kind).numpy()[0]
 
 
 def alike_share(start: np.ndarray, ends: np.ndarray, kind: str = "skl") -> float:

@@ -122,41 +122,38 @@ def _unpickle(name: str, path: str) -> dict:
     return batch
 
 
-def pixel_array(values: object, what: str, fix: str) -> np.ndarray:
-    """`values` as uint8 pixels, refused (a `DataError` naming `what` and the `fix`) when they
-    are not numbers, or not whole numbers in 0..255: NaN, 300 or 0.5 is a damaged file, not
-    a pixel to round or wrap."""
+def whole_numbers(
+    values: object, what: str, fix: str, noun: str, dtype: type, upper: Optional[int] = None
+) -> np.ndarray:
+    """`values` as `dtype`, refused (a `DataError` naming `what`, the first bad `noun` and the
+    `fix`) unless they are whole non-negative numbers, at most `upper` when given: NaN, 300
+    or 0.5 is a damaged file, not a value to round, wrap or truncate."""
     try:
         array = np.asarray(values)
     except Exception as e:  # noqa: BLE001 - ragged or exotic contents
         raise DataError(f"{what} cannot be read as an array ({first_line(e)}); {fix}") from e
-    if array.dtype == np.uint8:
-        return array
     if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
-        raise DataError(f"{what} holds {array.dtype} values, not pixels (0..255); {fix}")
-    if array.size:
-        wrong = ~np.isfinite(array) | (array < 0) | (array > 255) | (np.mod(array, 1) != 0)
+        raise DataError(f"{what} holds {array.dtype} values, not {noun}s; {fix}")
+    if array.dtype != np.uint8 and array.size:  # uint8 holds only whole 0..255
+        wrong = ~np.isfinite(array) | (array < 0) | (np.mod(array, 1) != 0)
+        if upper is not None:
+            wrong |= array > upper
         if np.any(wrong):
             value = array.reshape(-1)[np.argmax(wrong.reshape(-1))]
-            raise DataError(f"{what} holds the pixel value {value}, not a whole 0..255; {fix}")
-    return array.astype(np.uint8)
+            bound = f"0..{upper}" if upper is not None else "0 or more"
+            raise DataError(f"{what} holds the {noun} {value}, not a whole {bound}; {fix}")
+    return array.astype(dtype)
+
+
+def pixel_array(values: object, what: str, fix: str) -> np.ndarray:
+    """Pixels as uint8: whole numbers in 0..255."""
+    return whole_numbers(values, what, fix, "pixel value", np.uint8, upper=255)
 
 
 def label_array(values: object, what: str, fix: str) -> np.ndarray:
-    """`values` as int64 class indices, refused when they are not whole non-negative numbers
-    (a float label such as 2.7 would otherwise be truncated to class 2)."""
-    try:
-        array = np.asarray(values)
-    except Exception as e:  # noqa: BLE001
-        raise DataError(f"{what} cannot be read as an array ({first_line(e)}); {fix}") from e
-    if not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
-        raise DataError(f"{what} holds {array.dtype} values, not class indices; {fix}")
-    if array.size:
-        wrong = ~np.isfinite(array) | (array < 0) | (np.mod(array, 1) != 0)
-        if np.any(wrong):
-            value = array.reshape(-1)[np.argmax(wrong.reshape(-1))]
-            raise DataError(f"{what} holds the label {value}, not a class index; {fix}")
-    return array.astype(np.int64)
+    """Class indices as int64: whole non-negative numbers (a float label 2.7 would otherwise
+    be truncated to class 2)."""
+    return whole_numbers(values, what, fix, "label", np.int64)
 
 
 def _cifar_images(
