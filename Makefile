@@ -6,7 +6,7 @@ ARGS ?=
 .PHONY: run test lint benchmark doctor gpu-extras gpu-check clean-env
 
 run: $(STAMP)
-	$(VENV)/bin/python binaries/train.py $(ARGS)
+	$(VENV)/bin/python binaries/train.py --flagfile=configs/default_run.flags $(ARGS)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n 2 --durations=15 tests $(ARGS)

@@ -3,13 +3,17 @@
   python binaries/train.py --algorithm=fedper --dataset=digits --rounds=50
 
 With no flags it runs FedPer on the embedded digits data (40 clients in 4 label-permutation
-groups). The dataset, model, training and algorithm flags are in `tff_clustered/run_flags.py`.
+groups). `make run` runs `configs/default_run.flags`: FedGroup on the same data, then FedAvg
+on the same clients (`--baseline`), and prints the clusters found against the planted groups.
+The dataset, model, training and algorithm flags are in `tff_clustered/run_flags.py`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from typing import Any
 
 from absl import app, flags
 
@@ -21,8 +25,9 @@ from tff_clustered import cli, logs  # noqa: E402 - light: before TensorFlow's i
 
 cli.stop_at_once_on_signals("train.py")
 logs.quiet_tensorflow(sys.argv)
-from tff_clustered import checkpoint, run_flags, runner  # noqa: E402
-from tff_clustered.algorithms import ALGORITHMS  # noqa: E402
+from tff_clustered import checkpoint, reporting, run_flags, runner  # noqa: E402
+from tff_clustered import options as options_lib  # noqa: E402
+from tff_clustered.algorithms import ALGORITHMS, algorithm_class  # noqa: E402
 from tff_clustered.runtime import tff_runtime  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
@@ -31,13 +36,21 @@ FLAGS = flags.FLAGS
 flags.DEFINE_enum("algorithm", "fedper", list(ALGORITHMS), "Federated algorithm.")
 flags.DEFINE_string("output_dir", None, "Where outputs go (default runs/DATASET-ALGORITHM-sSEED).")
 flags.DEFINE_bool("resume", False, "Continue the run in --output_dir from its checkpoint.")
+flags.DEFINE_enum(
+    "baseline",
+    "",
+    ["", *ALGORITHMS],
+    "Then run this algorithm too (e.g. fedavg) on the same data, clients, seed and training "
+    "flags, in OUTPUT_DIR/baseline-NAME, and print the difference (empty: none).",
+)
 
 
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    baseline = FLAGS.baseline if FLAGS.baseline != FLAGS.algorithm else ""
     with run_flags.reported_errors("the last checkpoint is kept, continue with --resume"):
-        run_flags.refuse_other_algorithms_flags([FLAGS.algorithm])
+        run_flags.refuse_other_algorithms_flags([FLAGS.algorithm, *filter(None, [baseline])])
         spec = run_flags.run_spec_from_flags(FLAGS.algorithm)
         output_dir = FLAGS.output_dir or os.path.join(
             "runs", f"{spec.dataset}-{spec.algorithm}-s{spec.training.seed}"
@@ -45,15 +58,58 @@ def main(argv: list[str]) -> int:
         checkpoint.make_output_folder(output_dir)  # before the worker writes its log there
         runtime_config = run_flags.runtime_config_from_flags(output_dir)
         with tff_runtime(runtime_config):
-            summary = runner.run(
-                spec,
-                output_dir,
-                checkpoint_every=FLAGS.checkpoint_every,
-                resume=FLAGS.resume,
-                execution=runtime_config.execution,
-                device=runtime_config.device,
-            )
-    results = summary["results"]
+            summary = run(spec, output_dir)
+            print_results(spec, summary["results"])
+            if baseline:
+                baseline_spec = dataclasses.replace(
+                    spec,
+                    algorithm=baseline,
+                    algorithm_options=options_lib.from_flags(algorithm_class(baseline).Options),
+                )
+                baseline_dir = os.path.join(output_dir, f"baseline-{baseline}")
+                print(f"{baseline} on the same clients, seed and training flags:")
+                baseline_summary = run(baseline_spec, baseline_dir)
+    if baseline:
+        print_results(baseline_spec, baseline_summary["results"])
+        ours, theirs = summary["results"], baseline_summary["results"]
+        print(
+            f"{spec.algorithm} - {baseline}: final accuracy "
+            f"{ours['final_accuracy'] - theirs['final_accuracy']:+.4f}, max "
+            f"{ours['max_accuracy'] - theirs['max_accuracy']:+.4f} ({baseline}'s outputs in "
+            f"{baseline_dir})"
+        )
+    pictures = [
+        name
+        for name in (
+            reporting.MEMBERSHIP_PNG,
+            reporting.SIMILARITY_PNG,
+            reporting.CLUSTER_ACCURACY_PNG,
+            reporting.PLOT_PNG,
+            reporting.LABELS_PNG,
+        )
+        if os.path.exists(os.path.join(output_dir, name))
+    ]
+    print(
+        f"outputs in {output_dir}: metrics.csv, clients.csv, summary.json, TensorBoard events, "
+        f"{checkpoint.CHECKPOINT_NAME}; pictures {', '.join(pictures)}"
+    )
+    return 0
+
+
+def run(spec: runner.RunSpec, output_dir: str) -> dict[str, Any]:
+    return runner.run(
+        spec,
+        output_dir,
+        checkpoint_every=FLAGS.checkpoint_every,
+        resume=FLAGS.resume,
+        execution=FLAGS.execution,
+        device=FLAGS.device,
+    )
+
+
+def print_results(spec: runner.RunSpec, results: dict[str, Any]) -> None:
+    """The run's accuracy, each model kind's on all clients, and its clusters: their sizes and,
+    on data with planted groups, the adjusted Rand index against them."""
     print(
         f"{spec.algorithm} on {spec.dataset}/{spec.model}: final accuracy "
         f"{results['final_accuracy']:.4f}, max {results['max_accuracy']:.4f} "
@@ -69,12 +125,19 @@ def main(argv: list[str]) -> int:
                 f"{kind['max_accuracy_round']}), mean per-client "
                 f"{kind['final_client_accuracy_mean']:.4f}"
             )
-    outputs = (
-        f"metrics.csv, clients.csv, summary.json, curves.png, TensorBoard events, "
-        f"{checkpoint.CHECKPOINT_NAME}"
-    )
-    print(f"outputs in {output_dir}: {outputs}")
-    return 0
+    clusters = results.get("clusters", {})
+    sizes = clusters.get("cluster_sizes", [])
+    if len(sizes) > 1:
+        line = (
+            f"  clusters at the end: {clusters['clusters_in_use']} in use, sizes "
+            f"{', '.join(map(str, sizes))}"
+        )
+        if "adjusted_rand_vs_planted" in clusters:
+            line += (
+                f"; against the data's {clusters['planted_groups']} planted groups, adjusted "
+                f"Rand {clusters['adjusted_rand_vs_planted']:.3f} (1: recovered exactly)"
+            )
+        print(line)
 
 
 if __name__ == "__main__":

@@ -30,3 +30,18 @@ def test_sizes_are_shown_only_where_some_seed_formed_clusters() -> None:
     assert "clusters 2/1/3" in text and "sizes 10+10 / 20 / 12+7+1" in text
     one = [result_tables.diagnostics(rows([20], [0]), decentralized=False)] * 3
     assert result_tables.diagnostics_text(one) == "clusters 1/1/1; triggers 0/0/0"
+
+
+def test_cluster_recovery_scores_the_partition_up_to_renaming() -> None:
+    from tff_clustered import reporting
+
+    planted = {"a": 0, "b": 0, "c": 1, "d": 1, "e": 2}
+    renamed = reporting.cluster_recovery({"a": 2, "b": 2, "c": 0, "d": 0, "e": 1}, planted)
+    assert renamed["adjusted_rand_vs_planted"] == 1.0 and renamed["planted_groups"] == 3
+    assert renamed["cluster_sizes"] == [2, 1, 2] and renamed["clusters_in_use"] == 3
+    one_model = reporting.cluster_recovery(dict.fromkeys(planted, 0), planted)
+    assert one_model["adjusted_rand_vs_planted"] == 0.0 and one_model["clusters_in_use"] == 1
+    # Clients without an assignment (-1) are left out; data without groups gives sizes only.
+    mixed = reporting.cluster_recovery({"a": 0, "b": 1, "c": 1, "d": -1}, planted)
+    assert mixed["cluster_sizes"] == [1, 2] and mixed["adjusted_rand_vs_planted"] < 0.5
+    assert "adjusted_rand_vs_planted" not in reporting.cluster_recovery({"a": 0}, None)

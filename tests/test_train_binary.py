@@ -37,17 +37,36 @@ def assert_no_worker_left(tag: str) -> None:
     assert worker_pids_with_tag(tag) == [], "a TFF worker_binary outlived its run"
 
 
-def test_default_run_fedper_reaches_075_and_beats_fedavg(tmp_path: object) -> None:
-    """The README's default run (FedPer, digits with 4 label-permutation groups)."""
+DEFAULT_RUN_FLAGS = os.path.join("configs", "default_run.flags")
+
+
+def test_default_run_recovers_the_planted_groups_and_beats_fedavg(tmp_path: object) -> None:
+    """`make run`: FedGroup on digits' 4 planted label-permutation groups, then FedAvg on the
+    same clients. One global model cannot fit four label permutations; one model per
+    recovered group can."""
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        assert f"--flagfile={DEFAULT_RUN_FLAGS}" in f.read()  # what this test runs
     tag = uuid.uuid4().hex
-    out = str(tmp_path / "fedper")
-    done = run_binary([TRAIN, f"--output_dir={out}"], {"TFF_CLUSTERED_RUN_TAG": tag})
+    out = str(tmp_path / "default")
+    done = run_binary(
+        [TRAIN, f"--flagfile={DEFAULT_RUN_FLAGS}", f"--output_dir={out}"],
+        {"TFF_CLUSTERED_RUN_TAG": tag},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert_no_worker_left(tag)
     summary = json.load(open(os.path.join(out, "summary.json")))
-    fedper = summary["results"]["final_accuracy"]
-    assert fedper >= 0.75, summary["results"]
-    assert summary["config"]["algorithm"] == "fedper"
+    assert summary["config"]["algorithm"] == "fedgroup"
+    clusters = summary["results"]["clusters"]
+    assert clusters["planted_groups"] == 4 and clusters["clusters_in_use"] == 4, clusters
+    assert clusters["adjusted_rand_vs_planted"] >= 0.9, clusters
+    baseline = json.load(open(os.path.join(out, "baseline-fedavg", "summary.json")))
+    assert baseline["config"]["algorithm"] == "fedavg"
+    assert baseline["results"]["clusters"]["adjusted_rand_vs_planted"] == 0.0  # one model
+    ours, theirs = summary["results"]["final_accuracy"], baseline["results"]["final_accuracy"]
+    assert ours >= theirs + 0.3, (ours, theirs)
+    for line in ("adjusted Rand", "fedgroup - fedavg: final accuracy +", "membership.png"):
+        assert line in done.stdout, done.stdout
+
     rows = read_csv(os.path.join(out, "metrics.csv"))
     assert [int(r["round"]) for r in rows] == list(range(51))
     for column in (
@@ -66,17 +85,9 @@ def test_default_run_fedper_reaches_075_and_beats_fedavg(tmp_path: object) -> No
         assert parts[0] > 0 and min(parts) >= 0
         assert sum(parts) <= float(row["round_seconds"]) + 1e-3
         assert (float(row["checkpoint_seconds"]) > 0) == (int(row["round"]) % 5 == 0)
-    with open(os.path.join(out, "curves.png"), "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    assert "final accuracy" in done.stdout
-
-    base = str(tmp_path / "fedavg")
-    # Evaluating changes nothing in training: fewer evaluations, the same final model.
-    done = run_binary([TRAIN, "--algorithm=fedavg", "--eval_every=25", f"--output_dir={base}"])
-    assert done.returncode == 0, done.stderr[-3000:]
-    fedavg = json.load(open(os.path.join(base, "summary.json")))["results"]["final_accuracy"]
-    # One global model cannot fit four label permutations; a personal head can.
-    assert fedper >= fedavg + 0.3, (fedper, fedavg)
+    for picture in ("curves.png", "membership.png", "similarity.png"):
+        with open(os.path.join(out, picture), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_killed_run_resumes_to_the_same_final_metrics(tmp_path: object) -> None:
@@ -255,6 +266,7 @@ def test_a_signal_during_start_up_is_one_line_and_never_swallowed(
         (["--algorithm=fedgroup_madc", "--fesem_mu=1"], "takes no --fesem_mu"),
         (["--lr_schedule=warmup"], "--lr_schedule=warmup: value should be one of"),
         (["--rounds=0"], "--rounds=0: 0 is not a positive integer"),
+        (["--baseline=fedfoo"], "--baseline=fedfoo: value should be one of"),
         (["--algorithm=criticalfl_dfl", "--criticalfl_threshold=nan"], "give a finite number"),
     ],
 )

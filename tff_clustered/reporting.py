@@ -175,10 +175,43 @@ def summarize(history: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return results
 
 
+def cluster_recovery(
+    assignment: Mapping[str, int], planted: Optional[Mapping[str, int]]
+) -> dict[str, Any]:
+    """The clusters a run ended with (`cluster_sizes`, by cluster index, over the clients with
+    an assignment) and, when the data has planted groups, how well they recover them: the
+    adjusted Rand index of the assignment against the groups (1: the same partition up to
+    renaming; about 0: no better than chance; one cluster for everyone scores 0)."""
+    assigned = sorted(c for c, k in assignment.items() if k >= 0)
+    clusters = [int(assignment[c]) for c in assigned]
+    sizes = np.bincount(clusters).tolist() if clusters else []
+    recovery: dict[str, Any] = {
+        "cluster_sizes": sizes,
+        "clusters_in_use": int(np.count_nonzero(sizes)),
+    }
+    if planted and assigned:
+        from sklearn.metrics import adjusted_rand_score
+
+        groups = [int(planted[c]) for c in assigned]
+        recovery.update(
+            planted_groups=len(set(groups)),
+            adjusted_rand_vs_planted=float(adjusted_rand_score(groups, clusters)),
+        )
+    return recovery
+
+
 def write_summary_json(
-    path: str, config: dict[str, Any], history: Sequence[dict[str, Any]]
+    path: str,
+    config: dict[str, Any],
+    history: Sequence[dict[str, Any]],
+    clusters: Optional[dict[str, Any]] = None,
 ) -> dict:
-    summary = {"config": config, "results": summarize(history)}
+    """`config`, and the results: `summarize(history)` and, if given, `cluster_recovery`'s
+    figures under `clusters`."""
+    results = summarize(history)
+    if clusters is not None:
+        results["clusters"] = clusters
+    summary = {"config": config, "results": results}
     atomic_write_bytes(path, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
     return summary
 
@@ -228,9 +261,13 @@ SIMILARITY_PNG = "similarity.png"
 MAX_CLIENTS_SHOWN = 200
 
 
-def write_membership_png(path: str, clients_csv: str, title: str) -> None:
+def write_membership_png(
+    path: str, clients_csv: str, title: str, planted: Optional[Mapping[str, int]] = None
+) -> None:
     """Clients (rows) by evaluated rounds (columns), coloured by the cluster each client was
-    scored with; hatched-free white where it had no assignment yet."""
+    scored with; white where it had no assignment yet. With the data's `planted` groups, a
+    strip on the left shows each client's group (in greys), so recovered groups show as bands
+    that match the strip."""
     plt = pyplot()
     with open(clients_csv, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -247,14 +284,29 @@ def write_membership_png(path: str, clients_csv: str, title: str) -> None:
     num_clusters = int(np.nanmax(grid)) + 1 if np.isfinite(grid).any() else 1
     # clients ordered by their final cluster, so groups show as bands
     order = np.lexsort((np.arange(len(clients)), np.nan_to_num(grid[:, -1], nan=num_clusters)))
-    fig, ax = plt.subplots(figsize=(8, max(3.0, min(12.0, 0.08 * len(clients) + 2))))
+    height = max(3.0, min(12.0, 0.08 * len(clients) + 2))
+    if planted:
+        fig, (strip, ax) = plt.subplots(
+            1, 2, figsize=(8.6, height), sharey=True, gridspec_kw={"width_ratios": [1, 24]}
+        )
+        groups = np.array([planted.get(c, -1) for c in clients], np.float64)[order]
+        strip.imshow(
+            groups[:, None], aspect="auto", interpolation="nearest", cmap="Greys",
+            vmin=-1, vmax=max(groups.max(), 0) + 0.5,
+            extent=(-0.5, 0.5, len(clients) - 0.5, -0.5),
+        )  # fmt: skip
+        strip.set(xticks=[], xlabel="planted\ngroup", ylabel="client (ordered by final cluster)")
+    else:
+        fig, ax = plt.subplots(figsize=(8, height))
     cmap = plt.get_cmap("tab20", max(num_clusters, 1))
     image = ax.imshow(
         grid[order], aspect="auto", interpolation="nearest", cmap=cmap,
         vmin=-0.5, vmax=num_clusters - 0.5,
         extent=(rounds[0] - 0.5, rounds[-1] + 0.5, len(clients) - 0.5, -0.5),
     )  # fmt: skip
-    ax.set(xlabel="round", ylabel="client (ordered by final cluster)", title=title)
+    ax.set(xlabel="round", title=title)
+    if not planted:
+        ax.set_ylabel("client (ordered by final cluster)")
     if num_clusters <= 20:
         fig.colorbar(image, ax=ax, ticks=range(num_clusters), label="cluster")
     save_figure(fig, path)

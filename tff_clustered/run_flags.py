@@ -179,9 +179,11 @@ def refuse_other_algorithms_flags(algorithms: Sequence[str]) -> None:
                 hints = [cls.refused[name] for cls in classes if name in cls.refused]
                 hint = hints[0] if hints else f"it is an option of {other.name}"
                 which = ",".join(algorithms)
+                flagfiles = [a.split("=", 1)[-1] for a in sys.argv if a.startswith("--flagfile")]
+                source = f" (set in {', '.join(flagfiles)}?)" if flagfiles else ""
                 raise ValueError(
                     f"--algorithm{'s' if len(algorithms) > 1 else ''}={which} "
-                    f"take{'' if len(algorithms) > 1 else 's'} no --{name}: {hint}"
+                    f"take{'' if len(algorithms) > 1 else 's'} no --{name}{source}: {hint}"
                 )
 
 

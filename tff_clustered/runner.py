@@ -184,7 +184,10 @@ def _run_in_folder(
             num_clients=len(experiment.data.client_ids),
         )
         summary = reporting.write_summary_json(
-            os.path.join(output_dir, reporting.SUMMARY_JSON), config, history
+            os.path.join(output_dir, reporting.SUMMARY_JSON),
+            config,
+            history,
+            reporting.cluster_recovery(experiment.state.assignment, experiment.data.true_clusters),
         )
         title = f"{spec.algorithm} on {experiment.data.name} ({spec.model})"
         reporting.write_curves_png(os.path.join(output_dir, reporting.PLOT_PNG), history, title)
@@ -192,6 +195,7 @@ def _run_in_folder(
             os.path.join(output_dir, reporting.MEMBERSHIP_PNG),
             os.path.join(output_dir, reporting.CLIENTS_CSV),
             f"cluster membership: {title}",
+            experiment.data.true_clusters,
         )
         reporting.write_cluster_accuracy_png(
             os.path.join(output_dir, reporting.CLUSTER_ACCURACY_PNG),
