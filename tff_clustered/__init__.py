@@ -1,13 +1,32 @@
 """tff-clustered: clustered and personalized federated learning on TensorFlow Federated.
 
-See README.md; the algorithms are in `tff_clustered.algorithms`, the federated core in
-`tff_clustered.federated`."""
+`tff_clustered.run(algorithm, train=..., model_fn=..., output_dir=...)` runs any algorithm on
+your clients and Keras model (`tff_clustered.api`); the algorithms are in
+`tff_clustered.algorithms`, the federated core in `tff_clustered.federated`. Importing this
+package is light: TensorFlow loads on first use of the API."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import sys
+from typing import Any
+
+# The Python API, imported on first use (`tff_clustered.run`): `cli` must stay light.
+_API = {
+    "run": "tff_clustered.api",
+    "RunResult": "tff_clustered.api",
+    "federated_data": "tff_clustered.api",
+    "TrainingConfig": "tff_clustered.orchestration",
+    "ALGORITHMS": "tff_clustered.algorithms",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'tff_clustered' has no attribute {name!r}")
 
 
 def _drop_tff_default_context() -> None:

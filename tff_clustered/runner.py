@@ -110,37 +110,55 @@ def run(
     a run may resume under another execution.
 
     Returns the summary, with the per-round rows under `history`."""
+    summary, _ = run_experiment(
+        lambda: build_experiment(spec, round_metrics, execution, device),
+        spec.settings(),
+        output_dir,
+        checkpoint_every,
+        resume,
+        log,
+    )
+    return summary
+
+
+def run_experiment(
+    build: Callable[[], Experiment],
+    settings: dict[str, Any],
+    output_dir: str,
+    checkpoint_every: int = 5,
+    resume: bool = False,
+    log: Callable[[str], None] = print,
+) -> tuple[dict[str, Any], Experiment]:
+    """Runs (or resumes) the experiment `build` makes, with `run`'s outputs and checkpoints,
+    holding `output_dir`. `settings` define its results: a checkpoint made under other settings
+    is refused. Returns the summary (with `history`) and the finished experiment."""
     if checkpoint_every < 0:
         raise ValueError("checkpoint_every must be >= 0 (0 = only at the end)")
     with checkpoint.hold_run_folder(output_dir):
-        return _run_in_folder(
-            spec, output_dir, checkpoint_every, resume, log, round_metrics, execution, device
-        )
+        return _run_in_folder(build, settings, output_dir, checkpoint_every, resume, log)
 
 
 def _run_in_folder(
-    spec: RunSpec,
+    build: Callable[[], Experiment],
+    settings: dict[str, Any],
     output_dir: str,
     checkpoint_every: int,
     resume: bool,
     log: Callable[[str], None],
-    round_metrics: Sequence[RoundMetric],
-    execution: str,
-    device: Optional[str],
-) -> dict[str, Any]:
-    """`run`, once the output folder is held."""
+) -> tuple[dict[str, Any], Experiment]:
+    """`run_experiment`, once the output folder is held."""
     ckpt_path = os.path.join(output_dir, checkpoint.CHECKPOINT_NAME)
-    settings = spec.settings()
     if checkpoint.exists(output_dir) and not resume:
         raise checkpoint.CheckpointError(
             f"{output_dir} already holds a run; pass --resume to continue it, or choose a new "
             "--output_dir"
         )
-    experiment = build_experiment(spec, round_metrics, execution, device)
+    experiment = build()
+    rounds = experiment.config.rounds
     saved = checkpoint.load(ckpt_path, settings) if resume else None
     if saved is not None:
         experiment.restore(saved)
-        log(f"resuming {output_dir} after round {saved.round_num}/{spec.training.rounds}")
+        log(f"resuming {output_dir} after round {saved.round_num}/{rounds}")
     else:
         if resume:
             log(f"no checkpoint in {output_dir}; starting a new run")
@@ -159,7 +177,7 @@ def _run_in_folder(
         keep_through_round=experiment.state.round_num if saved is not None else None,
     )
     tensorboard = reporting.TensorBoardLog(output_dir)
-    progress = reporting.Progress(spec.training.rounds, initial=experiment.state.round_num)
+    progress = reporting.Progress(rounds, initial=experiment.state.round_num)
     try:
         for row in experiment.rounds():
             row["checkpoint_seconds"] = 0.0  # set below on a round that writes a checkpoint
@@ -170,7 +188,7 @@ def _run_in_folder(
             progress.update(row)
             done = row["round"]
             if done and (
-                (checkpoint_every and done % checkpoint_every == 0) or done == spec.training.rounds
+                (checkpoint_every and done % checkpoint_every == 0) or done == rounds
             ):
                 started = time.perf_counter()
                 checkpoint.save(ckpt_path, experiment.snapshot(), settings)
@@ -189,7 +207,7 @@ def _run_in_folder(
             history,
             reporting.cluster_recovery(experiment.state.assignment, experiment.data.true_clusters),
         )
-        title = f"{spec.algorithm} on {experiment.data.name} ({spec.model})"
+        title = f"{experiment.algorithm.name} on {experiment.data.name} ({experiment.model.name})"
         reporting.write_curves_png(os.path.join(output_dir, reporting.PLOT_PNG), history, title)
         reporting.write_membership_png(
             os.path.join(output_dir, reporting.MEMBERSHIP_PNG),
@@ -218,7 +236,7 @@ def _run_in_folder(
     finally:
         progress.close()
         tensorboard.close()
-    return dict(summary, history=history)
+    return dict(summary, history=history), experiment
 
 
 def label_counts(data: FederatedData, client_ids: Sequence[str]) -> np.ndarray:

@@ -1,0 +1,124 @@
+"""The Python API (`tff_clustered.run`) on a user's own clients and Keras model, and the
+example script that shows it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import run_binary, worker_pids_with_tag
+
+import tff_clustered
+from tff_clustered import api
+from tff_clustered.checkpoint import CheckpointError
+from tff_clustered.data import DataError
+
+
+def two_group_clients(num_clients: int = 8, seed: int = 0) -> dict:
+    """Blobs whose label depends on the sign of x0, reversed in the second group."""
+    rng = np.random.default_rng(seed)
+    clients = {}
+    for i in range(num_clients):
+        x = rng.normal(size=(30, 4)).astype(np.float32)
+        y = (x[:, 0] > 0).astype(np.int64)
+        clients[f"c{i}"] = (x, 1 - y if i % 2 else y)
+    return clients
+
+
+def small_model() -> tf.keras.Model:
+    return tf.keras.Sequential(
+        [tf.keras.layers.InputLayer(input_shape=(4,)), tf.keras.layers.Dense(2)]
+    )
+
+
+def test_the_example_script_recovers_the_groups_and_beats_fedavg(tmp_path: object) -> None:
+    tag = uuid.uuid4().hex
+    done = run_binary(
+        ["examples/own_data.py", "--rounds=12", f"--output_dir={tmp_path}"],
+        {"TFF_CLUSTERED_RUN_TAG": tag},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ifca: final accuracy" in done.stdout, done.stdout
+    assert re.search(r"ifca: .*adjusted Rand against the two groups 1\.000", done.stdout)
+    gain = float(re.search(r"ifca - fedavg: ([-+.\d]+)", done.stdout).group(1))
+    assert gain >= 0.2, done.stdout
+    summary = json.load(open(os.path.join(tmp_path, "ifca", "summary.json")))
+    assert summary["results"]["clusters"]["cluster_sizes"] == [8, 8]
+    assert worker_pids_with_tag(tag) == []
+
+
+def test_run_on_a_dict_of_arrays_in_process_returns_models_and_resumes(tmp_path: object) -> None:
+    clients = two_group_clients()
+    groups = {c: i % 2 for i, c in enumerate(clients)}
+    training = tff_clustered.TrainingConfig(
+        rounds=4, clients_per_round=8, local_epochs=2, batch_size=10, learning_rate=0.5
+    )
+    kwargs = dict(
+        train=clients,
+        model_fn=small_model,
+        options={"num_clusters": 2},
+        training=training,
+        output_dir=str(tmp_path / "ifca"),
+        execution="in_process",
+        planted_groups=groups,
+        log=lambda _: None,
+    )
+    result = tff_clustered.run("ifca", **kwargs)
+    assert result.summary["config"]["algorithm"] == "ifca"
+    assert len(result.history) == 5 and result.cluster_models.shape[0] == 2
+    assert result.summary["results"]["clusters"]["adjusted_rand_vs_planted"] == 1.0
+    # Each cluster's model, as a Keras model, classifies its own group's clients.
+    for client, (x, y) in clients.items():
+        model = result.cluster_model(result.assignment[client])
+        assert np.mean(np.argmax(model(x).numpy(), axis=1) == y) >= 0.8, client
+    again = tff_clustered.run("ifca", resume=True, **kwargs)  # finished: the same results
+    for key in ("final_accuracy", "max_accuracy", "clusters"):
+        assert again.summary["results"][key] == result.summary["results"][key]
+    np.testing.assert_array_equal(again.cluster_models, result.cluster_models)
+    other = dict(clients, c0=(clients["c0"][0] + 1, clients["c0"][1]))
+    with pytest.raises(CheckpointError, match="fingerprint"):
+        tff_clustered.run("ifca", resume=True, **dict(kwargs, train=other))
+
+
+@pytest.mark.parametrize(
+    "model_fn, message",
+    [
+        (lambda: tf.keras.Sequential([tf.keras.layers.Dense(3)]), "must return 2 logits"),
+        (lambda: tf.keras.Sequential([tf.keras.layers.Dense(2, "softmax")]), "return logits"),
+        (lambda: tf.keras.Sequential([tf.keras.layers.Reshape((7,))]), "cannot take"),
+    ],
+)
+def test_a_model_that_does_not_fit_the_data_is_refused(model_fn: object, message: str) -> None:
+    data = api.federated_data(two_group_clients())
+    with pytest.raises(ValueError, match=message):
+        api.keras_model_spec(model_fn, data)
+
+
+def test_client_data_with_other_keys_needs_x_key_and_y_key() -> None:
+    import collections
+
+    import tensorflow_federated as tff
+
+    x = np.zeros((5, 4), np.float32)
+    clients = tff.simulation.datasets.TestClientData(
+        {"a": collections.OrderedDict(pixels=x, label=np.zeros(5, np.int32))}
+    )
+    with pytest.raises(DataError, match="x_key= and y_key="):
+        api.federated_data(clients)
+    data = api.federated_data(clients, x_key="pixels", y_key="label", num_classes=2)
+    assert data.train_sizes["a"] + data.test_sizes["a"] == 5 and data.num_classes == 2
+    with pytest.raises(ValueError, match="its options"):
+        tff_clustered.run(
+            "fedavg",
+            train=clients,
+            model_fn=small_model,
+            output_dir="unused",
+            options={"num_clusters": 2},
+            x_key="pixels",
+            y_key="label",
+        )
