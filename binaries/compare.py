@@ -37,7 +37,7 @@ import datetime
 import os
 import shlex
 import sys
-from typing import Any
+from typing import Any, NamedTuple, Optional
 
 from absl import app, flags
 
@@ -181,6 +181,50 @@ flags.DEFINE_string(
     None,
     "Where outputs go (default runs/compare-TABLE-DATASET-sSEED, or -seedsA-B-C).",
 )
+flags.DEFINE_bool(
+    "plan_only",
+    False,
+    "Print the runs the table would make (seed, setting, algorithm, rounds, local work, "
+    "folder) and exit: checks a command or a configs/*.flags file without loading data.",
+)
+
+
+class PlannedRun(NamedTuple):
+    seed: int
+    setting: Optional[str]
+    algorithm: str
+    spec: runner.RunSpec
+    folder: str
+
+
+def plan_runs(seeds: list[int], settings: list[Optional[str]], output_dir: str) -> list[PlannedRun]:
+    """Every run of the table, seed by seed (so that an early stop leaves whole tables), each
+    as its paper's protocol runs that algorithm (`table_protocol`)."""
+    partitions = {s: parse_setting(s) for s in settings if s is not None}
+    planned = []
+    for seed in seeds:
+        for setting in settings:
+            for algorithm in FLAGS.algorithms:
+                spec = table_protocol(FLAGS.table, run_flags.run_spec_from_flags(algorithm))
+                spec = dataclasses.replace(
+                    spec,
+                    training=dataclasses.replace(spec.training, seed=seed),
+                    **(partitions[setting] if setting is not None else {}),
+                )
+                where = [output_dir] + ([f"s{seed}"] if len(seeds) > 1 else [])
+                where += [result_tables.setting_directory(setting), algorithm]
+                planned.append(PlannedRun(seed, setting, algorithm, spec, os.path.join(*where)))
+    return planned
+
+
+def describe(run: PlannedRun) -> str:
+    t = run.spec.training
+    work = f"{t.local_steps} steps" if t.local_steps else f"{t.local_epochs} epochs"
+    return (
+        f"seed {run.seed} {run.setting or run.spec.dataset:>16} {run.algorithm:>18}: "
+        f"{t.rounds} rounds x {t.clients_per_round} clients, {work} of batch {t.batch_size}, "
+        f"lr {t.learning_rate:g}, {run.spec.model} -> {run.folder}"
+    )
 
 
 def apply_table_defaults(table: str) -> None:
@@ -295,41 +339,35 @@ def main(argv: list[str]) -> int:
             "runs", f"compare-{FLAGS.table}-{base.dataset}-{seed_part}"
         )
         settings = FLAGS.settings if FLAGS.table in SETTING_TABLES else [None]
-        partitions = {s: parse_setting(s) for s in settings if s is not None}
+        planned = plan_runs(seeds, settings, output_dir)
+        if FLAGS.plan_only:
+            print("\n".join(map(describe, planned)))
+            print(f"{len(planned)} runs; outputs would be in {output_dir}")
+            return 0
         rows: list[dict[str, Any]] = []
         histories: dict[tuple[str, str], list] = {}
         checkpoint.make_output_folder(output_dir)  # before the worker writes its log there
         runtime_config = run_flags.runtime_config_from_flags(output_dir)
         with tff_runtime(runtime_config):
-            for seed in seeds:  # seed by seed, so that an early stop leaves whole tables
-                for setting in settings:
-                    for algorithm in FLAGS.algorithms:
-                        spec = table_protocol(FLAGS.table, run_flags.run_spec_from_flags(algorithm))
-                        spec = dataclasses.replace(
-                            spec,
-                            training=dataclasses.replace(spec.training, seed=seed),
-                            **(partitions[setting] if setting is not None else {}),
-                        )
-                        where = [output_dir] + ([f"s{seed}"] if len(seeds) > 1 else [])
-                        where += [result_tables.setting_directory(setting), algorithm]
-                        summary = run_one(spec, os.path.join(*where), runtime_config)
-                        history = summary["history"]
-                        row = result_tables.run_row(
-                            setting or base.dataset,
-                            algorithm,
-                            seed,
-                            history,
-                            FLAGS.target_accuracy,
-                            decentralized=ALGORITHMS[algorithm].distribution == "neighbours",
-                        )
-                        rows.append(row)
-                        histories.setdefault((row["setting"], algorithm), []).append(history)
-                        print(
-                            f"seed {seed} {row['setting']:>16} {algorithm:>18}: "
-                            f"max {row['max_accuracy']:.4f}  final {row['final_accuracy']:.4f}  "
-                            f"client mean {row['final_client_mean_accuracy']:.4f}",
-                            flush=True,
-                        )
+            for seed, setting, algorithm, spec, folder in planned:
+                summary = run_one(spec, folder, runtime_config)
+                history = summary["history"]
+                row = result_tables.run_row(
+                    setting or base.dataset,
+                    algorithm,
+                    seed,
+                    history,
+                    FLAGS.target_accuracy,
+                    decentralized=ALGORITHMS[algorithm].distribution == "neighbours",
+                )
+                rows.append(row)
+                histories.setdefault((row["setting"], algorithm), []).append(history)
+                print(
+                    f"seed {seed} {row['setting']:>16} {algorithm:>18}: "
+                    f"max {row['max_accuracy']:.4f}  final {row['final_accuracy']:.4f}  "
+                    f"client mean {row['final_client_mean_accuracy']:.4f}",
+                    flush=True,
+                )
     title = (
         f"{FLAGS.table} table: {base.dataset} / {base.model}, {base.training.rounds} rounds, "
         f"{base.training.clients_per_round} clients per round"

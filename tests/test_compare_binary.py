@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import csv
+import glob
 import os
 import uuid
 
 import pytest
-from conftest import run_binary, worker_pids_with_tag
+from conftest import ROOT, run_binary, worker_pids_with_tag
 
 
 def test_compare_writes_table_iii_and_clustered_methods_beat_fedavg(tmp_path: object) -> None:
@@ -108,3 +109,37 @@ def test_compare_writes_the_fedtsdp_table_shape(tmp_path: object) -> None:
         [os.path.join("binaries", "compare.py"), "--table=fedtsdp", "--settings=dirichlet"]
     )
     assert bad.returncode == 2 and "dirichlet:BETA" in bad.stderr
+
+
+PLAN_EVERY_TABLE = """
+import glob, sys
+sys.argv = ["compare.py"]
+sys.path.insert(0, "binaries")
+import compare
+from absl import flags
+
+for path in sorted(glob.glob("configs/*.flags")):
+    if path.endswith("default_run.flags"):  # train.py's: the default run's test runs it
+        continue
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["compare.py", f"--flagfile={path}", "--data_dir=/nowhere", "--plan_only"])
+    print("== " + path, flush=True)
+    assert compare.main(["compare.py"]) == 0
+"""
+
+
+def test_every_paper_table_flagfile_plans_three_seeds_of_its_columns() -> None:
+    """configs/*.flags, the README's table commands: each parses, passes every algorithm's
+    option checks and plans seeds 0-2 of its columns, without data (`--plan_only`)."""
+    done = run_binary(["-c", PLAN_EVERY_TABLE])
+    assert done.returncode == 0, done.stderr[-3000:]
+    plans = done.stdout.split("== ")[1:]
+    assert len(plans) == len(glob.glob(os.path.join(ROOT, "configs", "*.flags"))) - 1
+    for plan in plans:
+        path = plan.splitlines()[0]
+        with open(os.path.join(ROOT, path)) as f:
+            given = dict(line.strip()[2:].split("=", 1) for line in f if line.startswith("--"))
+        for algorithm in given["algorithms"].split(","):
+            for seed in given["seeds"].split(","):
+                assert f"seed {seed} " in plan and f" {algorithm}: " in plan, (path, plan)
+        assert "runs; outputs would be in" in plan, plan
