@@ -373,3 +373,34 @@ def test_lenet_functional_path_matches_keras(shape: tuple, kwargs: dict) -> None
     assert model.features is not None  # UA-PDFL's auxiliary features
     logits, _ = graph_apply(model, weights, [], x, False)
     np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-5)
+
+
+TFF_EMNIST_TINY = os.path.join(ROOT, "testdata", "tff_emnist_tiny")
+
+
+def test_tff_emnist_reads_tffs_database_by_writer_with_its_own_splits() -> None:
+
+    digits = load_dataset("tff_emnist", data_dir=TFF_EMNIST_TINY)
+    assert digits.num_classes == 10 and digits.input_shape == (784,)
+    assert sorted(digits.train_sizes.values()) == [5] * 4 and set(digits.test_sizes.values()) == {2}
+    x, y = (digits.train_arrays["f0001_41"][k] for k in ("x", "y"))
+    # The fixture's bar row is the label; TFF's images are ink (0) on white (1).
+    rows = np.argmin(np.asarray(x).reshape(-1, 28, 28).mean(axis=2), axis=1)
+    assert rows.tolist() == np.asarray(y).tolist() == [1, 2, 3, 4, 5]
+    letters = load_dataset("tff_emnist", data_dir=TFF_EMNIST_TINY, num_classes=62, num_clients=2)
+    assert letters.num_classes == 62 and len(letters.client_ids) == 2
+    again = load_dataset("tff_emnist", data_dir=TFF_EMNIST_TINY, num_classes=62, num_clients=2)
+    assert again.client_ids == letters.client_ids  # the seed draws the writers
+
+
+def test_tff_emnist_without_its_file_names_the_file_and_where_to_get_it(tmp_path: object) -> None:
+
+    with pytest.raises(
+        DataError, match=r"emnist_all\.sqlite in --data_dir.*emnist_all\.sqlite\.lzma"
+    ):
+        load_dataset("tff_emnist", data_dir=str(tmp_path))
+    (tmp_path / "emnist_all.sqlite").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(DataError, match="is not TFF's federated EMNIST database"):
+        load_dataset("tff_emnist", data_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="10 .digits. or 62"):
+        load_dataset("tff_emnist", data_dir=TFF_EMNIST_TINY, num_classes=26)

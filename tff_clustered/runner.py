@@ -187,9 +187,7 @@ def _run_in_folder(
             tensorboard.add(row)
             progress.update(row)
             done = row["round"]
-            if done and (
-                (checkpoint_every and done % checkpoint_every == 0) or done == rounds
-            ):
+            if done and ((checkpoint_every and done % checkpoint_every == 0) or done == rounds):
                 started = time.perf_counter()
                 checkpoint.save(ckpt_path, experiment.snapshot(), settings)
                 tensorboard.flush()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 import tensorflow as tf
@@ -17,6 +17,11 @@ import tensorflow_federated as tff
 
 ClientArrays = tuple[np.ndarray, np.ndarray]  # (x, y)
 ClientArrayDict = Mapping[str, np.ndarray]  # OrderedDict(x=..., y=...)
+
+
+# A federated dataset: TFF's ClientData, or per-client arrays, each `(x, y)` or a mapping with
+# the inputs under `x_key` and the labels under `y_key`.
+Clients = Union[tff.simulation.datasets.ClientData, Mapping[str, Any]]
 
 
 class DataError(ValueError):
@@ -281,3 +286,42 @@ def split_train_test(
     n_train = int(np.clip(np.floor(train_fraction * len(y)), 1, len(y) - 1))
     tr, te = order[:n_train], order[n_train:]
     return (x[tr], y[tr]), (x[te], y[te])
+
+
+def client_arrays(clients: Clients, x_key: str, y_key: str, split: str) -> dict[str, ClientArrays]:
+    """Per-client `(x, y)` NumPy arrays from a ClientData or a mapping of clients."""
+    if isinstance(clients, tff.simulation.datasets.ClientData):
+        arrays = {}
+        for client in clients.client_ids:
+            dataset = clients.create_tf_dataset_for_client(client)
+            spec = dataset.element_spec
+            if not isinstance(spec, Mapping) or x_key not in spec or y_key not in spec:
+                raise DataError(
+                    f"{split} client {client!r}: elements are {spec}; pass x_key= and y_key= "
+                    "naming the inputs and the labels (TFF's EMNIST: x_key='pixels', "
+                    "y_key='label')"
+                )
+            batches = list(dataset.batch(1 << 16).as_numpy_iterator())
+            if not batches:
+                raise DataError(f"{split} client {client!r} has no examples; drop the client")
+            arrays[client] = (
+                np.concatenate([b[x_key] for b in batches]),
+                np.concatenate([b[y_key] for b in batches]).reshape(-1),
+            )
+        return arrays
+    if not isinstance(clients, Mapping):
+        raise TypeError(
+            f"{split} data must be a tff.simulation.datasets.ClientData or a mapping of client "
+            f"ids to (x, y), got {type(clients).__name__}"
+        )
+    arrays = {}
+    for client, value in clients.items():
+        if isinstance(value, Mapping):
+            if x_key not in value or y_key not in value:
+                raise DataError(
+                    f"{split} client {client!r} has keys {sorted(value)}; pass x_key= and y_key="
+                )
+            value = (value[x_key], value[y_key])
+        x, y = value
+        arrays[str(client)] = (np.asarray(x), np.asarray(y).reshape(-1))
+    return arrays

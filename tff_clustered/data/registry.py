@@ -14,6 +14,7 @@ from tff_clustered.data.mnist import load_mnist
 from tff_clustered.data.mnist_writers import load_mnist_writers
 from tff_clustered.data.sent140 import load_sent140
 from tff_clustered.data.synthetic import load_synthetic
+from tff_clustered.data.tff_datasets import load_tff_emnist
 
 DATASET_NAMES = (
     "digits",
@@ -33,6 +34,7 @@ DATASET_NAMES = (
     "cifar100",
     "svhn",
     "pathmnist",
+    "tff_emnist",
 )
 # FedTSDP's datasets, and the 28x28 grey ones in MNIST's formats: dealt to clients by a partition
 # (default Dirichlet(0.5)), public set = the official test split without labels.
@@ -118,7 +120,9 @@ def load_dataset(
     `fashion_mnist`/`mnist_partitioned` (Fashion-MNIST's or MNIST's IDX/npz files under
     `data_dir`), these five dealt by `partition` (default Dirichlet(0.5)) to 20 clients,
     `pathmnist` (MedMNIST v2's pathmnist.npz in `data_dir`, dealt to UA-PDFL's peers: 30 by
-    default, `partition` dirichlet (default, beta 0.5) / shards / iid, 20 % local holdouts).
+    default, `partition` dirichlet (default, beta 0.5) / shards / iid, 20 % local holdouts),
+    `tff_emnist` (TFF's federated EMNIST database in `data_dir`: its writers, digits or all
+    62 classes by `num_classes`).
     `train_examples` (the five image federations only): deal that many training images, a
     seeded uniform choice, instead of all."""
     partition = resolved_partition(name, partition, dirichlet_beta)
@@ -158,6 +162,8 @@ def load_dataset(
             seed=seed,
             classes_per_client=classes_per_client,
         )
+    if name == "tff_emnist":
+        return load_tff_emnist(data_dir, num_clients, num_classes, seed)
     if name == "synthetic":
         return load_synthetic(num_clients=num_clients or 100, seed=seed)
     if name == "mnist":
