@@ -88,7 +88,7 @@ def cell(text: str) -> str:
 
 def source_file(cls: type[Algorithm]) -> str:
     """The class's module file, relative to the repository."""
-    return os.path.relpath(inspect.getfile(cls), ROOT).replace(os.sep, "/")
+    return cls.__module__.replace(".", "/") + ".py"
 
 
 def ordered(algorithms: Mapping[str, type[Algorithm]]) -> list[str]:
