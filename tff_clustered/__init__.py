@@ -1,6 +1,6 @@
 """tff-clustered: clustered and personalized federated learning on TensorFlow Federated.
 
-See README.md and docs/; the algorithms are in `tff_clustered.algorithms`, the federated core in
+See README.md; the algorithms are in `tff_clustered.algorithms`, the federated core in
 `tff_clustered.federated`."""
 
 from __future__ import annotations
