@@ -3,7 +3,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint benchmark doctor gpu-extras gpu-check clean-env
+.PHONY: run test lint benchmark doctor docs gpu-extras gpu-check clean-env
 
 run: $(STAMP)
 	$(VENV)/bin/python binaries/train.py --flagfile=configs/default_run.flags $(ARGS)
@@ -19,6 +19,11 @@ benchmark: $(STAMP)
 
 doctor: $(STAMP)
 	$(VENV)/bin/python binaries/doctor.py $(ARGS)
+
+# The documentation's tables that come from the code: docs/options.md and the README's
+# algorithm table (tests/test_docs.py checks that they are up to date).
+docs: $(STAMP)
+	$(VENV)/bin/python binaries/docs_tables.py $(ARGS)
 
 $(STAMP): requirements/lock.txt setup.cfg scripts/bootstrap.sh
 	bash scripts/bootstrap.sh

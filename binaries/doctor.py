@@ -203,7 +203,8 @@ def check_data(report: Report) -> None:
                 report.problem(
                     "--data_dir",
                     f"{folder} holds none of the known layouts",
-                    "see README 'Pointing it at real data' for the files each dataset needs",
+                    "see docs/data.md ('Pointing it at real data') for the files each "
+                    "dataset needs",
                 )
     else:
         report.note("--data_dir", "not given (pass the folder you give train.py to check it)")

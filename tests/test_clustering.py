@@ -91,7 +91,7 @@ def test_newcomer_equal_to_a_group_direction_joins_that_group() -> None:
         assert clustering.assign_newcomers(directions, directions[j][None] * 3.0)[0] == j
         d = clustering.newcomer_dissimilarity(directions, directions[j])
         assert d[j] == pytest.approx(0.0, abs=1e-12) and d.min() == d[j]
-    # A zero direction (empty group) is at dissimilarity 0.5 from everything (spec A.14-#9).
+    # A zero direction (empty group) is at dissimilarity 0.5 from everything (cosine 0).
     directions[2] = 0
     assert clustering.newcomer_dissimilarity(directions, rng.normal(size=50))[2] == 0.5
 

@@ -284,7 +284,7 @@ def test_amended_sampling_concentrates_on_the_used_batch() -> None:
     # Eq. 7 increment N / B = 200 per batch sample, then Eq. 8.
     assert new[batch].sum() == pytest.approx((n + b / n) / (n + 1), rel=1e-12)
     assert new[batch[0]] == pytest.approx((1 / n + n / b) / (1 + n), rel=1e-12)
-    # The next draw is (almost surely) the same batch: the lock-in the spec describes.
+    # The next draw is (almost surely) the same batch: literal Eqs. 7-8 lock it in.
     again = clustering.draw_public_batch(new, b, np.random.default_rng(5))
     assert len(np.intersect1d(again, batch)) >= b - 1
 

@@ -222,7 +222,7 @@ PLACEMENT_SCRIPT = textwrap.dedent(
 def test_in_process_rounds_run_on_the_named_device_without_a_tff_worker(device: str) -> None:
     """With two logical CPUs, `device="/CPU:1"` puts the training's matmuls on the second and
     TensorFlow's default leaves them on the first; no TFF computation runs (none is needed).
-    On a GPU machine the same log shows `device:GPU:0` (see the README)."""
+    On a GPU machine the same log shows `device:GPU:0` (see docs/gpu.md)."""
     result = run_binary(
         ["-c", PLACEMENT_SCRIPT, device], env_extra={"TF_CPP_MIN_LOG_LEVEL": "0"}, timeout=300
     )

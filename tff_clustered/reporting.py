@@ -133,9 +133,9 @@ def _format(value: Any) -> Any:
 
 
 def summarize(history: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Final and best test accuracy (FedGroup A.11 reports the max over rounds) of the paper's
-    figure (`accuracy`: assigned clients), and the same for each model kind over all clients
-    (`accuracy_KIND`), each with the round of its best."""
+    """Final and best test accuracy (FedGroup's Table III reports the max over rounds) of the
+    paper's figure (`accuracy`: assigned clients), and the same for each model kind over all
+    clients (`accuracy_KIND`), each with the round of its best."""
     evaluated = [r for r in history if not math.isnan(r.get("accuracy", math.nan))]
     results: dict[str, Any] = {}
     if evaluated:

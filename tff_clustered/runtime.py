@@ -1,8 +1,11 @@
 """Owns the TFF execution context and the lifetime of TFF's C++ `worker_binary`.
 
-TFF 0.87 runs every computation in a separate C++ process that it only stops in a `__del__`
-that does not run at interpreter exit (see ../shared/notes/tff-runtime.md). This module starts
-that worker itself, so that it can guarantee it stops:
+TFF 0.87 runs every computation in a separate C++ process, its local `worker_binary`. TFF
+starts that process from its default execution context and stops it only in the `__del__` of
+the object that manages it (its service manager), and Python does not run that `__del__` at
+interpreter exit: after `sys.exit`, an uncaught exception or a signal, the worker is left
+running, and a SIGKILLed parent always leaves it behind. This module starts that worker itself,
+so that it can guarantee it stops:
 
 * on normal exit, on an exception, on Ctrl-C and SIGTERM (`stop()` via `atexit`/signal handler);
 * even when the parent is SIGKILLed: the worker is started with `PR_SET_PDEATHSIG`, so the
@@ -108,7 +111,7 @@ class RuntimeConfig:
     log_dir: Optional[str] = None
     # glibc malloc arenas of the local worker (MALLOC_ARENA_MAX); 0 leaves glibc's default
     # (8 per core). The worker's many threads each keep freed memory in their own arena, which
-    # shows as resident memory growing round after round (see the README's memory figures).
+    # shows as resident memory growing round after round (docs/performance.md, memory figures).
     worker_malloc_arenas: int = 4
     # How long to wait for each of `workers` to answer at start.
     connect_timeout_s: float = 30.0
@@ -265,7 +268,7 @@ def _wait_until_ready(
             raise WorkerLostError(
                 f"TFF worker {target} is unreachable (no answer in {timeout_s:.0f}s). Start it "
                 f"on that machine with `python binaries/worker.py --port={port}`, "
-                "reach it through an SSH tunnel or a private network (see the README), and "
+                "reach it through an SSH tunnel or a private network (see docs/runtime.md), and "
                 "check the address in --workers."
             )
         time.sleep(0.05)

@@ -1,6 +1,6 @@
 """Flat views of model weights, in the canonical order of `model.trainable_weights`.
 
-Server-side clustering works on flat vectors (spec A.2, C.4); the TFF state holds per-tensor
+Server-side clustering works on flat vectors (one row per client); the TFF state holds per-tensor
 arrays stacked along a cluster axis. These convert between the two.
 """
 

@@ -45,6 +45,8 @@ from tff_clustered.options import option
 
 
 class CFL(Algorithm):
+    """One cluster, split recursively by the optimal bipartition of update cosines."""
+
     name = "cfl"
     model_kinds = ("cluster", "global")
     paper = (

@@ -65,6 +65,8 @@ def context_step(
 
 
 class CGPFL(Algorithm):
+    """Personal models pulled toward the nearest of K context models (K-means at the start)."""
+
     name = "cgpfl"
     model_kinds = ("personal", "cluster")
     paper = (

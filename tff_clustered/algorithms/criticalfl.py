@@ -74,7 +74,9 @@ def next_contacts(
 
 
 class CriticalFLDFL(Decentralized):
-    """FedAvg-DFL with per-peer neighbour counts from the rule of the module docstring."""
+    """FedAvg-DFL whose peers pull from more neighbours while their gradient norm rises.
+
+    Per-peer neighbour counts from the rule of the module docstring."""
 
     name = "criticalfl_dfl"
     mixing = "fedavg"

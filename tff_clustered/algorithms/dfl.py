@@ -437,7 +437,9 @@ class LocalDFL(Decentralized):
 
 
 class FedAvgDFL(Decentralized):
-    """FedAvg made decentralized as UA-PDFL's comparison does ("each client its own server"):
+    """Each peer averages the whole models of itself and its neighbours, then trains.
+
+    FedAvg made decentralized as UA-PDFL's comparison does ("each client its own server"):
     w_i <- the |D|-weighted mean of the whole models of {i} and Q_i, then local SGD."""
 
     name = "fedavg_dfl"
@@ -454,7 +456,9 @@ class FedPerDFL(Decentralized):
 
 
 class DFedAvgM(Decentralized):
-    """DFedAvgM (Sun, Li, Wang, "Decentralized Federated Averaging", TPAMI 2023): neighbour
+    """Neighbour averaging, then local SGD with heavy-ball momentum.
+
+    DFedAvgM (Sun, Li, Wang, "Decentralized Federated Averaging", TPAMI 2023): neighbour
     averaging then local SGD with heavy-ball momentum (`--dfedavgm_momentum`, used instead of
     --momentum). Its mixing here is UA-PDFL's adaptation (|D| weights over {i} and Q_i), not
     the paper's doubly stochastic matrix; UA-PDFL runs it with twice the local iterations and

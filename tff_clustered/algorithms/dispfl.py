@@ -193,7 +193,9 @@ class SparsePeerStep:
 
 
 class DisPFL(Decentralized):
-    """DisPFL on the decentralized loop: sparse peers (`SparsePeerStep`) starting from the
+    """Sparse peers, each on its own mask, pruned and regrown every round; masked averaging.
+
+    DisPFL on the decentralized loop: sparse peers (`SparsePeerStep`) starting from the
     common initial model on their own random ERK masks."""
 
     name = "dispfl"

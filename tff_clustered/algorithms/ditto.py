@@ -15,6 +15,8 @@ from tff_clustered.options import option
 
 
 class Ditto(Algorithm):
+    """FedAvg's global model plus a personal model per client, pulled toward it (lambda)."""
+
     name = "ditto"
     model_kinds = ("personal", "global")
     paper = (

@@ -157,6 +157,8 @@ class FedACState:
 
 
 class FedAC(Algorithm):
+    """Own models pulled to their cluster centre; LrCos clustering, cluster number tuning."""
+
     name = "fedac"
     model_kinds = ("personal", "cluster")
     paper = (

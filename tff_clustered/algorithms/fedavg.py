@@ -4,5 +4,7 @@ from tff_clustered.algorithms.base import Algorithm
 
 
 class FedAvg(Algorithm):
+    """One global model: the weighted mean of the sampled clients' local SGD updates."""
+
     name = "fedavg"
     paper = "McMahan et al., Communication-Efficient Learning of Deep Networks, AISTATS 2017"

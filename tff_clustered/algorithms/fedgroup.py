@@ -84,6 +84,8 @@ class FedGrouProxOptions(FedGroupOptions):
 
 
 class FedGroup(Algorithm):
+    """Group cold start by EDC, newcomers by Eq. 9, static groups each trained by FedAvg."""
+
     name = "fedgroup"
     model_kinds = ("cluster", "global")
     paper = PAPER
@@ -265,16 +267,22 @@ def discrepancy(run: RunInfo, view: ServerView, result: RoundResult) -> dict[str
 
 
 class FedGroupMADC(FedGroup):
+    """FedGroup with MADC clustering (complete-linkage agglomerative) at the cold start."""
+
     name = "fedgroup_madc"
     clustering_method = "madc"
 
 
 class FedGrouProx(FedGroup):
+    """FedGroup whose groups train by FedProx (`--mu`)."""
+
     name = "fedgrouprox"
     Options = FedGrouProxOptions
 
 
 class FedGrouProxMADC(FedGroup):
+    """FedGrouProx: FedGroup with FedProx, and MADC clustering at the cold start."""
+
     name = "fedgrouprox_madc"
     Options = FedGrouProxOptions
     clustering_method = "madc"

@@ -15,6 +15,8 @@ from tff_clustered.options import option
 
 
 class FedPer(Algorithm):
+    """Base layers federated; the top `--personal_layers` (the classifier head) stay personal."""
+
     name = "fedper"
     model_kinds = ("personal",)  # the shared base with each client's own head
     paper = "Arivazhagan et al., Federated Learning with Personalization Layers, arXiv:1912.00818"

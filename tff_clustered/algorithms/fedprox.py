@@ -13,6 +13,8 @@ MU_HELP = "Proximal strength mu (unset: the algorithm's default)."
 
 
 class FedProx(Algorithm):
+    """FedAvg whose local loss adds the proximal term (mu/2)||w - w^t||^2 (`--mu`)."""
+
     name = "fedprox"
     paper = "Li et al., Federated Optimization in Heterogeneous Networks, MLSys 2020"
 

@@ -52,6 +52,8 @@ class TSDPState:
 
 
 class FedTSDP(Algorithm):
+    """Two-stage DBSCAN re-clustering when Hopkins' H passes h_th; the shared layers shrink."""
+
     name = "fedtsdp"
     model_kinds = ("personal",)  # its cluster's shared layers with the client's own deeper ones
     paper = (

@@ -51,6 +51,8 @@ from tff_clustered.options import option
 
 
 class FeSEM(Algorithm):
+    """K-means of locally trained models, then each round: local update, E-step, M-step."""
+
     name = "fesem"
     model_kinds = ("cluster", "global")
     paper = "Long et al., Multi-Center Federated Learning, World Wide Web 2023"

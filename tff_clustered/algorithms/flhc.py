@@ -46,6 +46,8 @@ from tff_clustered.options import option
 
 
 class FLHC(Algorithm):
+    """FedAvg, one hierarchical clustering of local updates, then FedAvg per cluster."""
+
     name = "flhc"
     model_kinds = ("cluster", "global")
     paper = (

@@ -28,6 +28,8 @@ NUM_CLUSTERS_HELP = "Clusters (clustered algorithms; unset: default)."
 
 
 class IFCA(Algorithm):
+    """m cluster models sent to each client, which trains the one of lowest loss on its data."""
+
     name = "ifca"
     model_kinds = ("cluster",)  # independently initialised: their mean means nothing
     paper = "Ghosh et al., An Efficient Framework for Clustered Federated Learning, NeurIPS 2020"

@@ -123,6 +123,8 @@ def quantile_threshold(divergences: np.ndarray, level: float) -> float:
 
 
 class UAPDFL(Decentralized):
+    """Decentralized: peers compare unit representations, then copy a neighbour or mix g and h."""
+
     name = "uapdfl"
     mixing = "uapdfl"
     paper = "Zhu, Fan, Xie, UA-PDFL: A Personalized Approach for Decentralized Federated Learning"

@@ -28,7 +28,9 @@ def _float(a: np.ndarray) -> np.ndarray:
 
 def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """K(A, B): cosine of every row of `a` with every row of `b` (Eq. 5-6). A zero row has
-    cosine 0 with everything (spec A.14-#9)."""
+    cosine 0 with everything (ours: the paper's cosine is undefined for a zero vector, and an
+    empty group's direction is zero, so such a group is at Eq. 9 dissimilarity 1/2 from every
+    newcomer)."""
     a, b = _float(a), _float(b)
     na = np.linalg.norm(a, axis=1, keepdims=True)
     nb = np.linalg.norm(b, axis=1, keepdims=True)

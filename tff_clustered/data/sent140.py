@@ -1,8 +1,8 @@
-"""Sent140 in FedGroup's setup (spec A.12): LEAF JSON of tweets by user, plus GloVe vectors.
+"""Sent140 in FedGroup's setup: LEAF JSON of tweets by user, plus GloVe vectors.
 
 Each tweet's text (raw field 4) is split with the regex `[\\w']+|[.,!?;]` (no lower-casing);
 the first 25 tokens are looked up in the GloVe table; out-of-vocabulary tokens and the right
-padding are zero vectors (the extra all-zero row of the spec). Labels: '4'/1 positive, '0'/0
+padding are zero vectors (an all-zero row after GloVe's 400,000). Labels: '4'/1 positive, '0'/0
 negative. The lookup happens here, on the data side: the embedding is frozen, so this is the
 same function as a frozen Embedding layer, without shipping the table inside computations.
 """

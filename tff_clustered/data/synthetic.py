@@ -1,4 +1,4 @@
-"""Synthetic(alpha, beta) of the FedProx / FedGroup papers (spec A.12), seeded.
+"""Synthetic(alpha, beta) of the FedProx / FedGroup papers, seeded.
 
 For device k: u_k ~ N(0, alpha), B_k ~ N(0, beta); W_k (60x10) and b_k (10) ~ N(u_k, 1);
 v_k (60) ~ N(B_k, 1); x ~ N(v_k, Sigma) with Sigma_jj = j^-1.2; y = argmax(W_k^T x + b_k);

@@ -71,7 +71,7 @@ def check_device(device: Optional[str]) -> None:
             return
     raise ValueError(
         f"device {device!r} is not one TensorFlow sees ({', '.join(seen)}); name one of them, "
-        "or leave --device out (TensorFlow's choice). For a GPU see the README's GPU section."
+        "or leave --device out (TensorFlow's choice). For a GPU see docs/gpu.md."
     )
 
 

@@ -1,6 +1,6 @@
 """Keras model builders. Every model outputs logits; losses are taken `from_logits`.
 
-Parameter counts follow FedGroup Table II (spec A.12): MNIST MCLR 7,850 and MLP 101,770;
+Parameter counts follow FedGroup's Table II (Duan et al.): MNIST MCLR 7,850 and MLP 101,770;
 FEMNIST MCLR 20,410 and MLP(512) 415,258 (26-way head); Synthetic MCLR 610.
 """
 
@@ -207,7 +207,7 @@ def stacked_lstm(
     dense_units: int = 30,
     embedding: Optional[np.ndarray] = None,
 ) -> tf.keras.Model:
-    """Sent140 classifier (spec A.12): LSTM(100, sequences) -> LSTM(100) -> Dense(30, no
+    """Sent140 classifier (FedGroup's setup): LSTM(100, sequences) -> LSTM(100) -> Dense(30, no
     activation) -> Dense(1) logit for 2 classes. 243,861 trainable parameters on 25 x 300 GloVe
     inputs.
 

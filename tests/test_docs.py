@@ -1,0 +1,107 @@
+"""The documentation: the tables generated from the code (`binaries/docs_tables.py`) are the
+committed ones, and every relative link of README.md and docs/*.md leads somewhere."""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import re
+from types import ModuleType
+
+import pytest
+from conftest import ROOT
+
+REGENERATE = "run .venv/bin/python binaries/docs_tables.py"
+DOCUMENTS = [
+    os.path.join(ROOT, "README.md"),
+    *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))),
+]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+@pytest.fixture(scope="module")
+def docs_tables() -> ModuleType:
+    path = os.path.join(ROOT, "binaries", "docs_tables.py")
+    spec = importlib.util.spec_from_file_location("docs_tables", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def prose_lines(text: str) -> list[str]:
+    """The lines outside fenced code blocks, with inline code spans removed."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            lines.append(re.sub(r"`[^`]*`", "", line))
+    return lines
+
+
+def heading_anchors(text: str) -> set[str]:
+    """GitHub's anchors of the headings: lower case, punctuation dropped, spaces to hyphens;
+    a repeated one gets -1, -2, ..."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in text.splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+            continue
+        match = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if fenced or not match:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", match.group(1).strip().lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
+def test_generated_tables_are_the_committed_ones(docs_tables: ModuleType) -> None:
+    for path, text in docs_tables.generated().items():
+        name = os.path.relpath(path, ROOT)
+        assert os.path.exists(path), f"{name} is missing: {REGENERATE}"
+        assert read(path) == text, f"{name} is out of date with the code: {REGENERATE}"
+
+
+def test_every_algorithm_has_a_summary_a_paper_and_a_page(docs_tables: ModuleType) -> None:
+    assert list(docs_tables.PAGES) == docs_tables.ordered(docs_tables.ALGORITHMS)
+    for name, cls in docs_tables.ALGORITHMS.items():
+        assert docs_tables.summary(cls), name
+        assert cls.paper, f"{name} names no paper"
+        page = docs_tables.PAGES[name].split("#")[0]
+        assert os.path.isfile(os.path.join(ROOT, "docs", page)), f"{name}: no docs/{page}"
+
+
+def test_readme_table_sits_between_the_markers(docs_tables: ModuleType) -> None:
+    readme = read(os.path.join(ROOT, "README.md"))
+    start, end = readme.index(docs_tables.START), readme.index(docs_tables.END)
+    names = [line.split("|")[1].strip().strip("`") for line in readme[start:end].splitlines()[3:]]
+    assert names == list(docs_tables.PAGES)
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: os.path.relpath(p, ROOT))
+def test_relative_links_lead_to_existing_files_and_headings(document: str) -> None:
+    text = read(document)
+    broken = []
+    for target in LINK.findall("\n".join(prose_lines(text))):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = os.path.normpath(os.path.join(os.path.dirname(document), path))
+        if path and not os.path.exists(resolved):
+            broken.append(f"{target}: no file {os.path.relpath(resolved, ROOT)}")
+        elif anchor and (not path or resolved.endswith(".md")):
+            if anchor not in heading_anchors(read(resolved) if path else text):
+                broken.append(f"{target}: no heading #{anchor}")
+    assert not broken, f"{os.path.relpath(document, ROOT)}: " + "; ".join(broken)
