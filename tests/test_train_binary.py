@@ -254,33 +254,61 @@ def test_a_signal_during_start_up_is_one_line_and_never_swallowed(
     assert not out.exists()
 
 
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--learning_rate=-1"], "learning_rate must be > 0"),
-        (["--clients_per_round=500"], "exceeds the 40 clients"),
-        (["--dataset=leaf"], "needs --data_dir"),
-        (["--algorithm=fedavg", "--num_clusters=3"], "one model"),
-        (["--algorithm=fedgroup", "--mu=1"], "use --algorithm=fedgrouprox"),
-        (["--algorithm=ifca", "--mu=1"], "takes no --mu"),
-        (["--algorithm=fedgroup_madc", "--fesem_mu=1"], "takes no --fesem_mu"),
-        (["--lr_schedule=warmup"], "--lr_schedule=warmup: value should be one of"),
-        (["--rounds=0"], "--rounds=0: 0 is not a positive integer"),
-        (["--baseline=fedfoo"], "--baseline=fedfoo: value should be one of"),
-        (["--algorithm=criticalfl_dfl", "--criticalfl_threshold=nan"], "give a finite number"),
-    ],
-)
-def test_bad_flags_exit_non_zero_with_a_clear_message(
-    tmp_path: object, flags: list, message: str
-) -> None:
+BAD_FLAGS = [
+    (["--learning_rate=-1"], "learning_rate must be > 0"),
+    (["--clients_per_round=500"], "exceeds the 40 clients"),
+    (["--dataset=leaf"], "needs --data_dir"),
+    (["--algorithm=fedavg", "--num_clusters=3"], "one model"),
+    (["--algorithm=fedgroup", "--mu=1"], "use --algorithm=fedgrouprox"),
+    (["--algorithm=ifca", "--mu=1"], "takes no --mu"),
+    (["--algorithm=fedgroup_madc", "--fesem_mu=1"], "takes no --fesem_mu"),
+    (["--lr_schedule=warmup"], "--lr_schedule=warmup: value should be one of"),
+    (["--rounds=0"], "--rounds=0: 0 is not a positive integer"),
+    (["--baseline=fedfoo"], "--baseline=fedfoo: value should be one of"),
+    (["--algorithm=criticalfl_dfl", "--criticalfl_threshold=nan"], "give a finite number"),
+]
+
+# Runs train.py's main once per case in one process (importing TensorFlow once, not per case),
+# as `app.run` would: exit code and stderr of each case, as JSON lines.
+EACH_BAD_FLAGS_CASE = """
+import contextlib, io, json, sys
+sys.argv = ["train.py"]
+sys.path.insert(0, "binaries")
+import train
+from absl import app, flags
+from tff_clustered import cli
+
+for case in json.loads(sys.argv_cases):
+    flags.FLAGS.unparse_flags()
+    stderr = io.StringIO()
+    code = 0
+    with contextlib.redirect_stderr(stderr):
+        try:
+            app.run(train.main, argv=["train.py", *case], flags_parser=cli.parse_flags)
+        except SystemExit as e:
+            code = e.code
+    print(json.dumps([code, stderr.getvalue()]), flush=True)
+"""
+
+
+def test_bad_flags_exit_non_zero_with_a_clear_message(tmp_path: object) -> None:
+    """Each case as train.py runs it: exit 2 (absl's own rejections included), the message,
+    nothing written, no worker left. (`test_help_ends_without_a_traceback` checks that the
+    process ends without TFF's exit-time traceback.)"""
     tag = uuid.uuid4().hex
-    done = run_binary(
-        [TRAIN, *flags, f"--output_dir={tmp_path / 'run'}"], {"TFF_CLUSTERED_RUN_TAG": tag}
-    )
-    assert done.returncode == 2, done.stderr[-2000:]  # absl's own rejections included
-    assert message in done.stderr
-    assert "Traceback" not in done.stderr  # TFF's import-time context is dropped at exit
-    assert not os.path.exists(tmp_path / "run" / "metrics.csv")
+    cases = [
+        [*given, f"--output_dir={tmp_path / str(i)}"] for i, (given, _) in enumerate(BAD_FLAGS)
+    ]
+    script = EACH_BAD_FLAGS_CASE.replace("sys.argv_cases", repr(json.dumps(cases)))
+    done = run_binary(["-c", script], {"TFF_CLUSTERED_RUN_TAG": tag})
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
+    assert len(results) == len(BAD_FLAGS)
+    for i, ((given, message), (code, stderr)) in enumerate(zip(BAD_FLAGS, results)):
+        assert code == 2, (given, stderr[-2000:])
+        assert message in stderr, (given, stderr[-2000:])
+        assert "Traceback" not in stderr, (given, stderr[-2000:])
+        assert not os.path.exists(tmp_path / str(i) / "metrics.csv")
     assert_no_worker_left(tag)
 
 
