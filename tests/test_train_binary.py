@@ -197,11 +197,14 @@ def test_outputs_hold_per_client_and_per_cluster_results(tmp_path: object) -> No
 def start_as_foreground_job(args: list[str], **env: str) -> subprocess.Popen:
     """train.py with `args`, stdout and stderr piped, as a terminal's foreground job: a shell
     starts background jobs with SIGINT ignored and a child inherits that, so a suite started
-    with `&` would see Ctrl-C ignored."""
+    with `&` would see Ctrl-C ignored. TensorFlow's log level is a shell's (unset) unless given:
+    importing TensorFlow sets TF_CPP_MIN_LOG_LEVEL=1 in this process's environment, and a child
+    that inherits it prints TensorFlow's import-time errors, as a user asking for them would."""
+    inherited = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     return subprocess.Popen(
         [sys.executable, TRAIN, *args],
         cwd=ROOT,
-        env=dict(os.environ, **env),
+        env=dict(inherited, **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
