@@ -23,7 +23,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tff_clustered import logs  # noqa: E402 - light; quiets TensorFlow before its import
+from tff_clustered import cli, logs  # noqa: E402 - light; quiets TensorFlow before its import
 
 logs.quiet_tensorflow(sys.argv)
 import numpy as np  # noqa: E402
@@ -237,4 +237,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags)
