@@ -31,6 +31,7 @@ sys.path.insert(0, ROOT)
 from tff_clustered import logs  # noqa: E402 - light: before TensorFlow's import
 
 logs.quiet_tensorflow(sys.argv)
+from tff_clustered import options as options_lib  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS  # noqa: E402
 from tff_clustered.algorithms.base import Algorithm  # noqa: E402
 
@@ -137,8 +138,7 @@ def option_rows(options_cls: type) -> list[str]:
         choices: Sequence[str] = field.metadata.get("choices") or ()
         if choices:
             help_text += " One of: " + ", ".join(f"`{c}`" for c in choices) + "."
-        kind = typing.get_args(hints[field.name]) or (hints[field.name],)
-        type_name = next(k for k in kind if k is not type(None)).__name__
+        type_name = options_lib.base_type(hints[field.name]).__name__
         rows.append(
             f"| `--{field.name}` | {type_name} | {format_default(field.default)} | "
             f"{cell(help_text)} |"

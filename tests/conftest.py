@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from types import ModuleType
 
 import pytest
 
@@ -102,3 +104,13 @@ def ari_with_plant(exp: object) -> float:
     return adjusted_rand_score(
         [exp.data.true_clusters[c] for c in ids], [exp.state.assignment[c] for c in ids]
     )
+
+
+def load_script(relative_path: str) -> ModuleType:
+    """A script of the repository (binaries/, scripts/) imported as a module, by its path."""
+    path = os.path.join(ROOT, relative_path)
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

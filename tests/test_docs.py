@@ -4,13 +4,12 @@ committed ones, and every relative link of README.md and docs/*.md leads somewhe
 from __future__ import annotations
 
 import glob
-import importlib.util
 import os
 import re
 from types import ModuleType
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, load_script
 
 REGENERATE = "run .venv/bin/python binaries/docs_tables.py"
 DOCUMENTS = [
@@ -23,11 +22,7 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 
 @pytest.fixture(scope="module")
 def docs_tables() -> ModuleType:
-    path = os.path.join(ROOT, "binaries", "docs_tables.py")
-    spec = importlib.util.spec_from_file_location("docs_tables", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(os.path.join("binaries", "docs_tables.py"))
 
 
 def read(path: str) -> str:

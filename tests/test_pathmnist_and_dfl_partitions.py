@@ -5,14 +5,13 @@ the 20 % local holdouts, and bad-file errors. No training."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
-from conftest import ROOT, TESTDATA
+from conftest import TESTDATA, load_script
 
 from tff_clustered.data import DataError, FederatedData, load_dataset
 from tff_clustered.data import partitions as parts
@@ -53,11 +52,7 @@ def single_class_peers(labels: np.ndarray, chunks: list[np.ndarray]) -> int:
 
 
 def fixture_script() -> ModuleType:
-    path = os.path.join(ROOT, "scripts", "make_image_fixtures.py")
-    spec = importlib.util.spec_from_file_location("make_image_fixtures", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(os.path.join("scripts", "make_image_fixtures.py"))
 
 
 def standardised_fixture() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -275,13 +275,14 @@ BAD_FLAGS = [
 # as `app.run` would: exit code and stderr of each case, as JSON lines.
 EACH_BAD_FLAGS_CASE = """
 import contextlib, io, json, sys
+cases = json.loads(sys.argv[1])
 sys.argv = ["train.py"]
 sys.path.insert(0, "binaries")
 import train
 from absl import app, flags
 from tff_clustered import cli
 
-for case in json.loads(sys.argv_cases):
+for case in cases:
     flags.FLAGS.unparse_flags()
     stderr = io.StringIO()
     code = 0
@@ -302,8 +303,9 @@ def test_bad_flags_exit_non_zero_with_a_clear_message(tmp_path: object) -> None:
     cases = [
         [*given, f"--output_dir={tmp_path / str(i)}"] for i, (given, _) in enumerate(BAD_FLAGS)
     ]
-    script = EACH_BAD_FLAGS_CASE.replace("sys.argv_cases", repr(json.dumps(cases)))
-    done = run_binary(["-c", script], {"TFF_CLUSTERED_RUN_TAG": tag})
+    done = run_binary(
+        ["-c", EACH_BAD_FLAGS_CASE, json.dumps(cases)], {"TFF_CLUSTERED_RUN_TAG": tag}
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
     assert len(results) == len(BAD_FLAGS)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import tensorflow as tf
 
-from tff_clustered import checkpoint, runner
+from tff_clustered import checkpoint, runner, weights
 from tff_clustered.algorithms import algorithm_class, make_algorithm, make_options
 from tff_clustered.data.federated_data import (
     Clients,
@@ -61,13 +61,10 @@ class RunResult:
         an algorithm keeps personal hold the server's copy, which clients never average: each
         client's own copy stays with the run (its checkpoint)."""
         model = self.model_fn()
-        weights = model.trainable_weights + model.non_trainable_weights
-        values = np.asarray(self.cluster_models[cluster], np.float32)
-        offset = 0
-        for variable in weights:
-            size = int(np.prod(variable.shape))
-            variable.assign(values[offset : offset + size].reshape(variable.shape))
-            offset += size
+        variables = model.trainable_weights + model.non_trainable_weights
+        values = weights.unflatten(self.cluster_models[cluster], [v.shape for v in variables])
+        for variable, value in zip(variables, values):
+            variable.assign(value)
         return model
 
 

@@ -20,7 +20,8 @@ def option(default: Any, help: str, choices: Optional[tuple[str, ...]] = None) -
     return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
 
 
-def _base_type(annotation: Any) -> type:
+def base_type(annotation: Any) -> type:
+    """The type of an annotation, `Optional[X]` -> X."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     return args[0] if args else annotation
 
@@ -28,7 +29,7 @@ def _base_type(annotation: Any) -> type:
 def define_flags(options_cls: type, flag_values: flags.FlagValues = flags.FLAGS) -> None:
     hints = typing.get_type_hints(options_cls)
     for field in dataclasses.fields(options_cls):
-        kind = _base_type(hints[field.name])
+        kind = base_type(hints[field.name])
         if field.name in flag_values:
             existing = flag_values[field.name]
             if existing.default != field.default:
