@@ -118,6 +118,44 @@ def test_an_unreachable_worker_is_named_at_start() -> None:
             pass
 
 
+def test_a_silent_worker_is_named_within_its_timeout_and_a_busy_one_is_not_cut() -> None:
+    """A stopped worker (SIGSTOP: a stalled machine) keeps its connection open, so a call
+    without a deadline would wait for ever; a long computation on a live worker must still end."""
+    import tensorflow as tf
+    import tensorflow_federated as tff
+
+    @tff.tensorflow.computation(np.int32)
+    def long_sum(steps: tf.Tensor) -> tf.Tensor:
+        x = tf.fill([300, 300], 1e-3)
+        _, total = tf.while_loop(
+            lambda i, t: i < steps,
+            lambda i, t: (i + 1, t + tf.reduce_sum(tf.matmul(x, x))),
+            (tf.constant(0), tf.constant(0.0)),
+        )
+        return total
+
+    port = portpicker.pick_unused_port()
+    service = start_worker_service(port)
+    config = RuntimeConfig(workers=(f"127.0.0.1:{port}",), worker_timeout_s=2.0, probe_every_s=0.1)
+    try:
+        with tff_runtime(config):
+            long_sum(1)  # traced and sent once, so the timing below is the computation's
+            start = time.monotonic()
+            assert long_sum(3000) == pytest.approx(3000 * 300 * 300 * 300 * 1e-6, rel=1e-3)
+            assert time.monotonic() - start > 5 * config.probe_every_s  # it was probed, not cut
+            os.kill(service.pid, signal.SIGSTOP)
+            start = time.monotonic()
+            with pytest.raises(
+                WorkerLostError,
+                match=f"127.0.0.1:{port} stopped answering.*liveness probe in 2s.*--resume",
+            ):
+                long_sum(1)
+            assert time.monotonic() - start < 15
+    finally:
+        service.send_signal(signal.SIGCONT)
+        stop(service)
+
+
 def test_a_worker_killed_mid_run_is_named_and_the_run_resumes(tmp_path: object) -> None:
     ports = [portpicker.pick_unused_port() for _ in range(2)]
     services = [start_worker_service(p) for p in ports]

@@ -124,6 +124,14 @@ flags.DEFINE_list(
     "TFF workers HOST:PORT started with binaries/worker.py; with several, each round's clients "
     "are split over them (empty: one local worker).",
 )
+flags.DEFINE_float(
+    "worker_timeout",
+    30.0,
+    "Seconds a TFF worker may take to answer a liveness probe while a call to it is under way "
+    "(it is probed every 10 s; a long round on a live worker is never cut). A worker that does "
+    "not answer in time is named and the run stops with exit code 3. Lengthen it for a heavily "
+    "loaded or distant worker.",
+)
 flags.DEFINE_integer(
     "max_concurrent_computation_calls",
     -1,
@@ -194,6 +202,7 @@ def runtime_config_from_flags(log_dir: str) -> RuntimeConfig:
         workers=tuple(FLAGS.workers),
         max_concurrent_computation_calls=FLAGS.max_concurrent_computation_calls,
         log_dir=log_dir,
+        worker_timeout_s=FLAGS.worker_timeout,
     )
 
 

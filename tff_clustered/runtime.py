@@ -22,9 +22,16 @@ With `execution="in_process"` nothing is started: rounds run in this process
   several, each round's clients are split over them (`federated/sharded.py`); computations
   that are not split run on the first.
 
-A worker that stops answering is not retried for ever (TFF retries UNAVAILABLE without end,
-which hangs a run): the call fails with `WorkerLostError` naming its address, the run stops
-after its last checkpoint, and the same command resumes it once the worker is back.
+A worker that stops answering is not waited for or retried for ever: the call fails with
+`WorkerLostError` naming its address, the run stops after its last checkpoint, and the same
+command resumes it once the worker is back. A worker stops answering in two ways:
+* its connection breaks (the process or machine died): TFF would retry UNAVAILABLE without end;
+* it goes silent (a stopped process, a stalled machine): the connection stays open and a call
+  without a deadline waits for ever. Any fixed deadline would either cut a long round on a live
+  worker or wait far too long, so a call is instead awaited in slices of `probe_every_s`, and
+  after each slice the worker must answer a liveness probe (an empty `Dispose`, on a connection
+  of its own) within `worker_timeout_s` (`--worker_timeout`). A busy worker answers at once,
+  whatever the length of the round; a silent one is named within the two delays.
 """
 
 from __future__ import annotations
@@ -115,6 +122,10 @@ class RuntimeConfig:
     worker_malloc_arenas: int = 4
     # How long to wait for each of `workers` to answer at start.
     connect_timeout_s: float = 30.0
+    # While a call to a worker is under way, the worker is probed every `probe_every_s` and must
+    # answer within `worker_timeout_s`, or the call fails with `WorkerLostError`.
+    worker_timeout_s: float = 30.0
+    probe_every_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.execution not in ("tff", "in_process"):
@@ -129,6 +140,12 @@ class RuntimeConfig:
                 f"--device={self.device} places the in-process round; TFF's worker runs on its "
                 "own CPU. Add --execution=in_process or drop --device."
             )
+        for name, seconds in (
+            ("--worker_timeout", self.worker_timeout_s),
+            ("probe_every_s", self.probe_every_s),
+        ):
+            if not 0 < seconds < float("inf"):
+                raise ValueError(f"{name} must be a positive number of seconds, got {seconds}")
         if self.worker_malloc_arenas < 0:
             raise ValueError("worker_malloc_arenas must be >= 0 (0: glibc's default)")
         for address in self.workers:
@@ -169,7 +186,7 @@ class TffRuntime:
             targets = list(self.config.workers)
         else:
             targets = [self._start_local_worker()]
-        contexts = tuple((target, _sync_context(target)) for target in targets)
+        contexts = tuple((target, _sync_context(target, self.config)) for target in targets)
         # Replacing TFF's import-time default context drops its (never started) ServiceManager
         # now, while its `__del__` can still run cleanly, instead of at interpreter exit.
         tff.framework.set_default_context(contexts[0][1])
@@ -276,45 +293,85 @@ def _wait_until_ready(
 
 class _FailFastStub:
     """TFF's gRPC stub to one worker, except that a worker that stops answering raises
-    `WorkerLostError` (naming it) instead of TFF's `RetryableError`, which its execution
-    context retries for ever."""
+    `WorkerLostError` naming it: when its connection breaks (instead of TFF's `RetryableError`,
+    which its execution context retries for ever) and when it goes silent (a call is awaited in
+    slices, and between slices the worker must answer a liveness probe)."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, worker_timeout_s: float, probe_every_s: float) -> None:
         import grpc
         import tensorflow_federated as tff
+        from tensorflow_federated.proto.v0 import executor_pb2_grpc
 
         self._target = target
-        self._stub = tff.framework.RemoteExecutorGrpcStub(
-            grpc.insecure_channel(target, _GRPC_OPTIONS)
+        self._worker_timeout_s = worker_timeout_s
+        self._probe_every_s = probe_every_s
+        channel = grpc.insecure_channel(target, _GRPC_OPTIONS)
+        self._stub = tff.framework.RemoteExecutorGrpcStub(channel)  # for `is_ready`
+        self._calls = executor_pb2_grpc.ExecutorGroupStub(channel)
+        # The probe has a connection of its own, so a large upload cannot delay its answer.
+        probe_channel = grpc.insecure_channel(
+            target, [*_GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
         )
+        self._probes = executor_pb2_grpc.ExecutorGroupStub(probe_channel)
 
     def __getattr__(self, name: str) -> object:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name == "is_ready":
+            return self._stub.is_ready
+        # TFF's stub method `create_value` is the gRPC method `CreateValue`, and so on.
+        rpc = getattr(self._calls, "".join(word.title() for word in name.split("_")))
+        return lambda request: self._await(rpc.future(request))
+
+    def _await(self, future: object) -> object:
+        import grpc
         from tensorflow_federated.python.core.impl.executors import executors_errors
 
-        attribute = getattr(self._stub, name)
-        if not callable(attribute):
-            return attribute
-
-        def call(*args: object, **kwargs: object) -> object:
-            try:
-                return attribute(*args, **kwargs)
-            except executors_errors.RetryableError as e:
-                code = e.code() if isinstance(e, executors_errors.RetryableGRPCError) else None
+        try:
+            while True:
+                try:
+                    return future.result(timeout=self._probe_every_s)
+                except grpc.FutureTimeoutError:
+                    if not self._answers_probe():
+                        future.cancel()
+                        raise WorkerLostError(
+                            f"TFF worker {self._target} stopped answering (no answer to a "
+                            f"liveness probe in {self._worker_timeout_s:g}s: a stopped process "
+                            f"or a stalled machine; {_RESUME_ADVICE}"
+                        ) from None
+        except grpc.RpcError as e:
+            code = e.code() if isinstance(e, grpc.Call) else None
+            if code in executors_errors.get_grpc_retryable_error_codes():
                 raise WorkerLostError(
-                    f"TFF worker {self._target} stopped answering ({code or e}). The run "
-                    "stopped; its finished rounds are in its last checkpoint. Restart the "
-                    "worker, then run the same command with --resume."
+                    f"TFF worker {self._target} stopped answering ({code}). {_RESUME_ADVICE}"
                 ) from None
+            raise
 
-        return call
+    def _answers_probe(self) -> bool:
+        """True if the worker answers an empty `Dispose` in time (any answer: it is alive)."""
+        import grpc
+        from tensorflow_federated.proto.v0 import executor_pb2
+
+        try:
+            self._probes.Dispose(executor_pb2.DisposeRequest(), timeout=self._worker_timeout_s)
+        except grpc.RpcError as e:
+            silent = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+            return not (isinstance(e, grpc.Call) and e.code() in silent)
+        return True
 
 
-def _executor_factory(target: str) -> object:
+_RESUME_ADVICE = (
+    "The run stopped; its finished rounds are in its last checkpoint. Restart the worker, then "
+    "run the same command with --resume."
+)
+
+
+def _executor_factory(target: str, config: RuntimeConfig) -> object:
     """TFF's own remote-executor stack (the same one its local C++ context builds)."""
     import tensorflow_federated as tff
     from tensorflow_federated.python.core.impl.executor_stacks import python_executor_stacks
 
-    stub = _FailFastStub(target)
+    stub = _FailFastStub(target, config.worker_timeout_s, config.probe_every_s)
 
     def stack_fn(cardinalities: dict) -> object:
         if cardinalities.get(tff.CLIENTS) is None:
@@ -326,7 +383,7 @@ def _executor_factory(target: str) -> object:
     return python_executor_stacks.ResourceManagingExecutorFactory(executor_stack_fn=stack_fn)
 
 
-def _sync_context(target: str) -> object:
+def _sync_context(target: str, config: RuntimeConfig) -> object:
     import tensorflow_federated as tff
     from tensorflow_federated.python.core.backends.native import compiler
     from tensorflow_federated.python.core.environments.tensorflow_frontend import (
@@ -334,7 +391,7 @@ def _sync_context(target: str) -> object:
     )
 
     return tff.framework.SyncExecutionContext(
-        executor_fn=_executor_factory(target),
+        executor_fn=_executor_factory(target, config),
         compiler_fn=compiler.desugar_and_transform_to_native,
         transform_args=tensorflow_computation.transform_args,
         transform_result=tensorflow_computation.transform_result,
