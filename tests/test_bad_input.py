@@ -72,3 +72,35 @@ def test_an_output_folder_inside_a_file_exits_2_with_one_line(tmp_path: object) 
     assert "is a file, or inside one, not a folder; choose another --output_dir" in done.stderr
     assert "Traceback" not in done.stderr
     assert a_file.read_text() == "kept"
+
+
+def test_tensorboard_events_that_did_not_reach_the_disk_are_an_error(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TensorFlow's writer drops some write errors: on a full disk it left a truncated events
+    file and the run ended with exit 0. The file is read back after each flush."""
+    import tensorflow as tf
+
+    from tff_clustered import reporting
+
+    folder = str(tmp_path / "run")
+    os.makedirs(folder)
+    log = reporting.TensorBoardLog(folder)
+    log.add({"round": 1, "accuracy": 0.5, "loss": 1.0, "converged": True})
+    log.flush()  # the file's version event and two scalars
+    (events,) = reporting.event_files(folder)
+    assert reporting.count_records(events) == 3
+    with open(events, "r+b") as f:  # what a full disk left: the last record cut short
+        f.truncate(os.path.getsize(events) - 5)
+    with pytest.raises(OSError, match="TensorBoard events were not all written.*2 of 3") as e:
+        log.check_written()
+    assert e.value.errno in run_flags.OUTPUT_ERRNOS and e.value.filename == events
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise tf.errors.ResourceExhaustedError(None, None, f"{events}; No space left on device")
+
+    monkeypatch.setattr(tf.summary, "scalar", full_disk)
+    log.add({"round": 2, "accuracy": 0.6})
+    with pytest.raises(OSError) as e:
+        log.flush()
+    assert e.value.errno == errno.ENOSPC and e.value.filename == folder

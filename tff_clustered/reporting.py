@@ -3,14 +3,17 @@ terminal progress."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import io
 import json
 import math
 import os
 import re
+import struct
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -91,17 +94,24 @@ class TensorBoardLog:
     """TensorBoard event files in the run's folder (`tensorboard --logdir runs/` shows every
     run side by side): every numeric column of each round's row as a scalar at step = round.
     Rows are held until the checkpoint that covers them is written (`flush`), so a resumed run
-    neither repeats nor loses a point."""
+    neither repeats nor loses a point.
+
+    TensorFlow's writer drops some write errors (on a full disk it leaves a truncated file and
+    the run would end with exit 0), so after every flush the file is read back: each event
+    written must be in it, else an `OSError` says so."""
 
     def __init__(self, output_dir: str) -> None:
+        self.output_dir = output_dir
+        self.earlier_files = set(event_files(output_dir))
         self.writer = tf.summary.create_file_writer(output_dir)
         self.pending: list[dict[str, Any]] = []
+        self.events_written = 1  # the writer's own first event (the file's version)
 
     def add(self, row: dict[str, Any]) -> None:
         self.pending.append(row)
 
     def flush(self) -> None:
-        with self.writer.as_default():
+        with self.writer.as_default(), output_errors(self.output_dir):
             for row in self.pending:
                 step = int(row["round"])
                 for column, value in row.items():
@@ -111,21 +121,79 @@ class TensorBoardLog:
                         value
                     ):
                         tf.summary.scalar(tensorboard_tag(column), float(value), step=step)
-        self.writer.flush()
+                        self.events_written += 1
+            self.writer.flush()
         self.pending = []
+        self.check_written()
 
     def add_images(self, pngs: Mapping[str, str], step: int) -> None:
         """PNG files (tag -> path) as TensorBoard images at `step`; absent files are skipped."""
-        with self.writer.as_default():
+        with self.writer.as_default(), output_errors(self.output_dir):
             for tag, path in pngs.items():
                 if os.path.exists(path):
                     with open(path, "rb") as f:
                         image = tf.image.decode_png(f.read(), channels=3)
                     tf.summary.image(tag, image[None], step=step)
-        self.writer.flush()
+                    self.events_written += 1
+            self.writer.flush()
+        self.check_written()
+
+    def check_written(self) -> None:
+        """Raises `OSError` unless this writer's file holds every event written so far."""
+        ours = [f for f in event_files(self.output_dir) if f not in self.earlier_files]
+        found = count_records(ours[0]) if len(ours) == 1 else 0
+        if found != self.events_written:
+            where = ours[0] if len(ours) == 1 else os.path.join(self.output_dir, "events.out.*")
+            raise OSError(
+                errno.EIO,
+                f"TensorBoard events were not all written ({found} of {self.events_written} in "
+                "the file; is the disk full?)",
+                where,
+            )
 
     def close(self) -> None:
-        self.writer.close()
+        with output_errors(self.output_dir):
+            self.writer.close()
+
+
+def event_files(folder: str) -> list[str]:
+    """The TensorBoard event files in `folder`, by name."""
+    if not os.path.isdir(folder):
+        return []
+    names = sorted(n for n in os.listdir(folder) if n.startswith("events.out.tfevents."))
+    return [os.path.join(folder, n) for n in names]
+
+
+def count_records(path: str) -> int:
+    """Whole TFRecords in `path` (length, its CRC, data, the data's CRC), counted up to the
+    first record the file does not hold entirely."""
+    with open(path, "rb") as f:
+        data = f.read()
+    count, offset = 0, 0
+    while offset + 12 <= len(data):
+        (length,) = struct.unpack_from("<Q", data, offset)
+        offset += 12 + length + 4
+        if offset > len(data):
+            break
+        count += 1
+    return count
+
+
+@contextlib.contextmanager
+def output_errors(output_dir: str) -> Iterator[None]:
+    """TensorFlow's file errors as the `OSError` a failed write of ours raises, with its errno
+    read from the message (so a full disk or a read-only folder is reported as such)."""
+    try:
+        yield
+    except tf.errors.OpError as e:
+        reasons = {
+            "No space left": errno.ENOSPC,
+            "Read-only file system": errno.EROFS,
+            "Permission denied": errno.EACCES,
+            "quota exceeded": errno.EDQUOT,
+        }
+        code = next((c for text, c in reasons.items() if text in e.message), errno.EIO)
+        raise OSError(code, os.strerror(code), output_dir) from e
 
 
 def _format(value: Any) -> Any:

@@ -206,8 +206,9 @@ def runtime_config_from_flags(log_dir: str) -> RuntimeConfig:
     )
 
 
-# File-system errors that are the user's to fix, not bugs: no space, quota, read-only, denied.
-OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+# File-system errors that are the user's to fix, not bugs: no space, quota, read-only, denied,
+# a write that did not reach the disk.
+OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO)
 
 
 @contextlib.contextmanager
