@@ -3,7 +3,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint benchmark doctor docs gpu-extras gpu-check clean-env
+.PHONY: run test lint benchmark doctor docs model-matrix gpu-extras gpu-check clean-env
 
 run: $(STAMP)
 	$(VENV)/bin/python binaries/train.py --flagfile=configs/default_run.flags $(ARGS)
@@ -24,6 +24,10 @@ doctor: $(STAMP)
 # algorithm table (tests/test_docs.py checks that they are up to date).
 docs: $(STAMP)
 	$(VENV)/bin/python binaries/docs_tables.py $(ARGS)
+
+# Every algorithm for one round with every model, on tiny data (tens of minutes on 2 cores).
+model-matrix: $(STAMP)
+	$(VENV)/bin/python binaries/model_matrix.py $(ARGS)
 
 $(STAMP): requirements/lock.txt setup.cfg scripts/bootstrap.sh
 	bash scripts/bootstrap.sh

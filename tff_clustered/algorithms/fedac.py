@@ -300,7 +300,15 @@ class FedAC(Algorithm):
 
     def anchor_tensors(self, run: RunInfo) -> tuple[int, ...]:
         """Phi: the embedding, every layer but the last (Sec. 5.1)."""
-        return layers_to_tensors(run.layer_sizes, 1)
+        embedding = layers_to_tensors(run.layer_sizes, 1)
+        if not embedding and self.options.fedac_lambda:
+            raise ValueError(
+                "fedac pulls the embedding (every layer but the last) toward the global one with "
+                f"--fedac_lambda={self.options.fedac_lambda:g}, and this model has one layer, so "
+                "no embedding: use a model with hidden layers (e.g. --model=mlp) or "
+                "--fedac_lambda=0"
+            )
+        return embedding
 
     def warmup_rounds(self, run: RunInfo) -> int:
         return self.options.fedac_warmup_rounds or full_pass_rounds(run)

@@ -48,7 +48,7 @@ WEIGHTED = (
     tf.keras.layers.Conv2D,
     tf.keras.layers.BatchNormalization,
 )
-# Layers without weights that the interpreter runs by calling the layer itself.
+# Layers without weights, which the interpreter runs as TF ops (`parameter_free_ops`).
 PARAMETER_FREE = (
     tf.keras.layers.InputLayer,
     tf.keras.layers.Flatten,
@@ -210,6 +210,8 @@ def _check_layer(layer: tf.keras.layers.Layer, t_idx: list, s_idx: list) -> None
             )
     elif s_idx:
         raise ValueError(f"layer {layer.name} ({kind}) has non-trainable weights; {_SUPPORTED}")
+    if getattr(layer, "data_format", "channels_last") != "channels_last":
+        raise ValueError(f"layer {layer.name} ({kind}): only channels_last data is supported")
     if type(layer) is tf.keras.layers.Conv2D and (layer.groups != 1 or layer.padding == "causal"):
         raise ValueError(f"Conv2D layer {layer.name}: groups > 1 and causal padding unsupported")
 
@@ -313,13 +315,15 @@ def _batch_norm(
     return y, new_mean, new_variance
 
 
-def _parameter_free(layer: tf.keras.layers.Layer, x: object) -> Optional[tf.Tensor]:
-    """The common parameter-free layers as TF ops (channels-last), or None for any other.
-    Calling a Keras layer fails once TFF's own builder has run inside a TF1 graph (it leaves
-    every Keras layer made outside that graph unusable), so no pass calls these."""
+def parameter_free_ops(layer: tf.keras.layers.Layer, x: object) -> tf.Tensor:
+    """A layer of `PARAMETER_FREE` (channels-last) as TF ops. Calling a Keras layer fails once
+    TFF's own builder has run inside a TF1 graph (it leaves every Keras layer made outside that
+    graph unusable), so no pass calls one."""
     kind = type(layer)
     if kind is tf.keras.layers.Flatten:
         return tf.reshape(x, [tf.shape(x)[0], -1])
+    if kind is tf.keras.layers.Reshape:
+        return tf.reshape(x, [tf.shape(x)[0], *layer.target_shape])
     if kind in (tf.keras.layers.MaxPool2D, tf.keras.layers.AveragePooling2D):
         pool = tf.nn.max_pool2d if kind is tf.keras.layers.MaxPool2D else tf.nn.avg_pool2d
         return pool(x, layer.pool_size, layer.strides, layer.padding.upper())
@@ -327,9 +331,20 @@ def _parameter_free(layer: tf.keras.layers.Layer, x: object) -> Optional[tf.Tens
         return tf.reduce_mean(x, axis=[1, 2], keepdims=bool(layer.keepdims))
     if kind is tf.keras.layers.Activation:
         return layer.activation(x)
+    if kind is tf.keras.layers.ReLU:
+        max_value = None if layer.max_value is None else float(layer.max_value)
+        return tf.keras.backend.relu(
+            x,
+            alpha=float(layer.negative_slope),
+            max_value=max_value,
+            threshold=float(layer.threshold),
+        )
     if kind is tf.keras.layers.Add:
         return tf.add_n(list(x))
-    return None
+    if kind is tf.keras.layers.ZeroPadding2D:
+        (top, bottom), (left, right) = layer.padding
+        return tf.pad(x, [[0, 0], [top, bottom], [left, right], [0, 0]])
+    raise ValueError(f"layer {layer.name} ({kind.__name__}) is not supported; {_SUPPORTED}")
 
 
 def _interpreted(model: tf.keras.Model, bn_momentum: Optional[float]) -> FunctionalModel:
@@ -425,8 +440,7 @@ def _interpreted(model: tf.keras.Model, bn_momentum: Optional[float]) -> Functio
             return tf.nn.experimental.stateless_dropout(
                 x, layer.rate, seed=layer_seed, noise_shape=noise_shape
             )
-        as_ops = _parameter_free(layer, x)
-        return layer(x) if as_ops is None else as_ops
+        return parameter_free_ops(layer, x)
 
     def run(
         weights: Sequence[tf.Tensor],
