@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
         output_dir = FLAGS.output_dir or os.path.join(
             "runs", f"{spec.dataset}-{spec.algorithm}-s{spec.training.seed}"
         )
-        checkpoint.make_output_folder(output_dir)  # before the worker writes its log there
+        checkpoint.refuse_held_run_folder(output_dir)  # before a worker writes its log there
         runtime_config = run_flags.runtime_config_from_flags(output_dir)
         with tff_runtime(runtime_config):
             summary = run(spec, output_dir)

@@ -17,6 +17,8 @@ import pytest
 import tensorflow as tf
 from conftest import ROOT, SHARED_LEAF_FILE, run_binary, worker_pids_with_tag
 
+from tff_clustered import checkpoint
+
 TRAIN = os.path.join("binaries", "train.py")
 QUICK = ["--rounds=12", "--clients_per_round=5", "--local_epochs=1", "--checkpoint_every=2"]
 
@@ -300,16 +302,23 @@ def test_bad_flags_exit_non_zero_with_a_clear_message(tmp_path: object) -> None:
     nothing written, no worker left. (`test_help_ends_without_a_traceback` checks that the
     process ends without TFF's exit-time traceback.)"""
     tag = uuid.uuid4().hex
-    cases = [
-        [*given, f"--output_dir={tmp_path / str(i)}"] for i, (given, _) in enumerate(BAD_FLAGS)
+    held = str(tmp_path / "held")
+    expected = [
+        *BAD_FLAGS,
+        # The same command started twice: this test holds the folder as the first run would.
+        (["--rounds=1"], f"{held} is in use by another run (pid {os.getpid()}); wait for it"),
     ]
-    done = run_binary(
-        ["-c", EACH_BAD_FLAGS_CASE, json.dumps(cases)], {"TFF_CLUSTERED_RUN_TAG": tag}
-    )
+    cases = [[*given, f"--output_dir={tmp_path / str(i)}"] for i, (given, _) in enumerate(expected)]
+    cases[-1][-1] = f"--output_dir={held}"
+    with checkpoint.hold_run_folder(held):
+        done = run_binary(
+            ["-c", EACH_BAD_FLAGS_CASE, json.dumps(cases)], {"TFF_CLUSTERED_RUN_TAG": tag}
+        )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert os.listdir(held) == [checkpoint.LOCK_NAME]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
-    assert len(results) == len(BAD_FLAGS)
-    for i, ((given, message), (code, stderr)) in enumerate(zip(BAD_FLAGS, results)):
+    assert len(results) == len(expected)
+    for i, ((given, message), (code, stderr)) in enumerate(zip(expected, results)):
         assert code == 2, (given, stderr[-2000:])
         assert message in stderr, (given, stderr[-2000:])
         assert "Traceback" not in stderr, (given, stderr[-2000:])

@@ -183,7 +183,7 @@ def run(
         refuse_too_large(model, getattr(built, "num_clusters", 1) + runner.WORKING_COPIES)
         return Experiment(data, model, built, training, execution=execution, device=device)
 
-    checkpoint.make_output_folder(output_dir)
+    checkpoint.refuse_held_run_folder(output_dir)  # before a worker writes its log there
     with tff_runtime(RuntimeConfig(execution=execution, device=device, log_dir=output_dir)):
         summary, experiment = runner.run_experiment(
             build, settings, output_dir, checkpoint_every, resume, log

@@ -77,6 +77,14 @@ def hold_run_folder(output_dir: str) -> Iterator[None]:
         os.close(fd)  # closing drops the lock
 
 
+def refuse_held_run_folder(output_dir: str) -> None:
+    """Makes `output_dir` and refuses it at once (`CheckpointError`) if another run holds it:
+    before a TFF worker is started and writes its log there. The run then holds the folder
+    itself with `hold_run_folder`."""
+    with hold_run_folder(output_dir):
+        pass
+
+
 def make_output_folder(output_dir: str) -> None:
     """`os.makedirs`, with a folder that cannot be made (a file in the way, read-only, full)
     refused by a `CheckpointError` naming the problem and the fix."""
