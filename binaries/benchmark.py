@@ -46,11 +46,13 @@ import sys
 import time
 from typing import Optional
 
-from absl import app, flags
+from absl import flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from tff_clustered import cli, logs  # noqa: E402 - light; quiets TensorFlow before its import
+
+cli.stop_at_once_on_signals("benchmark.py")
 
 logs.quiet_tensorflow(sys.argv)
 import numpy as np  # noqa: E402
@@ -702,4 +704,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    cli.run_main("benchmark.py", main)

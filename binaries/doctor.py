@@ -25,6 +25,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from tff_clustered import cli, logs  # noqa: E402 - light; quiets TensorFlow before its import
 
+cli.stop_at_once_on_signals("doctor.py")
+
 logs.quiet_tensorflow(sys.argv)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -237,4 +239,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    cli.run_main("doctor.py", main)

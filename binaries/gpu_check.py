@@ -37,11 +37,13 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple, Optional
 
-from absl import app, flags
+from absl import flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from tff_clustered import cli, logs  # noqa: E402 - light; quiets TensorFlow before its import
+
+cli.stop_at_once_on_signals("gpu_check.py")
 
 logs.quiet_tensorflow(sys.argv)
 import numpy as np  # noqa: E402
@@ -317,4 +319,4 @@ def summary(
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    cli.run_main("gpu_check.py", main)

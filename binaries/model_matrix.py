@@ -28,6 +28,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from tff_clustered import cli, logs  # noqa: E402 - light; quiets TensorFlow before its import
 
+cli.stop_at_once_on_signals("model_matrix.py")
+
 logs.quiet_tensorflow(sys.argv)
 from tff_clustered.algorithms import ALGORITHMS, make_options  # noqa: E402
 from tff_clustered.algorithms.dfl import Decentralized  # noqa: E402
@@ -130,4 +132,4 @@ def run_cell(algorithm: str, model: str, execution: str) -> tuple[str, str]:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    cli.run_main("model_matrix.py", main)

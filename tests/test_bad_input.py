@@ -104,3 +104,23 @@ def test_tensorboard_events_that_did_not_reach_the_disk_are_an_error(
     with pytest.raises(OSError) as e:
         log.flush()
     assert e.value.errno == errno.ENOSPC and e.value.filename == folder
+
+
+@pytest.mark.parametrize("signum, code, word", [(2, 130, "interrupted"), (15, 143, "terminated")])
+def test_binaries_without_checkpoints_stop_on_a_signal_with_one_line(
+    signum: int, code: int, word: str
+) -> None:
+    """doctor, benchmark, gpu_check and model_matrix run their work through `cli.run_main`."""
+    script = (
+        "import os, time\n"
+        "from tff_clustered import cli\n"
+        "cli.stop_at_once_on_signals('probe.py')\n"
+        "def main(argv):\n"
+        f"    os.kill(os.getpid(), {signum})\n"
+        "    time.sleep(30)\n"
+        "    print('swallowed')\n"
+        "cli.run_main('probe.py', main)\n"
+    )
+    done = run_binary(["-c", script])
+    assert done.returncode == code, done.stderr
+    assert done.stderr.strip() == f"probe.py: {word}" and "swallowed" not in done.stdout

@@ -8,6 +8,8 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from absl import flags
 
@@ -74,6 +76,27 @@ def stop_at_once_on_signals(binary: str) -> None:
             _IGNORED.add(signum)  # as a shell starts background jobs: left ignored
         else:
             signal.signal(signum, stop)
+
+
+def run_main(binary: str, main: Callable[[list[str]], Any]) -> None:
+    """`app.run(main)` for a binary that keeps no checkpoint (doctor, benchmark, gpu_check,
+    model_matrix): flags parsed by `parse_flags`; Ctrl-C and SIGTERM, once `main` runs, stop
+    it between two steps (its TFF worker stopped on the way out) with one line and 130 / 143,
+    never a traceback. Call `stop_at_once_on_signals(binary)` in its first lines too."""
+    from absl import app
+
+    def guarded(argv: list[str]) -> Any:
+        stop_cleanly_on_signals()
+        try:
+            return main(argv)
+        except KeyboardInterrupt:
+            print(f"{binary}: interrupted", file=sys.stderr)
+            raise SystemExit(130) from None
+        except Terminated:
+            print(f"{binary}: terminated", file=sys.stderr)
+            raise Terminated() from None
+
+    app.run(guarded, flags_parser=parse_flags)
 
 
 def stop_cleanly_on_signals() -> None:
