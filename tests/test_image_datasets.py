@@ -326,6 +326,15 @@ def test_corrupt_files_are_named(tmp_path: Path) -> None:
     (folder / "data_batch_1").write_bytes(pickle.dumps({b"labels": [1]}))
     with pytest.raises(DataError, match="data_batch_1 is not a CIFAR batch"):
         read_cifar("cifar10", str(tmp_path))
+    batch = {b"data": np.zeros((2, 3072), np.uint8), b"labels": [3, 10]}
+    (folder / "data_batch_1").write_bytes(pickle.dumps(batch))
+    with pytest.raises(DataError, match="label 10, outside the 10 classes 0..9; download") as e:
+        read_cifar("cifar10", str(tmp_path))
+    batch[b"labels"] = [3, 2.5]
+    (folder / "data_batch_1").write_bytes(pickle.dumps(batch))
+    with pytest.raises(DataError) as e:
+        read_cifar("cifar10", str(tmp_path))
+    assert str(e.value).count("cifar10:") == 1, e.value  # one message, not one inside another
     (tmp_path / "train_32x32.mat").write_bytes(b"MATLAB? no")
     (tmp_path / "test_32x32.mat").write_bytes(b"")
     with pytest.raises(DataError, match="train_32x32.mat is not an SVHN .mat file"):

@@ -1,4 +1,5 @@
-"""Property-based corruption of every file loader: LEAF JSON, MNIST IDX / npz, Sent140 + GloVe.
+"""Property-based corruption of every file loader: LEAF JSON, MNIST IDX / npz, Sent140 + GloVe,
+and the image files (CIFAR, SVHN, PathMNIST, TFDS) damaged byte by byte.
 
 Each test writes a small valid dataset in the real format, checks that it loads, then applies
 one generated corruption (truncation, wrong types, ragged rows, NaN/inf, labels out of range,
@@ -483,3 +484,68 @@ def test_corrupt_sent140_and_glove_give_one_named_error(data: st.DataObject) -> 
             record["y"][0] = data.draw(st.sampled_from([2, 3, -4, 7, "4", 0.5]))
         write_json(files[split], blob)
         assert_named_error(load, files[split], os.path.dirname(files[split]))
+
+
+# --------------------------------------------------------------------------------------------
+# Image files (CIFAR pickles, SVHN .mat, PathMNIST .npz, a prepared TFDS folder), damaged byte
+# by byte. A damaged file may still be valid (bytes inside the pixels), so the property is: the
+# reader returns images and labels that pass its checks, or raises our one-line `DataError`;
+# never another exception.
+
+IMAGE_FIXTURES = {  # fixture folder, the file damaged in it, reader
+    "cifar10": ("cifar10_tiny", "cifar-10-batches-py/data_batch_1"),
+    "svhn": ("svhn_tiny", "train_32x32.mat"),
+    "pathmnist": ("pathmnist_tiny", "pathmnist.npz"),
+    "tfds_info": ("tfds_tiny", "cifar10/3.0.2/dataset_info.json"),
+    "tfds_records": ("tfds_tiny", "cifar10/3.0.2/cifar10-train.tfrecord-00000-of-00001"),
+}
+
+
+def read_image_fixture(name: str, folder: str) -> tuple:
+    from tff_clustered.data.images import read_cifar, read_svhn, read_tfds
+    from tff_clustered.data.medmnist import read_pathmnist
+
+    if name == "cifar10":
+        return read_cifar("cifar10", folder)
+    if name == "svhn":
+        return read_svhn(folder)
+    if name == "pathmnist":
+        return read_pathmnist(folder)
+    return read_tfds("cifar10", folder)
+
+
+@settings(SETTINGS, max_examples=60)
+@given(data=st.data())
+def test_damaged_image_files_read_valid_arrays_or_give_one_named_error(
+    data: st.DataObject,
+) -> None:
+    import shutil
+
+    from conftest import TESTDATA
+
+    name = data.draw(st.sampled_from(sorted(IMAGE_FIXTURES)), label="file")
+    fixture, relative = IMAGE_FIXTURES[name]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = os.path.join(tmp, fixture)
+        shutil.copytree(os.path.join(TESTDATA, fixture), folder)
+        path = os.path.join(folder, relative)
+        with open(path, "rb") as f:
+            content = bytearray(f.read())
+        start = data.draw(st.integers(0, len(content) - 1), label="at")
+        kind = data.draw(st.sampled_from(["truncate", "overwrite", "zero"]), label="damage")
+        if kind == "truncate":
+            content = content[:start]
+        else:
+            length = data.draw(st.integers(1, 64), label="length")
+            noise = data.draw(st.binary(min_size=length, max_size=length), label="bytes")
+            content[start : start + length] = noise if kind == "overwrite" else bytes(length)
+        with open(path, "wb") as f:
+            f.write(bytes(content))
+        try:
+            x_train, y_train, x_test, y_test = read_image_fixture(name, folder)
+        except DataError as e:
+            assert "\n" not in str(e), str(e)
+            return
+        for x, y in ((x_train, y_train), (x_test, y_test)):
+            assert x.dtype == np.uint8 and x.ndim == 4 and len(x) == len(y)
+            assert np.issubdtype(y.dtype, np.integer) and y.min() >= 0

@@ -165,13 +165,26 @@ def _cifar_images(
         data = pixel_array(batch[b"data"], f"{name}: {path}", fix)
         labels = label_array(batch[label_key], f"{name}: {path}", fix).reshape(-1)
         images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    except DataError:
+        raise
     except (KeyError, ValueError) as e:
         raise DataError(f"{name}: {path} is not a CIFAR batch ({e!r} missing or misshaped)") from e
     if len(images) != len(labels):
         raise DataError(
             f"{name}: {path} holds {len(images)} images but {len(labels)} labels; download it again"
         )
+    refuse_labels_outside(labels, NUM_CLASSES[name], f"{name}: {path}", fix)
     return images, labels
+
+
+def refuse_labels_outside(labels: np.ndarray, classes: int, what: str, fix: str) -> None:
+    """`DataError` naming the first label outside 0..classes-1."""
+    bad = labels[(labels < 0) | (labels >= classes)]
+    if bad.size:
+        raise DataError(
+            f"{what} holds label {int(bad[0])}, outside the {classes} classes "
+            f"0..{classes - 1}; {fix}"
+        )
 
 
 def read_cifar(name: str, data_dir: str) -> Arrays:
@@ -224,7 +237,9 @@ def read_svhn(data_dir: str) -> Arrays:
             raise DataError(
                 f"svhn: {path} holds {x.shape} images and {len(y)} labels; download it again"
             )
-        out += [x, np.where(y == 10, 0, y)]
+        y = np.where(y == 10, 0, y)  # SVHN's label 10 is the digit 0
+        refuse_labels_outside(y, NUM_CLASSES["svhn"], f"svhn: {path}", fix)
+        out += [x, y]
     return tuple(out)  # type: ignore[return-value]
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from tff_clustered.data import partitions
 from tff_clustered.data.federated_data import DataError, FederatedData, first_line
-from tff_clustered.data.images import Arrays, standardise
+from tff_clustered.data.images import Arrays, refuse_labels_outside, standardise
 
 PATHMNIST_FILE = "pathmnist.npz"
 PATHMNIST_CLASSES = 9
@@ -71,12 +71,7 @@ def _split(npz: np.lib.npyio.NpzFile, path: str, split: str) -> tuple[np.ndarray
             f"integers of shape ({len(x)}, 1), one per image; {GET_IT}"
         )
     y = y.reshape(-1).astype(np.int64)
-    bad = y[(y < 0) | (y >= PATHMNIST_CLASSES)]
-    if bad.size:
-        raise DataError(
-            f"pathmnist: {split}_labels in {path} holds label {int(bad[0])}, outside the "
-            f"{PATHMNIST_CLASSES} classes 0..{PATHMNIST_CLASSES - 1}; {GET_IT}"
-        )
+    refuse_labels_outside(y, PATHMNIST_CLASSES, f"pathmnist: {split}_labels in {path}", GET_IT)
     return x, y
 
 
