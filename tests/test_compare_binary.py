@@ -17,7 +17,7 @@ def test_compare_writes_table_iii_and_clustered_methods_beat_fedavg(tmp_path: ob
     done = run_binary(
         [
             os.path.join("binaries", "compare.py"),
-            "--algorithms=fedavg,ifca,fedgroup",
+            "--algorithms=fedavg,ifca",
             "--rounds=12",
             f"--output_dir={out}",
         ],
@@ -27,26 +27,26 @@ def test_compare_writes_table_iii_and_clustered_methods_beat_fedavg(tmp_path: ob
     assert worker_pids_with_tag(tag) == []
     with open(os.path.join(out, "comparison.csv")) as f:
         rows = {r["algorithm"]: r for r in csv.DictReader(f)}
-    assert list(rows) == ["fedavg", "ifca", "fedgroup"]
+    assert list(rows) == ["fedavg", "ifca"]
     for r in rows.values():
         for column in ("max_accuracy", "final_accuracy"):
             assert 0.0 <= float(r[column]) <= 1.0
         assert float(r["max_accuracy"]) >= float(r["final_accuracy"])
     fedavg = float(rows["fedavg"]["max_accuracy"])
-    # 4 label-permutation groups: one model per group must win by a wide margin.
-    assert float(rows["fedgroup"]["max_accuracy"]) >= fedavg + 0.3
+    # 4 label-permutation groups: one model per group must win by a wide margin (FedGroup's
+    # margin on the same groups: test_default_run_recovers_the_planted_groups_and_beats_fedavg).
     assert float(rows["ifca"]["max_accuracy"]) >= fedavg + 0.3
-    # IFCA sends every cluster model to each sampled client: (4 + 1) / (1 + 1) of FedGroup's.
-    ratio = float(rows["ifca"]["floats_per_round"]) / float(rows["fedgroup"]["floats_per_round"])
+    # IFCA sends every cluster model to each sampled client: (4 + 1) / (1 + 1) of FedAvg's.
+    ratio = float(rows["ifca"]["floats_per_round"]) / float(rows["fedavg"]["floats_per_round"])
     assert ratio == 2.5
-    assert float(rows["fedgroup"]["mean_discrepancy"]) < float(rows["fedavg"]["mean_discrepancy"])
-    for name in ("comparison.md", "comparison.png", "fedgroup/metrics.csv"):
+    assert float(rows["ifca"]["mean_discrepancy"]) < float(rows["fedavg"]["mean_discrepancy"])
+    for name in ("comparison.md", "comparison.png", "ifca/metrics.csv"):
         assert os.path.exists(os.path.join(out, name))
     # Running it again reuses the finished runs instead of recomputing or overwriting them.
     again = run_binary(
         [
             os.path.join("binaries", "compare.py"),
-            "--algorithms=fedavg,ifca,fedgroup",
+            "--algorithms=fedavg,ifca",
             "--rounds=12",
             f"--output_dir={out}",
         ]
