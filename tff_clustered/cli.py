@@ -4,11 +4,12 @@ Ctrl-C / SIGTERM as one line and exit code 130 / 143 at any moment, start-up inc
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from absl import flags
@@ -86,17 +87,26 @@ def run_main(binary: str, main: Callable[[list[str]], Any]) -> None:
     from absl import app
 
     def guarded(argv: list[str]) -> Any:
-        stop_cleanly_on_signals()
-        try:
+        with one_line_on_signals(f"{binary}: ", ""):
             return main(argv)
-        except KeyboardInterrupt:
-            print(f"{binary}: interrupted", file=sys.stderr)
-            raise SystemExit(130) from None
-        except Terminated:
-            print(f"{binary}: terminated", file=sys.stderr)
-            raise Terminated() from None
 
     app.run(guarded, flags_parser=parse_flags)
+
+
+@contextlib.contextmanager
+def one_line_on_signals(before: str, after: str) -> Iterator[None]:
+    """While the block runs (the work, after start-up): Ctrl-C and SIGTERM stop it between
+    two steps with the one line `{before}interrupted{after}` (or `terminated`) and exit code
+    130 / 143."""
+    stop_cleanly_on_signals()
+    try:
+        yield
+    except KeyboardInterrupt:
+        print(f"{before}interrupted{after}", file=sys.stderr)
+        raise SystemExit(130) from None
+    except Terminated:
+        print(f"{before}terminated{after}", file=sys.stderr)
+        raise Terminated() from None
 
 
 def stop_cleanly_on_signals() -> None:

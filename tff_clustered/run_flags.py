@@ -10,11 +10,10 @@ from collections.abc import Iterator, Sequence
 
 from absl import flags
 
-from tff_clustered import logs
+from tff_clustered import cli, logs
 from tff_clustered import options as options_lib
 from tff_clustered.algorithms import ALGORITHMS, algorithm_class, define_all_flags
 from tff_clustered.checkpoint import CheckpointError
-from tff_clustered.cli import Terminated, stop_cleanly_on_signals
 from tff_clustered.data import DATASET_NAMES, DataError
 from tff_clustered.models import MODEL_NAMES
 from tff_clustered.orchestration import LR_SCHEDULES, TrainingConfig
@@ -217,8 +216,13 @@ def reported_errors(on_interrupt: str) -> Iterator[None]:
     exit 3 (the message names it); a file the outputs cannot be written to: exit 2 with the
     file and the reason; Ctrl-C or SIGTERM: `on_interrupt`, exit 130 or 143.
     The runtime's own context manager has stopped the TFF worker by then."""
+    with cli.one_line_on_signals("", f"; {on_interrupt}"), _exit_codes_of_errors(on_interrupt):
+        yield
+
+
+@contextlib.contextmanager
+def _exit_codes_of_errors(on_interrupt: str) -> Iterator[None]:
     try:
-        stop_cleanly_on_signals()
         yield
     except (ValueError, DataError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -237,9 +241,3 @@ def reported_errors(on_interrupt: str) -> Iterator[None]:
             file=sys.stderr,
         )
         raise SystemExit(2) from None
-    except KeyboardInterrupt:
-        print(f"interrupted; {on_interrupt}", file=sys.stderr)
-        raise SystemExit(130) from None
-    except Terminated:
-        print(f"terminated; {on_interrupt}", file=sys.stderr)
-        raise Terminated() from None
