@@ -13,8 +13,8 @@ for clusters of more than `cfl_min_size` sampled members.
 eps1 and eps2 are absolute update norms (the reference code's 0.4 and 1.6 fit its models and
 learning rates; on others every update norm can sit below eps2, and CFL never splits). By
 default (`--cfl_criterion=relative`, ours) the criterion is scale-free and follows the run:
-split when max_i ||dW_i|| > `cfl_norm_ratio` * ||mean dW|| (4, the reference code's
-eps2 / eps1: the clients' updates largely cancel while some stay large) and the optimal
+split when max_i ||dW_i|| > `cfl_norm_ratio` * ||mean dW|| (default 2, ours; the reference
+code's eps2 / eps1 is 4: the clients' updates largely cancel while some stay large) and the optimal
 bipartition has a positive separation gap (every within-part cosine above every cross-part
 one: Sattler et al.'s condition for a correct split, which updates that differ only by noise,
 as on IID data, do not meet). `--cfl_criterion=absolute` is the paper's eps1/eps2 test. The
