@@ -199,7 +199,7 @@ class FedAC(Algorithm):
         )
         fedac_similarity: str = option(
             "lrcos",
-            "FedAC E-step similarity (l2: the Sec. 5.4 ablation).",
+            "FedAC E-step similarity (l2: the ablation of Sec. 5.4, Fig. 3(c,d)).",
             fedac_clustering.SIMILARITIES,
         )
         fedac_cnt: str = option(
