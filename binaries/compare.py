@@ -344,30 +344,51 @@ def main(argv: list[str]) -> int:
             print("\n".join(map(describe, planned)))
             print(f"{len(planned)} runs; outputs would be in {output_dir}")
             return 0
-        rows: list[dict[str, Any]] = []
-        histories: dict[tuple[str, str], list] = {}
-        checkpoint.make_output_folder(output_dir)  # before the worker writes its log there
-        runtime_config = run_flags.runtime_config_from_flags(output_dir)
-        with tff_runtime(runtime_config):
-            for seed, setting, algorithm, spec, folder in planned:
-                summary = run_one(spec, folder, runtime_config)
-                history = summary["history"]
-                row = result_tables.run_row(
-                    setting or base.dataset,
-                    algorithm,
-                    seed,
-                    history,
-                    FLAGS.target_accuracy,
-                    decentralized=ALGORITHMS[algorithm].distribution == "neighbours",
-                )
-                rows.append(row)
-                histories.setdefault((row["setting"], algorithm), []).append(history)
-                print(
-                    f"seed {seed} {row['setting']:>16} {algorithm:>18}: "
-                    f"max {row['max_accuracy']:.4f}  final {row['final_accuracy']:.4f}  "
-                    f"client mean {row['final_client_mean_accuracy']:.4f}",
-                    flush=True,
-                )
+        # The table folder is held for the whole comparison (each run also holds its own
+        # subfolder), before the worker writes its log there: a second compare on it is refused.
+        with checkpoint.hold_run_folder(output_dir):
+            rows, histories = run_planned(planned, base.dataset, output_dir)
+            write_outputs(rows, histories, base, output_dir)
+    return 0
+
+
+def run_planned(
+    planned: list[PlannedRun], dataset: str, output_dir: str
+) -> tuple[list[dict[str, Any]], dict[tuple[str, str], list]]:
+    """Runs (or reads back, when finished) every planned run on one TFF runtime: the table's
+    rows and each (setting, algorithm)'s histories."""
+    rows: list[dict[str, Any]] = []
+    histories: dict[tuple[str, str], list] = {}
+    runtime_config = run_flags.runtime_config_from_flags(output_dir)
+    with tff_runtime(runtime_config):
+        for seed, setting, algorithm, spec, folder in planned:
+            history = run_one(spec, folder, runtime_config)["history"]
+            row = result_tables.run_row(
+                setting or dataset,
+                algorithm,
+                seed,
+                history,
+                FLAGS.target_accuracy,
+                decentralized=ALGORITHMS[algorithm].distribution == "neighbours",
+            )
+            rows.append(row)
+            histories.setdefault((row["setting"], algorithm), []).append(history)
+            print(
+                f"seed {seed} {row['setting']:>16} {algorithm:>18}: "
+                f"max {row['max_accuracy']:.4f}  final {row['final_accuracy']:.4f}  "
+                f"client mean {row['final_client_mean_accuracy']:.4f}",
+                flush=True,
+            )
+    return rows, histories
+
+
+def write_outputs(
+    rows: list[dict[str, Any]],
+    histories: dict[tuple[str, str], list],
+    base: runner.RunSpec,
+    output_dir: str,
+) -> None:
+    """comparison.md / .csv / .png in `output_dir`, with the command and the date."""
     title = (
         f"{FLAGS.table} table: {base.dataset} / {base.model}, {base.training.rounds} rounds, "
         f"{base.training.clients_per_round} clients per round"
@@ -391,7 +412,6 @@ def main(argv: list[str]) -> int:
     )
     print(markdown)
     print(f"outputs in {output_dir}: comparison.md, comparison.csv, comparison.png")
-    return 0
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ changing a model, the functional interpreter or an algorithm's client work.
 
 from __future__ import annotations
 
+import datetime
 import os
+import shlex
 import sys
 import time
 import traceback
@@ -96,6 +98,8 @@ def main(argv: list[str]) -> None:
     if unknown:
         print(f"error: unknown {', '.join(unknown)}; see --helpfull", file=sys.stderr)
         raise SystemExit(2)
+    print(f"command: {shlex.join(['python', *sys.argv])}")
+    print(f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}", flush=True)
     outcomes = []
     for execution in FLAGS.executions:
         with tff_runtime(RuntimeConfig(execution=execution)):

@@ -10,6 +10,8 @@ import uuid
 import pytest
 from conftest import ROOT, run_binary, worker_pids_with_tag
 
+from tff_clustered import checkpoint
+
 
 def test_compare_writes_table_iii_and_clustered_methods_beat_fedavg(tmp_path: object) -> None:
     tag = uuid.uuid4().hex
@@ -73,6 +75,25 @@ def test_compare_rejects_bad_algorithms_and_options(
     done = run_binary([os.path.join("binaries", "compare.py"), *flags, f"--output_dir={tmp_path}"])
     assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
     assert not os.listdir(tmp_path)
+
+
+def test_a_second_compare_on_a_held_table_folder_is_refused_before_its_worker(
+    tmp_path: object,
+) -> None:
+    """The same compare started twice: the second is refused at once, naming the first's pid,
+    and writes nothing into the table folder (no worker log either)."""
+    tag = uuid.uuid4().hex
+    held = str(tmp_path / "table")
+    with checkpoint.hold_run_folder(held):
+        done = run_binary(
+            [os.path.join("binaries", "compare.py"), "--algorithms=fedavg", f"--output_dir={held}"],
+            {"TFF_CLUSTERED_RUN_TAG": tag},
+        )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"is in use by another run (pid {os.getpid()})" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert os.listdir(held) == [checkpoint.LOCK_NAME]
+    assert worker_pids_with_tag(tag) == []
 
 
 def test_compare_writes_the_fedtsdp_table_shape(tmp_path: object) -> None:
