@@ -15,7 +15,7 @@ from conftest import run_binary
 from tff_clustered.algorithms import ALGORITHMS, make_algorithm
 from tff_clustered.algorithms.dfl import Decentralized
 from tff_clustered.data import load_dataset
-from tff_clustered.federated import client_work, placement
+from tff_clustered.federated import client_work, in_process, placement
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round import (
     RoundSignature,
@@ -178,6 +178,60 @@ def test_in_process_ifca_round_with_an_anchor_matches_tff() -> None:
     np.testing.assert_allclose(m2["cluster_weight"], m1["cluster_weight"])
     for a, b in zip(e1, e2, strict=True):
         assert b["loss_sum"] == pytest.approx(a["loss_sum"], rel=1e-5)
+
+
+def test_clients_of_a_large_model_train_one_each_with_the_vectorised_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Same-size clients train vectorised (one `tf.vectorized_map` graph) unless one client's
+    graph exceeds `VECTORISE_MAX_OPS` (pfor's conversion cost 98 s for ResNet18 and 230 s for
+    the Sent140 LSTM); then each trains alone, with the same results, and the vectorised graph
+    is never traced."""
+    spec = model_spec("mlp", (6,), 3, hidden_units=5)
+    functional = functional_model(spec.build(), spec.input_spec())
+    w0 = initial_weights(spec, 0)
+    signature = RoundSignature(2, tuple(range(len(w0))), client_work.LocalSGD())
+    rng = np.random.default_rng(0)
+    arrays = [
+        collections.OrderedDict(
+            x=rng.normal(size=(n, 6)).astype(np.float32),
+            y=rng.integers(0, 3, size=n).astype(np.int32),
+        )
+        for n in (8, 8, 5, 8)
+    ]
+    traced: dict[int, list[str]] = {}
+    results = {}
+    default = in_process.VECTORISE_MAX_OPS
+    for max_ops in (default, 0):
+        names = traced.setdefault(max_ops, [])
+
+        class Recorded(in_process.GraphFunction):
+            def __init__(self, fn: object, *args: object, names: list = names) -> None:
+                names.append(fn.__name__)
+                super().__init__(fn, *args)
+
+        monkeypatch.setattr(in_process, "GraphFunction", Recorded)
+        monkeypatch.setattr(in_process, "VECTORISE_MAX_OPS", max_ops)
+        fed_round = RoundCache(functional, spec.input_spec(), w0, "in_process").get(signature)
+        results[max_ops] = fed_round.next(
+            fed_round.initialize(),
+            arrays,
+            [np.array([i % 2], np.int32) for i in range(4)],
+            [()] * 4,
+            [np.float32(1.0)] * 4,
+            [client_seed(i, i) for i in range(4)],
+            round_hparams(0.1, 4, 2, num_clusters=2),
+        )
+    assert "train_clients" in traced[default]
+    assert "train_clients" not in traced[0] and "train_client" in traced[0]
+    (s1, o1, m1), (s2, o2, m2) = results.values()
+    for a, b in zip(s1["cluster_models"], s2["cluster_models"], strict=True):
+        np.testing.assert_allclose(b, a, atol=1e-6)
+    for a, b in zip(o1, o2, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_allclose(b[key], a[key], atol=1e-6)
+    np.testing.assert_allclose(m2["cluster_weight"], m1["cluster_weight"])
 
 
 PLACEMENT_SCRIPT = textwrap.dedent(

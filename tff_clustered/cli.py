@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from absl import flags
 
@@ -102,11 +102,21 @@ def one_line_on_signals(before: str, after: str) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        print(f"{before}interrupted{after}", file=sys.stderr)
-        raise SystemExit(130) from None
+        exit_at_once(f"{before}interrupted{after}", 130)
     except Terminated:
-        print(f"{before}terminated{after}", file=sys.stderr)
-        raise Terminated() from None
+        exit_at_once(f"{before}terminated{after}", 128 + signal.SIGTERM)
+
+
+def exit_at_once(line: str, code: int) -> NoReturn:
+    """`line` on stderr and exit `code`, skipping the interpreter's shutdown. Called outermost,
+    once the block has unwound (its TFF worker stopped, its files closed): at shutdown a
+    TensorFlow or gRPC thread that wakes into the finalizing interpreter can abort the whole
+    process ("terminate called ... FATAL: exception not rethrown", exit 134), as a SIGTERM
+    to model_matrix.py did once in 7 tries."""
+    print(line, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def stop_cleanly_on_signals() -> None:

@@ -11,8 +11,9 @@ first GPU when it sees one. The round is the TFF round's, step for step:
    `federated_select` hands it, as a tuple rather than a one-element dataset), or every
    cluster's shared variables when it picks its own cluster;
 2. client work: `client_update`; the clients holding the same number of examples together,
-   vectorised along a client axis (`tf.vectorized_map`: one call, batched matmuls), a client
-   of a size of its own alone, several at a time (threads; one per core);
+   vectorised along a client axis (`tf.vectorized_map`: one call, batched matmuls) when the
+   model is small (`VECTORISE_MAX_OPS`), the others one each, several at a time (threads; one
+   per core);
 3. aggregator: each client's weighted update is added into its cluster's row, in client order;
 4. finalizer: `apply_cluster_updates(cluster_models, cluster_mean(sums, weights))`.
 
@@ -28,7 +29,9 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
@@ -75,6 +78,15 @@ def check_device(device: Optional[str]) -> None:
     )
 
 
+VECTORISE_MAX_OPS = 2_000  # ops of one client's training graph (see in_process_round)
+
+
+def graph_op_count(graph: tf.Graph) -> int:
+    """Ops in `graph`, those of the functions it calls (its library) included."""
+    graph_def = graph.as_graph_def()
+    return len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function)
+
+
 class GraphFunction:
     """`fn` traced once into its own graph from `specs` and run by a session.
 
@@ -99,11 +111,18 @@ class GraphFunction:
             device_count={"CPU": max(logical_cpus, 1)},
         )
         self.session = tf.compat.v1.Session(graph=self.graph, config=config)
+        # A session optimizes its graph on the first run (35 s for the Sent140 LSTM's client
+        # work); calls from other threads wait for it rather than each optimizing it again.
+        self._first_run = threading.Lock()
+        self._ran = False
 
     def __call__(self, *args: Any) -> Any:
         tf.nest.assert_same_structure(self.inputs, tuple(args), check_types=False)
-        values = tf.nest.flatten(tuple(args))
-        return self.session.run(self.outputs, feed_dict=dict(zip(self.placeholders, values)))
+        feed = dict(zip(self.placeholders, tf.nest.flatten(tuple(args))))
+        with contextlib.nullcontext() if self._ran else self._first_run:
+            outputs = self.session.run(self.outputs, feed_dict=feed)
+            self._ran = True
+        return outputs
 
 
 def in_process_predict(
@@ -133,8 +152,9 @@ def in_process_round(
     """`fns` run in this process, on `device` when one is named (else TensorFlow's choice).
     `vectorise`: the clients of a round that hold the same number of examples train together,
     `client_update` vectorised along a client axis (`tf.vectorized_map`: batched matmuls, one
-    call); otherwise, and for clients of a size of their own, `parallel_clients` clients at a
-    time (0: one per CPU core)."""
+    call), when one client's training graph has at most `VECTORISE_MAX_OPS` ops; otherwise,
+    and for clients of a size of their own, `parallel_clients` clients at a time (0: one per
+    CPU core)."""
     parallel_clients = parallel_clients or os.cpu_count() or 1
     check_device(device)
     k = fns.num_clusters
@@ -232,25 +252,39 @@ def in_process_round(
     def stacked(spec: Any) -> Any:
         return tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape], t.dtype), spec)
 
-    train_clients_graph = GraphFunction(
-        train_clients,
-        [
-            fns.cluster_models_spec,
-            fns.anchor_spec,
-            stacked(fns.data_spec),
-            stacked(fns.key_spec),
-            stacked(fns.store_in_spec),
-            tf.TensorSpec([None], tf.float32),
-            stacked(fns.seed_spec),
-            fns.hparams_spec,
-        ],
-        device,
-    )
-    accumulate_stacked_graph = GraphFunction(
-        accumulate_stacked,
-        [sums_spec, weight_spec, stacked(fns.shared_spec), stacked(weight_spec)],
-        device,
-    )
+    # Vectorising converts the client's training graph with pfor once per built round, at
+    # 12-25 ms per op of it on these machines: 4-6 s for the small models, which it pays back
+    # in a few rounds (batched matmuls instead of one small op per client), but 98 s for
+    # ResNet18 (3,929 ops) and 230 s for the unrolled Sent140 LSTM, whose clients' compute
+    # dominates anyway. So only clients' graphs up to `VECTORISE_MAX_OPS` are vectorised, and
+    # the vectorised graph is traced when a round first has same-size clients to train.
+    vectorise = vectorise and graph_op_count(train_client_graph.graph) <= VECTORISE_MAX_OPS
+
+    @functools.cache
+    def train_clients_graph() -> GraphFunction:
+        return GraphFunction(
+            train_clients,
+            [
+                fns.cluster_models_spec,
+                fns.anchor_spec,
+                stacked(fns.data_spec),
+                stacked(fns.key_spec),
+                stacked(fns.store_in_spec),
+                tf.TensorSpec([None], tf.float32),
+                stacked(fns.seed_spec),
+                fns.hparams_spec,
+            ],
+            device,
+        )
+
+    @functools.cache
+    def accumulate_stacked_graph() -> GraphFunction:
+        return GraphFunction(
+            accumulate_stacked,
+            [sums_spec, weight_spec, stacked(fns.shared_spec), stacked(weight_spec)],
+            device,
+        )
+
     accumulate_graph = GraphFunction(
         accumulate, [sums_spec, weight_spec, fns.shared_spec, weight_spec], device
     )
@@ -322,11 +356,11 @@ def in_process_round(
                 for field in zip(*(clients[i] for i in members))
             )
             own = tuple(own)
-            shared_deltas, cluster_weights, out = train_clients_graph(
+            shared_deltas, cluster_weights, out = train_clients_graph()(
                 models, anchor, data, key, own, scale, seed, hparams
             )
             if not fns.routes_rows:
-                sums, total_weight = accumulate_stacked_graph(
+                sums, total_weight = accumulate_stacked_graph()(
                     sums, total_weight, shared_deltas, cluster_weights
                 )
             for row, i in enumerate(members):
