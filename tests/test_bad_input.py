@@ -124,3 +124,10 @@ def test_binaries_without_checkpoints_stop_on_a_signal_with_one_line(
     done = run_binary(["-c", script])
     assert done.returncode == code, done.stderr
     assert done.stderr.strip() == f"probe.py: {word}" and "swallowed" not in done.stdout
+
+
+def test_the_flagfiles_named_in_a_refusal_are_read_as_absl_reads_them() -> None:
+    """A refused option names the flagfile that may have set it, given either way."""
+    given = ["--flagfile=a.flags", "--rounds=2", "--flagfile", "b.flags", "-flagfile=c.flags"]
+    assert run_flags.flagfiles_given(given) == ["a.flags", "b.flags", "c.flags"]
+    assert run_flags.flagfiles_given(["--flagfile"]) == []

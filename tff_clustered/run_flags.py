@@ -186,12 +186,23 @@ def refuse_other_algorithms_flags(algorithms: Sequence[str]) -> None:
                 hints = [cls.refused[name] for cls in classes if name in cls.refused]
                 hint = hints[0] if hints else f"it is an option of {other.name}"
                 which = ",".join(algorithms)
-                flagfiles = [a.split("=", 1)[-1] for a in sys.argv if a.startswith("--flagfile")]
+                flagfiles = flagfiles_given(sys.argv[1:])
                 source = f" (set in {', '.join(flagfiles)}?)" if flagfiles else ""
                 raise ValueError(
                     f"--algorithm{'s' if len(algorithms) > 1 else ''}={which} "
                     f"take{'' if len(algorithms) > 1 else 's'} no --{name}{source}: {hint}"
                 )
+
+
+def flagfiles_given(args: Sequence[str]) -> list[str]:
+    """The files of `--flagfile=FILE` and `--flagfile FILE` (absl reads both) in `args`."""
+    files = []
+    for i, arg in enumerate(args):
+        if arg.startswith(("--flagfile=", "-flagfile=")):
+            files.append(arg.split("=", 1)[1])
+        elif arg in ("--flagfile", "-flagfile") and i + 1 < len(args):
+            files.append(args[i + 1])
+    return files
 
 
 def runtime_config_from_flags(log_dir: str) -> RuntimeConfig:
