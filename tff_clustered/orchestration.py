@@ -221,6 +221,7 @@ class Experiment:
             public_x=data.public_x,
             input_shape=tuple(int(d) for d in model.input_spec()["x"].shape[1:]),
             total_rounds=config.rounds,
+            reads_features=self.functional.features is not None,
         )
         self.client_index = {cid: i for i, cid in enumerate(data.client_ids)}
         self.work = algorithm.client_work(config.momentum, self.run)

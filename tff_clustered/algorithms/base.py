@@ -55,6 +55,9 @@ class RunInfo:
     # a model of Dense layers only): `models.split.classifier_layers`.
     classifier_layers: int = 0
     total_rounds: int = 0  # the run's length in rounds (0: unknown, outside a run)
+    # The model gives an inner layer's output (`FunctionalModel.features`); not a model TFF's
+    # functional builder runs (the LSTM).
+    reads_features: bool = True
 
     @property
     def num_tensors(self) -> int:

@@ -166,10 +166,16 @@ class PeerStep:
     def reads_own_model(self) -> bool:
         return False  # its own published model arrives as the first routed row
 
+    @property
+    def reads_features(self) -> bool:
+        """UA-PDFL's fingerprints I^Aux and the alignment pull (Eqs. 4, 12) read g's output;
+        the baselines' mixings read only the model's outputs."""
+        return self.mixing == "uapdfl" or self.aux_mu > 0
+
     def __call__(
         self, forward: client_work.ForwardFn, inputs: client_work.ClientInputs
     ) -> client_work.ClientOutputs:
-        if inputs.features is None:
+        if self.reads_features and inputs.features is None:
             raise ValueError("PeerStep needs the model's feature extractor (ClientInputs)")
         inbox, num_trainable = inputs.inbox, len(inputs.weights)
         rows = int(inbox[0].shape[0])
@@ -183,6 +189,8 @@ class PeerStep:
 
         def fingerprints(weights: tuple, state: tuple) -> tuple[tf.Tensor, tf.Tensor]:
             logits, _ = forward(weights, state, unit, False, None)
+            if not self.reads_features:
+                return softmax_outputs(logits)[0], tf.zeros([0])
             aux = inputs.features(weights, state, unit, self.head_start)[0]
             return softmax_outputs(logits)[0], aux
 
@@ -353,7 +361,20 @@ class Decentralized(Algorithm):
         )
 
     def client_work(self, momentum: float, run: RunInfo) -> client_work.ClientWork:
-        return self.peer_step(run, float(momentum))
+        step = self.peer_step(run, self.peer_momentum(momentum))
+        if step.reads_features and not run.reads_features:
+            raise ValueError(
+                f"{self.name} compares and aligns the peers' auxiliary representations, the "
+                "output of the feature extractor g on the unit input (Eqs. 4, 12), and this "
+                "model gives no inner layer's output (it runs through TFF's functional model, "
+                "as the LSTM does): use a model of Dense, convolution and pooling layers "
+                "(e.g. --model=cnn)"
+            )
+        return step
+
+    def peer_momentum(self, momentum: float) -> float:
+        """The local momentum of the peers' SGD: the run's `--momentum`."""
+        return float(momentum)
 
     def init(self, run: RunInfo, queries: Queries) -> Decision:
         """Common initialisation (one seed): every mailbox row is the initial model."""
@@ -472,5 +493,5 @@ class DFedAvgM(Decentralized):
     class Options(Decentralized.Options):
         dfedavgm_momentum: float = option(0.9, "DFedAvgM: local heavy-ball momentum.")
 
-    def client_work(self, momentum: float, run: RunInfo) -> client_work.ClientWork:
-        return self.peer_step(run, float(self.options.dfedavgm_momentum))
+    def peer_momentum(self, momentum: float) -> float:
+        return float(self.options.dfedavgm_momentum)
