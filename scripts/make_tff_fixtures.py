@@ -1,11 +1,19 @@
-"""Regenerates testdata/tff_emnist_tiny/emnist_all.sqlite: TFF 0.87's federated EMNIST format
-(the `examples` and `client_metadata` tables of `SqlClientData`, each example a serialized
-`tf.train.Example` with `pixels` 28x28 floats and an int64 `label`) with 4 made-up writers,
-deterministically. Each image is a bright bar whose row encodes its label, on a white
-background of value 1 as in TFF's EMNIST. Splits: `digits_only_train`/`digits_only_test`
-(labels 0-9) and `all_train`/`all_test` (labels 0-61).
+"""Regenerates the tiny real-format TFF databases under testdata/, deterministically, with
+made-up content in TFF 0.87's `SqlClientData` format (the `examples` and `client_metadata`
+tables, each example a serialized `tf.train.Example`):
 
-    .venv/bin/python scripts/make_tff_fixtures.py [--out DIR]
+* testdata/tff_emnist_tiny/emnist_all.sqlite: federated EMNIST, `pixels` 28x28 floats and an
+  int64 `label`, 4 made-up writers. Each image is a bright bar whose row encodes its label, on
+  a white background of value 1 as in TFF's EMNIST. Splits: `digits_only_train`/
+  `digits_only_test` (labels 0-9) and `all_train`/`all_test` (labels 0-61).
+* testdata/tff_cifar100_tiny/cifar100.sqlite: federated CIFAR-100, `image` 32x32x3 int64
+  (0..255), an int64 fine `label` (0-99) and `coarse_label` (0-19; here made up as label // 5,
+  not CIFAR-100's own grouping). Splits `train` (3 clients of 5-6 images) and `test` (2 other
+  clients, ids "0" and "1" as in TFF, whose test ids reuse the train ids for other people).
+  Each image is dark noise with a bright 3x3 patch at row 3 * (label // 10), column
+  3 * (label % 10).
+
+    .venv/bin/python scripts/make_tff_fixtures.py [--out DIR]   (DIR/tff_emnist_tiny, ...)
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import sqlite3
 import numpy as np
 import tensorflow as tf
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testdata", "tff_emnist_tiny")
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testdata")
 WRITERS = ("f0000_14", "f0001_41", "f0002_07", "f0003_33")
 # (split, examples per writer, classes)
 SPLITS = (
@@ -25,6 +33,11 @@ SPLITS = (
     ("digits_only_test", 2, 10),
     ("all_train", 3, 62),
     ("all_test", 2, 62),
+)
+# CIFAR-100: (split, {client: examples}); train and test clients are different people.
+CIFAR_SPLITS = (
+    ("train", {"0": 5, "1": 6, "2": 5}),
+    ("test", {"0": 1, "1": 1}),
 )
 
 
@@ -39,24 +52,41 @@ def example(label: int, rng: np.random.Generator) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=OUT)
-    out = parser.parse_args().out
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, "emnist_all.sqlite")
+def cifar_example(label: int, rng: np.random.Generator) -> bytes:
+    """One CIFAR-100 record as TFF stores it: `image` as 3,072 int64 values (HWC order),
+    `label`, `coarse_label`. Noise below 48 keeps most values one byte long."""
+    image = rng.integers(0, 48, (32, 32, 3))
+    row, col = 3 * (label // 10), 3 * (label % 10)
+    image[row : row + 3, col : col + 3] = 200
+    features = {
+        "image": tf.train.Feature(int64_list=tf.train.Int64List(value=image.ravel())),
+        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+        "coarse_label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label // 5])),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+
+def new_database(path: str) -> sqlite3.Connection:
+    """An empty database at `path` with the two tables `SqlClientData` reads."""
     if os.path.exists(path):
         os.remove(path)
+    db = sqlite3.connect(path)
+    db.execute(
+        "CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, "
+        "serialized_example_proto BLOB NOT NULL);"
+    )
+    db.execute(
+        "CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL, "
+        "num_examples INTEGER NOT NULL);"
+    )
+    return db
+
+
+def write_emnist(out: str) -> str:
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "emnist_all.sqlite")
     rng = np.random.default_rng(0)
-    with sqlite3.connect(path) as db:
-        db.execute(
-            "CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, "
-            "serialized_example_proto BLOB NOT NULL);"
-        )
-        db.execute(
-            "CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL, "
-            "num_examples INTEGER NOT NULL);"
-        )
+    with new_database(path) as db:
         for split, count, classes in SPLITS:
             for w, writer in enumerate(WRITERS):
                 labels = [
@@ -69,13 +99,52 @@ def main() -> None:
                         (split, writer, example(label, rng)),
                     )
                 db.execute("INSERT INTO client_metadata VALUES (?, ?, ?)", (writer, split, count))
+    db.close()
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write(
             "# tff_emnist_tiny\n\nTFF 0.87's federated EMNIST format (`emnist_all.sqlite`) with "
             "made-up content: 4 writers; each image a dark bar whose row encodes its label. Made "
             "by scripts/make_tff_fixtures.py.\n"
         )
-    print(f"wrote {path} ({os.path.getsize(path)} bytes)")
+    return path
+
+
+def write_cifar100(out: str) -> str:
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "cifar100.sqlite")
+    rng = np.random.default_rng(1)
+    with new_database(path) as db:
+        for s, (split, sizes) in enumerate(CIFAR_SPLITS):
+            for c, (client, count) in enumerate(sizes.items()):
+                for i in range(count):
+                    label = (37 * c + 23 * i + 11 * s) % 100
+                    db.execute(
+                        "INSERT INTO examples VALUES (?, ?, ?)",
+                        (split, client, cifar_example(label, rng)),
+                    )
+                db.execute("INSERT INTO client_metadata VALUES (?, ?, ?)", (client, split, count))
+    db.close()
+    with open(os.path.join(out, "README.md"), "w") as f:
+        f.write(
+            "# tff_cifar100_tiny\n\nTFF 0.87's federated CIFAR-100 format (`cifar100.sqlite`: "
+            "splits `train` and `test`, each record `image` 32x32x3, `label` 0-99, "
+            "`coarse_label` 0-19) with made-up content: 3 train clients of 5-6 images and 2 "
+            "other test clients of 1 image; each image dark noise with a bright 3x3 patch at row "
+            "3 * (label // 10), column 3 * (label % 10); coarse label = label // 5 (not "
+            "CIFAR-100's grouping). Made by scripts/make_tff_fixtures.py.\n"
+        )
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=OUT)
+    out = parser.parse_args().out
+    for path in (
+        write_emnist(os.path.join(out, "tff_emnist_tiny")),
+        write_cifar100(os.path.join(out, "tff_cifar100_tiny")),
+    ):
+        print(f"wrote {path} ({os.path.getsize(path)} bytes)")
 
 
 if __name__ == "__main__":

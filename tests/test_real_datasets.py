@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import sqlite3
 import struct
 from typing import Optional
 
@@ -404,3 +405,106 @@ def test_tff_emnist_without_its_file_names_the_file_and_where_to_get_it(tmp_path
         load_dataset("tff_emnist", data_dir=str(tmp_path))
     with pytest.raises(ValueError, match="10 .digits. or 62"):
         load_dataset("tff_emnist", data_dir=TFF_EMNIST_TINY, num_classes=26)
+
+
+TFF_CIFAR100_TINY = os.path.join(ROOT, "testdata", "tff_cifar100_tiny")
+
+
+def patch_labels(x: np.ndarray) -> list[int]:
+    """The label the fixture's bright 3x3 patch encodes, at row 3 * (label // 10), column
+    3 * (label % 10) (standardising each channel keeps it the brightest spot)."""
+    flat = np.asarray(x).sum(axis=3).reshape(len(x), -1).argmax(axis=1)
+    return [int(r // 3 * 10 + c // 3) for r, c in zip(flat // 32, flat % 32)]
+
+
+def test_tff_cifar100_reads_train_clients_with_seeded_20_percent_local_tests() -> None:
+
+    fine = load_dataset("tff_cifar100", data_dir=TFF_CIFAR100_TINY)
+    assert fine.name == "tff_cifar100" and fine.num_classes == 100
+    assert fine.input_shape == fine.image_shape == (32, 32, 3)
+    assert fine.client_ids == ["0", "1", "2"]  # the train split's clients, not the test split's
+    # 5, 6, 5 images: round(0.2 n) held out as each client's local test set.
+    assert fine.train_sizes == {"0": 4, "1": 5, "2": 4} and set(fine.test_sizes.values()) == {1}
+    for split in ("train", "test"):
+        for client in fine.client_ids:
+            x, y = (fine.arrays(split, client)[k] for k in ("x", "y"))
+            assert x.dtype == np.float32 and y.dtype == np.int32 and np.isfinite(x).all()
+            assert patch_labels(x) == y.tolist() and ((0 <= y) & (y < 100)).all()
+    # Standardised per channel with the training images' statistics, as cifar100's are.
+    x_train = np.concatenate([fine.train_arrays[c]["x"] for c in fine.client_ids])
+    mean, std = channel_stats(x_train)
+    np.testing.assert_allclose(mean, 0, atol=1e-4)
+    np.testing.assert_allclose(std, 1, atol=1e-3)
+    # Each client's images, once each, between its train and test sets.
+    client_1 = np.concatenate([fine.arrays(s, "1")["y"] for s in ("train", "test")])
+    assert sorted(client_1.tolist()) == sorted([(37 + 23 * i) % 100 for i in range(6)])
+
+    def held_out(data: FederatedData) -> dict[str, list[int]]:
+        return {c: data.test_arrays[c]["y"].tolist() for c in data.client_ids}
+
+    assert held_out(load_dataset("tff_cifar100", data_dir=TFF_CIFAR100_TINY)) == held_out(fine)
+    other = load_dataset("tff_cifar100", data_dir=TFF_CIFAR100_TINY, seed=1)
+    assert held_out(other) != held_out(fine)
+
+    coarse = load_dataset("tff_cifar100", data_dir=TFF_CIFAR100_TINY, num_classes=20)
+    assert coarse.name == "tff_cifar100_20" and coarse.num_classes == 20
+    for client in coarse.client_ids:  # the fixture's coarse label is its fine label // 5
+        fine_y = (patch_labels(coarse.arrays(s, client)["x"]) for s in ("train", "test"))
+        coarse_y = (coarse.arrays(s, client)["y"].tolist() for s in ("train", "test"))
+        assert [[f // 5 for f in ys] for ys in fine_y] == list(coarse_y)
+    assert held_out(coarse).keys() == held_out(fine).keys()
+
+    two = load_dataset("tff_cifar100", data_dir=TFF_CIFAR100_TINY, num_clients=2, seed=1)
+    assert len(two.client_ids) == 2 and set(two.client_ids) < {"0", "1", "2"}
+    again = load_dataset("tff_cifar100", data_dir=TFF_CIFAR100_TINY, num_clients=2, seed=1)
+    assert again.client_ids == two.client_ids  # the seed draws the clients
+    # A client's local test set does not depend on which other clients are kept.
+    assert all(held_out(two)[c] == held_out(other)[c] for c in two.client_ids)
+    with pytest.raises(ValueError, match="--num_clients=4: .* has 3 train clients"):
+        load_dataset("tff_cifar100", data_dir=TFF_CIFAR100_TINY, num_clients=4)
+    with pytest.raises(ValueError, match="100 .fine labels. or 20 .coarse labels."):
+        load_dataset("tff_cifar100", data_dir=TFF_CIFAR100_TINY, num_classes=10)
+
+
+def test_tff_cifar100_missing_or_damaged_file_is_a_data_error(tmp_path: object) -> None:
+
+    missing = r"cifar100\.sqlite in --data_dir.*does not exist; download .*cifar100\.sqlite\.lzma"
+    with pytest.raises(DataError, match=missing):
+        load_dataset("tff_cifar100", data_dir=str(tmp_path))
+    with pytest.raises(DataError, match=r"cifar100\.sqlite in --data_dir.*no --data_dir given"):
+        load_dataset("tff_cifar100")
+    with open(os.path.join(TFF_CIFAR100_TINY, "cifar100.sqlite"), "rb") as f:
+        good = f.read()
+    with open(os.path.join(TFF_EMNIST_TINY, "emnist_all.sqlite"), "rb") as f:
+        emnist = f.read()
+    page = len(good) // 4096 // 2 * 4096  # a page of examples, read inside tf.data
+    path = tmp_path / "cifar100.sqlite"
+
+    def edited(sql: str, *args: object) -> bytes:
+        path.write_bytes(good)
+        with sqlite3.connect(path) as db:
+            db.execute(sql, args)
+        db.close()
+        return path.read_bytes()
+
+    damaged = {
+        "garbage": b"not a database at all" * 100,
+        "truncated": good[: len(good) // 2],
+        "overwritten page": good[:page] + bytes(range(256)) * 16 + good[page + 4096 :],
+        "garbage record": edited(
+            "UPDATE examples SET serialized_example_proto = ? WHERE rowid = 3", b"\xffgarbage"
+        ),
+        "client without examples": edited("DELETE FROM examples WHERE client_id = '1'"),
+        "client with one image": edited(
+            "DELETE FROM examples WHERE client_id = '1' AND rowid > 6"  # its rows: 6..11
+        ),
+        "emnist": emnist,  # a sound TFF database without a `train` split
+    }
+    for kind, content in damaged.items():
+        path.write_bytes(content)
+        with pytest.raises(DataError) as raised:
+            load_dataset("tff_cifar100", data_dir=str(tmp_path))
+        message = str(raised.value)
+        assert type(raised.value) is DataError and str(path) in message, kind
+        assert "cifar100.sqlite.lzma" in message and "\n" not in message, kind
+        assert "is not TFF's federated CIFAR-100 database" in message, kind

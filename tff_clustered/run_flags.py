@@ -27,7 +27,8 @@ flags.DEFINE_string(
     None,
     "Folder of the dataset's files (LEAF: holds train/ test/; pathmnist: holds pathmnist.npz, "
     "or the file itself; mnist, mnist_partitioned, fashion_mnist: the four IDX files or Keras' "
-    ".npz; mnist_writers: those of MNIST and writers.npz).",
+    ".npz; mnist_writers: those of MNIST and writers.npz; tff_emnist, tff_cifar100: TFF's cache "
+    "folder with emnist_all.sqlite or cifar100.sqlite).",
 )
 flags.DEFINE_enum("model", "mlp", list(MODEL_NAMES), "Model architecture.")
 flags.DEFINE_string("glove_path", None, "GloVe text file (sent140), e.g. glove.6B.300d.txt.")
@@ -41,7 +42,11 @@ flags.DEFINE_integer(
     lower_bound=1,
 )
 flags.DEFINE_integer(
-    "num_classes", None, "Classes (LEAF; default: from the labels).", lower_bound=2
+    "num_classes",
+    None,
+    "Classes (LEAF; tff_emnist: 10 or 62; tff_cifar100: 100 fine or 20 coarse; default: from the "
+    "labels).",
+    lower_bound=2,
 )
 flags.DEFINE_integer("rounds", 50, "Communication rounds.", lower_bound=1)
 flags.DEFINE_integer("clients_per_round", 10, "Clients sampled per round.", lower_bound=1)

@@ -14,7 +14,7 @@ from tff_clustered.data.mnist import load_mnist
 from tff_clustered.data.mnist_writers import load_mnist_writers
 from tff_clustered.data.sent140 import load_sent140
 from tff_clustered.data.synthetic import load_synthetic
-from tff_clustered.data.tff_datasets import load_tff_emnist
+from tff_clustered.data.tff_datasets import load_tff_cifar100, load_tff_emnist
 
 DATASET_NAMES = (
     "digits",
@@ -35,6 +35,7 @@ DATASET_NAMES = (
     "svhn",
     "pathmnist",
     "tff_emnist",
+    "tff_cifar100",
 )
 # FedTSDP's datasets, and the 28x28 grey ones in MNIST's formats: dealt to clients by a partition
 # (default Dirichlet(0.5)), public set = the official test split without labels.
@@ -122,7 +123,9 @@ def load_dataset(
     `pathmnist` (MedMNIST v2's pathmnist.npz in `data_dir`, dealt to UA-PDFL's peers: 30 by
     default, `partition` dirichlet (default, beta 0.5) / shards / iid, 20 % local holdouts),
     `tff_emnist` (TFF's federated EMNIST database in `data_dir`: its writers, digits or all
-    62 classes by `num_classes`).
+    62 classes by `num_classes`), `tff_cifar100` (TFF's federated CIFAR-100 database in
+    `data_dir`: its 500 train clients, each holding out a seeded 20 % of its images as its
+    local test set; 100 fine or 20 coarse classes by `num_classes`).
     `train_examples` (the five image federations only): deal that many training images, a
     seeded uniform choice, instead of all."""
     partition = resolved_partition(name, partition, dirichlet_beta)
@@ -164,6 +167,8 @@ def load_dataset(
         )
     if name == "tff_emnist":
         return load_tff_emnist(data_dir, num_clients, num_classes, seed)
+    if name == "tff_cifar100":
+        return load_tff_cifar100(data_dir, num_clients, num_classes, seed)
     if name == "synthetic":
         return load_synthetic(num_clients=num_clients or 100, seed=seed)
     if name == "mnist":

@@ -1,25 +1,47 @@
-"""TFF's own federated EMNIST (`tff.simulation.datasets.emnist`), read from the SQLite file
-TFF keeps in its cache folder; nothing is downloaded.
+"""TFF's own federated EMNIST (`tff.simulation.datasets.emnist`) and CIFAR-100
+(`tff.simulation.datasets.cifar100`), read from the SQLite files TFF keeps in its cache folder;
+nothing is downloaded.
 
 TFF 0.87 stores federated EMNIST as `emnist_all.sqlite` (3,383 writers, each with a train and
 a test split; `digits_only_*` splits hold their digits, `all_*` splits all 62 classes) in the
 `cache_dir` of `tff.simulation.datasets.emnist.load_data` (default `~/.tff`). Point
 `--data_dir` at that folder. Images are 28x28 floats in [0, 1] (white background: 1).
+
+Federated CIFAR-100 is `cifar100.sqlite` in the same folder: split `train` holds 500 clients
+(ids "0".."499") of 100 images each, split `test` 100 *other* clients (ids "0".."99", the same
+strings for other people) of 100 images; each record is `image` 32x32x3 (0..255), `label` (fine,
+0-99) and `coarse_label` (0-19). TFF dealt the images by Pachinko allocation (a Dirichlet(0.1)
+mixture of coarse labels per client). Since no client has both splits, `tff_cifar100` keeps the
+train clients only, each with a seeded 20 % of its own images as its local test set (as UA-PDFL
+and the `pathmnist` peers hold out 20 % per client); TFF's test split is not read.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Optional
 
 import numpy as np
 import tensorflow_federated as tff
 
-from tff_clustered.data.federated_data import DataError, FederatedData, client_arrays, from_arrays
+from tff_clustered.data.federated_data import (
+    DataError,
+    FederatedData,
+    client_arrays,
+    first_line,
+    from_arrays,
+)
+from tff_clustered.data.images import standardise
+from tff_clustered.data.partitions import HOLDOUT_FRACTION, holdout_split
 
 EMNIST_FILE = "emnist_all.sqlite"
 EMNIST_URL = "https://storage.googleapis.com/tff-datasets-public/emnist_all.sqlite.lzma"
 EMNIST_CLASSES = (10, 62)  # digits only, or digits and letters
+CIFAR100_FILE = "cifar100.sqlite"
+CIFAR100_URL = "https://storage.googleapis.com/tff-datasets-public/cifar100.sqlite.lzma"
+CIFAR100_LABELS = {100: "label", 20: "coarse_label"}  # --num_classes: the record's label key
+CIFAR100_SHAPE = (32, 32, 3)
 
 
 def load_tff_emnist(
@@ -94,3 +116,116 @@ def emnist_parsing(dataset: object) -> object:
     from tensorflow_federated.python.simulation.datasets import emnist
 
     return emnist._add_proto_parsing(dataset)  # noqa: SLF001 - TFF's format, kept in one place
+
+
+def load_tff_cifar100(
+    data_dir: Optional[str],
+    num_clients: Optional[int] = None,
+    num_classes: Optional[int] = None,
+    seed: int = 0,
+    test_fraction: float = HOLDOUT_FRACTION,
+) -> FederatedData:
+    """TFF's federated CIFAR-100: its train clients (all 500, or `num_clients` of them drawn from
+    seed stream [seed, 11]), labelled by `num_classes` 100 (default: the fine labels) or 20 (the
+    coarse ones). TFF's test clients are other people, so each client holds out a random
+    `test_fraction` (20 %, `partitions.holdout_split`) of its own images as its local test set,
+    drawn from seed stream [seed, 12, k] for the k-th client of the file: the same split
+    whichever other clients are chosen. Images are (32, 32, 3) float32 standardised per channel
+    with the mean and standard deviation of the clients' training images
+    (`images.standardise`), as the `cifar100` federation's are; no public set."""
+    classes = num_classes or 100
+    if classes not in CIFAR100_LABELS:
+        raise ValueError(
+            f"--dataset=tff_cifar100 has 100 (fine labels) or 20 (coarse labels) classes, got "
+            f"--num_classes={classes}"
+        )
+    path = os.path.join(data_dir or "", CIFAR100_FILE)
+    fetch = (
+        f"download {CIFAR100_URL} on a machine with network access and unxz it (or run "
+        "tff.simulation.datasets.cifar100.load_data() there, which leaves it in ~/.tff), then "
+        "copy it into --data_dir"
+    )
+    if not data_dir or not os.path.isfile(path):
+        raise DataError(
+            f"--dataset=tff_cifar100 needs {CIFAR100_FILE} in --data_dir (TFF's cache folder, "
+            f"~/.tff after tff.simulation.datasets.cifar100.load_data()); "
+            f"{'no --data_dir given' if not data_dir else f'{path} does not exist'}; {fetch}"
+        )
+
+    def not_cifar100(detail: str) -> DataError:
+        return DataError(
+            f"{path} is not TFF's federated CIFAR-100 database ({detail}); get a fresh copy: "
+            f"{fetch}"
+        )
+
+    try:
+        train = tff.simulation.datasets.SqlClientData(path, "train")
+        clients = list(train.client_ids)
+    except Exception as e:  # a truncated or foreign file: sqlite3 or TFF's format check
+        raise not_cifar100(f"{type(e).__name__}: {reason(e)}") from None
+    if not clients:
+        raise not_cifar100("no clients in its train split")
+    chosen = list(range(len(clients)))  # indices into the file's sorted client ids
+    if num_clients is not None:
+        if not 1 <= num_clients <= len(clients):
+            raise ValueError(
+                f"--num_clients={num_clients}: {path} has {len(clients)} train clients"
+            )
+        drawn = np.random.default_rng([seed, 11]).choice(len(clients), num_clients, replace=False)
+        chosen = sorted(int(k) for k in drawn)
+    parsed = tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
+        [clients[k] for k in chosen],
+        lambda client: cifar100_parsing(train.serializable_dataset_fn(client)),
+    )
+    try:
+        arrays = client_arrays(parsed, "image", CIFAR100_LABELS[classes], "train")
+    except DataError as e:  # a client listed in client_metadata without examples
+        raise not_cifar100(str(e).split(";")[0]) from None
+    except Exception as e:  # damaged pages or records: sqlite3 inside tf.data, TFF's parser
+        raise not_cifar100(f"{type(e).__name__}: {reason(e)}") from None
+    splits = {}
+    for k in chosen:
+        client = clients[k]
+        y = arrays[client][1]
+        if len(y) < 2:
+            raise not_cifar100(
+                f"train client {client!r} has 1 image, TFF's have 100; a local test set needs 2"
+            )
+        splits[client] = holdout_split(
+            np.arange(len(y)), test_fraction, np.random.default_rng([seed, 12, k])
+        )
+    x_train, x_test = standardise(
+        np.concatenate([arrays[c][0][tr] for c, (tr, _) in splits.items()]),
+        np.concatenate([arrays[c][0][te] for c, (_, te) in splits.items()]),
+    )
+    train_arrays, test_arrays = {}, {}
+    start_train = start_test = 0
+    for client, (tr, te) in splits.items():
+        y = arrays[client][1]
+        train_arrays[client] = (x_train[start_train : start_train + len(tr)], y[tr])
+        test_arrays[client] = (x_test[start_test : start_test + len(te)], y[te])
+        start_train, start_test = start_train + len(tr), start_test + len(te)
+    return from_arrays(
+        f"tff_cifar100{'' if classes == 100 else '_20'}",
+        train_arrays,
+        test_arrays,
+        classes,
+        image_shape=CIFAR100_SHAPE,
+        source=path,
+    )
+
+
+def reason(error: BaseException, limit: int = 200) -> str:
+    """An error's first line without TF's op decorations (`{{function_node ...}}`,
+    `[Op:...] name:`), cut to `limit` characters (a bad record's bytes may follow)."""
+    text = re.sub(r"\{\{[^}]*\}\}\s*", "", first_line(error))
+    text = re.sub(r"\s*\[Op:[^\]]*\].*$", "", text).strip() or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def cifar100_parsing(dataset: object) -> object:
+    """TFF's own parser of its CIFAR-100 records (`tf.train.Example`: image 32x32x3 as uint8,
+    label, coarse_label)."""
+    from tensorflow_federated.python.simulation.datasets import cifar100
+
+    return cifar100._add_proto_parsing(dataset)  # noqa: SLF001 - TFF's format, kept in one place
