@@ -2,6 +2,7 @@
 comparison table: comparison.md, comparison.csv, comparison.png.
 
   python binaries/compare.py                       # FedGroup's Table III on digits
+  python binaries/compare.py --table=fesem         # FeSEM's Table 2 shape on digits
   python binaries/compare.py --table=fedtsdp       # FedTSDP's Tables 3-5 shape on digits
   python binaries/compare.py --table=fedac         # FedAC's Table 1 shape on digits
   python binaries/compare.py --table=uapdfl        # UA-PDFL's Tables 1-2 shape on digits
@@ -10,6 +11,8 @@ comparison table: comparison.md, comparison.csv, comparison.png.
 
 `--table=fedgroup` (FedGroup, Table III): one dataset, one row per algorithm: max and final
 accuracy, rounds to a target, the Eq. 4 discrepancy and the values sent per round.
+`--table=fesem` (FeSEM, Table 2) has the same shape; its columns include `fesem:2`,
+`fesem:3`, `fesem:4` (`ALGORITHM:K`: the algorithm with K clusters).
 
 `--table=fedtsdp` (FedTSDP, Tables 3-5): one row per partition setting (`iid`,
 `dirichlet:BETA`, `pathological`), one column per algorithm, final test accuracy (%). The
@@ -78,6 +81,20 @@ TABLES: dict[str, dict[str, Any]] = {
         pretrain_epochs=3,
         pretrain_scale=5,
         mu=1.0,
+    ),  # fmt: skip
+    # FeSEM's Table 2 shape (FeSEM, Sec. 5): every device in every round, E = 5, FeSEM with
+    # K = 2, 3 and 4, FedProx with mu = 0.1, and its baselines as ours: NoFed = Local,
+    # FedCluster = CFL, HypoCluster(3) = IFCA with 3 clusters. Micro accuracy is the pooled
+    # one, macro the unweighted mean over clients. On the embedded digits: its 40 clients in 4
+    # planted groups, 30 rounds, our learning rate 0.1 (the paper's 0.003 is its CNN's).
+    "fesem": dict(
+        algorithms=["local", "fedavg", "fedprox", "cfl", "ifca:3", "fesem:2", "fesem:3", "fesem:4"],
+        num_clients=40,
+        clients_per_round=40,
+        rounds=30,
+        local_epochs=5,
+        batch_size=10,
+        mu=0.1,
     ),  # fmt: skip
     # FedTSDP Section 4.1.4: the same settings for every method.
     "fedtsdp": dict(
@@ -161,7 +178,12 @@ DIGITS_FEDTSDP = dict(
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("table", "fedgroup", list(TABLES), "Which paper's comparison to produce.")
-flags.DEFINE_list("algorithms", None, f"Algorithms to compare ({', '.join(ALGORITHMS)}).")
+flags.DEFINE_list(
+    "algorithms",
+    None,
+    f"Columns: algorithms to compare ({', '.join(ALGORITHMS)}); ALGORITHM:K runs a clustered "
+    "one with K clusters (e.g. fesem:2,fesem:4).",
+)
 flags.DEFINE_list(
     "settings",
     None,
@@ -192,28 +214,84 @@ flags.DEFINE_bool(
 class PlannedRun(NamedTuple):
     seed: int
     setting: Optional[str]
-    algorithm: str
+    column: str  # the column's label: its algorithm, with :K if it sets one
     spec: runner.RunSpec
     folder: str
 
 
-def plan_runs(seeds: list[int], settings: list[Optional[str]], output_dir: str) -> list[PlannedRun]:
+class Column(NamedTuple):
+    """A table column: `ALGORITHM`, or `ALGORITHM:K` for the algorithm with K clusters (FeSEM's
+    Table 2 has a column per K: `--algorithms=fesem:2,fesem:3,fesem:4`)."""
+
+    label: str
+    algorithm: str
+    num_clusters: Optional[int]
+
+    @property
+    def folder(self) -> str:
+        return (
+            self.algorithm
+            if self.num_clusters is None
+            else f"{self.algorithm}_k{self.num_clusters}"
+        )
+
+
+def parse_columns(given: list[str]) -> list[Column]:
+    """`--algorithms` as columns; an unknown algorithm, a K that is not a whole number >= 1, a K
+    for an algorithm without clusters or a repeated column is an error naming it."""
+    if not given:
+        raise ValueError(f"no algorithm given; choose from {', '.join(ALGORITHMS)}")
+    columns = []
+    for label in given:
+        algorithm, _, k = label.partition(":")
+        if algorithm not in ALGORITHMS:
+            raise ValueError(
+                f"unknown algorithm {algorithm!r} in --algorithms; choose from "
+                f"{', '.join(ALGORITHMS)}"
+            )
+        num_clusters = None
+        if k:
+            fields = {f.name for f in dataclasses.fields(ALGORITHMS[algorithm].Options)}
+            if "num_clusters" not in fields:
+                raise ValueError(f"--algorithms={label}: {algorithm} has no clusters to set")
+            if not k.isdigit() or int(k) < 1:
+                raise ValueError(f"--algorithms={label}: K must be a whole number >= 1")
+            num_clusters = int(k)
+        columns.append(Column(label, algorithm, num_clusters))
+    repeated = sorted({c.label for c in columns if [d.label for d in columns].count(c.label) > 1})
+    if repeated:
+        raise ValueError(f"--algorithms names {', '.join(repeated)} more than once")
+    return columns
+
+
+def column_spec(column: Column) -> runner.RunSpec:
+    """The run the flags describe for one column (its K, if it sets one)."""
+    spec = run_flags.run_spec_from_flags(column.algorithm)
+    if column.num_clusters is None:
+        return spec
+    options = dataclasses.replace(spec.algorithm_options, num_clusters=column.num_clusters)
+    return dataclasses.replace(spec, algorithm_options=options)
+
+
+def plan_runs(
+    columns: list[Column], seeds: list[int], settings: list[Optional[str]], output_dir: str
+) -> list[PlannedRun]:
     """Every run of the table, seed by seed (so that an early stop leaves whole tables), each
     as its paper's protocol runs that algorithm (`table_protocol`)."""
     partitions = {s: parse_setting(s) for s in settings if s is not None}
     planned = []
     for seed in seeds:
         for setting in settings:
-            for algorithm in FLAGS.algorithms:
-                spec = table_protocol(FLAGS.table, run_flags.run_spec_from_flags(algorithm))
+            for column in columns:
+                spec = table_protocol(FLAGS.table, column_spec(column))
                 spec = dataclasses.replace(
                     spec,
                     training=dataclasses.replace(spec.training, seed=seed),
                     **(partitions[setting] if setting is not None else {}),
                 )
                 where = [output_dir] + ([f"s{seed}"] if len(seeds) > 1 else [])
-                where += [result_tables.setting_directory(setting), algorithm]
-                planned.append(PlannedRun(seed, setting, algorithm, spec, os.path.join(*where)))
+                where += [result_tables.setting_directory(setting), column.folder]
+                planned.append(PlannedRun(seed, setting, column.label, spec, os.path.join(*where)))
     return planned
 
 
@@ -221,7 +299,7 @@ def describe(run: PlannedRun) -> str:
     t = run.spec.training
     work = f"{t.local_steps} steps" if t.local_steps else f"{t.local_epochs} epochs"
     return (
-        f"seed {run.seed} {run.setting or run.spec.dataset:>16} {run.algorithm:>18}: "
+        f"seed {run.seed} {run.setting or run.spec.dataset:>16} {run.column:>18}: "
         f"{t.rounds} rounds x {t.clients_per_round} clients, {work} of batch {t.batch_size}, "
         f"lr {t.learning_rate:g}, {run.spec.model} -> {run.folder}"
     )
@@ -322,24 +400,19 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     with run_flags.reported_errors("finished runs are kept, run again to continue"):
         apply_table_defaults(FLAGS.table)
-        unknown = [a for a in FLAGS.algorithms if a not in ALGORITHMS]
-        if unknown or not FLAGS.algorithms:
-            raise ValueError(
-                f"unknown algorithm(s) {', '.join(unknown) or '(none given)'}; choose from "
-                f"{', '.join(ALGORITHMS)}"
-            )
-        run_flags.refuse_other_algorithms_flags(FLAGS.algorithms)
+        columns = parse_columns(FLAGS.algorithms)
+        run_flags.refuse_other_algorithms_flags([c.algorithm for c in columns])
         seeds = seeds_from_flags()
         # Each algorithm reads only its own options from the command line (an algorithm with
         # one model has no --num_clusters, one without a proximal term no --mu), so one
         # command line serves the whole table.
-        base = run_flags.run_spec_from_flags(FLAGS.algorithms[0])
+        base = column_spec(columns[0])
         seed_part = f"s{seeds[0]}" if len(seeds) == 1 else "seeds" + "-".join(map(str, seeds))
         output_dir = FLAGS.output_dir or os.path.join(
             "runs", f"compare-{FLAGS.table}-{base.dataset}-{seed_part}"
         )
         settings = FLAGS.settings if FLAGS.table in SETTING_TABLES else [None]
-        planned = plan_runs(seeds, settings, output_dir)
+        planned = plan_runs(columns, seeds, settings, output_dir)
         if FLAGS.plan_only:
             print("\n".join(map(describe, planned)))
             print(f"{len(planned)} runs; outputs would be in {output_dir}")
@@ -361,20 +434,20 @@ def run_planned(
     histories: dict[tuple[str, str], list] = {}
     runtime_config = run_flags.runtime_config_from_flags(output_dir)
     with tff_runtime(runtime_config):
-        for seed, setting, algorithm, spec, folder in planned:
+        for seed, setting, column, spec, folder in planned:
             history = run_one(spec, folder, runtime_config)["history"]
             row = result_tables.run_row(
                 setting or dataset,
-                algorithm,
+                column,
                 seed,
                 history,
                 FLAGS.target_accuracy,
-                decentralized=ALGORITHMS[algorithm].distribution == "neighbours",
+                decentralized=ALGORITHMS[spec.algorithm].distribution == "neighbours",
             )
             rows.append(row)
-            histories.setdefault((row["setting"], algorithm), []).append(history)
+            histories.setdefault((row["setting"], column), []).append(history)
             print(
-                f"seed {seed} {row['setting']:>16} {algorithm:>18}: "
+                f"seed {seed} {row['setting']:>16} {column:>18}: "
                 f"max {row['max_accuracy']:.4f}  final {row['final_accuracy']:.4f}  "
                 f"client mean {row['final_client_mean_accuracy']:.4f}",
                 flush=True,

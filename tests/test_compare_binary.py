@@ -164,3 +164,39 @@ def test_every_paper_table_flagfile_plans_three_seeds_of_its_columns() -> None:
             for seed in given["seeds"].split(","):
                 assert f"seed {seed} " in plan and f" {algorithm}: " in plan, (path, plan)
         assert "runs; outputs would be in" in plan, plan
+
+
+COLUMNS_OF_FESEM_TABLE = """
+import sys
+sys.argv = ["compare.py"]
+sys.path.insert(0, "binaries")
+import compare
+from absl import flags
+
+flags.FLAGS(["compare.py", "--table=fesem"])
+compare.apply_table_defaults("fesem")
+for column in compare.parse_columns(flags.FLAGS.algorithms):
+    spec = compare.column_spec(column)
+    k = getattr(spec.algorithm_options, "num_clusters", "-")
+    print(column.label, spec.algorithm, column.folder, k)
+for bad in (["fedavg:3"], ["fesem:0"], ["fesem:x"], ["fesem:2", "fesem:2"], ["nope"]):
+    try:
+        compare.parse_columns(bad)
+    except ValueError as e:
+        print("refused", e)
+"""
+
+
+def test_a_column_per_k_runs_the_algorithm_with_that_many_clusters() -> None:
+    """FeSEM's Table 2 has a column per K: `fesem:2` is FeSEM with K = 2 in its own folder;
+    a K for an algorithm without clusters, a K below 1 or a repeated column is refused."""
+    done = run_binary(["-c", COLUMNS_OF_FESEM_TABLE])
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "fesem:2 fesem fesem_k2 2" in lines and "fesem:4 fesem fesem_k4 4" in lines
+    assert "ifca:3 ifca ifca_k3 3" in lines and "local local local -" in lines
+    refused = [line for line in lines if line.startswith("refused")]
+    assert len(refused) == 5, done.stdout
+    assert "fedavg has no clusters" in refused[0] and "K must be" in refused[1]
+    assert "K must be" in refused[2] and "more than once" in refused[3]
+    assert "unknown algorithm 'nope'" in refused[4]

@@ -45,3 +45,36 @@ def test_cluster_recovery_scores_the_partition_up_to_renaming() -> None:
     mixed = reporting.cluster_recovery({"a": 0, "b": 1, "c": 1, "d": -1}, planted)
     assert mixed["cluster_sizes"] == [1, 2] and mixed["adjusted_rand_vs_planted"] < 0.5
     assert "adjusted_rand_vs_planted" not in reporting.cluster_recovery({"a": 0}, None)
+
+
+def accuracy_rows(setting: str, algorithm: str, accuracies: list[float]) -> list[dict]:
+    return [
+        {"setting": setting, "algorithm": algorithm, "seed": seed, "final_accuracy": a}
+        for seed, a in enumerate(accuracies)
+    ]
+
+
+def test_standings_measure_a_paper_method_against_the_better_baseline_and_fedavg() -> None:
+    """FedTSDP 2 points under FedPer with stds of 1: below the better baseline; 1.5 points
+    above FedAvg: above by more than one std. Level with FedPer within its std: level."""
+    rows = (
+        accuracy_rows("a", "fedavg", [0.80, 0.81, 0.82])
+        + accuracy_rows("a", "fedper", [0.84, 0.85, 0.86])
+        + accuracy_rows("a", "fedtsdp", [0.82, 0.83, 0.84])
+        + accuracy_rows("b", "fedavg", [0.80, 0.80, 0.80])
+        + accuracy_rows("b", "fedper", [0.84, 0.85, 0.86])
+        + accuracy_rows("b", "fedtsdp", [0.84, 0.84, 0.84])
+    )
+    found = {s.setting: s for s in result_tables.standings(rows, "final_accuracy")}
+    assert set(found) == {"a", "b"} and found["a"].best_reference == "fedper"
+    assert round(found["a"].gap_to_best, 6) == -2.0 and round(found["a"].std_best, 6) == 1.0
+    assert not found["a"].level_with_best and found["a"].above_single
+    assert found["b"].level_with_best and found["b"].above_single
+    table = "\n".join(result_tables.standing_table(list(found.values())))
+    assert "-2.00 vs fedper (1.00): **below by more than one std**" in table
+    # Decentralized tables compare with their own baselines; a table without FedAvg gives none.
+    dfl = accuracy_rows("a", "fedavg_dfl", [0.9, 0.9]) + accuracy_rows("a", "uapdfl", [0.9, 0.91])
+    (uapdfl,) = result_tables.standings(dfl, "final_accuracy")
+    assert uapdfl.best_reference == "fedavg_dfl" and uapdfl.level_with_best
+    assert not uapdfl.above_single
+    assert result_tables.standings(accuracy_rows("a", "fedac", [0.9]), "final_accuracy") == []
