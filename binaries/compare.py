@@ -89,7 +89,6 @@ TABLES: dict[str, dict[str, Any]] = {
     # planted groups, 30 rounds, our learning rate 0.1 (the paper's 0.003 is its CNN's).
     "fesem": dict(
         algorithms=["local", "fedavg", "fedprox", "cfl", "ifca:3", "fesem:2", "fesem:3", "fesem:4"],
-        num_clients=40,
         clients_per_round=40,
         rounds=30,
         local_epochs=5,
