@@ -118,8 +118,14 @@ def test_compare_writes_the_fedtsdp_table_shape(tmp_path: object) -> None:
     settings = ("| iid", "| dirichlet:0.2")
     rows = [line for line in table[:diagnostics_start] if line.startswith(settings)]
     assert len(rows) == 2 and all(len(r.split("|")) == 5 for r in rows)
-    notes = [line for line in table[diagnostics_start:] if line.startswith(settings)]
+    standings_start = next(i for i, line in enumerate(table) if line.startswith("Each paper"))
+    notes = [line for line in table[diagnostics_start:standings_start] if line.startswith(settings)]
     assert len(notes) == 4 and all("triggers 0" in n for n in notes if "fedtsdp" in n)
+    # FedTSDP against FedAvg, the one baseline here, in each setting.
+    standings = [line for line in table[standings_start:] if line.startswith(settings)]
+    assert len(standings) == 2 and all(
+        "| fedtsdp |" in line and "vs fedavg" in line for line in standings
+    )
     with open(os.path.join(out, "comparison.csv")) as f:
         runs = list(csv.DictReader(f))
     assert {(r["setting"], r["algorithm"]) for r in runs} == {
