@@ -130,3 +130,25 @@ def test_separation_gap_is_positive_only_for_separated_groups() -> None:
     gap = clustering.separation_gap(s, np.array([0, 1]), np.array([2, 3]))
     assert gap == pytest.approx(0.7)
     assert clustering.separation_gap(s, np.array([0]), np.array([1])) == -np.inf
+
+
+def test_the_neighbour_gap_accepts_a_split_of_four_groups_that_the_separation_gap_refuses() -> None:
+    """Four groups of updates: the optimal bipartition keeps every group whole but puts two on
+    each side, so some within-part cosine is below a cross-part one (separation gap < 0), while
+    every client's nearest neighbour is in its own group (neighbour gap > 0). Noise: neither."""
+    rng = np.random.default_rng(1)
+    directions = rng.normal(size=(4, 200))
+    groups = np.arange(16) % 4
+    s = clustering.pairwise_cosine(directions[groups] + rng.normal(0, 0.5, (16, 200)))
+    first, second = clustering.optimal_bipartition(s)
+    assert set(groups[first].tolist()).isdisjoint(groups[second].tolist())  # groups kept whole
+    assert clustering.separation_gap(s, first, second) < 0
+    assert clustering.neighbour_separation_gap(s, first, second) > 0.3
+    misses = 0
+    for _ in range(50):
+        noise = clustering.pairwise_cosine(rng.normal(size=(16, 200)) + 0.5 * rng.normal(size=200))
+        first, second = clustering.optimal_bipartition(noise)
+        misses += clustering.neighbour_separation_gap(noise, first, second) > 0
+    assert misses == 0
+    # a part of one client has no neighbour
+    assert clustering.neighbour_separation_gap(s, np.array([0]), np.arange(1, 16)) == -np.inf

@@ -10,6 +10,7 @@
 
 from tff_clustered.clustering.bipartition import (
     max_cross_similarity,
+    neighbour_separation_gap,
     optimal_bipartition,
     pairwise_cosine,
     separation_gap,
@@ -100,6 +101,7 @@ __all__ = [
     "newcomer_dissimilarity",
     "optimal_bipartition",
     "separation_gap",
+    "neighbour_separation_gap",
     "pairwise_cosine",
     "shared_tensor_count",
     "should_split",

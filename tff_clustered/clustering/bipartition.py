@@ -93,3 +93,25 @@ def separation_gap(similarity: np.ndarray, first: np.ndarray, second: np.ndarray
     if not within_values.size:
         return -np.inf
     return float(within_values.min() - s[np.ix_(first, second)].max())
+
+
+def neighbour_separation_gap(
+    similarity: np.ndarray, first: np.ndarray, second: np.ndarray
+) -> float:
+    """The separation gap with each client's nearest neighbour in its own part in place of
+    every pair of the part: the smallest, over clients, of the largest similarity to another
+    member of its part, minus the largest similarity across. Positive when every client has a
+    partner on its own side closer than anything across, which is what a correct bipartition
+    of k >= 2 groups gives; `separation_gap` also asks every two members of a part to be
+    similar, which holds for two groups only (a bipartition of four puts two different groups
+    on each side). About zero or negative for updates that differ only by noise. A part of
+    one client has no neighbour in it (-inf)."""
+    s = np.asarray(similarity, np.float64)
+    nearest = []
+    for part in (first, second):
+        if len(part) < 2:
+            return -np.inf
+        within = s[np.ix_(part, part)].copy()
+        np.fill_diagonal(within, -np.inf)
+        nearest.append(within.max(axis=1).min())
+    return float(min(nearest) - s[np.ix_(first, second)].max())
