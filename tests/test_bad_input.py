@@ -131,3 +131,39 @@ def test_the_flagfiles_named_in_a_refusal_are_read_as_absl_reads_them() -> None:
     given = ["--flagfile=a.flags", "--rounds=2", "--flagfile", "b.flags", "-flagfile=c.flags"]
     assert run_flags.flagfiles_given(given) == ["a.flags", "b.flags", "c.flags"]
     assert run_flags.flagfiles_given(["--flagfile"]) == []
+
+
+WORKER_LOST_AFTER_A_SIGNAL = """
+import os, signal, sys, time
+from tff_clustered import cli, run_flags
+from tff_clustered.runtime import WorkerLostError
+
+signum = getattr(signal, sys.argv[1]) if len(sys.argv) > 1 else None
+with run_flags.reported_errors("the last checkpoint is kept, continue with --resume"):
+    if signum is not None:
+        try:
+            os.kill(os.getpid(), signum)
+            time.sleep(5)
+        except (KeyboardInterrupt, cli.Terminated):
+            pass  # absorbed, as a gRPC call in flight can absorb a handler's exception
+    raise WorkerLostError("TFF worker localhost:1 stopped answering (StatusCode.UNAVAILABLE).")
+"""
+
+
+@pytest.mark.parametrize(
+    "signame, code, said", [("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted")]
+)
+def test_a_worker_lost_after_a_signal_reports_the_signal(
+    signame: str, code: int, said: str
+) -> None:
+    """The runtime's SIGTERM handler stops the worker; a call in flight then fails with
+    UNAVAILABLE. The user stopped the run: the signal's line and exit code, not a worker
+    failure (seen once in CI: exit 3 and "restart the worker" after a SIGTERM)."""
+    stopped = run_binary(["-c", WORKER_LOST_AFTER_A_SIGNAL, signame])
+    assert stopped.returncode == code, stopped.stderr[-2000:]
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        f"{said}; the last checkpoint is kept, continue with --resume"
+    )
+    assert "stopped answering" not in stopped.stderr and "Traceback" not in stopped.stderr
+    lost = run_binary(["-c", WORKER_LOST_AFTER_A_SIGNAL])  # no signal: the worker's failure
+    assert lost.returncode == 3 and "error: TFF worker localhost:1 stopped answering" in lost.stderr

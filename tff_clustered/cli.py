@@ -46,6 +46,8 @@ def usage_error(message: str) -> SystemExit:
 
 # Signals the process was started with ignored (`stop_at_once_on_signals`): never handled.
 _IGNORED: set[int] = set()
+# SIGINT / SIGTERM received once the work started (`stop_cleanly_on_signals`), in order.
+_RECEIVED: list[int] = []
 
 
 class Terminated(SystemExit):
@@ -57,7 +59,23 @@ class Terminated(SystemExit):
 
 
 def raise_terminated(signum: int = signal.SIGTERM, frame: object = None) -> None:
+    _RECEIVED.append(signal.SIGTERM)
     raise Terminated()
+
+
+def raise_interrupted(signum: int = signal.SIGINT, frame: object = None) -> None:
+    _RECEIVED.append(signal.SIGINT)
+    raise KeyboardInterrupt
+
+
+def reraise_received_signal() -> None:
+    """If SIGINT or SIGTERM arrived during the work, raise it again (`KeyboardInterrupt`,
+    `Terminated`): an error that follows a signal is its consequence, e.g. the TFF worker,
+    stopped by the signal's handler, no longer answering a call in flight (a gRPC call can
+    absorb the handler's exception and fail with UNAVAILABLE instead). The user asked the run
+    to stop; they get the signal's line and exit code, not a worker failure."""
+    if _RECEIVED:
+        raise KeyboardInterrupt if _RECEIVED[0] == signal.SIGINT else Terminated()
 
 
 def stop_at_once_on_signals(binary: str) -> None:
@@ -123,7 +141,8 @@ def stop_cleanly_on_signals() -> None:
     """Once the work starts (inside `run_flags.reported_errors`): Ctrl-C raises
     `KeyboardInterrupt` and SIGTERM `Terminated`, so that the run stops between two steps,
     its worker is stopped and its last checkpoint is kept."""
+    _RECEIVED.clear()
     if signal.SIGINT not in _IGNORED:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, raise_interrupted)
     if signal.SIGTERM not in _IGNORED:
         signal.signal(signal.SIGTERM, raise_terminated)

@@ -244,6 +244,7 @@ def _exit_codes_of_errors(on_interrupt: str) -> Iterator[None]:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except WorkerLostError as e:
+        cli.reraise_received_signal()  # the worker was stopped by a signal's handler
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(3) from None
     except OSError as e:

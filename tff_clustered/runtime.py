@@ -49,7 +49,7 @@ import time
 from collections.abc import Iterator
 from typing import Optional
 
-from tff_clustered.cli import Terminated
+from tff_clustered.cli import raise_terminated
 
 _GRPC_OPTIONS = [
     ("grpc.max_message_length", 2_000_000_000),
@@ -258,7 +258,7 @@ class TffRuntime:
     def _install_signal_handlers(self) -> None:
         def on_sigterm(signum: int, frame: object) -> None:
             self.stop()
-            raise Terminated()
+            raise_terminated()
 
         with contextlib.suppress(ValueError):  # not in the main thread: atexit still covers us
             self._previous_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_sigterm)
