@@ -24,6 +24,10 @@
   (`Experiment.score_pooled`: one call per model) against the per-client path (one scoring per
   client) and against one FedAvg training round of 20 of them at E=20, on both executions
   (goals: pooled <= the training round, per-client >= 10x pooled).
+* `unequal_clients`: one in-process FedAvg round of 20 clients of unequal sizes (4-165
+  examples, FEMNIST writers' range) padded and masked into vectorised groups, against the
+  same clients grouped by exact size only and against a floor: as many clients of one size
+  with the same total local steps, one vectorised call (goal: padded <= 1.3x the floor).
 * `uapdfl_vs_fedavg`: one whole UA-PDFL round (every peer receives its own and N_com routed
   models, fingerprints each, mixes and trains with the alignment term; the mailbox is rebuilt)
   against one FedAvg round with the same participants, at each N_com of
@@ -44,6 +48,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from typing import Optional
 
 from absl import flags
@@ -65,8 +70,14 @@ from tff_clustered import clustering  # noqa: E402
 from tff_clustered.algorithms import make_algorithm  # noqa: E402
 from tff_clustered.data import load_dataset  # noqa: E402
 from tff_clustered.data.federated_data import from_arrays  # noqa: E402
+from tff_clustered.federated import in_process  # noqa: E402
 from tff_clustered.federated.executions import RoundCache, repeated_round  # noqa: E402
-from tff_clustered.federated.round import round_hparams  # noqa: E402
+from tff_clustered.federated.round import (  # noqa: E402
+    RoundSignature,
+    client_seed,
+    round_functions,
+    round_hparams,
+)
 from tff_clustered.models import initial_weights, model_spec  # noqa: E402
 from tff_clustered.models.functional import functional_model  # noqa: E402
 from tff_clustered.orchestration import Experiment, TrainingConfig  # noqa: E402
@@ -98,9 +109,11 @@ flags.DEFINE_list(
         "fedtsdp_vs_fedavg",
         "uapdfl_vs_fedavg",
         "evaluation",
+        "unequal_clients",
     ],
     "Benchmarks to run.",
 )
+flags.DEFINE_list("unequal_sizes", ["4", "165"], "Least and most examples (unequal_clients).")
 flags.DEFINE_list("uapdfl_neighbours", ["1", "3", "5", "9"], "N_com values (uapdfl_vs_fedavg).")
 flags.DEFINE_integer("dfl_rounds", 4, "Timed rounds of uapdfl_vs_fedavg.", lower_bound=1)
 flags.DEFINE_enum("tsdp_trigger", "always", ["always", "paper"], "FedTSDP clustering per round.")
@@ -595,6 +608,79 @@ def memory_growth(worker_pid: Optional[int]) -> dict:
     return result
 
 
+def unequal_clients(spec: object, w0: list, rng: np.random.Generator) -> dict:
+    """One in-process FedAvg round of clients of unequal sizes (`--unequal_sizes`, FEMNIST
+    writers' range) three ways: padded and masked into the groups `client_groups` plans (the
+    default), grouped by exact size only (clients of a size of their own train alone, two at a
+    time), and, as the floor, the same number of clients of one equal size with the same total
+    number of local steps (one vectorised call)."""
+    low, high = (int(v) for v in FLAGS.unequal_sizes)
+    sizes = rng.integers(low, high + 1, FLAGS.clients)
+    hparams = round_hparams(FLAGS.learning_rate, FLAGS.batch_size, FLAGS.local_epochs)
+    total_steps = sum(in_process.client_steps(int(n), hparams) for n in sizes)
+    per_client = max(1, round(total_steps / len(sizes) / FLAGS.local_epochs))
+    equal = per_client * FLAGS.batch_size  # examples giving each client the mean step count
+
+    def clients_of(counts: Sequence[int]) -> list:
+        return [
+            collections.OrderedDict(
+                x=rng.normal(size=(n, FLAGS.input_dim)).astype(np.float32),
+                y=rng.integers(0, FLAGS.num_classes, n).astype(np.int32),
+            )
+            for n in counts
+        ]
+
+    unequal, equal_clients = clients_of(sizes), clients_of([equal] * len(sizes))
+    model = functional_model(spec.build(), spec.input_spec())
+    signature = RoundSignature(1, tuple(range(len(w0))))
+    fns = round_functions(model, spec.input_spec(), signature, w0)
+    padded = in_process.in_process_round(fns)
+    by_size = in_process.in_process_round(fns, pad_unequal_clients=False)
+
+    def round_fn(process: object, clients: list) -> object:
+        state = process.initialize()
+        keys = [np.array([0], np.int32)] * len(clients)
+        ones, seeds = (
+            [np.float32(1.0)] * len(clients),
+            [client_seed(i, i) for i in range(len(clients))],
+        )
+
+        def run() -> None:
+            process.next(state, clients, keys, [()] * len(clients), ones, seeds, hparams)
+
+        return run
+
+    t = alternate(
+        {
+            "padded": round_fn(padded, unequal),
+            "by_size": round_fn(by_size, unequal),
+            "equal_floor": round_fn(padded, equal_clients),
+        },
+        FLAGS.rounds,
+    )
+    groups = in_process.client_groups([int(n) for n in sizes], hparams, pad=True)
+    floor = t["equal_floor"]
+    print(
+        f"Unequal clients in process: {len(sizes)} clients of {low}-{high} examples "
+        f"({total_steps} local steps in all), {FLAGS.local_epochs} epochs, batch "
+        f"{FLAGS.batch_size}, {FLAGS.model}: padded {t['padded']:.3f} s "
+        f"({t['padded'] / floor:.2f}x the floor; {len(groups)} groups of "
+        f"{[len(g) for g in groups]} clients), by exact size {t['by_size']:.3f} s "
+        f"({t['by_size'] / floor:.2f}x); floor ({len(sizes)} clients x {equal} examples, same "
+        f"steps, one vectorised call) {floor:.3f} s",
+        flush=True,
+    )
+    return {
+        **{f"{name}_s": round(v, 4) for name, v in t.items()},
+        "sizes": [int(n) for n in sizes],
+        "total_steps": int(total_steps),
+        "groups": [len(g) for g in groups],
+        "padded_over_floor": round(t["padded"] / floor, 3),
+        "by_size_over_floor": round(t["by_size"] / floor, 3),
+        "by_size_over_padded": round(t["by_size"] / t["padded"], 3),
+    }
+
+
 def main(argv: list[str]) -> None:
     del argv
     rng = np.random.default_rng(FLAGS.seed)
@@ -696,6 +782,8 @@ def main(argv: list[str]) -> None:
             report["uapdfl_vs_fedavg"] = uapdfl_vs_fedavg()
         if "evaluation" in FLAGS.benchmarks:
             report["evaluation"] = evaluation_speed()
+        if "unequal_clients" in FLAGS.benchmarks:
+            report["unequal_clients"] = unequal_clients(spec, w0, rng)
         if "client_scaling" in FLAGS.benchmarks:
             report["client_scaling"] = client_scaling(spec, w0, rng)
     if "clustering" in FLAGS.benchmarks:

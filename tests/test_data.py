@@ -257,6 +257,38 @@ def test_array_batches_loop_over_the_batches_of_the_dataset_in_the_same_order(
     assert got == expected
     assert got[0] and (shuffle_seed is None or got[0] != got[1])
 
+    # The same client padded to 40 rows (how clients of unequal sizes vectorise): every batch
+    # has `batch_size` rows, its unmasked ones are the batch above in the same order, and the
+    # steps a 40-example client would have beyond the client's own are wholly masked.
+    padded = collections.OrderedDict(
+        (name, np.concatenate([a, np.full((17, *a.shape[1:]), -7, a.dtype)]))
+        for name, a in arrays.items()
+    )
+
+    @tf.function
+    def two_padded_passes() -> tuple[tf.Tensor, tf.Tensor]:
+        loop = ArrayBatches(padded, batch_size, epochs, shuffle_seed, max_steps, size=23)
+
+        def append(seen: tf.Tensor, batch: dict) -> tf.Tensor:
+            tf.debugging.assert_equal(tf.shape(batch["y"])[0], batch_size)
+            kept = tf.boolean_mask(batch["y"], batch["mask"] > 0)
+            return tf.concat([seen, kept, [-1]], 0)
+
+        start = tf.zeros([0], tf.int32)
+        first = loop.reduce(start, append)
+        with tf.control_dependencies([first]):
+            second = loop.reduce(start, append)
+        return first, second
+
+    per_epoch_padded = -(-40 // batch_size)
+    padded_steps = (epochs if epochs >= 0 else 10**6) * per_epoch_padded
+    padded_steps = min(padded_steps, max_steps) if max_steps >= 0 else padded_steps
+    for order, values in zip(expected, two_padded_passes(), strict=True):
+        seen = split(values)
+        assert len(seen) == padded_steps
+        assert seen[: len(order)] == order
+        assert not any(seen[len(order) :])
+
 
 @pytest.mark.parametrize(
     "name, options, message",

@@ -20,6 +20,7 @@ from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round import (
     RoundSignature,
     client_seed,
+    round_functions,
     round_hparams,
 )
 from tff_clustered.models import initial_weights, model_spec
@@ -222,8 +223,8 @@ def test_clients_of_a_large_model_train_one_each_with_the_vectorised_results(
             [client_seed(i, i) for i in range(4)],
             round_hparams(0.1, 4, 2, num_clusters=2),
         )
-    assert "train_clients" in traced[default]
-    assert "train_clients" not in traced[0] and "train_client" in traced[0]
+    assert "train_padded_clients" in traced[default]  # 8 and 5 examples: the same 4 steps
+    assert "train_padded_clients" not in traced[0] and "train_client" in traced[0]
     (s1, o1, m1), (s2, o2, m2) = results.values()
     for a, b in zip(s1["cluster_models"], s2["cluster_models"], strict=True):
         np.testing.assert_allclose(b, a, atol=1e-6)
@@ -232,6 +233,135 @@ def test_clients_of_a_large_model_train_one_each_with_the_vectorised_results(
         for key in a:
             np.testing.assert_allclose(b[key], a[key], atol=1e-6)
     np.testing.assert_allclose(m2["cluster_weight"], m1["cluster_weight"])
+
+
+def unequal_round_results(
+    functional: object, w0: list, work: object, distribution: str, **round_options: object
+) -> tuple[tuple, list[str]]:
+    """One in-process round of six clients of unequal sizes (two of them equal), and the
+    names of the graphs it traced."""
+    signature = RoundSignature(2, tuple(range(len(w0))), work, distribution=distribution)
+    fns = round_functions(functional, model_spec("mlp", (6,), 3).input_spec(), signature, w0)
+    names: list[str] = []
+    original = in_process.GraphFunction
+
+    class Recorded(original):  # type: ignore[misc, valid-type]
+        def __init__(self, fn: object, *args: object) -> None:
+            names.append(fn.__name__)
+            super().__init__(fn, *args)
+
+    in_process.GraphFunction = Recorded
+    try:
+        return run_unequal_round(in_process.in_process_round(fns, **round_options), w0, work), names
+    finally:
+        in_process.GraphFunction = original
+
+
+def run_unequal_round(fed_round: object, w0: list, work: object) -> tuple:
+    rng = np.random.default_rng(1)
+    arrays = [
+        collections.OrderedDict(
+            x=rng.normal(size=(n, 6)).astype(np.float32),
+            y=rng.integers(0, 3, size=n).astype(np.int32),
+        )
+        for n in (8, 13, 5, 8, 3, 21)
+    ]
+    state = fed_round.initialize()
+    state["cluster_models"] = tuple(
+        m + np.float32(0.2) * (np.arange(2) == 1).reshape(2, *[1] * (m.ndim - 1))
+        for m in state["cluster_models"]
+    )
+    stored = [tuple(np.asarray(w) * 0.9 for w in w0) if work.reads_own_model else ()] * 6
+    return fed_round.next(
+        state,
+        arrays,
+        [np.array([i % 2], np.int32) for i in range(6)],
+        stored,
+        [np.float32(1.0 + 0.1 * i) for i in range(6)],
+        [client_seed(i, i) for i in range(6)],
+        round_hparams(0.1, 4, 2, num_clusters=2),
+    )
+
+
+@pytest.mark.parametrize(
+    "work,distribution",
+    [
+        # IFCA's pick (every cluster scored on the client's data first), a pull, momentum
+        (client_work.LocalSGD(prox_mu=0.3, momentum=0.5), "lowest_loss_cluster"),
+        (client_work.DittoSGD(ditto_lambda=0.5), "own_cluster"),  # two passes over the data
+    ],
+)
+def test_clients_of_unequal_sizes_train_padded_with_the_results_of_training_alone(
+    work: object, distribution: str
+) -> None:
+    """Clients of different sizes train in one vectorised call, each padded to the largest
+    with masked batches, and every output (models, kept models, counts, losses, clusters)
+    equals that of each client training alone: a padded step changes nothing (no update, no
+    momentum, no pull)."""
+    spec = model_spec("mlp", (6,), 3, hidden_units=5)
+    functional = functional_model(spec.build(), spec.input_spec())
+    w0 = initial_weights(spec, 0)
+    (s1, o1, m1), padded_names = unequal_round_results(functional, w0, work, distribution)
+    (s2, o2, m2), alone_names = unequal_round_results(
+        functional, w0, work, distribution, vectorise=False
+    )
+    assert "train_padded_clients" in padded_names
+    assert "train_padded_clients" not in alone_names
+    for a, b in zip(s1["cluster_models"], s2["cluster_models"], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    for a, b in zip(o1, o2, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_allclose(
+                np.concatenate([np.ravel(t) for t in tf_nest_flatten(a[key])]),
+                np.concatenate([np.ravel(t) for t in tf_nest_flatten(b[key])]),
+                atol=1e-6,
+                err_msg=key,
+            )
+    np.testing.assert_allclose(m1["cluster_weight"], m2["cluster_weight"])
+
+
+def tf_nest_flatten(value: object) -> list:
+    import tensorflow as tf
+
+    return [np.asarray(v, np.float64) for v in tf.nest.flatten(value)] or [np.zeros(0)]
+
+
+def test_a_model_with_dropout_is_not_padded() -> None:
+    """Dropout draws its mask for the batch's shape, so a padded batch would draw other
+    numbers for the client's own rows: such a model's clients of different sizes are not
+    padded (nor a BatchNorm model's, whose batch statistics the padding would change)."""
+    import tensorflow as tf
+
+    keras_model = tf.keras.Sequential(
+        [
+            tf.keras.layers.InputLayer(input_shape=(6,)),
+            tf.keras.layers.Dense(5, activation="relu"),
+            tf.keras.layers.Dropout(0.5),
+            tf.keras.layers.Dense(3),
+        ]
+    )
+    functional = functional_model(keras_model)
+    assert not functional.rows_independent
+    w0 = [w.numpy() for w in keras_model.trainable_weights]
+    _, names = unequal_round_results(functional, w0, client_work.LocalSGD(), "own_cluster")
+    assert "train_padded_clients" not in names and "train_clients" in names
+
+
+def test_client_groups_pad_only_where_it_pays() -> None:
+    """Same-size clients always share a call; padding joins sizes whose step counts are
+    close, and leaves a client whose steps are far fewer than the others' to a call of its
+    own, by the modelled cost (CALL_COST, STEP_COST)."""
+    hparams = round_hparams(0.1, 10, 1)
+    assert in_process.client_groups([30, 50, 30], hparams) == [[0, 2], [1]]
+    assert in_process.client_groups([30, 50, 30], hparams, vectorise=False) == [[0], [1], [2]]
+    assert in_process.client_groups([30, 50, 30], hparams, pad=True) == [[0, 1, 2]]
+    groups = in_process.client_groups([10_000, 10, 9_990, 20], hparams, pad=True)
+    assert groups == [[0, 2], [1, 3]]
+    sizes = list(np.random.default_rng(0).integers(4, 166, 40))
+    groups = in_process.client_groups(sizes, hparams, pad=True)
+    assert sorted(i for g in groups for i in g) == list(range(40))
+    assert 1 <= len(groups) < len(set(sizes))
 
 
 PLACEMENT_SCRIPT = textwrap.dedent(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import tensorflow as tf
@@ -96,11 +96,8 @@ def batch_order(
     scalars."""
     size = tf.cast(size, tf.int64)
     batch_size = tf.cast(batch_size, tf.int64)
-    epochs, max_steps = tf.cast(epochs, tf.int64), tf.cast(max_steps, tf.int64)
     per_epoch = (size + batch_size - 1) // batch_size
-    steps = tf.where(epochs >= 0, epochs * per_epoch, max_steps)
-    steps = tf.where(max_steps >= 0, tf.minimum(steps, max_steps), steps)
-    steps = tf.where(per_epoch > 0, tf.maximum(steps, 0), tf.constant(0, tf.int64))
+    steps = client_steps(size, batch_size, epochs, max_steps)
     num_epochs = (steps + per_epoch - 1) // tf.maximum(per_epoch, 1)
     if shuffle_seed is None:
         order = tf.tile(tf.range(size)[None], tf.stack([num_epochs, 1]))
@@ -114,6 +111,83 @@ def batch_order(
     within = tf.minimum(batch_size, size - tf.range(per_epoch) * batch_size)
     lengths = tf.tile(within, tf.reshape(num_epochs, [1]))[:steps]
     return indices, lengths
+
+
+def client_steps(size: Any, batch_size: Any, epochs: Any = 1, max_steps: Any = -1) -> tf.Tensor:
+    """How many minibatches `batch_order` gives a client of `size` examples (int64)."""
+    size = tf.cast(size, tf.int64)
+    batch_size = tf.cast(batch_size, tf.int64)
+    epochs, max_steps = tf.cast(epochs, tf.int64), tf.cast(max_steps, tf.int64)
+    per_epoch = (size + batch_size - 1) // batch_size
+    steps = tf.where(epochs >= 0, epochs * per_epoch, max_steps)
+    steps = tf.where(max_steps >= 0, tf.minimum(steps, max_steps), steps)
+    return tf.where(per_epoch > 0, tf.maximum(steps, 0), tf.constant(0, tf.int64))
+
+
+def padded_epoch_orders(
+    size: Any,
+    capacity: Any,
+    batch_size: Any,
+    epochs: Any = 1,
+    shuffle_seed: Any = None,
+    max_steps: Any = -1,
+    pass_index: int = 0,
+) -> tf.Tensor:
+    """`batch_order`'s epoch orders for a client holding the first `size` of `capacity` rows,
+    with shapes that depend on `capacity` only (so that clients of different sizes
+    vectorise): (epochs, capacity) int64, row e the client's order of epoch e followed by the
+    padding rows, as many rows as any client of at most `capacity` rows can need.
+
+    Row e is the stable argsort of the elements e * size .. e * size + size - 1 of the
+    stateless uniform stream of the seed `(shuffle_seed, pass_index)`: the row e of the
+    `(epochs, size)` keys `batch_order` draws (a stateless draw of a longer shape starts with
+    the elements of a shorter one)."""
+    size, capacity = tf.cast(size, tf.int64), tf.cast(capacity, tf.int64)
+    epochs, max_steps = tf.cast(epochs, tf.int64), tf.cast(max_steps, tf.int64)
+    most = client_steps(capacity, batch_size, epochs, max_steps)
+    rows = tf.maximum(tf.minimum(tf.where(epochs >= 0, epochs, max_steps), most), 1)
+    if shuffle_seed is None:
+        return tf.tile(tf.range(capacity)[None], tf.stack([rows, 1]))
+    seed = tf.stack([tf.cast(shuffle_seed, tf.int64), tf.constant(pass_index, tf.int64)])
+    stream = tf.random.stateless_uniform(tf.reshape(rows * capacity, [1]), seed)
+    at = tf.range(rows)[:, None] * size + tf.range(capacity)[None, :]
+    keys = tf.where(
+        tf.range(capacity)[None, :] < size,
+        tf.gather(stream, tf.minimum(at, rows * capacity - 1)),
+        tf.constant(np.inf, stream.dtype),
+    )
+    return tf.cast(tf.argsort(keys, axis=1, stable=True), tf.int64)
+
+
+def padded_batch_order(
+    size: Any,
+    capacity: Any,
+    batch_size: Any,
+    epochs: Any = 1,
+    shuffle_seed: Any = None,
+    max_steps: Any = -1,
+    pass_index: int = 0,
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """`batch_order` for a client holding the first `size` of `capacity` rows, with shapes
+    that depend on `capacity` only: `(indices, mask)`, both (steps, batch_size) with as many
+    steps as a client filling the `capacity` rows has; the mask (float32) is 1 on the
+    entries `batch_order(size, ...)` has at that step and 0 elsewhere (all 0 past the client's
+    last step). Computed once per pass, so that a step only slices its row."""
+    size = tf.cast(size, tf.int64)
+    batch_size = tf.cast(batch_size, tf.int64)
+    orders = padded_epoch_orders(
+        size, capacity, batch_size, epochs, shuffle_seed, max_steps, pass_index
+    )
+    rows, capacity = tf.unstack(tf.shape(orders, out_type=tf.int64))
+    steps = tf.range(client_steps(capacity, batch_size, epochs, max_steps))
+    per_epoch = tf.maximum((size + batch_size - 1) // batch_size, 1)
+    epoch = tf.minimum(steps // per_epoch, rows - 1)
+    positions = ((steps % per_epoch) * batch_size)[:, None] + tf.range(batch_size)[None, :]
+    at = epoch[:, None] * capacity + tf.minimum(positions, capacity - 1)
+    indices = tf.gather(tf.reshape(orders, [-1]), at)
+    own_step = steps < client_steps(size, batch_size, epochs, max_steps)
+    valid = (positions < size) & own_step[:, None]
+    return indices, tf.cast(valid, tf.float32)
 
 
 def batches(
@@ -147,6 +221,14 @@ class ArrayBatches:
     backward pass) runs on the device the graph puts it on, a GPU included, where the function of
     a `Dataset.reduce` always runs inside tf.data on the CPU. As a reshuffling dataset does, each
     further `reduce` of the same object draws a new order (pass 0, 1, ...: Ditto loops twice).
+
+    `size`: the arrays are padded, and the client holds only their first `size` rows. Then
+    every batch has `batch_size` rows and a `mask` (float32, 1 on the rows `batch_order(size)`
+    puts in that batch, `padded_batch_order`), and the loop runs as many steps as a client filling
+    the arrays would, the steps past the client's own with an all-zero mask: the loop's shapes
+    and length no longer depend on the client, so clients of different sizes vectorise
+    together. Client work treats a masked batch as the batch of its unmasked rows and a step
+    with no unmasked row as no step (`client_work.train_client`).
     """
 
     def __init__(
@@ -156,27 +238,54 @@ class ArrayBatches:
         epochs: Any = 1,
         shuffle_seed: Any = None,
         max_steps: Any = -1,
+        size: Any = None,
     ) -> None:
         self.arrays = collections.OrderedDict(
             (name, tf.convert_to_tensor(value)) for name, value in arrays.items()
         )
-        self.size = tf.shape(next(iter(self.arrays.values())), out_type=tf.int64)[0]
+        self.capacity = tf.shape(next(iter(self.arrays.values())), out_type=tf.int64)[0]
+        self.size = None if size is None else tf.cast(size, tf.int64)
         self.order_args = (batch_size, epochs, shuffle_seed, max_steps)
         self.passes = 0
 
-    def reduce(self, initial: Any, fn: Any) -> Any:
-        """`fn(carry, batch) -> carry` over this pass's batches, from `initial`."""
-        indices, lengths = batch_order(self.size, *self.order_args, pass_index=self.passes)
+    def _batches(self) -> tuple[tf.Tensor, Callable[[tf.Tensor], dict]]:
+        """This pass's step count and its `step -> batch`."""
+        pass_index = self.passes
         self.passes += 1
+        if self.size is None:
+            indices, lengths = batch_order(self.capacity, *self.order_args, pass_index=pass_index)
 
-        def body(step: tf.Tensor, carry: Any) -> tuple:
-            chosen = indices[step, : lengths[step]]
+            def batch(step: tf.Tensor) -> dict:
+                chosen = indices[step, : lengths[step]]
+                return collections.OrderedDict(
+                    (name, tf.gather(value, chosen)) for name, value in self.arrays.items()
+                )
+
+            return tf.shape(lengths, tf.int64)[0], batch
+
+        # Once per pass, outside the loop: argsort has no vectorised form (pfor runs it client
+        # by client), and each op a step runs is paid once per step.
+        indices, masks = padded_batch_order(
+            self.size, self.capacity, *self.order_args, pass_index=pass_index
+        )
+
+        def masked_batch(step: tf.Tensor) -> dict:
+            chosen, mask = indices[step], masks[step]
             batch = collections.OrderedDict(
                 (name, tf.gather(value, chosen)) for name, value in self.arrays.items()
             )
-            return step + 1, fn(carry, batch)
+            batch["mask"] = mask
+            return batch
 
-        steps = tf.shape(lengths, tf.int64)[0]
+        return tf.shape(masks, tf.int64)[0], masked_batch
+
+    def reduce(self, initial: Any, fn: Any) -> Any:
+        """`fn(carry, batch) -> carry` over this pass's batches, from `initial`."""
+        steps, batch = self._batches()
+
+        def body(step: tf.Tensor, carry: Any) -> tuple:
+            return step + 1, fn(carry, batch(step))
+
         loop_vars = (tf.constant(0, tf.int64), initial)
         try:
             _, result = tf.while_loop(lambda step, _: step < steps, body, loop_vars)

@@ -71,6 +71,19 @@ def batch_loss(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
     return tf.reduce_mean(example_losses(logits, labels))
 
 
+def masked_mean(values: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+    """Mean of `values` over the rows where `mask` is 1 (0 when there is none): the mean over
+    a padded batch's own rows (`federated_data.ArrayBatches` with a `size`)."""
+    return tf.reduce_sum(values * mask) / tf.maximum(tf.reduce_sum(mask), 1.0)
+
+
+def batch_count(batch: dict) -> tf.Tensor:
+    """Examples in a batch (float32): its rows, or its unmasked rows when it has a `mask`."""
+    if "mask" in batch:
+        return tf.reduce_sum(batch["mask"])
+    return tf.cast(tf.shape(batch["y"])[0], tf.float32)
+
+
 def predicted_labels(logits: tf.Tensor) -> tf.Tensor:
     """argmax over classes; a single logit predicts class 1 iff it is > 0."""
     if logits.shape[-1] == 1:
@@ -134,10 +147,14 @@ def train_client(
     def step(carry: tuple, batch: dict) -> tuple:
         current, velocity, model_state, num_examples, loss_sum, step_num = carry
         step_seed = None if seed is None else tf.stack([seed[0], seed[1] + step_num])
+        mask = batch.get("mask")
         with tf.GradientTape() as tape:
             tape.watch(current)
             logits, new_state = forward(current, model_state, batch["x"], True, step_seed)
-            loss = batch_loss(logits, batch["y"])
+            if mask is None:
+                loss = batch_loss(logits, batch["y"])
+            else:
+                loss = masked_mean(example_losses(logits, batch["y"]), mask)
             objective = loss if penalty is None else loss + penalty(current, model_state)
         direction = list(tape.gradient(objective, current))
         for p in pulls:
@@ -146,10 +163,21 @@ def train_client(
         if momentum:
             velocity = tuple(momentum * v + g for v, g in zip(velocity, direction))
             direction = list(velocity)
-        current = tuple(w - learning_rate * d for w, d in zip(current, direction))
+        batch_size = batch_count(batch)
+        rate = learning_rate
+        if mask is not None:
+            # A padded step (no unmasked row, only ever after the client's last step) is no
+            # step: a zero rate leaves the weights exactly as they are (its loss, and so what
+            # it adds to the sums, is 0; the velocity it changes is never used again), which
+            # costs far less than selecting every tensor of the carry.
+            rate = learning_rate * tf.cast(batch_size > 0, tf.float32)
+            if model_state:
+                new_state = [
+                    tf.where(batch_size > 0, new, old) for new, old in zip(new_state, model_state)
+                ]
+        current = tuple(w - rate * d for w, d in zip(current, direction))
         if project is not None:
             current = tuple(project(current))
-        batch_size = tf.cast(tf.shape(batch["y"])[0], tf.float32)
         return (
             current,
             velocity,
@@ -171,10 +199,16 @@ def evaluate_client(
     def step(totals: EvalResult, batch: dict) -> EvalResult:
         logits, _ = forward(weights, state, batch["x"], False, None)
         labels = batch["y"]
-        batch_size = tf.cast(tf.shape(labels)[0], tf.float32)
-        correct = tf.reduce_sum(tf.cast(tf.equal(predicted_labels(logits), labels), tf.float32))
+        batch_size = batch_count(batch)
+        hits = tf.cast(tf.equal(predicted_labels(logits), labels), tf.float32)
+        mask = batch.get("mask")
+        if mask is None:
+            correct, loss_sum = tf.reduce_sum(hits), batch_loss(logits, labels) * batch_size
+        else:
+            correct = tf.reduce_sum(hits * mask)
+            loss_sum = tf.reduce_sum(example_losses(logits, labels) * mask)
         return EvalResult(
-            totals.loss_sum + batch_loss(logits, labels) * batch_size,
+            totals.loss_sum + loss_sum,
             totals.num_correct + correct,
             totals.num_examples + batch_size,
         )

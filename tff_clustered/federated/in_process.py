@@ -12,8 +12,9 @@ first GPU when it sees one. The round is the TFF round's, step for step:
    cluster's shared variables when it picks its own cluster;
 2. client work: `client_update`; the clients holding the same number of examples together,
    vectorised along a client axis (`tf.vectorized_map`: one call, batched matmuls) when the
-   model is small (`VECTORISE_MAX_OPS`), the others one each, several at a time (threads; one
-   per core);
+   model is small (`VECTORISE_MAX_OPS`), and clients of similar sizes padded to a common one
+   with masked batches when its rows are independent (`client_groups`), the others one
+   each, several at a time (threads; one per core);
 3. aggregator: each client's weighted update is added into its cluster's row, in client order;
 4. finalizer: `apply_cluster_updates(cluster_models, cluster_mean(sums, weights))`.
 
@@ -143,18 +144,92 @@ def in_process_pooled_scores(
     return GraphFunction(pooled_scores_fn(model), pooled_scores_specs(model, input_spec), device)
 
 
+# The cost model `client_groups` plans with, in units of one client's training step in a
+# vectorised call: a call costs CALL_COST plus, per loop step, STEP_COST (the loop's own ops,
+# paid once for all the clients of the call) and 1 per client (its batched matmuls). Fitted
+# on 2 cores (calls of 1-16 clients x 5-40 steps of batch 10): MCLR 784 -> 62 gives 78 and
+# 2.8, the MLP 67 and 1.9, LeNet 5.3 and 0.3 (its clients' compute dwarfs the fixed costs).
+# The small models' values are kept: for a larger model they overrate the fixed costs, so
+# groups pad a little more than its optimum.
+CALL_COST = 60.0
+STEP_COST = 2.0
+
+
+def client_steps(size: int, hparams: dict) -> int:
+    """Minibatches a client of `size` examples trains on in a round (`batch_order`)."""
+    batch_size = int(hparams["batch_size"])
+    epochs, max_steps = int(hparams["epochs"]), int(hparams["max_steps"])
+    per_epoch = -(-size // batch_size)
+    steps = epochs * per_epoch if epochs >= 0 else max_steps
+    if max_steps >= 0:
+        steps = min(steps, max_steps)
+    return max(steps, 0) if per_epoch > 0 else 0
+
+
+def client_groups(
+    sizes: Sequence[int], hparams: dict, vectorise: bool = True, pad: bool = False
+) -> list[list[int]]:
+    """The clients (indices into `sizes`, their example counts) that train in one call each,
+    in the order of their first client, each in client order.
+
+    Without `vectorise` every client is a group of its own. Otherwise clients of the same size
+    share a group; with `pad` (a model whose rows are independent, so that padded, masked
+    clients train exactly as alone), clients of different sizes are grouped too: sorted by
+    their training steps, cut into the contiguous runs that minimise the modelled time,
+    the sum over groups of CALL_COST + (most steps in the group) x (STEP_COST + clients in
+    it). One group pads every client to the longest (cheap when the steps are close); a group
+    per size pays the loop's fixed cost once per group (cheap when sizes are few)."""
+    n = len(sizes)
+    if not vectorise:
+        return [[i] for i in range(n)]
+    by_size: dict[int, list[int]] = collections.defaultdict(list)
+    for i, size in enumerate(sizes):
+        by_size[size].append(i)
+    if not pad or len(by_size) == 1:
+        return list(by_size.values())
+    # Dynamic programme over the distinct sizes, most steps first: best[j] is the least cost
+    # of the first j sizes, a group being a run of sizes i .. j - 1 (steps[i] its most).
+    distinct = sorted(by_size, key=lambda size: -client_steps(size, hparams))
+    steps = np.asarray([client_steps(size, hparams) for size in distinct], np.float64)
+    counts = np.cumsum([0] + [len(by_size[size]) for size in distinct])
+    best = np.zeros(len(distinct) + 1)
+    start = np.zeros(len(distinct) + 1, np.int64)
+    for j in range(1, len(distinct) + 1):
+        costs = best[:j] + CALL_COST + steps[:j] * (STEP_COST + counts[j] - counts[:j])
+        start[j] = int(np.argmin(costs))
+        best[j] = costs[start[j]]
+    groups, j = [], len(distinct)
+    while j > 0:
+        members = [i for size in distinct[start[j] : j] for i in by_size[size]]
+        groups.append(sorted(members))
+        j = int(start[j])
+    return sorted(groups, key=lambda members: members[0])
+
+
+def padded_rows(data: dict, capacity: int) -> dict:
+    """A client's arrays with zero rows appended up to `capacity` (never read unmasked)."""
+    return type(data)(
+        (name, np.concatenate([a, np.zeros((capacity - len(a), *a.shape[1:]), a.dtype)]))
+        if len(a) < capacity
+        else (name, a)
+        for name, a in ((name, np.asarray(value)) for name, value in data.items())
+    )
+
+
 def in_process_round(
     fns: RoundFunctions,
     device: Optional[str] = None,
     parallel_clients: int = 0,
     vectorise: bool = True,
+    pad_unequal_clients: bool = True,
 ) -> FederatedRound:
     """`fns` run in this process, on `device` when one is named (else TensorFlow's choice).
     `vectorise`: the clients of a round that hold the same number of examples train together,
     `client_update` vectorised along a client axis (`tf.vectorized_map`: batched matmuls, one
-    call), when one client's training graph has at most `VECTORISE_MAX_OPS` ops; otherwise,
-    and for clients of a size of their own, `parallel_clients` clients at a time (0: one per
-    CPU core)."""
+    call), when one client's training graph has at most `VECTORISE_MAX_OPS` ops, and with
+    `pad_unequal_clients` clients of different sizes too, padded and masked, when the model's
+    rows are independent (`client_groups`); otherwise, and for a client left in a group of its
+    own, `parallel_clients` clients at a time (0: one per CPU core)."""
     parallel_clients = parallel_clients or os.cpu_count() or 1
     check_device(device)
     k = fns.num_clusters
@@ -171,17 +246,28 @@ def in_process_round(
         client_scalar: tf.Tensor,
         seed: dict,
         hparams: dict,
+        size: Optional[tf.Tensor] = None,
     ) -> tuple:
-        """Distributor and client work for one client."""
-        if fns.picks_cluster:
-            distributed = fns.every_cluster_shared(cluster_models)
-        elif fns.routes_rows:  # what federated_select hands the client: the rows it names
-            distributed = fns.select_shared(cluster_models, key)
-        else:  # what federated_select hands the client: its one selection
-            distributed = fns.select_shared(cluster_models, key[0])
-        return fns.client_update(
-            distributed, stored, data, key, client_scalar, seed, hparams, anchor
+        """Distributor and client work for one client (`size`: see `train_padded_clients`)."""
+        return fns.padded_client_update(
+            distributed(cluster_models, key),
+            stored,
+            data,
+            key,
+            client_scalar,
+            seed,
+            hparams,
+            anchor,
+            size,
         )
+
+    def distributed(cluster_models: tuple, key: tf.Tensor) -> Any:
+        """What the distributor hands a client of `key`."""
+        if fns.picks_cluster:
+            return fns.every_cluster_shared(cluster_models)
+        if fns.routes_rows:  # what federated_select hands the client: the rows it names
+            return fns.select_shared(cluster_models, key)
+        return fns.select_shared(cluster_models, key[0])  # its one selection
 
     def train_clients(
         cluster_models: tuple,
@@ -201,6 +287,28 @@ def in_process_round(
 
         return tf.vectorized_map(
             one, (data, keys, stored, client_scalars, seeds), fallback_to_while_loop=True
+        )
+
+    def train_padded_clients(
+        cluster_models: tuple,
+        anchor: tuple,
+        data: dict,
+        keys: tf.Tensor,
+        stored: tuple,
+        client_scalars: tf.Tensor,
+        seeds: dict,
+        sizes: tf.Tensor,
+        hparams: dict,
+    ) -> tuple:
+        """`train_clients` for clients of different sizes: each client's arrays padded to the
+        largest, and its batches masked to its own `sizes` rows (`ArrayBatches`)."""
+
+        def one(client: tuple) -> tuple:
+            data, key, own, scale, seed, size = client
+            return train_client(cluster_models, anchor, data, key, own, scale, seed, hparams, size)
+
+        return tf.vectorized_map(
+            one, (data, keys, stored, client_scalars, seeds, sizes), fallback_to_while_loop=True
         )
 
     def accumulate_stacked(
@@ -278,6 +386,24 @@ def in_process_round(
         )
 
     @functools.cache
+    def train_padded_clients_graph() -> GraphFunction:
+        return GraphFunction(
+            train_padded_clients,
+            [
+                fns.cluster_models_spec,
+                fns.anchor_spec,
+                stacked(fns.data_spec),
+                stacked(fns.key_spec),
+                stacked(fns.store_in_spec),
+                tf.TensorSpec([None], tf.float32),
+                stacked(fns.seed_spec),
+                tf.TensorSpec([None], tf.int64),
+                fns.hparams_spec,
+            ],
+            device,
+        )
+
+    @functools.cache
     def accumulate_stacked_graph() -> GraphFunction:
         return GraphFunction(
             accumulate_stacked,
@@ -327,12 +453,18 @@ def in_process_round(
         outputs: list = [None] * len(datasets)
         clients = list(zip(datasets, keys, stored, client_scalars, seeds))
 
-        # Clients holding the same number of examples train together, vectorised; the rest
-        # one by one, concurrently (a session runs calls from several threads).
-        groups: dict[int, list[int]] = collections.defaultdict(list)
-        for i, data in enumerate(datasets):
-            groups[example_count(data) if vectorise else -1 - i].append(i)
-        singles = [members[0] for members in groups.values() if len(members) == 1]
+        # Clients train together, vectorised: those holding the same number of examples, and
+        # for a model whose rows are independent, those of similar sizes padded to the
+        # largest (`client_groups`); the rest one by one, concurrently (a session runs calls
+        # from several threads).
+        sizes = [example_count(data) for data in datasets]
+        groups = client_groups(
+            sizes,
+            hparams,
+            vectorise=vectorise,
+            pad=pad_unequal_clients and fns.rows_independent,
+        )
+        singles = [members[0] for members in groups if len(members) == 1]
 
         def work(i: int) -> tuple:
             data, key, own, scale, seed = clients[i]
@@ -342,7 +474,7 @@ def in_process_round(
             done = dict(zip(singles, pool.map(work, singles)))
         # Updates are added in client order within each group, groups in the order of their
         # first client, so the sums do not depend on which finished first.
-        for members in groups.values():
+        for members in groups:
             if len(members) == 1:
                 shared_delta, cluster_weight, out = done[members[0]]
                 if not fns.routes_rows:
@@ -351,14 +483,31 @@ def in_process_round(
                     )
                 outputs[members[0]] = out
                 continue
+            group_sizes = [sizes[i] for i in members]
+            capacity = max(group_sizes)
             data, key, own, scale, seed = (
                 tf.nest.map_structure(lambda *values: np.stack(values), *field)
-                for field in zip(*(clients[i] for i in members))
+                for field in zip(
+                    *((padded_rows(clients[i][0], capacity), *clients[i][1:]) for i in members)
+                )
             )
             own = tuple(own)
-            shared_deltas, cluster_weights, out = train_clients_graph()(
-                models, anchor, data, key, own, scale, seed, hparams
-            )
+            if min(group_sizes) == capacity:
+                shared_deltas, cluster_weights, out = train_clients_graph()(
+                    models, anchor, data, key, own, scale, seed, hparams
+                )
+            else:
+                shared_deltas, cluster_weights, out = train_padded_clients_graph()(
+                    models,
+                    anchor,
+                    data,
+                    key,
+                    own,
+                    scale,
+                    seed,
+                    np.asarray(group_sizes, np.int64),
+                    hparams,
+                )
             if not fns.routes_rows:
                 sums, total_weight = accumulate_stacked_graph()(
                     sums, total_weight, shared_deltas, cluster_weights

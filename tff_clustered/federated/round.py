@@ -263,6 +263,9 @@ class RoundFunctions:
     * `client_update(distributed, stored, data, key, client_scalar, seed, hparams, anchor)`: one
       client's work -> `(shared_delta, cluster_weight, outputs)`; `distributed` is a dataset of
       the one selection, or every cluster's shared variables;
+    * `padded_client_update(..., anchor, size)`: the same for a client holding the first
+      `size` rows of `data` (padded arrays, masked batches: `ArrayBatches`; exact for a
+      `rows_independent` model), None for all of them;
     * `apply_cluster_updates(cluster_models, mean_deltas)`: the finalizer;
     * `client_evaluate(selected, stored, data, batch_size)`: one client's scores.
     The aggregation between them is `clustered_mean`'s `add_to_cluster` and `cluster_mean`.
@@ -284,8 +287,10 @@ class RoundFunctions:
     select_shared: Callable[..., tuple]
     every_cluster_shared: Callable[..., tuple]
     client_update: Callable[..., tuple]
+    padded_client_update: Callable[..., tuple]
     apply_cluster_updates: Callable[..., tuple]
     client_evaluate: Callable[..., dict]
+    rows_independent: bool = False  # the model's `rows_independent`: padded clients are exact
 
     @property
     def num_clusters(self) -> int:
@@ -415,12 +420,28 @@ def round_functions(
         hparams: dict,
         anchor: tuple,
     ) -> tuple:
+        return padded_client_update(
+            distributed, stored, data, key, client_scalar, seed, hparams, anchor, None
+        )
+
+    def padded_client_update(
+        distributed: object,
+        stored: tuple,
+        data: object,
+        key: tf.Tensor,
+        client_scalar: tf.Tensor,
+        seed: dict,
+        hparams: dict,
+        anchor: tuple,
+        size: Optional[tf.Tensor],
+    ) -> tuple:
         dataset = ArrayBatches(
             data,
             hparams["batch_size"],
             hparams["epochs"],
             seed["shuffle"],
             hparams["max_steps"],
+            size=size,
         )
         routed: dict = {}  # what a decentralized peer reads besides its own model
         if routes_rows:  # its own published model first, then its neighbours'
@@ -437,7 +458,7 @@ def round_functions(
             cluster = lowest_loss_cluster(
                 distributed,
                 stored,
-                ArrayBatches(data, hparams["eval_batch_size"]),
+                ArrayBatches(data, hparams["eval_batch_size"], size=size),
                 hparams["num_clusters"],
             )
             selected = tuple(tf.gather(t, cluster) for t in distributed)
@@ -536,8 +557,10 @@ def round_functions(
         select_shared=select_shared,
         every_cluster_shared=every_cluster_shared,
         client_update=client_update,
+        padded_client_update=padded_client_update,
         apply_cluster_updates=apply_cluster_updates,
         client_evaluate=client_evaluate,
+        rows_independent=model.rows_independent,
     )
 
 

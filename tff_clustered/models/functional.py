@@ -78,6 +78,9 @@ class FunctionalModel:
     initial_state: tuple[np.ndarray, ...]
     apply: ApplyFn  # (trainable, state, x, training, seed) -> (logits, new_state)
     features: Optional[FeaturesFn] = None  # None: a layer the interpreter does not run
+    # Each example's output depends on that example alone (no BatchNorm statistics, no
+    # dropout draw shaped by the batch): extra rows in a batch change no other row's output.
+    rows_independent: bool = False
 
 
 def _shapes(variables: Sequence[tf.Variable]) -> tuple[tuple[int, ...], ...]:
@@ -143,6 +146,7 @@ def functional_model(
         initial_state=(),
         apply=apply,
         features=features,
+        rows_independent=True,
     )
 
 
