@@ -81,13 +81,15 @@ def test_identical_data_keeps_uapdfl_with_fedavg_dfl() -> None:
 
 @pytest.fixture(scope="module")
 def two_groups() -> tuple[Experiment, Experiment]:
-    """Digits in 2 label-permutation groups of 5 peers; each pulls 3 others per round."""
+    """Digits in 2 label-permutation groups of 5 peers; each pulls 3 others per round. UA-PDFL
+    with the constant th_I = 0.1: the calibrated default does not separate label-permutation
+    groups (round 1 does not reveal them on the one X_unit input; docs/uapdfl.md)."""
     data = load_digits_clusters(num_clients=10, num_groups=2, seed=0)
     config = TrainingConfig(
         rounds=8, clients_per_round=10, local_epochs=2, learning_rate=0.1, seed=0, eval_every=4
     )
     return (
-        run_mlp("uapdfl", data, config, num_neighbours=3),
+        run_mlp("uapdfl", data, config, num_neighbours=3, uapdfl_threshold=0.1),
         run_mlp("fedavg_dfl", data, config, num_neighbours=3),
     )
 

@@ -23,15 +23,19 @@ paper's figure, `client_accuracy_mean`). Logged per round: peers in each regime
 With N_com = 0 a peer has no neighbourhood: nothing is mixed and there is nothing to align
 with (the Eq. 12 term is dropped), so UA-PDFL is Local.
 
-th_I: the paper gives no value. `--uapdfl_threshold=X` > 0 is the constant X (ours: 0.1 by
-default); `--uapdfl_threshold=0` calibrates it from the run's own divergences (below). The
-calibration is not the default: on two planted label-permutation groups (the test
-`test_uapdfl_beats_fedavg_dfl_on_two_planted_groups`) it no longer beats FedAvg-DFL, which the
-constant does by 7 points. Div's scale depends on the
-model, the classes and how far training has gone (on the embedded digits the median Div
-between peers grows from about 0.1 to 0.3 over 20 rounds on IID data, and is 1-1.5 at
-Dirichlet 0.5), so a constant decides which regime peers take: at 0.1 nearly every peer takes
-the personal-head branch on non-IID digits (UA-PDFL becomes FedPer-DFL).
+th_I: the paper gives no value. By default (`--uapdfl_threshold=0`) it is calibrated from the
+run's own divergences (below); `--uapdfl_threshold=X` > 0 is the constant X (0.1 was our
+default before). Div's scale depends on the model, the classes, the seed and how far training
+has gone, so a constant decides which regime peers take: on the embedded digits (median Div
+between peers 0.1-0.3 on IID data, 1-1.5 at Dirichlet 0.5) 0.1 sends nearly every peer to the
+personal-head branch (UA-PDFL becomes FedPer-DFL, 2.6 points below FedAvg-DFL); on real
+Fashion-MNIST with LeNet (median Div 0.003-0.08 in two seeds, 0.45 in the third) it sends 88-99 %
+of the peer-rounds of two seeds to dropout and the third mostly to the personal head, and
+UA-PDFL ends 1.9 points below FedAvg-DFL at Dirichlet 0.5. Calibrated, it is level with
+FedAvg-DFL in both places (Fashion-MNIST Dirichlet 0.5: 87.64 against 87.81, Dirichlet 5: 83.86
+against 83.86; digits Dirichlet 0.5: 94.19 against 94.09). Where the constant 0.1 does better:
+peers in planted label-permutation groups, which round 1 does not reveal on the one X_unit
+input (the test `test_uapdfl_beats_fedavg_dfl_on_two_planted_groups` runs it with 0.1).
 
 The calibrated rule takes a scale-free quantity from round 1, when every peer started from the
 same w0 and no regime has acted yet, and carries it as a quantile, which follows Div's growth:
@@ -132,9 +136,9 @@ class UAPDFL(Decentralized):
     @dataclasses.dataclass(frozen=True)
     class Options(Decentralized.Options):
         uapdfl_threshold: float = option(
-            0.1,
-            "UA-PDFL th_I, the divergence threshold (the paper gives none): the constant (ours); "
-            "0 calibrates it from the run's divergences (worse on grouped peers, see the file).",
+            0.0,
+            "UA-PDFL th_I, the divergence threshold (the paper gives none): 0 calibrates it "
+            "from the run's own divergences (ours, see the file); X > 0 is the constant X.",
         )
         uapdfl_mu: float = option(0.01, "UA-PDFL mu of the auxiliary alignment term (Eq. 12).")
         uapdfl_divergence: str = option(
