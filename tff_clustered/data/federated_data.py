@@ -124,41 +124,6 @@ def client_steps(size: Any, batch_size: Any, epochs: Any = 1, max_steps: Any = -
     return tf.where(per_epoch > 0, tf.maximum(steps, 0), tf.constant(0, tf.int64))
 
 
-def padded_epoch_orders(
-    size: Any,
-    capacity: Any,
-    batch_size: Any,
-    epochs: Any = 1,
-    shuffle_seed: Any = None,
-    max_steps: Any = -1,
-    pass_index: int = 0,
-) -> tf.Tensor:
-    """`batch_order`'s epoch orders for a client holding the first `size` of `capacity` rows,
-    with shapes that depend on `capacity` only (so that clients of different sizes
-    vectorise): (epochs, capacity) int64, row e the client's order of epoch e followed by the
-    padding rows, as many rows as any client of at most `capacity` rows can need.
-
-    Row e is the stable argsort of the elements e * size .. e * size + size - 1 of the
-    stateless uniform stream of the seed `(shuffle_seed, pass_index)`: the row e of the
-    `(epochs, size)` keys `batch_order` draws (a stateless draw of a longer shape starts with
-    the elements of a shorter one)."""
-    size, capacity = tf.cast(size, tf.int64), tf.cast(capacity, tf.int64)
-    epochs, max_steps = tf.cast(epochs, tf.int64), tf.cast(max_steps, tf.int64)
-    most = client_steps(capacity, batch_size, epochs, max_steps)
-    rows = tf.maximum(tf.minimum(tf.where(epochs >= 0, epochs, max_steps), most), 1)
-    if shuffle_seed is None:
-        return tf.tile(tf.range(capacity)[None], tf.stack([rows, 1]))
-    seed = tf.stack([tf.cast(shuffle_seed, tf.int64), tf.constant(pass_index, tf.int64)])
-    stream = tf.random.stateless_uniform(tf.reshape(rows * capacity, [1]), seed)
-    at = tf.range(rows)[:, None] * size + tf.range(capacity)[None, :]
-    keys = tf.where(
-        tf.range(capacity)[None, :] < size,
-        tf.gather(stream, tf.minimum(at, rows * capacity - 1)),
-        tf.constant(np.inf, stream.dtype),
-    )
-    return tf.cast(tf.argsort(keys, axis=1, stable=True), tf.int64)
-
-
 def padded_batch_order(
     size: Any,
     capacity: Any,
@@ -169,17 +134,35 @@ def padded_batch_order(
     pass_index: int = 0,
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """`batch_order` for a client holding the first `size` of `capacity` rows, with shapes
-    that depend on `capacity` only: `(indices, mask)`, both (steps, batch_size) with as many
-    steps as a client filling the `capacity` rows has; the mask (float32) is 1 on the
-    entries `batch_order(size, ...)` has at that step and 0 elsewhere (all 0 past the client's
-    last step). Computed once per pass, so that a step only slices its row."""
-    size = tf.cast(size, tf.int64)
+    that depend on `capacity` only (so that clients of different sizes vectorise):
+    `(indices, mask)`, both (steps, batch_size) with as many steps as a client filling the
+    `capacity` rows has; the mask (float32) is 1 on the entries `batch_order(size, ...)` has
+    at that step and 0 elsewhere (all 0 past the client's last step). Computed once per pass,
+    so that a step only slices its row.
+
+    Epoch e's order is the stable argsort of the elements e * size .. e * size + size - 1 of
+    the stateless uniform stream of the seed `(shuffle_seed, pass_index)`: the row e of the
+    `(epochs, size)` keys `batch_order` draws (a stateless draw of a longer shape starts with
+    the elements of a shorter one), the padding rows sorted after them."""
+    size, capacity = tf.cast(size, tf.int64), tf.cast(capacity, tf.int64)
     batch_size = tf.cast(batch_size, tf.int64)
-    orders = padded_epoch_orders(
-        size, capacity, batch_size, epochs, shuffle_seed, max_steps, pass_index
-    )
-    rows, capacity = tf.unstack(tf.shape(orders, out_type=tf.int64))
-    steps = tf.range(client_steps(capacity, batch_size, epochs, max_steps))
+    epochs, max_steps = tf.cast(epochs, tf.int64), tf.cast(max_steps, tf.int64)
+    most = client_steps(capacity, batch_size, epochs, max_steps)
+    # As many epoch orders as any client of at most `capacity` rows can need.
+    rows = tf.maximum(tf.minimum(tf.where(epochs >= 0, epochs, max_steps), most), 1)
+    if shuffle_seed is None:
+        orders = tf.tile(tf.range(capacity)[None], tf.stack([rows, 1]))
+    else:
+        seed = tf.stack([tf.cast(shuffle_seed, tf.int64), tf.constant(pass_index, tf.int64)])
+        stream = tf.random.stateless_uniform(tf.reshape(rows * capacity, [1]), seed)
+        at = tf.range(rows)[:, None] * size + tf.range(capacity)[None, :]
+        keys = tf.where(
+            tf.range(capacity)[None, :] < size,
+            tf.gather(stream, tf.minimum(at, rows * capacity - 1)),
+            tf.constant(np.inf, stream.dtype),
+        )
+        orders = tf.cast(tf.argsort(keys, axis=1, stable=True), tf.int64)
+    steps = tf.range(most)
     per_epoch = tf.maximum((size + batch_size - 1) // batch_size, 1)
     epoch = tf.minimum(steps // per_epoch, rows - 1)
     positions = ((steps % per_epoch) * batch_size)[:, None] + tf.range(batch_size)[None, :]

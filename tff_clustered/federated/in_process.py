@@ -369,9 +369,11 @@ def in_process_round(
     vectorise = vectorise and graph_op_count(train_client_graph.graph) <= VECTORISE_MAX_OPS
 
     @functools.cache
-    def train_clients_graph() -> GraphFunction:
+    def train_clients_graph(padded: bool = False) -> GraphFunction:
+        """`train_clients`, or `train_padded_clients` (which also takes the clients' sizes)."""
+        sizes = [tf.TensorSpec([None], tf.int64)] if padded else []
         return GraphFunction(
-            train_clients,
+            train_padded_clients if padded else train_clients,
             [
                 fns.cluster_models_spec,
                 fns.anchor_spec,
@@ -380,24 +382,7 @@ def in_process_round(
                 stacked(fns.store_in_spec),
                 tf.TensorSpec([None], tf.float32),
                 stacked(fns.seed_spec),
-                fns.hparams_spec,
-            ],
-            device,
-        )
-
-    @functools.cache
-    def train_padded_clients_graph() -> GraphFunction:
-        return GraphFunction(
-            train_padded_clients,
-            [
-                fns.cluster_models_spec,
-                fns.anchor_spec,
-                stacked(fns.data_spec),
-                stacked(fns.key_spec),
-                stacked(fns.store_in_spec),
-                tf.TensorSpec([None], tf.float32),
-                stacked(fns.seed_spec),
-                tf.TensorSpec([None], tf.int64),
+                *sizes,
                 fns.hparams_spec,
             ],
             device,
@@ -497,7 +482,7 @@ def in_process_round(
                     models, anchor, data, key, own, scale, seed, hparams
                 )
             else:
-                shared_deltas, cluster_weights, out = train_padded_clients_graph()(
+                shared_deltas, cluster_weights, out = train_clients_graph(padded=True)(
                     models,
                     anchor,
                     data,
