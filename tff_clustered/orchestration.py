@@ -204,7 +204,12 @@ class Experiment:
             + list(self.functional.initial_state)
         )
         self.rounds_cache = RoundCache(
-            self.functional, model.input_spec(), self.initial_variables, execution, device
+            self.functional,
+            model.input_spec(),
+            self.initial_variables,
+            execution,
+            device,
+            rounds=config.rounds,
         )
         tensor_sizes = tuple(int(np.prod(s)) for s in self.layout.trainable_shapes)
         self.run = RunInfo(

@@ -29,7 +29,10 @@ class RoundCache:
     says what runs them: "tff" (TFF computations on the TFF runtime, each round's clients split
     over its workers when it has several: `sharded.py`), or "in_process" (the same
     TF functions run by TensorFlow in this process, on its GPU when it sees one;
-    `in_process.py`) placed on `device` when one is named."""
+    `in_process.py`) placed on `device` when one is named. `rounds`, the run's length (0: not
+    known), decides whether in-process rounds train clients together (vectorised, padded to a
+    common size): only a run long enough to earn back the conversion does
+    (`in_process.vectorises_for`)."""
 
     def __init__(
         self,
@@ -38,12 +41,14 @@ class RoundCache:
         initial_variables: Sequence[np.ndarray],
         execution: str = "tff",
         device: Optional[str] = None,
+        rounds: int = 0,
     ) -> None:
         if execution not in EXECUTIONS:
             raise ValueError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
         self.model, self.input_spec = model, input_spec
         self.initial_variables = list(initial_variables)
         self.execution, self.device = execution, device
+        self.vectorise = in_process.vectorises_for(rounds)
         self._built: dict[RoundSignature, FederatedRound] = {}
         self.builds = 0  # how many times a round was traced and built
 
@@ -53,7 +58,9 @@ class RoundCache:
             if self.execution == "tff":
                 self._built[signature] = sharded.sharded_round(tff_round_parts(fns))
             else:
-                self._built[signature] = in_process.in_process_round(fns, self.device)
+                self._built[signature] = in_process.in_process_round(
+                    fns, self.device, vectorise=self.vectorise
+                )
             self.builds += 1
         return self._built[signature]
 
