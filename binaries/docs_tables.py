@@ -55,6 +55,7 @@ PAGES: dict[str, str] = {
     "uapdfl": "uapdfl.md",
     "fedavg": "baselines.md#fedavg",
     "fedprox": "baselines.md#fedprox",
+    "fedavgm": "baselines.md#fedavgm-and-fedadam-server-optimizers",
     "fedper": "baselines.md#fedper",
     "local": "baselines.md#local",
     "ifca": "baselines.md#ifca",

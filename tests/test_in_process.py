@@ -80,10 +80,12 @@ def numbers(row: dict) -> dict[str, float]:
 # baselines but DisPFL run UA-PDFL's peer step with other mixing weights (CriticalFL-DFL's
 # shorter queues are data); FedAvg's round is FedGroup's with one cluster, FedProx's is
 # FedGrouProx's; FedGroup's variants differ from
-# fedgroup / fedgrouprox only in how the server clusters. The executions are compared on the
+# fedgroup / fedgrouprox only in how the server clusters; FedAvgM's is FedAvg's, which the
+# server then steps in NumPy alike for both executions. The executions are compared on the
 # rounds, so one of each covers them.
 SAME_ROUNDS_AS_ANOTHER = (DECENTRALIZED - {"uapdfl", "dispfl"}) | {
     "fedgroup_madc", "fedgrouprox_madc", "fedgroup_rac", "fedgroup_rcc", "fedavg", "fedprox",
+    "fedavgm",
 }  # fmt: skip
 COMPARED = sorted(set(ALGORITHMS) - SAME_ROUNDS_AS_ANOTHER)
 
@@ -215,9 +217,9 @@ def test_clients_of_a_large_model_train_one_each_with_the_vectorised_results(
 
         monkeypatch.setattr(in_process, "GraphFunction", Recorded)
         monkeypatch.setattr(in_process, "VECTORISE_MAX_OPS", max_ops)
-        fed_round = RoundCache(
-            functional, spec.input_spec(), w0, "in_process", rounds=rounds
-        ).get(signature)
+        fed_round = RoundCache(functional, spec.input_spec(), w0, "in_process", rounds=rounds).get(
+            signature
+        )
         results[max_ops, rounds] = fed_round.next(
             fed_round.initialize(),
             arrays,

@@ -40,6 +40,7 @@ from tff_clustered.federated.round import (
     evaluation_batch_size,
     round_hparams,
 )
+from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec, initial_weights
 from tff_clustered.models.split import classifier_layers, trainable_layer_sizes
@@ -84,6 +85,9 @@ class TrainingConfig:
     # A client whose update has NaN or infinity is left out of the round; more than this
     # fraction of a round's clients doing so stops the run (the learning rate is too high).
     max_diverged_fraction: float = 0.25
+    # What the server does with each cluster's mean update (`federated.server_optimizers`):
+    # add it (FedAvg), or an optimizer step with it as the negative gradient (FedAvgM, FedAdam).
+    server_optimizer: ServerOptimizer = ServerOptimizer()
 
     def __post_init__(self) -> None:
         checks = [
@@ -131,6 +135,8 @@ class RunState:
     client_models: dict[str, tuple[np.ndarray, ...]] = dataclasses.field(default_factory=dict)
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     similarity: Optional[Similarity] = None  # the latest matrix a clustering step used
+    # The server optimizer's state, stacked per cluster (None: none kept, FedAvg's finalizer).
+    server_optimizer_state: Optional[dict[str, np.ndarray]] = None
 
 
 def cluster_capacity(num_clusters: int) -> int:
@@ -193,6 +199,13 @@ class Experiment:
             raise ValueError(
                 f"clients_per_round={config.clients_per_round} exceeds the "
                 f"{len(data.client_ids)} clients of {data.name}; lower it"
+            )
+        self.server_optimizer = algorithm.server_optimizer(config.server_optimizer)
+        if algorithm.distribution == "neighbours" and not self.server_optimizer.is_identity:
+            raise ValueError(
+                f"{algorithm.name} is decentralized: no server aggregates its peers' updates, so "
+                f"--server_optimizer={self.server_optimizer.name} has nothing to step; leave "
+                "--server_optimizer and --server_learning_rate unset"
             )
         self.data, self.model, self.algorithm, self.config = data, model, algorithm, config
         self.round_metrics = tuple(round_metrics)
@@ -439,7 +452,7 @@ class Experiment:
         keys: Any = clusters
         if plan.neighbours is not None:  # each peer's own row, then the rows routed to it
             keys = np.concatenate([clusters[:, None], np.asarray(plan.neighbours)], axis=1)
-        after, outputs, _ = self.run_clients(
+        after, outputs, measurements = self.run_clients(
             fed_round,
             before,
             round_num,
@@ -468,6 +481,13 @@ class Experiment:
         kept = [i for i, ok in enumerate(finite) if ok]
         outputs = [outputs[i] for i in kept]
         client_ids, clusters = [client_ids[i] for i in kept], clusters[kept]
+        after, self.state.server_optimizer_state = self.server_optimizer.step(
+            self.state.server_optimizer_state,
+            before,
+            after,
+            np.asarray(measurements["cluster_weight"])[: len(before)] > 0,
+            self.run.num_trainable_values,
+        )
         check_finite(after, round_num, "aggregation", clusters, client_ids)
         self.state.cluster_models = after
         for cid, out in zip(client_ids, outputs):

@@ -15,6 +15,7 @@ from tff_clustered import options as options_lib
 from tff_clustered.algorithms import ALGORITHMS, algorithm_class, define_all_flags
 from tff_clustered.checkpoint import CheckpointError
 from tff_clustered.data import DATASET_NAMES, DataError
+from tff_clustered.federated.server_optimizers import SERVER_OPTIMIZERS, ServerOptimizer
 from tff_clustered.models import MODEL_NAMES
 from tff_clustered.orchestration import LR_SCHEDULES, TrainingConfig
 from tff_clustered.runner import RunSpec
@@ -64,6 +65,23 @@ flags.DEFINE_enum(
 )
 flags.DEFINE_float("lr_decay", 0.98, "Per-round decay of the exponential schedule.")
 flags.DEFINE_float("momentum", 0.0, "Client SGD momentum.")
+flags.DEFINE_enum(
+    "server_optimizer",
+    "sgd",
+    list(SERVER_OPTIMIZERS),
+    "The server's step with each cluster's mean update, one optimizer state per cluster: sgd "
+    "(at --server_learning_rate=1: FedAvg's, add it), sgdm (FedAvgM: server momentum), adam "
+    "(FedAdam). Not for decentralized algorithms.",
+)
+flags.DEFINE_float(
+    "server_learning_rate",
+    1.0,
+    "Server learning rate (1 with sgd: FedAvg; FedAdam's paper tunes it, often 1e-2 to 1e-1).",
+)
+flags.DEFINE_float("server_momentum", 0.9, "Server momentum of --server_optimizer=sgdm.")
+flags.DEFINE_float(
+    "server_epsilon", 1e-3, "Adaptivity tau of --server_optimizer=adam (FedAdam's 1e-3)."
+)
 flags.DEFINE_enum(
     "partition",
     None,
@@ -176,6 +194,12 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
             eval_every=FLAGS.eval_every,
             fine_tune_steps=FLAGS.fine_tune_steps,
             max_diverged_fraction=FLAGS.max_diverged_fraction,
+            server_optimizer=ServerOptimizer(
+                FLAGS.server_optimizer,
+                learning_rate=FLAGS.server_learning_rate,
+                momentum=FLAGS.server_momentum,
+                epsilon=FLAGS.server_epsilon,
+            ),
         ),
     )
 

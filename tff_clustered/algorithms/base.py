@@ -27,6 +27,7 @@ import numpy as np
 
 from tff_clustered import clustering
 from tff_clustered.federated import client_work
+from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.seeds import ALGORITHM, derived_seed
 
 UNCHANGED: Any = "unchanged"  # a Decision's state that keeps the previous one
@@ -236,6 +237,11 @@ class Algorithm:
     def initial_shared(self, run: RunInfo) -> tuple[int, ...]:
         """Trainable tensors shared within a cluster at the start (default: all)."""
         return tuple(range(run.num_tensors))
+
+    def server_optimizer(self, configured: ServerOptimizer) -> ServerOptimizer:
+        """The finalizer's step with each cluster's mean update (default: the run's
+        `--server_optimizer`, plain addition unless set)."""
+        return configured
 
     def anchor_tensors(self, run: RunInfo) -> tuple[int, ...]:
         """Trainable tensors of the anchor model broadcast to every client beside its
