@@ -57,6 +57,7 @@ PAGES: dict[str, str] = {
     "fedprox": "baselines.md#fedprox",
     "fedavgm": "baselines.md#fedavgm-and-fedadam-server-optimizers",
     "fedper": "baselines.md#fedper",
+    "fedrep": "baselines.md#fedrep",
     "local": "baselines.md#local",
     "ifca": "baselines.md#ifca",
     "cfl": "baselines.md#cfl",

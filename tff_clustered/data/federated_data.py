@@ -7,6 +7,7 @@ once, with errors that name the client, the source file and the fix.
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 from collections.abc import Mapping
 from typing import Any, Callable, Optional, Union
@@ -229,12 +230,25 @@ class ArrayBatches:
         self.capacity = tf.shape(next(iter(self.arrays.values())), out_type=tf.int64)[0]
         self.size = None if size is None else tf.cast(size, tf.int64)
         self.order_args = (batch_size, epochs, shuffle_seed, max_steps)
-        self.passes = 0
+        self._passes = [0]  # shared with the copies `with_budget` makes
+
+    @property
+    def passes(self) -> int:
+        return self._passes[0]
+
+    def with_budget(self, epochs: Any, max_steps: Any = -1) -> ArrayBatches:
+        """The same client's batches for another budget (`epochs` passes, cut after
+        `max_steps`): a local schedule's phase. Its reduces draw their order from the same
+        seed and pass counter, so no two passes of the client repeat an order."""
+        batch_size, _, shuffle_seed, _ = self.order_args
+        other = copy.copy(self)
+        other.order_args = (batch_size, epochs, shuffle_seed, max_steps)
+        return other
 
     def _batches(self) -> tuple[tf.Tensor, Callable[[tf.Tensor], dict]]:
         """This pass's step count and its `step -> batch`."""
-        pass_index = self.passes
-        self.passes += 1
+        pass_index = self._passes[0]
+        self._passes[0] += 1
         if self.size is None:
             indices, lengths = batch_order(self.capacity, *self.order_args, pass_index=pass_index)
 

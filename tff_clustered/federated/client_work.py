@@ -113,8 +113,13 @@ def train_client(
     pulls: Sequence[Pull] = (),
     penalty: Optional[Callable[[tuple, tuple], tf.Tensor]] = None,
     project: Optional[Callable[[tuple], tuple]] = None,
+    trainable: Optional[Sequence[int]] = None,
 ) -> TrainResult:
     """Local minibatch SGD over every batch of `dataset` (its epochs already repeated).
+
+    `trainable`: the indices of the tensors that train (None: all); the others are frozen:
+    no gradient is taken for them, no pull or momentum acts on them, and they come out as they
+    went in.
 
     Step: g = grad mean-loss(b; w) + sum over pulls p of p.strength * (w - p.target) on the
     pulled tensors; v = momentum v + g; w = w - lr v. The momentum buffer starts at zero every
@@ -127,6 +132,8 @@ def train_client(
     step.
     """
     everything = tuple(range(len(weights)))
+    trained = everything if trainable is None else tuple(trainable)
+    position = {i: n for n, i in enumerate(trained)}  # a trained tensor's place in `direction`
     pulls = tuple(
         Pull(p.strength, tuple(tf.identity(t) for t in p.target), p.indices or everything)
         for p in pulls
@@ -137,7 +144,7 @@ def train_client(
             raise ValueError(f"a pull has {len(p.target)} targets for {len(p.indices)} tensors")
     start = (
         tuple(tf.identity(w) for w in weights),
-        tuple(tf.zeros_like(w) for w in weights) if momentum else (),
+        tuple(tf.zeros_like(weights[i]) for i in trained) if momentum else (),
         tuple(tf.identity(s) for s in state),
         tf.constant(0.0),
         tf.constant(0.0),
@@ -156,10 +163,12 @@ def train_client(
             else:
                 loss = masked_mean(example_losses(logits, batch["y"]), mask)
             objective = loss if penalty is None else loss + penalty(current, model_state)
-        direction = list(tape.gradient(objective, current))
+        direction = list(tape.gradient(objective, [current[i] for i in trained]))
         for p in pulls:
             for i, target in zip(p.indices, p.target):
-                direction[i] = direction[i] + p.strength * (current[i] - target)
+                if i in position:
+                    n = position[i]
+                    direction[n] = direction[n] + p.strength * (current[i] - target)
         if momentum:
             velocity = tuple(momentum * v + g for v, g in zip(velocity, direction))
             direction = list(velocity)
@@ -175,7 +184,10 @@ def train_client(
                 new_state = [
                     tf.where(batch_size > 0, new, old) for new, old in zip(new_state, model_state)
                 ]
-        current = tuple(w - rate * d for w, d in zip(current, direction))
+        moved = list(current)
+        for i, d in zip(trained, direction):
+            moved[i] = current[i] - rate * d
+        current = tuple(moved)
         if project is not None:
             current = tuple(project(current))
         return (
@@ -371,6 +383,57 @@ class DittoSGD:
             state=inputs.state,
             seed=inputs.seed,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One phase of a local schedule: the trainable tensors that train in it (the others
+    frozen) and its budget, `epochs` passes over the client's data, or None for the round's
+    own budget (`--local_epochs`, or `--local_steps` when given)."""
+
+    tensors: tuple[int, ...]
+    epochs: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PhasedSGD:
+    """Local SGD in phases, one after another, each on its own tensors with the others truly
+    frozen (`train_client`'s `trainable`), from the model the previous phase left: FedRep's
+    head epochs, then its body epochs (Collins et al., ICML 2021, Alg. 1, lines 6-11). Each
+    phase draws its own minibatch order from the client's arrays and seed. What the round
+    counts and aggregates (examples, loss) is the last phase's; momentum restarts each phase."""
+
+    phases: tuple[Phase, ...]
+    momentum: float = 0.0
+
+    @property
+    def reads_own_model(self) -> bool:
+        return False
+
+    def __call__(self, forward: ForwardFn, inputs: ClientInputs) -> ClientOutputs:
+        weights, state = tuple(inputs.weights), tuple(inputs.state)
+        result: Optional[TrainResult] = None
+        for phase in self.phases:
+            batches = inputs.dataset
+            if phase.epochs is not None:
+                if not hasattr(batches, "with_budget"):
+                    raise TypeError("a phase with its own epochs needs the round's ArrayBatches")
+                batches = batches.with_budget(phase.epochs)
+            with tf.control_dependencies(list(weights)):  # phases run in their order
+                result = train_client(
+                    forward,
+                    weights,
+                    batches,
+                    inputs.learning_rate,
+                    momentum=self.momentum,
+                    state=state,
+                    seed=inputs.seed,
+                    trainable=phase.tensors,
+                )
+            weights, state = result.weights, result.state
+        if result is None:
+            raise ValueError("a local schedule needs at least one phase")
+        return ClientOutputs.kept(result)
 
 
 class ClientWork(Protocol):
