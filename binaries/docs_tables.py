@@ -58,6 +58,7 @@ PAGES: dict[str, str] = {
     "fedavgm": "baselines.md#fedavgm-and-fedadam-server-optimizers",
     "fedper": "baselines.md#fedper",
     "fedrep": "baselines.md#fedrep",
+    "lg_fedavg": "baselines.md#lg-fedavg",
     "local": "baselines.md#local",
     "ifca": "baselines.md#ifca",
     "cfl": "baselines.md#cfl",
