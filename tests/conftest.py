@@ -60,6 +60,13 @@ def worker_pids_with_tag(tag: str) -> list[int]:
     return found
 
 
+# What runs the rounds of the algorithms' own tests: the same TF functions as the TFF runtime
+# (`tests/test_in_process.py` checks every algorithm gives the TFF round's results), without a
+# call into the TFF worker per round, which is most of a short run's time. The binaries' tests
+# and test_in_process.py run the TFF runtime.
+EXECUTION = "in_process"
+
+
 def mlp_experiment(algorithm: str, data: object, config: object, **options: object) -> object:
     """`algorithm` with `options` on `data` with a 16-unit MLP, started (no round run yet)."""
     from tff_clustered.algorithms import make_algorithm
@@ -67,7 +74,9 @@ def mlp_experiment(algorithm: str, data: object, config: object, **options: obje
     from tff_clustered.orchestration import Experiment
 
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
-    exp = Experiment(data, model, make_algorithm(algorithm, **options), config)
+    exp = Experiment(
+        data, model, make_algorithm(algorithm, **options), config, execution=EXECUTION
+    )
     exp.start()
     return exp
 

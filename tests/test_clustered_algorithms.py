@@ -8,7 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ari_with_plant, checkpoint_round_trip, history_rows, mlp_experiment
+from conftest import (
+    EXECUTION,
+    ari_with_plant,
+    checkpoint_round_trip,
+    history_rows,
+    mlp_experiment,
+)
 from sklearn.metrics import adjusted_rand_score
 
 from tff_clustered import options as options_lib
@@ -228,12 +234,7 @@ def test_checkpoint_round_trip_continues_identically(algorithm: str, tmp_path: P
     for _ in range(3):  # rounds 0, 1, 2
         next(rounds)
     saved = checkpoint_round_trip(first.snapshot(), tmp_path)
-    resumed = Experiment(
-        first.data,
-        first.model,
-        straight.algorithm,
-        config,
-    )
+    resumed = Experiment(first.data, first.model, straight.algorithm, config, execution=EXECUTION)
     resumed.restore(saved)
     list(resumed.rounds())
     assert history_rows(resumed) == history_rows(straight)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import checkpoint_round_trip, history_rows, mlp_experiment
+from conftest import EXECUTION, checkpoint_round_trip, history_rows, mlp_experiment
 from sklearn.metrics import adjusted_rand_score
 
 from tff_clustered.algorithms import fedac, make_algorithm
@@ -170,7 +170,7 @@ def test_checkpoint_round_trip_continues_identically(tmp_path: Path) -> None:
     rounds = first.rounds()
     for _ in range(4):  # rounds 0..3: past the warm-up (2 rounds) and one PCA refit
         next(rounds)
-    resumed = Experiment(first.data, first.model, straight.algorithm, config)
+    resumed = Experiment(first.data, first.model, straight.algorithm, config, execution=EXECUTION)
     resumed.restore(checkpoint_round_trip(first.snapshot(), tmp_path))
     list(resumed.rounds())
     assert history_rows(resumed) == history_rows(straight)

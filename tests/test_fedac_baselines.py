@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from absl import flags
-from conftest import ari_with_plant, checkpoint_round_trip, history_rows, mlp_experiment
+from conftest import (
+    EXECUTION,
+    ari_with_plant,
+    checkpoint_round_trip,
+    history_rows,
+    mlp_experiment,
+)
 
 from tff_clustered.algorithms import define_all_flags, make_algorithm
 from tff_clustered.algorithms.cgpfl import context_step
@@ -325,7 +331,7 @@ def test_checkpoint_round_trip_continues_identically(
     progress = first.rounds()
     for _ in range(3):  # rounds 0, 1, 2 (FL+HC clusters after round 2)
         next(progress)
-    resumed = Experiment(first.data, first.model, straight.algorithm, config)
+    resumed = Experiment(first.data, first.model, straight.algorithm, config, execution=EXECUTION)
     resumed.restore(checkpoint_round_trip(first.snapshot(), tmp_path))
     list(resumed.rounds())
     assert history_rows(resumed) == history_rows(straight)

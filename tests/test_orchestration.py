@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import EXECUTION
 
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.algorithms.base import (
@@ -28,7 +29,9 @@ CONFIG = TrainingConfig(rounds=3, clients_per_round=4, local_epochs=1, learning_
 def run(algorithm: str, config: TrainingConfig = CONFIG, **options: object) -> Experiment:
     data = load_digits_clusters(num_clients=12, num_groups=2, seed=config.seed)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
-    experiment = Experiment(data, model, make_algorithm(algorithm, **options), config)
+    experiment = Experiment(
+        data, model, make_algorithm(algorithm, **options), config, execution=EXECUTION
+    )
     experiment.start()
     list(experiment.rounds())
     return experiment
@@ -153,7 +156,7 @@ def test_an_algorithm_can_broadcast_an_anchor_and_move_it() -> None:
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
     runs = {}
     for strength in (0.0, 5.0):  # lr * lambda = 0.5: a stable pull
-        experiment = Experiment(data, model, AnchoredFedAvg(strength), CONFIG)
+        experiment = Experiment(data, model, AnchoredFedAvg(strength), CONFIG, execution=EXECUTION)
         experiment.start()
         np.testing.assert_array_equal(experiment.state.anchor, experiment.run.initial_model)
         rows = list(experiment.rounds())
@@ -213,7 +216,7 @@ def test_local_steps_cut_local_training_to_that_many_minibatches() -> None:
             rounds=1, clients_per_round=4, local_epochs=epochs, local_steps=steps,
             batch_size=5, learning_rate=0.1, seed=5,
         )  # fmt: skip
-        experiment = Experiment(data, model, recorder, config)
+        experiment = Experiment(data, model, recorder, config, execution=EXECUTION)
         experiment.start()
         list(experiment.rounds())
         (examples,) = recorder.examples

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ari_with_plant, checkpoint_round_trip, history_rows
+from conftest import EXECUTION, ari_with_plant, checkpoint_round_trip, history_rows
 
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_dataset, load_digits_clusters
@@ -26,7 +26,7 @@ QUICK = TrainingConfig(rounds=3, clients_per_round=6, local_epochs=1, learning_r
 def planted(algorithm: str, config: TrainingConfig = QUICK, **options: object) -> Experiment:
     data = load_digits_clusters(num_clients=12, num_groups=2, seed=config.seed)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
-    exp = Experiment(data, model, make_algorithm(algorithm, **options), config)
+    exp = Experiment(data, model, make_algorithm(algorithm, **options), config, execution=EXECUTION)
     exp.start()
     return exp
 
@@ -137,7 +137,7 @@ def tsdp_experiment(algorithm: str, partition: str, seed: int = 0, **options: ob
         momentum=0.5,
         seed=seed,
     )
-    exp = Experiment(data, model, make_algorithm(algorithm, **options), config)
+    exp = Experiment(data, model, make_algorithm(algorithm, **options), config, execution=EXECUTION)
     exp.start()
     list(exp.rounds())
     return exp
@@ -149,7 +149,7 @@ def test_fedtsdp_without_a_trigger_is_fedavg() -> None:
     config = dataclasses.replace(QUICK, clients_per_round=8, momentum=0.5, seed=3)
     runs = []
     for name, options in (("fedavg", {}), ("fedtsdp", {"hopkins_threshold": 0.999})):
-        exp = Experiment(data, model, make_algorithm(name, **options), config)
+        exp = Experiment(data, model, make_algorithm(name, **options), config, execution=EXECUTION)
         exp.start()
         list(exp.rounds())
         runs.append(exp)
@@ -206,7 +206,11 @@ def test_checkpoint_round_trip_continues_identically(algorithm: str, tmp_path: P
 
     def fresh() -> Experiment:
         return Experiment(
-            data, model, make_algorithm(algorithm, **options.get(algorithm, {})), config
+            data,
+            model,
+            make_algorithm(algorithm, **options.get(algorithm, {})),
+            config,
+            execution=EXECUTION,
         )
 
     straight = fresh()
