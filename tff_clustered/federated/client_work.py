@@ -71,10 +71,12 @@ def batch_loss(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
     return tf.reduce_mean(example_losses(logits, labels))
 
 
-def masked_mean(values: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+def masked_mean(values: tf.Tensor, mask: tf.Tensor, count: Optional[tf.Tensor] = None) -> tf.Tensor:
     """Mean of `values` over the rows where `mask` is 1 (0 when there is none): the mean over
-    a padded batch's own rows (`federated_data.ArrayBatches` with a `size`)."""
-    return tf.reduce_sum(values * mask) / tf.maximum(tf.reduce_sum(mask), 1.0)
+    a padded batch's own rows (`federated_data.ArrayBatches` with a `size`). `count`: the
+    mask's sum, when the caller has it already."""
+    count = tf.reduce_sum(mask) if count is None else count
+    return tf.reduce_sum(values * mask) / tf.maximum(count, 1.0)
 
 
 def batch_count(batch: dict) -> tf.Tensor:
@@ -155,13 +157,14 @@ def train_client(
         current, velocity, model_state, num_examples, loss_sum, step_num = carry
         step_seed = None if seed is None else tf.stack([seed[0], seed[1] + step_num])
         mask = batch.get("mask")
+        batch_size = batch_count(batch)
         with tf.GradientTape() as tape:
             tape.watch(current)
             logits, new_state = forward(current, model_state, batch["x"], True, step_seed)
             if mask is None:
                 loss = batch_loss(logits, batch["y"])
             else:
-                loss = masked_mean(example_losses(logits, batch["y"]), mask)
+                loss = masked_mean(example_losses(logits, batch["y"]), mask, batch_size)
             objective = loss if penalty is None else loss + penalty(current, model_state)
         direction = list(tape.gradient(objective, [current[i] for i in trained]))
         for p in pulls:
@@ -172,7 +175,6 @@ def train_client(
         if momentum:
             velocity = tuple(momentum * v + g for v, g in zip(velocity, direction))
             direction = list(velocity)
-        batch_size = batch_count(batch)
         rate = learning_rate
         if mask is not None:
             # A padded step (no unmasked row, only ever after the client's last step) is no
