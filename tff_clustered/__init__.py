@@ -19,6 +19,7 @@ _API = {
     "RunResult": "tff_clustered.api",
     "federated_data": "tff_clustered.api",
     "TrainingConfig": "tff_clustered.orchestration",
+    "ServerOptimizer": "tff_clustered.federated.server_optimizers",
     "ALGORITHMS": "tff_clustered.algorithms",
 }
 
