@@ -218,14 +218,19 @@ def client_groups(
     return sorted(groups, key=lambda members: members[0])
 
 
-def padded_rows(data: dict, capacity: int) -> dict:
-    """A client's arrays with zero rows appended up to `capacity` (never read unmasked)."""
-    return type(data)(
-        (name, np.concatenate([a, np.zeros((capacity - len(a), *a.shape[1:]), a.dtype)]))
-        if len(a) < capacity
-        else (name, a)
-        for name, a in ((name, np.asarray(value)) for name, value in data.items())
-    )
+def stacked_padded(datas: Sequence[dict], capacity: int) -> dict:
+    """Clients' arrays stacked along a new leading client axis, each client's rows followed by
+    zero rows up to `capacity` (never read unmasked): one array per name, written in place
+    (no padded copy per client)."""
+    first = datas[0]
+    stacked = type(first)()
+    for name in first:
+        arrays = [np.asarray(data[name]) for data in datas]
+        out = np.zeros((len(arrays), capacity, *arrays[0].shape[1:]), arrays[0].dtype)
+        for row, array in enumerate(arrays):
+            out[row, : len(array)] = array
+        stacked[name] = out
+    return stacked
 
 
 def in_process_round(
@@ -482,12 +487,11 @@ def in_process_round(
                 continue
             group_sizes = [sizes[i] for i in members]
             capacity = max(group_sizes)
-            data, key, own, scale, seed = (
+            key, own, scale, seed = (
                 tf.nest.map_structure(lambda *values: np.stack(values), *field)
-                for field in zip(
-                    *((padded_rows(clients[i][0], capacity), *clients[i][1:]) for i in members)
-                )
+                for field in zip(*(clients[i][1:] for i in members))
             )
+            data = stacked_padded([clients[i][0] for i in members], capacity)
             own = tuple(own)
             if min(group_sizes) == capacity:
                 shared_deltas, cluster_weights, out = train_clients_graph()(
