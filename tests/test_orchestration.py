@@ -226,3 +226,25 @@ def test_local_steps_cut_local_training_to_that_many_minibatches() -> None:
             np.testing.assert_array_equal(examples, 200.0)
         else:
             np.testing.assert_array_equal(examples, [2 * data.train_sizes[c] for c in sampled])
+
+
+def test_an_algorithm_is_given_the_five_queries_and_not_the_loop() -> None:
+    """Decisions get `Queries` (local updates, cluster losses, client models, inference, an
+    initial model): the loop's state and its other methods are out of their reach."""
+    seen: list = []
+
+    class Peek(Algorithm):
+        def init(self, run: RunInfo, queries: Queries) -> Decision:
+            seen.append(queries)
+            return super().init(run, queries)
+
+    data = load_digits_clusters(num_clients=4, num_groups=2, seed=0)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=4)
+    Experiment(data, model, Peek(), CONFIG, execution=EXECUTION).start()
+    (queries,) = seen
+    assert not isinstance(queries, Experiment)
+    assert not hasattr(queries, "state") and not hasattr(queries, "apply")
+    names = ("local_updates", "cluster_losses", "client_models", "predict_probabilities")
+    for name in (*names, "initial_model"):
+        assert callable(getattr(queries, name))
+    assert queries.initial_model(3).shape == queries.initial_model(4).shape

@@ -178,6 +178,19 @@ def check_finite(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopQueries:
+    """The `Queries` an algorithm is given: the loop's five read-only computations
+    (`algorithms.base.Queries`) and nothing else of the loop, so that a decision cannot reach
+    into the run's state."""
+
+    local_updates: Callable[..., np.ndarray]
+    cluster_losses: Callable[..., np.ndarray]
+    client_models: Callable[..., np.ndarray]
+    predict_probabilities: Callable[..., np.ndarray]
+    initial_model: Callable[..., np.ndarray]
+
+
 class Experiment:
     """One algorithm on one dataset and model, round by round."""
 
@@ -247,6 +260,13 @@ class Experiment:
         self.return_model_deltas = algorithm.needs_model_deltas or bool(self.round_metrics)
         self.state = RunState()
         self.store = ClientStore(self.initial_variables)
+        self.queries = LoopQueries(
+            self.local_updates,
+            self.cluster_losses,
+            self.client_models,
+            self.predict_probabilities,
+            self.initial_model,
+        )
         self._predict: Optional[Callable] = None
         self._pooled_scores: Optional[Callable] = None
         # Per-client results of the last evaluation, one dict per client (for clients.csv).
@@ -261,7 +281,7 @@ class Experiment:
             anchor=self.run.initial_model.copy() if self.anchor_tensors else None,
         )
         self.store = ClientStore(self.initial_variables)
-        self.apply(self.algorithm.init(self.run, self))
+        self.apply(self.algorithm.init(self.run, self.queries))
 
     def restore(self, state: RunState) -> None:
         self.state = state
@@ -435,7 +455,7 @@ class Experiment:
         assignment_before = dict(self.state.assignment)
         client_ids = self.sample_clients(round_num)
         started = time.perf_counter()
-        plan = self.algorithm.plan(self.run, self.view(), client_ids, self)
+        plan = self.algorithm.plan(self.run, self.view(), client_ids, self.queries)
         self.apply(plan.decision)
         planned = time.perf_counter()
         picks = self.algorithm.distribution == "lowest_loss_cluster"
@@ -508,7 +528,7 @@ class Experiment:
             },
         )
         after_round = time.perf_counter()
-        decision = self.algorithm.after_round(self.run, self.view(), result, self)
+        decision = self.algorithm.after_round(self.run, self.view(), result, self.queries)
         self.apply(decision)
         server_seconds = (planned - started) + (time.perf_counter() - after_round)
         check_finite(
@@ -647,7 +667,7 @@ class Experiment:
         Each client's results go to `client_rows` (for clients.csv)."""
         everyone = list(self.data.client_ids)
         assigned = [c for c in everyone if self.state.assignment.get(c, -1) >= 0]
-        clusters = self.algorithm.evaluation_clusters(self.run, self.view(), everyone, self)
+        clusters = self.algorithm.evaluation_clusters(self.run, self.view(), everyone, self.queries)
         cluster_of = dict(zip(everyone, (int(k) for k in clusters)))
         kinds = self.algorithm.model_kinds
         results: dict[str, dict[str, dict[str, float]]] = {}
