@@ -3,7 +3,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint benchmark doctor docs model-matrix gpu-extras gpu-check clean-env
+.PHONY: run test lint benchmark doctor docs model-matrix check-results gpu-extras gpu-check clean-env
 
 run: $(STAMP)
 	$(VENV)/bin/python binaries/train.py --flagfile=configs/default_run.flags $(ARGS)
@@ -28,6 +28,10 @@ docs: $(STAMP)
 # Every algorithm for one round with every model, on tiny data (tens of minutes on 2 cores).
 model-matrix: $(STAMP)
 	$(VENV)/bin/python binaries/model_matrix.py $(ARGS)
+
+# Do the committed tables under results/ still reproduce? One cell of each, seed 0.
+check-results: $(STAMP)
+	$(VENV)/bin/python binaries/check_results.py $(ARGS)
 
 $(STAMP): requirements/lock.txt setup.cfg scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
