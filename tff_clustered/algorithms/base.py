@@ -320,6 +320,12 @@ def check_cluster_count(name: str, num_clusters: int, run: RunInfo) -> None:
         )
 
 
+def head_layers(given: Optional[int], run: RunInfo) -> int:
+    """The top layers an option names, or when unset the model's classifier head (the fully
+    connected layers after its last convolutional one; the top layer of a Dense-only model)."""
+    return given if given is not None else (run.classifier_layers or 1)
+
+
 def layers_to_tensors(layer_sizes: Sequence[int], top_layers: int) -> tuple[int, ...]:
     """Indices of the trainable tensors of all but the top `top_layers` layers (-1: none)."""
     if top_layers == -1:

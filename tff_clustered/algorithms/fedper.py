@@ -10,7 +10,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from tff_clustered.algorithms.base import Algorithm, RunInfo, check, layers_to_tensors
+from tff_clustered.algorithms.base import (
+    Algorithm,
+    RunInfo,
+    check,
+    head_layers,
+    layers_to_tensors,
+)
 from tff_clustered.options import option
 
 
@@ -35,8 +41,7 @@ class FedPer(Algorithm):
         check([(given is None or given >= 1, "fedper needs --personal_layers >= 1 (the head)")])
 
     def personal_layers(self, run: RunInfo) -> int:
-        given = self.options.personal_layers
-        return given if given is not None else (run.classifier_layers or 1)
+        return head_layers(self.options.personal_layers, run)
 
     def initial_shared(self, run: RunInfo) -> tuple[int, ...]:
         return layers_to_tensors(run.layer_sizes, self.personal_layers(run))

@@ -13,7 +13,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from tff_clustered.algorithms.base import Algorithm, RunInfo, check, layers_to_tensors
+from tff_clustered.algorithms.base import (
+    Algorithm,
+    RunInfo,
+    check,
+    head_layers,
+    layers_to_tensors,
+)
 from tff_clustered.options import option
 
 
@@ -41,7 +47,6 @@ class LGFedAvg(Algorithm):
         check([(given is None or given >= 1, "lg_fedavg needs --lg_global_layers >= 1")])
 
     def initial_shared(self, run: RunInfo) -> tuple[int, ...]:
-        given = self.options.lg_global_layers
-        top = given if given is not None else (run.classifier_layers or 1)
+        top = head_layers(self.options.lg_global_layers, run)
         local = layers_to_tensors(run.layer_sizes, top)  # every tensor below the top layers
         return tuple(i for i in range(run.num_tensors) if i not in local)

@@ -232,10 +232,6 @@ class ArrayBatches:
         self.order_args = (batch_size, epochs, shuffle_seed, max_steps)
         self._passes = [0]  # shared with the copies `with_budget` makes
 
-    @property
-    def passes(self) -> int:
-        return self._passes[0]
-
     def with_budget(self, epochs: Any, max_steps: Any = -1) -> ArrayBatches:
         """The same client's batches for another budget (`epochs` passes, cut after
         `max_steps`): a local schedule's phase. Its reduces draw their order from the same
