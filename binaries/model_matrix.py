@@ -6,9 +6,9 @@
 
 Image models (mclr, mlp, cnn, tsdp_cnn, lenet, resnet18 at width 4) train on the tiny MNIST
 fixture (`testdata/mnist_idx_tiny`, 28x28, 4 clients); the lstm on the tiny Sent140 fixture
-(3 writers). Each cell is one round of every client (decentralized algorithms: 2 neighbours;
-FedAC: 2 clusters)
-from a fresh experiment; it prints ok with the round's accuracy, `refused` with the reason when a
+(3 writers); the char_lstm on the tiny TFF Shakespeare fixture (3 speaking parts). Each cell
+is one round of every client (decentralized algorithms: 2 neighbours; FedAC: 2 clusters) from
+a fresh experiment; it prints ok with the round's accuracy, `refused` with the reason when a
 pair cannot work (refused before any training, as train.py would), or FAIL with the error.
 Exit code 1 if any cell fails. A whole matrix takes tens of minutes on 2 cores (resnet18 is the
 slowest), so the test suite runs only slices of it (tests/test_functional_models.py: every layer
@@ -70,6 +70,11 @@ def cell_spec(algorithm: str, model: str) -> RunSpec:
             dataset="sent140",
             data_dir=os.path.join(TESTDATA, "sent140_tiny"),
             glove_path=os.path.join(TESTDATA, "sent140_tiny", "glove_tiny.300d.txt"),
+        )
+    elif model == "char_lstm":
+        clients = 3  # the fixture's parts with an example in both splits
+        data = dict(
+            dataset="tff_shakespeare", data_dir=os.path.join(TESTDATA, "tff_shakespeare_tiny")
         )
     else:
         data = dict(dataset="fashion_mnist", data_dir=os.path.join(TESTDATA, "mnist_idx_tiny"))

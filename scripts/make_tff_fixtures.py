@@ -12,6 +12,10 @@ tables, each example a serialized `tf.train.Example`):
   clients, ids "0" and "1" as in TFF, whose test ids reuse the train ids for other people).
   Each image is dark noise with a bright 3x3 patch at row 3 * (label // 10), column
   3 * (label % 10).
+* testdata/tff_shakespeare_tiny/shakespeare.sqlite: federated Shakespeare, one `snippets`
+  string per record, splits `train` and `test` for the same 4 speaking parts; the text is
+  Shakespeare's (public domain), a few lines each. One part has fewer than 81 characters in its
+  test split, so it has no next-character example there and the loader leaves it out.
 
     .venv/bin/python scripts/make_tff_fixtures.py [--out DIR]   (DIR/tff_emnist_tiny, ...)
 """
@@ -64,6 +68,45 @@ def cifar_example(label: int, rng: np.random.Generator) -> bytes:
         "coarse_label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label // 5])),
     }
     return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+
+# Speaking part -> (train snippets, test snippets), as TFF names its clients (PLAY_CHARACTER).
+SHAKESPEARE_PARTS = {
+    "THE_TRAGEDY_OF_MACBETH_MACBETH": (
+        [
+            "Tomorrow, and tomorrow, and tomorrow,\nCreeps in this petty pace from day to day,",
+            "To the last syllable of recorded time;\nAnd all our yesterdays have lighted fools",
+            "The way to dusty death. Out, out, brief candle!",
+        ],
+        [
+            "Life's but a walking shadow, a poor player\nThat struts and frets his hour upon the stage"
+        ],
+    ),
+    "THE_TRAGEDY_OF_HAMLET_PRINCE_OF_DENMARK_HAMLET": (
+        [
+            "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer",
+            "The slings and arrows of outrageous fortune,\nOr to take arms against a sea of troubles",
+        ],
+        ["And by opposing end them. To die, to sleep;\nNo more; and by a sleep to say we end"],
+    ),
+    "MUCH_ADO_ABOUT_NOTHING_BEATRICE": (
+        [
+            "I had rather hear my dog bark at a crow than a man swear he loves me.",
+            "I wonder that you will still be talking, Signior Benedick: nobody marks you.",
+        ],
+        ["What, my dear Lady Disdain! are you yet living?  Is it possible disdain should die?"],
+    ),
+    "THE_TEMPEST_CALIBAN": (
+        ["This island's mine, by Sycorax my mother,\nWhich thou takest from me."],
+        ["You taught me language."],
+    ),
+}
+
+
+def snippet_example(text: str) -> bytes:
+    feature = tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode("utf-8")]))
+    features = tf.train.Features(feature={"snippets": feature})
+    return tf.train.Example(features=features).SerializeToString()
 
 
 def new_database(path: str) -> sqlite3.Connection:
@@ -136,6 +179,32 @@ def write_cifar100(out: str) -> str:
     return path
 
 
+def write_shakespeare(out: str) -> str:
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "shakespeare.sqlite")
+    with new_database(path) as db:
+        for part, splits in SHAKESPEARE_PARTS.items():
+            for split, snippets in zip(("train", "test"), splits):
+                for text in snippets:
+                    db.execute(
+                        "INSERT INTO examples VALUES (?, ?, ?)",
+                        (split, part, snippet_example(text)),
+                    )
+                db.execute(
+                    "INSERT INTO client_metadata VALUES (?, ?, ?)", (part, split, len(snippets))
+                )
+    db.close()
+    with open(os.path.join(out, "README.md"), "w") as f:
+        f.write(
+            "# tff_shakespeare_tiny\n\nTFF 0.87's federated Shakespeare format "
+            "(`shakespeare.sqlite`: splits `train` and `test` for the same clients, each record "
+            "one `snippets` string) with 4 speaking parts of a few lines of Shakespeare each "
+            "(public domain). THE_TEMPEST_CALIBAN's test text is shorter than 81 characters, so "
+            "it has no next-character example there. Made by scripts/make_tff_fixtures.py.\n"
+        )
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=OUT)
@@ -143,6 +212,7 @@ def main() -> None:
     for path in (
         write_emnist(os.path.join(out, "tff_emnist_tiny")),
         write_cifar100(os.path.join(out, "tff_cifar100_tiny")),
+        write_shakespeare(os.path.join(out, "tff_shakespeare_tiny")),
     ):
         print(f"wrote {path} ({os.path.getsize(path)} bytes)")
 

@@ -352,6 +352,51 @@ def test_gradients_match_keras() -> None:
         np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-5)
 
 
+RECURRENT_MODELS = [
+    ("char_lstm", (80,), {"vocabulary_size": 87}),  # Embedding -> LSTM -> LSTM -> Dense
+    ("lstm", (6, 5), {}),  # LSTM -> LSTM -> Dense -> Dense on embedded inputs
+]
+
+
+def recurrent_inputs(name: str, shape: tuple) -> tf.Tensor:
+    if name == "char_lstm":  # character ids, as float32 like every input
+        ids = tf.random.stateless_uniform([4, *shape], seed=[9, 1], maxval=87, dtype=tf.int32)
+        return tf.cast(ids, tf.float32)
+    return tf.random.stateless_normal([4, *shape], seed=[9, 2])
+
+
+@pytest.mark.parametrize("name, shape, kwargs", RECURRENT_MODELS)
+def test_recurrent_models_run_in_the_interpreter_equal_to_keras(
+    name: str, shape: tuple, kwargs: dict
+) -> None:
+    # The interpreter loops over time (tf.scan) where TFF's builder needs the Keras LSTM
+    # unrolled; outputs and gradients must be Keras's.
+    keras_model, model, weights, state = parts(model_spec(name, shape, 87, **kwargs))
+    assert model.features is not None and model.rows_independent and state == []
+    x = recurrent_inputs(name, shape)
+    with tf.GradientTape() as tape:
+        tape.watch(weights)
+        logits, _ = model.apply(weights, state, x, True, None)
+        loss = tf.reduce_mean(logits**2)
+    grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, weights)]
+    with tf.GradientTape() as tape:
+        want = keras_model(x, training=True)
+        keras_loss = tf.reduce_mean(want**2)
+    want_grads = tape.gradient(keras_loss, keras_model.trainable_weights)
+    np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-6)
+    for g, w in zip(grads, want_grads):
+        np.testing.assert_allclose(g, tf.convert_to_tensor(w), rtol=1e-4, atol=1e-7)
+    assert all(float(tf.reduce_sum(tf.abs(g))) > 0 for g in grads)
+
+
+def test_lstm_settings_the_interpreter_does_not_run_are_refused() -> None:
+    keras_model = tf.keras.Sequential(
+        [tf.keras.Input((4, 3)), tf.keras.layers.LSTM(2, go_backwards=True)]
+    )
+    with pytest.raises(ValueError, match="go_backwards not supported"):
+        _interpreted(keras_model, None)
+
+
 def dataset(shape: tuple, seed: int) -> tf.data.Dataset:
     x = tf.random.stateless_normal([12, *shape], seed=[seed, 0])
     y = tf.random.stateless_uniform([12], seed=[seed, 1], maxval=10, dtype=tf.int32)
@@ -411,7 +456,7 @@ def test_local_training_in_tf_function_and_dataset_reduce(
 @pytest.mark.parametrize(
     "shape, layer, match",
     [
-        ((4, 3), lambda: tf.keras.layers.LSTM(2), "LSTM"),
+        ((4, 3), lambda: tf.keras.layers.GRU(2), "GRU"),
         ((4, 3), lambda: tf.keras.layers.Conv1D(2, 1), "Conv1D"),
         ((4, 3), lambda: tf.keras.layers.GaussianNoise(0.1), "GaussianNoise"),
         ((4, 4, 3), lambda: tf.keras.layers.Conv2DTranspose(2, 3), "Conv2DTranspose"),

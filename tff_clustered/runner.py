@@ -81,6 +81,7 @@ def build_experiment(
         image_shape=data.image_shape,
         cnn_dense_units=spec.cnn_dense_units,
         resnet_width=spec.resnet_width,
+        vocabulary_size=data.vocabulary_size,
     )
     algorithm = make_algorithm(spec.algorithm, spec.algorithm_options)
     refuse_too_large(model, getattr(algorithm, "num_clusters", 1) + WORKING_COPIES)

@@ -50,6 +50,9 @@ class FederatedData:
     true_clusters: Optional[Mapping[str, int]] = None
     # Unlabeled inputs held by the server (FedTSDP runs every uploaded model on a batch).
     public_x: Optional[np.ndarray] = None
+    # Inputs that are token ids 0..vocabulary_size-1 (stored as float32, exact below 2**24),
+    # not features: a model embeds them (`char_lstm`). None: inputs are features.
+    vocabulary_size: Optional[int] = None
 
     # Each client's validated arrays, OrderedDict(x=float32 (n, *input_shape), y=int32 (n,)):
     # what a round sends its clients (they build their batches themselves, see `batches`).
@@ -301,9 +304,11 @@ def from_arrays(
     true_clusters: Optional[Mapping[str, int]] = None,
     source: str = "",
     public_x: Optional[np.ndarray] = None,
+    vocabulary_size: Optional[int] = None,
 ) -> FederatedData:
     """Validates per-client `(x, y)` arrays and wraps them as `ClientData`; `public_x`, the
-    server's unlabeled inputs if any, must be finite with the clients' per-example shape."""
+    server's unlabeled inputs if any, must be finite with the clients' per-example shape;
+    with `vocabulary_size`, inputs must be token ids in 0..vocabulary_size-1."""
     where = f" in {source}" if source else ""
     if not train:
         raise DataError(f"dataset {name!r}{where} has no clients; check the data path")
@@ -338,6 +343,13 @@ def from_arrays(
                 )
             if not np.all(np.isfinite(x)):
                 raise DataError(f"{context}: inputs contain NaN or infinity; clean the data")
+            if vocabulary_size is not None and not (
+                np.all(np.mod(x, 1) == 0) and np.all((x >= 0) & (x < vocabulary_size))
+            ):
+                raise DataError(
+                    f"{context}: inputs must be token ids 0..{vocabulary_size - 1}; fix the "
+                    "tokenisation"
+                )
             if not np.all(np.equal(np.mod(y_raw.astype(np.float64), 1), 0)):
                 raise DataError(
                     f"{context}: labels must be whole numbers (class indices); fix the labels"
@@ -375,6 +387,7 @@ def from_arrays(
         image_shape=image_shape,
         true_clusters=dict(true_clusters) if true_clusters is not None else None,
         public_x=public_x,
+        vocabulary_size=vocabulary_size,
         train_arrays=cleaned["train"],
         test_arrays=cleaned["test"],
     )

@@ -14,7 +14,11 @@ from tff_clustered.data.mnist import load_mnist
 from tff_clustered.data.mnist_writers import load_mnist_writers
 from tff_clustered.data.sent140 import load_sent140
 from tff_clustered.data.synthetic import load_synthetic
-from tff_clustered.data.tff_datasets import load_tff_cifar100, load_tff_emnist
+from tff_clustered.data.tff_datasets import (
+    load_tff_cifar100,
+    load_tff_emnist,
+    load_tff_shakespeare,
+)
 
 DATASET_NAMES = (
     "digits",
@@ -36,6 +40,7 @@ DATASET_NAMES = (
     "pathmnist",
     "tff_emnist",
     "tff_cifar100",
+    "tff_shakespeare",
 )
 # FedTSDP's datasets, and the 28x28 grey ones in MNIST's formats: dealt to clients by a partition
 # (default Dirichlet(0.5)), public set = the official test split without labels.
@@ -125,7 +130,9 @@ def load_dataset(
     `tff_emnist` (TFF's federated EMNIST database in `data_dir`: its writers, digits or all
     62 classes by `num_classes`), `tff_cifar100` (TFF's federated CIFAR-100 database in
     `data_dir`: its 500 train clients, each holding out a seeded 20 % of its images as its
-    local test set; 100 fine or 20 coarse classes by `num_classes`).
+    local test set; 100 fine or 20 coarse classes by `num_classes`), `tff_shakespeare` (TFF's
+    federated Shakespeare database in `data_dir`: its speaking parts, LEAF's next-character
+    task over 80-character windows).
     `train_examples` (the five image federations only): deal that many training images, a
     seeded uniform choice, instead of all."""
     partition = resolved_partition(name, partition, dirichlet_beta)
@@ -169,6 +176,13 @@ def load_dataset(
         return load_tff_emnist(data_dir, num_clients, num_classes, seed)
     if name == "tff_cifar100":
         return load_tff_cifar100(data_dir, num_clients, num_classes, seed)
+    if name == "tff_shakespeare":
+        if num_classes is not None:
+            raise ValueError(
+                f"--num_classes={num_classes}: tff_shakespeare predicts one of its 87 "
+                "characters; leave --num_classes unset"
+            )
+        return load_tff_shakespeare(data_dir, num_clients, seed)
     if name == "synthetic":
         return load_synthetic(num_clients=num_clients or 100, seed=seed)
     if name == "mnist":

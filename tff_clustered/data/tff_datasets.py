@@ -1,6 +1,6 @@
-"""TFF's own federated EMNIST (`tff.simulation.datasets.emnist`) and CIFAR-100
-(`tff.simulation.datasets.cifar100`), read from the SQLite files TFF keeps in its cache folder;
-nothing is downloaded.
+"""TFF's own federated EMNIST (`tff.simulation.datasets.emnist`), CIFAR-100
+(`tff.simulation.datasets.cifar100`) and Shakespeare (`tff.simulation.datasets.shakespeare`),
+read from the SQLite files TFF keeps in its cache folder; nothing is downloaded.
 
 TFF 0.87 stores federated EMNIST as `emnist_all.sqlite` (3,383 writers, each with a train and
 a test split; `digits_only_*` splits hold their digits, `all_*` splits all 62 classes) in the
@@ -14,6 +14,18 @@ strings for other people) of 100 images; each record is `image` 32x32x3 (0..255)
 mixture of coarse labels per client). Since no client has both splits, `tff_cifar100` keeps the
 train clients only, each with a seeded 20 % of its own images as its local test set (as UA-PDFL
 and the `pathmnist` peers hold out 20 % per client); TFF's test split is not read.
+
+Federated Shakespeare is `shakespeare.sqlite`: 715 speaking parts of Shakespeare's plays (LEAF's
+clients), each record one `snippets` string of contiguous lines, split `train` and `test` for
+the same clients. `tff_shakespeare` is LEAF's next-character task (Caldas et al., "LEAF: A
+Benchmark for Federated Settings", 2018; McMahan et al., AISTATS 2017): a client's snippets are
+joined into one text (newlines and runs of spaces become one space, as LEAF's preprocessing
+does), and every window of 80 characters is an example whose label is the character after it
+(stride 1, as LEAF). Characters are ids in TFF's 86-character vocabulary
+(`char_prediction_preprocessing.CHAR_VOCAB`), any other character id 86: 87 classes, and the
+inputs are those ids (`FederatedData.vocabulary_size`), for a model that embeds them
+(`--model=char_lstm`). A part whose train or test text is shorter than 81 characters has no
+example and is left out.
 """
 
 from __future__ import annotations
@@ -42,6 +54,9 @@ CIFAR100_FILE = "cifar100.sqlite"
 CIFAR100_URL = "https://storage.googleapis.com/tff-datasets-public/cifar100.sqlite.lzma"
 CIFAR100_LABELS = {100: "label", 20: "coarse_label"}  # --num_classes: the record's label key
 CIFAR100_SHAPE = (32, 32, 3)
+SHAKESPEARE_FILE = "shakespeare.sqlite"
+SHAKESPEARE_URL = "https://storage.googleapis.com/tff-datasets-public/shakespeare.sqlite.lzma"
+SHAKESPEARE_WINDOW = 80  # characters read before the one predicted (LEAF; TFF's baseline)
 
 
 def load_tff_emnist(
@@ -229,3 +244,127 @@ def cifar100_parsing(dataset: object) -> object:
     from tensorflow_federated.python.simulation.datasets import cifar100
 
     return cifar100._add_proto_parsing(dataset)  # noqa: SLF001 - TFF's format, kept in one place
+
+
+def shakespeare_vocabulary() -> str:
+    """TFF's character vocabulary of its Shakespeare baseline (86 characters, in its order)."""
+    from tensorflow_federated.python.simulation.baselines.shakespeare import (
+        char_prediction_preprocessing,
+    )
+
+    return "".join(char_prediction_preprocessing.CHAR_VOCAB)
+
+
+def character_ids(text: str, vocabulary: str) -> np.ndarray:
+    """Each character's index in `vocabulary`; characters outside it get len(vocabulary)."""
+    index = {c: i for i, c in enumerate(vocabulary)}
+    return np.fromiter((index.get(c, len(vocabulary)) for c in text), np.int32, len(text))
+
+
+def joined_text(snippets: list[str]) -> str:
+    """A part's snippets as LEAF joins a user's lines: one text, newlines and runs of spaces
+    turned into single spaces."""
+    return re.sub(r" {2,}", " ", " ".join(snippets).replace("\n", " "))
+
+
+def next_character_examples(
+    text: str, vocabulary: str, window: int = SHAKESPEARE_WINDOW, stride: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every `stride`-th window of `window` characters of `text` as ids (float32, x) and the id
+    of the character after it (int32, y); empty when the text has no character after a
+    window."""
+    ids = character_ids(text, vocabulary)
+    if len(ids) <= window:
+        return np.zeros((0, window), np.float32), np.zeros((0,), np.int32)
+    windows = np.lib.stride_tricks.sliding_window_view(ids, window + 1)[::stride]
+    return windows[:, :window].astype(np.float32), windows[:, window].copy()
+
+
+def load_tff_shakespeare(
+    data_dir: Optional[str],
+    num_clients: Optional[int] = None,
+    seed: int = 0,
+    stride: int = 1,
+) -> FederatedData:
+    """TFF's federated Shakespeare as LEAF's next-character task (see the module docstring):
+    every part with an example in both splits, or `num_clients` of them drawn from seed stream
+    [seed, 11]; `stride` > 1 keeps every stride-th window (fewer, overlapping less)."""
+    if stride < 1:
+        raise ValueError(f"stride must be >= 1, got {stride}")
+    path = os.path.join(data_dir or "", SHAKESPEARE_FILE)
+    fetch = (
+        f"download {SHAKESPEARE_URL} on a machine with network access and unxz it (or run "
+        "tff.simulation.datasets.shakespeare.load_data() there, which leaves it in ~/.tff), then "
+        "copy it into --data_dir"
+    )
+    if not data_dir or not os.path.isfile(path):
+        raise DataError(
+            f"--dataset=tff_shakespeare needs {SHAKESPEARE_FILE} in --data_dir (TFF's cache "
+            f"folder, ~/.tff after tff.simulation.datasets.shakespeare.load_data()); "
+            f"{'no --data_dir given' if not data_dir else f'{path} does not exist'}; {fetch}"
+        )
+
+    def not_shakespeare(detail: str) -> DataError:
+        return DataError(
+            f"{path} is not TFF's federated Shakespeare database ({detail}); get a fresh copy: "
+            f"{fetch}"
+        )
+
+    vocabulary = shakespeare_vocabulary()
+    texts: dict[str, dict[str, str]] = {}
+    for split in ("train", "test"):
+        try:
+            clients = tff.simulation.datasets.SqlClientData(path, split)
+            parsed = clients.preprocess(shakespeare_parsing)
+            texts[split] = {
+                client: joined_text(
+                    [
+                        b.decode("utf-8", errors="replace")
+                        for b in parsed.create_tf_dataset_for_client(client)
+                        .map(lambda record: record["snippets"])
+                        .as_numpy_iterator()
+                    ]
+                )
+                for client in clients.client_ids
+            }
+        except Exception as e:  # a truncated or foreign file: sqlite3, TFF's format, the parser
+            raise not_shakespeare(f"{type(e).__name__}: {reason(e)}") from None
+    usable = sorted(
+        client
+        for client in set(texts["train"]) & set(texts["test"])
+        if min(len(texts["train"][client]), len(texts["test"][client])) > SHAKESPEARE_WINDOW
+    )
+    if not usable:
+        raise not_shakespeare(
+            f"no part has more than {SHAKESPEARE_WINDOW} characters in both train and test"
+        )
+    if num_clients is not None:
+        if not 1 <= num_clients <= len(usable):
+            raise ValueError(
+                f"--num_clients={num_clients}: {path} has {len(usable)} parts with more than "
+                f"{SHAKESPEARE_WINDOW} characters in both splits"
+            )
+        chosen = np.random.default_rng([seed, 11]).choice(len(usable), num_clients, replace=False)
+        usable = [usable[i] for i in sorted(chosen)]
+    arrays = {
+        split: {
+            client: next_character_examples(texts[split][client], vocabulary, stride=stride)
+            for client in usable
+        }
+        for split in ("train", "test")
+    }
+    return from_arrays(
+        "tff_shakespeare",
+        arrays["train"],
+        arrays["test"],
+        len(vocabulary) + 1,
+        source=path,
+        vocabulary_size=len(vocabulary) + 1,
+    )
+
+
+def shakespeare_parsing(dataset: object) -> object:
+    """TFF's own parser of its Shakespeare records (`tf.train.Example`: a `snippets` string)."""
+    from tensorflow_federated.python.simulation.datasets import shakespeare
+
+    return shakespeare._add_parsing(dataset)  # noqa: SLF001 - TFF's format, kept in one place

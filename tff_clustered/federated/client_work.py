@@ -166,7 +166,11 @@ def train_client(
             else:
                 loss = masked_mean(example_losses(logits, batch["y"]), mask, batch_size)
             objective = loss if penalty is None else loss + penalty(current, model_state)
-        direction = list(tape.gradient(objective, [current[i] for i in trained]))
+        # Dense: an embedding's gradient comes as IndexedSlices (`convert_to_tensor` is a no-op
+        # on the others).
+        direction = [
+            tf.convert_to_tensor(g) for g in tape.gradient(objective, [current[i] for i in trained])
+        ]
         for p in pulls:
             for i, target in zip(p.indices, p.target):
                 if i in position:

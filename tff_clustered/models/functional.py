@@ -5,18 +5,22 @@ computations: `apply(trainable, state, x, training, seed) -> (logits, new_state)
 non-trainable ones (BatchNorm moving statistics, `model.non_trainable_weights` order), `seed` a
 stateless `[2]` int32/int64 seed for dropout. Two builders, one interface:
 
-* models without BatchNorm or Dropout go through TFF's own
-  `tff.learning.models.functional_model_from_keras` (their results are unchanged);
-* models with them (the CNN and ResNet18 of Zhu et al., "Federated Two Stage Decoupling With
-  Adaptive Personalization Layers", 2023) go through a small interpreter of the Keras layer
-  graph: TFF's builder rejects BatchNorm (Ioffe & Szegedy, 2015), and its Dropout (Srivastava
-  et al., 2014) would draw unseeded random numbers. BatchNorm statistics are an input and an
-  output, so each client can keep its own; dropout masks come from the given seed (same seed,
-  same run).
+* models with BatchNorm or Dropout (the CNN and ResNet18 of Zhu et al., "Federated Two Stage
+  Decoupling With Adaptive Personalization Layers", 2023) go through a small interpreter of the
+  Keras layer graph: TFF's builder rejects BatchNorm (Ioffe & Szegedy, 2015), and its Dropout
+  (Srivastava et al., 2014) would draw unseeded random numbers. BatchNorm statistics are an
+  input and an output, so each client can keep its own; dropout masks come from the given seed
+  (same seed, same run);
+* models with LSTM or trainable Embedding layers (the Sent140 and Shakespeare LSTMs) go
+  through the interpreter too when it runs all their layers: it computes an LSTM as one loop
+  over time (`tf.scan`), where TFF's builder needs the Keras LSTM unrolled, one copy of the
+  cell per time step, a graph that took minutes to trace and optimise at 80 steps;
+* the other models go through TFF's own `tff.learning.models.functional_model_from_keras`
+  (their results are unchanged).
 
-The interpreter computes Dense, Conv2D and BatchNormalization from the given tensors with the
-same TF ops Keras 2.14 uses, runs Dropout statelessly, and calls the parameter-free layers
-(pooling, reshapes, activations, Add) themselves.
+The interpreter computes Dense, Conv2D, BatchNormalization, Embedding and LSTM from the given
+tensors with the same TF ops Keras 2.14 uses, runs Dropout statelessly, and calls the
+parameter-free layers (pooling, reshapes, activations, Add) themselves.
 """
 
 from __future__ import annotations
@@ -47,7 +51,11 @@ WEIGHTED = (
     tf.keras.layers.Dense,
     tf.keras.layers.Conv2D,
     tf.keras.layers.BatchNormalization,
+    tf.keras.layers.Embedding,
+    tf.keras.layers.LSTM,
 )
+# Layers whose presence makes the interpreter the faster builder (`functional_model`).
+RECURRENT = (tf.keras.layers.Embedding, tf.keras.layers.LSTM)
 # Layers without weights, which the interpreter runs as TF ops (`parameter_free_ops`).
 PARAMETER_FREE = (
     tf.keras.layers.InputLayer,
@@ -62,8 +70,8 @@ PARAMETER_FREE = (
     tf.keras.layers.ZeroPadding2D,
 )
 _SUPPORTED = (
-    "supported: Dense, Conv2D, BatchNormalization, Dropout and the parameter-free "
-    + ", ".join(t.__name__ for t in PARAMETER_FREE)
+    "supported: Dense, Conv2D, BatchNormalization, trainable Embedding, LSTM, Dropout and the "
+    "parameter-free " + ", ".join(t.__name__ for t in PARAMETER_FREE)
 )
 
 
@@ -94,6 +102,10 @@ def _needs_interpreter(model: tf.keras.Model) -> bool:
     )
 
 
+def _is_recurrent(model: tf.keras.Model) -> bool:
+    return any(isinstance(layer, RECURRENT) for layer in model.layers)
+
+
 def functional_model(
     keras_model: tf.keras.Model,
     input_spec: Optional[dict] = None,
@@ -110,6 +122,11 @@ def functional_model(
         raise ValueError(f"bn_momentum must be in [0, 1], got {bn_momentum}")
     if _needs_interpreter(keras_model):
         return _interpreted(keras_model, bn_momentum)
+    if _is_recurrent(keras_model):
+        try:
+            return _interpreted(keras_model, bn_momentum)
+        except ValueError:  # a layer it does not run (a frozen Embedding): TFF's builder
+            pass
     if input_spec is None:
         raise ValueError(
             f"model {keras_model.name} has no BatchNorm or Dropout: it goes through TFF's "
@@ -214,6 +231,28 @@ def _check_layer(layer: tf.keras.layers.Layer, t_idx: list, s_idx: list) -> None
             )
     elif s_idx:
         raise ValueError(f"layer {layer.name} ({kind}) has non-trainable weights; {_SUPPORTED}")
+    if type(layer) is tf.keras.layers.Embedding and (
+        not t_idx or layer.mask_zero or getattr(layer, "sparse", False)
+    ):
+        raise ValueError(
+            f"Embedding layer {layer.name}: frozen, masked (mask_zero) or sparse embeddings are "
+            "not supported"
+        )
+    if type(layer) is tf.keras.layers.LSTM:
+        unsupported = [
+            name
+            for name, value in (
+                ("dropout", layer.dropout),
+                ("recurrent_dropout", layer.recurrent_dropout),
+                ("go_backwards", layer.go_backwards),
+                ("stateful", layer.stateful),
+                ("return_state", layer.return_state),
+                ("time_major", layer.time_major),
+            )
+            if value
+        ]
+        if unsupported:
+            raise ValueError(f"LSTM layer {layer.name}: {', '.join(unsupported)} not supported")
     if getattr(layer, "data_format", "channels_last") != "channels_last":
         raise ValueError(f"layer {layer.name} ({kind}): only channels_last data is supported")
     if type(layer) is tf.keras.layers.Conv2D and (layer.groups != 1 or layer.padding == "causal"):
@@ -262,6 +301,38 @@ def _conv2d(
     if bias is not None:
         y = tf.nn.bias_add(y, bias, data_format=data_format)
     return layer.activation(y) if layer.activation is not None else y
+
+
+def _lstm(
+    layer: tf.keras.layers.LSTM,
+    x: tf.Tensor,
+    kernel: tf.Tensor,
+    recurrent_kernel: tf.Tensor,
+    bias: object,
+) -> tf.Tensor:
+    """Keras 2.14's LSTM cell (Hochreiter & Schmidhuber, 1997; gates in Keras's i, f, c, o
+    order) run over time with `tf.scan` from zero states: z = x_t W + h U + b,
+    c' = f(z_f) c + i(z_i) act(z_c), h' = o(z_o) act(c'), with f, i, o the recurrent
+    activation. The input projection of every step is one matmul before the loop. Returns the
+    sequence of h (return_sequences) or the last h."""
+    projected = tf.tensordot(x, kernel, [[2], [0]])  # (batch, time, 4 units)
+    if bias is not None:
+        projected = projected + bias
+    units = layer.units
+    zeros = tf.zeros(tf.stack([tf.shape(x)[0], units]), projected.dtype)
+    gate, act = layer.recurrent_activation, layer.activation
+
+    def cell(carry: tuple[tf.Tensor, tf.Tensor], z_x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        h, c = carry
+        z = z_x + tf.matmul(h, recurrent_kernel)
+        z_i, z_f, z_c, z_o = tf.split(z, 4, axis=1)
+        c = gate(z_f) * c + gate(z_i) * act(z_c)
+        return gate(z_o) * act(c), c
+
+    hs, _ = tf.scan(cell, tf.transpose(projected, [1, 0, 2]), initializer=(zeros, zeros))
+    if layer.return_sequences:
+        return tf.transpose(hs, [1, 0, 2])
+    return hs[-1]
 
 
 def _batch_norm(
@@ -408,6 +479,12 @@ def _interpreted(model: tf.keras.Model, bn_momentum: Optional[float]) -> Functio
             kernel = weights[step.trainable[0]]
             bias = weights[step.trainable[1]] if layer.use_bias else None
             return (_dense if kind is tf.keras.layers.Dense else _conv2d)(layer, x, kernel, bias)
+        if kind is tf.keras.layers.Embedding:
+            # Keras casts non-integer ids to int32 (our inputs are float32 ids).
+            return tf.gather(weights[step.trainable[0]], tf.cast(x, tf.int32))
+        if kind is tf.keras.layers.LSTM:
+            bias = weights[step.trainable[2]] if layer.use_bias else None
+            return _lstm(layer, x, weights[step.trainable[0]], weights[step.trainable[1]], bias)
         if kind is tf.keras.layers.BatchNormalization:
             it = iter(step.trainable)
             gamma = weights[next(it)] if layer.scale else None
@@ -504,4 +581,6 @@ def _interpreted(model: tf.keras.Model, bn_momentum: Optional[float]) -> Functio
         initial_state=tuple(v.numpy() for v in model.non_trainable_weights),
         apply=apply,
         features=features,
+        # Without BatchNorm or Dropout each example's output is its own.
+        rows_independent=not _needs_interpreter(model),
     )

@@ -241,7 +241,31 @@ def stacked_lstm(
     return tf.keras.Sequential(layers, name="stacked_lstm")
 
 
-MODEL_NAMES = ("mclr", "mlp", "cnn", "lstm", "tsdp_cnn", "resnet18", "lenet")
+def char_lstm(
+    sequence_length: int,
+    vocabulary_size: int,
+    num_classes: int,
+    units: int = 256,
+    embedding_dim: int = 8,
+) -> tf.keras.Model:
+    """LEAF's Shakespeare next-character model (Caldas et al., 2018; McMahan et al., AISTATS
+    2017): Embedding(vocabulary, 8) -> LSTM(256, sequences) -> LSTM(256) -> Dense(classes)
+    logits. Inputs are character ids as float32 (the data pipeline's dtype; the Embedding casts
+    them to int32). 819,727 trainable parameters for TFF's 87 characters."""
+    return tf.keras.Sequential(
+        [
+            tf.keras.Input(shape=(sequence_length,)),
+            tf.keras.layers.Embedding(vocabulary_size, embedding_dim, name="embedding"),
+            # unroll: as in `stacked_lstm`, for TFF's functional_model_from_keras.
+            tf.keras.layers.LSTM(units, return_sequences=True, unroll=True, name="lstm1"),
+            tf.keras.layers.LSTM(units, unroll=True, name="lstm2"),
+            tf.keras.layers.Dense(num_classes, name="logits"),
+        ],
+        name="char_lstm",
+    )
+
+
+MODEL_NAMES = ("mclr", "mlp", "cnn", "lstm", "tsdp_cnn", "resnet18", "lenet", "char_lstm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,9 +293,19 @@ def model_spec(
     image_shape: Optional[Sequence[int]] = None,
     cnn_dense_units: int = 2048,
     resnet_width: int = 64,
+    vocabulary_size: Optional[int] = None,
 ) -> ModelSpec:
-    """The named model for inputs of `input_shape` and `num_classes` outputs."""
+    """The named model for inputs of `input_shape` and `num_classes` outputs; `vocabulary_size`
+    when the inputs are token ids (`FederatedData.vocabulary_size`), which only `char_lstm`
+    reads."""
     input_shape = tuple(int(d) for d in input_shape)
+    if (name == "char_lstm") != (vocabulary_size is not None):
+        raise ValueError(
+            "the char_lstm model embeds character ids: use it with --dataset=tff_shakespeare"
+            if name == "char_lstm"
+            else f"the {name} model reads features, and this dataset's inputs are character "
+            "ids: use --model=char_lstm"
+        )
     if name == "mclr":
         build: ModelBuilder = lambda: mclr(input_shape, num_classes)  # noqa: E731
     elif name == "mlp":
@@ -287,6 +321,10 @@ def model_spec(
                 "use it with --dataset=sent140"
             )
         build = lambda: stacked_lstm(input_shape, num_classes)  # noqa: E731
+    elif name == "char_lstm":
+        build = lambda: char_lstm(  # noqa: E731
+            input_shape[0], vocabulary_size, num_classes
+        )
     elif name == "tsdp_cnn":
         build = lambda: tsdp_cnn(input_shape, num_classes, image_shape)  # noqa: E731
     elif name == "lenet":
