@@ -183,6 +183,24 @@ def test_in_process_ifca_round_with_an_anchor_matches_tff() -> None:
         assert b["loss_sum"] == pytest.approx(a["loss_sum"], rel=1e-5)
 
 
+@pytest.mark.parametrize("name, shape, vectorised", [("mlp", (6,), True), ("lstm", (4, 3), False)])
+def test_a_model_that_loops_over_time_is_not_vectorised(
+    name: str, shape: tuple, vectorised: bool
+) -> None:
+    # pfor cannot convert the gradient of the LSTM's loop over time (its TensorLists): such
+    # clients train one each, as clients of a too-large graph do.
+    import tensorflow as tf
+
+    spec = model_spec(name, shape, 3, hidden_units=5)
+    model = functional_model(spec.build(), spec.input_spec())
+    with tf.Graph().as_default() as graph:  # as TFF and the in-process round trace it
+        weights = [tf.compat.v1.placeholder(tf.float32, s) for s in model.trainable_shapes]
+        x = tf.compat.v1.placeholder(tf.float32, [None, *shape])
+        loss = tf.reduce_sum(model.apply(weights, [], x, True, None)[0])
+        tf.gradients(loss, weights)
+    assert in_process.vectorisable(graph) == vectorised
+
+
 def test_clients_of_a_large_model_train_one_each_with_the_vectorised_results(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

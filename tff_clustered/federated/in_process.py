@@ -82,10 +82,21 @@ def check_device(device: Optional[str]) -> None:
 VECTORISE_MAX_OPS = 2_000  # ops of one client's training graph (see in_process_round)
 
 
-def graph_op_count(graph: tf.Graph) -> int:
-    """Ops in `graph`, those of the functions it calls (its library) included."""
+def graph_op_types(graph: tf.Graph) -> list[str]:
+    """The type of every op in `graph`, those of the functions it calls (its library)
+    included."""
     graph_def = graph.as_graph_def()
-    return len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function)
+    return [n.op for n in graph_def.node] + [
+        n.op for f in graph_def.library.function for n in f.node_def
+    ]
+
+
+def vectorisable(graph: tf.Graph) -> bool:
+    """Whether converting one client's training graph `graph` with pfor pays and works: at most
+    `VECTORISE_MAX_OPS` ops, and no gradient of a loop inside the model (an LSTM's loop over
+    time keeps its steps in TensorLists, whose gradient pfor cannot convert)."""
+    ops = graph_op_types(graph)
+    return len(ops) <= VECTORISE_MAX_OPS and "EmptyTensorList" not in ops
 
 
 class GraphFunction:
@@ -381,9 +392,10 @@ def in_process_round(
     # 12-25 ms per op of it on these machines: 4-6 s for the small models, which it pays back
     # in a few rounds (batched matmuls instead of one small op per client), but 98 s for
     # ResNet18 (3,929 ops) and 230 s for the unrolled Sent140 LSTM, whose clients' compute
-    # dominates anyway. So only clients' graphs up to `VECTORISE_MAX_OPS` are vectorised, and
-    # the vectorised graph is traced when a round first has same-size clients to train.
-    vectorise = vectorise and graph_op_count(train_client_graph.graph) <= VECTORISE_MAX_OPS
+    # dominates anyway. So only clients' graphs up to `VECTORISE_MAX_OPS` are vectorised (and
+    # none with a loop inside the model: `vectorisable`), and the vectorised graph is traced
+    # when a round first has same-size clients to train.
+    vectorise = vectorise and vectorisable(train_client_graph.graph)
 
     @functools.cache
     def train_clients_graph(padded: bool = False) -> GraphFunction:
