@@ -11,7 +11,7 @@ import uuid
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import run_binary, worker_pids_with_tag
+from conftest import ROOT, run_binary, worker_pids_with_tag
 
 import tff_clustered
 from tff_clustered import api
@@ -122,3 +122,28 @@ def test_client_data_with_other_keys_needs_x_key_and_y_key() -> None:
             x_key="pixels",
             y_key="label",
         )
+
+
+def test_the_quickstart_notebook_runs_and_recovers_the_groups(tmp_path: object) -> None:
+    # Its code cells in order, as Jupyter would run them, with fewer rounds and the outputs in
+    # tmp_path; no Jupyter needed (its display cell falls back to a print).
+    with open(os.path.join(ROOT, "examples", "quickstart.ipynb")) as f:
+        notebook = json.load(f)
+    source = "\n\n".join(
+        "".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code"
+    )
+    settings = {
+        "ROUNDS = 20": "ROUNDS = 12",
+        'OUTPUT_DIR = os.path.join(ROOT, "runs", "notebook")': f"OUTPUT_DIR = {str(tmp_path)!r}",
+    }
+    for setting, value in settings.items():
+        assert setting in source, setting
+        source = source.replace(setting, value)
+    script = tmp_path / "notebook.py"
+    script.write_text(source)
+    done = run_binary([str(script)], {"MPLBACKEND": "Agg"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"ifca +final accuracy .*adjusted Rand vs the groups 1\.000", done.stdout)
+    gain = float(re.search(r"IFCA - FedAvg: ([-+.\d]+)", done.stdout).group(1))
+    assert gain >= 0.2, done.stdout
+    assert os.path.isfile(tmp_path / "ifca" / "membership.png")
