@@ -9,7 +9,12 @@ import tensorflow as tf
 from peers import identical_data, linear, peer_inputs, run_mlp
 
 from tff_clustered.algorithms import make_algorithm
-from tff_clustered.algorithms.dfl import DROPOUT, PERSONAL_HEAD, PeerStep, divergence
+from tff_clustered.algorithms.uapdfl import (
+    DROPOUT,
+    PERSONAL_HEAD,
+    UAPDFLPeerStep,
+    divergence,
+)
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment, TrainingConfig
@@ -35,7 +40,7 @@ def test_peer_regimes_and_weights() -> None:
     """No training (an empty dataset) so the mixed model is what comes back: dropout copies one
     neighbour whole; otherwise g is the |D| mean over all and h over the similar ones."""
     own, near, far = [1.0, 0.0, 0.0, 0.0], [0.9, 0.0, 0.1, 0.0], [0.0, 5.0, 0.0, 0.0]
-    step = PeerStep("uapdfl", head_start=1, input_shape=(1,), threshold=0.05)
+    step = UAPDFLPeerStep(head_start=1, input_shape=(1,), threshold=0.05)
     out = step(linear, peer_inputs([own, near, near], [1.0, 2.0, 3.0]))
     assert int(out.metrics["regime"]) == DROPOUT
     np.testing.assert_allclose(out.own_weights[0].numpy(), [near[:2]])  # a neighbour, whole
@@ -51,6 +56,20 @@ def test_peer_regimes_and_weights() -> None:
     np.testing.assert_allclose(out.own_weights[1].numpy(), own[2:])  # h stays its own
     # received values (Sec. 3.5): 2 x (C + d_aux + 1) fingerprints + 2 g + 0 h (C = d_aux = 2)
     assert float(out.metrics["values_received"]) == 2 * (2 + 2 + 1) + 2 * 2
+
+
+def test_a_padding_row_is_neither_mixed_nor_compared() -> None:
+    """A queue padded with the peer's own row (a shorter queue): no divergence reported for
+    the pad, and the pad is not a neighbour to copy, mix or count."""
+    rows = [[1.0, 2.0, 0.0, 0.0], [3.0, 6.0, 4.0, 8.0], [1.0, 2.0, 0.0, 0.0]]
+    step = UAPDFLPeerStep(head_start=1, input_shape=(1,), threshold=1e-9)
+    out = step(linear, peer_inputs(rows, [1.0, 2.0, 3.0], [5, 2, 5]))
+    divergences = out.metrics["divergence"].numpy()
+    assert np.isfinite(divergences[0]) and np.isnan(divergences[1])
+    assert int(out.metrics["neighbours_received"]) == 1
+    # personal head: g over the two received rows, h its own
+    np.testing.assert_allclose(out.own_weights[0].numpy(), [[7 / 3, 14 / 3]], rtol=1e-6)
+    np.testing.assert_allclose(out.own_weights[1].numpy(), [0.0, 0.0], atol=1e-7)
 
 
 def test_uapdfl_with_no_neighbours_is_local() -> None:

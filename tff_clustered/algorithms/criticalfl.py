@@ -79,7 +79,6 @@ class CriticalFLDFL(Decentralized):
     Per-peer neighbour counts from the rule of the module docstring."""
 
     name = "criticalfl_dfl"
-    mixing = "fedavg"
     paper = "Yan et al., CriticalFL, KDD 2023, decentralized as in UA-PDFL's comparison"
 
     @dataclasses.dataclass(frozen=True)

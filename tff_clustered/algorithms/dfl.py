@@ -7,18 +7,16 @@ its state is a mailbox holding every peer's published model (one row per peer, t
 the previous round: synchronous snapshot semantics), and each round `federated_select`
 hands each peer its own row and the rows of the N_com peers it pulls from (the round's
 "neighbours" distribution, `federated/round.py`). Everything a peer decides runs inside its
-client computation (`PeerStep`): the fingerprints of the received models, the divergence,
-the regime, the |D|-weighted mixing, the local training. Nothing is averaged on the server:
-after the round the mailbox is the peers' new models.
+client computation (the baselines' `PeerStep`; UA-PDFL's and DisPFL's in their files): what
+it mixes from the rows it received (`Inbox`), with |D| weights, and its local training.
+Nothing is averaged on the server: after the round the mailbox is the peers' new models.
 
 What is not faithful (inherent to a simulation on a SERVER/CLIENTS platform): one process
 holds every published model (the relay); rounds are lock-step; the relay ships whole models
 where the protocol would send only g or one dropout model, so communication is reported from
-the protocol's per-message count (`values_received`), not from runtime traffic. The queue
-Q_i of each peer is drawn by the orchestration from the keyed stream (seed, round, peer), the
-same draw a peer would make; a peer computes its neighbours' fingerprints I_j, I_j^Aux from
-the rows it receives (the same numbers the neighbours would send: inference-mode outputs of
-their published models).
+the protocol's per-message count (each step's `values_received`), not from runtime traffic.
+The queue Q_i of each peer is drawn by the orchestration from the keyed stream (seed, round,
+peer), the same draw a peer would make.
 
 Every peer takes part in every round: set --clients_per_round to the number of peers.
 """
@@ -47,31 +45,7 @@ from tff_clustered.federated import client_work
 from tff_clustered.options import option
 from tff_clustered.seeds import ALGORITHM, derived_seed
 
-MIXINGS = ("uapdfl", "fedavg", "fedper", "local")
-DIVERGENCES = ("skl", "js")
 TOPOLOGIES = ("dynamic", "static")
-# Regimes of a UA-PDFL peer (Alg. 2): whole model copied from one neighbour (client-wise
-# dropout), head shared with the similar neighbours (partial), head kept (personal head).
-DROPOUT, PARTIAL, PERSONAL_HEAD, NO_REGIME = 0, 1, 2, -1
-REGIME_NAMES = {DROPOUT: "dropout", PARTIAL: "partial", PERSONAL_HEAD: "personal_head"}
-PROBABILITY_FLOOR = 1e-10
-UNIT_VALUE = 1.0  # every value of X_unit, the input the fingerprints are taken on (Eq. 4)
-
-
-def divergence(p: tf.Tensor, q: tf.Tensor, kind: str = "skl") -> tf.Tensor:
-    """UA-PDFL's Div (Eqs. 6-7) of distribution `p` [C] with each row of `q` [n, C]: the
-    symmetrised KL 1/2 KL(p||q) + 1/2 KL(q||p) the paper writes (it calls it Jensen-Shannon),
-    or the true Jensen-Shannon divergence (`kind="js"`). Probabilities clipped to [1e-10, 1]."""
-    p = tf.clip_by_value(p, PROBABILITY_FLOOR, 1.0)[None, :]
-    q = tf.clip_by_value(q, PROBABILITY_FLOOR, 1.0)
-
-    def kl(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
-        return tf.reduce_sum(a * tf.math.log(a / b), axis=-1)
-
-    if kind == "skl":
-        return 0.5 * kl(p, q) + 0.5 * kl(q, p)
-    m = 0.5 * (p + q)
-    return 0.5 * kl(p, m) + 0.5 * kl(q, m)
 
 
 def received_rows(inbox_rows: Optional[tf.Tensor], rows: int) -> tf.Tensor:
@@ -121,190 +95,117 @@ def train_mixed(
     )
 
 
-def softmax_outputs(logits: tf.Tensor) -> tf.Tensor:
-    """Class probabilities (a single logit: [1 - p, p])."""
-    if logits.shape[-1] == 1:
-        p = tf.sigmoid(logits)
-        return tf.concat([1 - p, p], axis=-1)
-    return tf.nn.softmax(logits)
+@dataclasses.dataclass(frozen=True)
+class Inbox:
+    """What a peer received this round: the routed rows of every variable (its own published
+    model first, then its queue's; trainable variables first), which rows are real (a queue
+    padded with its own row receives that row once), and the |D| weights to mix them with."""
+
+    rows: tuple[tf.Tensor, ...]  # per variable: [rows, *shape]
+    num_trainable: int
+    present: tf.Tensor  # [rows] bool
+    sizes: tf.Tensor  # [rows] float32: |D| of each received row, 0 for a padding row
+
+    @classmethod
+    def of(cls, inputs: client_work.ClientInputs) -> Inbox:
+        rows = int(inputs.inbox[0].shape[0])
+        present = received_rows(inputs.inbox_rows, rows)
+        sizes = tf.cast(inputs.inbox_weights, tf.float32) * tf.cast(present, tf.float32)
+        return cls(tuple(inputs.inbox), len(inputs.weights), present, sizes)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.rows[0].shape[0])
+
+    @property
+    def own_only(self) -> tf.Tensor:
+        """Row weights that keep the peer's own model."""
+        return tf.one_hot(0, self.num_rows)
+
+    @property
+    def everyone(self) -> tf.Tensor:
+        """Row weights of the |D|-weighted mean over {i} and Q_i."""
+        return self.sizes / tf.reduce_sum(self.sizes)
+
+    @property
+    def neighbours_received(self) -> tf.Tensor:
+        """|Q_i| as received (float32; padding rows not counted)."""
+        return tf.reduce_sum(tf.cast(self.present[1:], tf.float32))
+
+    def model(self, row: int) -> tuple[tuple[tf.Tensor, ...], tuple[tf.Tensor, ...]]:
+        """Row `row`'s (trainable, state) tensors."""
+        return tuple(v[row] for v in self.rows[: self.num_trainable]), tuple(
+            v[row] for v in self.rows[self.num_trainable :]
+        )
+
+    def mixed(
+        self,
+        base_weights: tf.Tensor,
+        head_weights: tf.Tensor,
+        head_start: int,
+        local_statistics: bool,
+    ) -> list[tf.Tensor]:
+        """Every variable as its rows' weighted sum: g's tensors (before `head_start`) with
+        `base_weights`, h's with `head_weights`; BatchNorm statistics go with g (every head
+        here is Dense layers), or stay the peer's own with `local_statistics`."""
+
+        def row_weights(tensor: int) -> tf.Tensor:
+            if tensor >= self.num_trainable:
+                return self.own_only if local_statistics else base_weights
+            return head_weights if tensor >= head_start else base_weights
+
+        return [tf.tensordot(row_weights(i), v, 1) for i, v in enumerate(self.rows)]
+
+    def model_sizes(self, head_start: int) -> tuple[int, int]:
+        """Values in one row's whole model and in its head h."""
+
+        def size(indices: Sequence[int]) -> int:
+            return sum(int(np.prod(self.rows[i].shape[1:])) for i in indices)
+
+        return size(range(len(self.rows))), size(range(head_start, self.num_trainable))
 
 
 @dataclasses.dataclass(frozen=True)
 class PeerStep:
-    """One peer's round (UA-PDFL Alg. 2 lines 5-20 and the adapted baselines): mix the rows it
-    received (its own first) with |D| weights, then train locally.
+    """One peer's round in the decentralized baselines (UA-PDFL's comparison): mix the rows
+    it received with |D| weights, then train locally. `mix_base`: g (the trainable tensors
+    before `head_start`) is the mean over {i} and Q_i, else its own; `mix_head`: likewise h.
+    FedAvg-DFL mixes both, FedPer-DFL g only, Local neither. BatchNorm statistics go with g,
+    or stay the peer's own with `local_statistics` (FedBN-style)."""
 
-    `mixing`: "uapdfl" (the regime decided by the divergence of the unit representations, Eq. 6,
-    against `threshold`, or the peer's `client_scalar` when it is None: every Div <= th_I -> copy
-    the whole model of one random neighbour;
-    else g averaged over all, h over itself and the neighbours with Div < th_I), "fedavg"
-    (whole model averaged over all), "fedper" (g averaged, h own), "local" (nothing mixed).
-    `allow_dropout=False` never takes the dropout branch and `layerwise=False` averages the
-    whole model instead of deciding h separately (the paper's Fig. 13 ablations). Trainable
-    tensors from `head_start` on are h; BatchNorm statistics go with g (every head here is
-    Dense layers), or stay the peer's own with `local_statistics` (FedBN-style). `aux_mu` > 0
-    adds mu ||g(w; X_unit) - mean of the received I^Aux||^2 (Eq. 12, not halved, inference
-    mode) to the local loss, for a peer that has neighbours. X_unit is one input of shape
-    `input_shape` filled with `UNIT_VALUE` (Eq. 4)."""
-
-    mixing: str
     head_start: int
-    input_shape: tuple[int, ...]
-    threshold: Optional[float] = 0.1  # None: each peer's `ClientInputs.client_scalar`
-    aux_mu: float = 0.0
+    mix_base: bool = True
+    mix_head: bool = True
     momentum: float = 0.0
-    divergence: str = "skl"
-    allow_dropout: bool = True
-    layerwise: bool = True
     local_statistics: bool = False
-
-    def __post_init__(self) -> None:
-        if self.mixing not in MIXINGS:
-            raise ValueError(f"unknown mixing {self.mixing!r}; choose one of {', '.join(MIXINGS)}")
-
-    @property
-    def reads_own_model(self) -> bool:
-        return False  # its own published model arrives as the first routed row
-
-    @property
-    def reads_features(self) -> bool:
-        """UA-PDFL's fingerprints I^Aux and the alignment pull (Eqs. 4, 12) read g's output;
-        the baselines' mixings read only the model's outputs."""
-        return self.mixing == "uapdfl" or self.aux_mu > 0
+    reads_own_model: ClassVar[bool] = False  # its own published model is the first row
+    reads_features: ClassVar[bool] = False  # the mixing reads no inner layer's output
 
     def __call__(
         self, forward: client_work.ForwardFn, inputs: client_work.ClientInputs
     ) -> client_work.ClientOutputs:
-        if self.reads_features and inputs.features is None:
-            raise ValueError("PeerStep needs the model's feature extractor (ClientInputs)")
-        inbox, num_trainable = inputs.inbox, len(inputs.weights)
-        rows = int(inbox[0].shape[0])
-        n = rows - 1
-        unit = tf.fill([1, *self.input_shape], tf.constant(UNIT_VALUE, tf.float32))
-
-        def row(r: int) -> tuple[tuple, tuple]:
-            return tuple(v[r] for v in inbox[:num_trainable]), tuple(
-                v[r] for v in inbox[num_trainable:]
-            )
-
-        def fingerprints(weights: tuple, state: tuple) -> tuple[tf.Tensor, tf.Tensor]:
-            logits, _ = forward(weights, state, unit, False, None)
-            if not self.reads_features:
-                return softmax_outputs(logits)[0], tf.zeros([0])
-            aux = inputs.features(weights, state, unit, self.head_start)[0]
-            return softmax_outputs(logits)[0], aux
-
-        prints = [fingerprints(*row(r)) for r in range(rows)]
-        unit_outputs = tf.stack([p for p, _ in prints])  # I, own first
-        aux = tf.stack([a for _, a in prints])  # I^Aux
-        div = divergence(unit_outputs[0], unit_outputs[1:], self.divergence)
-        present = received_rows(inputs.inbox_rows, rows)
-        sizes = tf.cast(inputs.inbox_weights, tf.float32) * tf.cast(present, tf.float32)
-        own_only = tf.one_hot(0, rows)
-        everyone = sizes / tf.reduce_sum(sizes)
-        threshold = (
-            tf.cast(inputs.client_scalar, tf.float32) if self.threshold is None else self.threshold
-        )
-        similar = tf.concat([[True], div < threshold], axis=0) & present
-        regime = tf.constant(NO_REGIME)
-        if self.mixing == "uapdfl" and n:
-            dropout = (
-                tf.reduce_all((div <= threshold) | ~present[1:])
-                & tf.reduce_any(present[1:])
-                & self.allow_dropout
-            )
-            pick = tf.random.stateless_uniform(
-                [], tf.stack([inputs.seed[0], inputs.seed[1] + 7919]), 0, n, tf.int32
-            )
-            copy = tf.one_hot(pick + 1, rows)
-            if self.layerwise:
-                similar_sizes = sizes * tf.cast(similar, tf.float32)
-                head = similar_sizes / tf.reduce_sum(similar_sizes)
-            else:
-                head = everyone
-            g_weights = tf.where(dropout, copy, everyone)
-            h_weights = tf.where(dropout, copy, head)
-            regime = tf.where(
-                dropout,
-                DROPOUT,
-                tf.where(tf.reduce_any(similar[1:]), PARTIAL, PERSONAL_HEAD),
-            )
-        elif self.mixing in ("fedavg", "uapdfl"):
-            g_weights = h_weights = everyone
-        elif self.mixing == "fedper":
-            g_weights, h_weights = everyone, own_only
-        else:
-            g_weights = h_weights = own_only
-
-        def row_weights(tensor: int) -> tf.Tensor:
-            if tensor >= num_trainable:  # BatchNorm statistics: with g (heads are Dense)
-                return own_only if self.local_statistics else g_weights
-            return h_weights if tensor >= self.head_start else g_weights
-
-        mixed = [tf.tensordot(row_weights(i), v, 1) for i, v in enumerate(inbox)]
-        penalty = None
-        if self.aux_mu and n and (self.mixing != "uapdfl" or self.layerwise):
-            target = tf.stop_gradient(tf.reduce_mean(aux, axis=0))
-
-            def penalty(weights: tuple, state: tuple) -> tf.Tensor:
-                features = inputs.features(weights, state, unit, self.head_start)[0]
-                return self.aux_mu * tf.reduce_sum(tf.square(features - target))
-
-        values = self.values_received(
-            inbox, num_trainable, regime, similar, present, unit_outputs, aux
-        )
-        metrics = {
-            "regime": regime,
-            "divergence": tf.where(present[1:], div, np.nan),  # none for a padding row
-            "similar_neighbours": tf.reduce_sum(tf.cast(similar[1:], tf.int32)),
-            "values_received": values,
-        }
-        return train_mixed(forward, inputs, mixed, present, metrics, self.momentum, penalty=penalty)
-
-    def values_received(
-        self,
-        inbox: tuple,
-        num_trainable: int,
-        regime: tf.Tensor,
-        similar: tf.Tensor,
-        present: tf.Tensor,
-        unit_outputs: tf.Tensor,
-        aux: tf.Tensor,
-    ) -> tf.Tensor:
-        """Model values this peer receives by the protocol: UA-PDFL (its Sec. 3.5 two phases)
-        N_com (C + d_aux + 1) fingerprint values, then the dropout neighbour's whole model, or
-        every neighbour's g and the similar ones' h; FedAvg-DFL every neighbour's whole model;
-        FedPer-DFL every neighbour's g; Local nothing. Padding rows are not received."""
-        rows = int(inbox[0].shape[0]) - 1
-        n = tf.reduce_sum(tf.cast(present[1:], tf.float32))
-
-        def size(indices: Sequence[int]) -> int:
-            return sum(int(np.prod(inbox[i].shape[1:])) for i in indices)
-
-        heads = [i for i in range(num_trainable) if i >= self.head_start]
-        whole, h = size(range(len(inbox))), size(heads)
-        g = whole - h
-        if self.mixing == "local" or not rows:
-            return tf.constant(0.0)
-        if self.mixing == "fedper":
-            return n * g
-        if self.mixing == "fedavg":
-            return n * whole
-        prints = n * (int(unit_outputs.shape[-1]) + int(aux.shape[-1]) + 1)
-        similar_count = tf.reduce_sum(tf.cast(similar[1:], tf.float32))
-        mixed = n * g + similar_count * h if self.layerwise else n * whole
-        return prints + tf.where(regime == DROPOUT, float(whole), mixed)
+        inbox = Inbox.of(inputs)
+        base = inbox.everyone if self.mix_base else inbox.own_only
+        head = inbox.everyone if self.mix_head else inbox.own_only
+        mixed = inbox.mixed(base, head, self.head_start, self.local_statistics)
+        # Values received by the protocol: each neighbour's g and/or h (padding rows are none).
+        whole, h = inbox.model_sizes(self.head_start)
+        per_neighbour = (whole - h if self.mix_base else 0) + (h if self.mix_head else 0)
+        metrics = {"values_received": inbox.neighbours_received * float(per_neighbour)}
+        return train_mixed(forward, inputs, mixed, inbox.present, metrics, self.momentum)
 
 
 class Decentralized(Algorithm):
     """The shared decentralized loop: every peer active every round, each pulling N_com rows
     chosen uniformly among the other peers (redrawn every round, or once: `--dfl_topology`);
-    after the round the mailbox is the peers' new models. A subclass names its `mixing`."""
+    after the round the mailbox is the peers' new models. A subclass says which part of the
+    model its peers mix (`mixes_base`, `mixes_head`) or gives its own `client_work`."""
 
     distribution = "neighbours"
     keep_client_models = True
     model_kinds = ("personal",)
-    mixing: ClassVar[str] = "fedavg"
+    mixes_base: ClassVar[bool] = True  # g averaged over {i} and Q_i
+    mixes_head: ClassVar[bool] = True  # h averaged over {i} and Q_i
     refused = {
         **Algorithm.refused,
         "num_clusters": "a decentralized algorithm has no clusters (peers pull --num_neighbours)",
@@ -351,11 +252,12 @@ class Decentralized(Algorithm):
             )
         return len(layers_to_tensors(run.layer_sizes, layers))  # g's tensors come first
 
-    def peer_step(self, run: RunInfo, momentum: float) -> PeerStep:
+    def peer_step(self, run: RunInfo, momentum: float) -> client_work.ClientWork:
+        """A peer's whole round, as client work (`PeerStep` for the baselines)."""
         return PeerStep(
-            self.mixing,
             self.head_start(run),
-            run.input_shape,
+            mix_base=self.mixes_base,
+            mix_head=self.mixes_head,
             momentum=momentum,
             local_statistics=bool(self.options.dfl_local_statistics),
         )
@@ -366,9 +268,9 @@ class Decentralized(Algorithm):
             raise ValueError(
                 f"{self.name} compares and aligns the peers' auxiliary representations, the "
                 "output of the feature extractor g on the unit input (Eqs. 4, 12), and this "
-                "model gives no inner layer's output (it runs through TFF's functional model, "
-                "as the LSTM does): use a model of Dense, convolution and pooling layers "
-                "(e.g. --model=cnn)"
+                "model gives no inner layer's output (it runs through TFF's functional model): "
+                "use a model of the layers the functional interpreter runs (Dense, convolution, "
+                "pooling, BatchNorm, Embedding, LSTM; e.g. --model=cnn)"
             )
         return step
 
@@ -418,42 +320,25 @@ class Decentralized(Algorithm):
     def after_round(
         self, run: RunInfo, view: ServerView, result: RoundResult, queries: Queries
     ) -> Decision:
-        """The mailbox becomes the peers' new models; the round's regimes, divergences and
-        received values are logged."""
+        """The mailbox becomes the peers' new models; the round's reports are logged
+        (`round_log`)."""
         mailbox = queries.client_models(list(run.client_ids))
-        metrics = round_log(result.client_metrics)
-        return Decision(cluster_models=mailbox, metrics=metrics)
+        return Decision(cluster_models=mailbox, metrics=self.round_log(result.client_metrics))
 
-
-def round_log(client_metrics: Mapping[str, np.ndarray]) -> dict[str, float]:
-    """Per-round log of the peers' reports (those they make): how many peers took each regime,
-    quantiles of the divergences, the mean number of neighbours received, the mean number of
-    mask entries a peer changed (DisPFL), and the values received in all
-    (`floats_communicated`)."""
-    log: dict[str, float] = {}
-    if "regime" in client_metrics:
-        regimes = np.asarray(client_metrics["regime"])
-        for code, name in REGIME_NAMES.items():
-            log[f"peers_{name}"] = float(np.sum(regimes == code))
-    if "divergence" in client_metrics:
-        div = np.asarray(client_metrics["divergence"], np.float64).ravel()
-        div = div[np.isfinite(div)]
-        for q in (0, 25, 50, 75, 100):
-            log[f"divergence_p{q}"] = float(np.percentile(div, q)) if div.size else float("nan")
-    if "neighbours_received" in client_metrics:
-        log["neighbours_mean"] = float(np.mean(client_metrics["neighbours_received"]))
-    if "mask_changes" in client_metrics:
-        log["mask_changes_mean"] = float(np.mean(client_metrics["mask_changes"]))
-    if "values_received" in client_metrics:
-        log["floats_communicated"] = float(np.sum(client_metrics["values_received"]))
-    return log
+    def round_log(self, client_metrics: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """Per-round log of the peers' reports: the mean number of neighbours received and
+        the values received in all (`floats_communicated`); a subclass adds its own."""
+        return {
+            "neighbours_mean": float(np.mean(client_metrics["neighbours_received"])),
+            "floats_communicated": float(np.sum(client_metrics["values_received"])),
+        }
 
 
 class LocalDFL(Decentralized):
     """Local training only, in the decentralized loop (UA-PDFL's "Local" column)."""
 
     name = "local_dfl"
-    mixing = "local"
+    mixes_base = mixes_head = False
     paper = "baseline of UA-PDFL: each peer trains alone"
 
 
@@ -464,7 +349,6 @@ class FedAvgDFL(Decentralized):
     w_i <- the |D|-weighted mean of the whole models of {i} and Q_i, then local SGD."""
 
     name = "fedavg_dfl"
-    mixing = "fedavg"
     paper = "McMahan et al. 2017, decentralized as in UA-PDFL's comparison"
 
 
@@ -472,7 +356,7 @@ class FedPerDFL(Decentralized):
     """FedPer made decentralized: g averaged over {i} and Q_i (|D| weights), h kept local."""
 
     name = "fedper_dfl"
-    mixing = "fedper"
+    mixes_head = False
     paper = "Arivazhagan et al. 2019, decentralized as in UA-PDFL's comparison"
 
 
@@ -486,7 +370,6 @@ class DFedAvgM(Decentralized):
     half the rounds (set --local_epochs and --rounds)."""
 
     name = "dfedavgm"
-    mixing = "fedavg"
     paper = "Sun et al., Decentralized Federated Averaging, TPAMI 2023"
 
     @dataclasses.dataclass(frozen=True)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Optional
 
 import numpy as np
@@ -236,6 +236,13 @@ class DisPFL(Decentralized):
             float(momentum),
             bool(self.options.dfl_local_statistics),
         )
+
+    def round_log(self, client_metrics: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """The decentralized log plus the mean number of mask entries a peer changed."""
+        return {
+            **super().round_log(client_metrics),
+            "mask_changes_mean": float(np.mean(client_metrics["mask_changes"])),
+        }
 
     def init(self, run: RunInfo, queries: Queries) -> Decision:
         """Every peer starts from the common initial model on its own random mask."""

@@ -2,7 +2,7 @@
 Learning"), Algorithm 2, on the decentralized loop of `dfl.py` (peers are TFF clients; the
 server only routes their published models).
 
-Each round every peer i (inside its own client computation, `dfl.PeerStep`):
+Each round every peer i (inside its own client computation, `UAPDFLPeerStep`):
   [6]     pulls from N_com peers Q_i drawn uniformly among the others (redrawn every round);
   [7-8]   computes the unit representation I = softmax(f(w; X_unit)) of its model and of each
           received one (X_unit: one all-ones input, Eq. 4; inference mode) and
@@ -65,8 +65,8 @@ feeds back on Div). Each peer's th_I reaches its client computation as its `clie
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Optional
+from collections.abc import Mapping, Sequence
+from typing import ClassVar, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -80,24 +80,176 @@ from tff_clustered.algorithms.base import (
     ServerView,
     check,
 )
-from tff_clustered.algorithms.dfl import (
-    DIVERGENCES,
-    UNIT_VALUE,
-    Decentralized,
-    PeerStep,
-    divergence,
-)
+from tff_clustered.algorithms.dfl import Decentralized, Inbox, train_mixed
+from tff_clustered.federated import client_work
 from tff_clustered.options import option
 
 ABLATIONS = ("full", "without_cd", "without_lp")
+DIVERGENCES = ("skl", "js")
+# Regimes of a peer (Alg. 2): whole model copied from one neighbour (client-wise dropout), head
+# shared with the similar neighbours (partial), head kept (personal head); none without
+# neighbours.
+DROPOUT, PARTIAL, PERSONAL_HEAD, NO_REGIME = 0, 1, 2, -1
+REGIME_NAMES = {DROPOUT: "dropout", PARTIAL: "partial", PERSONAL_HEAD: "personal_head"}
+PROBABILITY_FLOOR = 1e-10
+UNIT_VALUE = 1.0  # every value of X_unit, the input the fingerprints are taken on (Eq. 4)
 # A pair of peers counts as alike at calibration when its Div is below this share of the sum
 # of the two peers' first-round movements (1: their updates are positively correlated).
 ALIKE_RATIO = 1.0
 
 
+def divergence(p: tf.Tensor, q: tf.Tensor, kind: str = "skl") -> tf.Tensor:
+    """Div (Eqs. 6-7) of distribution `p` [C] with each row of `q` [n, C]: the symmetrised KL
+    1/2 KL(p||q) + 1/2 KL(q||p) the paper writes (it calls it Jensen-Shannon), or the true
+    Jensen-Shannon divergence (`kind="js"`). Probabilities clipped to [1e-10, 1]."""
+    p = tf.clip_by_value(p, PROBABILITY_FLOOR, 1.0)[None, :]
+    q = tf.clip_by_value(q, PROBABILITY_FLOOR, 1.0)
+
+    def kl(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_sum(a * tf.math.log(a / b), axis=-1)
+
+    if kind == "skl":
+        return 0.5 * kl(p, q) + 0.5 * kl(q, p)
+    m = 0.5 * (p + q)
+    return 0.5 * kl(p, m) + 0.5 * kl(q, m)
+
+
+def softmax_outputs(logits: tf.Tensor) -> tf.Tensor:
+    """Class probabilities (a single logit: [1 - p, p])."""
+    if logits.shape[-1] == 1:
+        p = tf.sigmoid(logits)
+        return tf.concat([1 - p, p], axis=-1)
+    return tf.nn.softmax(logits)
+
+
+@dataclasses.dataclass(frozen=True)
+class UAPDFLPeerStep:
+    """One peer's round, Alg. 2 lines 7-19 (see the module docstring), as client work.
+
+    `threshold`: th_I, or None for each peer's `ClientInputs.client_scalar` (the calibrated
+    rule). `allow_dropout=False` never takes the dropout branch and `layerwise=False` averages
+    the whole model instead of deciding h separately (the paper's Fig. 13 ablations). Trainable
+    tensors from `head_start` on are h; BatchNorm statistics go with g, or stay the peer's own
+    with `local_statistics`. `aux_mu` > 0 adds mu ||g(w; X_unit) - mean of the received
+    I^Aux||^2 (Eq. 12, not halved, inference mode) to the local loss of a peer that has
+    neighbours. X_unit is one input of shape `input_shape` filled with `UNIT_VALUE` (Eq. 4)."""
+
+    head_start: int
+    input_shape: tuple[int, ...]
+    threshold: Optional[float] = 0.1
+    aux_mu: float = 0.0
+    momentum: float = 0.0
+    divergence: str = "skl"
+    allow_dropout: bool = True
+    layerwise: bool = True
+    local_statistics: bool = False
+    reads_own_model: ClassVar[bool] = False  # its own published model is the first row
+    reads_features: ClassVar[bool] = True  # I^Aux and Eq. 12 read g's output
+
+    def __call__(
+        self, forward: client_work.ForwardFn, inputs: client_work.ClientInputs
+    ) -> client_work.ClientOutputs:
+        if inputs.features is None:
+            raise ValueError("UA-PDFL's peer step needs the model's feature extractor")
+        inbox = Inbox.of(inputs)
+        n = inbox.num_rows - 1
+        unit = tf.fill([1, *self.input_shape], tf.constant(UNIT_VALUE, tf.float32))
+
+        # [7-8] the unit representations I and I^Aux of its model and each received one,
+        # and Div(i, j) (Eq. 6).
+        prints = [self.fingerprints(forward, inputs, unit, *inbox.model(r)) for r in range(n + 1)]
+        unit_outputs = tf.stack([p for p, _ in prints])  # I, own first
+        aux = tf.stack([a for _, a in prints])  # I^Aux
+        div = divergence(unit_outputs[0], unit_outputs[1:], self.divergence)
+        everyone = inbox.everyone
+        threshold = (
+            tf.cast(inputs.client_scalar, tf.float32) if self.threshold is None else self.threshold
+        )
+        similar = tf.concat([[True], div < threshold], axis=0) & inbox.present
+        regime = tf.constant(NO_REGIME)
+        base_weights = head_weights = everyone  # no neighbour: its own model
+        if n:
+            # [9-11] client-wise dropout: every Div <= th_I -> one random neighbour's model.
+            dropout = (
+                tf.reduce_all((div <= threshold) | ~inbox.present[1:])
+                & tf.reduce_any(inbox.present[1:])
+                & self.allow_dropout
+            )
+            pick = tf.random.stateless_uniform(
+                [], tf.stack([inputs.seed[0], inputs.seed[1] + 7919]), 0, n, tf.int32
+            )
+            copy = tf.one_hot(pick + 1, n + 1)
+            # [12-16] layer-wise personalization: g over everyone, h over the similar ones.
+            if self.layerwise:
+                similar_sizes = inbox.sizes * tf.cast(similar, tf.float32)
+                head = similar_sizes / tf.reduce_sum(similar_sizes)
+            else:
+                head = everyone
+            base_weights = tf.where(dropout, copy, everyone)
+            head_weights = tf.where(dropout, copy, head)
+            regime = tf.where(
+                dropout,
+                DROPOUT,
+                tf.where(tf.reduce_any(similar[1:]), PARTIAL, PERSONAL_HEAD),
+            )
+        mixed = inbox.mixed(base_weights, head_weights, self.head_start, self.local_statistics)
+
+        # [17-19] local training on CE + mu ||g(w; X_unit) - mean I^Aux||^2 (Eq. 12).
+        penalty = None
+        if self.aux_mu and n and self.layerwise:
+            target = tf.stop_gradient(tf.reduce_mean(aux, axis=0))
+
+            def penalty(weights: tuple, state: tuple) -> tf.Tensor:
+                features = inputs.features(weights, state, unit, self.head_start)[0]
+                return self.aux_mu * tf.reduce_sum(tf.square(features - target))
+
+        metrics = {
+            "regime": regime,
+            "divergence": tf.where(inbox.present[1:], div, np.nan),  # none for a padding row
+            "similar_neighbours": tf.reduce_sum(tf.cast(similar[1:], tf.int32)),
+            "values_received": self.values_received(inbox, regime, similar, unit_outputs, aux),
+        }
+        return train_mixed(
+            forward, inputs, mixed, inbox.present, metrics, self.momentum, penalty=penalty
+        )
+
+    def fingerprints(
+        self,
+        forward: client_work.ForwardFn,
+        inputs: client_work.ClientInputs,
+        unit: tf.Tensor,
+        weights: tuple,
+        state: tuple,
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """(I, I^Aux) of one model: its class probabilities and g's output on X_unit."""
+        logits, _ = forward(weights, state, unit, False, None)
+        aux = inputs.features(weights, state, unit, self.head_start)[0]
+        return softmax_outputs(logits)[0], aux
+
+    def values_received(
+        self,
+        inbox: Inbox,
+        regime: tf.Tensor,
+        similar: tf.Tensor,
+        unit_outputs: tf.Tensor,
+        aux: tf.Tensor,
+    ) -> tf.Tensor:
+        """Model values this peer receives by the protocol's two phases (Sec. 3.5): N_com
+        (C + d_aux + 1) fingerprint values, then the dropout neighbour's whole model, or every
+        neighbour's g and the similar ones' h. Padding rows are not received."""
+        if inbox.num_rows == 1:
+            return tf.constant(0.0)
+        n = inbox.neighbours_received
+        whole, h = inbox.model_sizes(self.head_start)
+        prints = n * (int(unit_outputs.shape[-1]) + int(aux.shape[-1]) + 1)
+        similar_count = tf.reduce_sum(tf.cast(similar[1:], tf.float32))
+        mixed = n * (whole - h) + similar_count * h if self.layerwise else n * whole
+        return prints + tf.where(regime == DROPOUT, float(whole), mixed)
+
+
 def divergence_matrix(p: np.ndarray, q: np.ndarray, kind: str = "skl") -> np.ndarray:
     """Div of every row of `p` [n, C] with every row of `q` [m, C], float64: the peers' own
-    `dfl.divergence`, so the server's calibration measures exactly what the peers compare."""
+    `divergence`, so the server's calibration measures exactly what the peers compare."""
     p_rows = tf.constant(np.asarray(p, np.float64)[:, None, :])  # [n, 1, C] against [m, C]
     return divergence(p_rows, tf.constant(np.asarray(q, np.float64)), kind).numpy()[0]
 
@@ -130,7 +282,6 @@ class UAPDFL(Decentralized):
     """Decentralized: peers compare unit representations, then copy a neighbour or mix g and h."""
 
     name = "uapdfl"
-    mixing = "uapdfl"
     paper = "Zhu, Fan, Xie, UA-PDFL: A Personalized Approach for Decentralized Federated Learning"
 
     @dataclasses.dataclass(frozen=True)
@@ -160,10 +311,9 @@ class UAPDFL(Decentralized):
             ]
         )
 
-    def peer_step(self, run: RunInfo, momentum: float) -> PeerStep:
+    def peer_step(self, run: RunInfo, momentum: float) -> client_work.ClientWork:
         o = self.options
-        return PeerStep(
-            "uapdfl",
+        return UAPDFLPeerStep(
             self.head_start(run),
             run.input_shape,
             threshold=None,  # each round's th_I arrives as the peer's client scalar (`plan`)
@@ -174,6 +324,19 @@ class UAPDFL(Decentralized):
             layerwise=o.uapdfl_ablation != "without_lp",
             local_statistics=bool(o.dfl_local_statistics),
         )
+
+    def round_log(self, client_metrics: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """The decentralized log plus how many peers took each regime and the quantiles of
+        the divergences they measured."""
+        log = super().round_log(client_metrics)
+        regimes = np.asarray(client_metrics["regime"])
+        for code, name in REGIME_NAMES.items():
+            log[f"peers_{name}"] = float(np.sum(regimes == code))
+        div = np.asarray(client_metrics["divergence"], np.float64).ravel()
+        div = div[np.isfinite(div)]
+        for q in (0, 25, 50, 75, 100):
+            log[f"divergence_p{q}"] = float(np.percentile(div, q)) if div.size else float("nan")
+        return log
 
     @property
     def calibrated(self) -> bool:
