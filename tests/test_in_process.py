@@ -78,9 +78,9 @@ def numbers(row: dict) -> dict[str, float]:
 
 # Algorithms whose rounds are another's with different server-side decisions: the decentralized
 # baselines but DisPFL run one peer step (`dfl.PeerStep`) with other mixing weights
-# (CriticalFL-DFL's shorter queues are data); FedAvg's round is FedGroup's with one cluster, FedProx's is
-# FedGrouProx's; FedGroup's variants differ from
-# fedgroup / fedgrouprox only in how the server clusters; FedAvgM's is FedAvg's, which the
+# (CriticalFL-DFL's shorter queues are data); FedAvg's round is FedGroup's with one cluster,
+# FedProx's is FedGrouProx's; FedGroup's variants differ from fedgroup / fedgrouprox only in
+# how the server clusters; FedAvgM's is FedAvg's, which the
 # server then steps in NumPy alike for both executions. The executions are compared on the
 # rounds, so one of each covers them.
 SAME_ROUNDS_AS_ANOTHER = (DECENTRALIZED - {"uapdfl", "dispfl"}) | {
