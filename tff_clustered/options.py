@@ -1,15 +1,17 @@
 """Algorithm options as command-line flags, declared once.
 
 Each algorithm's `Options` is a frozen dataclass; each field is a flag of the same name, with
-its help text in the field's metadata (`option(...)`). A field that several algorithms share
-(`num_clusters`, `mu`) is defined once, the first time, and must have the same type and
-default wherever it appears.
+its help text in the field's metadata (`option(...)`). Options are the algorithm's own: two
+algorithms may each have a `personal_layers` or a `num_clusters` with their own default and
+help. One flag carries a name for all of them (the same type everywhere); a flag left unset
+gives each algorithm its own default (`from_flags`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from absl import flags
@@ -26,25 +28,40 @@ def base_type(annotation: Any) -> type:
     return args[0] if args else annotation
 
 
-def define_flags(options_cls: type, flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    hints = typing.get_type_hints(options_cls)
-    for field in dataclasses.fields(options_cls):
-        kind = base_type(hints[field.name])
-        if field.name in flag_values:
-            existing = flag_values[field.name]
-            if existing.default != field.default:
-                raise ValueError(
-                    f"option {field.name} of {options_cls.__qualname__} has default "
-                    f"{field.default!r} but another algorithm's has {existing.default!r}; "
-                    "a shared option needs one default (use None for 'the algorithm's default')"
-                )
-            continue
-        help_text = field.metadata.get("help") or field.name
+def define_flags(
+    options_classes: Mapping[str, type], flag_values: flags.FlagValues = flags.FLAGS
+) -> None:
+    """Every option of the algorithms' `Options` classes (`{algorithm: Options}`) as one flag
+    of its name. Options of one name must have one type; where their defaults differ, the flag
+    has none (None) and its help gives each algorithm's default, which `from_flags` applies
+    for the algorithm that runs."""
+    by_name: dict[str, list[tuple[str, dataclasses.Field, type]]] = {}
+    for algorithm, options_cls in options_classes.items():
+        hints = typing.get_type_hints(options_cls)
+        for field in dataclasses.fields(options_cls):
+            entry = (algorithm, field, base_type(hints[field.name]))
+            by_name.setdefault(field.name, []).append(entry)
+    for name, entries in by_name.items():
+        if name in flag_values:
+            raise ValueError(f"option {name} is already a flag; rename the option")
+        kinds = {kind for _, _, kind in entries}
+        if len(kinds) > 1:
+            raise ValueError(f"option {name} has several types ({kinds}); give it one")
+        kind = kinds.pop()
+        defaults = {field.default for _, field, _ in entries}
+        field = entries[0][1]
+        help_text = field.metadata.get("help") or name
+        if len(defaults) == 1:
+            default = defaults.pop()
+        else:  # each algorithm its own default and help
+            default = None
+            help_text = " | ".join(
+                f"{algorithm}: {f.metadata.get('help') or name} (default {f.default})"
+                for algorithm, f, _ in entries
+            )
         choices = field.metadata.get("choices")
         if choices:
-            flags.DEFINE_enum(
-                field.name, field.default, list(choices), help_text, flag_values=flag_values
-            )
+            flags.DEFINE_enum(name, default, list(choices), help_text, flag_values=flag_values)
             continue
         if kind is bool:
             define = flags.DEFINE_bool
@@ -55,15 +72,20 @@ def define_flags(options_cls: type, flag_values: flags.FlagValues = flags.FLAGS)
         elif kind is str:
             define = flags.DEFINE_string
         else:
-            raise TypeError(f"option {field.name}: unsupported type {kind}")
-        define(field.name, field.default, help_text, flag_values=flag_values)
+            raise TypeError(f"option {name}: unsupported type {kind}")
+        define(name, default, help_text, flag_values=flag_values)
 
 
 def from_flags(options_cls: type, flag_values: flags.FlagValues = flags.FLAGS) -> Any:
-    """The options the parsed flags describe."""
-    return options_cls(
-        **{f.name: flag_values[f.name].value for f in dataclasses.fields(options_cls)}
-    )
+    """The options the parsed flags describe: each option a flag sets (given, or set to
+    another value than the flag's default, as a table's defaults do), else the algorithm's own
+    default."""
+    values = {}
+    for field in dataclasses.fields(options_cls):
+        flag = flag_values[field.name]
+        if flag.present or flag.value != flag.default:
+            values[field.name] = flag.value
+    return options_cls(**values)
 
 
 def names(options_cls: type) -> tuple[str, ...]:

@@ -29,9 +29,8 @@ ALGORITHMS: dict[str, type[Algorithm]] = _discover()
 
 
 def define_all_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-    """Every algorithm's options as flags (each defined once)."""
-    for cls in ALGORITHMS.values():
-        options_lib.define_flags(cls.Options, flag_values)
+    """Every algorithm's options as flags (one flag per option name)."""
+    options_lib.define_flags({name: cls.Options for name, cls in ALGORITHMS.items()}, flag_values)
 
 
 def algorithm_class(name: str) -> type[Algorithm]:

@@ -298,12 +298,6 @@ class Algorithm:
         return dict(algorithm=self.name, **dataclasses.asdict(self.options))
 
 
-def default_if_unset(value: Optional[int], default: int) -> int:
-    """An option's value, or `default` when it is unset (None); 0 stays 0, for the option's own
-    check to refuse (`value or default` would silently turn 0 into the default)."""
-    return default if value is None else value
-
-
 def check(conditions: Sequence[tuple[bool, str]]) -> None:
     """Raises ValueError with the first failing condition's message."""
     for ok, message in conditions:

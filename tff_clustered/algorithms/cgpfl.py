@@ -43,7 +43,6 @@ from tff_clustered.algorithms.base import (
     Similarity,
     check,
     clusters_of_local_models,
-    default_if_unset,
 )
 from tff_clustered.algorithms.ifca import DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP
 from tff_clustered.federated import client_work
@@ -81,7 +80,7 @@ class CGPFL(Algorithm):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        num_clusters: Optional[int] = option(None, NUM_CLUSTERS_HELP)
+        num_clusters: int = option(DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP)
         cgpfl_lambda: float = option(
             0.5, "CGPFL lambda (> 0): pull of each personal model toward its context model."
         )
@@ -109,7 +108,7 @@ class CGPFL(Algorithm):
 
     @property
     def num_clusters(self) -> int:
-        return default_if_unset(self.options.num_clusters, DEFAULT_CLUSTERS)
+        return int(self.options.num_clusters)
 
     def client_work(self, momentum: float, run: RunInfo) -> client_work.ClientWork:
         """The personal model's local update: from v_i, pulled toward the received w_k."""

@@ -92,7 +92,6 @@ from tff_clustered.algorithms.base import (
     Similarity,
     check,
     check_cluster_count,
-    default_if_unset,
     layers_to_tensors,
 )
 from tff_clustered.clustering import fedac as fedac_clustering
@@ -173,8 +172,8 @@ class FedAC(Algorithm):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        num_clusters: Optional[int] = option(
-            None, f"Clusters (FedAC: K_init after warm-up; unset: {DEFAULT_INITIAL_CLUSTERS})."
+        num_clusters: int = option(
+            DEFAULT_INITIAL_CLUSTERS, "FedAC: clusters K_init after warm-up."
         )
         fedac_mu: float = option(0.1, "FedAC mu: pull of the whole model toward its centre.")
         fedac_lambda: float = option(
@@ -220,15 +219,13 @@ class FedAC(Algorithm):
             fedac_clustering.UNIMODAL_BIMODALITY,
             "FedAC CNT (relative): split only a cluster whose two sides are more two-sided.",
         )
-        gc_lower: Optional[float] = option(
-            None,
-            f"FedAC CNT (paper): merge clusters with G_c below this (a; unset: "
-            f"{fedac_clustering.GC_LOWER}).",
+        gc_lower: float = option(
+            fedac_clustering.GC_LOWER,
+            "FedAC CNT (paper): merge clusters with G_c below this (a).",
         )
-        gc_upper: Optional[float] = option(
-            None,
-            f"FedAC CNT (paper): split clusters with G_c above this (b; unset: "
-            f"{fedac_clustering.GC_UPPER}).",
+        gc_upper: float = option(
+            fedac_clustering.GC_UPPER,
+            "FedAC CNT (paper): split clusters with G_c above this (b).",
         )
         fedac_min_clusters: int = option(
             fedac_clustering.MIN_CLUSTERS, "FedAC CNT: never fewer clusters (K_min)."
@@ -248,8 +245,7 @@ class FedAC(Algorithm):
     def __init__(self, options: Optional[Options] = None) -> None:
         super().__init__(options)
         o = self.options
-        lower = fedac_clustering.GC_LOWER if o.gc_lower is None else o.gc_lower
-        upper = fedac_clustering.GC_UPPER if o.gc_upper is None else o.gc_upper
+        lower, upper = o.gc_lower, o.gc_upper
         paper = o.fedac_cnt == "paper"
         check(
             [
@@ -259,7 +255,8 @@ class FedAC(Algorithm):
                 (o.fedac_pca_period >= 0, "fedac_pca_period must be >= 0 (0: automatic)"),
                 (o.fedac_warmup_rounds >= 0, "fedac_warmup_rounds must be >= 0 (0: automatic)"),
                 (
-                    paper or (o.gc_lower is None and o.gc_upper is None),
+                    paper
+                    or (lower, upper) == (fedac_clustering.GC_LOWER, fedac_clustering.GC_UPPER),
                     "fedac: --gc_lower/--gc_upper bound the paper's G_c; add --fedac_cnt=paper "
                     "(the relative rule's bounds are --fedac_merge_separation and "
                     "--fedac_split_separation)",
@@ -285,7 +282,7 @@ class FedAC(Algorithm):
 
     @property
     def initial_clusters(self) -> int:
-        return default_if_unset(self.options.num_clusters, DEFAULT_INITIAL_CLUSTERS)
+        return int(self.options.num_clusters)
 
     def client_work(self, momentum: float, run: RunInfo) -> client_work.ClientWork:
         """LocalUpdate: from the client's own model, pulled toward Omega_k (mu, every tensor)

@@ -29,7 +29,6 @@ from tff_clustered.algorithms.base import (
     ServerView,
     Similarity,
     check,
-    default_if_unset,
 )
 from tff_clustered.algorithms.fedprox import DEFAULT_MU, MU_HELP
 from tff_clustered.options import option
@@ -51,7 +50,7 @@ class GroupState:
 
 @dataclasses.dataclass(frozen=True)
 class FedGroupOptions:
-    num_clusters: Optional[int] = option(None, "Clusters (clustered algorithms; unset: default).")
+    num_clusters: int = option(DEFAULT_GROUPS, "FedGroup: groups m, each trained by FedAvg.")
     pretrain_scale: int = option(20, "FedGroup alpha: alpha*m clients cluster at cold start.")
     pretrain_epochs: int = option(1, "FedGroup: local epochs of cold-start pre-training.")
     pretrain_steps: int = option(
@@ -80,7 +79,7 @@ class FedGroupRACOptions(FedGroupOptions):
 
 @dataclasses.dataclass(frozen=True)
 class FedGrouProxOptions(FedGroupOptions):
-    mu: Optional[float] = option(None, MU_HELP)
+    mu: float = option(DEFAULT_MU, MU_HELP)
 
 
 class FedGroup(Algorithm):
@@ -115,13 +114,13 @@ class FedGroup(Algorithm):
 
     @property
     def num_clusters(self) -> int:
-        return default_if_unset(self.options.num_clusters, DEFAULT_GROUPS)
+        return int(self.options.num_clusters)
 
     @property
     def prox_mu(self) -> float:
         if not isinstance(self.options, FedGrouProxOptions):
             return 0.0
-        return DEFAULT_MU if self.options.mu is None else float(self.options.mu)
+        return float(self.options.mu)
 
     # -- Alg. 3: group cold start ------------------------------------------------------------
     def init(self, run: RunInfo, queries: Queries) -> Decision:

@@ -9,7 +9,7 @@ from tff_clustered.algorithms.base import Algorithm, check
 from tff_clustered.options import option
 
 DEFAULT_MU = 0.01
-MU_HELP = "Proximal strength mu (unset: the algorithm's default)."
+MU_HELP = "Proximal strength mu of the local loss's (mu/2)||w - w^t||^2."
 
 
 class FedProx(Algorithm):
@@ -20,7 +20,7 @@ class FedProx(Algorithm):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        mu: Optional[float] = option(None, MU_HELP)
+        mu: float = option(DEFAULT_MU, MU_HELP)
 
     def __init__(self, options: Optional[Options] = None) -> None:
         super().__init__(options)
@@ -28,4 +28,4 @@ class FedProx(Algorithm):
 
     @property
     def prox_mu(self) -> float:
-        return DEFAULT_MU if self.options.mu is None else float(self.options.mu)
+        return float(self.options.mu)

@@ -43,7 +43,6 @@ from tff_clustered.algorithms.base import (
     Similarity,
     check,
     clusters_of_local_models,
-    default_if_unset,
 )
 from tff_clustered.algorithms.ifca import DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP
 from tff_clustered.federated.round import CLIENT_WEIGHTINGS
@@ -60,7 +59,7 @@ class FeSEM(Algorithm):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        num_clusters: Optional[int] = option(None, NUM_CLUSTERS_HELP)
+        num_clusters: int = option(DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP)
         fesem_mu: float = option(0.0, "FeSEM distance term strength (constant mode).")
         fesem_reg: str = option(
             "constant",
@@ -92,7 +91,7 @@ class FeSEM(Algorithm):
 
     @property
     def num_clusters(self) -> int:
-        return default_if_unset(self.options.num_clusters, DEFAULT_CLUSTERS)
+        return int(self.options.num_clusters)
 
     @property
     def prox_mu(self) -> float:

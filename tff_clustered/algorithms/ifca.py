@@ -18,13 +18,12 @@ from tff_clustered.algorithms.base import (
     RunInfo,
     ServerView,
     check,
-    default_if_unset,
     independent_clusters,
 )
 from tff_clustered.options import option
 
 DEFAULT_CLUSTERS = 3
-NUM_CLUSTERS_HELP = "Clusters (clustered algorithms; unset: default)."
+NUM_CLUSTERS_HELP = "Clusters K: cluster models trained side by side."
 
 
 class IFCA(Algorithm):
@@ -37,7 +36,7 @@ class IFCA(Algorithm):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        num_clusters: Optional[int] = option(None, NUM_CLUSTERS_HELP)
+        num_clusters: int = option(DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP)
 
     def __init__(self, options: Optional[Options] = None) -> None:
         super().__init__(options)
@@ -45,7 +44,7 @@ class IFCA(Algorithm):
 
     @property
     def num_clusters(self) -> int:
-        return default_if_unset(self.options.num_clusters, DEFAULT_CLUSTERS)
+        return int(self.options.num_clusters)
 
     def init(self, run: RunInfo, queries: Queries) -> Decision:
         return independent_clusters(self.name, run, queries, self.num_clusters)

@@ -1,0 +1,66 @@
+"""Algorithm options as flags: each algorithm's own defaults and help behind one flag name."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from absl import flags
+
+from tff_clustered import options as options_lib
+from tff_clustered.algorithms import make_options
+from tff_clustered.options import option
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstOptions:
+    personal_layers: int = option(1, "First: personal top layers.")
+    shared_knob: float = option(0.5, "A knob both have alike.")
+
+
+@dataclasses.dataclass(frozen=True)
+class SecondOptions:
+    personal_layers: int = option(2, "Second: personal top layers of its body.")
+    shared_knob: float = option(0.5, "A knob both have alike.")
+
+
+def flag_values(*args: str) -> flags.FlagValues:
+    values = flags.FlagValues()
+    options_lib.define_flags({"first": FirstOptions, "second": SecondOptions}, values)
+    values(["prog", *args])
+    return values
+
+
+def test_each_algorithm_gets_its_own_default_unless_the_flag_is_given() -> None:
+    unset = flag_values()
+    assert unset["personal_layers"].default is None  # the defaults differ: none for the flag
+    assert unset["shared_knob"].default == 0.5  # they agree: the flag has it
+    help_text = unset["personal_layers"].help
+    assert "first: First: personal top layers. (default 1)" in help_text
+    assert "second: Second: personal top layers of its body. (default 2)" in help_text
+    assert options_lib.from_flags(FirstOptions, unset) == FirstOptions(1, 0.5)
+    assert options_lib.from_flags(SecondOptions, unset) == SecondOptions(2, 0.5)
+    given = flag_values("--personal_layers=3", "--shared_knob=0.25")
+    assert options_lib.from_flags(FirstOptions, given) == FirstOptions(3, 0.25)
+    assert options_lib.from_flags(SecondOptions, given) == SecondOptions(3, 0.25)
+    # A value set in code (a comparison table's defaults) counts as given.
+    unset["personal_layers"].value = 4
+    assert options_lib.from_flags(SecondOptions, unset).personal_layers == 4
+
+
+def test_one_name_needs_one_type() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Other:
+        personal_layers: str = option("top", "A string this time.")
+
+    with pytest.raises(ValueError, match="personal_layers has several types"):
+        options_lib.define_flags({"first": FirstOptions, "other": Other}, flags.FlagValues())
+
+
+def test_algorithms_hold_their_real_defaults() -> None:
+    # No "unset" sentinels where an algorithm has a default of its own.
+    assert make_options("ifca").num_clusters == 3
+    assert make_options("fedgroup").num_clusters == 3
+    assert make_options("fedac").num_clusters == 10
+    assert make_options("fedprox").mu == make_options("fedgrouprox").mu == 0.01
+    assert (make_options("fedac").gc_lower, make_options("fedac").gc_upper) == (0.2, 0.8)
