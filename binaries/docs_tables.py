@@ -56,6 +56,7 @@ PAGES: dict[str, str] = {
     "fedavg": "baselines.md#fedavg",
     "fedprox": "baselines.md#fedprox",
     "fedavgm": "baselines.md#fedavgm-and-fedadam-server-optimizers",
+    "fedadam": "baselines.md#fedavgm-and-fedadam-server-optimizers",
     "fedper": "baselines.md#fedper",
     "fedrep": "baselines.md#fedrep",
     "lg_fedavg": "baselines.md#lg-fedavg",

@@ -85,7 +85,7 @@ def numbers(row: dict) -> dict[str, float]:
 # rounds, so one of each covers them.
 SAME_ROUNDS_AS_ANOTHER = (DECENTRALIZED - {"uapdfl", "dispfl"}) | {
     "fedgroup_madc", "fedgrouprox_madc", "fedgroup_rac", "fedgroup_rcc", "fedavg", "fedprox",
-    "fedavgm",
+    "fedavgm", "fedadam",
 }  # fmt: skip
 COMPARED = sorted(set(ALGORITHMS) - SAME_ROUNDS_AS_ANOTHER)
 

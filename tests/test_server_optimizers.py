@@ -155,3 +155,23 @@ def test_fedavgm_refuses_another_server_optimizer() -> None:
     config = dataclasses.replace(CONFIG, server_optimizer=ServerOptimizer("adam"))
     with pytest.raises(ValueError, match="use --algorithm=fedavg"):
         run("fedavgm", config)
+
+
+def test_fedadam_steps_by_its_own_rate_whatever_the_update_scale() -> None:
+    """Adam moves each value by about eta_s a round however small the mean update is: at a
+    client learning rate 10x too small for 8 rounds, FedAdam (eta_s 0.03) is well ahead of
+    FedAvg, whose step is the tiny update itself."""
+    config = dataclasses.replace(CONFIG, learning_rate=0.005)
+    fedadam, fedavg = run("fedadam", config, fedadam_learning_rate=0.03), run("fedavg", config)
+    list(fedadam.rounds()), list(fedavg.rounds())
+    assert fedadam.server_optimizer == ServerOptimizer("adam", learning_rate=0.03)
+    assert fedadam.state.server_optimizer_state is not None
+    adam, plain = fedadam.state.history[-1], fedavg.state.history[-1]
+    assert adam["train_loss"] < 0.95 * plain["train_loss"], (adam, plain)
+    assert adam["accuracy"] > plain["accuracy"] + 0.15, (adam, plain)
+
+
+def test_fedadam_refuses_the_generic_server_optimizer_flags() -> None:
+    config = dataclasses.replace(CONFIG, server_optimizer=ServerOptimizer("sgd", 0.5))
+    with pytest.raises(ValueError, match="--fedadam_learning_rate"):
+        run("fedadam", config)

@@ -5,7 +5,7 @@ Reddi et al.'s FedOpt, Algorithm 2, with SGD with momentum as ServerOpt): `--ser
 is beta (0.9 by default, the paper's best on CIFAR-10), `--server_learning_rate` is eta_s (1).
 Any other algorithm gets the same step with `--server_optimizer=sgdm` (per cluster for the
 clustered ones), and FedAdam with `--server_optimizer=adam` and a server learning rate of its
-scale (Reddi et al. tune it, 1e-2 to 1e-1 on their image tasks).
+scale (Reddi et al. tune it, 1e-2 to 1e-1 on their image tasks), or `--algorithm=fedadam`.
 """
 
 from __future__ import annotations
