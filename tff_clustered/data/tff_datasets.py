@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import tensorflow_federated as tff
@@ -59,6 +59,34 @@ SHAKESPEARE_URL = "https://storage.googleapis.com/tff-datasets-public/shakespear
 SHAKESPEARE_WINDOW = 80  # characters read before the one predicted (LEAF; TFF's baseline)
 
 
+def tff_database(
+    data_dir: Optional[str], dataset: str, file_name: str, url: str, title: str
+) -> tuple[str, Callable[[str], DataError]]:
+    """The path of TFF's database `file_name` in `data_dir` (a clear `DataError` naming the
+    file and where to get it when it is absent), and the error for a file that is not that
+    database (`title`, e.g. "federated CIFAR-100"), given the detail found."""
+    module = dataset.removeprefix("tff_")
+    path = os.path.join(data_dir or "", file_name)
+    fetch = (
+        f"download {url} on a machine with network access and unxz it (or run "
+        f"tff.simulation.datasets.{module}.load_data() there, which leaves it in ~/.tff), then "
+        "copy it into --data_dir"
+    )
+    if not data_dir or not os.path.isfile(path):
+        raise DataError(
+            f"--dataset={dataset} needs {file_name} in --data_dir (TFF's cache folder, ~/.tff "
+            f"after tff.simulation.datasets.{module}.load_data()); "
+            f"{'no --data_dir given' if not data_dir else f'{path} does not exist'}; {fetch}"
+        )
+
+    def not_ours(detail: str) -> DataError:
+        return DataError(
+            f"{path} is not TFF's {title} database ({detail}); get a fresh copy: {fetch}"
+        )
+
+    return path, not_ours
+
+
 def load_tff_emnist(
     data_dir: Optional[str],
     num_clients: Optional[int] = None,
@@ -74,27 +102,19 @@ def load_tff_emnist(
             f"--dataset=tff_emnist has 10 (digits) or 62 (digits and letters) classes, got "
             f"--num_classes={classes}"
         )
-    path = os.path.join(data_dir or "", EMNIST_FILE)
-    if not data_dir or not os.path.isfile(path):
-        raise DataError(
-            f"--dataset=tff_emnist needs {EMNIST_FILE} in --data_dir (TFF's cache folder, "
-            f"~/.tff after tff.simulation.datasets.emnist.load_data()); "
-            f"{'no --data_dir given' if not data_dir else f'{path} does not exist'}. Get it on "
-            f"a machine with network access ({EMNIST_URL}, then unxz it) and copy it there"
-        )
+    path, not_emnist = tff_database(
+        data_dir, "tff_emnist", EMNIST_FILE, EMNIST_URL, "federated EMNIST"
+    )
     split = "digits_only" if classes == 10 else "all"
     try:
         train = tff.simulation.datasets.SqlClientData(path, f"{split}_train")
         test = tff.simulation.datasets.SqlClientData(path, f"{split}_test")
         train_ids = set(train.client_ids)
     except Exception as e:  # a truncated or foreign file: sqlite3 or TFF's format check
-        raise DataError(
-            f"{path} is not TFF's federated EMNIST database ({type(e).__name__}: {e}); "
-            "download it again"
-        ) from None
+        raise not_emnist(f"{type(e).__name__}: {reason(e)}") from None
     writers = sorted(train_ids & set(test.client_ids))
     if not writers:
-        raise DataError(f"{path} has no writer with both {split}_train and {split}_test examples")
+        raise not_emnist(f"no writer with both {split}_train and {split}_test examples")
     if num_clients is not None:
         if not 1 <= num_clients <= len(writers):
             raise ValueError(
@@ -154,25 +174,9 @@ def load_tff_cifar100(
             f"--dataset=tff_cifar100 has 100 (fine labels) or 20 (coarse labels) classes, got "
             f"--num_classes={classes}"
         )
-    path = os.path.join(data_dir or "", CIFAR100_FILE)
-    fetch = (
-        f"download {CIFAR100_URL} on a machine with network access and unxz it (or run "
-        "tff.simulation.datasets.cifar100.load_data() there, which leaves it in ~/.tff), then "
-        "copy it into --data_dir"
+    path, not_cifar100 = tff_database(
+        data_dir, "tff_cifar100", CIFAR100_FILE, CIFAR100_URL, "federated CIFAR-100"
     )
-    if not data_dir or not os.path.isfile(path):
-        raise DataError(
-            f"--dataset=tff_cifar100 needs {CIFAR100_FILE} in --data_dir (TFF's cache folder, "
-            f"~/.tff after tff.simulation.datasets.cifar100.load_data()); "
-            f"{'no --data_dir given' if not data_dir else f'{path} does not exist'}; {fetch}"
-        )
-
-    def not_cifar100(detail: str) -> DataError:
-        return DataError(
-            f"{path} is not TFF's federated CIFAR-100 database ({detail}); get a fresh copy: "
-            f"{fetch}"
-        )
-
     try:
         train = tff.simulation.datasets.SqlClientData(path, "train")
         clients = list(train.client_ids)
@@ -291,24 +295,9 @@ def load_tff_shakespeare(
     [seed, 11]; `stride` > 1 keeps every stride-th window (fewer, overlapping less)."""
     if stride < 1:
         raise ValueError(f"stride must be >= 1, got {stride}")
-    path = os.path.join(data_dir or "", SHAKESPEARE_FILE)
-    fetch = (
-        f"download {SHAKESPEARE_URL} on a machine with network access and unxz it (or run "
-        "tff.simulation.datasets.shakespeare.load_data() there, which leaves it in ~/.tff), then "
-        "copy it into --data_dir"
+    path, not_shakespeare = tff_database(
+        data_dir, "tff_shakespeare", SHAKESPEARE_FILE, SHAKESPEARE_URL, "federated Shakespeare"
     )
-    if not data_dir or not os.path.isfile(path):
-        raise DataError(
-            f"--dataset=tff_shakespeare needs {SHAKESPEARE_FILE} in --data_dir (TFF's cache "
-            f"folder, ~/.tff after tff.simulation.datasets.shakespeare.load_data()); "
-            f"{'no --data_dir given' if not data_dir else f'{path} does not exist'}; {fetch}"
-        )
-
-    def not_shakespeare(detail: str) -> DataError:
-        return DataError(
-            f"{path} is not TFF's federated Shakespeare database ({detail}); get a fresh copy: "
-            f"{fetch}"
-        )
 
     vocabulary = shakespeare_vocabulary()
     texts: dict[str, dict[str, str]] = {}
