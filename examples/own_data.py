@@ -17,13 +17,16 @@ import collections
 import os
 import sys
 
-import numpy as np
-import tensorflow as tf
-import tensorflow_federated as tff
-from sklearn.datasets import load_digits
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import tff_clustered  # noqa: E402
+# Before TensorFlow Federated: importing tff_clustered first turns off gRPC's fork handlers,
+# which crash a process that starts a second run's worker while the first one's gRPC threads
+# live (docs/runtime.md).
+import tff_clustered  # noqa: E402, I001
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tensorflow_federated as tff  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
 
 
 def make_clients(

@@ -10,8 +10,17 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
+import os
 import sys
 from typing import Any
+
+# gRPC core's fork handlers (enabled by default in grpcio) run at every fork of this process,
+# including the one that starts TFF's worker while an earlier run's channel threads are alive.
+# gRPC supports fork only before any gRPC work; in the suite an example that starts two runs
+# died once with SIGSEGV right after "Other threads are currently calling into gRPC, skipping
+# fork() handlers" (grpc/grpc#13998, #14055). The worker is fork-exec'd and needs no handler.
+# Read when gRPC initialises, so set before TensorFlow Federated is imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 # The Python API, imported on first use (`tff_clustered.run`): `cli` must stay light.
 _API = {

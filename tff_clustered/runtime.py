@@ -87,10 +87,13 @@ def worker_binary_path() -> str:
     return path
 
 
+_LIBC = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here: no dlopen in a forked child
+
+
 def die_with_parent() -> None:
-    """preexec_fn: ask the kernel to SIGKILL the worker when its parent process dies."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    """preexec_fn: ask the kernel to SIGKILL the worker when its parent process dies (one
+    libc call in the child between fork and exec)."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def stop_process(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
