@@ -64,3 +64,17 @@ def test_algorithms_hold_their_real_defaults() -> None:
     assert make_options("fedac").num_clusters == 10
     assert make_options("fedprox").mu == make_options("fedgrouprox").mu == 0.01
     assert (make_options("fedac").gc_lower, make_options("fedac").gc_upper) == (0.2, 0.8)
+
+
+def test_algorithms_alike_share_one_line_of_the_help() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class ThirdOptions:
+        personal_layers: int = option(1, "First: personal top layers.")
+
+    values = flags.FlagValues()
+    options_lib.define_flags(
+        {"first": FirstOptions, "second": SecondOptions, "third": ThirdOptions}, values
+    )
+    help_text = values["personal_layers"].help
+    assert help_text.startswith("first, third: First: personal top layers. (default 1) | ")
+    assert help_text.count("(default") == 2

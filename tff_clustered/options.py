@@ -53,11 +53,14 @@ def define_flags(
         help_text = field.metadata.get("help") or name
         if len(defaults) == 1:
             default = defaults.pop()
-        else:  # each algorithm its own default and help
+        else:  # each algorithm its own default and help, algorithms alike listed together
             default = None
+            alike: dict[tuple[str, Any], list[str]] = {}
+            for algorithm, f, _ in entries:
+                alike.setdefault((f.metadata.get("help") or name, f.default), []).append(algorithm)
             help_text = " | ".join(
-                f"{algorithm}: {f.metadata.get('help') or name} (default {f.default})"
-                for algorithm, f, _ in entries
+                f"{', '.join(algorithms)}: {text} (default {value})"
+                for (text, value), algorithms in alike.items()
             )
         choices = field.metadata.get("choices")
         if choices:

@@ -40,7 +40,7 @@ from tff_clustered.algorithms.base import (
     check,
     check_cluster_count,
 )
-from tff_clustered.algorithms.ifca import DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP
+from tff_clustered.algorithms.ifca import DEFAULT_CLUSTERS
 from tff_clustered.clustering import hierarchical
 from tff_clustered.options import option
 
@@ -57,7 +57,11 @@ class FLHC(Algorithm):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        num_clusters: Optional[int] = option(None, NUM_CLUSTERS_HELP)
+        num_clusters: Optional[int] = option(
+            None,
+            f"FL+HC: clusters to cut the dendrogram into (unset: {DEFAULT_CLUSTERS}, unless "
+            "--flhc_distance_threshold cuts it).",
+        )
         flhc_distance_threshold: Optional[float] = option(
             None,
             "FL+HC: cut the dendrogram at this merge height (instead of --num_clusters).",

@@ -255,10 +255,12 @@ def char_lstm(
     return tf.keras.Sequential(
         [
             tf.keras.Input(shape=(sequence_length,)),
+            # Trainable embedding and LSTMs: the functional interpreter runs them as one loop
+            # over time, so unlike `stacked_lstm` (whose frozen-GloVe variant goes through
+            # TFF's builder) nothing here needs unrolling.
             tf.keras.layers.Embedding(vocabulary_size, embedding_dim, name="embedding"),
-            # unroll: as in `stacked_lstm`, for TFF's functional_model_from_keras.
-            tf.keras.layers.LSTM(units, return_sequences=True, unroll=True, name="lstm1"),
-            tf.keras.layers.LSTM(units, unroll=True, name="lstm2"),
+            tf.keras.layers.LSTM(units, return_sequences=True, name="lstm1"),
+            tf.keras.layers.LSTM(units, name="lstm2"),
             tf.keras.layers.Dense(num_classes, name="logits"),
         ],
         name="char_lstm",
