@@ -78,9 +78,11 @@ from tff_clustered.federated.round import (  # noqa: E402
     round_functions,
     round_hparams,
 )
+from tff_clustered.loop.config import TrainingConfig  # noqa: E402
+from tff_clustered.loop.evaluation import server_models  # noqa: E402
 from tff_clustered.models import initial_weights, model_spec  # noqa: E402
 from tff_clustered.models.functional import functional_model  # noqa: E402
-from tff_clustered.orchestration import Experiment, TrainingConfig  # noqa: E402
+from tff_clustered.orchestration import Experiment  # noqa: E402
 from tff_clustered.runtime import tff_runtime  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
@@ -495,16 +497,16 @@ def scoring_fns(exp: Experiment) -> dict:
     """Pooled scoring of every client, per-client scoring, and one training round of `exp`."""
     exp.start()
     ids = exp.data.client_ids
-    models, keys = exp.server_models("global", np.zeros(len(ids), np.int32))
-    whole = exp.whole_model_round(1)
+    models, keys = server_models(exp.state.cluster_models, "global", np.zeros(len(ids), np.int32))
+    whole = exp.runner.whole_model_round(1)
 
     def train() -> None:
         exp.train_round(exp.state.round_num + 1)
         exp.state.round_num += 1
 
     return {
-        "pooled": lambda: exp.score_pooled(models, keys, ids),
-        "per_client": lambda: exp.score(whole, models, keys, ids),
+        "pooled": lambda: exp.runner.score_pooled(models, keys, ids),
+        "per_client": lambda: exp.runner.score(whole, models, keys, ids),
         "training_round": train,
     }
 
@@ -769,7 +771,8 @@ def main(argv: list[str]) -> None:
                 f"FedTSDP (clustering {FLAGS.tsdp_trigger}) vs FedAvg, 20 digits clients, "
                 f"tsdp_cnn: {t['fedtsdp']:.3f} vs {t['fedavg']:.3f} s/round; "
                 f"{tsdp.num_clusters} clusters and clustered={info['fedtsdp'].get('clustered')} "
-                f"in the last round; {tsdp.rounds_cache.builds} round signatures built in all",
+                f"in the last round; {tsdp.runner.rounds_cache.builds} round signatures built "
+                "in all",
                 flush=True,
             )
             report.update(

@@ -36,8 +36,8 @@ cli.stop_at_once_on_signals("model_matrix.py")
 logs.quiet_tensorflow(sys.argv)
 from tff_clustered.algorithms import ALGORITHMS, make_options  # noqa: E402
 from tff_clustered.algorithms.dfl import Decentralized  # noqa: E402
+from tff_clustered.loop.config import TrainingConfig  # noqa: E402
 from tff_clustered.models import MODEL_NAMES  # noqa: E402
-from tff_clustered.orchestration import TrainingConfig  # noqa: E402
 from tff_clustered.runner import RunSpec, build_experiment  # noqa: E402
 from tff_clustered.runtime import RuntimeConfig, tff_runtime  # noqa: E402
 

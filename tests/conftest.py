@@ -74,9 +74,7 @@ def mlp_experiment(algorithm: str, data: object, config: object, **options: obje
     from tff_clustered.orchestration import Experiment
 
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
-    exp = Experiment(
-        data, model, make_algorithm(algorithm, **options), config, execution=EXECUTION
-    )
+    exp = Experiment(data, model, make_algorithm(algorithm, **options), config, execution=EXECUTION)
     exp.start()
     return exp
 

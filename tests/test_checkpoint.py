@@ -23,7 +23,7 @@ from tff_clustered import checkpoint
 from tff_clustered.algorithms.fedgroup import GroupState
 from tff_clustered.algorithms.fedtsdp import TSDPState
 from tff_clustered.checkpoint import CheckpointError
-from tff_clustered.orchestration import RunState
+from tff_clustered.loop.state import RunState
 
 SETTINGS = {"algorithm": "fedgroup", "rounds": 3, "shape": (2, 3), "lr": 0.1}
 

@@ -23,7 +23,9 @@ from tff_clustered import weights as flat
 from tff_clustered.algorithms import algorithm_class, make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.data.federated_data import batches
-from tff_clustered.orchestration import Experiment, TrainingConfig
+from tff_clustered.loop.client_runner import LocalTraining
+from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 QUICK = TrainingConfig(rounds=3, clients_per_round=6, local_epochs=1, learning_rate=0.1, seed=2)
@@ -113,7 +115,7 @@ def test_fedgrouprox_with_mu_zero_is_fedgroup() -> None:
 def test_empty_groups_keep_their_models_across_a_round() -> None:
     exp = experiment("fedgroup", num_clusters=3)
     before = exp.state.cluster_models
-    clusters = exp.algorithm.plan(exp.run, exp.view(), exp.sample_clients(1), exp).clusters
+    clusters = exp.algorithm.plan(exp.run, exp.view(), exp.sample_clients(1), exp.queries).clusters
     exp.train_round(1)
     after = exp.state.cluster_models
     for k in set(range(3)) - set(clusters.tolist()):
@@ -127,13 +129,13 @@ def test_ifca_clients_join_the_lowest_loss_model() -> None:
     models = exp.state.cluster_models
     for good in (0, 1):
         exp.state.cluster_models = np.stack([models[0] * (1 if k == good else 50) for k in (0, 1)])
-        assert exp.algorithm.plan(exp.run, exp.view(), [], exp).clusters is None
+        assert exp.algorithm.plan(exp.run, exp.view(), [], exp.queries).clusters is None
         row = exp.train_round(1)
         sampled = exp.sample_clients(1)
         assert row[f"sampled_cluster_{good}"] == len(sampled)
         assert {exp.state.assignment[c] for c in sampled} == {good}
     ids = exp.data.client_ids[:5]
-    losses = exp.cluster_losses(np.stack([models[0], models[0] * 50]), ids)
+    losses = exp.queries.cluster_losses(np.stack([models[0], models[0] * 50]), ids)
     keras_model = exp.model.build()
     keras_model.set_weights(flat.unflatten(models[0], exp.layout.shapes))
     batch = next(iter(exp.data.train.create_tf_dataset_for_client(ids[0]).batch(1000)))
@@ -153,8 +155,14 @@ def test_fesem_m_step_with_one_cluster_is_fedavg_weighted_as_asked(weighting: st
     sizes = [exp.data.train_sizes[c] for c in ids]
     assert len(set(sizes)) > 1  # weighted and unweighted means differ here
     before = exp.state.cluster_models[0]
-    _, outputs, _ = exp.run_clients(
-        exp.current_round(), exp.state.cluster_models, 1, ids, np.zeros(len(ids), np.int32), 1, 0.1
+    _, outputs, _ = exp.runner.train(
+        exp.current_round(),
+        exp.state.cluster_models,
+        1,
+        ids,
+        np.zeros(len(ids), np.int32),
+        LocalTraining(1, 0.1),
+        exp.store,
     )
     deltas = np.stack([o["model_delta"] for o in outputs])
     row = exp.train_round(1)
@@ -173,7 +181,7 @@ def test_fesem_starts_from_kmeans_on_locally_trained_models() -> None:
     exp = experiment("fesem", num_clusters=3, fesem_init_epochs=2)
     ids = exp.data.client_ids
     w0 = exp.run.initial_model
-    models = w0[None, :] + exp.local_updates(ids, w0, 2, 0)
+    models = w0[None, :] + exp.queries.local_updates(ids, w0, 2, 0)
     labels = np.array([exp.state.assignment[c] for c in ids])
     assert sorted(set(labels.tolist())) == [0, 1, 2]
     for k in range(3):
@@ -279,8 +287,8 @@ def test_pretraining_by_steps_matches_epochs_where_they_coincide() -> None:
     per_epoch = -(-exp.data.train_sizes[client] // exp.config.batch_size)
     w0 = exp.run.initial_model
     for epochs in (1, 2):
-        by_epochs = exp.local_updates([client], w0, epochs, 0)
-        by_steps = exp.local_updates([client], w0, 99, 0, steps=epochs * per_epoch)
+        by_epochs = exp.queries.local_updates([client], w0, epochs, 0)
+        by_steps = exp.queries.local_updates([client], w0, 99, 0, steps=epochs * per_epoch)
         np.testing.assert_array_equal(by_steps, by_epochs)
     for cid in exp.data.client_ids[:3]:  # passes repeated as needed, cut at the step count
         dataset = batches(
@@ -288,7 +296,7 @@ def test_pretraining_by_steps_matches_epochs_where_they_coincide() -> None:
         )
         assert sum(1 for _ in dataset) == 3 * per_epoch + 1
     steps = experiment("fedgroup", num_clusters=3, pretrain_steps=50)
-    assert steps.algorithm.pretrain(steps.run, [client], 0, steps).shape == (1, w0.size)
+    assert steps.algorithm.pretrain(steps.run, [client], 0, steps.queries).shape == (1, w0.size)
     assert not np.array_equal(steps.state.cluster_models, exp.state.cluster_models)
 
 
@@ -301,7 +309,7 @@ def test_rac_cold_clients_groups_are_drawn_once_or_at_every_sample(draw: str) ->
     for round_num in range(1, 9):
         view = dataclasses.replace(exp.view(), round_num=round_num - 1)
         ids = exp.sample_clients(round_num)
-        plan = exp.algorithm.plan(exp.run, view, ids, exp)
+        plan = exp.algorithm.plan(exp.run, view, ids, exp.queries)
         for c, k in zip(ids, plan.clusters):
             if c in cold:
                 seen.setdefault(c, set()).add(int(k))

@@ -23,9 +23,10 @@ from tff_clustered.algorithms.dispfl import (
 )
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.data.federated_data import FederatedData
+from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import model_spec
 from tff_clustered.models.split import classifier_layers
-from tff_clustered.orchestration import Experiment, TrainingConfig
+from tff_clustered.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 
@@ -180,7 +181,7 @@ def test_dense_dispfl_is_fedavg_dfl(fedavg_dfl_identical: Experiment) -> None:
     dense = run_mlp("dispfl", data, IDENTICAL, num_neighbours=2, dispfl_density=1.0)
     ids = list(data.client_ids)
     np.testing.assert_allclose(
-        dense.client_models(ids), fedavg_dfl_identical.client_models(ids), atol=1e-5
+        dense.queries.client_models(ids), fedavg_dfl_identical.queries.client_models(ids), atol=1e-5
     )
 
 
@@ -189,7 +190,9 @@ def test_always_critical_criticalfl_is_fedavg_dfl(fedavg_dfl_identical: Experime
     always = run_mlp("criticalfl_dfl", data, IDENTICAL, num_neighbours=2, criticalfl_threshold=-1e9)
     ids = list(data.client_ids)
     np.testing.assert_allclose(
-        always.client_models(ids), fedavg_dfl_identical.client_models(ids), atol=1e-6
+        always.queries.client_models(ids),
+        fedavg_dfl_identical.queries.client_models(ids),
+        atol=1e-6,
     )
     assert all(r["neighbours_mean"] == 2 for r in always.state.history[1:])
 
@@ -209,7 +212,7 @@ def test_dispfl_keeps_every_peer_on_its_own_sparse_mask(
     data, config = planted
     exp = run_mlp("dispfl", data, config, num_neighbours=3)
     ids = list(data.client_ids)
-    models = exp.client_models(ids)
+    models = exp.queries.client_models(ids)
     offsets = np.concatenate([[0], np.cumsum(exp.run.tensor_sizes)])
     masked = masked_tensors(exp.run.trainable_shapes)
     counts = active_counts(exp.run.trainable_shapes, 0.5)
@@ -278,12 +281,12 @@ def test_routed_rounds_equal_a_reference_p2p_simulation_of_the_snapshot(
     rows = exp.rounds()
     while exp.state.round_num < 2:
         next(rows)
-    snapshot = exp.client_models(ids).astype(np.float64)
+    snapshot = exp.queries.client_models(ids).astype(np.float64)
     list(rows)
     sizes = np.array([data.train_sizes[c] for c in ids], np.float64)
     queues = exp.algorithm.queues(exp.run, 3)[:, :contacts]
     expected = mixed_by_hand(snapshot, sizes, queues)
-    np.testing.assert_allclose(exp.client_models(ids), expected, atol=1e-5)
+    np.testing.assert_allclose(exp.queries.client_models(ids), expected, atol=1e-5)
     assert exp.state.history[-1]["neighbours_mean"] == contacts
 
 

@@ -16,7 +16,8 @@ from sklearn.metrics import adjusted_rand_score
 from tff_clustered.algorithms import fedac, make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated import client_work
-from tff_clustered.orchestration import Experiment, TrainingConfig
+from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 
@@ -65,7 +66,9 @@ def test_fedac_with_no_pulls_is_local() -> None:
     local = experiment("local", config, 12)
     list(fedac.rounds()), list(local.rounds())
     ids = list(fedac.data.client_ids)
-    np.testing.assert_allclose(fedac.client_models(ids), local.client_models(ids), atol=1e-6)
+    np.testing.assert_allclose(
+        fedac.queries.client_models(ids), local.queries.client_models(ids), atol=1e-6
+    )
     for row_a, row_l in zip(fedac.state.history, local.state.history):
         assert row_a["client_accuracy_mean"] == pytest.approx(row_l["client_accuracy_mean"])
 
@@ -156,7 +159,7 @@ def test_global_embedding_is_the_mean_of_the_sampled_embeddings() -> None:
     list(exp.rounds())
     sampled = exp.sample_clients(1)
     embedding = sum(exp.run.tensor_sizes[i] for i in exp.anchor_tensors)
-    expected = exp.client_models(sampled).mean(axis=0)[:embedding]
+    expected = exp.queries.client_models(sampled).mean(axis=0)[:embedding]
     np.testing.assert_allclose(exp.state.anchor[:embedding], expected, rtol=1e-6, atol=1e-7)
     assert exp.anchor_tensors == tuple(range(len(exp.run.tensor_sizes) - 2))  # all but the head
 

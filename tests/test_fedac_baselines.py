@@ -21,7 +21,8 @@ from tff_clustered.algorithms import define_all_flags, make_algorithm
 from tff_clustered.algorithms.cgpfl import context_step
 from tff_clustered.clustering import hierarchical
 from tff_clustered.data import load_digits_clusters
-from tff_clustered.orchestration import Experiment, TrainingConfig
+from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 # 24 clients in 3 label-permutation groups, half of them per round.
@@ -161,7 +162,7 @@ def test_flhc_clusters_every_clients_update_from_the_global_model() -> None:
     assert len(set(exp.sample_clients(2))) < len(ids)
     # the global model the clustering started from: FedAvg of round 2
     global_model = exp.state.cluster_models[0]
-    updates = exp.local_updates(ids, global_model, 2, 2)[:, : exp.run.num_trainable_values]
+    updates = exp.queries.local_updates(ids, global_model, 2, 2)[:, : exp.run.num_trainable_values]
     labels = hierarchical.hierarchical_clusters(updates, "average", num_clusters=3)
     assert [exp.state.assignment[c] for c in ids] == labels.tolist()
     assert exp.num_clusters == 3 == row["num_clusters"]
@@ -180,7 +181,7 @@ def test_flhc_can_cluster_before_the_first_round() -> None:
     exp = experiment("flhc", SMALL, 12, flhc_cluster_round=0, num_clusters=2)
     w0 = exp.run.initial_model
     ids = list(exp.data.client_ids)
-    updates = exp.local_updates(ids, w0, 1, 0)[:, : exp.run.num_trainable_values]
+    updates = exp.queries.local_updates(ids, w0, 1, 0)[:, : exp.run.num_trainable_values]
     labels = hierarchical.hierarchical_clusters(updates, "ward", num_clusters=2)
     assert [exp.state.assignment[c] for c in ids] == labels.tolist()
     np.testing.assert_array_equal(exp.state.cluster_models, np.stack([w0, w0]))
@@ -252,7 +253,7 @@ def test_cgpfl_starts_from_kmeans_and_its_server_step_mixes_member_means() -> No
     exp = experiment("cgpfl", SMALL, 12, num_clusters=3, cgpfl_beta=0.5, cgpfl_init_epochs=2)
     ids = list(exp.data.client_ids)
     w0 = exp.run.initial_model
-    models = w0[None, :] + exp.local_updates(ids, w0, 2, 0)
+    models = w0[None, :] + exp.queries.local_updates(ids, w0, 2, 0)
     labels = np.array([exp.state.assignment[c] for c in ids])
     assert sorted(set(labels.tolist())) == [0, 1, 2]
     for k in range(3):
@@ -262,7 +263,7 @@ def test_cgpfl_starts_from_kmeans_and_its_server_step_mixes_member_means() -> No
     before = exp.state.cluster_models.astype(np.float64)
     sampled = exp.sample_clients(1)
     row = exp.train_round(1)
-    personal = exp.client_models(sampled).astype(np.float64)
+    personal = exp.queries.client_models(sampled).astype(np.float64)
     assert not np.allclose(personal, w0[None, :])  # trained and kept
     width = exp.run.num_trainable_values
     distances = ((personal[:, None, :width] - before[None, :, :width]) ** 2).sum(-1)
@@ -284,10 +285,12 @@ def test_cgpfl_with_a_tiny_pull_is_local_training() -> None:
     local = trained(experiment("local", config, 12))
     strong = trained(experiment("cgpfl", config, 12, num_clusters=2, cgpfl_lambda=5.0))
     ids = list(tiny.data.client_ids)
-    np.testing.assert_allclose(tiny.client_models(ids), local.client_models(ids), atol=1e-5)
+    np.testing.assert_allclose(
+        tiny.queries.client_models(ids), local.queries.client_models(ids), atol=1e-5
+    )
     for a, b in zip(tiny.state.history, local.state.history):
         assert a["accuracy_personal"] == pytest.approx(b["accuracy_personal"], abs=1e-6)
-    gap = np.abs(strong.client_models(ids) - local.client_models(ids)).max()
+    gap = np.abs(strong.queries.client_models(ids) - local.queries.client_models(ids)).max()
     assert gap > 1e-2, gap
     for exp in (tiny, strong):  # how far each personal model stays from its context
         distance = exp.state.history[-1]["cgpfl_personal_distance"]

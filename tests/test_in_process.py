@@ -23,9 +23,10 @@ from tff_clustered.federated.round import (
     round_functions,
     round_hparams,
 )
+from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
-from tff_clustered.orchestration import Experiment, TrainingConfig
+from tff_clustered.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 CONFIG = TrainingConfig(
@@ -95,7 +96,7 @@ def test_in_process_round_gives_the_tff_rounds_results(algorithm: str) -> None:
     tff_run, local_run = run(algorithm, "tff"), run(algorithm, "in_process")
     if algorithm in CLUSTERED:  # the clustering path is compared too, not a single model
         assert len(set(tff_run.state.assignment.values())) > 1
-    assert local_run.rounds_cache.execution == "in_process"
+    assert local_run.runner.rounds_cache.execution == "in_process"
     # The same decisions: clusters, assignments, split.
     assert local_run.state.assignment == tff_run.state.assignment
     assert local_run.state.shared == tff_run.state.shared
@@ -105,7 +106,7 @@ def test_in_process_round_gives_the_tff_rounds_results(algorithm: str) -> None:
     )
     for c in tff_run.data.client_ids:
         np.testing.assert_allclose(
-            local_run.client_models([c]), tff_run.client_models([c]), atol=TOLERANCE
+            local_run.queries.client_models([c]), tff_run.queries.client_models([c]), atol=TOLERANCE
         )
     for ours, theirs in zip(local_run.state.history, tff_run.state.history, strict=True):
         a, b = numbers(ours), numbers(theirs)
@@ -400,7 +401,8 @@ PLACEMENT_SCRIPT = textwrap.dedent(
     from tff_clustered.data import load_digits_clusters
     from tff_clustered.algorithms import make_algorithm
     from tff_clustered.models import model_spec
-    from tff_clustered.orchestration import Experiment, TrainingConfig
+    from tff_clustered.loop.config import TrainingConfig
+    from tff_clustered.orchestration import Experiment
     data = load_digits_clusters(num_clients=4, num_groups=2, seed=0)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
     config = TrainingConfig(rounds=1, clients_per_round=2, seed=0)

@@ -15,8 +15,9 @@ from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.data.federated_data import ArrayBatches
 from tff_clustered.federated import client_work
+from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import model_spec
-from tff_clustered.orchestration import Experiment, TrainingConfig
+from tff_clustered.orchestration import Experiment
 
 
 def mclr_predict(weights: tuple, x: tf.Tensor, training: bool) -> tf.Tensor:
@@ -154,7 +155,7 @@ def test_lg_fedavg_federates_the_head_only_and_its_local_bodies_beat_fedavg() ->
     LG-FedAvg 0.39, FedAvg 0.18."""
     lg_fedavg, fedavg = run("lg_fedavg"), run("fedavg")
     assert lg_fedavg.state.shared == (2, 3)  # the output layer's kernel and bias
-    bodies = [lg_fedavg.client_models([c])[0] for c in lg_fedavg.data.client_ids[:2]]
+    bodies = [lg_fedavg.queries.client_models([c])[0] for c in lg_fedavg.data.client_ids[:2]]
     assert not np.allclose(bodies[0], bodies[1])  # the clients' own lower layers
     accuracy, baseline = (e.state.history[-1]["accuracy"] for e in (lg_fedavg, fedavg))
     assert accuracy > baseline + 0.1, (accuracy, baseline)

@@ -15,9 +15,10 @@ from tff_clustered.data import load_dataset, load_digits_clusters
 from tff_clustered.federated import client_work
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round import RoundSignature
+from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
-from tff_clustered.orchestration import Experiment, TrainingConfig
+from tff_clustered.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 QUICK = TrainingConfig(rounds=3, clients_per_round=6, local_epochs=1, learning_rate=0.1, seed=1)
@@ -67,7 +68,7 @@ def test_ditto_lambda_pulls_personal_models_toward_the_global_model() -> None:
         list(exp.rounds())
         trained = list(exp.store.models)
         return float(np.mean(np.linalg.norm(
-            exp.client_models(trained) - exp.state.cluster_models[0], axis=1
+            exp.queries.client_models(trained) - exp.state.cluster_models[0], axis=1
         )))  # fmt: skip
 
     free, pulled = mean_gap(0.0), mean_gap(2.0)

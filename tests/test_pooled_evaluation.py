@@ -13,9 +13,11 @@ import pytest
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_dataset, load_digits_clusters
 from tff_clustered.data.federated_data import FederatedData
+from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.evaluation import server_models
 from tff_clustered.models import model_spec
 from tff_clustered.models.keras_models import ModelSpec
-from tff_clustered.orchestration import Experiment, TrainingConfig
+from tff_clustered.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 TESTDATA = os.path.join(os.path.dirname(__file__), os.pardir, "testdata")
@@ -42,7 +44,8 @@ def assert_same_results(pooled: dict, per_client: dict) -> None:
 
 
 def per_client(exp: Experiment, models: np.ndarray, keys: np.ndarray, split: str) -> dict:
-    return exp.score(exp.whole_model_round(len(models)), models, keys, exp.data.client_ids, split)
+    whole = exp.runner.whole_model_round(len(models))
+    return exp.runner.score(whole, models, keys, exp.data.client_ids, split=split)
 
 
 def from_probabilities(exp: Experiment, model: np.ndarray, client_ids: list) -> dict:
@@ -50,7 +53,7 @@ def from_probabilities(exp: Experiment, model: np.ndarray, client_ids: list) -> 
     results = {}
     for c in client_ids:
         arrays = exp.data.arrays("test", c)
-        probabilities = exp.predict_probabilities(model[None], arrays["x"])[0]
+        probabilities = exp.queries.predict_probabilities(model[None], arrays["x"])[0]
         picked = probabilities[np.arange(len(arrays["y"])), arrays["y"]]
         results[c] = {
             "loss_sum": float(-np.log(picked).sum()),
@@ -68,15 +71,16 @@ def test_pooled_scores_equal_per_client_scores_for_each_kind(execution: str) -> 
     ids = exp.data.client_ids
     clusters = np.arange(len(ids)) % 2  # both models score clients, interleaved
     for kind in ("global", "cluster"):
-        models, keys = exp.server_models(kind, clusters)
+        models, keys = server_models(exp.state.cluster_models, kind, clusters)
         for split in ("test", "train"):
             assert_same_results(
-                exp.score_pooled(models, keys, ids, split), per_client(exp, models, keys, split)
+                exp.runner.score_pooled(models, keys, ids, split),
+                per_client(exp, models, keys, split),
             )
     # the whole evaluation row, through the pooled path, is what the per-client path pools to
     row = exp.evaluate()
-    clusters = exp.algorithm.evaluation_clusters(exp.run, exp.view(), list(ids), exp)
-    models, keys = exp.server_models("cluster", clusters)
+    clusters = exp.algorithm.evaluation_clusters(exp.run, exp.view(), list(ids), exp.queries)
+    models, keys = server_models(exp.state.cluster_models, "cluster", clusters)
     expected = per_client(exp, models, keys, "test")
     total = sum(r["num_examples"] for r in expected.values())
     correct = sum(r["num_correct"] for r in expected.values())
@@ -92,13 +96,15 @@ def test_pooled_scores_of_a_model_with_batchnorm_state() -> None:
     state_size = sum(int(np.prod(s)) for s in exp.layout.state_shapes)
     assert state_size  # BatchNorm moving statistics go with the model
     ids = exp.data.client_ids
-    models, keys = exp.server_models("global", np.zeros(len(ids), np.int32))
+    models, keys = server_models(exp.state.cluster_models, "global", np.zeros(len(ids), np.int32))
     # moving means and variances away from their initial 0 and 1, so that they matter
     models = models.copy()
     models[:, -state_size:] = np.random.default_rng(0).uniform(0.5, 2.0, state_size)
-    pooled = exp.score_pooled(models, keys, ids, "test")
+    pooled = exp.runner.score_pooled(models, keys, ids, "test")
     assert_same_results(pooled, from_probabilities(exp, models[0], ids))
-    initial = exp.score_pooled(exp.server_models("global", keys)[0], keys, ids, "test")
+    initial = exp.runner.score_pooled(
+        server_models(exp.state.cluster_models, "global", keys)[0], keys, ids, "test"
+    )
     assert [pooled[c]["loss_sum"] for c in ids] != [initial[c]["loss_sum"] for c in ids]
 
 
@@ -108,10 +114,11 @@ def test_a_personal_kind_that_joins_stored_layers_is_scored_client_by_client() -
     exp = trained("fedper", data, model, "in_process")
     ids = exp.data.client_ids
     clusters = np.zeros(len(ids), np.int32)
-    models, keys = exp.server_models("cluster", clusters)
-    personal = exp.evaluate_kind("personal", ids, clusters)
-    assert personal == exp.score(exp.current_round(), models, keys, ids)
-    whole = exp.score_pooled(models, keys, ids)  # the shared base with the initial head
+    models, keys = server_models(exp.state.cluster_models, "cluster", clusters)
+    fed_round = exp.current_round()
+    personal = exp.evaluator.score_kind("personal", models, keys, ids, exp.store, fed_round)
+    assert personal == exp.runner.score(fed_round, models, keys, ids, exp.store)
+    whole = exp.runner.score_pooled(models, keys, ids)  # the shared base with the initial head
     assert [personal[c]["num_correct"] for c in ids] != [whole[c]["num_correct"] for c in ids]
 
 
@@ -124,7 +131,7 @@ def test_pooled_scores_of_a_single_logit_model() -> None:
     exp = Experiment(data, model, make_algorithm("fedavg"), config, execution="in_process")
     exp.start()
     ids = exp.data.client_ids
-    models, keys = exp.server_models("global", np.zeros(len(ids), np.int32))
+    models, keys = server_models(exp.state.cluster_models, "global", np.zeros(len(ids), np.int32))
     assert_same_results(
-        exp.score_pooled(models, keys, ids), from_probabilities(exp, models[0], ids)
+        exp.runner.score_pooled(models, keys, ids), from_probabilities(exp, models[0], ids)
     )

@@ -23,10 +23,10 @@ from tff_clustered.data.images import channel_stats, standardise
 from tff_clustered.data.mnist import IDX_FILES
 from tff_clustered.data.mnist_writers import read_writer_keys, writer_parts
 from tff_clustered.data.tff_datasets import shakespeare_vocabulary
+from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import count_trainable_parameters, model_spec, trainable_layer_sizes
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.split import classifier_layers
-from tff_clustered.orchestration import TrainingConfig
 from tff_clustered.runner import RunSpec, build_experiment
 
 SHARED_MNIST = os.path.join(ROOT, "..", "shared", "data", "mnist")

@@ -16,8 +16,9 @@ from tff_clustered.algorithms.uapdfl import (
     divergence,
 )
 from tff_clustered.data import load_digits_clusters
+from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import model_spec
-from tff_clustered.orchestration import Experiment, TrainingConfig
+from tff_clustered.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 
@@ -78,7 +79,9 @@ def test_uapdfl_with_no_neighbours_is_local() -> None:
     uapdfl = run_mlp("uapdfl", data, config, num_neighbours=0)
     local = run_mlp("local", data, config)
     ids = list(data.client_ids)
-    np.testing.assert_allclose(uapdfl.client_models(ids), local.client_models(ids), atol=1e-6)
+    np.testing.assert_allclose(
+        uapdfl.queries.client_models(ids), local.queries.client_models(ids), atol=1e-6
+    )
     assert uapdfl.state.history[-1]["client_accuracy_mean"] == pytest.approx(
         local.state.history[-1]["client_accuracy_mean"]
     )
@@ -119,7 +122,7 @@ def test_divergence_is_lower_within_a_planted_group(
     uapdfl, _ = two_groups
     ids = list(uapdfl.data.client_ids)
     unit = np.ones((1, *uapdfl.run.input_shape), np.float32)
-    probs = uapdfl.predict_probabilities(uapdfl.client_models(ids), unit)[:, 0, :]
+    probs = uapdfl.queries.predict_probabilities(uapdfl.queries.client_models(ids), unit)[:, 0, :]
     groups = np.array([uapdfl.data.true_clusters[c] for c in ids])
     div = np.stack(
         [divergence(tf.constant(p, tf.float32), probs.astype(np.float32)) for p in probs]

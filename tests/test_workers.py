@@ -19,7 +19,7 @@ import pytest
 from conftest import ROOT, run_binary
 
 from tff_clustered.federated import sharded
-from tff_clustered.orchestration import TrainingConfig
+from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.runner import RunSpec, build_experiment
 from tff_clustered.runtime import RuntimeConfig, WorkerLostError, tff_runtime
 

@@ -27,7 +27,7 @@ _API = {
     "run": "tff_clustered.api",
     "RunResult": "tff_clustered.api",
     "federated_data": "tff_clustered.api",
-    "TrainingConfig": "tff_clustered.orchestration",
+    "TrainingConfig": "tff_clustered.loop.config",
     "ServerOptimizer": "tff_clustered.federated.server_optimizers",
     "ALGORITHMS": "tff_clustered.algorithms",
 }

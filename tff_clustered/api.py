@@ -37,8 +37,9 @@ from tff_clustered.data.federated_data import (
     from_arrays,
     split_train_test,
 )
+from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models.keras_models import ModelSpec, refuse_too_large
-from tff_clustered.orchestration import Experiment, TrainingConfig
+from tff_clustered.orchestration import Experiment
 from tff_clustered.runtime import RuntimeConfig, tff_runtime
 
 

@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from tff_clustered.orchestration import RunState
+from tff_clustered.loop.state import RunState
 
 FORMAT_VERSION = 3  # 3: npz + JSON (2: pickle of the composable core's state)
 CHECKPOINT_NAME = "checkpoint.npz"

@@ -16,8 +16,8 @@ from tff_clustered.algorithms import ALGORITHMS, algorithm_class, define_all_fla
 from tff_clustered.checkpoint import CheckpointError
 from tff_clustered.data import DATASET_NAMES, DataError
 from tff_clustered.federated.server_optimizers import SERVER_OPTIMIZERS, ServerOptimizer
+from tff_clustered.loop.config import LR_SCHEDULES, TrainingConfig
 from tff_clustered.models import MODEL_NAMES
-from tff_clustered.orchestration import LR_SCHEDULES, TrainingConfig
 from tff_clustered.runner import RunSpec
 from tff_clustered.runtime import RuntimeConfig, WorkerLostError
 

@@ -14,9 +14,10 @@ from tff_clustered import checkpoint, reporting
 from tff_clustered.algorithms import make_algorithm, make_options
 from tff_clustered.data import load_dataset
 from tff_clustered.data.federated_data import FederatedData
+from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import model_spec
 from tff_clustered.models.keras_models import refuse_too_large
-from tff_clustered.orchestration import Experiment, RoundMetric, TrainingConfig
+from tff_clustered.orchestration import Experiment, RoundMetric
 
 # Copies of the model a round holds beside the cluster models: a client's model, its gradient
 # and its update, and the per-cluster sums.

@@ -1,0 +1,248 @@
+"""The adapter between the loop's NumPy values and a built round: flat cluster models in,
+stacked variables to the round's `next` / `evaluate` (or the pooled scoring and inference
+computations), NumPy results out. It changes nothing of the run: what to store and apply is
+the caller's."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from tff_clustered import weights as flat
+from tff_clustered.algorithms.base import RoundResult
+from tff_clustered.client_store import ClientStore
+from tff_clustered.data.federated_data import FederatedData
+from tff_clustered.federated.executions import RoundCache
+from tff_clustered.federated.round import (
+    FederatedRound,
+    ModelLayout,
+    RoundSignature,
+    client_seed,
+    evaluation_batch_size,
+    round_hparams,
+)
+from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.state import cluster_capacity, padded
+from tff_clustered.seeds import DROPOUT, SHUFFLE, derived_seed
+
+# Examples per batch when many clients' examples are scored pooled (`score_pooled`): no
+# gradients, and per-example results do not depend on it.
+POOLED_BATCH = 512
+ClientResults = dict[str, dict[str, float]]  # client id -> loss_sum, num_correct, num_examples
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalTraining:
+    """How the clients of one call train: `epochs` passes over their data, or `steps`
+    minibatches when given, at `learning_rate`, shuffled from seed stream `stream`."""
+
+    epochs: int
+    learning_rate: float
+    steps: Optional[int] = None
+    stream: int = SHUFFLE
+
+
+class ClientRunner:
+    """Runs built rounds for one run's data, model layout and training settings."""
+
+    def __init__(
+        self,
+        data: FederatedData,
+        layout: ModelLayout,
+        rounds_cache: RoundCache,
+        config: TrainingConfig,
+    ) -> None:
+        self.data, self.layout, self.rounds_cache, self.config = data, layout, rounds_cache, config
+        self.client_index = {cid: i for i, cid in enumerate(data.client_ids)}
+        self._predict: Optional[Callable] = None
+        self._pooled_scores: Optional[Callable] = None
+
+    def seeds(self, round_num: int, client_ids: Sequence[str], stream: int = SHUFFLE) -> list:
+        """Each client's seeds of a round: its batches' shuffle (from seed stream `stream`)
+        and its dropout."""
+        seed, index = self.config.seed, self.client_index
+        return [
+            client_seed(
+                derived_seed(seed, stream, round_num, index[c]),
+                derived_seed(seed, DROPOUT, round_num, index[c]),
+            )
+            for c in client_ids
+        ]
+
+    def train(
+        self,
+        fed_round: FederatedRound,
+        cluster_models: np.ndarray,
+        round_num: int,
+        client_ids: Sequence[str],
+        keys: Any,
+        training: LocalTraining,
+        store: Optional[ClientStore] = None,
+        client_scalars: Optional[Sequence[float]] = None,
+        anchor: Optional[np.ndarray] = None,
+        row_weights: Optional[np.ndarray] = None,
+    ) -> tuple[np.ndarray, list[dict], dict]:
+        """One call of the round's `next` for `client_ids`, client i starting from the rows
+        `keys[i]` of `cluster_models`, joined with its variables in `store` (none without one);
+        `anchor` (flat) for a round that sends one, `row_weights` for one that routes rows.
+        Returns `(new_cluster_models, client_outputs, measurements)`."""
+        shapes = self.layout.shapes
+        signature = fed_round.signature
+        server_state: dict[str, Any] = {
+            "cluster_models": flat.matrix_to_stacked(
+                padded(cluster_models, signature.num_clusters), shapes
+            )
+        }
+        if signature.anchor:
+            whole = flat.unflatten(anchor, shapes)
+            server_state["anchor"] = tuple(whole[i] for i in signature.anchor)
+        server_state["aggregator"] = ()
+        scalars = [1.0] * len(client_ids) if client_scalars is None else client_scalars
+        store_in = fed_round.io.store_in
+        hparams = round_hparams(
+            training.learning_rate,
+            self.config.batch_size,
+            -1 if training.steps is not None else training.epochs,
+            num_clusters=len(cluster_models),
+            max_steps=-1 if training.steps is None else training.steps,
+            row_weights=row_weights,
+            round_num=round_num,
+            total_rounds=self.config.rounds,
+        )
+        new_state, outputs, measurements = fed_round.next(
+            server_state,
+            [self.data.arrays("train", c) for c in client_ids],
+            [np.atleast_1d(np.asarray(k, np.int32)) for k in keys],
+            [store.variables(c, store_in) if store else () for c in client_ids],
+            [np.float32(s) for s in scalars],
+            self.seeds(round_num, client_ids, training.stream),
+            hparams,
+        )
+        new_models = flat.stacked_to_matrix(new_state["cluster_models"])[: len(cluster_models)]
+        return new_models, outputs, measurements
+
+    def whole_model_round(self, num_models: int) -> FederatedRound:
+        """A round whose models are whole server models, nothing taken from the client store
+        (for scoring them)."""
+        return self.rounds_cache.get(
+            RoundSignature(cluster_capacity(num_models), tuple(range(self.layout.num_trainable)))
+        )
+
+    def score(
+        self,
+        fed_round: FederatedRound,
+        models: np.ndarray,
+        keys: np.ndarray,
+        client_ids: Sequence[str],
+        store: Optional[ClientStore] = None,
+        split: str = "test",
+    ) -> ClientResults:
+        """Each client's results on its `split` arrays with `models[keys[i]]` (joined with its
+        variables in `store` where the round reads them), one client at a time."""
+        store_in = fed_round.io.store_in
+        if store_in and store is None:
+            raise ValueError("this round joins each model with the client's stored variables")
+        results = fed_round.evaluate(
+            flat.matrix_to_stacked(
+                padded(models, fed_round.signature.num_clusters), self.layout.shapes
+            ),
+            [self.data.arrays(split, c) for c in client_ids],
+            [np.array([k], np.int32) for k in keys],
+            [store.variables(c, store_in) if store_in else () for c in client_ids],
+            np.int64(evaluation_batch_size(self.config.batch_size)),
+        )
+        return {c: {k: float(v) for k, v in r.items()} for c, r in zip(client_ids, results)}
+
+    def score_pooled(
+        self,
+        models: np.ndarray,
+        keys: np.ndarray,
+        client_ids: Sequence[str],
+        split: str = "test",
+    ) -> ClientResults:
+        """The results `score` gives with whole models (nothing from the client store), in one
+        call per model: the `split` examples of every client that `models[k]` scores pooled into
+        one array (`pooled_arrays`), summed per client inside the computation
+        (`score_arrays`)."""
+        keys = np.asarray(keys)
+        results: ClientResults = {}
+        for k in np.unique(keys):
+            members = [client_ids[i] for i in np.flatnonzero(keys == k)]
+            sums = self.score_arrays(models[k], self.pooled_arrays(split, members), len(members))
+            for j, client in enumerate(members):
+                results[client] = {
+                    name: float(values[j])
+                    for name, values in zip(("loss_sum", "num_correct", "num_examples"), sums)
+                }
+        return {c: results[c] for c in client_ids}
+
+    def pooled_arrays(
+        self, split: str, client_ids: Sequence[str]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The `split` examples of `client_ids` in one array: (x, y, the index in `client_ids`
+        of each example's client)."""
+        arrays = [self.data.arrays(split, c) for c in client_ids]
+        sizes = [len(a["y"]) for a in arrays]
+        return (
+            np.concatenate([a["x"] for a in arrays]),
+            np.concatenate([a["y"] for a in arrays]),
+            np.repeat(np.arange(len(arrays), dtype=np.int32), sizes),
+        )
+
+    def score_arrays(
+        self, model: np.ndarray, pooled: tuple[np.ndarray, ...], num_clients: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-client loss sums, correct predictions and examples (float64, `num_clients` each)
+        of one flat whole `model` on `pooled_arrays` (`round.pooled_scores_fn`)."""
+        if self._pooled_scores is None:
+            self._pooled_scores = self.rounds_cache.pooled_scores()
+        split_at = self.layout.num_trainable
+        variables = flat.unflatten(model, self.layout.shapes)
+        sums = self._pooled_scores(
+            tuple(variables[:split_at]),
+            tuple(variables[split_at:]),
+            *pooled,
+            np.int32(num_clients),
+            np.int64(max(evaluation_batch_size(self.config.batch_size), POOLED_BATCH)),
+        )
+        loss_sum, num_correct, num_examples = (np.asarray(v, np.float64) for v in sums)
+        return loss_sum, num_correct, num_examples
+
+    def predict_probabilities(self, models: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Server-side inference (inference mode) of each flat model on `x`, in one call."""
+        if self._predict is None:
+            self._predict = self.rounds_cache.predict_probabilities()
+        split = self.layout.num_trainable
+        stacked = flat.matrix_to_stacked(models, self.layout.shapes)
+        out = self._predict(stacked[:split], stacked[split:], np.asarray(x, np.float32))
+        return np.asarray(out, np.float64)
+
+
+def round_result(
+    round_num: int,
+    client_ids: Sequence[str],
+    clusters: np.ndarray,
+    outputs: Sequence[dict],
+    cluster_models_before: np.ndarray,
+    with_deltas: bool,
+) -> RoundResult:
+    """What an algorithm sees of a round: its clients' outputs as arrays, one row per client."""
+    metric_names = outputs[0].get("metrics", {}) if outputs else {}
+    return RoundResult(
+        round_num=round_num,
+        client_ids=tuple(client_ids),
+        clusters=np.asarray(clusters, np.int32),
+        num_examples=np.array([float(o["num_examples"]) for o in outputs]),
+        loss_sums=np.array([float(o["loss_sum"]) for o in outputs]),
+        model_deltas=np.stack([np.asarray(o["model_delta"]) for o in outputs])
+        if with_deltas
+        else None,
+        cluster_models_before=cluster_models_before,
+        client_metrics={
+            name: np.stack([np.asarray(o["metrics"][name]) for o in outputs])
+            for name in metric_names
+        },
+    )

@@ -1,0 +1,69 @@
+"""A run's training settings: rounds, sampling, local training, learning-rate schedule,
+evaluation, the divergence policy and the server optimizer."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from tff_clustered.federated.server_optimizers import ServerOptimizer
+
+LR_SCHEDULES = ("constant", "exponential", "cosine")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    rounds: int = 30
+    clients_per_round: int = 10
+    local_epochs: int = 1
+    # > 0: each sampled client takes this many minibatch steps per round instead of
+    # `local_epochs` passes (its batches reshuffled whenever its data runs out).
+    local_steps: int = 0
+    batch_size: int = 10
+    learning_rate: float = 0.05
+    lr_schedule: str = "constant"
+    lr_decay: float = 0.98  # per round, for the exponential schedule
+    momentum: float = 0.0
+    seed: int = 0
+    eval_every: int = 1
+    # > 0: also score each client after this many minibatches of plain local SGD on its
+    # training data from its global/cluster model (the "finetuned" model kind).
+    fine_tune_steps: int = 0
+    # A client whose update has NaN or infinity is left out of the round; more than this
+    # fraction of a round's clients doing so stops the run (the learning rate is too high).
+    max_diverged_fraction: float = 0.25
+    # What the server does with each cluster's mean update (`federated.server_optimizers`):
+    # add it (FedAvg), or an optimizer step with it as the negative gradient (FedAvgM, FedAdam).
+    server_optimizer: ServerOptimizer = ServerOptimizer()
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.rounds >= 1, "rounds must be >= 1"),
+            (self.clients_per_round >= 1, "clients_per_round must be >= 1"),
+            (self.local_epochs >= 1, "local_epochs must be >= 1"),
+            (self.local_steps >= 0, "local_steps must be >= 0 (0: --local_epochs passes)"),
+            (self.batch_size >= 1, "batch_size must be >= 1"),
+            (
+                self.learning_rate > 0 and math.isfinite(self.learning_rate),
+                "learning_rate must be > 0",
+            ),
+            (self.lr_schedule in LR_SCHEDULES, f"lr_schedule must be one of {LR_SCHEDULES}"),
+            (0 < self.lr_decay <= 1, "lr_decay must be in (0, 1]"),
+            (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
+            (self.eval_every >= 1, "eval_every must be >= 1"),
+            (self.fine_tune_steps >= 0, "fine_tune_steps must be >= 0 (0: no fine-tuned kind)"),
+            (self.seed >= 0, "seed must be >= 0"),
+            (0 <= self.max_diverged_fraction <= 1, "max_diverged_fraction must be in [0, 1]"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    def learning_rate_at(self, round_num: int) -> float:
+        """Learning rate of round `round_num` (1-based): eta_0 * decay^(r-1) when exponential."""
+        t = round_num - 1
+        if self.lr_schedule == "exponential":
+            return self.learning_rate * self.lr_decay**t
+        if self.lr_schedule == "cosine":
+            return self.learning_rate * 0.5 * (1 + math.cos(math.pi * t / self.rounds))
+        return self.learning_rate

@@ -1,0 +1,148 @@
+"""A run's state and the pure functions that read or change it: what a checkpoint holds, an
+algorithm's `Decision` applied to it, the `ServerView` an algorithm reads, and the divergence
+policy (a non-finite model stops the run, naming the round, clusters and clients)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+import numpy as np
+
+from tff_clustered.algorithms.base import UNCHANGED, Decision, ServerView, Similarity
+
+
+@dataclasses.dataclass
+class RunState:
+    """Everything a checkpoint must hold to continue a run."""
+
+    round_num: int = 0
+    cluster_models: Optional[np.ndarray] = None  # (num_clusters, D) flat models
+    assignment: dict[str, int] = dataclasses.field(default_factory=dict)
+    shared: tuple[int, ...] = ()
+    anchor: Optional[np.ndarray] = None  # (D,) flat anchor model, when the algorithm has one
+    algorithm_state: Any = None
+    client_models: dict[str, tuple[np.ndarray, ...]] = dataclasses.field(default_factory=dict)
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    similarity: Optional[Similarity] = None  # the latest matrix a clustering step used
+    # The server optimizer's state, stacked per cluster (None: none kept, FedAvg's finalizer).
+    server_optimizer_state: Optional[dict[str, np.ndarray]] = None
+
+    @property
+    def num_clusters(self) -> int:
+        return 0 if self.cluster_models is None else len(self.cluster_models)
+
+    def view(self) -> ServerView:
+        """What an algorithm reads of the state (copies of what it could change)."""
+        return ServerView(
+            round_num=self.round_num,
+            cluster_models=self.cluster_models,
+            assignment=dict(self.assignment),
+            shared=self.shared,
+            state=self.algorithm_state,
+            anchor=self.anchor,
+        )
+
+    def assigned(self, client_ids: Sequence[str]) -> list[str]:
+        """The clients of `client_ids` with a cluster."""
+        return [c for c in client_ids if self.assignment.get(c, -1) >= 0]
+
+
+def apply_decision(
+    state: RunState, decision: Decision, algorithm: str, anchor_tensors: Sequence[int]
+) -> None:
+    """Applies `algorithm`'s decision to `state`: assignments, cluster models (checked against
+    the model's size), the split, the anchor (only where the algorithm declares anchor tensors),
+    its own state and the similarity it clustered on."""
+    model_size = state.cluster_models.shape[1]
+    state.assignment.update({c: int(k) for c, k in decision.assignment.items()})
+    if decision.cluster_models is not None:
+        models = np.asarray(decision.cluster_models, np.float32)
+        if models.ndim != 2 or models.shape[1] != model_size:
+            raise ValueError(f"{algorithm}: cluster models of shape {models.shape}")
+        state.cluster_models = models
+    if decision.shared is not None:
+        state.shared = tuple(int(i) for i in decision.shared)
+    if decision.anchor is not None:
+        anchor = np.asarray(decision.anchor, np.float32)
+        if anchor.shape != (model_size,) or not anchor_tensors:
+            raise ValueError(
+                f"{algorithm}: anchor of shape {anchor.shape} (the model has {model_size} "
+                f"values; anchor tensors {tuple(anchor_tensors) or 'none declared'})"
+            )
+        state.anchor = anchor
+    if decision.state is not UNCHANGED:
+        state.algorithm_state = decision.state
+    if decision.similarity is not None:
+        state.similarity = decision.similarity
+
+
+def row_examples(
+    assignment: Mapping[str, int], train_sizes: Mapping[str, int], num_rows: int
+) -> np.ndarray:
+    """Training examples held by the clients assigned to each server row (cluster)."""
+    assigned = [(k, train_sizes[c]) for c, k in assignment.items() if k >= 0]
+    rows = np.array([k for k, _ in assigned], np.int64)
+    sizes = np.array([n for _, n in assigned], np.float64)
+    return np.bincount(rows, weights=sizes, minlength=num_rows)[:num_rows].astype(np.float32)
+
+
+def cluster_capacity(num_clusters: int) -> int:
+    """Clusters a built round holds for `num_clusters`: up to 4 exactly, then the next multiple
+    of 4. Extra clusters stay empty (an empty cluster is left bit for bit), so a cluster count
+    that changes every round (FedTSDP, CFL) reuses a few built rounds instead of tracing one per
+    count, while the padding (models sent to and from the worker) stays small."""
+    return num_clusters if num_clusters <= 4 else -(-num_clusters // 4) * 4
+
+
+def padded(cluster_models: np.ndarray, capacity: int) -> np.ndarray:
+    extra = capacity - len(cluster_models)
+    if extra <= 0:
+        return cluster_models
+    return np.concatenate([cluster_models, np.zeros((extra, cluster_models.shape[1]), np.float32)])
+
+
+class DivergenceError(ValueError):
+    """Training produced NaN or infinite values."""
+
+
+def check_finite(
+    cluster_models: np.ndarray,
+    round_num: int,
+    step: str,
+    clusters: np.ndarray,
+    client_ids: Sequence[str],
+) -> None:
+    """Stops the run when a cluster model has NaN or infinite values, naming the round, the
+    clusters and the clients that trained in them."""
+    bad = np.flatnonzero(~np.isfinite(cluster_models).all(axis=1))
+    if not len(bad):
+        return
+    members = [c for c, k in zip(client_ids, clusters) if k in set(bad.tolist())]
+    raise DivergenceError(
+        f"round {round_num}: cluster model(s) {', '.join(map(str, bad))} became non-finite "
+        f"after {step} (clients: {', '.join(members) or 'none this round'}); lower "
+        "--learning_rate (the last checkpoint is kept)"
+    )
+
+
+def check_diverged_clients(
+    finite: np.ndarray,
+    client_ids: Sequence[str],
+    round_num: int,
+    learning_rate: float,
+    max_fraction: float,
+) -> list[int]:
+    """The indices of the clients whose update is finite; stops the run when none is, or when
+    more than `max_fraction` of them are not."""
+    dropped = [c for c, ok in zip(client_ids, finite) if not ok]
+    if not finite.any() or len(dropped) > max_fraction * len(finite):
+        raise DivergenceError(
+            f"round {round_num}: the updates of {len(dropped)} of {len(finite)} sampled "
+            f"clients have NaN or infinite values ({', '.join(dropped)}); learning rate "
+            f"{learning_rate:g} is too high for this model and data: lower --learning_rate "
+            "(or raise --max_diverged_fraction to leave such clients out and go on); the "
+            "last checkpoint is kept"
+        )
+    return [i for i, ok in enumerate(finite) if ok]
