@@ -72,10 +72,12 @@ from tff_clustered.data import load_dataset  # noqa: E402
 from tff_clustered.data.federated_data import from_arrays  # noqa: E402
 from tff_clustered.federated import in_process  # noqa: E402
 from tff_clustered.federated.executions import RoundCache, repeated_round  # noqa: E402
-from tff_clustered.federated.round import (  # noqa: E402
+from tff_clustered.federated.round_functions import (  # noqa: E402
+    round_functions,
+)
+from tff_clustered.federated.signature import (  # noqa: E402
     RoundSignature,
     client_seed,
-    round_functions,
     round_hparams,
 )
 from tff_clustered.loop.config import TrainingConfig  # noqa: E402

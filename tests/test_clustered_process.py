@@ -12,8 +12,10 @@ from reference import mclr_mean_loss, mclr_sgd, softmax, weighted_mean
 from tff_clustered.data import federated_data
 from tff_clustered.federated import client_work
 from tff_clustered.federated.round import (
-    RoundSignature,
     build_round,
+)
+from tff_clustered.federated.signature import (
+    RoundSignature,
     client_seed,
     round_hparams,
 )

@@ -17,10 +17,12 @@ from tff_clustered.algorithms.dfl import Decentralized
 from tff_clustered.data import load_dataset
 from tff_clustered.federated import client_work, in_process, placement
 from tff_clustered.federated.executions import RoundCache
-from tff_clustered.federated.round import (
+from tff_clustered.federated.round_functions import (
+    round_functions,
+)
+from tff_clustered.federated.signature import (
     RoundSignature,
     client_seed,
-    round_functions,
     round_hparams,
 )
 from tff_clustered.loop.config import TrainingConfig

@@ -14,7 +14,7 @@ from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_dataset, load_digits_clusters
 from tff_clustered.federated import client_work
 from tff_clustered.federated.executions import RoundCache
-from tff_clustered.federated.round import RoundSignature
+from tff_clustered.federated.signature import RoundSignature
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import initial_weights, model_spec
 from tff_clustered.models.functional import functional_model

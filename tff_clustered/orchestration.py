@@ -24,7 +24,8 @@ from tff_clustered.algorithms.base import Algorithm, RoundResult, RunInfo, Serve
 from tff_clustered.client_store import ClientStore
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.federated.executions import RoundCache
-from tff_clustered.federated.round import FederatedRound, ModelLayout, RoundSignature
+from tff_clustered.federated.round import FederatedRound
+from tff_clustered.federated.signature import ModelLayout, RoundSignature
 from tff_clustered.loop.client_runner import ClientRunner, LocalTraining, round_result
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.evaluation import Evaluator

@@ -216,7 +216,7 @@ class Algorithm:
     needs_model_deltas: ClassVar[bool] = False
     # The model kinds evaluated (`MODEL_KINDS`), the one the paper reports first.
     model_kinds: ClassVar[tuple[str, ...]] = ("global",)
-    # What each sampled client receives (`federated.round.DISTRIBUTIONS`): its own cluster's
+    # What each sampled client receives (`federated.signature.DISTRIBUTIONS`): its own cluster's
     # model, or every cluster's to pick the lowest-loss one from (IFCA).
     distribution: ClassVar[str] = "own_cluster"
     # With distribution "neighbours": the rows each peer receives besides its own.

@@ -6,7 +6,7 @@ TFF has no client-to-client message, so peers are TFF clients and the server onl
 its state is a mailbox holding every peer's published model (one row per peer, the end of
 the previous round: synchronous snapshot semantics), and each round `federated_select`
 hands each peer its own row and the rows of the N_com peers it pulls from (the round's
-"neighbours" distribution, `federated/round.py`). Everything a peer decides runs inside its
+"neighbours" distribution, `federated/distributors.py`). Everything a peer decides runs inside its
 client computation (the baselines' `PeerStep`; UA-PDFL's and DisPFL's in their files): what
 it mixes from the rows it received (`Inbox`), with |D| weights, and its local training.
 Nothing is averaged on the server: after the round the mailbox is the peers' new models.

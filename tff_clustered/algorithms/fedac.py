@@ -96,7 +96,7 @@ from tff_clustered.algorithms.base import (
 )
 from tff_clustered.clustering import fedac as fedac_clustering
 from tff_clustered.federated import client_work
-from tff_clustered.federated.round import CLIENT_WEIGHTINGS
+from tff_clustered.federated.signature import CLIENT_WEIGHTINGS
 from tff_clustered.options import option
 from tff_clustered.seeds import ALGORITHM, derived_seed
 

@@ -32,7 +32,7 @@ class IFCA(Algorithm):
     name = "ifca"
     model_kinds = ("cluster",)  # independently initialised: their mean means nothing
     paper = "Ghosh et al., An Efficient Framework for Clustered Federated Learning, NeurIPS 2020"
-    distribution = "lowest_loss_cluster"  # the round's clients pick (federated/round.py)
+    distribution = "lowest_loss_cluster"  # the round's clients pick (federated/distributors.py)
 
     @dataclasses.dataclass(frozen=True)
     class Options:

@@ -1,7 +1,7 @@
 """Client work as pure TensorFlow functions: a model and its batches in, a trained model out.
 
 They know nothing about TFF placements, so they can be tested alone (FedJAX style). The round
-builder (`round.py`) takes a `ClientWork` as a parameter and wraps it in a
+builder (`round_functions.py`) takes a `ClientWork` as a parameter and wraps it in a
 `tff.tensorflow.computation`.
 
 A model is seen through `forward(weights, state, x, training, seed) -> (logits, new_state)`:

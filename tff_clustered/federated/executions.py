@@ -12,12 +12,18 @@ import numpy as np
 from tff_clustered.federated import in_process, sharded
 from tff_clustered.federated.round import (
     FederatedRound,
-    RoundSignature,
+    tff_round_parts,
+)
+from tff_clustered.federated.round_functions import (
+    round_functions,
+)
+from tff_clustered.federated.scoring import (
     build_pooled_scores,
     build_predict_probabilities,
+)
+from tff_clustered.federated.signature import (
+    RoundSignature,
     client_seed,
-    round_functions,
-    tff_round_parts,
 )
 from tff_clustered.models.functional import FunctionalModel
 

@@ -43,14 +43,18 @@ from tensorflow.python.eager import context
 from tff_clustered.federated.clustered_mean import add_to_cluster, cluster_mean
 from tff_clustered.federated.round import (
     FederatedRound,
+)
+from tff_clustered.federated.round_functions import (
     RoundFunctions,
     check_client_inputs,
     example_count,
+    python_server_state,
+)
+from tff_clustered.federated.scoring import (
     pooled_scores_fn,
     pooled_scores_specs,
     predict_probabilities_fn,
     predict_probabilities_specs,
-    python_server_state,
 )
 from tff_clustered.models.functional import FunctionalModel
 
@@ -278,7 +282,7 @@ def in_process_round(
     ) -> tuple:
         """Distributor and client work for one client (`size`: see `train_padded_clients`)."""
         return fns.padded_client_update(
-            distributed(cluster_models, key),
+            fns.distributor.handed(cluster_models, key),
             stored,
             data,
             key,
@@ -288,14 +292,6 @@ def in_process_round(
             anchor,
             size,
         )
-
-    def distributed(cluster_models: tuple, key: tf.Tensor) -> Any:
-        """What the distributor hands a client of `key`."""
-        if fns.picks_cluster:
-            return fns.every_cluster_shared(cluster_models)
-        if fns.routes_rows:  # what federated_select hands the client: the rows it names
-            return fns.select_shared(cluster_models, key)
-        return fns.select_shared(cluster_models, key[0])  # its one selection
 
     def train_clients(
         cluster_models: tuple,
@@ -367,7 +363,7 @@ def in_process_round(
         cluster_models: tuple, data: dict, key: tf.Tensor, stored: tuple, batch_size: tf.Tensor
     ) -> dict:
         return fns.client_evaluate(
-            fns.select_shared(cluster_models, key[0]), stored, data, batch_size
+            fns.distributor.select_shared(cluster_models, key[0]), stored, data, batch_size
         )
 
     train_client_graph = GraphFunction(

@@ -27,6 +27,8 @@ from tff_clustered import runtime
 from tff_clustered.federated.round import (
     FederatedRound,
     TffRoundParts,
+)
+from tff_clustered.federated.round_functions import (
     check_client_inputs,
     example_count,
     python_server_state,

@@ -18,6 +18,8 @@ from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round import (
     FederatedRound,
+)
+from tff_clustered.federated.signature import (
     ModelLayout,
     RoundSignature,
     client_seed,

@@ -1,0 +1,163 @@
+"""The round's distributor: what the server sends each client, and what the client makes of it
+before its work starts (the shared variables it starts from, the cluster its update counts in,
+and what else its work reads). One class per way of distributing, chosen by the signature's
+`distribution` (`signature.DISTRIBUTIONS`):
+
+* `OwnCluster`: the server picks; `tff.federated_select` sends each client the shared variables
+  of the cluster its key names (FedAvg, FedGroup, FeSEM, ...);
+* `LowestLossCluster`: every cluster's shared variables are broadcast and the client joins the
+  one of lowest loss on its training data (IFCA, Ghosh et al. 2020, Alg. 2), reporting its pick;
+* `Neighbours`: the server state is a mailbox of every peer's published model; a client is sent
+  the rows its key names, its own first, and reads the others as its inbox (decentralized peers:
+  DisPFL, UA-PDFL). The server only routes: nothing is aggregated (`relays`).
+
+Each is a pure TF function of the selection, called inside the client's computation on every
+execution (the TFF round, in process, sharded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, ClassVar, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tff_clustered.data.federated_data import ArrayBatches
+
+
+@dataclasses.dataclass(frozen=True)
+class Received:
+    """What a client starts from: the shared variables it joins with its stored ones, the
+    cluster (server row) its update counts in, and extra `ClientInputs` fields (a peer's inbox)."""
+
+    selected: tuple
+    cluster: tf.Tensor
+    routed: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientSide:
+    """One client's inputs as its distributor reads them: `selection` is what the server sent
+    (a dataset of selections from `federated_select`, or the selection itself in process; every
+    cluster's shared variables stacked when `sends_every_cluster`), `data` its arrays, `key` its
+    key, `size` its real rows when its arrays are padded (None: all)."""
+
+    selection: Any
+    stored: tuple
+    data: dict
+    key: tf.Tensor
+    hparams: dict
+    size: Optional[tf.Tensor] = None
+
+
+# (shared variables, stored variables, batches) -> the mean loss of the joined model on them.
+MeanLoss = Callable[[tuple, tuple, Any], tf.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class Distributor:
+    """Base: the server side (`select_shared`, `every_cluster_shared`: the variables
+    `shared` of the cluster models) and a selection read as rows of them (`shared_spec`)."""
+
+    shared: tuple[int, ...]
+    shared_spec: tuple
+    sends_every_cluster: ClassVar[bool] = False  # broadcast every cluster (else select by key)
+    relays: ClassVar[bool] = False  # nothing aggregated: the rows are the peers' to rewrite
+
+    def select_shared(self, cluster_models: tuple, key: tf.Tensor) -> tuple:
+        """What a client of cluster `key` is sent (federated_select's select function). The key
+        leads the selection so that it is never an empty structure (TF datasets cannot hold
+        one), which purely local models (nothing shared) would give."""
+        return (key, *(tf.gather(cluster_models[i], key) for i in self.shared))
+
+    def every_cluster_shared(self, cluster_models: tuple) -> tuple:
+        """What a client that picks its cluster is sent: every cluster's shared variables."""
+        return tuple(cluster_models[i] for i in self.shared)
+
+    def rows(self, selection: Any, num_rows: int = 1) -> tuple:
+        """The selected rows' shared variables, stacked per variable (`num_rows` first): from
+        a dataset of selections, or from `select_shared` given every key at once (in
+        process). A selection leads with its key (`select_shared`), dropped here."""
+        if isinstance(selection, tuple):
+            return selection[1:]
+        initial = (
+            tf.zeros([num_rows], tf.int32),
+            *(tf.zeros([num_rows, *s.shape]) for s in self.shared_spec),
+        )
+        batched = selection.batch(num_rows, drop_remainder=True)
+        return batched.reduce(initial, lambda _, x: x)[1:]
+
+    def first_row(self, selection: Any) -> tuple:
+        """The shared variables of a selection of one row."""
+        if isinstance(selection, tuple):
+            return selection[1:]
+        initial = (tf.constant(0), *(tf.zeros(s.shape) for s in self.shared_spec))
+        return selection.reduce(initial, lambda _, x: x)[1:]
+
+    def handed(self, cluster_models: tuple, key: tf.Tensor) -> Any:
+        """What a client of `key` is handed, computed directly (in process), where the TFF
+        round places `select_shared` by `federated_select` or broadcasts
+        `every_cluster_shared`."""
+        return self.select_shared(cluster_models, key[0])
+
+    def receive(self, client: ClientSide) -> Received:
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnCluster(Distributor):
+    def receive(self, client: ClientSide) -> Received:
+        return Received(self.first_row(client.selection), client.key[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class LowestLossCluster(Distributor):
+    """`num_clusters` clusters in the built round (the padding ones never picked: the round's
+    `hparams["num_clusters"]` says how many are in use); `mean_loss` scores a joined model."""
+
+    num_clusters: int = 1
+    mean_loss: Optional[MeanLoss] = None
+    sends_every_cluster: ClassVar[bool] = True
+
+    def handed(self, cluster_models: tuple, key: tf.Tensor) -> Any:
+        return self.every_cluster_shared(cluster_models)
+
+    def receive(self, client: ClientSide) -> Received:
+        """IFCA's cluster estimate: the in-use cluster whose model has the lowest mean loss on
+        one ordered pass over the client's training data (ties: the lowest index)."""
+        every = client.selection
+        batches = ArrayBatches(client.data, client.hparams["eval_batch_size"], size=client.size)
+        losses = [
+            tf.where(
+                float(j) < client.hparams["num_clusters"],
+                self.mean_loss(tuple(t[j] for t in every), client.stored, batches),
+                np.inf,
+            )
+            for j in range(self.num_clusters)
+        ]
+        cluster = tf.argmin(tf.stack(losses), output_type=tf.int32)
+        return Received(tuple(tf.gather(t, cluster) for t in every), cluster)
+
+
+@dataclasses.dataclass(frozen=True)
+class Neighbours(Distributor):
+    """`num_rows`: the client's own row and its neighbours'; `features`: the model's feature
+    extractor, for work that compares models on inputs (UA-PDFL's I^Aux)."""
+
+    num_rows: int = 1
+    features: Any = None
+    relays: ClassVar[bool] = True
+
+    def handed(self, cluster_models: tuple, key: tf.Tensor) -> Any:
+        return self.select_shared(cluster_models, key)  # every row the key names
+
+    def receive(self, client: ClientSide) -> Received:
+        inbox = self.rows(client.selection, self.num_rows)
+        routed = dict(
+            inbox=inbox,
+            inbox_weights=tf.gather(client.hparams["row_weights"], client.key),
+            inbox_rows=client.key,
+            features=self.features,
+        )
+        return Received(tuple(t[0] for t in inbox), client.key[0], routed)

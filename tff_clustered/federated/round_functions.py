@@ -1,0 +1,327 @@
+"""The round's parts as plain TF functions, before any runtime wraps them: the distributor
+(`distributors.py`), one client's work (the signature's `ClientWork`, `client_work.py`) with
+the bookkeeping around it (a diverged client's update zeroed, its weight in its cluster), the
+finalizer (each cluster's mean update added to its shared variables) and a client's scoring.
+The aggregator between them is `clustered_mean.py`. `round.tff_round_parts` makes these TFF
+computations; `in_process.in_process_round` runs the very same functions in this process.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tff_clustered.data.federated_data import ArrayBatches
+from tff_clustered.federated import client_work
+from tff_clustered.federated.distributors import (
+    ClientSide,
+    Distributor,
+    LowestLossCluster,
+    MeanLoss,
+    Neighbours,
+    OwnCluster,
+)
+from tff_clustered.federated.signature import (
+    ModelLayout,
+    RoundIO,
+    RoundSignature,
+    client_seed,
+    round_hparams,
+)
+from tff_clustered.models.functional import FunctionalModel
+
+
+def distributor_for(
+    signature: RoundSignature,
+    shared: tuple[int, ...],
+    shared_spec: tuple,
+    mean_loss: MeanLoss,
+    features: Any,
+) -> Distributor:
+    """The distributor the signature's `distribution` names."""
+    if signature.distribution == "lowest_loss_cluster":
+        return LowestLossCluster(shared, shared_spec, signature.num_clusters, mean_loss)
+    if signature.distribution == "neighbours":
+        return Neighbours(shared, shared_spec, 1 + signature.num_neighbours, features)
+    return OwnCluster(shared, shared_spec)
+
+
+def check_client_inputs(*per_client: Sequence[Any]) -> None:
+    """`next`'s per-client arguments must hold one entry per client each."""
+    lengths = {len(values) for values in per_client}
+    if len(lengths) > 1:
+        raise ValueError(f"per-client inputs of different lengths: {sorted(lengths)}")
+
+
+def example_count(data: dict) -> int:
+    """Examples in one client's arrays (the length of the first)."""
+    return len(next(iter(data.values())))
+
+
+def python_server_state(
+    cluster_models: Sequence[Any], anchor: Optional[Sequence[Any]]
+) -> collections.OrderedDict:
+    """The round's server state as the TFF round returns it, for executions that build it in
+    Python: cluster models, the anchor when the round has one, the aggregator's (empty) state."""
+    state = collections.OrderedDict(cluster_models=tuple(cluster_models))
+    if anchor is not None:
+        state["anchor"] = tuple(anchor)
+    state["aggregator"] = ()
+    return state
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundFunctions:
+    """The TF functions of one signature's round and the specs of what they take, before any
+    execution wraps them. The TFF round makes them `tff.tensorflow.computation`s placed by
+    federated operators; the in-process round runs the very same functions as `tf.function`s.
+
+    * `distributor` (`distributors.py`): its `select_shared(cluster_models, key)` is
+      federated_select's select function, its `every_cluster_shared(cluster_models)` what a
+      client that picks its cluster is sent, its `receive` the client's side of both;
+    * `client_update(distributed, stored, data, key, client_scalar, seed, hparams, anchor)`: one
+      client's work -> `(shared_delta, cluster_weight, outputs)`; `distributed` is a dataset of
+      the one selection, or every cluster's shared variables;
+    * `padded_client_update(..., anchor, size)`: the same for a client holding the first
+      `size` rows of `data` (padded arrays, masked batches: `ArrayBatches`; exact for a
+      `rows_independent` model), None for all of them;
+    * `apply_cluster_updates(cluster_models, mean_deltas)`: the finalizer;
+    * `client_evaluate(selected, stored, data, batch_size)`: one client's scores.
+    The aggregation between them is `clustered_mean`'s `add_to_cluster` and `cluster_mean`.
+    """
+
+    signature: RoundSignature
+    io: RoundIO
+    layout: ModelLayout
+    cluster_models_spec: tuple
+    shared_spec: tuple
+    store_in_spec: tuple
+    anchor_spec: tuple
+    data_spec: dict
+    key_spec: tf.TensorSpec
+    seed_spec: dict
+    hparams_spec: dict
+    initial_cluster_models: tuple
+    initial_anchor: tuple
+    distributor: Distributor
+    client_update: Callable[..., tuple]
+    padded_client_update: Callable[..., tuple]
+    apply_cluster_updates: Callable[..., tuple]
+    client_evaluate: Callable[..., dict]
+    rows_independent: bool = False  # the model's `rows_independent`: padded clients are exact
+
+    @property
+    def num_clusters(self) -> int:
+        return self.signature.num_clusters
+
+    @property
+    def picks_cluster(self) -> bool:
+        return self.distributor.sends_every_cluster
+
+    @property
+    def routes_rows(self) -> bool:
+        return self.distributor.relays
+
+    @property
+    def selection_spec(self) -> tuple:
+        return (tf.TensorSpec([], tf.int32), *self.shared_spec)
+
+    def stacked_shared_spec(self) -> tuple:
+        k = self.num_clusters
+        return tuple(tf.TensorSpec([k, *s.shape], s.dtype) for s in self.shared_spec)
+
+
+def round_functions(
+    model: FunctionalModel,
+    input_spec: dict,
+    signature: RoundSignature,
+    initial_variables: Sequence[np.ndarray],
+) -> RoundFunctions:
+    """The round's TF functions for one model and signature (see `RoundFunctions`)."""
+    layout = ModelLayout.of(model)
+    io = RoundIO.of(layout, signature)
+    shapes = layout.shapes
+    if [tuple(np.shape(v)) for v in initial_variables] != list(shapes):
+        raise ValueError("initial variables do not match the model's variable shapes")
+    k = signature.num_clusters
+    num_trainable = layout.num_trainable
+    work = signature.work
+
+    def specs(indices: Sequence[int], lead: tuple[int, ...] = ()) -> tuple[tf.TensorSpec, ...]:
+        return tuple(tf.TensorSpec([*lead, *shapes[i]], tf.float32) for i in indices)
+
+    def forward(
+        weights: Sequence[tf.Tensor],
+        state: Sequence[tf.Tensor],
+        x: tf.Tensor,
+        training: bool,
+        seed: Optional[tf.Tensor] = None,
+    ) -> tuple[tf.Tensor, tuple]:
+        return model.apply(weights, state, x, training, seed)
+
+    shared_spec = specs(io.shared)
+
+    def join(
+        selected: Sequence[tf.Tensor], stored: Sequence[tf.Tensor]
+    ) -> tuple[tuple, tuple, tuple, tuple]:
+        """(weights, state) of the start model, and (weights, state) of the whole own model
+        when the work reads it."""
+        variables: list = [None] * len(shapes)
+        own: list = [None] * len(shapes)
+        for i, t in zip(io.store_in, stored):
+            variables[i] = t
+            own[i] = t
+        for i, t in zip(io.shared, selected):
+            variables[i] = t
+        if not work.reads_own_model:
+            own = []
+        return (
+            tuple(variables[:num_trainable]),
+            tuple(variables[num_trainable:]),
+            tuple(own[:num_trainable]),
+            tuple(own[num_trainable:]),
+        )
+
+    def mean_loss(selected: tuple, stored: tuple, batches: Any) -> tf.Tensor:
+        weights, state, _, _ = join(selected, stored)
+        scores = client_work.evaluate_client(forward, weights, batches, state)
+        return scores.loss_sum / tf.maximum(scores.num_examples, 1.0)
+
+    distributor = distributor_for(signature, io.shared, shared_spec, mean_loss, model.features)
+
+    def client_update(
+        distributed: object,
+        stored: tuple,
+        data: object,
+        key: tf.Tensor,
+        client_scalar: tf.Tensor,
+        seed: dict,
+        hparams: dict,
+        anchor: tuple,
+    ) -> tuple:
+        return padded_client_update(
+            distributed, stored, data, key, client_scalar, seed, hparams, anchor, None
+        )
+
+    def padded_client_update(
+        distributed: object,
+        stored: tuple,
+        data: object,
+        key: tf.Tensor,
+        client_scalar: tf.Tensor,
+        seed: dict,
+        hparams: dict,
+        anchor: tuple,
+        size: Optional[tf.Tensor],
+    ) -> tuple:
+        dataset = ArrayBatches(
+            data,
+            hparams["batch_size"],
+            hparams["epochs"],
+            seed["shuffle"],
+            hparams["max_steps"],
+            size=size,
+        )
+        received = distributor.receive(ClientSide(distributed, stored, data, key, hparams, size))
+        cluster = received.cluster
+        weights, state, own_weights, own_state = join(received.selected, stored)
+        result = work(
+            forward,
+            client_work.ClientInputs(
+                weights,
+                state,
+                own_weights,
+                own_state,
+                dataset,
+                hparams["learning_rate"],
+                client_scalar,
+                seed["dropout"],
+                tuple(anchor),
+                signature.anchor,
+                round_num=hparams["round_num"],
+                total_rounds=hparams["total_rounds"],
+                **received.routed,
+            ),
+        )
+        start = weights + state
+        trained = tuple(result.weights) + tuple(result.state)
+        kept = tuple(result.own_weights) + tuple(result.own_state)
+        # A diverged client (NaN or infinity anywhere in what it trained) must not poison its
+        # cluster: its update counts as zero with zero weight, and it reports `finite=False`.
+        finite = tf.reduce_all(
+            [tf.math.is_finite(result.loss_sum)]
+            + [tf.reduce_all(tf.math.is_finite(t)) for t in trained + kept]
+        )
+        shared_delta = tuple(
+            tf.where(finite, trained[i] - start[i], tf.zeros_like(start[i])) for i in io.shared
+        )
+        weight = result.num_examples if signature.client_weighting == "num_examples" else 1.0
+        cluster_weight = tf.one_hot(cluster, k, dtype=tf.float32) * weight
+        cluster_weight *= tf.cast(finite, tf.float32)
+        outputs = collections.OrderedDict(
+            stored=tuple(kept[i] for i in io.store_out),
+            num_examples=result.num_examples,
+            loss_sum=result.loss_sum,
+            cluster=cluster,
+            finite=finite,
+        )
+        if result.metrics:
+            outputs["metrics"] = result.metrics
+        if signature.return_model_deltas:
+            outputs["model_delta"] = client_work.flatten([t - s for t, s in zip(trained, start)])
+        return shared_delta, cluster_weight, outputs
+
+    def apply_cluster_updates(cluster_models: tuple, mean_deltas: tuple) -> tuple:
+        updated = list(cluster_models)
+        for i, delta in zip(io.shared, mean_deltas):
+            updated[i] = cluster_models[i] + delta
+        return tuple(updated)
+
+    def client_evaluate(
+        selected: tf.data.Dataset, stored: tuple, data: object, batch_size: tf.Tensor
+    ) -> dict:
+        weights, state, own_weights, own_state = join(distributor.first_row(selected), stored)
+        if work.reads_own_model:  # the client's own (personal) model is what it uses
+            weights, state = own_weights, own_state
+        dataset = ArrayBatches(data, batch_size)
+        return client_work.evaluate_client(forward, weights, dataset, state)._asdict()
+
+    return RoundFunctions(
+        signature=signature,
+        io=io,
+        layout=layout,
+        cluster_models_spec=specs(range(len(shapes)), (k,)),
+        shared_spec=shared_spec,
+        store_in_spec=specs(io.store_in),
+        anchor_spec=specs(signature.anchor),
+        data_spec=collections.OrderedDict(
+            (name, tf.TensorSpec([None, *spec.shape[1:]], spec.dtype))
+            for name, spec in input_spec.items()
+        ),
+        key_spec=tf.TensorSpec([1 + signature.num_neighbours], tf.int32),
+        seed_spec=collections.OrderedDict(
+            (name, tf.TensorSpec(np.shape(v), tf.as_dtype(v.dtype)))
+            for name, v in client_seed(0, 0).items()
+        ),
+        hparams_spec=collections.OrderedDict(
+            (name, tf.TensorSpec([None] * np.ndim(v), tf.as_dtype(v.dtype)))
+            for name, v in round_hparams(0, 1).items()
+        ),
+        initial_cluster_models=tuple(
+            np.repeat(np.asarray(v, np.float32)[None], k, axis=0) for v in initial_variables
+        ),
+        initial_anchor=tuple(
+            np.asarray(initial_variables[i], np.float32) for i in signature.anchor
+        ),
+        distributor=distributor,
+        client_update=client_update,
+        padded_client_update=padded_client_update,
+        apply_cluster_updates=apply_cluster_updates,
+        client_evaluate=client_evaluate,
+        rows_independent=model.rows_independent,
+    )

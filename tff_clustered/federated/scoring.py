@@ -1,0 +1,115 @@
+"""Server-side computations on whole models, outside a round: inference of many models at once
+(`predict_probabilities_fn`) and one model scored on many clients' pooled examples
+(`pooled_scores_fn`), each as a plain TF function and as a TFF computation."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from typing import Callable
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_clustered.data.federated_data import ArrayBatches
+from tff_clustered.federated import client_work
+from tff_clustered.federated.signature import ModelLayout
+from tff_clustered.models.functional import FunctionalModel
+
+to_type = tff.types.tensorflow_to_type  # TF specs -> TFF types (0.87's tff.to_type rejects them)
+
+
+def predict_probabilities_fn(model: FunctionalModel) -> Callable[..., tf.Tensor]:
+    """`(weights, state, x) -> probabilities`, many models at once: every variable stacked
+    along a leading model axis, in inference mode (softmax, or [1 - p, p] for a single-logit
+    model). Output: (models, len(x), classes)."""
+
+    def predict(weights: tuple, state: tuple, x: tf.Tensor) -> tf.Tensor:
+        def one(variables: tuple) -> tf.Tensor:
+            w, s = variables[: len(weights)], variables[len(weights) :]
+            logits, _ = model.apply(w, s, x, False, None)
+            if logits.shape[-1] == 1:
+                p = tf.sigmoid(logits)
+                return tf.concat([1 - p, p], axis=-1)
+            return tf.nn.softmax(logits)
+
+        return tf.map_fn(one, tuple(weights) + tuple(state), fn_output_signature=tf.float32)
+
+    return predict
+
+
+def predict_probabilities_specs(model: FunctionalModel, input_spec: dict) -> tuple:
+    layout = ModelLayout.of(model)
+
+    def stacked(shapes: Sequence[tuple[int, ...]]) -> tuple[tf.TensorSpec, ...]:
+        return tuple(tf.TensorSpec([None, *s], tf.float32) for s in shapes)
+
+    return (
+        stacked(layout.trainable_shapes),
+        stacked(layout.state_shapes),
+        tf.TensorSpec(input_spec["x"].shape, tf.float32),
+    )
+
+
+def build_predict_probabilities(model: FunctionalModel, input_spec: dict) -> tff.Computation:
+    """Server-side inference (`predict_probabilities_fn`) as one TFF computation."""
+    types = [to_type(s) for s in predict_probabilities_specs(model, input_spec)]
+    return tff.tensorflow.computation(*types)(predict_probabilities_fn(model))
+
+
+def pooled_scores_fn(model: FunctionalModel) -> Callable[..., tuple[tf.Tensor, ...]]:
+    """`(weights, state, x, y, client, num_clients, batch_size) -> (loss_sum, num_correct,
+    num_examples)`: one whole model scored, in inference mode, on the examples of many clients
+    pooled into one array (`client[i]` is the index of example i's client), in ordered batches
+    of `batch_size`. Each output is (num_clients,) float32 and holds, per client, the sums that
+    `client_work.evaluate_client` gives on that client's own arrays (equal up to the order of
+    float additions). One call scores every client of a model, where the per-client
+    `evaluate` makes one call per client."""
+
+    def score(
+        weights: tuple,
+        state: tuple,
+        x: tf.Tensor,
+        y: tf.Tensor,
+        client: tf.Tensor,
+        num_clients: tf.Tensor,
+        batch_size: tf.Tensor,
+    ) -> tuple[tf.Tensor, ...]:
+        def step(totals: tuple, batch: dict) -> tuple:
+            logits, _ = model.apply(weights, state, batch["x"], False, None)
+            labels, owner = batch["y"], batch["client"]
+            correct = tf.cast(tf.equal(client_work.predicted_labels(logits), labels), tf.float32)
+            per_example = (
+                client_work.example_losses(logits, labels),
+                correct,
+                tf.ones_like(correct),
+            )
+            return tuple(
+                total + tf.math.unsorted_segment_sum(value, owner, num_clients)
+                for total, value in zip(totals, per_example)
+            )
+
+        zeros = tf.zeros([num_clients], tf.float32)
+        pooled = collections.OrderedDict(x=x, y=y, client=client)
+        return ArrayBatches(pooled, batch_size).reduce((zeros, zeros, zeros), step)
+
+    return score
+
+
+def pooled_scores_specs(model: FunctionalModel, input_spec: dict) -> tuple:
+    layout = ModelLayout.of(model)
+    return (
+        tuple(tf.TensorSpec(s, tf.float32) for s in layout.trainable_shapes),
+        tuple(tf.TensorSpec(s, tf.float32) for s in layout.state_shapes),
+        tf.TensorSpec([None, *input_spec["x"].shape[1:]], input_spec["x"].dtype),
+        tf.TensorSpec([None], input_spec["y"].dtype),
+        tf.TensorSpec([None], tf.int32),
+        tf.TensorSpec([], tf.int32),
+        tf.TensorSpec([], tf.int64),
+    )
+
+
+def build_pooled_scores(model: FunctionalModel, input_spec: dict) -> tff.Computation:
+    """`pooled_scores_fn` as one TFF computation."""
+    types = [to_type(s) for s in pooled_scores_specs(model, input_spec)]
+    return tff.tensorflow.computation(*types)(pooled_scores_fn(model))
