@@ -70,7 +70,7 @@ from tff_clustered import clustering  # noqa: E402
 from tff_clustered.algorithms import make_algorithm  # noqa: E402
 from tff_clustered.data import load_dataset  # noqa: E402
 from tff_clustered.data.federated_data import from_arrays  # noqa: E402
-from tff_clustered.federated import in_process  # noqa: E402
+from tff_clustered.federated import grouping, in_process  # noqa: E402
 from tff_clustered.federated.executions import RoundCache, repeated_round  # noqa: E402
 from tff_clustered.federated.round_functions import (  # noqa: E402
     round_functions,
@@ -621,7 +621,7 @@ def unequal_clients(spec: object, w0: list, rng: np.random.Generator) -> dict:
     low, high = (int(v) for v in FLAGS.unequal_sizes)
     sizes = rng.integers(low, high + 1, FLAGS.clients)
     hparams = round_hparams(FLAGS.learning_rate, FLAGS.batch_size, FLAGS.local_epochs)
-    total_steps = sum(in_process.client_steps(int(n), hparams) for n in sizes)
+    total_steps = sum(grouping.client_steps(int(n), hparams) for n in sizes)
     per_client = max(1, round(total_steps / len(sizes) / FLAGS.local_epochs))
     equal = per_client * FLAGS.batch_size  # examples giving each client the mean step count
 
@@ -662,7 +662,7 @@ def unequal_clients(spec: object, w0: list, rng: np.random.Generator) -> dict:
         },
         FLAGS.rounds,
     )
-    groups = in_process.client_groups([int(n) for n in sizes], hparams, pad=True)
+    groups = grouping.client_groups([int(n) for n in sizes], hparams, pad=True)
     floor = t["equal_floor"]
     print(
         f"Unequal clients in process: {len(sizes)} clients of {low}-{high} examples "

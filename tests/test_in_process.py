@@ -10,12 +10,13 @@ import textwrap
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from conftest import run_binary
 
 from tff_clustered.algorithms import ALGORITHMS, make_algorithm
 from tff_clustered.algorithms.dfl import Decentralized
 from tff_clustered.data import load_dataset
-from tff_clustered.federated import client_work, in_process, placement
+from tff_clustered.federated import client_work, graphs, grouping, in_process, placement
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round_functions import (
     round_functions,
@@ -201,7 +202,7 @@ def test_a_model_that_loops_over_time_is_not_vectorised(
         x = tf.compat.v1.placeholder(tf.float32, [None, *shape])
         loss = tf.reduce_sum(model.apply(weights, [], x, True, None)[0])
         tf.gradients(loss, weights)
-    assert in_process.vectorisable(graph) == vectorised
+    assert graphs.vectorisable(graph) == vectorised
 
 
 def test_clients_of_a_large_model_train_one_each_with_the_vectorised_results(
@@ -226,18 +227,18 @@ def test_clients_of_a_large_model_train_one_each_with_the_vectorised_results(
     ]
     traced: dict[tuple[int, int], list[str]] = {}
     results = {}
-    default, short_run = in_process.VECTORISE_MAX_OPS, in_process.VECTORISE_MIN_ROUNDS - 1
-    original = in_process.GraphFunction
+    default, short_run = graphs.VECTORISE_MAX_OPS, grouping.VECTORISE_MIN_ROUNDS - 1
+    original = graphs.GraphFunction
     for max_ops, rounds in ((default, 0), (0, 0), (default, short_run)):
         names = traced.setdefault((max_ops, rounds), [])
 
         class Recorded(original):  # type: ignore[misc, valid-type]
-            def __init__(self, fn: object, *args: object, names: list = names) -> None:
-                names.append(fn.__name__)
-                super().__init__(fn, *args)
+            def __init__(self, fn: object, specs: list, *args: object, names: list = names) -> None:
+                names.append(traced_name(fn, specs))
+                super().__init__(fn, specs, *args)
 
-        monkeypatch.setattr(in_process, "GraphFunction", Recorded)
-        monkeypatch.setattr(in_process, "VECTORISE_MAX_OPS", max_ops)
+        monkeypatch.setattr(graphs, "GraphFunction", Recorded)
+        monkeypatch.setattr(graphs, "VECTORISE_MAX_OPS", max_ops)
         fed_round = RoundCache(functional, spec.input_spec(), w0, "in_process", rounds=rounds).get(
             signature
         )
@@ -264,6 +265,14 @@ def test_clients_of_a_large_model_train_one_each_with_the_vectorised_results(
         np.testing.assert_allclose(m2["cluster_weight"], m1["cluster_weight"])
 
 
+def traced_name(fn: object, specs: list) -> str:
+    """The name of a traced graph's function; `train_stacked` given the clients' sizes last
+    (padded clients) is `train_padded_clients`."""
+    last = specs[-1]
+    padded = isinstance(last, tf.TensorSpec) and last.dtype == tf.int64 and last.shape == [None]
+    return "train_padded_clients" if fn.__name__ == "train_stacked" and padded else fn.__name__
+
+
 def unequal_round_results(
     functional: object, w0: list, work: object, distribution: str, **round_options: object
 ) -> tuple[tuple, list[str]]:
@@ -272,18 +281,18 @@ def unequal_round_results(
     signature = RoundSignature(2, tuple(range(len(w0))), work, distribution=distribution)
     fns = round_functions(functional, model_spec("mlp", (6,), 3).input_spec(), signature, w0)
     names: list[str] = []
-    original = in_process.GraphFunction
+    original = graphs.GraphFunction
 
     class Recorded(original):  # type: ignore[misc, valid-type]
-        def __init__(self, fn: object, *args: object) -> None:
-            names.append(fn.__name__)
-            super().__init__(fn, *args)
+        def __init__(self, fn: object, specs: list, *args: object) -> None:
+            names.append(traced_name(fn, specs))
+            super().__init__(fn, specs, *args)
 
-    in_process.GraphFunction = Recorded
+    graphs.GraphFunction = Recorded
     try:
         return run_unequal_round(in_process.in_process_round(fns, **round_options), w0, work), names
     finally:
-        in_process.GraphFunction = original
+        graphs.GraphFunction = original
 
 
 def run_unequal_round(fed_round: object, w0: list, work: object) -> tuple:
@@ -375,7 +384,7 @@ def test_a_model_with_dropout_is_not_padded() -> None:
     assert not functional.rows_independent
     w0 = [w.numpy() for w in keras_model.trainable_weights]
     _, names = unequal_round_results(functional, w0, client_work.LocalSGD(), "own_cluster")
-    assert "train_padded_clients" not in names and "train_clients" in names
+    assert "train_padded_clients" not in names and "train_stacked" in names
 
 
 def test_client_groups_pad_only_where_it_pays() -> None:
@@ -383,13 +392,13 @@ def test_client_groups_pad_only_where_it_pays() -> None:
     close, and leaves a client whose steps are far fewer than the others' to a call of its
     own, by the modelled cost (CALL_COST, STEP_COST)."""
     hparams = round_hparams(0.1, 10, 1)
-    assert in_process.client_groups([30, 50, 30], hparams) == [[0, 2], [1]]
-    assert in_process.client_groups([30, 50, 30], hparams, vectorise=False) == [[0], [1], [2]]
-    assert in_process.client_groups([30, 50, 30], hparams, pad=True) == [[0, 1, 2]]
-    groups = in_process.client_groups([10_000, 10, 9_990, 20], hparams, pad=True)
+    assert grouping.client_groups([30, 50, 30], hparams) == [[0, 2], [1]]
+    assert grouping.client_groups([30, 50, 30], hparams, vectorise=False) == [[0], [1], [2]]
+    assert grouping.client_groups([30, 50, 30], hparams, pad=True) == [[0, 1, 2]]
+    groups = grouping.client_groups([10_000, 10, 9_990, 20], hparams, pad=True)
     assert groups == [[0, 2], [1, 3]]
     sizes = list(np.random.default_rng(0).integers(4, 166, 40))
-    groups = in_process.client_groups(sizes, hparams, pad=True)
+    groups = grouping.client_groups(sizes, hparams, pad=True)
     assert sorted(i for g in groups for i in g) == list(range(40))
     assert 1 <= len(groups) < len(set(sizes))
 
@@ -452,7 +461,6 @@ def test_in_process_rounds_run_on_the_named_device_without_a_tff_worker(device: 
 
 
 def test_execution_settings_that_cannot_work_are_refused_with_the_fix() -> None:
-    from tff_clustered.federated import in_process
     from tff_clustered.runtime import RuntimeConfig
 
     with pytest.raises(ValueError, match="Drop one of the two"):
@@ -462,8 +470,8 @@ def test_execution_settings_that_cannot_work_are_refused_with_the_fix() -> None:
     with pytest.raises(ValueError, match="execution must be tff or in_process"):
         RuntimeConfig(execution="gpu")
     with pytest.raises(ValueError, match="is not one TensorFlow sees"):
-        in_process.check_device("/GPU:7")
-    in_process.check_device("/CPU:0")
+        graphs.check_device("/GPU:7")
+    graphs.check_device("/CPU:0")
     spec = model_spec("mlp", (5,), 3, hidden_units=4)
     functional = functional_model(spec.build(), spec.input_spec())
     with pytest.raises(ValueError, match="execution must be one of"):

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from tff_clustered.federated import in_process, sharded
+from tff_clustered.federated import graphs, grouping, in_process, sharded
 from tff_clustered.federated.round import (
     FederatedRound,
     tff_round_parts,
@@ -38,7 +38,7 @@ class RoundCache:
     `in_process.py`) placed on `device` when one is named. `rounds`, the run's length (0: not
     known), decides whether in-process rounds train clients together (vectorised, padded to a
     common size): only a run long enough to earn back the conversion does
-    (`in_process.vectorises_for`)."""
+    (`grouping.vectorises_for`)."""
 
     def __init__(
         self,
@@ -54,7 +54,7 @@ class RoundCache:
         self.model, self.input_spec = model, input_spec
         self.initial_variables = list(initial_variables)
         self.execution, self.device = execution, device
-        self.vectorise = in_process.vectorises_for(rounds)
+        self.vectorise = grouping.vectorises_for(rounds)
         self._built: dict[RoundSignature, FederatedRound] = {}
         self.builds = 0  # how many times a round was traced and built
 
@@ -74,14 +74,14 @@ class RoundCache:
         """Server-side inference (`predict_probabilities_fn`) run by this cache's execution."""
         if self.execution == "tff":
             return build_predict_probabilities(self.model, self.input_spec)
-        return in_process.in_process_predict(self.model, self.input_spec, self.device)
+        return graphs.in_process_predict(self.model, self.input_spec, self.device)
 
     def pooled_scores(self) -> Callable[..., Any]:
         """Scoring of one model on many clients' pooled examples (`pooled_scores_fn`) run by
         this cache's execution."""
         if self.execution == "tff":
             return build_pooled_scores(self.model, self.input_spec)
-        return in_process.in_process_pooled_scores(self.model, self.input_spec, self.device)
+        return graphs.in_process_pooled_scores(self.model, self.input_spec, self.device)
 
 
 def repeated_round(

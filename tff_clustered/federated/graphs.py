@@ -1,0 +1,122 @@
+"""Running TF functions as graphs in this process, the way TFF's TensorFlow executor does
+(`GraphFunction`), on a named device or TensorFlow's choice (a GPU when it sees one), and
+whether one client's training graph can be vectorised along a client axis (`vectorisable`)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+from tff_clustered.federated.scoring import (
+    pooled_scores_fn,
+    pooled_scores_specs,
+    predict_probabilities_fn,
+    predict_probabilities_specs,
+)
+from tff_clustered.models.functional import FunctionalModel
+
+
+def placed_on(device: Optional[str]) -> contextlib.AbstractContextManager:
+    """Ops created inside go to `device` (e.g. "/GPU:1"); None leaves TensorFlow's choice."""
+    return tf.device(device) if device else contextlib.nullcontext()
+
+
+def check_device(device: Optional[str]) -> None:
+    """A named device must be one TensorFlow sees: soft placement (needed for the dataset ops,
+    which have CPU kernels only) would otherwise move everything to the CPU in silence."""
+    if not device:
+        return
+    seen = [d.name for d in tf.config.list_logical_devices()]
+    wanted = tf.DeviceSpec.from_string(device)
+    for name in seen:
+        spec = tf.DeviceSpec.from_string(name)
+        if spec.device_type == (wanted.device_type or "").upper() and spec.device_index == (
+            wanted.device_index or 0
+        ):
+            return
+    raise ValueError(
+        f"device {device!r} is not one TensorFlow sees ({', '.join(seen)}); name one of them, "
+        "or leave --device out (TensorFlow's choice). For a GPU see docs/gpu.md."
+    )
+
+
+VECTORISE_MAX_OPS = 2_000  # ops of one client's training graph (see `in_process.in_process_round`)
+
+
+def graph_op_types(graph: tf.Graph) -> list[str]:
+    """The type of every op in `graph`, those of the functions it calls (its library)
+    included."""
+    graph_def = graph.as_graph_def()
+    return [n.op for n in graph_def.node] + [
+        n.op for f in graph_def.library.function for n in f.node_def
+    ]
+
+
+def vectorisable(graph: tf.Graph) -> bool:
+    """Whether converting one client's training graph `graph` with pfor pays and works: at most
+    `VECTORISE_MAX_OPS` ops, and no gradient of a loop inside the model (an LSTM's loop over
+    time keeps its steps in TensorLists, whose gradient pfor cannot convert)."""
+    ops = graph_op_types(graph)
+    return len(ops) <= VECTORISE_MAX_OPS and "EmptyTensorList" not in ops
+
+
+class GraphFunction:
+    """`fn` traced once into its own graph from `specs` and run by a session.
+
+    TFF's Keras functional models only trace inside a graph (they refuse an eager outer
+    context, which a `tf.function` called eagerly has), as inside a TFF computation: this runs
+    the functions the way TFF's own TensorFlow executor does, as graphs, in this process. Ops go
+    to `device` or to TensorFlow's choice (a GPU when it sees one); ops with CPU kernels only
+    (tf.data) stay on the CPU."""
+
+    def __init__(self, fn: Callable[..., Any], specs: Sequence[Any], device: Optional[str]):
+        self.graph = tf.Graph()
+        with self.graph.as_default(), placed_on(device):
+            self.inputs = tf.nest.map_structure(
+                lambda s: tf.compat.v1.placeholder(s.dtype, s.shape), tuple(specs)
+            )
+            self.outputs = fn(*self.inputs)
+        self.placeholders = tf.nest.flatten(self.inputs)
+        logical_cpus = len(tf.config.list_logical_devices("CPU"))
+        config = tf.compat.v1.ConfigProto(
+            allow_soft_placement=True,
+            log_device_placement=context.context().log_device_placement,
+            device_count={"CPU": max(logical_cpus, 1)},
+        )
+        self.session = tf.compat.v1.Session(graph=self.graph, config=config)
+        # A session optimizes its graph on the first run (35 s for the Sent140 LSTM's client
+        # work); calls from other threads wait for it rather than each optimizing it again.
+        self._first_run = threading.Lock()
+        self._ran = False
+
+    def __call__(self, *args: Any) -> Any:
+        tf.nest.assert_same_structure(self.inputs, tuple(args), check_types=False)
+        feed = dict(zip(self.placeholders, tf.nest.flatten(tuple(args))))
+        with contextlib.nullcontext() if self._ran else self._first_run:
+            outputs = self.session.run(self.outputs, feed_dict=feed)
+            self._ran = True
+        return outputs
+
+
+def in_process_predict(
+    model: FunctionalModel, input_spec: dict, device: Optional[str] = None
+) -> Callable[..., np.ndarray]:
+    """`round.predict_probabilities_fn`, run in this process."""
+    check_device(device)
+    return GraphFunction(
+        predict_probabilities_fn(model), predict_probabilities_specs(model, input_spec), device
+    )
+
+
+def in_process_pooled_scores(
+    model: FunctionalModel, input_spec: dict, device: Optional[str] = None
+) -> Callable[..., tuple]:
+    """`round.pooled_scores_fn`, run in this process."""
+    check_device(device)
+    return GraphFunction(pooled_scores_fn(model), pooled_scores_specs(model, input_spec), device)
