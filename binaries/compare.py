@@ -441,7 +441,7 @@ def run_planned(
                 seed,
                 history,
                 FLAGS.target_accuracy,
-                decentralized=ALGORITHMS[spec.algorithm].distribution == "neighbours",
+                ALGORITHMS[spec.algorithm],
             )
             rows.append(row)
             histories.setdefault((row["setting"], column), []).append(history)

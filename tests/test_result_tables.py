@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from tff_clustered import result_tables
+from tff_clustered.algorithms.dfl import FedAvgDFL
+from tff_clustered.algorithms.fedtsdp import FedTSDP
+from tff_clustered.algorithms.uapdfl import UAPDFL
 
 
 def rows(sizes: list[int], clustered: list[int]) -> list[dict]:
@@ -15,21 +18,35 @@ def rows(sizes: list[int], clustered: list[int]) -> list[dict]:
 
 
 def test_diagnostics_give_clusters_in_use_with_their_sizes_largest_first() -> None:
-    d = result_tables.diagnostics(rows([5, 0, 28, 70], [0, 1, 0]), decentralized=False)
+    d = result_tables.diagnostics(rows([5, 0, 28, 70], [0, 1, 0]), FedTSDP)
     assert d["clusters"] == 3 and d["cluster_sizes"] == "70+28+5" and d["triggers"] == 1
-    peers = result_tables.diagnostics(rows([5, 5], [0]), decentralized=True)
+    peers = result_tables.diagnostics(rows([5, 5], [0]), FedAvgDFL)
     assert peers["clusters"] is None and peers["cluster_sizes"] is None
+    assert "triggers" not in peers  # an algorithm's own figures come from its class only
 
 
 def test_sizes_are_shown_only_where_some_seed_formed_clusters() -> None:
     clustered = [
-        result_tables.diagnostics(rows(s, [0]), decentralized=False)
+        {"method": "fedtsdp", **result_tables.diagnostics(rows(s, [0]), FedTSDP)}
         for s in ([10, 10], [20, 0], [12, 7, 1])
     ]
     text = result_tables.diagnostics_text(clustered)
     assert "clusters 2/1/3" in text and "sizes 10+10 / 20 / 12+7+1" in text
-    one = [result_tables.diagnostics(rows([20], [0]), decentralized=False)] * 3
+    one = [{"method": "fedtsdp", **result_tables.diagnostics(rows([20], [0]), FedTSDP)}] * 3
     assert result_tables.diagnostics_text(one) == "clusters 1/1/1; triggers 0/0/0"
+
+
+def test_uapdfl_reports_its_regimes_as_shares_of_peer_rounds_after_the_first() -> None:
+    history = [{"round": 0}] + [
+        {"round": r, "neighbours_mean": 2.0, "peers_dropout": d, "peers_partial": p,
+         "peers_personal_head": h}
+        for r, (d, p, h) in enumerate([(9, 9, 9), (1, 2, 1), (3, 0, 1)], start=1)
+    ]  # fmt: skip
+    figures = result_tables.diagnostics(history, UAPDFL)
+    assert figures["regime_dropout"] == 0.5 and figures["regime_partial"] == 0.25
+    assert figures["neighbours_mean"] == 2.0 and figures["clusters"] is None
+    text = result_tables.diagnostics_text([{"method": "uapdfl", **figures}] * 2)
+    assert text == "neighbours 2.0/2.0; regimes dropout/partial/head 50/25/25 %"
 
 
 def test_cluster_recovery_scores_the_partition_up_to_renaming() -> None:

@@ -20,12 +20,15 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
+from tff_clustered.algorithms import algorithm_class
+from tff_clustered.algorithms.base import Algorithm, per_seed_text
 from tff_clustered.checkpoint import atomic_write_bytes
 from tff_clustered.reporting import _format, pyplot, save_figure, summarize
 
 RUN_COLUMNS = (
     "setting",
     "algorithm",
+    "method",
     "seed",
     "max_accuracy",
     "max_accuracy_round",
@@ -39,13 +42,7 @@ RUN_COLUMNS = (
     "eval_seconds",
     "clusters",
     "cluster_sizes",
-    "triggers",
-    "regime_dropout",
-    "regime_partial",
-    "regime_personal_head",
-    "neighbours_mean",
 )
-REGIMES = ("dropout", "partial", "personal_head")
 
 
 def _last(history: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
@@ -61,33 +58,21 @@ def _mean(values: Sequence[float]) -> Optional[float]:
     return float(np.mean(values)) if len(values) else None
 
 
-def diagnostics(history: Sequence[Mapping[str, Any]], decentralized: bool) -> dict[str, Any]:
+def diagnostics(history: Sequence[Mapping[str, Any]], method: type[Algorithm]) -> dict[str, Any]:
     """What a run's clustering did: clusters in use at the end (clients assigned to them; None
     for decentralized peers, which each keep their own model) and their sizes, largest first
-    (`70+28+5`), FedTSDP's re-clustering
-    triggers (rounds with H > h_th), the share of peer-rounds in each UA-PDFL regime (rounds
-    after the first, when every model is still the common initial one), and the mean number of
-    neighbours mixed (CriticalFL-DFL)."""
+    (`70+28+5`), then the algorithm's own figures (`Algorithm.run_figures`: FedTSDP's
+    triggers, UA-PDFL's regimes, ...)."""
     trained = [r for r in history if r["round"] > 0]
     sizes = _last(history, "cluster_size_")
-    out: dict[str, Any] = {
+    decentralized = method.distribution == "neighbours"
+    return {
         "clusters": None if decentralized or not sizes else sum(v > 0 for v in sizes.values()),
         "cluster_sizes": None
         if decentralized or not sizes
         else "+".join(str(round(v)) for v in sorted(sizes.values(), reverse=True) if v > 0),
-        "triggers": sum(int(r["clustered"]) for r in trained)
-        if any("clustered" in r for r in trained)
-        else None,
+        **method.run_figures(trained),
     }
-    counted = [r for r in trained[1:] if all(f"peers_{g}" in r for g in REGIMES)]
-    totals = {g: sum(r[f"peers_{g}"] for r in counted) for g in REGIMES}
-    everyone = sum(totals.values())
-    for g in REGIMES:
-        out[f"regime_{g}"] = totals[g] / everyone if everyone else None
-    out["neighbours_mean"] = _mean(
-        [r["neighbours_mean"] for r in trained if "neighbours_mean" in r]
-    )
-    return out
 
 
 def run_row(
@@ -96,12 +81,13 @@ def run_row(
     seed: int,
     history: Sequence[dict[str, Any]],
     target_accuracy: float,
-    decentralized: bool = False,
+    method: type[Algorithm],
 ) -> dict[str, Any]:
     """One run's figures: max and final accuracy (fractions, pooled over clients), the final
     unweighted client mean, the first round reaching `target_accuracy` (None if never), the
     mean Eq. 4 discrepancy of FedGroup, the mean values communicated per round, the training
-    seconds, and its `diagnostics`."""
+    seconds, and its `diagnostics`. `algorithm` is the table's column label; `method` the
+    algorithm class that ran."""
     results = summarize(history)
     trained = [r for r in history if r["round"] > 0]
     reached = [
@@ -114,6 +100,7 @@ def run_row(
     return dict(
         setting=setting,
         algorithm=algorithm,
+        method=method.name,
         seed=seed,
         max_accuracy=results.get("max_accuracy", math.nan),
         max_accuracy_round=results.get("max_accuracy_round"),
@@ -125,7 +112,7 @@ def run_row(
         train_seconds=results.get("total_train_seconds", 0.0),
         server_seconds=results.get("total_server_seconds", 0.0),
         eval_seconds=results.get("total_eval_seconds", 0.0),
-        **diagnostics(history, decentralized),
+        **diagnostics(history, method),
     )
 
 
@@ -148,30 +135,15 @@ def _groups(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], list[Map
 
 
 def diagnostics_text(runs: Sequence[Mapping[str, Any]]) -> str:
-    """Per-seed diagnostics of one table cell, e.g. `clusters 3/3/2; sizes 9+6+5 / 10+6+4 /
-    12+8; triggers 2/3/2`."""
-
-    def per_seed(key: str, fmt: str) -> Optional[str]:
-        values = [r.get(key) for r in runs]
-        if all(v is None or v == "" for v in values):
-            return None
-        return "/".join("-" if v is None or v == "" else fmt.format(float(v)) for v in values)
-
-    parts = []
-    for key, label, fmt in (
-        ("clusters", "clusters", "{:.0f}"),
-        ("triggers", "triggers", "{:.0f}"),
-        ("neighbours_mean", "neighbours", "{:.1f}"),
-    ):
-        text = per_seed(key, fmt)
-        if text is not None:
-            parts.append(f"{label} {text}")
+    """Per-seed diagnostics of one table cell, e.g. `clusters 3/3/2; triggers 2/3/2; sizes
+    9+6+5 / 10+6+4 / 12+8`: the clusters formed, the algorithm's own (`figures_text`), then
+    the sizes where some seed formed more than one cluster."""
+    parts = per_seed_text(runs, "clusters", "clusters", "{:.0f}")
+    if runs and runs[0].get("method"):
+        parts += algorithm_class(str(runs[0]["method"])).figures_text(runs)
     sizes = [str(r.get("cluster_sizes") or "-") for r in runs]
     if any("+" in size for size in sizes):  # some seed formed more than one cluster
         parts.append(f"sizes {' / '.join(sizes)}")
-    if runs and all(r.get("regime_dropout") is not None for r in runs):
-        shares = [100 * np.mean([float(r[f"regime_{g}"]) for r in runs]) for g in REGIMES]
-        parts.append(f"regimes dropout/partial/head {'/'.join(f'{v:.0f}' for v in shares)} %")
     return "; ".join(parts)
 
 
@@ -336,13 +308,15 @@ def write_tables(
     """comparison.md (the table, then each cell's diagnostics per seed) and comparison.csv
     (every run in long form). Returns the markdown."""
     seeds = sorted({int(r["seed"]) for r in rows})
-    buffer = io.StringIO()
-    writer = csv.DictWriter(
-        buffer, fieldnames=RUN_COLUMNS, lineterminator="\n", extrasaction="ignore"
+    # the generic columns, then every algorithm figure (`run_figures`) some row has
+    columns = list(RUN_COLUMNS) + list(
+        dict.fromkeys(k for r in rows for k in r if k not in RUN_COLUMNS)
     )
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: "" if row.get(k) is None else _format(row[k]) for k in RUN_COLUMNS})
+        writer.writerow({k: "" if row.get(k) is None else _format(row[k]) for k in columns})
     atomic_write_bytes(os.path.join(output_dir, "comparison.csv"), buffer.getvalue().encode())
     key = "final_client_mean_accuracy" if client_mean else "final_accuracy"
     lines = _header(title, command, date, seeds)

@@ -297,6 +297,28 @@ class Algorithm:
     def describe(self) -> dict[str, Any]:
         return dict(algorithm=self.name, **dataclasses.asdict(self.options))
 
+    # -- what a comparison table reports of a run, beside the generic figures ----------------
+    @classmethod
+    def run_figures(cls, trained: Sequence[Mapping[str, Any]]) -> dict[str, Optional[float]]:
+        """Figures of a whole run from its rows after round 0 (`comparison.csv` columns):
+        none by default; FedTSDP its re-clustering triggers, UA-PDFL its regimes."""
+        return {}
+
+    @classmethod
+    def figures_text(cls, runs: Sequence[Mapping[str, Any]]) -> list[str]:
+        """A table cell's diagnostics from its seeds' `run_figures`, e.g. `triggers 2/3/2`."""
+        return []
+
+
+def per_seed_text(runs: Sequence[Mapping[str, Any]], key: str, label: str, fmt: str) -> list[str]:
+    """`label v1/v2/...`: one value per seed (`-` where a seed has none), or nothing when no
+    seed has one."""
+    values = [r.get(key) for r in runs]
+    if all(v is None or v == "" for v in values):
+        return []
+    shown = ("-" if v in (None, "") else fmt.format(float(v)) for v in values)
+    return [f"{label} " + "/".join(shown)]
+
 
 def check(conditions: Sequence[tuple[bool, str]]) -> None:
     """Raises ValueError with the first failing condition's message."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -40,6 +40,7 @@ from tff_clustered.algorithms.base import (
     ServerView,
     check,
     layers_to_tensors,
+    per_seed_text,
 )
 from tff_clustered.federated import client_work
 from tff_clustered.options import option
@@ -332,6 +333,16 @@ class Decentralized(Algorithm):
             "neighbours_mean": float(np.mean(client_metrics["neighbours_received"])),
             "floats_communicated": float(np.sum(client_metrics["values_received"])),
         }
+
+    @classmethod
+    def run_figures(cls, trained: Sequence[Mapping[str, Any]]) -> dict[str, Optional[float]]:
+        """The mean number of neighbours a peer mixed per round."""
+        counts = [r["neighbours_mean"] for r in trained if "neighbours_mean" in r]
+        return {"neighbours_mean": float(np.mean(counts)) if counts else None}
+
+    @classmethod
+    def figures_text(cls, runs: Sequence[Mapping[str, Any]]) -> list[str]:
+        return per_seed_text(runs, "neighbours_mean", "neighbours", "{:.1f}")
 
 
 class LocalDFL(Decentralized):

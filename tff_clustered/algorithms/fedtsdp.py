@@ -25,8 +25,8 @@ inference with them; that is inherent to the method as the paper describes it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Optional
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 import numpy as np
 
@@ -40,6 +40,7 @@ from tff_clustered.algorithms.base import (
     ServerView,
     Similarity,
     check,
+    per_seed_text,
 )
 from tff_clustered.options import option
 from tff_clustered.seeds import ALGORITHM, PUBLIC_BATCH, derived_seed
@@ -213,6 +214,15 @@ class FedTSDP(Algorithm):
         if self.options.stage2_weights == "full":
             return models[:, : run.num_trainable_values]
         return models[:, : sum(run.tensor_sizes[: len(view.shared)])]
+
+    @classmethod
+    def run_figures(cls, trained: Sequence[Mapping[str, Any]]) -> dict[str, Optional[float]]:
+        """The rounds whose H passed h_th (re-clustering triggers)."""
+        return {"triggers": float(sum(int(r.get("clustered", 0)) for r in trained))}
+
+    @classmethod
+    def figures_text(cls, runs: Sequence[Mapping[str, Any]]) -> list[str]:
+        return per_seed_text(runs, "triggers", "triggers", "{:.0f}")
 
 
 def regroup(

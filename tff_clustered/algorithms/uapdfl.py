@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -337,6 +337,29 @@ class UAPDFL(Decentralized):
         for q in (0, 25, 50, 75, 100):
             log[f"divergence_p{q}"] = float(np.percentile(div, q)) if div.size else float("nan")
         return log
+
+    @classmethod
+    def run_figures(cls, trained: Sequence[Mapping[str, Any]]) -> dict[str, Optional[float]]:
+        """The decentralized figures plus the share of peer-rounds in each regime, rounds after
+        the first (when every model is still the common initial one)."""
+        figures = super().run_figures(trained)
+        names = REGIME_NAMES.values()
+        counted = [r for r in trained[1:] if all(f"peers_{g}" in r for g in names)]
+        totals = {g: sum(r[f"peers_{g}"] for r in counted) for g in names}
+        everyone = sum(totals.values())
+        for g in names:
+            figures[f"regime_{g}"] = totals[g] / everyone if everyone else None
+        return figures
+
+    @classmethod
+    def figures_text(cls, runs: Sequence[Mapping[str, Any]]) -> list[str]:
+        """The decentralized text plus each regime's mean share over the seeds."""
+        text = super().figures_text(runs)
+        names = list(REGIME_NAMES.values())
+        if runs and all(r.get(f"regime_{names[0]}") not in (None, "") for r in runs):
+            shares = [100 * np.mean([float(r[f"regime_{g}"]) for r in runs]) for g in names]
+            text.append(f"regimes dropout/partial/head {'/'.join(f'{v:.0f}' for v in shares)} %")
+        return text
 
     @property
     def calibrated(self) -> bool:
