@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from tff_clustered.data import partitions as parts
+from tff_clustered.data import fedac_partitions as parts
 
 # CIFAR-10-like and CIFAR-100-like label arrays (train / official test).
 C10, C10_TEST = np.repeat(np.arange(10), 5000), np.repeat(np.arange(10), 1000)

@@ -34,7 +34,7 @@ from typing import Optional
 
 import numpy as np
 
-from tff_clustered.data import partitions
+from tff_clustered.data import fedac_partitions, partitions
 from tff_clustered.data.federated_data import DataError, FederatedData, first_line, from_arrays
 from tff_clustered.data.mnist import FASHION_MNIST, MNIST, MnistFormat, read_mnist_splits
 
@@ -57,7 +57,7 @@ IMAGE_SHAPES = {
 }
 # The grey 28x28 datasets in MNIST's file formats (`mnist.read_mnist_splits`).
 MNIST_FORMATS: dict[str, MnistFormat] = {"fashion_mnist": FASHION_MNIST, "mnist_partitioned": MNIST}
-# FedAC's partitions (`partitions.fedac_partition`) by the name `--partition` gives them.
+# FedAC's partitions (`fedac_partitions.fedac_partition`) by the name `--partition` gives them.
 FEDAC_SCHEMES = {"fedac_dirichlet": "dirichlet", "fedac_pathological": "pathological"}
 TFDS_NAMES = {"cifar10": "cifar10", "cifar100": "cifar100", "svhn": "svhn_cropped"}
 FILES = {
@@ -409,7 +409,7 @@ def load_image_federation(
         x_train, y_train = x_train[chosen], y_train[chosen]
     train, public = standardise(x_train, x_test)
     if partition in FEDAC_SCHEMES:
-        drawn = partitions.fedac_partition(
+        drawn = fedac_partitions.fedac_partition(
             y_train,
             y_test,
             num_clients,
