@@ -155,7 +155,7 @@ def test_fesem_m_step_with_one_cluster_is_fedavg_weighted_as_asked(weighting: st
     sizes = [exp.data.train_sizes[c] for c in ids]
     assert len(set(sizes)) > 1  # weighted and unweighted means differ here
     before = exp.state.cluster_models[0]
-    _, outputs, _ = exp.runner.train(
+    outputs = exp.runner.train(
         exp.current_round(),
         exp.state.cluster_models,
         1,
@@ -163,7 +163,7 @@ def test_fesem_m_step_with_one_cluster_is_fedavg_weighted_as_asked(weighting: st
         np.zeros(len(ids), np.int32),
         LocalTraining(1, 0.1),
         exp.store,
-    )
+    ).outputs
     deltas = np.stack([o["model_delta"] for o in outputs])
     row = exp.train_round(1)
     after = exp.state.cluster_models[0]

@@ -84,12 +84,11 @@ def numbers(row: dict) -> dict[str, float]:
 # baselines but DisPFL run one peer step (`dfl.PeerStep`) with other mixing weights
 # (CriticalFL-DFL's shorter queues are data); FedAvg's round is FedGroup's with one cluster,
 # FedProx's is FedGrouProx's; FedGroup's variants differ from fedgroup / fedgrouprox only in
-# how the server clusters; FedAvgM's is FedAvg's, which the
-# server then steps in NumPy alike for both executions. The executions are compared on the
-# rounds, so one of each covers them.
+# how the server clusters. FedAvgM's and FedAdam's finalizers step a server optimizer inside
+# the round, so they are compared. The executions are compared on the rounds, so one of each
+# covers them.
 SAME_ROUNDS_AS_ANOTHER = (DECENTRALIZED - {"uapdfl", "dispfl"}) | {
     "fedgroup_madc", "fedgrouprox_madc", "fedgroup_rac", "fedgroup_rcc", "fedavg", "fedprox",
-    "fedavgm", "fedadam",
 }  # fmt: skip
 COMPARED = sorted(set(ALGORITHMS) - SAME_ROUNDS_AS_ANOTHER)
 

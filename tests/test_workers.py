@@ -19,6 +19,7 @@ import pytest
 from conftest import ROOT, run_binary
 
 from tff_clustered.federated import sharded
+from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.runner import RunSpec, build_experiment
 from tff_clustered.runtime import RuntimeConfig, WorkerLostError, tff_runtime
@@ -82,12 +83,19 @@ def test_split_clients_gives_contiguous_balanced_non_empty_shares() -> None:
 
 
 def test_two_workers_give_the_one_worker_result(two_workers: list, monkeypatch: object) -> None:
-    """IFCA (clients pick their cluster; per-client outputs must come back in order), with
-    each round's clients split over both workers."""
+    """IFCA (clients pick their cluster; per-client outputs must come back in order) with
+    server momentum per cluster (the finalizer's state), each round's clients split over both
+    workers."""
     spec = RunSpec(
         algorithm="ifca",
         dataset="digits",
-        training=TrainingConfig(rounds=2, clients_per_round=8, local_epochs=1, learning_rate=0.1),
+        training=TrainingConfig(
+            rounds=2,
+            clients_per_round=8,
+            local_epochs=1,
+            learning_rate=0.1,
+            server_optimizer=ServerOptimizer("sgdm", learning_rate=1.0, momentum=0.9),
+        ),
     )
     used = []
     call_on = sharded._call_on
@@ -103,6 +111,9 @@ def test_two_workers_give_the_one_worker_result(two_workers: list, monkeypatch: 
     (one, one_history), (two, two_history) = results
     assert one.assignment == two.assignment
     np.testing.assert_allclose(one.cluster_models, two.cluster_models, atol=1e-5)
+    for key, value in one.server_optimizer_state.items():
+        np.testing.assert_allclose(two.server_optimizer_state[key], value, atol=1e-5)
+    assert np.abs(one.server_optimizer_state["accumulator"]).max() > 0  # momentum was kept
     for a, b in zip(one_history, two_history):
         assert a.keys() == b.keys()
         for key in a:

@@ -201,6 +201,7 @@ class Experiment:
             distribution=self.algorithm.distribution,
             anchor=self.anchor_tensors,
             num_neighbours=self.algorithm.num_neighbours,
+            server_optimizer=self.server_optimizer,
         )
 
     def current_round(self) -> FederatedRound:
@@ -216,7 +217,8 @@ class Experiment:
         return [ids[i] for i in chosen]
 
     def train_round(self, round_num: int) -> dict[str, Any]:
-        """Sample, plan, train, aggregate (the server optimizer's step), decide: one row."""
+        """Sample, plan, train and aggregate (the federated round, the server optimizer's step
+        included), decide: one row."""
         assignment_before = dict(self.state.assignment)
         client_ids = self.sample_clients(round_num)
         started = time.perf_counter()
@@ -240,7 +242,10 @@ class Experiment:
         keys: Any = clusters
         if plan.neighbours is not None:  # each peer's own row, then the rows routed to it
             keys = np.concatenate([clusters[:, None], np.asarray(plan.neighbours)], axis=1)
-        after, outputs, measurements = self.runner.train(
+        optimizer_state = self.server_optimizer.state_or_initial(
+            self.state.server_optimizer_state, len(before), self.run.num_trainable_values
+        )
+        trained_round = self.runner.train(
             fed_round,
             before,
             round_num,
@@ -251,7 +256,9 @@ class Experiment:
             plan.client_scalars,
             self.state.anchor,
             row_weights,
+            optimizer_state,
         )
+        after, outputs = trained_round.cluster_models, trained_round.outputs
         train_seconds = time.perf_counter() - planned
         if picks:
             clusters = np.array([int(o["cluster"]) for o in outputs], np.int32)
@@ -263,13 +270,7 @@ class Experiment:
         )
         outputs = [outputs[i] for i in kept]
         client_ids, clusters = [client_ids[i] for i in kept], clusters[kept]
-        after, self.state.server_optimizer_state = self.server_optimizer.step(
-            self.state.server_optimizer_state,
-            before,
-            after,
-            np.asarray(measurements["cluster_weight"])[: len(before)] > 0,
-            self.run.num_trainable_values,
-        )
+        self.state.server_optimizer_state = trained_round.optimizer_state
         check_finite(after, round_num, "aggregation", clusters, client_ids)
         self.state.cluster_models = after
         for cid, out in zip(client_ids, outputs):

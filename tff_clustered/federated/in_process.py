@@ -16,7 +16,8 @@ first GPU when it sees one. The round is the TFF round's, step for step:
    with masked batches when its rows are independent (`client_groups`), the others one
    each, several at a time (threads; one per core);
 3. aggregator: each client's weighted update is added into its cluster's row, in client order;
-4. finalizer: `apply_cluster_updates(cluster_models, cluster_mean(sums, weights))`.
+4. finalizer: `finalize_sums(cluster_models, sums, weights, optimizer_state)` (the mean
+   update added, then the server optimizer's step).
 
 Each function is traced once into a graph and run by a session (`GraphFunction`), as TFF's
 TensorFlow executor runs its computations.
@@ -38,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.federated import graphs
-from tff_clustered.federated.clustered_mean import add_to_cluster, cluster_mean
+from tff_clustered.federated.clustered_mean import add_to_cluster
 from tff_clustered.federated.graphs import check_device
 from tff_clustered.federated.grouping import client_groups, stacked_padded
 from tff_clustered.federated.round import FederatedRound
@@ -139,9 +140,6 @@ def in_process_round(
         """The aggregator's accumulate: one client's update into the per-cluster sums."""
         return add_to_cluster(sums, shared_delta, cluster_weight), total_weight + cluster_weight
 
-    def finalize(cluster_models: tuple, sums: tuple, total_weight: tf.Tensor) -> tuple:
-        return fns.apply_cluster_updates(cluster_models, cluster_mean(sums, total_weight))
-
     def evaluate_client(
         cluster_models: tuple, data: dict, key: tf.Tensor, stored: tuple, batch_size: tf.Tensor
     ) -> dict:
@@ -205,7 +203,9 @@ def in_process_round(
         accumulate, [sums_spec, weight_spec, fns.shared_spec, weight_spec], device
     )
     finalize_graph = graphs.GraphFunction(
-        finalize, [fns.cluster_models_spec, sums_spec, weight_spec], device
+        fns.finalize_sums,
+        [fns.cluster_models_spec, sums_spec, weight_spec, fns.optimizer_state_spec],
+        device,
     )
     evaluate_client_graph = graphs.GraphFunction(
         evaluate_client,
@@ -219,11 +219,19 @@ def in_process_round(
         device,
     )
 
-    def server_state(cluster_models: tuple, anchor: tuple) -> collections.OrderedDict:
-        return python_server_state(cluster_models, anchor if has_anchor else None)
+    def server_state(
+        cluster_models: tuple, anchor: tuple, optimizer: dict
+    ) -> collections.OrderedDict:
+        return python_server_state(
+            cluster_models,
+            anchor if has_anchor else None,
+            optimizer if fns.has_optimizer else None,
+        )
 
     def initialize() -> collections.OrderedDict:
-        return server_state(fns.initial_cluster_models, fns.initial_anchor)
+        return server_state(
+            fns.initial_cluster_models, fns.initial_anchor, fns.initial_optimizer_state
+        )
 
     def next_fn(
         state: dict,
@@ -293,9 +301,11 @@ def in_process_round(
             for row, i in enumerate(members):
                 outputs[i] = tf.nest.map_structure(lambda a, row=row: a[row], out)
         # A relay (routed rows) sums nothing: the mailbox is the peers' to rewrite.
-        new_models = models if fns.routes_rows else finalize_graph(models, sums, total_weight)
+        optimizer = state.get("optimizer", {})
+        if not fns.routes_rows:
+            models, optimizer = finalize_graph(models, sums, total_weight, optimizer)
         measurements = collections.OrderedDict(cluster_weight=total_weight)
-        return server_state(new_models, anchor), outputs, measurements
+        return server_state(models, anchor, optimizer), outputs, measurements
 
     def evaluate(
         cluster_models: tuple,

@@ -22,9 +22,11 @@ Server state holds `num_clusters` models stacked along a leading cluster axis. A
   in-process execution), not inside tf.data's CPU-only runtime;
 * aggregator: `ClusteredMeanFactory`, the weighted mean per cluster of the shared variables'
   updates (weights: examples processed, or 1 per client);
-* finalizer: adds each cluster's mean update to its shared variables. A cluster no sampled
-  client trained in gets a zero update and keeps its model bit for bit; non-shared variables
-  of the server models are never touched.
+* finalizer: adds each cluster's mean update to its shared variables, then takes the
+  signature's server optimizer step per cluster (`server_optimizers.server_step`: FedAvgM,
+  FedAdam; its state is part of the server state), inside the computation. A cluster no
+  sampled client trained in gets a zero update and keeps its model (and optimizer state) bit
+  for bit; non-shared variables of the server models are never touched by the aggregator.
 
 Variables are the model's trainable tensors followed by its state tensors (BatchNorm moving
 statistics); a state tensor is shared exactly when the trainable tensor that owns it (its BN
@@ -54,7 +56,7 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow_federated as tff
 
-from tff_clustered.federated.clustered_mean import ClusteredMeanFactory, ClusterSums, cluster_mean
+from tff_clustered.federated.clustered_mean import ClusteredMeanFactory, ClusterSums
 from tff_clustered.federated.round_functions import RoundFunctions, round_functions
 from tff_clustered.federated.signature import ModelLayout, RoundIO, RoundSignature
 from tff_clustered.models.functional import FunctionalModel
@@ -101,7 +103,8 @@ class TffRoundParts:
     """The round's TFF computations. `next` is the whole round on one worker; `partial_next`
     (same arguments) stops after the clients' work and returns, besides the client outputs,
     the per-cluster weighted sums of their updates and the per-cluster total weight (both
-    SERVER-placed), and `finalize(cluster_models, sums, total_weight) -> cluster_models` turns
+    SERVER-placed), and `finalize(cluster_models, sums, total_weight) -> cluster_models` (with
+    a server optimizer's state: `(..., optimizer) -> {cluster_models, optimizer}`) turns
     sums, added up over any split of the clients, into the new cluster models. `next` equals
     `partial_next` followed by `finalize` (`sharded.py` runs them on several workers)."""
 
@@ -169,14 +172,36 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
     aggregator = ClusteredMeanFactory(k).create(
         to_type(fns.shared_spec), tff.TensorType(np.float32, [k])
     )
-    apply_cluster_updates = tff.tensorflow.computation(cluster_models_type, stacked_shared_type)(
-        fns.apply_cluster_updates
-    )
+    # The finalizer: from the cluster means (the whole round) or the per-cluster sums (after
+    # `sharded.py` has added the workers' shares), with the server optimizer's state in and
+    # out when it keeps one (TFF computations take no optional parameters).
+    has_optimizer = fns.has_optimizer
+    weight_type = tff.TensorType(np.float32, [k])
+    finalize_types = [cluster_models_type, stacked_shared_type, weight_type]
+    if has_optimizer:
+        finalize_types.append(to_type(fns.optimizer_state_spec))
 
-    def server_state(cluster_models: object, anchor: object, aggregator_state: object) -> object:
+    def finalizer(combine: Callable[..., tuple]) -> tff.Computation:
+        if has_optimizer:
+            return tff.tensorflow.computation(*finalize_types)(
+                lambda models, update, weight, optimizer: collections.OrderedDict(
+                    zip(("cluster_models", "optimizer"), combine(models, update, weight, optimizer))
+                )
+            )
+        return tff.tensorflow.computation(*finalize_types)(
+            lambda models, update, weight: combine(models, update, weight, {})[0]
+        )
+
+    finalize_mean = finalizer(fns.finalize)
+
+    def server_state(
+        cluster_models: object, anchor: object, optimizer: object, aggregator_state: object
+    ) -> object:
         parts = collections.OrderedDict(cluster_models=cluster_models)
         if has_anchor:
             parts["anchor"] = anchor
+        if has_optimizer:
+            parts["optimizer"] = optimizer
         parts["aggregator"] = aggregator_state
         return tff.federated_zip(parts)
 
@@ -185,6 +210,7 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
         return server_state(
             tff.federated_value(fns.initial_cluster_models, tff.SERVER),
             tff.federated_value(fns.initial_anchor, tff.SERVER) if has_anchor else None,
+            tff.federated_value(fns.initial_optimizer_state, tff.SERVER) if has_optimizer else None,
             aggregator.initialize(),
         )
 
@@ -270,10 +296,14 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
             nothing = collections.OrderedDict(cluster_weight=np.zeros([k], np.float32))
             return state, outputs, tff.federated_value(nothing, tff.SERVER)
         aggregate = aggregator.next(state.aggregator, shared_delta, cluster_weight)
-        new_models = tff.federated_map(
-            apply_cluster_updates, (state.cluster_models, aggregate.result)
-        )
-        new_state = server_state(new_models, state.anchor if has_anchor else None, aggregate.state)
+        inputs = [state.cluster_models, aggregate.result, aggregate.measurements.cluster_weight]
+        if has_optimizer:
+            finalized = tff.federated_map(finalize_mean, (*inputs, state.optimizer))
+            new_models, optimizer = finalized.cluster_models, finalized.optimizer
+        else:
+            new_models, optimizer = tff.federated_map(finalize_mean, tuple(inputs)), None
+        anchor = state.anchor if has_anchor else None
+        new_state = server_state(new_models, anchor, optimizer, aggregate.state)
         return new_state, outputs, aggregate.measurements
 
     cluster_sums = ClusterSums(to_type(fns.shared_spec), k)
@@ -288,11 +318,7 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
     next_fn = after_client_work(aggregate_and_apply)
     partial_next = after_client_work(sums_only)
 
-    @tff.tensorflow.computation(
-        cluster_models_type, cluster_sums.stacked_type, cluster_sums.weight_type
-    )
-    def finalize(cluster_models: object, total: object, total_weight: object) -> object:
-        return fns.apply_cluster_updates(cluster_models, cluster_mean(total, total_weight))
+    finalize = finalizer(fns.finalize_sums)
 
     # Evaluation: the same distributor, then each client's joined model on its data.
     batch_size_type = tff.TensorType(np.int64)

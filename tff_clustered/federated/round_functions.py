@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
 
 from tff_clustered.data.federated_data import ArrayBatches
-from tff_clustered.federated import client_work
+from tff_clustered.federated import client_work, server_optimizers
+from tff_clustered.federated.clustered_mean import cluster_mean
 from tff_clustered.federated.distributors import (
     ClientSide,
     Distributor,
@@ -64,13 +65,18 @@ def example_count(data: dict) -> int:
 
 
 def python_server_state(
-    cluster_models: Sequence[Any], anchor: Optional[Sequence[Any]]
+    cluster_models: Sequence[Any],
+    anchor: Optional[Sequence[Any]],
+    optimizer: Optional[Mapping[str, Any]] = None,
 ) -> collections.OrderedDict:
     """The round's server state as the TFF round returns it, for executions that build it in
-    Python: cluster models, the anchor when the round has one, the aggregator's (empty) state."""
+    Python: cluster models, the anchor and the server optimizer's state when the round has
+    them, the aggregator's (empty) state."""
     state = collections.OrderedDict(cluster_models=tuple(cluster_models))
     if anchor is not None:
         state["anchor"] = tuple(anchor)
+    if optimizer is not None:
+        state["optimizer"] = collections.OrderedDict(optimizer)
     state["aggregator"] = ()
     return state
 
@@ -90,7 +96,10 @@ class RoundFunctions:
     * `padded_client_update(..., anchor, size)`: the same for a client holding the first
       `size` rows of `data` (padded arrays, masked batches: `ArrayBatches`; exact for a
       `rows_independent` model), None for all of them;
-    * `apply_cluster_updates(cluster_models, mean_deltas)`: the finalizer;
+    * `finalize(cluster_models, mean_deltas, cluster_weight, optimizer_state) ->
+      (cluster_models, optimizer_state)`: the finalizer, each cluster's mean update added to
+      its shared variables, then the server optimizer's step (`server_optimizers.server_step`;
+      the identity when `has_optimizer` is false, with `()` for its state);
     * `client_evaluate(selected, stored, data, batch_size)`: one client's scores.
     The aggregation between them is `clustered_mean`'s `add_to_cluster` and `cluster_mean`.
     """
@@ -108,16 +117,29 @@ class RoundFunctions:
     hparams_spec: dict
     initial_cluster_models: tuple
     initial_anchor: tuple
+    optimizer_state_spec: Any
+    initial_optimizer_state: Any
     distributor: Distributor
     client_update: Callable[..., tuple]
     padded_client_update: Callable[..., tuple]
-    apply_cluster_updates: Callable[..., tuple]
+    finalize: Callable[..., tuple]
     client_evaluate: Callable[..., dict]
     rows_independent: bool = False  # the model's `rows_independent`: padded clients are exact
 
     @property
     def num_clusters(self) -> int:
         return self.signature.num_clusters
+
+    @property
+    def has_optimizer(self) -> bool:
+        return not self.signature.server_optimizer.is_identity
+
+    def finalize_sums(
+        self, cluster_models: tuple, sums: tuple, total_weight: tf.Tensor, optimizer_state: Any
+    ) -> tuple:
+        """`finalize` from the per-cluster sums of the weighted updates and their weights."""
+        mean = cluster_mean(sums, total_weight)
+        return self.finalize(cluster_models, mean, total_weight, optimizer_state)
 
     @property
     def picks_cluster(self) -> bool:
@@ -276,11 +298,15 @@ def round_functions(
             outputs["model_delta"] = client_work.flatten([t - s for t, s in zip(trained, start)])
         return shared_delta, cluster_weight, outputs
 
-    def apply_cluster_updates(cluster_models: tuple, mean_deltas: tuple) -> tuple:
-        updated = list(cluster_models)
+    server_step = server_optimizers.server_step(signature.server_optimizer, num_trainable)
+
+    def finalize(
+        cluster_models: tuple, mean_deltas: tuple, cluster_weight: tf.Tensor, optimizer_state: Any
+    ) -> tuple:
+        added = list(cluster_models)
         for i, delta in zip(io.shared, mean_deltas):
-            updated[i] = cluster_models[i] + delta
-        return tuple(updated)
+            added[i] = cluster_models[i] + delta
+        return server_step(cluster_models, tuple(added), cluster_weight > 0, optimizer_state)
 
     def client_evaluate(
         selected: tf.data.Dataset, stored: tuple, data: object, batch_size: tf.Tensor
@@ -291,6 +317,9 @@ def round_functions(
         dataset = ArrayBatches(data, batch_size)
         return client_work.evaluate_client(forward, weights, dataset, state)._asdict()
 
+    optimizer = signature.server_optimizer
+    trainable_values = sum(int(np.prod(s)) for s in layout.trainable_shapes)
+    initial_optimizer_state = optimizer.state_or_initial(None, k, trainable_values) or {}
     return RoundFunctions(
         signature=signature,
         io=io,
@@ -318,10 +347,15 @@ def round_functions(
         initial_anchor=tuple(
             np.asarray(initial_variables[i], np.float32) for i in signature.anchor
         ),
+        optimizer_state_spec=collections.OrderedDict(
+            (key, tf.TensorSpec(value.shape, tf.as_dtype(value.dtype)))
+            for key, value in initial_optimizer_state.items()
+        ),
+        initial_optimizer_state=initial_optimizer_state,
         distributor=distributor,
         client_update=client_update,
         padded_client_update=padded_client_update,
-        apply_cluster_updates=apply_cluster_updates,
+        finalize=finalize,
         client_evaluate=client_evaluate,
         rows_independent=model.rows_independent,
     )

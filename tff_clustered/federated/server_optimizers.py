@@ -19,9 +19,10 @@ momentum per group. Rules:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -74,11 +75,22 @@ class ServerOptimizer:
         optimizer = self.build()
         initial = optimizer.initialize((tf.TensorSpec([size], tf.float32),))
         hparams = optimizer.get_hparams(initial)
-        return {
-            key: np.repeat(np.asarray(per_tensor(value))[None], num_clusters, 0)
-            for key, value in initial.items()
+        return collections.OrderedDict(
+            (key, np.repeat(np.asarray(per_tensor(value))[None], num_clusters, 0))
+            for key, value in sorted(initial.items())
             if key not in hparams
-        }
+        )
+
+    def state_or_initial(
+        self, state: Optional[OptimizerState], num_clusters: int, size: int
+    ) -> Optional[OptimizerState]:
+        """`state` while it holds `num_clusters` clusters, else a zero state (a change in the
+        number of clusters restarts it); None for the identity."""
+        if self.is_identity:
+            return None
+        if state is None or any(len(value) != num_clusters for value in state.values()):
+            return self.initial_state(num_clusters, size)
+        return state
 
     def step(
         self,
@@ -88,32 +100,70 @@ class ServerOptimizer:
         updated: np.ndarray,
         trainable_values: int,
     ) -> tuple[np.ndarray, Optional[OptimizerState]]:
-        """The cluster models after the server step, and the new state. `before`: the cluster
-        models the round started from, (K, D); `after`: the aggregator's result (`before` plus
-        each cluster's mean update); `updated`: (K,) whether any client trained in each
-        cluster; the first `trainable_values` of a flat model are its trainable ones."""
-        if self.is_identity:
+        """`server_step` on flat NumPy models: the cluster models after the server step, and
+        the new state. `before`: the cluster models the round started from, (K, D); `after`:
+        the aggregator's result (`before` plus each cluster's mean update); `updated`: (K,)
+        whether any client trained in each cluster; the first `trainable_values` of a flat
+        model are its trainable ones."""
+        state = self.state_or_initial(state, len(before), trainable_values)
+        if state is None:
             return after, None
-        num_clusters, t = len(before), trainable_values
-        if state is None or any(len(value) != num_clusters for value in state.values()):
-            state = self.initial_state(num_clusters, t)
-        optimizer = self.build()
-        hparams = optimizer.get_hparams(optimizer.initialize((tf.TensorSpec([t], tf.float32),)))
-        models = np.array(after, np.float32, copy=True)
-        new_state = {key: value.copy() for key, value in state.items()}
-        for k in np.flatnonzero(updated):
+        t = trainable_values
+        models, new_state = server_step(self, 1)(
+            (tf.constant(before[:, :t]), tf.constant(before[:, t:])),
+            (tf.constant(after[:, :t]), tf.constant(after[:, t:])),
+            tf.constant(np.asarray(updated, bool)),
+            {key: tf.constant(value) for key, value in state.items()},
+        )
+        flat = np.concatenate([np.asarray(m) for m in models], axis=1).astype(np.float32)
+        return flat, {key: np.asarray(value) for key, value in new_state.items()}
+
+
+def server_step(spec: ServerOptimizer, num_trainable: int) -> Callable[..., tuple]:
+    """The finalizer's step as a TF function `(before, after, updated, state) -> (models,
+    state)` on cluster models stacked per variable (`[K, ...]`, the first `num_trainable`
+    trainable): for each cluster k that `updated[k]` says some client trained in, the
+    optimizer's step from `before` with the pseudo-gradient -(after - before) on the flat
+    vector of its trainable values; its other variables keep `after` (the aggregator's mean),
+    and an untrained cluster keeps `after` (its model unchanged) and its state. `state`: the
+    optimizer's non-hyperparameter entries stacked per cluster (`ServerOptimizer.initial_state`).
+    The identity returns `after` and the state as they are."""
+
+    def step(before: tuple, after: tuple, updated: tf.Tensor, state: dict) -> tuple:
+        if spec.is_identity:
+            return tuple(after), state
+        num_clusters = int(before[0].shape[0])
+        shapes = [tuple(before[i].shape[1:]) for i in range(num_trainable)]
+
+        def flat(models: tuple) -> tf.Tensor:
+            return tf.concat(
+                [tf.reshape(models[i], [num_clusters, -1]) for i in range(num_trainable)], 1
+            )
+
+        start, mean = flat(before), flat(after)
+        optimizer = spec.build()
+        size = int(start.shape[1])
+        initial = optimizer.initialize((tf.TensorSpec([size], tf.float32),))
+        # float32 tensors, as the optimizer casts its integer step to their dtype (adam)
+        hparams = {key: tf.cast(v, tf.float32) for key, v in optimizer.get_hparams(initial).items()}
+        rows, moved_state = [], {key: [] for key in state}
+        for k in range(num_clusters):
             current: dict[str, Any] = dict(hparams)
             for key, value in state.items():
-                current[key] = value[k] if value.ndim == 1 else (tf.constant(value[k]),)
-            moved, (weights,) = optimizer.next(
-                current,
-                (tf.constant(before[k, :t]),),
-                (tf.constant(before[k, :t] - after[k, :t]),),  # the pseudo-gradient -Delta_k
-            )
-            models[k, :t] = weights.numpy()
-            for key in state:
-                new_state[key][k] = np.asarray(per_tensor(moved[key]))
-        return models, new_state
+                current[key] = value[k] if value.shape.rank == 1 else (value[k],)
+            moved, (weights,) = optimizer.next(current, (start[k],), (start[k] - mean[k],))
+            rows.append(tf.where(updated[k], weights, mean[k]))
+            for key, value in state.items():
+                moved_state[key].append(tf.where(updated[k], per_tensor(moved[key]), value[k]))
+        sizes = [int(np.prod(shape)) for shape in shapes]
+        trainable = tf.split(tf.stack(rows), sizes, axis=1)
+        models = [tf.reshape(t, [num_clusters, *shape]) for t, shape in zip(trainable, shapes)]
+        new_state = collections.OrderedDict(
+            (key, tf.stack(values)) for key, values in moved_state.items()
+        )
+        return tuple(models) + tuple(after[num_trainable:]), new_state
+
+    return step
 
 
 def per_tensor(value: Any) -> Any:

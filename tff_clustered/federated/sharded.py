@@ -102,11 +102,17 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
             total_weight = total_weight + np.asarray(share_weight, np.float32)
             outputs.extend(share_outputs)
         models = tuple(state["cluster_models"])
+        optimizer = state.get("optimizer")
         if parts.functions.routes_rows:  # a relay: the mailbox is the peers' to rewrite
-            new_models, total_weight = models, np.zeros_like(total_weight)
+            total_weight = np.zeros_like(total_weight)
         else:
-            new_models = _call_on(workers[0][1], parts.finalize, models, tuple(total), total_weight)
-        new_state = python_server_state(new_models, state["anchor"] if has_anchor else None)
+            inputs = (models, tuple(total), total_weight)
+            if optimizer is None:
+                models = _call_on(workers[0][1], parts.finalize, *inputs)
+            else:
+                finalized = _call_on(workers[0][1], parts.finalize, *inputs, optimizer)
+                models, optimizer = finalized["cluster_models"], finalized["optimizer"]
+        new_state = python_server_state(models, state["anchor"] if has_anchor else None, optimizer)
         return new_state, outputs, collections.OrderedDict(cluster_weight=total_weight)
 
     def evaluate(

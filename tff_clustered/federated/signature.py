@@ -12,6 +12,7 @@ from typing import Any, Optional
 import numpy as np
 
 from tff_clustered.federated import client_work
+from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.models.functional import FunctionalModel
 
 CLIENT_WEIGHTINGS = ("num_examples", "uniform")
@@ -116,7 +117,9 @@ class RoundSignature:
     (FedAC's global embedding); the client work reads it as `ClientInputs.anchor`.
     `num_neighbours`: with `distribution="neighbours"`, how many rows besides its own each
     client receives (its key holds its own row, then theirs); the work reads them stacked as
-    `ClientInputs.inbox` and nothing is aggregated on the server.
+    `ClientInputs.inbox` and nothing is aggregated on the server. `server_optimizer`: the
+    finalizer's step with each cluster's mean update (`server_optimizers.server_step`; its
+    state is part of the server state unless it is the identity, FedAvg's "add the mean").
     """
 
     num_clusters: int
@@ -128,6 +131,7 @@ class RoundSignature:
     distribution: str = "own_cluster"
     anchor: tuple[int, ...] = ()
     num_neighbours: int = 0
+    server_optimizer: ServerOptimizer = ServerOptimizer()
 
     def __post_init__(self) -> None:
         if self.num_clusters < 1:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -34,6 +34,17 @@ from tff_clustered.seeds import DROPOUT, SHUFFLE, derived_seed
 # gradients, and per-example results do not depend on it.
 POOLED_BATCH = 512
 ClientResults = dict[str, dict[str, float]]  # client id -> loss_sum, num_correct, num_examples
+
+
+class TrainedRound(NamedTuple):
+    """What one call of a round's `next` returns: the new cluster models (flat, the real ones),
+    the server optimizer's new state (None without one), each client's outputs and the
+    round's measurements (`cluster_weight`)."""
+
+    cluster_models: np.ndarray
+    optimizer_state: Optional[dict[str, np.ndarray]]
+    outputs: list[dict]
+    measurements: dict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,11 +97,12 @@ class ClientRunner:
         client_scalars: Optional[Sequence[float]] = None,
         anchor: Optional[np.ndarray] = None,
         row_weights: Optional[np.ndarray] = None,
-    ) -> tuple[np.ndarray, list[dict], dict]:
+        optimizer_state: Optional[dict[str, np.ndarray]] = None,
+    ) -> TrainedRound:
         """One call of the round's `next` for `client_ids`, client i starting from the rows
         `keys[i]` of `cluster_models`, joined with its variables in `store` (none without one);
-        `anchor` (flat) for a round that sends one, `row_weights` for one that routes rows.
-        Returns `(new_cluster_models, client_outputs, measurements)`."""
+        `anchor` (flat) for a round that sends one, `row_weights` for one that routes rows,
+        `optimizer_state` (one row per cluster) for one whose finalizer keeps a state."""
         shapes = self.layout.shapes
         signature = fed_round.signature
         server_state: dict[str, Any] = {
@@ -101,6 +113,10 @@ class ClientRunner:
         if signature.anchor:
             whole = flat.unflatten(anchor, shapes)
             server_state["anchor"] = tuple(whole[i] for i in signature.anchor)
+        if optimizer_state is not None:
+            server_state["optimizer"] = {
+                key: padded(value, signature.num_clusters) for key, value in optimizer_state.items()
+            }
         server_state["aggregator"] = ()
         scalars = [1.0] * len(client_ids) if client_scalars is None else client_scalars
         store_in = fed_round.io.store_in
@@ -123,8 +139,15 @@ class ClientRunner:
             self.seeds(round_num, client_ids, training.stream),
             hparams,
         )
-        new_models = flat.stacked_to_matrix(new_state["cluster_models"])[: len(cluster_models)]
-        return new_models, outputs, measurements
+        num_clusters = len(cluster_models)
+        new_models = flat.stacked_to_matrix(new_state["cluster_models"])[:num_clusters]
+        new_optimizer_state = None
+        if optimizer_state is not None:
+            new_optimizer_state = {
+                key: np.asarray(value)[:num_clusters]
+                for key, value in new_state["optimizer"].items()
+            }
+        return TrainedRound(new_models, new_optimizer_state, outputs, measurements)
 
     def whole_model_round(self, num_models: int) -> FederatedRound:
         """A round whose models are whole server models, nothing taken from the client store

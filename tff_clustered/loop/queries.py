@@ -60,14 +60,14 @@ class ServerQueries:
         rows = []
         for begin in range(0, len(client_ids), chunk):
             ids = list(client_ids[begin : begin + chunk])
-            _, outputs, _ = self._runner.train(
+            outputs = self._runner.train(
                 fed_round,
                 np.asarray(start, np.float32)[None, :],
                 round_num,
                 ids,
                 [0] * len(ids),
                 training,
-            )
+            ).outputs
             diverged = [c for c, o in zip(ids, outputs) if not bool(o["finite"])]
             if diverged:
                 raise DivergenceError(

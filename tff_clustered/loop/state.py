@@ -96,11 +96,14 @@ def cluster_capacity(num_clusters: int) -> int:
     return num_clusters if num_clusters <= 4 else -(-num_clusters // 4) * 4
 
 
-def padded(cluster_models: np.ndarray, capacity: int) -> np.ndarray:
-    extra = capacity - len(cluster_models)
+def padded(rows: np.ndarray, capacity: int) -> np.ndarray:
+    """`rows` (cluster models, or an entry of the server optimizer's state, one row per
+    cluster) followed by zero rows up to `capacity`."""
+    rows = np.asarray(rows)
+    extra = capacity - len(rows)
     if extra <= 0:
-        return cluster_models
-    return np.concatenate([cluster_models, np.zeros((extra, cluster_models.shape[1]), np.float32)])
+        return rows
+    return np.concatenate([rows, np.zeros((extra, *rows.shape[1:]), rows.dtype)])
 
 
 class DivergenceError(ValueError):
