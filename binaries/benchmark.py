@@ -77,6 +77,7 @@ from tff_clustered.federated.round_functions import (  # noqa: E402
 )
 from tff_clustered.federated.signature import (  # noqa: E402
     RoundSignature,
+    client_input,
     client_seed,
     round_hparams,
 )
@@ -643,14 +644,12 @@ def unequal_clients(spec: object, w0: list, rng: np.random.Generator) -> dict:
 
     def round_fn(process: object, clients: list) -> object:
         state = process.initialize()
-        keys = [np.array([0], np.int32)] * len(clients)
-        ones, seeds = (
-            [np.float32(1.0)] * len(clients),
-            [client_seed(i, i) for i in range(len(clients))],
-        )
+        inputs = [
+            client_input(data, 0, (), 1.0, client_seed(i, i)) for i, data in enumerate(clients)
+        ]
 
         def run() -> None:
-            process.next(state, clients, keys, [()] * len(clients), ones, seeds, hparams)
+            process.next(state, inputs, hparams)
 
         return run
 

@@ -17,6 +17,7 @@ from tff_clustered.federated.round import (
 from tff_clustered.federated.signature import (
     RoundSignature,
     client_seed,
+    round_clients,
     round_hparams,
 )
 from tff_clustered.models import PersonalSplit, ResolvedSplit, initial_weights, model_spec
@@ -91,11 +92,13 @@ def test_round_is_the_example_weighted_mean_per_cluster_and_empty_cluster_is_unc
     keys = [0, 2, 2, 0]
     new_state, outputs, measurements = process.next(
         state,
-        [arrays(*d) for d in data],
-        [np.array([k], np.int32) for k in keys],
-        [()] * 4,
-        [np.float32(1.0)] * 4,
-        seeds(4),
+        round_clients(
+            [arrays(*d) for d in data],
+            [np.array([k], np.int32) for k in keys],
+            [()] * 4,
+            [np.float32(1.0)] * 4,
+            seeds(4),
+        ),
         round_hparams(0.2, BATCH),
     )
     w_stack, b_stack = state["cluster_models"]
@@ -132,11 +135,13 @@ def test_personal_tensors_are_trained_locally_and_never_aggregated() -> None:
     ]
     new_state, outputs, _ = process.next(
         state,
-        [arrays(*d) for d in data],
-        [np.array([k], np.int32) for k in keys],
-        personal,
-        [np.float32(1.0)] * 3,
-        seeds(3),
+        round_clients(
+            [arrays(*d) for d in data],
+            [np.array([k], np.int32) for k in keys],
+            personal,
+            [np.float32(1.0)] * 3,
+            seeds(3),
+        ),
         round_hparams(0.1, BATCH),
     )
     train = tf.function(client_work.train_client, autograph=False)
@@ -169,11 +174,13 @@ def test_purely_local_models_leave_the_server_state_unchanged() -> None:
     data = client_sets(rng, [6, 6], 5, 3)
     new_state, outputs, _ = process.next(
         state,
-        [arrays(*d) for d in data],
-        [np.array([0], np.int32)] * 2,
-        [tuple(w0)] * 2,
-        [np.float32(1.0)] * 2,
-        seeds(2),
+        round_clients(
+            [arrays(*d) for d in data],
+            [np.array([0], np.int32)] * 2,
+            [tuple(w0)] * 2,
+            [np.float32(1.0)] * 2,
+            seeds(2),
+        ),
         round_hparams(0.1, BATCH),
     )
     for got, before in zip(new_state["cluster_models"], state["cluster_models"]):
@@ -211,11 +218,13 @@ def test_per_client_proximal_scale_multiplies_mu() -> None:
     scales = [0.0, 1.0, 4.0]
     _, outputs, _ = process.next(
         state,
-        [arrays(*d) for d in data],
-        [np.array([0], np.int32)] * 3,
-        [()] * 3,
-        [np.float32(s) for s in scales],
-        seeds(3),
+        round_clients(
+            [arrays(*d) for d in data],
+            [np.array([0], np.int32)] * 3,
+            [()] * 3,
+            [np.float32(s) for s in scales],
+            seeds(3),
+        ),
         round_hparams(0.3, BATCH),
     )
     start = np.concatenate([w0[0].ravel(), w0[1]])
@@ -250,11 +259,13 @@ def test_batchnorm_statistics_follow_their_layer_shared_or_personal() -> None:
     state = process.initialize()
     new_state, outputs, _ = process.next(
         state,
-        [arrays(*d) for d in data],
-        [np.array([0], np.int32)] * 2,
-        [tuple(variables[i] for i in process.io.store_in)] * 2,
-        [np.float32(1.0)] * 2,
-        seeds(2),
+        round_clients(
+            [arrays(*d) for d in data],
+            [np.array([0], np.int32)] * 2,
+            [tuple(variables[i] for i in process.io.store_in)] * 2,
+            [np.float32(1.0)] * 2,
+            seeds(2),
+        ),
         round_hparams(0.05, BATCH),
     )
     kept = [dict(zip(process.io.store_out, o["stored"])) for o in outputs]
@@ -290,11 +301,13 @@ def test_clients_pick_the_lowest_loss_in_use_cluster_and_train_it() -> None:
     def run(num_clusters: int) -> tuple:
         return process.next(
             state,
-            [arrays(*d) for d in data],
-            [np.array([0], np.int32)] * len(data),  # ignored: the clients pick
-            [()] * len(data),
-            [np.float32(1.0)] * len(data),
-            seeds(len(data)),
+            round_clients(
+                [arrays(*d) for d in data],
+                [np.array([0], np.int32)] * len(data),  # ignored: the clients pick
+                [()] * len(data),
+                [np.float32(1.0)] * len(data),
+                seeds(len(data)),
+            ),
             round_hparams(0.2, BATCH, num_clusters=num_clusters),
         )
 
@@ -327,11 +340,13 @@ def test_the_anchor_is_broadcast_and_pulls_its_tensors() -> None:
     keys = [1, 0, 1]
     new_state, outputs, _ = process.next(
         state,
-        [arrays(*d) for d in data],
-        [np.array([k], np.int32) for k in keys],
-        [()] * 3,
-        [np.float32(1.0)] * 3,
-        seeds(3),
+        round_clients(
+            [arrays(*d) for d in data],
+            [np.array([k], np.int32) for k in keys],
+            [()] * 3,
+            [np.float32(1.0)] * 3,
+            seeds(3),
+        ),
         round_hparams(0.1, BATCH),
     )
     w_stack, b_stack = state["cluster_models"]
@@ -358,11 +373,13 @@ def test_a_diverged_client_is_left_out_of_its_cluster_mean() -> None:
     keys = [0, 0, 1]
     new_state, outputs, measurements = process.next(
         state,
-        [arrays(*d) for d in data],
-        [np.array([k], np.int32) for k in keys],
-        [()] * 3,
-        [np.float32(1.0)] * 3,
-        seeds(3),
+        round_clients(
+            [arrays(*d) for d in data],
+            [np.array([k], np.int32) for k in keys],
+            [()] * 3,
+            [np.float32(1.0)] * 3,
+            seeds(3),
+        ),
         round_hparams(0.2, BATCH),
     )
     assert [bool(o["finite"]) for o in outputs] == [True, False, True]

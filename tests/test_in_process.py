@@ -24,6 +24,7 @@ from tff_clustered.federated.round_functions import (
 from tff_clustered.federated.signature import (
     RoundSignature,
     client_seed,
+    round_clients,
     round_hparams,
 )
 from tff_clustered.loop.config import TrainingConfig
@@ -158,11 +159,13 @@ def test_in_process_ifca_round_with_an_anchor_matches_tff() -> None:
         state["anchor"] = tuple(np.array(a) * 0.5 for a in state["anchor"])
         new_state, outputs, measurements = fed_round.next(
             state,
-            arrays,
-            [np.array([0], np.int32)] * 4,
-            [()] * 4,
-            [np.float32(1.0)] * 4,
-            [client_seed(i, i) for i in range(4)],
+            round_clients(
+                arrays,
+                [np.array([0], np.int32)] * 4,
+                [()] * 4,
+                [np.float32(1.0)] * 4,
+                [client_seed(i, i) for i in range(4)],
+            ),
             round_hparams(0.1, 4, 2, num_clusters=3),
         )
         scores = fed_round.evaluate(
@@ -243,11 +246,13 @@ def test_clients_of_a_large_model_train_one_each_with_the_vectorised_results(
         )
         results[max_ops, rounds] = fed_round.next(
             fed_round.initialize(),
-            arrays,
-            [np.array([i % 2], np.int32) for i in range(4)],
-            [()] * 4,
-            [np.float32(1.0)] * 4,
-            [client_seed(i, i) for i in range(4)],
+            round_clients(
+                arrays,
+                [np.array([i % 2], np.int32) for i in range(4)],
+                [()] * 4,
+                [np.float32(1.0)] * 4,
+                [client_seed(i, i) for i in range(4)],
+            ),
             round_hparams(0.1, 4, 2, num_clusters=2),
         )
     assert "train_padded_clients" in traced[default, 0]  # 8 and 5 examples: the same 4 steps
@@ -311,11 +316,13 @@ def run_unequal_round(fed_round: object, w0: list, work: object) -> tuple:
     stored = [tuple(np.asarray(w) * 0.9 for w in w0) if work.reads_own_model else ()] * 6
     return fed_round.next(
         state,
-        arrays,
-        [np.array([i % 2], np.int32) for i in range(6)],
-        stored,
-        [np.float32(1.0 + 0.1 * i) for i in range(6)],
-        [client_seed(i, i) for i in range(6)],
+        round_clients(
+            arrays,
+            [np.array([i % 2], np.int32) for i in range(6)],
+            stored,
+            [np.float32(1.0 + 0.1 * i) for i in range(6)],
+            [client_seed(i, i) for i in range(6)],
+        ),
         round_hparams(0.1, 4, 2, num_clusters=2),
     )
 

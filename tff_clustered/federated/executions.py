@@ -23,6 +23,7 @@ from tff_clustered.federated.scoring import (
 )
 from tff_clustered.federated.signature import (
     RoundSignature,
+    client_input,
     client_seed,
 )
 from tff_clustered.models.functional import FunctionalModel
@@ -95,14 +96,13 @@ def repeated_round(
     weight 1: the fixed workload the benchmark and the GPU check time."""
     process = cache.get(RoundSignature(num_clusters, tuple(range(len(cache.initial_variables)))))
     state = process.initialize()
-    keys = [np.array([i % num_clusters], np.int32) for i in range(len(clients))]
-    ones = [np.float32(1.0)] * len(clients)
-    seeds = [client_seed(i, i) for i in range(len(clients))]
+    inputs = [
+        client_input(data, i % num_clusters, (), 1.0, client_seed(i, i))
+        for i, data in enumerate(clients)
+    ]
 
     def run() -> None:
         nonlocal state
-        state, _, _ = process.next(
-            state, list(clients), keys, [()] * len(clients), ones, seeds, hparams
-        )
+        state, _, _ = process.next(state, inputs, hparams)
 
     return run

@@ -45,7 +45,6 @@ from tff_clustered.federated.grouping import client_groups, stacked_padded
 from tff_clustered.federated.round import FederatedRound
 from tff_clustered.federated.round_functions import (
     RoundFunctions,
-    check_client_inputs,
     example_count,
     python_server_state,
 )
@@ -233,29 +232,21 @@ def in_process_round(
             fns.initial_cluster_models, fns.initial_anchor, fns.initial_optimizer_state
         )
 
-    def next_fn(
-        state: dict,
-        datasets: Sequence[dict],
-        keys: Sequence[np.ndarray],
-        stored: Sequence[tuple],
-        client_scalars: Sequence[float],
-        seeds: Sequence[dict],
-        hparams: dict,
-    ) -> tuple:
+    def next_fn(state: dict, client_inputs: Sequence[dict], hparams: dict) -> tuple:
         """The TFF round's `next`, with the same arguments and results."""
-        check_client_inputs(datasets, keys, stored, client_scalars, seeds)
+        fields = ("data", "key", "stored", "scalar", "seed")
+        clients = [tuple(c[name] for name in fields) for c in client_inputs]
         models = tuple(state["cluster_models"])
         anchor = tuple(state["anchor"]) if has_anchor else ()
         sums = tuple(np.zeros(s.shape, np.float32) for s in sums_spec)
         total_weight = np.zeros([k], np.float32)
-        outputs: list = [None] * len(datasets)
-        clients = list(zip(datasets, keys, stored, client_scalars, seeds))
+        outputs: list = [None] * len(clients)
 
         # Clients train together, vectorised: those holding the same number of examples, and
         # for a model whose rows are independent, those of similar sizes padded to the
         # largest (`client_groups`); the rest one by one, concurrently (a session runs calls
         # from several threads).
-        sizes = [example_count(data) for data in datasets]
+        sizes = [example_count(client[0]) for client in clients]
         groups = client_groups(
             sizes,
             hparams,

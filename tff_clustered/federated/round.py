@@ -70,8 +70,8 @@ def sequence_type(element_spec: object) -> tff.SequenceType:
 
 @dataclasses.dataclass
 class FederatedRound:
-    """A built round of one signature: `initialize() -> state`, `next(state, datasets, keys,
-    stored, client_scalars, seeds, hparams) -> (state, client_outputs, measurements)` and
+    """A built round of one signature: `initialize() -> state`, `next(state, clients, hparams)
+    -> (state, client_outputs, measurements)` (`clients`: one `signature.client_input` each) and
     `evaluate(cluster_models, datasets, keys, stored, batch_size) -> client results`, whichever
     execution runs them (TFF computations, or `in_process.InProcessRound`)."""
 
@@ -149,25 +149,22 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
     stacked_shared_type = to_type(fns.stacked_shared_spec())
     distributed_type = stacked_shared_type if fns.picks_cluster else selection_type
 
-    client_types = [
-        distributed_type,
-        store_in_type,
-        data_type,
-        to_type(fns.key_spec),
-        tff.TensorType(np.float32),
-        to_type(fns.seed_spec),
-        to_type(fns.hparams_spec),
-    ]
+    client_type = to_type(fns.client_spec)
+    hparams_type = to_type(fns.hparams_spec)
     # TFF computations take no default arguments: the anchor is a parameter only when sent.
     if has_anchor:
-        client_types.append(to_type(fns.anchor_spec))
-        client_update = tff.tensorflow.computation(*client_types)(fns.client_update)
-    else:
-        client_update = tff.tensorflow.computation(*client_types)(
-            lambda distributed, stored, data, key, client_scalar, seed, hparams: fns.client_update(
-                distributed, stored, data, key, client_scalar, seed, hparams, ()
+        client_update = tff.tensorflow.computation(
+            distributed_type, client_type, hparams_type, to_type(fns.anchor_spec)
+        )(
+            lambda distributed, client, hparams, anchor: fns.train_client(
+                distributed, client, hparams, anchor
             )
         )
+    else:
+        client_update = tff.tensorflow.computation(distributed_type, client_type, hparams_type)(
+            lambda distributed, client, hparams: fns.train_client(distributed, client, hparams, ())
+        )
+    key_of = tff.tensorflow.computation(client_type)(lambda client: client["key"])
 
     aggregator = ClusteredMeanFactory(k).create(
         to_type(fns.shared_spec), tff.TensorType(np.float32, [k])
@@ -216,7 +213,7 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
 
     state_type = initialize.type_signature.result
 
-    def clients(spec: object) -> tff.FederatedType:
+    def at_clients(spec: object) -> tff.FederatedType:
         return tff.FederatedType(to_type(spec), tff.CLIENTS)
 
     def distribute(cluster_models: object, keys: object) -> object:
@@ -226,44 +223,22 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
 
     next_parameter_types = (
         state_type,
-        tff.FederatedType(data_type, tff.CLIENTS),
-        clients(fns.key_spec),
-        clients(fns.store_in_spec),
-        tff.FederatedType(np.float32, tff.CLIENTS),
-        clients(fns.seed_spec),
-        tff.FederatedType(to_type(fns.hparams_spec), tff.SERVER),
+        tff.FederatedType(client_type, tff.CLIENTS),
+        tff.FederatedType(hparams_type, tff.SERVER),
     )
 
     def train_clients(
-        state: object,
-        datasets: object,
-        keys: object,
-        stored: object,
-        client_scalars: object,
-        seeds: object,
-        hparams: object,
+        state: object, clients: object, hparams: object
     ) -> tuple[object, object, object]:
         """Distributor and client work: `(shared_delta, cluster_weight, outputs)@CLIENTS`.
-        `datasets`: each client's training examples as arrays (any length), batched by the
-        client as `hparams` say; `keys`: each client's cluster (ignored when clients pick);
-        `client_scalars`: one number per client that its algorithm's plan sets for the round
-        (FedProx/FeSEM: a factor of the proximal strength, 1.0 by default; UA-PDFL: th_I);
-        `seeds`: per-client seeds of its shuffle and its random ops (`client_seed`)."""
+        `clients`: each client's `signature.client_input`."""
         if fns.picks_cluster:
             distributed = tff.federated_broadcast(
                 tff.federated_map(every_cluster_shared, state.cluster_models)
             )
         else:
-            distributed = distribute(state.cluster_models, keys)
-        client_args = [
-            distributed,
-            stored,
-            datasets,
-            keys,
-            client_scalars,
-            seeds,
-            tff.federated_broadcast(hparams),
-        ]
+            distributed = distribute(state.cluster_models, tff.federated_map(key_of, clients))
+        client_args = [distributed, clients, tff.federated_broadcast(hparams)]
         if has_anchor:
             client_args.append(tff.federated_broadcast(state.anchor))
         return tff.federated_map(client_update, tuple(client_args))
@@ -273,18 +248,8 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
         (`train_clients`), then `finish(state, shared_delta, cluster_weight, outputs)`."""
 
         @tff.federated_computation(*next_parameter_types)
-        def computation(
-            state: object,
-            datasets: object,
-            keys: object,
-            stored: object,
-            client_scalars: object,
-            seeds: object,
-            hparams: object,
-        ) -> object:
-            return finish(
-                state, *train_clients(state, datasets, keys, stored, client_scalars, seeds, hparams)
-            )
+        def computation(state: object, clients: object, hparams: object) -> object:
+            return finish(state, *train_clients(state, clients, hparams))
 
         return computation
 
@@ -329,8 +294,8 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
     @tff.federated_computation(
         tff.FederatedType(cluster_models_type, tff.SERVER),
         tff.FederatedType(data_type, tff.CLIENTS),
-        clients(fns.key_spec),
-        clients(fns.store_in_spec),
+        at_clients(fns.key_spec),
+        at_clients(fns.store_in_spec),
         tff.FederatedType(batch_size_type, tff.SERVER),
     )
     def evaluate(

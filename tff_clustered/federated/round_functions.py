@@ -52,13 +52,6 @@ def distributor_for(
     return OwnCluster(shared, shared_spec)
 
 
-def check_client_inputs(*per_client: Sequence[Any]) -> None:
-    """`next`'s per-client arguments must hold one entry per client each."""
-    lengths = {len(values) for values in per_client}
-    if len(lengths) > 1:
-        raise ValueError(f"per-client inputs of different lengths: {sorted(lengths)}")
-
-
 def example_count(data: dict) -> int:
     """Examples in one client's arrays (the length of the first)."""
     return len(next(iter(data.values())))
@@ -90,16 +83,17 @@ class RoundFunctions:
     * `distributor` (`distributors.py`): its `select_shared(cluster_models, key)` is
       federated_select's select function, its `every_cluster_shared(cluster_models)` what a
       client that picks its cluster is sent, its `receive` the client's side of both;
-    * `client_update(distributed, stored, data, key, client_scalar, seed, hparams, anchor)`: one
-      client's work -> `(shared_delta, cluster_weight, outputs)`; `distributed` is a dataset of
-      the one selection, or every cluster's shared variables;
-    * `padded_client_update(..., anchor, size)`: the same for a client holding the first
-      `size` rows of `data` (padded arrays, masked batches: `ArrayBatches`; exact for a
-      `rows_independent` model), None for all of them;
+    * `padded_client_update(distributed, stored, data, key, client_scalar, seed, hparams,
+      anchor, size)`: one client's work -> `(shared_delta, cluster_weight, outputs)`;
+      `distributed` is a dataset of the one selection, or every cluster's shared variables;
+      `size`: the client holds the first `size` rows of `data` (padded arrays, masked batches:
+      `ArrayBatches`; exact for a `rows_independent` model), None for all of them;
+      `train_client(distributed, client, hparams, anchor)` is the same for one
+      `signature.client_input`;
     * `finalize(cluster_models, mean_deltas, cluster_weight, optimizer_state) ->
       (cluster_models, optimizer_state)`: the finalizer, each cluster's mean update added to
       its shared variables, then the server optimizer's step (`server_optimizers.server_step`;
-      the identity when `has_optimizer` is false, with `()` for its state);
+      the identity when `has_optimizer` is false, with `{}` for its state);
     * `client_evaluate(selected, stored, data, batch_size)`: one client's scores.
     The aggregation between them is `clustered_mean`'s `add_to_cluster` and `cluster_mean`.
     """
@@ -120,7 +114,6 @@ class RoundFunctions:
     optimizer_state_spec: Any
     initial_optimizer_state: Any
     distributor: Distributor
-    client_update: Callable[..., tuple]
     padded_client_update: Callable[..., tuple]
     finalize: Callable[..., tuple]
     client_evaluate: Callable[..., dict]
@@ -152,6 +145,33 @@ class RoundFunctions:
     @property
     def selection_spec(self) -> tuple:
         return (tf.TensorSpec([], tf.int32), *self.shared_spec)
+
+    @property
+    def client_spec(self) -> dict:
+        """One client's input to `next` (`signature.client_input`)."""
+        return collections.OrderedDict(
+            data=self.data_spec,
+            key=self.key_spec,
+            stored=self.store_in_spec,
+            scalar=tf.TensorSpec([], tf.float32),
+            seed=self.seed_spec,
+        )
+
+    def train_client(
+        self, distributed: Any, client: dict, hparams: dict, anchor: tuple, size: Any = None
+    ) -> tuple:
+        """`padded_client_update` of one `client_input`."""
+        return self.padded_client_update(
+            distributed,
+            tuple(client["stored"]),
+            client["data"],
+            client["key"],
+            client["scalar"],
+            client["seed"],
+            hparams,
+            anchor,
+            size,
+        )
 
     def stacked_shared_spec(self) -> tuple:
         k = self.num_clusters
@@ -215,20 +235,6 @@ def round_functions(
         return scores.loss_sum / tf.maximum(scores.num_examples, 1.0)
 
     distributor = distributor_for(signature, io.shared, shared_spec, mean_loss, model.features)
-
-    def client_update(
-        distributed: object,
-        stored: tuple,
-        data: object,
-        key: tf.Tensor,
-        client_scalar: tf.Tensor,
-        seed: dict,
-        hparams: dict,
-        anchor: tuple,
-    ) -> tuple:
-        return padded_client_update(
-            distributed, stored, data, key, client_scalar, seed, hparams, anchor, None
-        )
 
     def padded_client_update(
         distributed: object,
@@ -353,7 +359,6 @@ def round_functions(
         ),
         initial_optimizer_state=initial_optimizer_state,
         distributor=distributor,
-        client_update=client_update,
         padded_client_update=padded_client_update,
         finalize=finalize,
         client_evaluate=client_evaluate,

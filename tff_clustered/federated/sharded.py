@@ -29,7 +29,6 @@ from tff_clustered.federated.round import (
     TffRoundParts,
 )
 from tff_clustered.federated.round_functions import (
-    check_client_inputs,
     example_count,
     python_server_state,
 )
@@ -66,11 +65,13 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
     fns = parts.functions
     has_anchor = bool(fns.signature.anchor)
 
-    def run_shards(work: Callable[..., Any], per_client: Sequence[Sequence[Any]]) -> list[Any]:
-        """`work(*shares)` on each worker, for its contiguous share of every per-client list;
-        results in worker order."""
+    def run_shards(
+        work: Callable[..., Any], sizes: Sequence[int], per_client: Sequence[Sequence[Any]]
+    ) -> list[Any]:
+        """`work(*shares)` on each worker, for its contiguous share of every per-client list
+        (clients of `sizes` examples); results in worker order."""
         workers = runtime.worker_contexts()
-        shards = split_clients([example_count(d) for d in per_client[0]], len(workers))
+        shards = split_clients(sizes, len(workers))
         with concurrent.futures.ThreadPoolExecutor(max(len(shards), 1)) as pool:
             futures = [
                 pool.submit(_call_on, context, work, *(list(v[shard]) for v in per_client))
@@ -78,22 +79,16 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
             ]
             return [future.result() for future in futures]
 
-    def next_fn(
-        state: dict,
-        datasets: Sequence[dict],
-        keys: Sequence[np.ndarray],
-        stored: Sequence[tuple],
-        client_scalars: Sequence[float],
-        seeds: Sequence[dict],
-        hparams: dict,
-    ) -> tuple:
+    def next_fn(state: dict, clients: Sequence[dict], hparams: dict) -> tuple:
         """`parts.next` with the same arguments and results."""
         workers = runtime.worker_contexts()
-        if len(workers) <= 1 or len(datasets) <= 1:
-            return parts.next(state, datasets, keys, stored, client_scalars, seeds, hparams)
-        check_client_inputs(datasets, keys, stored, client_scalars, seeds)
-        per_client = [list(datasets), list(keys), list(stored), list(client_scalars), list(seeds)]
-        shares = run_shards(lambda *share: parts.partial_next(state, *share, hparams), per_client)
+        if len(workers) <= 1 or len(clients) <= 1:
+            return parts.next(state, clients, hparams)
+        shares = run_shards(
+            lambda share: parts.partial_next(state, share, hparams),
+            [example_count(c["data"]) for c in clients],
+            [list(clients)],
+        )
         total = [np.asarray(t, np.float32) for t in shares[0][0]]
         total_weight = np.asarray(shares[0][1], np.float32)
         outputs = list(shares[0][2])
@@ -125,9 +120,10 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
         """`parts.evaluate`, each worker scoring a share of the clients."""
         if len(runtime.worker_contexts()) <= 1 or len(datasets) <= 1:
             return parts.evaluate(cluster_models, datasets, keys, stored, batch_size)
-        per_client = [list(datasets), list(keys), list(stored)]
         shares = run_shards(
-            lambda *share: parts.evaluate(cluster_models, *share, batch_size), per_client
+            lambda *share: parts.evaluate(cluster_models, *share, batch_size),
+            [example_count(d) for d in datasets],
+            [list(datasets), list(keys), list(stored)],
         )
         return [result for share in shares for result in share]
 

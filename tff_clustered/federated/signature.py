@@ -68,6 +68,36 @@ def client_seed(shuffle: int, dropout: int) -> dict:
     )
 
 
+def client_input(data: dict, key: Any, stored: Sequence[Any], scalar: float, seed: dict) -> dict:
+    """One client's input to a round's `next` (one CLIENTS-placed value): its examples as arrays
+    (any length; it batches them itself as the round's hyperparameters say), its key (its
+    cluster, ignored when clients pick theirs; or its own row then its neighbours'), its stored
+    variables that the round reads (`RoundIO.store_in`), the scalar its algorithm's plan sets
+    for the round (FedProx/FeSEM: a factor of the proximal strength, 1.0 by default; UA-PDFL:
+    th_I) and its seeds (`client_seed`)."""
+    return collections.OrderedDict(
+        data=data,
+        key=np.atleast_1d(np.asarray(key, np.int32)),
+        stored=tuple(stored),
+        scalar=np.float32(scalar),
+        seed=seed,
+    )
+
+
+def round_clients(
+    datasets: Sequence[dict],
+    keys: Sequence[Any],
+    stored: Sequence[Sequence[Any]],
+    scalars: Sequence[float],
+    seeds: Sequence[dict],
+) -> list[dict]:
+    """`client_input` of every client from lists of one entry per client each."""
+    lengths = {len(values) for values in (datasets, keys, stored, scalars, seeds)}
+    if len(lengths) > 1:
+        raise ValueError(f"per-client inputs of different lengths: {sorted(lengths)}")
+    return [client_input(*values) for values in zip(datasets, keys, stored, scalars, seeds)]
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelLayout:
     """Shapes of a model's variables (trainable, then state) and which trainable tensor owns

@@ -22,6 +22,7 @@ from tff_clustered.federated.round import (
 from tff_clustered.federated.signature import (
     ModelLayout,
     RoundSignature,
+    client_input,
     client_seed,
     evaluation_batch_size,
     round_hparams,
@@ -130,15 +131,18 @@ class ClientRunner:
             round_num=round_num,
             total_rounds=self.config.rounds,
         )
-        new_state, outputs, measurements = fed_round.next(
-            server_state,
-            [self.data.arrays("train", c) for c in client_ids],
-            [np.atleast_1d(np.asarray(k, np.int32)) for k in keys],
-            [store.variables(c, store_in) if store else () for c in client_ids],
-            [np.float32(s) for s in scalars],
-            self.seeds(round_num, client_ids, training.stream),
-            hparams,
-        )
+        seeds = self.seeds(round_num, client_ids, training.stream)
+        clients = [
+            client_input(
+                self.data.arrays("train", c),
+                key,
+                store.variables(c, store_in) if store else (),
+                scalar,
+                seed,
+            )
+            for c, key, scalar, seed in zip(client_ids, keys, scalars, seeds, strict=True)
+        ]
+        new_state, outputs, measurements = fed_round.next(server_state, clients, hparams)
         num_clusters = len(cluster_models)
         new_models = flat.stacked_to_matrix(new_state["cluster_models"])[:num_clusters]
         new_optimizer_state = None
