@@ -47,10 +47,12 @@ def peer_inputs(
     dataset = tf.data.Dataset.from_tensors({"x": tf.zeros([1, 1]), "y": tf.constant([0])})
     return client_work.ClientInputs(
         (kernels[0], biases[0]), (), (), (), dataset.take(0), tf.constant(0.1),
-        tf.constant(1.0), tf.constant([3, 0]), inbox=(kernels, biases),
-        inbox_weights=tf.constant(sizes),
-        inbox_rows=None if inbox_rows is None else tf.constant(inbox_rows),
-        features=lambda w, s, x, head: x * w[0][0],
+        tf.constant(1.0), tf.constant([3, 0]),
+        routed=client_work.RoutedRows(
+            (kernels, biases), tf.constant(sizes),
+            None if inbox_rows is None else tf.constant(inbox_rows),
+            lambda w, s, x, head: x * w[0][0],
+        ),
         round_num=tf.constant(round_num, tf.int64),
         total_rounds=tf.constant(total_rounds, tf.int64),
     )  # fmt: skip

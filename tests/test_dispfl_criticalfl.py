@@ -121,9 +121,8 @@ def test_the_mask_update_anneals_from_the_first_finished_round() -> None:
 
     def changes(round_num: int, total_rounds: int) -> float:
         inputs = peer_inputs([[1.0, 1.0, 0.0, 0.0]], [1.0], [0], round_num, total_rounds)
-        inputs = inputs._replace(
-            weights=(kernels[0], bias[0]), inbox=(kernels, bias), inbox_weights=tf.constant([1.0])
-        )
+        routed = inputs.routed._replace(rows=(kernels, bias), weights=tf.constant([1.0]))
+        inputs = inputs._replace(weights=(kernels[0], bias[0]), routed=routed)
         return float(step(dense_forward, inputs).metrics["mask_changes"])
 
     assert changes(1, 2) == 0  # round 1: the initial mask
@@ -296,7 +295,8 @@ def test_batchnorm_statistics_mix_with_g_or_stay_local() -> None:
     rows = [[1.0, 2.0, 0.0, 0.0], [3.0, 6.0, 4.0, 8.0]]
     inputs = peer_inputs(rows, [1.0, 3.0])
     stats = tf.constant([[1.0, 1.0], [5.0, 9.0]])
-    inputs = inputs._replace(state=(stats[0],), inbox=(*inputs.inbox, stats))
+    routed = inputs.routed._replace(rows=(*inputs.routed.rows, stats))
+    inputs = inputs._replace(state=(stats[0],), routed=routed)
     mixed = PeerStep(head_start=1)(linear, inputs)
     np.testing.assert_allclose(mixed.state[0].numpy(), [4.0, 7.0])  # (1 * own + 3 * row 1) / 4
     local = PeerStep(head_start=1, local_statistics=True)

@@ -49,12 +49,12 @@ from tff_clustered.seeds import ALGORITHM, derived_seed
 TOPOLOGIES = ("dynamic", "static")
 
 
-def received_rows(inbox_rows: Optional[tf.Tensor], rows: int) -> tf.Tensor:
+def received_rows(row_ids: Optional[tf.Tensor], rows: int) -> tf.Tensor:
     """Which routed rows a peer received: its own (first) and every neighbour row that is not
     a copy of its own (a queue shorter than the round's is padded with the peer's own row)."""
-    if inbox_rows is None:
+    if row_ids is None:
         return tf.ones([rows], tf.bool)
-    return tf.concat([[True], tf.not_equal(inbox_rows[1:], inbox_rows[0])], axis=0)
+    return tf.concat([[True], tf.not_equal(row_ids[1:], row_ids[0])], axis=0)
 
 
 def update_norm(start: Sequence[tf.Tensor], end: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -109,10 +109,11 @@ class Inbox:
 
     @classmethod
     def of(cls, inputs: client_work.ClientInputs) -> Inbox:
-        rows = int(inputs.inbox[0].shape[0])
-        present = received_rows(inputs.inbox_rows, rows)
-        sizes = tf.cast(inputs.inbox_weights, tf.float32) * tf.cast(present, tf.float32)
-        return cls(tuple(inputs.inbox), len(inputs.weights), present, sizes)
+        routed = inputs.routed
+        rows = int(routed.rows[0].shape[0])
+        present = received_rows(routed.row_ids, rows)
+        sizes = tf.cast(routed.weights, tf.float32) * tf.cast(present, tf.float32)
+        return cls(tuple(routed.rows), len(inputs.weights), present, sizes)
 
     @property
     def num_rows(self) -> int:

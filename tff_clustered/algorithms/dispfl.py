@@ -144,9 +144,9 @@ class SparsePeerStep:
     def __call__(
         self, forward: client_work.ForwardFn, inputs: client_work.ClientInputs
     ) -> client_work.ClientOutputs:
-        inbox, num_trainable = inputs.inbox, len(inputs.weights)
+        inbox, num_trainable = inputs.routed.rows, len(inputs.weights)
         rows = int(inbox[0].shape[0])
-        present = received_rows(inputs.inbox_rows, rows)
+        present = received_rows(inputs.routed.row_ids, rows)
         round_num = tf.constant(0, tf.int64) if inputs.round_num is None else inputs.round_num
         total = tf.constant(0, tf.int64) if inputs.total_rounds is None else inputs.total_rounds
         fraction = drop_fraction(self.anneal, round_num - 2, total)

@@ -149,7 +149,7 @@ class UAPDFLPeerStep:
     def __call__(
         self, forward: client_work.ForwardFn, inputs: client_work.ClientInputs
     ) -> client_work.ClientOutputs:
-        if inputs.features is None:
+        if inputs.routed is None or inputs.routed.features is None:
             raise ValueError("UA-PDFL's peer step needs the model's feature extractor")
         inbox = Inbox.of(inputs)
         n = inbox.num_rows - 1
@@ -200,7 +200,7 @@ class UAPDFLPeerStep:
             target = tf.stop_gradient(tf.reduce_mean(aux, axis=0))
 
             def penalty(weights: tuple, state: tuple) -> tf.Tensor:
-                features = inputs.features(weights, state, unit, self.head_start)[0]
+                features = inputs.routed.features(weights, state, unit, self.head_start)[0]
                 return self.aux_mu * tf.reduce_sum(tf.square(features - target))
 
         metrics = {
@@ -223,7 +223,7 @@ class UAPDFLPeerStep:
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """(I, I^Aux) of one model: its class probabilities and g's output on X_unit."""
         logits, _ = forward(weights, state, unit, False, None)
-        aux = inputs.features(weights, state, unit, self.head_start)[0]
+        aux = inputs.routed.features(weights, state, unit, self.head_start)[0]
         return softmax_outputs(logits)[0], aux
 
     def values_received(

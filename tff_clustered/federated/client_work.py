@@ -243,6 +243,19 @@ def flatten(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
 # -- client work as a parameter of the round --------------------------------------------------
 
 
+class RoutedRows(NamedTuple):
+    """What a decentralized peer is routed (the `Neighbours` distributor): every variable
+    stacked along a leading row axis, its own published model first, then its neighbours';
+    the examples each row's peer holds; the server rows they are (a row equal to its own, after
+    the first, pads a queue shorter than the round's and counts as absent; None: all real);
+    and the model's feature extractor (`FeaturesFn`)."""
+
+    rows: tuple
+    weights: tf.Tensor
+    row_ids: Optional[tf.Tensor] = None
+    features: Optional[Callable[..., tf.Tensor]] = None
+
+
 class ClientInputs(NamedTuple):
     """What one client holds when its work starts (TF values)."""
 
@@ -256,15 +269,7 @@ class ClientInputs(NamedTuple):
     seed: tf.Tensor  # int32 [2]
     anchor: tuple = ()  # the server's broadcast anchor tensors, when the round sends one
     anchor_indices: tuple[int, ...] = ()  # the trainable tensors the anchor stands for
-    # Rows routed to a decentralized peer (`distribution="neighbours"`): every variable stacked
-    # along a leading row axis, its own published model first, then its neighbours'; the
-    # examples each row's peer holds; the server rows they are (a row equal to its own, after
-    # the first, pads a queue shorter than the round's and counts as absent); and the model's
-    # feature extractor (`FeaturesFn`).
-    inbox: tuple = ()
-    inbox_weights: Optional[tf.Tensor] = None
-    inbox_rows: Optional[tf.Tensor] = None
-    features: Optional[Callable[..., tf.Tensor]] = None
+    routed: Optional[RoutedRows] = None  # a decentralized peer's rows (`distribution="neighbours"`)
     # Where the round stands in the run (int64 scalars, 1-based; 0 of 0 outside a run).
     round_num: Optional[tf.Tensor] = None
     total_rounds: Optional[tf.Tensor] = None

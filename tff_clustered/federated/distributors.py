@@ -24,12 +24,14 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.data.federated_data import ArrayBatches
+from tff_clustered.federated.client_work import RoutedRows
 
 
 @dataclasses.dataclass(frozen=True)
 class Received:
     """What a client starts from: the shared variables it joins with its stored ones, the
-    cluster (server row) its update counts in, and extra `ClientInputs` fields (a peer's inbox)."""
+    cluster (server row) its update counts in, and extra `ClientInputs` fields (a peer's
+    `routed` rows)."""
 
     selected: tuple
     cluster: tf.Tensor
@@ -153,11 +155,7 @@ class Neighbours(Distributor):
         return self.select_shared(cluster_models, key)  # every row the key names
 
     def receive(self, client: ClientSide) -> Received:
-        inbox = self.rows(client.selection, self.num_rows)
-        routed = dict(
-            inbox=inbox,
-            inbox_weights=tf.gather(client.hparams["row_weights"], client.key),
-            inbox_rows=client.key,
-            features=self.features,
-        )
-        return Received(tuple(t[0] for t in inbox), client.key[0], routed)
+        rows = self.rows(client.selection, self.num_rows)
+        weights = tf.gather(client.hparams["row_weights"], client.key)
+        routed = RoutedRows(rows, weights, client.key, self.features)
+        return Received(tuple(t[0] for t in rows), client.key[0], dict(routed=routed))

@@ -147,7 +147,7 @@ class RoundSignature:
     (FedAC's global embedding); the client work reads it as `ClientInputs.anchor`.
     `num_neighbours`: with `distribution="neighbours"`, how many rows besides its own each
     client receives (its key holds its own row, then theirs); the work reads them stacked as
-    `ClientInputs.inbox` and nothing is aggregated on the server. `server_optimizer`: the
+    `ClientInputs.routed` and nothing is aggregated on the server. `server_optimizer`: the
     finalizer's step with each cluster's mean update (`server_optimizers.server_step`; its
     state is part of the server state unless it is the identity, FedAvg's "add the mean").
     """
