@@ -9,14 +9,14 @@ import pytest
 import tensorflow as tf
 from reference import mclr_sgd
 
-from tff_clustered.federated import client_work
+from tff_clustered.federated import local_training
 
 
 def mclr_predict(weights: tuple, x: tf.Tensor, training: bool) -> tf.Tensor:
     return tf.matmul(x, weights[0]) + weights[1]
 
 
-mclr_forward = client_work.stateless(mclr_predict)
+mclr_forward = local_training.stateless(mclr_predict)
 
 
 def make_batches(rng: np.random.Generator, n: int, batch: int) -> list:
@@ -38,13 +38,13 @@ def test_train_client_matches_numpy_sgd(mu: float, momentum: float) -> None:
     rng = np.random.default_rng(0)
     w, b = rng.normal(size=(5, 3)).astype(np.float32), rng.normal(size=3).astype(np.float32)
     batches = make_batches(rng, 23, 4)  # last batch partial (3 examples), kept
-    result = tf.function(client_work.train_client, autograph=False)(
+    result = tf.function(local_training.train_client, autograph=False)(
         mclr_forward,
         (tf.constant(w), tf.constant(b)),
         as_dataset(batches),
         tf.constant(0.1),
         momentum,
-        pulls=[client_work.Pull(mu, (tf.constant(w), tf.constant(b)))],
+        pulls=[local_training.Pull(mu, (tf.constant(w), tf.constant(b)))],
     )
     ref_w, ref_b = mclr_sgd(w, b, batches, 0.1, mu, momentum)
     np.testing.assert_allclose(result.weights[0].numpy(), ref_w, rtol=1e-5, atol=1e-6)
@@ -56,11 +56,11 @@ def test_prox_term_pulls_towards_the_start() -> None:
     rng = np.random.default_rng(1)
     w, b = rng.normal(size=(5, 3)).astype(np.float32), np.zeros(3, np.float32)
     ds = as_dataset(make_batches(rng, 40, 5))
-    train = tf.function(client_work.train_client, autograph=False)
+    train = tf.function(local_training.train_client, autograph=False)
     drift = []
     for mu in (0.0, 5.0):
         start = (tf.constant(w), tf.constant(b))
-        r = train(mclr_forward, start, ds, tf.constant(0.1), pulls=[client_work.Pull(mu, start)])
+        r = train(mclr_forward, start, ds, tf.constant(0.1), pulls=[local_training.Pull(mu, start)])
         drift.append(np.linalg.norm(r.weights[0].numpy() - w))
     assert drift[1] < 0.5 * drift[0]
 
@@ -72,13 +72,16 @@ def test_pulls_on_some_tensors_match_numpy() -> None:
     target = rng.normal(size=(5, 3)).astype(np.float32)
     batches = make_batches(rng, 20, 4)
     start = (tf.constant(w), tf.constant(b))
-    result = tf.function(client_work.train_client, autograph=False)(
+    result = tf.function(local_training.train_client, autograph=False)(
         mclr_forward,
         start,
         as_dataset(batches),
         tf.constant(0.1),
         0.5,
-        pulls=[client_work.Pull(0.3, start), client_work.Pull(2.0, (tf.constant(target),), (0,))],
+        pulls=[
+            local_training.Pull(0.3, start),
+            local_training.Pull(2.0, (tf.constant(target),), (0,)),
+        ],
     )
     ref_w, ref_b = mclr_sgd(w, b, batches, 0.1, 0.3, 0.5, kernel_pull=(2.0, target))
     np.testing.assert_allclose(result.weights[0].numpy(), ref_w, rtol=1e-5, atol=1e-6)
@@ -93,5 +96,5 @@ def test_evaluate_client_counts_correct_predictions() -> None:
     ds = tf.data.Dataset.from_tensor_slices(
         collections.OrderedDict(x=x, y=np.array([0, 1, 0], np.int32))
     ).batch(2)
-    r = client_work.evaluate_client(mclr_forward, (tf.constant(w), tf.zeros(3)), ds)
+    r = local_training.evaluate_client(mclr_forward, (tf.constant(w), tf.zeros(3)), ds)
     assert float(r.num_correct) == 2.0 and float(r.num_examples) == 3.0

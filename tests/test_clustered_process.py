@@ -10,7 +10,7 @@ import tensorflow as tf
 from reference import mclr_mean_loss, mclr_sgd, softmax, weighted_mean
 
 from tff_clustered.data import federated_data
-from tff_clustered.federated import client_work
+from tff_clustered.federated import client_work, local_training
 from tff_clustered.federated.round import (
     build_round,
 )
@@ -144,8 +144,8 @@ def test_personal_tensors_are_trained_locally_and_never_aggregated() -> None:
         ),
         round_hparams(0.1, BATCH),
     )
-    train = tf.function(client_work.train_client, autograph=False)
-    forward = client_work.stateless(mlp_predict)
+    train = tf.function(local_training.train_client, autograph=False)
+    forward = local_training.stateless(mlp_predict)
     reference = []
     for d, k, p in zip(data, keys, personal):
         start = [state["cluster_models"][0][k], state["cluster_models"][1][k], *p]

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_clustered.federated import client_work
+from tff_clustered.federated import local_training
 from tff_clustered.models import count_trainable_parameters, model_spec, trainable_layer_sizes
 from tff_clustered.models.functional import (
     PARAMETER_FREE,
@@ -418,8 +418,8 @@ def test_local_training_in_tf_function_and_dataset_reduce(
     seed = tf.constant([11, 5], tf.int32)
 
     @tf.function
-    def train(seed: tf.Tensor) -> client_work.TrainResult:
-        return client_work.train_client(
+    def train(seed: tf.Tensor) -> local_training.TrainResult:
+        return local_training.train_client(
             model.apply, weights, data, tf.constant(0.05), momentum=0.9, state=state, seed=seed
         )
 
@@ -432,7 +432,7 @@ def test_local_training_in_tf_function_and_dataset_reduce(
             logits, stats = model.apply(
                 current, stats, batch["x"], True, tf.stack([seed[0], seed[1] + step])
             )
-            loss = client_work.batch_loss(logits, batch["y"])
+            loss = local_training.batch_loss(logits, batch["y"])
         grads = tape.gradient(loss, current)
         velocity = [0.9 * v + g for v, g in zip(velocity, grads)]
         current = [w - 0.05 * v for w, v in zip(current, velocity)]
@@ -445,7 +445,7 @@ def test_local_training_in_tf_function_and_dataset_reduce(
     moved = any(not np.allclose(a, b) for a, b in zip(first.weights, other.weights))
     assert moved == (name == "tsdp_cnn")  # the seed only drives dropout
     evaluation = tf.function(
-        lambda: client_work.evaluate_client(model.apply, first.weights, data, first.state)
+        lambda: local_training.evaluate_client(model.apply, first.weights, data, first.state)
     )()
     assert float(evaluation.num_examples) == 12.0 and np.isfinite(float(evaluation.loss_sum))
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.data.federated_data import ArrayBatches
-from tff_clustered.federated import client_work
+from tff_clustered.federated import client_work, local_training
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment
@@ -24,7 +24,7 @@ def mclr_predict(weights: tuple, x: tf.Tensor, training: bool) -> tf.Tensor:
     return tf.matmul(x, weights[0]) + weights[1]
 
 
-FORWARD = client_work.stateless(mclr_predict)
+FORWARD = local_training.stateless(mclr_predict)
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(23, 5)).astype(np.float32)
 Y = RNG.integers(0, 3, 23).astype(np.int32)
@@ -49,13 +49,13 @@ def test_a_frozen_tensor_gets_no_gradient_no_pull_and_no_momentum() -> None:
     """Only the bias trains: the kernel comes out bit for bit as it went in, though a pull
     acts on every tensor, and the bias follows momentum SGD with the kernel fixed."""
     start = (tf.constant(W), tf.constant(B))
-    result = tf.function(client_work.train_client, autograph=False)(
+    result = tf.function(local_training.train_client, autograph=False)(
         FORWARD,
         start,
         ArrayBatches(collections.OrderedDict(x=X, y=Y), 4),
         tf.constant(0.1),
         0.9,
-        pulls=[client_work.Pull(0.5, (tf.zeros_like(start[0]), tf.zeros_like(start[1])))],
+        pulls=[local_training.Pull(0.5, (tf.zeros_like(start[0]), tf.zeros_like(start[1])))],
         trainable=(1,),
     )
     np.testing.assert_array_equal(result.weights[0].numpy(), W)

@@ -42,7 +42,7 @@ from tff_clustered.algorithms.base import (
     layers_to_tensors,
     per_seed_text,
 )
-from tff_clustered.federated import client_work
+from tff_clustered.federated import client_work, local_training
 from tff_clustered.options import option
 from tff_clustered.seeds import ALGORITHM, derived_seed
 
@@ -63,7 +63,7 @@ def update_norm(start: Sequence[tf.Tensor], end: Sequence[tf.Tensor]) -> tf.Tens
 
 
 def train_mixed(
-    forward: client_work.ForwardFn,
+    forward: local_training.ForwardFn,
     inputs: client_work.ClientInputs,
     mixed: Sequence[tf.Tensor],
     present: tf.Tensor,
@@ -76,7 +76,7 @@ def train_mixed(
     accumulated gradient norm ||w_trained - w_mixed|| / eta (`update_norm`)."""
     num_trainable = len(inputs.weights)
     start = tuple(mixed[:num_trainable])
-    result = client_work.train_client(
+    result = local_training.train_client(
         forward,
         start,
         inputs.dataset,
@@ -184,7 +184,7 @@ class PeerStep:
     reads_features: ClassVar[bool] = False  # the mixing reads no inner layer's output
 
     def __call__(
-        self, forward: client_work.ForwardFn, inputs: client_work.ClientInputs
+        self, forward: local_training.ForwardFn, inputs: client_work.ClientInputs
     ) -> client_work.ClientOutputs:
         inbox = Inbox.of(inputs)
         base = inbox.everyone if self.mix_base else inbox.own_only

@@ -49,7 +49,7 @@ import tensorflow as tf
 
 from tff_clustered.algorithms.base import Decision, Queries, RunInfo, check
 from tff_clustered.algorithms.dfl import Decentralized, received_rows, train_mixed
-from tff_clustered.federated import client_work
+from tff_clustered.federated import client_work, local_training
 from tff_clustered.options import option
 from tff_clustered.seeds import ALGORITHM, derived_seed
 
@@ -142,7 +142,7 @@ class SparsePeerStep:
         return False  # its own published model arrives as the first routed row
 
     def __call__(
-        self, forward: client_work.ForwardFn, inputs: client_work.ClientInputs
+        self, forward: local_training.ForwardFn, inputs: client_work.ClientInputs
     ) -> client_work.ClientOutputs:
         inbox, num_trainable = inputs.routed.rows, len(inputs.weights)
         rows = int(inbox[0].shape[0])

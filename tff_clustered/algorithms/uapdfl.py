@@ -81,7 +81,7 @@ from tff_clustered.algorithms.base import (
     check,
 )
 from tff_clustered.algorithms.dfl import Decentralized, Inbox, train_mixed
-from tff_clustered.federated import client_work
+from tff_clustered.federated import client_work, local_training
 from tff_clustered.options import option
 
 ABLATIONS = ("full", "without_cd", "without_lp")
@@ -147,7 +147,7 @@ class UAPDFLPeerStep:
     reads_features: ClassVar[bool] = True  # I^Aux and Eq. 12 read g's output
 
     def __call__(
-        self, forward: client_work.ForwardFn, inputs: client_work.ClientInputs
+        self, forward: local_training.ForwardFn, inputs: client_work.ClientInputs
     ) -> client_work.ClientOutputs:
         if inputs.routed is None or inputs.routed.features is None:
             raise ValueError("UA-PDFL's peer step needs the model's feature extractor")
@@ -215,7 +215,7 @@ class UAPDFLPeerStep:
 
     def fingerprints(
         self,
-        forward: client_work.ForwardFn,
+        forward: local_training.ForwardFn,
         inputs: client_work.ClientInputs,
         unit: tf.Tensor,
         weights: tuple,

@@ -215,7 +215,7 @@ class ArrayBatches:
     the arrays would, the steps past the client's own with an all-zero mask: the loop's shapes
     and length no longer depend on the client, so clients of different sizes vectorise
     together. Client work treats a masked batch as the batch of its unmasked rows and a step
-    with no unmasked row as no step (`client_work.train_client`).
+    with no unmasked row as no step (`local_training.train_client`).
     """
 
     def __init__(

@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.data.federated_data import ArrayBatches
-from tff_clustered.federated import client_work, server_optimizers
+from tff_clustered.federated import client_work, local_training, server_optimizers
 from tff_clustered.federated.clustered_mean import cluster_mean
 from tff_clustered.federated.distributors import (
     ClientSide,
@@ -231,7 +231,7 @@ def round_functions(
 
     def mean_loss(selected: tuple, stored: tuple, batches: Any) -> tf.Tensor:
         weights, state, _, _ = join(selected, stored)
-        scores = client_work.evaluate_client(forward, weights, batches, state)
+        scores = local_training.evaluate_client(forward, weights, batches, state)
         return scores.loss_sum / tf.maximum(scores.num_examples, 1.0)
 
     distributor = distributor_for(signature, io.shared, shared_spec, mean_loss, model.features)
@@ -301,7 +301,7 @@ def round_functions(
         if result.metrics:
             outputs["metrics"] = result.metrics
         if signature.return_model_deltas:
-            outputs["model_delta"] = client_work.flatten([t - s for t, s in zip(trained, start)])
+            outputs["model_delta"] = local_training.flatten([t - s for t, s in zip(trained, start)])
         return shared_delta, cluster_weight, outputs
 
     server_step = server_optimizers.server_step(signature.server_optimizer, num_trainable)
@@ -321,7 +321,7 @@ def round_functions(
         if work.reads_own_model:  # the client's own (personal) model is what it uses
             weights, state = own_weights, own_state
         dataset = ArrayBatches(data, batch_size)
-        return client_work.evaluate_client(forward, weights, dataset, state)._asdict()
+        return local_training.evaluate_client(forward, weights, dataset, state)._asdict()
 
     optimizer = signature.server_optimizer
     trainable_values = sum(int(np.prod(s)) for s in layout.trainable_shapes)

@@ -12,7 +12,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_clustered.data.federated_data import ArrayBatches
-from tff_clustered.federated import client_work
+from tff_clustered.federated import local_training
 from tff_clustered.federated.signature import ModelLayout
 from tff_clustered.models.functional import FunctionalModel
 
@@ -62,7 +62,7 @@ def pooled_scores_fn(model: FunctionalModel) -> Callable[..., tuple[tf.Tensor, .
     num_examples)`: one whole model scored, in inference mode, on the examples of many clients
     pooled into one array (`client[i]` is the index of example i's client), in ordered batches
     of `batch_size`. Each output is (num_clients,) float32 and holds, per client, the sums that
-    `client_work.evaluate_client` gives on that client's own arrays (equal up to the order of
+    `local_training.evaluate_client` gives on that client's own arrays (equal up to the order of
     float additions). One call scores every client of a model, where the per-client
     `evaluate` makes one call per client."""
 
@@ -78,9 +78,9 @@ def pooled_scores_fn(model: FunctionalModel) -> Callable[..., tuple[tf.Tensor, .
         def step(totals: tuple, batch: dict) -> tuple:
             logits, _ = model.apply(weights, state, batch["x"], False, None)
             labels, owner = batch["y"], batch["client"]
-            correct = tf.cast(tf.equal(client_work.predicted_labels(logits), labels), tf.float32)
+            correct = tf.cast(tf.equal(local_training.predicted_labels(logits), labels), tf.float32)
             per_example = (
-                client_work.example_losses(logits, labels),
+                local_training.example_losses(logits, labels),
                 correct,
                 tf.ones_like(correct),
             )
