@@ -3,7 +3,7 @@
 An algorithm never touches the training loop. The loop (`orchestration.Experiment`) shows it
 a read-only `ServerView` and a `Queries` service (local updates from a given model, losses of
 cluster models on clients, inference of client models, stored client models; the loop passes
-`orchestration.LoopQueries`, those five and nothing else of it), and applies
+`loop.queries.ServerQueries`, those five and nothing else of it), and applies
 the `Decision` it returns: cluster assignments, new cluster models (their number may change),
 a new base/personal split, and the algorithm's own state, which is explicit and checkpointed
 with the run. Per round:
