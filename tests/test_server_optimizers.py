@@ -1,18 +1,21 @@
-"""The finalizer's server optimizer (FedOpt): its step on NumPy models, per cluster, and in a run
-(FedAvgM against FedAvg, FedGroup with server momentum, a resumed run, refusals)."""
+"""The finalizer's server optimizer (FedOpt): its step (`server_step`) on NumPy models, per
+cluster, and in a run (FedAvgM against FedAvg, FedGroup with server momentum, a resumed run,
+refusals)."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from conftest import checkpoint_round_trip
 
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_digits_clusters
-from tff_clustered.federated.server_optimizers import ServerOptimizer
+from tff_clustered.federated.server_optimizers import ServerOptimizer, server_step
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment
@@ -22,8 +25,33 @@ MEAN_UPDATE = np.array([[0.1, 0.2, -0.1, 7.0], [0.0, 0.0, 0.0, 0.0]], np.float32
 TRAINABLE = 3  # the last value of each flat model stands for a BatchNorm statistic
 
 
+def step(
+    spec: ServerOptimizer,
+    state: Optional[dict],
+    before: np.ndarray,
+    after: np.ndarray,
+    updated: list,
+    trainable_values: int,
+) -> tuple[np.ndarray, Optional[dict]]:
+    """The finalizer's `server_step` on flat NumPy cluster models (the first
+    `trainable_values` of each trainable, the rest a state tensor), its state chosen as the
+    loop chooses it (`state_or_initial`): the models after the step and the new state."""
+    state = spec.state_or_initial(state, len(before), trainable_values)
+    if state is None:
+        return after, None
+    t = trainable_values
+    models, new_state = server_step(spec, 1)(
+        (tf.constant(before[:, :t]), tf.constant(before[:, t:])),
+        (tf.constant(after[:, :t]), tf.constant(after[:, t:])),
+        tf.constant(np.asarray(updated, bool)),
+        {key: tf.constant(value) for key, value in state.items()},
+    )
+    flat = np.concatenate([np.asarray(m) for m in models], axis=1).astype(np.float32)
+    return flat, {key: np.asarray(value) for key, value in new_state.items()}
+
+
 def test_sgd_at_learning_rate_one_adds_the_mean_update_and_keeps_no_state() -> None:
-    models, state = ServerOptimizer().step(None, BEFORE, BEFORE + MEAN_UPDATE, [1, 0], TRAINABLE)
+    models, state = step(ServerOptimizer(), None, BEFORE, BEFORE + MEAN_UPDATE, [1, 0], TRAINABLE)
     np.testing.assert_array_equal(models, BEFORE + MEAN_UPDATE)
     assert state is None
 
@@ -33,13 +61,13 @@ def test_server_momentum_per_cluster_leaves_untrained_clusters_and_statistics_al
     trained in cluster 1); the statistic (last value) is the aggregator's mean either way."""
     spec = ServerOptimizer("sgdm", learning_rate=0.5, momentum=0.9)
     updated = np.array([True, False])
-    models, state = spec.step(None, BEFORE, BEFORE + MEAN_UPDATE, updated, TRAINABLE)
+    models, state = step(spec, None, BEFORE, BEFORE + MEAN_UPDATE, updated, TRAINABLE)
     delta = MEAN_UPDATE[0, :TRAINABLE]
     np.testing.assert_allclose(models[0, :TRAINABLE], BEFORE[0, :TRAINABLE] + 0.5 * delta)
     assert models[0, TRAINABLE] == BEFORE[0, TRAINABLE] + MEAN_UPDATE[0, TRAINABLE]
     np.testing.assert_array_equal(models[1], BEFORE[1])
     assert state is not None and state["accumulator"].shape == (2, TRAINABLE)
-    again, state = spec.step(state, models, models + MEAN_UPDATE, updated, TRAINABLE)
+    again, state = step(spec, state, models, models + MEAN_UPDATE, updated, TRAINABLE)
     velocity = 0.9 * delta + delta
     np.testing.assert_allclose(again[0, :TRAINABLE], models[0, :TRAINABLE] + 0.5 * velocity)
     np.testing.assert_allclose(state["accumulator"][0], -velocity, rtol=1e-5)  # of pseudo-gradients
@@ -50,7 +78,7 @@ def test_adam_moves_each_value_by_about_the_learning_rate_on_its_first_step() ->
     """FedAdam's first step with bias correction: m/(sqrt(v) + tau) = g/(|g| + tau), so each
     trained value moves by lr * |g|/(|g| + tau) in the update's direction."""
     spec = ServerOptimizer("adam", learning_rate=0.01, epsilon=1e-3)
-    models, state = spec.step(None, BEFORE, BEFORE + MEAN_UPDATE, [True, True], TRAINABLE)
+    models, state = step(spec, None, BEFORE, BEFORE + MEAN_UPDATE, [True, True], TRAINABLE)
     g = np.abs(MEAN_UPDATE[0, :TRAINABLE])
     expected = BEFORE[0, :TRAINABLE] + 0.01 * np.sign(MEAN_UPDATE[0, :TRAINABLE]) * g / (g + 1e-3)
     np.testing.assert_allclose(models[0, :TRAINABLE], expected, rtol=1e-3)
@@ -60,9 +88,9 @@ def test_adam_moves_each_value_by_about_the_learning_rate_on_its_first_step() ->
 
 def test_a_change_in_the_number_of_clusters_restarts_the_state() -> None:
     spec = ServerOptimizer("sgdm", momentum=0.9)
-    _, state = spec.step(None, BEFORE, BEFORE + MEAN_UPDATE, [True, True], TRAINABLE)
+    _, state = step(spec, None, BEFORE, BEFORE + MEAN_UPDATE, [True, True], TRAINABLE)
     three = np.concatenate([BEFORE, BEFORE[:1]])
-    models, state = spec.step(state, three, three, [True, True, True], TRAINABLE)
+    models, state = step(spec, state, three, three, [True, True, True], TRAINABLE)
     np.testing.assert_array_equal(models, three)  # no update and a fresh (zero) momentum
     assert state is not None and state["accumulator"].shape == (3, TRAINABLE)
 

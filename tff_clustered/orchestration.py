@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from tff_clustered import weights as flat
-from tff_clustered.algorithms.base import Algorithm, RoundResult, RunInfo, ServerView
+from tff_clustered.algorithms.base import Algorithm, Decision, RoundResult, RunInfo, ServerView
 from tff_clustered.client_store import ClientStore
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.federated.executions import RoundCache
@@ -149,7 +149,7 @@ class Experiment:
             self.runner, self.store, self.signature(), self.model, self.functional.initial_state
         )
 
-    def apply(self, decision: Any) -> None:
+    def apply(self, decision: Decision) -> None:
         """Applies an algorithm's decision to the run's state."""
         apply_decision(self.state, decision, self.algorithm.name, self.anchor_tensors)
 

@@ -30,12 +30,12 @@ from tff_clustered.federated.client_work import RoutedRows
 @dataclasses.dataclass(frozen=True)
 class Received:
     """What a client starts from: the shared variables it joins with its stored ones, the
-    cluster (server row) its update counts in, and extra `ClientInputs` fields (a peer's
-    `routed` rows)."""
+    cluster (server row) its update counts in, and, for a decentralized peer, the rows routed
+    to it (`ClientInputs.routed`)."""
 
     selected: tuple
     cluster: tf.Tensor
-    routed: dict = dataclasses.field(default_factory=dict)
+    routed: Optional[RoutedRows] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,4 +158,4 @@ class Neighbours(Distributor):
         rows = self.rows(client.selection, self.num_rows)
         weights = tf.gather(client.hparams["row_weights"], client.key)
         routed = RoutedRows(rows, weights, client.key, self.features)
-        return Received(tuple(t[0] for t in rows), client.key[0], dict(routed=routed))
+        return Received(tuple(t[0] for t in rows), client.key[0], routed)

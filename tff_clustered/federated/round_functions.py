@@ -273,7 +273,7 @@ def round_functions(
                 signature.anchor,
                 round_num=hparams["round_num"],
                 total_rounds=hparams["total_rounds"],
-                **received.routed,
+                routed=received.routed,
             ),
         )
         start = weights + state

@@ -92,32 +92,6 @@ class ServerOptimizer:
             return self.initial_state(num_clusters, size)
         return state
 
-    def step(
-        self,
-        state: Optional[OptimizerState],
-        before: np.ndarray,
-        after: np.ndarray,
-        updated: np.ndarray,
-        trainable_values: int,
-    ) -> tuple[np.ndarray, Optional[OptimizerState]]:
-        """`server_step` on flat NumPy models: the cluster models after the server step, and
-        the new state. `before`: the cluster models the round started from, (K, D); `after`:
-        the aggregator's result (`before` plus each cluster's mean update); `updated`: (K,)
-        whether any client trained in each cluster; the first `trainable_values` of a flat
-        model are its trainable ones."""
-        state = self.state_or_initial(state, len(before), trainable_values)
-        if state is None:
-            return after, None
-        t = trainable_values
-        models, new_state = server_step(self, 1)(
-            (tf.constant(before[:, :t]), tf.constant(before[:, t:])),
-            (tf.constant(after[:, :t]), tf.constant(after[:, t:])),
-            tf.constant(np.asarray(updated, bool)),
-            {key: tf.constant(value) for key, value in state.items()},
-        )
-        flat = np.concatenate([np.asarray(m) for m in models], axis=1).astype(np.float32)
-        return flat, {key: np.asarray(value) for key, value in new_state.items()}
-
 
 def server_step(spec: ServerOptimizer, num_trainable: int) -> Callable[..., tuple]:
     """The finalizer's step as a TF function `(before, after, updated, state) -> (models,

@@ -120,6 +120,10 @@ class ClientRunner:
             }
         server_state["aggregator"] = ()
         scalars = [1.0] * len(client_ids) if client_scalars is None else client_scalars
+        if not len(keys) == len(scalars) == len(client_ids):
+            raise ValueError(
+                f"{len(client_ids)} clients with {len(keys)} keys and {len(scalars)} scalars"
+            )
         store_in = fed_round.io.store_in
         hparams = round_hparams(
             training.learning_rate,
@@ -140,7 +144,7 @@ class ClientRunner:
                 scalar,
                 seed,
             )
-            for c, key, scalar, seed in zip(client_ids, keys, scalars, seeds, strict=True)
+            for c, key, scalar, seed in zip(client_ids, keys, scalars, seeds)
         ]
         new_state, outputs, measurements = fed_round.next(server_state, clients, hparams)
         num_clusters = len(cluster_models)
