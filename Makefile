@@ -12,7 +12,7 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n 2 --durations=15 tests $(ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check tff_clustered binaries tests examples
+	$(VENV)/bin/ruff check tff_clustered binaries tests examples scripts
 
 benchmark: $(STAMP)
 	$(VENV)/bin/python binaries/benchmark.py $(ARGS)

@@ -79,13 +79,15 @@ SHAKESPEARE_PARTS = {
             "The way to dusty death. Out, out, brief candle!",
         ],
         [
-            "Life's but a walking shadow, a poor player\nThat struts and frets his hour upon the stage"
+            "Life's but a walking shadow, a poor player\n"
+            "That struts and frets his hour upon the stage"
         ],
     ),
     "THE_TRAGEDY_OF_HAMLET_PRINCE_OF_DENMARK_HAMLET": (
         [
             "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer",
-            "The slings and arrows of outrageous fortune,\nOr to take arms against a sea of troubles",
+            "The slings and arrows of outrageous fortune,\n"
+            "Or to take arms against a sea of troubles",
         ],
         ["And by opposing end them. To die, to sleep;\nNo more; and by a sleep to say we end"],
     ),

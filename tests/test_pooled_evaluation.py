@@ -135,3 +135,34 @@ def test_pooled_scores_of_a_single_logit_model() -> None:
     assert_same_results(
         exp.runner.score_pooled(models, keys, ids), from_probabilities(exp, models[0], ids)
     )
+
+
+def test_pooled_examples_go_to_the_worker_once_and_again_after_its_executor_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tensorflow_federated as tff
+
+    from tff_clustered.loop import client_runner
+
+    data = load_digits_clusters(num_clients=8, num_groups=2, seed=5)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
+    exp = trained("ifca", data, model, "tff", num_clusters=2)
+    ids = exp.data.client_ids
+    models, keys = server_models(exp.state.cluster_models, "cluster", np.arange(len(ids)) % 2)
+    first = exp.runner.score_pooled(models, keys, ids)
+    held = exp.runner.pooled_rows("test", ids).examples
+    assert not any(isinstance(v, np.ndarray) for v in held)  # references to the worker's values
+    split = exp.runner._pooled_splits["test"]
+    sent = split.examples.__self__  # the split's `WorkerArrays`
+    assert sent.sends == 1  # every evaluation of the run (and this call) reused one send
+    assert exp.runner.score_pooled(models, keys, ids) == first
+    assert sent.sends == 1
+    # TFF's context drops its executor after an error: the examples are sent again
+    tff.framework.get_context_stack().current.executor_factory.clean_up_executor({})
+    assert exp.runner.score_pooled(models, keys, ids) == first
+    assert sent.sends == 2
+    # a split too large to keep is pooled per call, with the same results
+    monkeypatch.setattr(client_runner, "POOLED_SPLIT_MAX_BYTES", 0)
+    exp.runner._pooled_splits.clear()
+    assert exp.runner.score_pooled(models, keys, ids) == first
+    assert exp.runner._pooled_splits["test"] is None

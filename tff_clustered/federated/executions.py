@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from tff_clustered.federated import graphs, grouping, in_process, sharded
+from tff_clustered.federated.resident import WorkerArrays
 from tff_clustered.federated.round import (
     FederatedRound,
     tff_round_parts,
@@ -20,6 +21,8 @@ from tff_clustered.federated.round_functions import (
 from tff_clustered.federated.scoring import (
     build_pooled_scores,
     build_predict_probabilities,
+    pooled_examples_specs,
+    to_type,
 )
 from tff_clustered.federated.signature import (
     RoundSignature,
@@ -83,6 +86,15 @@ class RoundCache:
         if self.execution == "tff":
             return build_pooled_scores(self.model, self.input_spec)
         return graphs.in_process_pooled_scores(self.model, self.input_spec, self.device)
+
+    def pooled_examples(self, x: np.ndarray, y: np.ndarray) -> Callable[[], tuple]:
+        """Where `pooled_scores` finds pooled examples it scores many times: a callable giving
+        the `(x, y)` arguments to pass. On TFF's runtime they are sent to the worker once and
+        passed by reference afterwards (`resident.WorkerArrays`); in process, the arrays."""
+        if self.execution == "tff":
+            types = tuple(to_type(s) for s in pooled_examples_specs(self.input_spec))
+            return WorkerArrays((x, y), types).values
+        return lambda: (x, y)
 
 
 def repeated_round(

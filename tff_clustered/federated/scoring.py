@@ -58,26 +58,29 @@ def build_predict_probabilities(model: FunctionalModel, input_spec: dict) -> tff
 
 
 def pooled_scores_fn(model: FunctionalModel) -> Callable[..., tuple[tf.Tensor, ...]]:
-    """`(weights, state, x, y, client, num_clients, batch_size) -> (loss_sum, num_correct,
-    num_examples)`: one whole model scored, in inference mode, on the examples of many clients
-    pooled into one array (`client[i]` is the index of example i's client), in ordered batches
-    of `batch_size`. Each output is (num_clients,) float32 and holds, per client, the sums that
+    """`(weights, state, x, y, rows, client, num_clients, batch_size) -> (loss_sum,
+    num_correct, num_examples)`: one whole model scored, in inference mode, on the examples
+    `rows` of the pooled arrays `x`, `y` (many clients' examples in one array; `client[i]` is
+    the index of the client of example `rows[i]`), in ordered batches of `batch_size`. Each
+    output is (num_clients,) float32 and holds, per client, the sums that
     `local_training.evaluate_client` gives on that client's own arrays (equal up to the order of
-    float additions). One call scores every client of a model, where the per-client
-    `evaluate` makes one call per client."""
+    float additions). One call scores every client of a model, where the per-client `evaluate`
+    makes one call per client; `x` and `y` may hold every client of a split and stay on the
+    worker between calls (`resident.WorkerArrays`), so a call sends only the row indices."""
 
     def score(
         weights: tuple,
         state: tuple,
         x: tf.Tensor,
         y: tf.Tensor,
+        rows: tf.Tensor,
         client: tf.Tensor,
         num_clients: tf.Tensor,
         batch_size: tf.Tensor,
     ) -> tuple[tf.Tensor, ...]:
         def step(totals: tuple, batch: dict) -> tuple:
-            logits, _ = model.apply(weights, state, batch["x"], False, None)
-            labels, owner = batch["y"], batch["client"]
+            logits, _ = model.apply(weights, state, tf.gather(x, batch["rows"]), False, None)
+            labels, owner = tf.gather(y, batch["rows"]), batch["client"]
             correct = tf.cast(tf.equal(local_training.predicted_labels(logits), labels), tf.float32)
             per_example = (
                 local_training.example_losses(logits, labels),
@@ -90,10 +93,19 @@ def pooled_scores_fn(model: FunctionalModel) -> Callable[..., tuple[tf.Tensor, .
             )
 
         zeros = tf.zeros([num_clients], tf.float32)
-        pooled = collections.OrderedDict(x=x, y=y, client=client)
-        return ArrayBatches(pooled, batch_size).reduce((zeros, zeros, zeros), step)
+        scored = collections.OrderedDict(rows=rows, client=client)
+        return ArrayBatches(scored, batch_size).reduce((zeros, zeros, zeros), step)
 
     return score
+
+
+def pooled_examples_specs(input_spec: dict) -> tuple[tf.TensorSpec, tf.TensorSpec]:
+    """The pooled arrays `pooled_scores_fn` scores rows of: x and y of any number of
+    examples."""
+    return (
+        tf.TensorSpec([None, *input_spec["x"].shape[1:]], input_spec["x"].dtype),
+        tf.TensorSpec([None], input_spec["y"].dtype),
+    )
 
 
 def pooled_scores_specs(model: FunctionalModel, input_spec: dict) -> tuple:
@@ -101,8 +113,8 @@ def pooled_scores_specs(model: FunctionalModel, input_spec: dict) -> tuple:
     return (
         tuple(tf.TensorSpec(s, tf.float32) for s in layout.trainable_shapes),
         tuple(tf.TensorSpec(s, tf.float32) for s in layout.state_shapes),
-        tf.TensorSpec([None, *input_spec["x"].shape[1:]], input_spec["x"].dtype),
-        tf.TensorSpec([None], input_spec["y"].dtype),
+        *pooled_examples_specs(input_spec),
+        tf.TensorSpec([None], tf.int32),
         tf.TensorSpec([None], tf.int32),
         tf.TensorSpec([], tf.int32),
         tf.TensorSpec([], tf.int64),

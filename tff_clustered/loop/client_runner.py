@@ -34,6 +34,11 @@ from tff_clustered.seeds import DROPOUT, SHUFFLE, derived_seed
 # Examples per batch when many clients' examples are scored pooled (`score_pooled`): no
 # gradients, and per-example results do not depend on it.
 POOLED_BATCH = 512
+# A split whose examples take at most this many bytes is pooled whole once and kept where the
+# scoring runs (`ClientRunner.pooled_rows`); a larger one is pooled per call, its clients only.
+# TFF sends a value as one protocol buffer (at most 2 GB), and keeping a split costs its size
+# again in this process and on the worker.
+POOLED_SPLIT_MAX_BYTES = 512 * 2**20
 ClientResults = dict[str, dict[str, float]]  # client id -> loss_sum, num_correct, num_examples
 
 
@@ -46,6 +51,38 @@ class TrainedRound(NamedTuple):
     optimizer_state: Optional[dict[str, np.ndarray]]
     outputs: list[dict]
     measurements: dict
+
+
+class PooledRows(NamedTuple):
+    """Examples to score pooled (`pooled_scores_fn`): pooled arrays `(x, y)` (or their
+    references on the worker), the rows of them scored, and each row's client (its index in
+    the clients asked for)."""
+
+    examples: tuple
+    rows: np.ndarray
+    client: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class PooledSplit:
+    """Every client's examples of a split in one pair of arrays (`examples()` gives them where
+    the scoring runs), and where each client's rows start and how many it has."""
+
+    examples: Callable[[], tuple]
+    start: dict[str, int]
+    size: dict[str, int]
+
+    def rows(self, client_ids: Sequence[str]) -> PooledRows:
+        sizes = [self.size[c] for c in client_ids]
+        rows = [
+            np.arange(self.start[c], self.start[c] + n, dtype=np.int32)
+            for c, n in zip(client_ids, sizes)
+        ]
+        return PooledRows(
+            self.examples(),
+            np.concatenate(rows) if rows else np.zeros(0, np.int32),
+            np.repeat(np.arange(len(sizes), dtype=np.int32), sizes),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +110,7 @@ class ClientRunner:
         self.client_index = {cid: i for i, cid in enumerate(data.client_ids)}
         self._predict: Optional[Callable] = None
         self._pooled_scores: Optional[Callable] = None
+        self._pooled_splits: dict[str, Optional[PooledSplit]] = {}
 
     def seeds(self, round_num: int, client_ids: Sequence[str], stream: int = SHUFFLE) -> list:
         """Each client's seeds of a round: its batches' shuffle (from seed stream `stream`)
@@ -197,14 +235,13 @@ class ClientRunner:
         split: str = "test",
     ) -> ClientResults:
         """The results `score` gives with whole models (nothing from the client store), in one
-        call per model: the `split` examples of every client that `models[k]` scores pooled into
-        one array (`pooled_arrays`), summed per client inside the computation
-        (`score_arrays`)."""
+        call per model: the `split` examples of every client that `models[k]` scores
+        (`pooled_rows`), summed per client inside the computation (`score_arrays`)."""
         keys = np.asarray(keys)
         results: ClientResults = {}
         for k in np.unique(keys):
             members = [client_ids[i] for i in np.flatnonzero(keys == k)]
-            sums = self.score_arrays(models[k], self.pooled_arrays(split, members), len(members))
+            sums = self.score_arrays(models[k], self.pooled_rows(split, members), len(members))
             for j, client in enumerate(members):
                 results[client] = {
                     name: float(values[j])
@@ -212,24 +249,44 @@ class ClientRunner:
                 }
         return {c: results[c] for c in client_ids}
 
-    def pooled_arrays(
-        self, split: str, client_ids: Sequence[str]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The `split` examples of `client_ids` in one array: (x, y, the index in `client_ids`
-        of each example's client)."""
+    def pooled_rows(self, split: str, client_ids: Sequence[str]) -> PooledRows:
+        """The `split` examples of `client_ids`, to score pooled. Every client of the split is
+        pooled once, on the first call, and kept where the scoring runs (on TFF's worker:
+        `RoundCache.pooled_examples`), so later calls send only row indices; a split over
+        `POOLED_SPLIT_MAX_BYTES` is pooled on each call instead, `client_ids` only."""
+        if split not in self._pooled_splits:
+            self._pooled_splits[split] = self._pool_split(split)
+        whole = self._pooled_splits[split]
+        if whole is not None:
+            return whole.rows(client_ids)
         arrays = [self.data.arrays(split, c) for c in client_ids]
+        x, y = (np.concatenate([a[name] for a in arrays]) for name in ("x", "y"))
         sizes = [len(a["y"]) for a in arrays]
-        return (
-            np.concatenate([a["x"] for a in arrays]),
-            np.concatenate([a["y"] for a in arrays]),
+        return PooledRows(
+            (x, y),
+            np.arange(len(y), dtype=np.int32),
             np.repeat(np.arange(len(arrays), dtype=np.int32), sizes),
         )
 
+    def _pool_split(self, split: str) -> Optional[PooledSplit]:
+        ids = self.data.client_ids
+        arrays = [self.data.arrays(split, c) for c in ids]
+        if sum(a["x"].nbytes + a["y"].nbytes for a in arrays) > POOLED_SPLIT_MAX_BYTES:
+            return None
+        sizes = [len(a["y"]) for a in arrays]
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int)
+        x, y = (np.concatenate([a[name] for a in arrays]) for name in ("x", "y"))
+        return PooledSplit(
+            self.rounds_cache.pooled_examples(x, y),
+            dict(zip(ids, starts.tolist())),
+            dict(zip(ids, sizes)),
+        )
+
     def score_arrays(
-        self, model: np.ndarray, pooled: tuple[np.ndarray, ...], num_clients: int
+        self, model: np.ndarray, pooled: PooledRows, num_clients: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-client loss sums, correct predictions and examples (float64, `num_clients` each)
-        of one flat whole `model` on `pooled_arrays` (`round.pooled_scores_fn`)."""
+        of one flat whole `model` on `pooled` rows (`scoring.pooled_scores_fn`)."""
         if self._pooled_scores is None:
             self._pooled_scores = self.rounds_cache.pooled_scores()
         split_at = self.layout.num_trainable
@@ -237,7 +294,9 @@ class ClientRunner:
         sums = self._pooled_scores(
             tuple(variables[:split_at]),
             tuple(variables[split_at:]),
-            *pooled,
+            *pooled.examples,
+            pooled.rows,
+            pooled.client,
             np.int32(num_clients),
             np.int64(max(evaluation_batch_size(self.config.batch_size), POOLED_BATCH)),
         )

@@ -96,7 +96,7 @@ class ServerQueries:
                     for c in client_ids
                 ]
             return losses
-        pooled = runner.pooled_arrays("train", client_ids)  # pooled once, scored by every model
+        pooled = runner.pooled_rows("train", client_ids)  # pooled once, scored by every model
         for k, model in enumerate(cluster_models):
             loss_sum, _, num_examples = runner.score_arrays(model, pooled, len(client_ids))
             losses[:, k] = loss_sum / np.maximum(num_examples, 1.0)

@@ -1,0 +1,54 @@
+"""Arrays kept where the computations run, sent once and passed by reference afterwards.
+
+A TFF computation's arguments are serialized and sent to the worker on every call: 43 MB of
+pooled test examples take about 0.6 s each time on this machine (TFF's value serialization
+and the gRPC transfer), where scoring them takes under 50 ms. `WorkerArrays` puts the arrays
+on the worker once, as values of the executor the TFF context uses for unplaced computations,
+and hands out references to them; TFF's context passes an argument that is already an
+executor value through untouched. When that executor changes (TFF's context drops it after an
+error, or its cache evicts it), the arrays are sent again. Without a TFF context that owns an
+executor factory (in process, or TFF's test contexts) the arrays themselves are handed out."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import tensorflow_federated as tff
+
+
+def unplaced_executor() -> Any:
+    """The executor the current TFF context runs unplaced computations on (its cardinalities
+    are empty), or None when the context has no executor factory."""
+    factory = getattr(tff.framework.get_context_stack().current, "executor_factory", None)
+    return None if factory is None else factory.create_executor({})
+
+
+class WorkerArrays:
+    """`arrays` sent to the worker once (`values()`), each as a tensor of `types[i]`: the TFF
+    type the computations that take it declare for that parameter."""
+
+    def __init__(self, arrays: tuple[np.ndarray, ...], types: tuple[tff.Type, ...]) -> None:
+        if len(arrays) != len(types):
+            raise ValueError(f"{len(arrays)} arrays for {len(types)} types")
+        self.arrays, self.types = arrays, types
+        self._executor: Any = None
+        self._values: tuple = ()
+        self.sends = 0  # how many times the arrays went to a worker
+
+    def values(self) -> tuple:
+        """References to the arrays on the worker the current context runs on (sent there
+        first if they are not), or the arrays themselves without such a worker."""
+        executor = unplaced_executor()
+        if executor is None:
+            return self.arrays
+        if executor is not self._executor:
+            self._values = ()  # the old references go with their executor
+            self._values = tuple(
+                asyncio.run(executor.create_value(array, tff_type))
+                for array, tff_type in zip(self.arrays, self.types)
+            )
+            self._executor = executor
+            self.sends += 1
+        return self._values
