@@ -40,6 +40,7 @@ RUN_COLUMNS = (
     "train_seconds",
     "server_seconds",
     "eval_seconds",
+    "checkpoint_seconds",
     "clusters",
     "cluster_sizes",
 )
@@ -112,6 +113,7 @@ def run_row(
         train_seconds=results.get("total_train_seconds", 0.0),
         server_seconds=results.get("total_server_seconds", 0.0),
         eval_seconds=results.get("total_eval_seconds", 0.0),
+        checkpoint_seconds=results.get("total_checkpoint_seconds", 0.0),
         **diagnostics(history, method),
     )
 
@@ -184,8 +186,8 @@ def algorithm_table(rows: Sequence[Mapping[str, Any]], target_accuracy: float) -
     lines = [
         "| setting | algorithm | max accuracy (%) | final accuracy (%) | client mean (%) | "
         f"rounds to {target_accuracy:.0%} | mean discrepancy (Eq. 4) | values sent per round "
-        "| train s | server s | eval s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| train s | server s | eval s | checkpoint s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (setting, algorithm), runs in _groups(rows).items():
         col = {k: [r[k] for r in runs] for k in RUN_COLUMNS}
@@ -197,7 +199,8 @@ def algorithm_table(rows: Sequence[Mapping[str, Any]], target_accuracy: float) -
             f"{'/'.join(str(v) for v in reached) if reached else '-'} | "
             f"{mean_std(col['mean_discrepancy'], 1, 3)} | "
             f"{mean_std(col['floats_per_round'], 1, 0)} | {mean_std(col['train_seconds'], 1, 1)} | "
-            f"{mean_std(col['server_seconds'], 1, 1)} | {mean_std(col['eval_seconds'], 1, 1)} |"
+            f"{mean_std(col['server_seconds'], 1, 1)} | {mean_std(col['eval_seconds'], 1, 1)} | "
+            f"{mean_std(col['checkpoint_seconds'], 1, 1)} |"
         )
     return lines
 
