@@ -106,9 +106,20 @@ class Distributor:
     def receive(self, client: ClientSide) -> Received:
         raise NotImplementedError
 
+    def same_for_every_client(self, num_clusters: int) -> bool:
+        """Whether every client of a round of `num_clusters` cluster models is sent the same
+        selection (`select_shared` with key 0). The TFF round then broadcasts it rather than
+        selecting per client: `tff.federated_select` hands each client a dataset built from
+        its selection, 3.2-3.7 ms a client for an MLP's 407 KB on this machine, where a
+        broadcast costs 0.3 ms."""
+        return False
+
 
 @dataclasses.dataclass(frozen=True)
 class OwnCluster(Distributor):
+    def same_for_every_client(self, num_clusters: int) -> bool:
+        return num_clusters == 1  # the one cluster's model
+
     def receive(self, client: ClientSide) -> Received:
         return Received(self.first_row(client.selection), client.key[0])
 

@@ -4,8 +4,9 @@ Server state holds `num_clusters` models stacked along a leading cluster axis. A
 `tff.learning.templates` (distributor -> client work -> aggregator -> finalizer):
 
 * distributor (`distributors.py`): `tff.federated_select` sends each client the **shared**
-  variables of its own cluster (its key); the client joins them with the rest of its **own
-  stored model** (a CLIENTS-placed input from the per-client store). A client work that reads
+  variables of its own cluster (its key; with one cluster, the one model is broadcast, which
+  is the same selection at a tenth of the cost); the client joins them with the rest of its
+  **own stored model** (a CLIENTS-placed input from the per-client store). A client work that reads
   its whole stored model (Ditto's personal model) gets all of it as well. The signature's
   `distribution` chooses another distributor: every cluster's shared variables broadcast, the
   client training the one of lowest loss on its data (IFCA), or the rows a peer's key names,
@@ -54,6 +55,7 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 import numpy as np
+import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_clustered.federated.clustered_mean import ClusteredMeanFactory, ClusterSums
@@ -145,7 +147,14 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
     every_cluster_shared = tff.tensorflow.computation(cluster_models_type)(
         fns.distributor.every_cluster_shared
     )
-    selection_type = sequence_type(fns.selection_spec)
+    # One selection for every client (one cluster): broadcast, as the selection itself.
+    one_selection = fns.distributor.same_for_every_client(k)
+    selection_type = (
+        to_type(fns.selection_spec) if one_selection else sequence_type(fns.selection_spec)
+    )
+    first_selection = tff.tensorflow.computation(cluster_models_type)(
+        lambda cluster_models: fns.distributor.select_shared(cluster_models, tf.constant(0))
+    )
     stacked_shared_type = to_type(fns.stacked_shared_spec())
     distributed_type = stacked_shared_type if fns.picks_cluster else selection_type
 
@@ -217,6 +226,8 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
         return tff.FederatedType(to_type(spec), tff.CLIENTS)
 
     def distribute(cluster_models: object, keys: object) -> object:
+        if one_selection:
+            return tff.federated_broadcast(tff.federated_map(first_selection, cluster_models))
         return tff.federated_select(
             keys, tff.federated_value(k, tff.SERVER), cluster_models, select_shared
         )
@@ -236,6 +247,8 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
             distributed = tff.federated_broadcast(
                 tff.federated_map(every_cluster_shared, state.cluster_models)
             )
+        elif one_selection:
+            distributed = distribute(state.cluster_models, None)
         else:
             distributed = distribute(state.cluster_models, tff.federated_map(key_of, clients))
         client_args = [distributed, clients, tff.federated_broadcast(hparams)]
