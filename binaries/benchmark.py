@@ -28,6 +28,12 @@
   examples, FEMNIST writers' range) padded and masked into vectorised groups, against the
   same clients grouped by exact size only and against a floor: as many clients of one size
   with the same total local steps, one vectorised call (goal: padded <= 1.3x the floor).
+* `tff_client_costs` (not run by default): what TFF's runtime costs per client besides its
+  training, each a small federated computation over `--clients` clients timed alone: being
+  sent the model by `tff.federated_select` (a row of K = 1 or 3 stacked models) against
+  `tff.federated_broadcast` of it (every cluster's models when K = 3, the client gathering
+  its row), at the MLP's size and at 1 M values; and being sent its examples
+  (`--examples_per_client` x `--input_dim` float32).
 * `uapdfl_vs_fedavg`: one whole UA-PDFL round (every peer receives its own and N_com routed
   models, fingerprints each, mixes and trains with the alignment term; the mailbox is rebuilt)
   against one FedAvg round with the same participants, at each N_com of
@@ -552,6 +558,80 @@ def evaluation_speed() -> dict:
     return out
 
 
+def tff_client_costs(spec: object, rng: np.random.Generator) -> dict:
+    """Milliseconds per client of what TFF's runtime does for a client besides its training
+    (see the module docstring), each the median of 3 calls after a warm-up, `--clients`
+    clients."""
+    n, key_type = FLAGS.clients, tff.TensorType(np.int32)
+    keys = list(range(n))
+    model_size = sum(int(np.prod(w.shape)) for w in initial_weights(spec, FLAGS.seed))
+
+    def model_paths(size: int, k: int) -> dict:
+        stacked = tff.TensorType(np.float32, [k, size])
+        row = tff.TensorType(np.float32, [size])
+
+        @tff.tensorflow.computation(stacked, key_type)
+        def select_row(models: tf.Tensor, key: tf.Tensor) -> tf.Tensor:
+            return models[key]
+
+        @tff.tensorflow.computation(tff.SequenceType(row), key_type)
+        def use_selected(selected: object, key: tf.Tensor) -> tf.Tensor:
+            total = selected.reduce(0.0, lambda acc, v: acc + tf.reduce_sum(v))
+            return total + tf.cast(key, tf.float32)
+
+        @tff.tensorflow.computation(stacked, key_type)
+        def use_broadcast(models: tf.Tensor, key: tf.Tensor) -> tf.Tensor:
+            return tf.reduce_sum(tf.gather(models, key % k)) + tf.cast(key, tf.float32)
+
+        @tff.tensorflow.computation(key_type)
+        def cluster_of(key: tf.Tensor) -> tf.Tensor:
+            return tf.reshape(key % k, [1])
+
+        server, clients = (
+            tff.FederatedType(stacked, tff.SERVER),
+            tff.FederatedType(key_type, tff.CLIENTS),
+        )
+
+        @tff.federated_computation(server, clients)
+        def selected(models: object, client_keys: object) -> object:
+            rows = tff.federated_select(
+                tff.federated_map(cluster_of, client_keys),
+                tff.federated_value(k, tff.SERVER),
+                models,
+                select_row,
+            )
+            return tff.federated_map(use_selected, (rows, client_keys))
+
+        @tff.federated_computation(server, clients)
+        def broadcast(models: object, client_keys: object) -> object:
+            return tff.federated_map(use_broadcast, (tff.federated_broadcast(models), client_keys))
+
+        models = np.zeros((k, size), np.float32)
+        return {
+            f"select_{size}x{k}": lambda: selected(models, keys),
+            f"broadcast_{size}x{k}": lambda: broadcast(models, keys),
+        }
+
+    examples = tff.TensorType(np.float32, [None, FLAGS.input_dim])
+
+    @tff.tensorflow.computation(examples)
+    def total(x: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_sum(x)
+
+    @tff.federated_computation(tff.FederatedType(examples, tff.CLIENTS))
+    def sent_examples(x: object) -> object:
+        return tff.federated_map(total, x)
+
+    data = [c["x"] for c in client_data(rng, n)]
+    fns = {"examples_sent": lambda: sent_examples(data)}
+    for size, k in ((model_size, 1), (model_size, 3), (1_000_000, 3)):
+        fns.update(model_paths(size, k))
+    out = {f"{name}_ms_per_client": round(1000 * t / n, 3) for name, t in alternate(fns, 3).items()}
+    for name, ms in out.items():
+        print(f"TFF runtime, {n} clients: {name} {ms:.2f}", flush=True)
+    return out
+
+
 def resident_mb(pid: int) -> float:
     """Resident set size of a process, MB (Linux /proc)."""
     with open(f"/proc/{pid}/status") as f:
@@ -794,6 +874,8 @@ def main(argv: list[str]) -> None:
             report["evaluation"] = evaluation_speed()
         if "unequal_clients" in FLAGS.benchmarks:
             report["unequal_clients"] = unequal_clients(spec, w0, rng)
+        if "tff_client_costs" in FLAGS.benchmarks:
+            report["tff_client_costs"] = tff_client_costs(spec, rng)
         if "client_scaling" in FLAGS.benchmarks:
             report["client_scaling"] = client_scaling(spec, w0, rng)
     if "clustering" in FLAGS.benchmarks:
