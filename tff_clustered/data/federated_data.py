@@ -393,6 +393,21 @@ def from_arrays(
     )
 
 
+def chosen_clients(
+    available: int, num_clients: Optional[int], rng: np.random.Generator, holds: str
+) -> list[int]:
+    """Sorted indices of `num_clients` of `available` clients drawn without replacement by
+    `rng` (all of them when `num_clients` is None). `holds` says what the data holds, for the
+    error when `num_clients` is out of range (e.g. "PATH holds 3,400 writers")."""
+    if num_clients is None:
+        return list(range(available))
+    if not 1 <= num_clients <= available:
+        raise DataError(
+            f"--num_clients={num_clients}: {holds}; use --num_clients between 1 and {available}"
+        )
+    return sorted(int(i) for i in rng.choice(available, num_clients, replace=False))
+
+
 def split_train_test(
     x: np.ndarray, y: np.ndarray, train_fraction: float, rng: np.random.Generator
 ) -> tuple[ClientArrays, ClientArrays]:

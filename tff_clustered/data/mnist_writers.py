@@ -32,6 +32,7 @@ import numpy as np
 from tff_clustered.data.federated_data import (
     DataError,
     FederatedData,
+    chosen_clients,
     first_line,
     from_arrays,
     split_train_test,
@@ -112,14 +113,15 @@ def load_mnist_writers(
     keys = read_writer_keys(data_dir, len(x_train), len(x_test))
     parts = {k: p for k, p in writer_parts(keys).items() if len(p) >= MIN_WRITER_IMAGES}
     writers = np.array(sorted(parts))
-    if num_clients is not None:
-        if not 1 <= num_clients <= len(writers):
-            raise DataError(
-                f"mnist_writers: {data_dir} holds {len(writers)} training writers with "
-                f"{MIN_WRITER_IMAGES}+ images; use --num_clients between 1 and {len(writers)}"
-            )
-        chosen = np.random.default_rng([seed, 4]).choice(len(writers), num_clients, replace=False)
-        writers = writers[np.sort(chosen)]
+    writers = writers[
+        chosen_clients(
+            len(writers),
+            num_clients,
+            np.random.default_rng([seed, 4]),
+            f"mnist_writers: {data_dir} holds {len(writers)} training writers with "
+            f"{MIN_WRITER_IMAGES}+ images",
+        )
+    ]
     train, public = standardise(x_train[..., None], x_test[..., None])
     rng = np.random.default_rng([seed, 5])
     train_arrays, test_arrays = {}, {}

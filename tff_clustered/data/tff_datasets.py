@@ -40,6 +40,7 @@ import tensorflow_federated as tff
 from tff_clustered.data.federated_data import (
     DataError,
     FederatedData,
+    chosen_clients,
     client_arrays,
     first_line,
     from_arrays,
@@ -115,13 +116,13 @@ def load_tff_emnist(
     writers = sorted(train_ids & set(test.client_ids))
     if not writers:
         raise not_emnist(f"no writer with both {split}_train and {split}_test examples")
-    if num_clients is not None:
-        if not 1 <= num_clients <= len(writers):
-            raise ValueError(
-                f"--num_clients={num_clients}: {path} has {len(writers)} writers in {split}"
-            )
-        chosen = np.random.default_rng([seed, 11]).choice(len(writers), num_clients, replace=False)
-        writers = [writers[i] for i in sorted(chosen)]
+    chosen = chosen_clients(
+        len(writers),
+        num_clients,
+        np.random.default_rng([seed, 11]),
+        f"{path} has {len(writers)} writers in {split}",
+    )
+    writers = [writers[i] for i in chosen]
     parsed = {
         name: tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
             writers,
@@ -184,14 +185,12 @@ def load_tff_cifar100(
         raise not_cifar100(f"{type(e).__name__}: {reason(e)}") from None
     if not clients:
         raise not_cifar100("no clients in its train split")
-    chosen = list(range(len(clients)))  # indices into the file's sorted client ids
-    if num_clients is not None:
-        if not 1 <= num_clients <= len(clients):
-            raise ValueError(
-                f"--num_clients={num_clients}: {path} has {len(clients)} train clients"
-            )
-        drawn = np.random.default_rng([seed, 11]).choice(len(clients), num_clients, replace=False)
-        chosen = sorted(int(k) for k in drawn)
+    chosen = chosen_clients(  # indices into the file's sorted client ids
+        len(clients),
+        num_clients,
+        np.random.default_rng([seed, 11]),
+        f"{path} has {len(clients)} train clients",
+    )
     parsed = tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
         [clients[k] for k in chosen],
         lambda client: cifar100_parsing(train.serializable_dataset_fn(client)),
@@ -327,14 +326,14 @@ def load_tff_shakespeare(
         raise not_shakespeare(
             f"no part has more than {SHAKESPEARE_WINDOW} characters in both train and test"
         )
-    if num_clients is not None:
-        if not 1 <= num_clients <= len(usable):
-            raise ValueError(
-                f"--num_clients={num_clients}: {path} has {len(usable)} parts with more than "
-                f"{SHAKESPEARE_WINDOW} characters in both splits"
-            )
-        chosen = np.random.default_rng([seed, 11]).choice(len(usable), num_clients, replace=False)
-        usable = [usable[i] for i in sorted(chosen)]
+    chosen = chosen_clients(
+        len(usable),
+        num_clients,
+        np.random.default_rng([seed, 11]),
+        f"{path} has {len(usable)} parts with more than {SHAKESPEARE_WINDOW} characters in "
+        "both splits",
+    )
+    usable = [usable[i] for i in chosen]
     arrays = {
         split: {
             client: next_character_examples(texts[split][client], vocabulary, stride=stride)
