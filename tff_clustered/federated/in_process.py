@@ -14,7 +14,7 @@ first GPU when it sees one. The round is the TFF round's, step for step:
    vectorised along a client axis (`tf.vectorized_map`: one call, batched matmuls) when the
    model is small (`VECTORISE_MAX_OPS`), and clients of similar sizes padded to a common one
    with masked batches when its rows are independent (`client_groups`), the others one
-   each, several at a time (threads; one per core);
+   each; the groups and single clients several at a time (threads; one per core);
 3. aggregator: each client's weighted update is added into its cluster's row, in client order;
 4. finalizer: `finalize_sums(cluster_models, sums, weights, optimizer_state)` (the mean
    update added, then the server optimizer's step).
@@ -198,9 +198,6 @@ def in_process_round(
             device,
         )
 
-    accumulate_graph = graphs.GraphFunction(
-        accumulate, [sums_spec, weight_spec, fns.shared_spec, weight_spec], device
-    )
     finalize_graph = graphs.GraphFunction(
         fns.finalize_sums,
         [fns.cluster_models_spec, sums_spec, weight_spec, fns.optimizer_state_spec],
@@ -253,25 +250,15 @@ def in_process_round(
             vectorise=vectorise,
             pad=pad_unequal_clients and fns.rows_independent,
         )
-        singles = [members[0] for members in groups if len(members) == 1]
 
-        def work(i: int) -> tuple:
-            data, key, own, scale, seed = clients[i]
-            return train_client_graph(models, anchor, data, key, tuple(own), scale, seed, hparams)
-
-        with concurrent.futures.ThreadPoolExecutor(parallel_clients) as pool:
-            done = dict(zip(singles, pool.map(work, singles)))
-        # Updates are added in client order within each group, groups in the order of their
-        # first client, so the sums do not depend on which finished first.
-        for members in groups:
+        def train_group(members: list[int]) -> tuple:
+            """The group's (shared deltas, cluster weights, outputs), one row per member."""
             if len(members) == 1:
-                shared_delta, cluster_weight, out = done[members[0]]
-                if not fns.routes_rows:
-                    sums, total_weight = accumulate_graph(
-                        sums, total_weight, shared_delta, cluster_weight
-                    )
-                outputs[members[0]] = out
-                continue
+                data, key, own, scale, seed = clients[members[0]]
+                trained = train_client_graph(
+                    models, anchor, data, key, tuple(own), scale, seed, hparams
+                )
+                return tf.nest.map_structure(lambda a: np.asarray(a)[None], trained)
             group_sizes = [sizes[i] for i in members]
             capacity = max(group_sizes)
             key, own, scale, seed = (
@@ -279,12 +266,21 @@ def in_process_round(
                 for field in zip(*(clients[i][1:] for i in members))
             )
             data = stacked_padded([clients[i][0] for i in members], capacity)
-            own = tuple(own)
             padded = min(group_sizes) < capacity
             sizes_in = [np.asarray(group_sizes, np.int64)] if padded else []
-            shared_deltas, cluster_weights, out = train_stacked_graph(padded)(
-                models, anchor, data, key, own, scale, seed, hparams, *sizes_in
+            return train_stacked_graph(padded)(
+                models, anchor, data, key, tuple(own), scale, seed, hparams, *sizes_in
             )
+
+        for members in groups:  # built here, not by two threads at once (pfor takes seconds)
+            if len(members) > 1:
+                train_stacked_graph(min(sizes[i] for i in members) < max(sizes[i] for i in members))
+        # Groups train concurrently (a session runs calls from several threads); their
+        # updates are added in client order within each group, groups in the order of their
+        # first client, so the sums do not depend on which finished first.
+        with concurrent.futures.ThreadPoolExecutor(parallel_clients) as pool:
+            trained = list(pool.map(train_group, groups))
+        for members, (shared_deltas, cluster_weights, out) in zip(groups, trained):
             if not fns.routes_rows:
                 sums, total_weight = accumulate_stacked_graph()(
                     sums, total_weight, shared_deltas, cluster_weights
