@@ -3,8 +3,12 @@ before its work starts (the shared variables it starts from, the cluster its upd
 and what else its work reads). One class per way of distributing, chosen by the signature's
 `distribution` (`signature.DISTRIBUTIONS`):
 
-* `OwnCluster`: the server picks; `tff.federated_select` sends each client the shared variables
-  of the cluster its key names (FedAvg, FedGroup, FeSEM, ...);
+* `OwnCluster`: the server picks; the client trains the shared variables of the cluster its
+  key names (FedAvg, FedGroup, FeSEM, ...). Every cluster's are broadcast and the client takes
+  its key's row: in a simulation the broadcast is a reference on the worker, where
+  `tff.federated_select` builds a dataset for each client (`same_for_every_client` gives the
+  measured costs). What a deployment would send each client, its own cluster's model, is what
+  the algorithms report as communication (`values_sent_per_round`);
 * `LowestLossCluster`: every cluster's shared variables are broadcast and the client joins the
   one of lowest loss on its training data (IFCA, Ghosh et al. 2020, Alg. 2), reporting its pick;
 * `Neighbours`: the server state is a mailbox of every peer's published model; a client is sent
@@ -99,8 +103,10 @@ class Distributor:
 
     def handed(self, cluster_models: tuple, key: tf.Tensor) -> Any:
         """What a client of `key` is handed, computed directly (in process), where the TFF
-        round places `select_shared` by `federated_select` or broadcasts
-        `every_cluster_shared`."""
+        round broadcasts `every_cluster_shared` or places `select_shared` by
+        `federated_select`."""
+        if self.sends_every_cluster:
+            return self.every_cluster_shared(cluster_models)
         return self.select_shared(cluster_models, key[0])
 
     def receive(self, client: ClientSide) -> Received:
@@ -108,20 +114,25 @@ class Distributor:
 
     def same_for_every_client(self, num_clusters: int) -> bool:
         """Whether every client of a round of `num_clusters` cluster models is sent the same
-        selection (`select_shared` with key 0). The TFF round then broadcasts it rather than
-        selecting per client: `tff.federated_select` hands each client a dataset built from
-        its selection, 3.2-3.7 ms a client for an MLP's 407 KB on this machine, where a
-        broadcast costs 0.3 ms."""
+        selection (`select_shared` with key 0). Where the TFF round selects by key (the
+        per-client evaluation), it then broadcasts that selection: `tff.federated_select` hands
+        each client a dataset built from its selection, about 3 ms a client plus 1.4 ms per MB
+        on this machine (3.4 ms for an MLP's 407 KB), where a broadcast costs 0.3 ms
+        (`benchmark.py --benchmarks=tff_client_costs`)."""
         return False
 
 
 @dataclasses.dataclass(frozen=True)
 class OwnCluster(Distributor):
+    sends_every_cluster: ClassVar[bool] = True
+
     def same_for_every_client(self, num_clusters: int) -> bool:
         return num_clusters == 1  # the one cluster's model
 
     def receive(self, client: ClientSide) -> Received:
-        return Received(self.first_row(client.selection), client.key[0])
+        """The row of the cluster the client's key names."""
+        cluster = client.key[0]
+        return Received(tuple(tf.gather(t, cluster) for t in client.selection), cluster)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +143,6 @@ class LowestLossCluster(Distributor):
     num_clusters: int = 1
     mean_loss: Optional[MeanLoss] = None
     sends_every_cluster: ClassVar[bool] = True
-
-    def handed(self, cluster_models: tuple, key: tf.Tensor) -> Any:
-        return self.every_cluster_shared(cluster_models)
 
     def receive(self, client: ClientSide) -> Received:
         """IFCA's cluster estimate: the in-use cluster whose model has the lowest mean loss on

@@ -7,9 +7,9 @@ client work, the finalizer, the client evaluation) and the same per-cluster mean
 graphs in this process, so that their ops land on whatever device TensorFlow picks: the
 first GPU when it sees one. The round is the TFF round's, step for step:
 
-1. distributor: each client gets `select_shared(cluster_models, key)` (what
-   `federated_select` hands it, as a tuple rather than a one-element dataset), or every
-   cluster's shared variables when it picks its own cluster;
+1. distributor: each client gets what its distributor is `handed` (`distributors.py`): every
+   cluster's shared variables (the TFF round broadcasts them), or `select_shared(cluster_models,
+   key)` (what `federated_select` hands a peer, as a tuple rather than a dataset);
 2. client work: `client_update`; the clients holding the same number of examples together,
    vectorised along a client axis (`tf.vectorized_map`: one call, batched matmuls) when the
    model is small (`VECTORISE_MAX_OPS`), and clients of similar sizes padded to a common one

@@ -3,10 +3,11 @@
 Server state holds `num_clusters` models stacked along a leading cluster axis. A round follows
 `tff.learning.templates` (distributor -> client work -> aggregator -> finalizer):
 
-* distributor (`distributors.py`): `tff.federated_select` sends each client the **shared**
-  variables of its own cluster (its key; with one cluster, the one model is broadcast, which
-  is the same selection at a tenth of the cost); the client joins them with the rest of its
-  **own stored model** (a CLIENTS-placed input from the per-client store). A client work that reads
+* distributor (`distributors.py`): each client trains the **shared** variables of its own
+  cluster (its key): every cluster's are broadcast and the client takes its key's row (a
+  reference on the worker, where `tff.federated_select` would build a dataset per client);
+  the client joins them with the rest of its **own stored model** (a CLIENTS-placed input
+  from the per-client store). A client work that reads
   its whole stored model (Ditto's personal model) gets all of it as well. The signature's
   `distribution` chooses another distributor: every cluster's shared variables broadcast, the
   client training the one of lowest loss on its data (IFCA), or the rows a peer's key names,
@@ -156,7 +157,7 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
         lambda cluster_models: fns.distributor.select_shared(cluster_models, tf.constant(0))
     )
     stacked_shared_type = to_type(fns.stacked_shared_spec())
-    distributed_type = stacked_shared_type if fns.picks_cluster else selection_type
+    distributed_type = stacked_shared_type if fns.sends_every_cluster else selection_type
 
     client_type = to_type(fns.client_spec)
     hparams_type = to_type(fns.hparams_spec)
@@ -243,12 +244,10 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
     ) -> tuple[object, object, object]:
         """Distributor and client work: `(shared_delta, cluster_weight, outputs)@CLIENTS`.
         `clients`: each client's `signature.client_input`."""
-        if fns.picks_cluster:
+        if fns.sends_every_cluster:
             distributed = tff.federated_broadcast(
                 tff.federated_map(every_cluster_shared, state.cluster_models)
             )
-        elif one_selection:
-            distributed = distribute(state.cluster_models, None)
         else:
             distributed = distribute(state.cluster_models, tff.federated_map(key_of, clients))
         client_args = [distributed, clients, tff.federated_broadcast(hparams)]

@@ -81,8 +81,9 @@ class RoundFunctions:
     federated operators; the in-process round runs the very same functions as `tf.function`s.
 
     * `distributor` (`distributors.py`): its `select_shared(cluster_models, key)` is
-      federated_select's select function, its `every_cluster_shared(cluster_models)` what a
-      client that picks its cluster is sent, its `receive` the client's side of both;
+      federated_select's select function (peers' rows; the per-client evaluation), its
+      `every_cluster_shared(cluster_models)` what is broadcast to a client that takes its
+      cluster's row or picks one, its `receive` the client's side of both;
     * `padded_client_update(distributed, stored, data, key, client_scalar, seed, hparams,
       anchor, size)`: one client's work -> `(shared_delta, cluster_weight, outputs)`;
       `distributed` is a dataset of the one selection, or every cluster's shared variables;
@@ -135,7 +136,7 @@ class RoundFunctions:
         return self.finalize(cluster_models, mean, total_weight, optimizer_state)
 
     @property
-    def picks_cluster(self) -> bool:
+    def sends_every_cluster(self) -> bool:
         return self.distributor.sends_every_cluster
 
     @property
