@@ -19,6 +19,7 @@ from tff_clustered.federated.round_functions import round_functions
 from tff_clustered.federated.signature import (
     RoundSignature,
     client_seed,
+    evaluation_input,
     round_clients,
     round_hparams,
 )
@@ -197,11 +198,7 @@ def test_evaluation_uses_each_clients_own_cluster_model() -> None:
     data = client_sets(rng, [10, 13], 5, 3)
     keys = [1, 0]
     results = process.evaluate(
-        models,
-        [arrays(*d) for d in data],
-        [np.array([k], np.int32) for k in keys],
-        [()] * 2,
-        np.int64(BATCH),
+        models, [evaluation_input(arrays(*d), k, ()) for d, k in zip(data, keys)], np.int64(BATCH)
     )
     for (x, y), k, r in zip(data, keys, results):
         logits = x @ models[0][k] + models[1][k]

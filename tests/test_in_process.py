@@ -24,6 +24,7 @@ from tff_clustered.federated.round_functions import (
 from tff_clustered.federated.signature import (
     RoundSignature,
     client_seed,
+    evaluation_input,
     round_clients,
     round_hparams,
 )
@@ -170,9 +171,7 @@ def test_in_process_ifca_round_with_an_anchor_matches_tff() -> None:
         )
         scores = fed_round.evaluate(
             new_state["cluster_models"],
-            arrays,
-            [np.array([o["cluster"]], np.int32) for o in outputs],
-            [()] * 4,
+            [evaluation_input(a, o["cluster"], ()) for a, o in zip(arrays, outputs)],
             np.int64(64),
         )
         results[execution] = (new_state, outputs, measurements, scores)

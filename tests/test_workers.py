@@ -21,6 +21,7 @@ from conftest import ROOT, run_binary
 from tff_clustered.federated import sharded
 from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.evaluation import server_models
 from tff_clustered.runner import RunSpec, build_experiment
 from tff_clustered.runtime import RuntimeConfig, WorkerLostError, tff_runtime
 
@@ -106,9 +107,18 @@ def test_two_workers_give_the_one_worker_result(two_workers: list, monkeypatch: 
             experiment = build_experiment(spec)
             experiment.start()
             history = list(experiment.rounds())
-            results.append((experiment.state, history))
+            # per-client scoring (the path of personal models), split over the workers too
+            ids = experiment.data.client_ids
+            models, keys = server_models(
+                experiment.state.cluster_models, "cluster", np.arange(len(ids)) % 2
+            )
+            scores = experiment.runner.score(experiment.current_round(), models, keys, ids)
+            results.append((experiment.state, history, scores))
     assert len(set(used)) == 2  # both workers trained and scored clients
-    (one, one_history), (two, two_history) = results
+    (one, one_history, one_scores), (two, two_history, two_scores) = results
+    assert one_scores.keys() == two_scores.keys()
+    for client, expected in one_scores.items():
+        assert two_scores[client] == pytest.approx(expected, rel=1e-5), client
     assert one.assignment == two.assignment
     np.testing.assert_allclose(one.cluster_models, two.cluster_models, atol=1e-5)
     for key, value in one.server_optimizer_state.items():

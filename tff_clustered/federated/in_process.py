@@ -294,22 +294,17 @@ def in_process_round(
         measurements = collections.OrderedDict(cluster_weight=total_weight)
         return server_state(models, anchor, optimizer), outputs, measurements
 
-    def evaluate(
-        cluster_models: tuple,
-        datasets: Sequence[dict],
-        keys: Sequence[np.ndarray],
-        stored: Sequence[tuple],
-        batch_size: int,
-    ) -> list:
+    def evaluate(cluster_models: tuple, clients: Sequence[dict], batch_size: int) -> list:
         """The TFF round's `evaluate`: each client's scores with its cluster's model."""
         models = tuple(cluster_models)
 
-        def score(client: tuple) -> dict:
-            data, key, own = client
-            return evaluate_client_graph(models, data, key, tuple(own), np.int64(batch_size))
+        def score(client: dict) -> dict:
+            return evaluate_client_graph(
+                models, client["data"], client["key"], tuple(client["stored"]), batch_size
+            )
 
         with concurrent.futures.ThreadPoolExecutor(parallel_clients) as pool:
-            return list(pool.map(score, zip(datasets, keys, stored)))
+            return list(pool.map(score, clients))
 
     return FederatedRound(
         initialize=initialize,

@@ -75,7 +75,8 @@ def sequence_type(element_spec: object) -> tff.SequenceType:
 class FederatedRound:
     """A built round of one signature: `initialize() -> state`, `next(state, clients, hparams)
     -> (state, client_outputs, measurements)` (`clients`: one `signature.client_input` each) and
-    `evaluate(cluster_models, datasets, keys, stored, batch_size) -> client results`, whichever
+    `evaluate(cluster_models, clients, batch_size) -> client results` (`clients`: one
+    `signature.evaluation_input` each), whichever
     execution runs them (TFF computations, or `in_process.InProcessRound`)."""
 
     initialize: Callable[..., Any]
@@ -139,9 +140,7 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
     """The TFF computations of the round (`TffRoundParts`)."""
     signature, k = fns.signature, fns.num_clusters
     has_anchor = bool(signature.anchor)
-    data_type = to_type(fns.data_spec)
     cluster_models_type = to_type(fns.cluster_models_spec)
-    store_in_type = to_type(fns.store_in_spec)
     select_shared = tff.tensorflow.computation(cluster_models_type, tff.TensorType(np.int32))(
         fns.distributor.select_shared
     )
@@ -299,24 +298,26 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
 
     # Evaluation: the same distributor, then each client's joined model on its data.
     batch_size_type = tff.TensorType(np.int64)
-    client_evaluate = tff.tensorflow.computation(
-        selection_type, store_in_type, data_type, batch_size_type
-    )(fns.client_evaluate)
+    evaluated_type = to_type(fns.evaluation_client_spec)
+    client_evaluate = tff.tensorflow.computation(selection_type, evaluated_type, batch_size_type)(
+        lambda selected, client, batch_size: fns.client_evaluate(
+            selected, tuple(client["stored"]), client["data"], batch_size
+        )
+    )
+    key_of_evaluated = tff.tensorflow.computation(evaluated_type)(lambda client: client["key"])
 
     @tff.federated_computation(
         tff.FederatedType(cluster_models_type, tff.SERVER),
-        tff.FederatedType(data_type, tff.CLIENTS),
-        at_clients(fns.key_spec),
-        at_clients(fns.store_in_spec),
+        tff.FederatedType(evaluated_type, tff.CLIENTS),
         tff.FederatedType(batch_size_type, tff.SERVER),
     )
-    def evaluate(
-        cluster_models: object, datasets: object, keys: object, stored: object, batch_size: object
-    ) -> object:
-        """Each client's test arrays scored in ordered batches of `batch_size`."""
+    def evaluate(cluster_models: object, clients: object, batch_size: object) -> object:
+        """Each client's arrays (`signature.evaluation_input`) scored in ordered batches of
+        `batch_size` with its key's model."""
+        keys = None if one_selection else tff.federated_map(key_of_evaluated, clients)
         selected = distribute(cluster_models, keys)
         return tff.federated_map(
-            client_evaluate, (selected, stored, datasets, tff.federated_broadcast(batch_size))
+            client_evaluate, (selected, clients, tff.federated_broadcast(batch_size))
         )
 
     return TffRoundParts(

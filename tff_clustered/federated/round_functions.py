@@ -148,6 +148,13 @@ class RoundFunctions:
         return (tf.TensorSpec([], tf.int32), *self.shared_spec)
 
     @property
+    def evaluation_client_spec(self) -> dict:
+        """One client's input to `evaluate` (`signature.evaluation_input`)."""
+        return collections.OrderedDict(
+            data=self.data_spec, key=self.key_spec, stored=self.store_in_spec
+        )
+
+    @property
     def client_spec(self) -> dict:
         """One client's input to `next` (`signature.client_input`)."""
         return collections.OrderedDict(

@@ -110,20 +110,14 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
         new_state = python_server_state(models, state["anchor"] if has_anchor else None, optimizer)
         return new_state, outputs, collections.OrderedDict(cluster_weight=total_weight)
 
-    def evaluate(
-        cluster_models: tuple,
-        datasets: Sequence[dict],
-        keys: Sequence[np.ndarray],
-        stored: Sequence[tuple],
-        batch_size: int,
-    ) -> list:
+    def evaluate(cluster_models: tuple, clients: Sequence[dict], batch_size: int) -> list:
         """`parts.evaluate`, each worker scoring a share of the clients."""
-        if len(runtime.worker_contexts()) <= 1 or len(datasets) <= 1:
-            return parts.evaluate(cluster_models, datasets, keys, stored, batch_size)
+        if len(runtime.worker_contexts()) <= 1 or len(clients) <= 1:
+            return parts.evaluate(cluster_models, clients, batch_size)
         shares = run_shards(
-            lambda *share: parts.evaluate(cluster_models, *share, batch_size),
-            [example_count(d) for d in datasets],
-            [list(datasets), list(keys), list(stored)],
+            lambda share: parts.evaluate(cluster_models, share, batch_size),
+            [example_count(c["data"]) for c in clients],
+            [list(clients)],
         )
         return [result for share in shares for result in share]
 

@@ -84,6 +84,15 @@ def client_input(data: dict, key: Any, stored: Sequence[Any], scalar: float, see
     )
 
 
+def evaluation_input(data: dict, key: Any, stored: Sequence[Any]) -> dict:
+    """One client's input to a round's `evaluate` (one CLIENTS-placed value): its examples to
+    score, its key (the cluster whose model it is scored with) and its stored variables that the
+    round joins with that model (`RoundIO.store_in`)."""
+    return collections.OrderedDict(
+        data=data, key=np.atleast_1d(np.asarray(key, np.int32)), stored=tuple(stored)
+    )
+
+
 def round_clients(
     datasets: Sequence[dict],
     keys: Sequence[Any],

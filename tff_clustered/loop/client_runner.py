@@ -25,6 +25,7 @@ from tff_clustered.federated.signature import (
     client_input,
     client_seed,
     evaluation_batch_size,
+    evaluation_input,
     round_hparams,
 )
 from tff_clustered.loop.config import TrainingConfig
@@ -220,9 +221,12 @@ class ClientRunner:
             flat.matrix_to_stacked(
                 padded(models, fed_round.signature.num_clusters), self.layout.shapes
             ),
-            [self.data.arrays(split, c) for c in client_ids],
-            [np.array([k], np.int32) for k in keys],
-            [store.variables(c, store_in) if store_in else () for c in client_ids],
+            [
+                evaluation_input(
+                    self.data.arrays(split, c), k, store.variables(c, store_in) if store_in else ()
+                )
+                for c, k in zip(client_ids, keys)
+            ],
             np.int64(evaluation_batch_size(self.config.batch_size)),
         )
         return {c: {k: float(v) for k, v in r.items()} for c, r in zip(client_ids, results)}
