@@ -166,3 +166,22 @@ def test_pooled_examples_go_to_the_worker_once_and_again_after_its_executor_chan
     exp.runner._pooled_splits.clear()
     assert exp.runner.score_pooled(models, keys, ids) == first
     assert exp.runner._pooled_splits["test"] is None
+
+
+def test_pooled_examples_reach_the_worker_from_inside_a_running_event_loop() -> None:
+    """A notebook's cells run inside an event loop: sending the pooled examples must not need
+    one of its own there."""
+    import asyncio
+
+    import tensorflow_federated as tff
+
+    from tff_clustered.federated.resident import WorkerArrays
+
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    held = WorkerArrays((x,), (tff.TensorType(np.float32, [None, 3]),))
+
+    async def from_a_cell() -> tuple:
+        return held.values()
+
+    (value,) = asyncio.run(from_a_cell())
+    assert not isinstance(value, np.ndarray) and held.sends == 1

@@ -12,6 +12,8 @@ executor factory (in process, or TFF's test contexts) the arrays themselves are 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+from collections.abc import Coroutine
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,17 @@ def unplaced_executor() -> Any:
     are empty), or None when the context has no executor factory."""
     factory = getattr(tff.framework.get_context_stack().current, "executor_factory", None)
     return None if factory is None else factory.create_executor({})
+
+
+def run_coroutine(coroutine: Coroutine) -> Any:
+    """`coroutine`'s result, also when the caller already runs an event loop (a notebook's
+    cell): then on a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, coroutine).result()
 
 
 class WorkerArrays:
@@ -46,7 +59,7 @@ class WorkerArrays:
         if executor is not self._executor:
             self._values = ()  # the old references go with their executor
             self._values = tuple(
-                asyncio.run(executor.create_value(array, tff_type))
+                run_coroutine(executor.create_value(array, tff_type))
                 for array, tff_type in zip(self.arrays, self.types)
             )
             self._executor = executor
