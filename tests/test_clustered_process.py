@@ -10,7 +10,7 @@ import tensorflow as tf
 from reference import mclr_mean_loss, mclr_sgd, softmax, weighted_mean
 
 from tff_clustered.data import federated_data
-from tff_clustered.federated import client_work, local_training
+from tff_clustered.federated import client_work, distributors, local_training
 from tff_clustered.federated.round import (
     build_round,
     tff_round_parts,
@@ -83,9 +83,18 @@ def seeds(n: int) -> list:
     return [client_seed(SHUFFLE_SEED, i) for i in range(n)]
 
 
-def test_round_is_the_example_weighted_mean_per_cluster_and_empty_cluster_is_unchanged() -> None:
+@pytest.mark.parametrize("sent_by", ["broadcast", "select"])
+def test_round_is_the_example_weighted_mean_per_cluster_and_empty_cluster_is_unchanged(
+    sent_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Either way of sending clients their cluster's model (`OwnCluster.sends_every_cluster`:
+    a select when a broadcast would cost more) gives the same round."""
+    if sent_by == "select":
+        monkeypatch.setattr(distributors, "BROADCAST_MS", 1e9)
     rng = np.random.default_rng(0)
     process, _ = build("mclr", PersonalSplit.none(), 3, deltas=True)
+    text = process.next.to_building_block().compact_representation()
+    assert ("federated_select" in text) is (sent_by == "select")
     state = process.initialize()
     # Give each cluster a different model, as after a cold start.
     state["cluster_models"] = tuple(

@@ -5,10 +5,10 @@ and what else its work reads). One class per way of distributing, chosen by the 
 
 * `OwnCluster`: the server picks; the client trains the shared variables of the cluster its
   key names (FedAvg, FedGroup, FeSEM, ...). Every cluster's are broadcast and the client takes
-  its key's row: in a simulation the broadcast is a reference on the worker, where
-  `tff.federated_select` builds a dataset for each client (`same_for_every_client` gives the
-  measured costs). What a deployment would send each client, its own cluster's model, is what
-  the algorithms report as communication (`values_sent_per_round`);
+  its key's row, unless `tff.federated_select`, sending each client its own, costs less
+  (`OwnCluster.sends_every_cluster`: many clusters of a large model). What a deployment would
+  send each client, its own cluster's model, is what the algorithms report as communication
+  (`values_sent_per_round`);
 * `LowestLossCluster`: every cluster's shared variables are broadcast and the client joins the
   one of lowest loss on its training data (IFCA, Ghosh et al. 2020, Alg. 2), reporting its pick;
 * `Neighbours`: the server state is a mailbox of every peer's published model; a client is sent
@@ -56,6 +56,13 @@ class ClientSide:
     hparams: dict
     size: Optional[tf.Tensor] = None
 
+
+# What sending a client its model costs on TFF's runtime, in ms and ms per MB sent
+# (`benchmark.py --benchmarks=tff_client_costs`, 2026-11-25, 2 cores): `tff.federated_select`
+# builds a dataset per client; a broadcast is a reference on the worker, but each client's
+# computation gets a copy. `OwnCluster` takes the cheaper of the two.
+SELECT_MS, SELECT_MS_PER_MB = 3.0, 1.4
+BROADCAST_MS, BROADCAST_MS_PER_MB = 0.3, 0.1
 
 # (shared variables, stored variables, batches) -> the mean loss of the joined model on them.
 MeanLoss = Callable[[tuple, tuple, Any], tf.Tensor]
@@ -115,7 +122,8 @@ class Distributor:
     def same_for_every_client(self, num_clusters: int) -> bool:
         """Whether every client of a round of `num_clusters` cluster models is sent the same
         selection (`select_shared` with key 0). Where the TFF round selects by key (the
-        per-client evaluation), it then broadcasts that selection: `tff.federated_select` hands
+        per-client evaluation, or clusters too large to broadcast), it then broadcasts that
+        selection: `tff.federated_select` hands
         each client a dataset built from its selection, about 3 ms a client plus 1.4 ms per MB
         on this machine (3.4 ms for an MLP's 407 KB), where a broadcast costs 0.3 ms
         (`benchmark.py --benchmarks=tff_client_costs`)."""
@@ -124,7 +132,21 @@ class Distributor:
 
 @dataclasses.dataclass(frozen=True)
 class OwnCluster(Distributor):
-    sends_every_cluster: ClassVar[bool] = True
+    """`num_clusters`: the cluster models of the built round."""
+
+    num_clusters: int = 1
+
+    @property
+    def sends_every_cluster(self) -> bool:  # type: ignore[override]
+        """Whether the TFF round broadcasts every cluster's shared variables (the client taking
+        its key's row) rather than selecting each client's by `tff.federated_select`: when the
+        broadcast's copy of all `num_clusters` costs no more than a select of one (the
+        measured costs above). For the MLP's 407 KB that holds up to 83 clusters; for a large
+        model, up to about 15 (FedTSDP's rounds with 15 clusters of its CNN took 1.73 s
+        broadcasting and 1.70 s selecting)."""
+        megabytes = sum(int(np.prod(s.shape)) * s.dtype.size for s in self.shared_spec) / 2**20
+        broadcast = BROADCAST_MS + BROADCAST_MS_PER_MB * self.num_clusters * megabytes
+        return broadcast <= SELECT_MS + SELECT_MS_PER_MB * megabytes
 
     def same_for_every_client(self, num_clusters: int) -> bool:
         return num_clusters == 1  # the one cluster's model
@@ -132,7 +154,9 @@ class OwnCluster(Distributor):
     def receive(self, client: ClientSide) -> Received:
         """The row of the cluster the client's key names."""
         cluster = client.key[0]
-        return Received(tuple(tf.gather(t, cluster) for t in client.selection), cluster)
+        if self.sends_every_cluster:
+            return Received(tuple(tf.gather(t, cluster) for t in client.selection), cluster)
+        return Received(self.first_row(client.selection), cluster)
 
 
 @dataclasses.dataclass(frozen=True)

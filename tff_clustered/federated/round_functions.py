@@ -49,7 +49,7 @@ def distributor_for(
         return LowestLossCluster(shared, shared_spec, signature.num_clusters, mean_loss)
     if signature.distribution == "neighbours":
         return Neighbours(shared, shared_spec, 1 + signature.num_neighbours, features)
-    return OwnCluster(shared, shared_spec)
+    return OwnCluster(shared, shared_spec, signature.num_clusters)
 
 
 def example_count(data: dict) -> int:
