@@ -141,9 +141,10 @@ class OwnCluster(Distributor):
         """Whether the TFF round broadcasts every cluster's shared variables (the client taking
         its key's row) rather than selecting each client's by `tff.federated_select`: when the
         broadcast's copy of all `num_clusters` costs no more than a select of one (the
-        measured costs above). For the MLP's 407 KB that holds up to 83 clusters; for a large
-        model, up to about 15 (FedTSDP's rounds with 15 clusters of its CNN took 1.73 s
-        broadcasting and 1.70 s selecting)."""
+        measured costs above). By these constants that holds up to 83 clusters of the MLP's
+        407 KB, and up to 15 of a 24 MB model. Whole FedTSDP rounds (15 clusters of its CNN,
+        `--benchmarks=fedtsdp_vs_fedavg --tsdp_trigger=paper`) took 1.56 s broadcasting always,
+        1.70 s selecting always and 1.66 s by this rule: within this machine's noise."""
         megabytes = sum(int(np.prod(s.shape)) * s.dtype.size for s in self.shared_spec) / 2**20
         broadcast = BROADCAST_MS + BROADCAST_MS_PER_MB * self.num_clusters * megabytes
         return broadcast <= SELECT_MS + SELECT_MS_PER_MB * megabytes
