@@ -6,7 +6,9 @@ table's .md file, and compares the final and max accuracy with the committed .cs
   python binaries/check_results.py --with_data      # also those whose --data_dir exists here
 
 A table whose cell moved ("DRIFT") no longer comes from its command with today's code: rerun
-it, or withdraw it (docs/changelog.md). Exit code 1 when a cell drifted, 0 otherwise.
+it, or withdraw it (docs/changelog.md). Exit code 1 when a cell drifted, 0 otherwise; 2 for
+bad flags and when no table was checked (a missing --results folder, or every table skipped),
+since a check that compared nothing must not pass.
 """
 
 from __future__ import annotations
@@ -25,10 +27,18 @@ from absl import app, flags
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads (the registry)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from tff_clustered import cli  # noqa: E402 - light (absl only)
+
+cli.stop_at_once_on_signals("check_results.py")
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("with_data", False, "Also tables whose --data_dir exists on this machine.")
 flags.DEFINE_string("results", os.path.join(ROOT, "results"), "The folder of result tables.")
-flags.DEFINE_float("tolerance", 1e-6, "Largest accuracy difference counted as the same.")
+# A finite number >= 0 (`cli.parse_flags` refuses nan and inf, absl the negative ones): a nan
+# tolerance would pass every cell, a negative one fail every cell.
+flags.DEFINE_float(
+    "tolerance", 1e-6, "Largest accuracy difference counted as the same.", lower_bound=0.0
+)
 COMMAND = re.compile(r"^- command: `python binaries/compare\.py (.*)`\s*$", re.MULTILINE)
 COMPARED = ("final_accuracy", "max_accuracy")
 
@@ -120,14 +130,36 @@ def check_table(markdown_path: str, with_data: bool, tolerance: float) -> tuple[
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not os.path.isdir(FLAGS.results):
+        raise cli.usage_error(
+            f"--results={FLAGS.results} is not a folder; pass the folder of result tables "
+            f"(default {os.path.join(ROOT, 'results')})"
+        )
     tables = sorted(glob.glob(os.path.join(FLAGS.results, "**", "*.md"), recursive=True))
-    drifted = False
+    drifted, checked = False, 0
     for path in tables:
         status, detail = check_table(path, FLAGS.with_data, FLAGS.tolerance)
         drifted = drifted or status in ("DRIFT", "FAILED")
+        checked += status != "skipped"
         print(f"{status:8} {os.path.relpath(path, ROOT)}: {detail}", flush=True)
+    if not checked:
+        raise cli.usage_error(nothing_checked_message(FLAGS.results, len(tables)))
     return 1 if drifted else 0
 
 
+def nothing_checked_message(results: str, tables: int) -> str:
+    """Why no table was checked, and what to pass."""
+    if not tables:
+        return (
+            f"no table checked: {results} holds no .md table; pass --results=DIR of tables "
+            "written by binaries/compare.py"
+        )
+    return (
+        f"no table checked: all {tables} tables under {results} were skipped (above); pass "
+        "--with_data where their data is, or --results=DIR of tables with a .csv and a "
+        "compare.py command"
+    )
+
+
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+    cli.run_main("check_results.py", main)

@@ -51,3 +51,28 @@ def test_a_table_that_no_longer_reproduces_is_reported_and_exits_1(tmp_path: Pat
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert "DRIFT" in done.stdout and "digits / fedavg / seed 0" in done.stdout
     assert "final_accuracy 0.123000 -> " in done.stdout
+
+
+def test_a_check_that_checks_nothing_or_cannot_fail_is_refused(tmp_path: Path) -> None:
+    """No table checked (a missing folder, an empty one, every table skipped) and a tolerance
+    that passes or fails everything (nan, inf, negative) exit 2 with one line saying what to
+    pass; --help exits 0. All before TensorFlow loads: a fraction of a second each."""
+    skipped = tmp_path / "skipped"
+    skipped.mkdir()
+    (skipped / "comparison.md").write_text("# a table without its .csv\n")
+    (tmp_path / "empty").mkdir()
+    binary = os.path.join("binaries", "check_results.py")
+    refused = {
+        f"--results={tmp_path / 'nowhere'}": "is not a folder",
+        f"--results={tmp_path / 'empty'}": "holds no .md table",
+        f"--results={skipped}": "all 1 tables under",
+        "--tolerance=nan": "give a finite number",
+        "--tolerance=inf": "give a finite number",
+        "--tolerance=-1": "not a non-negative number",
+        "--no_such_flag": "Unknown command line flag",
+    }
+    for argument, message in refused.items():
+        done = run_binary([binary, argument], timeout=60)
+        assert done.returncode == 2 and message in done.stderr, (argument, done.stderr)
+        assert "Traceback" not in done.stderr
+    assert run_binary([binary, "--help"], timeout=60).returncode == 0
