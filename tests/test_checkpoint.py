@@ -150,7 +150,7 @@ def test_truncated_or_foreign_files_and_other_settings_are_refused(tmp_path: Pat
     with pytest.raises(CheckpointError, match="not a tff-clustered checkpoint"):
         checkpoint.load(str(path), SETTINGS)
     checkpoint.save(str(path), state(None), SETTINGS)
-    with pytest.raises(CheckpointError, match="rounds: 3 -> 4"):
+    with pytest.raises(CheckpointError, match="rounds: checkpoint 3, now 4"):
         checkpoint.load(str(path), {**SETTINGS, "rounds": 4})
     assert checkpoint.load(str(tmp_path / "none.npz"), SETTINGS) is None
 

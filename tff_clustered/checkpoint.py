@@ -339,14 +339,44 @@ def load(path: str, settings: dict[str, Any]) -> Optional[RunState]:
         raise CheckpointError(f"checkpoint {path} is refused: it is nested too deeply") from None
     if not isinstance(state, RunState) or not isinstance(saved, dict):
         raise CheckpointError(f"checkpoint {path} does not hold a run state")
-    differing = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
-    if differing:
-        details = ", ".join(f"{k}: {saved.get(k)!r} -> {settings.get(k)!r}" for k in differing)
-        raise CheckpointError(
-            f"checkpoint {path} belongs to a run with other settings ({details}); resume with "
-            "the same flags, or choose a new --output_dir"
-        )
+    if saved != settings:
+        raise CheckpointError(other_settings_message(path, saved, settings))
     return state
+
+
+def _flat_settings(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings (a run's training and algorithm options are dicts) as `a.b.c: value`."""
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            flat.update(_flat_settings(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def other_settings_message(path: str, saved: dict[str, Any], now: dict[str, Any]) -> str:
+    """Why a checkpoint made under other settings is refused: only the settings that differ,
+    each as `name: checkpoint X, now Y` (the name is its flag's where that is unambiguous, e.g.
+    `rounds`, else its path, e.g. `training.server_optimizer.learning_rate`), and the fix."""
+    old, new = _flat_settings(saved), _flat_settings(now)
+    differing = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    last = [k.rsplit(".", 1)[-1] for k in old.keys() | new.keys()]
+
+    def name(key: str) -> str:
+        short = key.rsplit(".", 1)[-1]
+        return short if last.count(short) == 1 else key
+
+    def shown(settings: dict[str, Any], key: str) -> str:
+        return repr(settings[key]) if key in settings else "(none)"
+
+    details = "; ".join(
+        f"{name(k)}: checkpoint {shown(old, k)}, now {shown(new, k)}" for k in differing
+    )
+    return (
+        f"checkpoint {path} belongs to a run with other settings ({details}); resume with the "
+        "checkpoint's values (the same flags as its run), or choose another --output_dir"
+    )
 
 
 def exists(folder: str) -> bool:

@@ -1,0 +1,91 @@
+"""Tools that refuse instead of passing, or resuming, silently: a checkpoint made under other
+settings names only what differs, and benchmark.py refuses a selection that measures nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_binary
+
+from tff_clustered import checkpoint
+from tff_clustered.checkpoint import CheckpointError
+from tff_clustered.loop.state import RunState
+
+# A run's settings as `RunSpec.settings()` gives them: nested dicts, long when printed whole.
+SETTINGS = {
+    "algorithm": "fedgroup",
+    "dataset": "digits",
+    "model": "mlp",
+    "num_clients": 40,
+    "algorithm_options": {"num_clusters": 4, "pretrain_epochs": 3, "mu": 0.0},
+    "training": {
+        "rounds": 50,
+        "clients_per_round": 10,
+        "learning_rate": 0.1,
+        "seed": 0,
+        "server_optimizer": {"name": "sgd", "learning_rate": 1.0, "momentum": 0.9},
+    },
+}
+
+
+def test_a_checkpoint_of_other_settings_names_only_those_that_differ(tmp_path: Path) -> None:
+    path = str(tmp_path / checkpoint.CHECKPOINT_NAME)
+    saved = RunState(
+        round_num=1,
+        cluster_models=np.zeros((1, 3), np.float32),
+        assignment={},
+        shared=(),
+        anchor=None,
+        algorithm_state=None,
+        client_models={},
+        history=[],
+    )
+    checkpoint.save(path, saved, SETTINGS)
+    now = {
+        **SETTINGS,
+        "training": {
+            **SETTINGS["training"],
+            "rounds": 80,
+            "server_optimizer": {**SETTINGS["training"]["server_optimizer"], "learning_rate": 0.5},
+        },
+        "algorithm_options": {**SETTINGS["algorithm_options"], "mu": 1.0},
+    }
+    with pytest.raises(CheckpointError) as refused:
+        checkpoint.load(path, now)
+    message = str(refused.value)
+    details = message.split("other settings (", 1)[1].split("); ", 1)[0]
+    # the learning rate shared by the client and the server optimizer is named by its path
+    assert details == (
+        "mu: checkpoint 0.0, now 1.0; rounds: checkpoint 50, now 80; "
+        "training.server_optimizer.learning_rate: checkpoint 1.0, now 0.5"
+    )
+    assert message.endswith("(the same flags as its run), or choose another --output_dir")
+    assert "\n" not in message and "clients_per_round" not in message
+
+
+def test_benchmark_refuses_a_selection_that_measures_nothing() -> None:
+    """An unknown name or an empty --benchmarks exits 2 listing the valid names (one process:
+    benchmark.py imports TensorFlow before parsing its flags)."""
+    script = (
+        "import sys\n"
+        "sys.argv = ['benchmark.py']\n"
+        "sys.path.insert(0, 'binaries')\n"
+        "import benchmark\n"
+        "from tff_clustered import cli\n"
+        "for given in ('--benchmarks=no_such_benchmark', '--benchmarks=', "
+        "'--benchmarks=clustering,nope'):\n"
+        "    benchmark.FLAGS.unparse_flags()\n"
+        "    try:\n"
+        "        cli.parse_flags(['benchmark.py', given])\n"
+        "    except SystemExit as e:\n"
+        "        print('exit', e.code)\n"
+    )
+    done = run_binary(["-c", script], timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["exit 2"] * 3, done.stdout + done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 3 and "unknown no_such_benchmark;" in errors[0], errors
+    assert "nothing selected;" in errors[1] and "unknown nope;" in errors[2], errors
+    assert all("choose from round_floors, fedavg_vs_tff," in e for e in errors), errors
