@@ -28,11 +28,20 @@ of the cluster's cosines (`clustering.neighbour_separation_gap` > spread).
 `--cfl_criterion=absolute` is the paper's eps1/eps2 test. The warm-up defaults to a fifth of
 the run (the reference code's 20 rounds are its whole length in short runs;
 `--cfl_warmup_rounds` >= 0 sets it).
+
+Every round, for every cluster with sampled members (warm-up included, and whether or not the
+tests call for a split), the metrics carry the split statistics, so a run shows how near a
+split was: `cfl_mean_norm_{k}` (||mean dW||, unweighted as in the reference code),
+`cfl_max_norm_{k}` (max ||dW_i||), `cfl_norm_ratio_{k}` (their ratio, the relative test's
+statistic), `cfl_separation_gap_{k}` (the optimal bipartition's nearest-neighbour gap),
+`cfl_cosine_spread_{k}` (the std of the cluster's off-diagonal update cosines), and
+`cfl_decision_{k}`, a `SplitDecision` code for the test that decided.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from typing import Optional
 
@@ -50,6 +59,63 @@ from tff_clustered.algorithms.base import (
     check,
 )
 from tff_clustered.options import option
+
+
+class SplitDecision(enum.IntEnum):
+    """The `cfl_decision_{k}` metric: whether cluster k split this round and, if not, the first
+    test in `CFL.after_round`'s order that held it back."""
+
+    SPLIT = 0
+    WARMUP = 1  # round < the warm-up
+    MAX_CLUSTERS = 2  # already cfl_max_clusters clusters (counting this round's splits)
+    TOO_FEW_MEMBERS = 3  # cfl_min_size sampled members or fewer
+    NORMS = 4  # relative: max <= cfl_norm_ratio * mean; absolute: mean >= eps1 or max <= eps2
+    GAP = 5  # relative only: nearest-neighbour gap <= cosine spread
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitStatistics:
+    """One cluster's split statistics from its sampled members' updates (Alg. 1's
+    ||mean dW|| and max ||dW_i||, the optimal bipartition of the update cosines), computed
+    whether or not they lead to a split. With one member there is no pair: gap and spread are
+    NaN and there is no bipartition."""
+
+    mean_norm: float
+    max_norm: float
+    cosines: np.ndarray  # (members, members) update cosines
+    parts: Optional[tuple[np.ndarray, np.ndarray]]  # the optimal bipartition, indices
+    gap: float  # clustering.neighbour_separation_gap of the bipartition
+    spread: float  # std of the off-diagonal cosines
+
+    @property
+    def norm_ratio(self) -> float:
+        """max ||dW_i|| / ||mean dW||: inf when the mean update is zero, NaN when all are."""
+        if self.mean_norm > 0:
+            return self.max_norm / self.mean_norm
+        return math.inf if self.max_norm > 0 else math.nan
+
+    def metrics(self, cluster: int, decision: SplitDecision) -> dict[str, float]:
+        """The cluster's columns of metrics.csv."""
+        return {
+            f"cfl_mean_norm_{cluster}": self.mean_norm,
+            f"cfl_max_norm_{cluster}": self.max_norm,
+            f"cfl_norm_ratio_{cluster}": self.norm_ratio,
+            f"cfl_separation_gap_{cluster}": self.gap,
+            f"cfl_cosine_spread_{cluster}": self.spread,
+            f"cfl_decision_{cluster}": float(decision),
+        }
+
+
+def split_statistics(updates: np.ndarray) -> SplitStatistics:
+    """The split statistics of a cluster whose sampled members sent `updates` (members, d)."""
+    mean_norm, max_norm = clustering.update_norms(updates)
+    cosines = clustering.pairwise_cosine(updates)
+    if len(updates) < 2:
+        return SplitStatistics(mean_norm, max_norm, cosines, None, math.nan, math.nan)
+    first, second = clustering.optimal_bipartition(cosines)
+    gap = clustering.neighbour_separation_gap(cosines, first, second)
+    spread = float(np.std(cosines[~np.eye(len(updates), dtype=bool)]))
+    return SplitStatistics(mean_norm, max_norm, cosines, (first, second), gap, spread)
 
 
 class CFL(Algorithm):
@@ -107,40 +173,48 @@ class CFL(Algorithm):
             )
         return size > o.cfl_min_size and max_norm > o.cfl_norm_ratio * mean_norm
 
+    def split_decision(
+        self, run: RunInfo, round_num: int, num_clusters: int, stats: SplitStatistics, size: int
+    ) -> SplitDecision:
+        """Which of CFL's tests holds a cluster of `size` sampled members back, in order, or
+        SPLIT; `num_clusters` counts the clusters after this round's earlier splits."""
+        o = self.options
+        if round_num < self.warmup_rounds(run):
+            return SplitDecision.WARMUP
+        if num_clusters >= o.cfl_max_clusters:
+            return SplitDecision.MAX_CLUSTERS
+        if size <= o.cfl_min_size:
+            return SplitDecision.TOO_FEW_MEMBERS
+        if not self.norms_call_for_split(stats.mean_norm, stats.max_norm, size):
+            return SplitDecision.NORMS
+        if o.cfl_criterion == "relative" and not stats.gap > stats.spread:
+            return SplitDecision.GAP
+        return SplitDecision.SPLIT
+
     def after_round(
         self, run: RunInfo, view: ServerView, result: RoundResult, queries: Queries
     ) -> Decision:
-        o = self.options
         models = view.cluster_models
         assignment: dict[str, int] = {}
-        norms: dict[str, float] = {}
+        statistics: dict[str, float] = {}
         similarity = None
         for k in range(view.num_clusters):
             members = np.flatnonzero(result.clusters == k)
             if not len(members):
                 continue
             updates = result.model_deltas[members]
-            mean_norm, max_norm = clustering.update_norms(updates)
-            norms[f"cfl_mean_norm_{k}"], norms[f"cfl_max_norm_{k}"] = mean_norm, max_norm
-            if (
-                result.round_num < self.warmup_rounds(run)
-                or len(models) >= o.cfl_max_clusters
-                or not self.norms_call_for_split(mean_norm, max_norm, len(members))
-            ):
+            stats = split_statistics(updates)
+            decision = self.split_decision(run, result.round_num, len(models), stats, len(members))
+            statistics.update(stats.metrics(k, decision))
+            if decision != SplitDecision.SPLIT or stats.parts is None:
                 continue
-            cosines = clustering.pairwise_cosine(updates)
-            first, second = clustering.optimal_bipartition(cosines)
-            gap = clustering.neighbour_separation_gap(cosines, first, second)
-            spread = float(np.std(cosines[~np.eye(len(members), dtype=bool)]))
-            norms[f"cfl_separation_gap_{k}"], norms[f"cfl_cosine_spread_{k}"] = gap, spread
-            if o.cfl_criterion == "relative" and not gap > spread:
-                continue
+            first, second = stats.parts
             split_labels = np.zeros(len(members), np.int32)
             split_labels[second] = 1
             similarity = Similarity(
                 f"cosine of updates (cluster {k} split)",
                 tuple(result.client_ids[i] for i in members),
-                cosines,
+                stats.cosines,
                 tuple(int(v) for v in split_labels),
                 result.round_num,
             )
@@ -152,7 +226,7 @@ class CFL(Algorithm):
             models = np.concatenate([models[:k], halves[0][None], models[k + 1 :], halves[1][None]])
             new_index = len(models) - 1
             assignment.update({result.client_ids[members[i]]: new_index for i in second})
-        metrics = {**norms, "num_clusters": float(len(models))}
+        metrics = {**statistics, "num_clusters": float(len(models))}
         if not assignment:
             return Decision(metrics=metrics)
         return Decision(
