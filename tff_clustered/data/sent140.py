@@ -23,7 +23,8 @@ TEXT_FIELD = 4
 RAW_LABELS = (0, 1, 4)  # negative, positive (LEAF's 0/1 or the raw 0/4)
 GLOVE_HELP = (
     "download GloVe 6B (glove.6B.300d.txt, https://nlp.stanford.edu/projects/glove/) and pass "
-    "its path with --glove_path"
+    "its path with --glove_path (or, without GloVe, --dataset=leaf --model=char_lstm: word ids "
+    "from the training split)"
 )
 
 

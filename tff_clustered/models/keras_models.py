@@ -303,7 +303,8 @@ def model_spec(
     input_shape = tuple(int(d) for d in input_shape)
     if (name == "char_lstm") != (vocabulary_size is not None):
         raise ValueError(
-            "the char_lstm model embeds character ids: use it with --dataset=tff_shakespeare"
+            "the char_lstm model embeds character ids: use it with --dataset=tff_shakespeare, "
+            "or --dataset=leaf on LEAF's Shakespeare or Sent140 JSON"
             if name == "char_lstm"
             else f"the {name} model reads features, and this dataset's inputs are character "
             "ids: use --model=char_lstm"
