@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
+import os
+import re
 from collections.abc import Mapping
 from typing import Any, Callable, Optional, Union
 
@@ -32,13 +35,17 @@ from tff_clustered import checkpoint, runner, weights
 from tff_clustered.algorithms import algorithm_class, make_algorithm, make_options
 from tff_clustered.data.federated_data import (
     Clients,
+    DataError,
     FederatedData,
     client_arrays,
+    client_id,
+    first_line,
     from_arrays,
     split_train_test,
 )
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models.keras_models import ModelSpec, refuse_too_large
+from tff_clustered.options import checked, checked_value, described
 from tff_clustered.orchestration import Experiment
 from tff_clustered.runtime import RuntimeConfig, tff_runtime
 
@@ -84,11 +91,32 @@ def federated_data(
     """Your clients as the runs' `FederatedData`. Without `test`, each client's examples are
     shuffled (from `seed`) and `test_fraction` of them become its test set. `num_classes`
     defaults to the largest label + 1. `planted_groups` (client -> group), when you know them,
-    make each run report how well its clusters recover them (adjusted Rand)."""
+    make each run report how well its clusters recover them (adjusted Rand).
+
+    Everything is checked before it is used: a wrong argument, or a client whose examples are
+    not numbers with one class index each, is one line naming it and the fix (`DataError`, a
+    ValueError, or a TypeError for an argument of a wrong type)."""
+    owner = "federated_data"
+    name = checked_value(owner, "name", name, str)
+    x_key = checked_value(owner, "x_key", x_key, str)
+    y_key = checked_value(owner, "y_key", y_key, str)
+    seed = checked_value(owner, "seed", seed, int)
+    test_fraction = checked_value(owner, "test_fraction", test_fraction, float)
+    num_classes = checked_value(owner, "num_classes", num_classes, Optional[int])
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    if num_classes is not None and num_classes < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes}; or leave it out")
     train_arrays = client_arrays(train, x_key, y_key, "train")
     if test is None:
         if not 0 < test_fraction < 1:
             raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        for client, (_, y) in train_arrays.items():
+            if len(y) < 2:
+                raise DataError(
+                    f"train client {client!r} has {len(y)} example(s); splitting off its test "
+                    "set needs at least 2 (give it more, drop it, or give test=)"
+                )
         rng = np.random.default_rng([seed, 7])
         pairs = {
             c: split_train_test(x, y, 1 - test_fraction, rng) for c, (x, y) in train_arrays.items()
@@ -99,11 +127,19 @@ def federated_data(
         test_arrays = client_arrays(test, x_key, y_key, "test")
     if num_classes is None:
         labels = [y for split in (train_arrays, test_arrays) for _, y in split.values()]
-        num_classes = int(max(np.max(y) for y in labels if len(y))) + 1
+        num_classes = max(int(max(np.max(y) for y in labels if len(y))) + 1, 1)
     if planted_groups is not None:
+        if not isinstance(planted_groups, Mapping):
+            raise TypeError(
+                f"planted_groups must be a mapping of client -> group, got "
+                f"{described(planted_groups)}; give {{client: group}}"
+            )
+        planted_groups = {client_id(c, "planted_groups"): g for c, g in planted_groups.items()}
         missing = sorted(set(train_arrays) - set(planted_groups))
         if missing:
-            raise ValueError(f"planted_groups has no group for client {missing[0]!r}")
+            raise ValueError(
+                f"planted_groups has no group for client {missing[0]!r}; give every client one"
+            )
     return from_arrays(
         name,
         train_arrays,
@@ -114,28 +150,86 @@ def federated_data(
     )
 
 
+# Final activations that turn logits into probabilities: the loss applies the softmax itself.
+PROBABILITY_ACTIVATION = re.compile(r"(softmax|sigmoid)(_v\d+)?")
+
+
 def keras_model_spec(
     model_fn: Callable[[], tf.keras.Model], data: FederatedData, name: str = "custom"
 ) -> ModelSpec:
-    """`model_fn` as a `ModelSpec` for `data`, checked once: it must take the clients' inputs
-    and return one logit per class (the loss applies the softmax)."""
+    """`model_fn` as a `ModelSpec` for `data`, checked once (`checked_model`)."""
+    checked_model(model_fn, data)
+    return ModelSpec(name, tuple(data.input_shape), data.num_classes, model_fn)
+
+
+def checked_model(model_fn: Callable[[], tf.keras.Model], data: FederatedData) -> tf.keras.Model:
+    """A model from `model_fn`, checked: a Keras model with trainable weights that takes the
+    clients' inputs and returns one logit per class, not probabilities (it must not end in a
+    softmax or a sigmoid, as an activation or a layer: the loss applies the softmax, and would
+    train probabilities as logits)."""
+    if not callable(model_fn) or isinstance(model_fn, tf.keras.Model):
+        raise TypeError(
+            f"model_fn must be a function that builds a Keras model, got {described(model_fn)}; "
+            "pass the function itself (model_fn=make_model, not make_model())"
+        )
     model = model_fn()
+    if not isinstance(model, tf.keras.Model):
+        raise TypeError(
+            f"model_fn returned {described(model)}, not a tf.keras.Model; return the model"
+        )
     inputs = np.zeros((1, *data.input_shape), np.float32)
     try:
         outputs = model(inputs)
     except Exception as e:
         raise ValueError(
-            f"model_fn's model cannot take the clients' inputs of shape {data.input_shape}: {e}"
+            f"model_fn's model cannot take the clients' inputs of shape {data.input_shape}: "
+            f"{first_line(e)}; make its input shape {data.input_shape}"
         ) from None
+    if not isinstance(outputs, tf.Tensor):
+        raise ValueError(
+            f"model_fn's model returns {described(outputs)}; it must return one tensor of "
+            f"{data.num_classes} logits per example"
+        )
     if tuple(outputs.shape) != (1, data.num_classes):
         raise ValueError(
             f"model_fn's model returns shape {tuple(outputs.shape[1:])} per example; it must "
             f"return {data.num_classes} logits (one per class)"
         )
-    last = model.layers[-1] if model.layers else None
-    if getattr(getattr(last, "activation", None), "__name__", "") == "softmax":
-        raise ValueError("model_fn's model ends in a softmax; return logits (no activation)")
-    return ModelSpec(name, tuple(data.input_shape), data.num_classes, model_fn)
+    activation = final_activation(model)
+    if activation:
+        raise ValueError(
+            f"model_fn's model ends in a {activation}; return logits (remove the {activation}: "
+            "the loss applies the softmax itself)"
+        )
+    if not model.trainable_weights:
+        raise ValueError("model_fn's model has no trainable weights; give it a layer to train")
+    return model
+
+
+def final_activation(model: tf.keras.Model) -> str:
+    """The softmax or sigmoid the model's last layer applies (inside nested models too), as
+    a `Softmax` layer, an `Activation` layer or a layer's `activation`; "" when none."""
+    layer = model.layers[-1] if model.layers else None
+    while isinstance(layer, tf.keras.Model) and layer.layers:
+        layer = layer.layers[-1]
+    if isinstance(layer, tf.keras.layers.Softmax):
+        return "softmax"
+    name = getattr(getattr(layer, "activation", None), "__name__", "")
+    found = PROBABILITY_ACTIVATION.fullmatch(name)
+    return found.group(1) if found else ""
+
+
+def model_values(model: tf.keras.Model) -> int:
+    """How many values the model holds (trainable and not): the width of a flat model."""
+    return int(sum(np.prod(v.shape) for v in model.trainable_weights + model.non_trainable_weights))
+
+
+# The arguments of `federated_data` that `run` passes on (its keyword-only ones).
+DATA_ARGUMENTS = tuple(
+    name
+    for name, parameter in inspect.signature(federated_data).parameters.items()
+    if parameter.kind is parameter.KEYWORD_ONLY
+)
 
 
 def run(
@@ -160,24 +254,63 @@ def run(
     model `model_fn` builds. `options`: the algorithm's options as a mapping (e.g.
     `{"num_clusters": 4}`) or its `Options`. `execution="tff"` runs rounds on TFF's runtime
     (a local worker, stopped at the end), `"in_process"` in this process (on a GPU if
-    TensorFlow sees one); the results agree."""
-    data = train if isinstance(train, FederatedData) else federated_data(train, test, **data_args)
-    if isinstance(train, FederatedData) and (test is not None or data_args):
-        raise ValueError("train is already a FederatedData: give test and data options to it")
+    TensorFlow sees one); the results agree.
+
+    Every argument is checked before any TensorFlow work, as `binaries/train.py` checks its
+    flags: a wrong one is a ValueError or TypeError of one line naming it and the fix."""
+    if not isinstance(algorithm, str):
+        raise TypeError(f"algorithm must be a name such as 'fedavg', got {described(algorithm)}")
     cls = algorithm_class(algorithm)
+    if not isinstance(output_dir, (str, os.PathLike)) or not os.fspath(output_dir):
+        raise TypeError(f"output_dir must be a folder path, got {described(output_dir)}")
+    output_dir = os.fspath(output_dir)
+    resume = checked_value("run", "resume", resume, bool)
+    checkpoint_every = checked_value("run", "checkpoint_every", checkpoint_every, int)
+    if checkpoint_every < 0:
+        raise ValueError("checkpoint_every must be >= 0 (0 = only at the end)")
+    model_name = checked_value("run", "model_name", model_name, str)
+    execution = checked_value("run", "execution", execution, str)
+    device = checked_value("run", "device", device, Optional[str])
+    runtime = RuntimeConfig(execution=execution, device=device, log_dir=output_dir)
+    if not callable(log):
+        raise TypeError(f"log must be a function of one string, got {described(log)}")
+    if training is None:
+        training = TrainingConfig()
+    elif not isinstance(training, TrainingConfig):
+        raise TypeError(
+            f"training must be a tff_clustered.TrainingConfig, got {described(training)}; "
+            "write training=tff_clustered.TrainingConfig(rounds=..., ...)"
+        )
     if options is None or isinstance(options, Mapping):
+        names = [key for key in (options or {}) if not isinstance(key, str)]
+        if names:
+            raise TypeError(
+                f"options are named by strings, got the key {described(names[0])}; write "
+                "options={'num_clusters': 4}"
+            )
         options = make_options(algorithm, **dict(options or {}))
-    elif not isinstance(options, cls.Options):
-        raise TypeError(f"options for {algorithm} must be a mapping or {cls.Options.__name__}")
-    training = training or TrainingConfig()
+    elif isinstance(options, cls.Options):
+        options = checked(options, algorithm)
+    else:
+        raise TypeError(
+            f"options for {algorithm} must be a mapping or {cls.__name__}.Options, got "
+            f"{described(options)}"
+        )
+    make_algorithm(algorithm, options)  # its own range checks (num_clusters >= 1) before any work
+    unknown = sorted(set(data_args) - set(DATA_ARGUMENTS))
+    if unknown:
+        raise TypeError(
+            f"run takes no argument {unknown[0]!r}; the algorithm's options go in options=, the "
+            f"data's are {', '.join(DATA_ARGUMENTS)}"
+        )
+    if isinstance(train, FederatedData):
+        if test is not None or data_args:
+            raise ValueError("train is already a FederatedData: give test and data options to it")
+        data = train
+    else:
+        data = federated_data(train, test, **data_args)
     model = keras_model_spec(model_fn, data, model_name)
-    settings = {
-        "algorithm": algorithm,
-        "algorithm_options": dataclasses.asdict(options),
-        "training": dataclasses.asdict(training),
-        "data": {"name": data.name, "fingerprint": fingerprint(data)},
-        "model": model_name,
-    }
+    settings = run_settings(algorithm, options, training, data, model_name)
 
     def build() -> Experiment:
         built = make_algorithm(algorithm, options)
@@ -185,7 +318,9 @@ def run(
         return Experiment(data, model, built, training, execution=execution, device=device)
 
     checkpoint.refuse_held_run_folder(output_dir)  # before a worker writes its log there
-    with tff_runtime(RuntimeConfig(execution=execution, device=device, log_dir=output_dir)):
+    if resume:
+        refuse_another_model(output_dir, settings, model_values(model_fn()))
+    with tff_runtime(runtime):
         summary, experiment = runner.run_experiment(
             build, settings, output_dir, checkpoint_every, resume, log
         )
@@ -198,6 +333,36 @@ def run(
         output_dir=output_dir,
         model_fn=model_fn,
     )
+
+
+def run_settings(
+    algorithm: str, options: Any, training: TrainingConfig, data: FederatedData, model_name: str
+) -> dict[str, Any]:
+    """What defines a run's results, kept in its checkpoints: resuming needs the same."""
+    return {
+        "algorithm": algorithm,
+        "algorithm_options": dataclasses.asdict(options),
+        "training": dataclasses.asdict(training),
+        "data": {"name": data.name, "fingerprint": fingerprint(data)},
+        "model": model_name,
+    }
+
+
+def refuse_another_model(output_dir: str, settings: dict[str, Any], values: int) -> None:
+    """Before resuming: the checkpoint in `output_dir`, if any, must hold models of `values`
+    values (the model_fn's). The settings do not describe a model the user builds, so another
+    model_fn would pass them and fail inside the restore; this names the two sizes instead."""
+    path = os.path.join(output_dir, checkpoint.CHECKPOINT_NAME)
+    saved = checkpoint.load(path, settings)  # refuses other settings or data first
+    if saved is None or saved.cluster_models is None:
+        return
+    made_with = int(np.shape(saved.cluster_models)[-1])
+    if made_with != values:
+        raise ValueError(
+            f"the checkpoint in {output_dir} was made with a model of {made_with:,} values and "
+            f"this model_fn's has {values:,}; resume with the model_fn that made it, or give "
+            "another output_dir for a new run"
+        )
 
 
 def fingerprint(data: FederatedData) -> str:

@@ -9,11 +9,16 @@ gives each algorithm its own default (`from_flags`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import numbers
+import reprlib
 import typing
 from collections.abc import Mapping
 from typing import Any, Optional
 
+import numpy as np
 from absl import flags
 
 
@@ -26,6 +31,93 @@ def base_type(annotation: Any) -> type:
     """The type of an annotation, `Optional[X]` -> X."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     return args[0] if args else annotation
+
+
+def described(value: Any) -> str:
+    """`value`, cut short, and its type as a one-line error quotes them: `2.5 (a float)`."""
+    return f"{' '.join(reprlib.repr(value).split())} ({article_of(type(value))})"
+
+
+def checked_value(owner: str, name: str, value: Any, annotation: Any) -> Any:
+    """`value` for the field `name` of `owner` declared as `annotation` (bool, int, float, str,
+    `Optional` of one, or a class), as a plain Python value (a NumPy scalar becomes one).
+
+    A value of another type is a TypeError naming the field, the value and what to write,
+    as the command line refuses a flag it cannot parse: a bool is not an int (True would train
+    one round), a float is not an int even when whole (2.0 is refused rather than silently
+    rounded: 2.7 would be), a string of digits is not a number. An int is a float; NaN and
+    ranges are the owner's checks."""
+    kind = base_type(annotation)
+    optional = type(None) in typing.get_args(annotation)
+    where = f"{owner}: {name}"
+    if value is None:
+        if optional:
+            return None
+        raise TypeError(f"{where} must be {article_of(kind)}, got None; give a value")
+    is_bool = isinstance(value, (bool, np.bool_))
+    got = described(value)
+    if kind is bool:
+        if is_bool:
+            return bool(value)
+        raise TypeError(f"{where} must be True or False, got {got}; give True or False")
+    if kind is int:
+        if isinstance(value, numbers.Integral) and not is_bool:
+            return int(value)
+        whole = None
+        if isinstance(value, numbers.Real) and not is_bool and float(value).is_integer():
+            whole = int(value)
+        elif isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            whole = int(value)
+        fix = f"write {whole}" if whole is not None else "give a whole number"
+        raise TypeError(f"{where} must be an int, got {got}; {fix}")
+    if kind is float:
+        if isinstance(value, numbers.Real) and not is_bool:
+            return value if isinstance(value, (int, float)) else float(value)
+        fix = "give a number"
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                fix = f"write {float(value)!r}, a number, not a string"
+        raise TypeError(f"{where} must be a number, got {got}; {fix}")
+    if kind is str:
+        if isinstance(value, str):
+            return str(value)
+        raise TypeError(f"{where} must be a string, got {got}; give it in quotes")
+    if isinstance(kind, type) and not isinstance(value, kind):
+        raise TypeError(f"{where} must be {article_of(kind)}, got {got}; give {kind.__name__}(...)")
+    return value
+
+
+def article_of(kind: Any) -> str:
+    """`kind`'s name with its article: "an int", "a ServerOptimizer"."""
+    name = getattr(kind, "__name__", str(kind))
+    return f"{'an' if name[:1] in 'aeiouAEIOU' else 'a'} {name}"
+
+
+@functools.cache
+def field_types(cls: type) -> tuple[tuple[str, Any], ...]:
+    """The dataclass `cls`'s fields with their resolved annotations."""
+    hints = typing.get_type_hints(cls)
+    return tuple((field.name, hints[field.name]) for field in dataclasses.fields(cls))
+
+
+def checked_fields(instance: Any, owner: str) -> dict[str, Any]:
+    """The fields of the dataclass `instance` whose values `checked_value` turns into plain
+    Python values (a NumPy int into an int), with those values; a value of a wrong type is a
+    TypeError (see `checked_value`)."""
+    changed = {}
+    for name, annotation in field_types(type(instance)):
+        value = getattr(instance, name)
+        plain = checked_value(owner, name, value, annotation)
+        if plain is not value:
+            changed[name] = plain
+    return changed
+
+
+def checked(options: Any, owner: str) -> Any:
+    """An algorithm's `options` with every value of its declared type (`checked_fields`):
+    what a flag's parser gives the command line, checked where options are made in code."""
+    changed = checked_fields(options, owner)
+    return dataclasses.replace(options, **changed) if changed else options
 
 
 def define_flags(

@@ -57,7 +57,7 @@ def make_options(name: str, **values: Any) -> Any:
             raise ValueError(
                 f"{name}: --{field.name}={values[field.name]} is not one of {', '.join(choices)}"
             )
-    return cls.Options(**values)
+    return options_lib.checked(cls.Options(**values), name)  # 2.7 is no num_clusters
 
 
 def make_algorithm(name: str, options: Any = None, **values: Any) -> Algorithm:

@@ -16,6 +16,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_clustered.options import article_of, described
+
 ClientArrays = tuple[np.ndarray, np.ndarray]  # (x, y)
 ClientArrayDict = Mapping[str, np.ndarray]  # OrderedDict(x=..., y=...)
 
@@ -355,7 +357,12 @@ def from_arrays(
                     f"{context}: labels must be whole numbers (class indices); fix the labels"
                 )
             y_int = y_raw.astype(np.int64)
-            bad = y_int[(y_int < 0) | (y_int >= num_classes)]
+            if np.any(y_int < 0):
+                raise DataError(
+                    f"{context}: label {int(y_int.min())} is negative; labels are class indices "
+                    f"0..{num_classes - 1}, fix the labels"
+                )
+            bad = y_int[y_int >= num_classes]
             if bad.size:
                 raise DataError(
                     f"{context}: label {int(bad[0])} is outside the model's {num_classes} classes "
@@ -419,7 +426,9 @@ def split_train_test(
 
 
 def client_arrays(clients: Clients, x_key: str, y_key: str, split: str) -> dict[str, ClientArrays]:
-    """Per-client `(x, y)` NumPy arrays from a ClientData or a mapping of clients."""
+    """Per-client `(x, y)` NumPy arrays from a ClientData or a mapping of clients, each client's
+    checked by `example_arrays` (numbers, one label per example); client ids become strings,
+    two ids that are the same string (1 and "1") are refused rather than merged."""
     if isinstance(clients, tff.simulation.datasets.ClientData):
         arrays = {}
         for client in clients.client_ids:
@@ -434,24 +443,116 @@ def client_arrays(clients: Clients, x_key: str, y_key: str, split: str) -> dict[
             batches = list(dataset.batch(1 << 16).as_numpy_iterator())
             if not batches:
                 raise DataError(f"{split} client {client!r} has no examples; drop the client")
-            arrays[client] = (
-                np.concatenate([b[x_key] for b in batches]),
-                np.concatenate([b[y_key] for b in batches]).reshape(-1),
-            )
-        return arrays
-    if not isinstance(clients, Mapping):
+            try:
+                x = np.concatenate([b[x_key] for b in batches])
+            except ValueError:
+                raise DataError(
+                    f"{split} client {client!r}: its examples have different shapes; pad or crop "
+                    "them to one shape"
+                ) from None
+            y = np.concatenate([b[y_key] for b in batches])
+            arrays[str(client)] = example_arrays(f"{split} client {client!r}", x, y)
+    elif isinstance(clients, Mapping):
+        arrays = {}
+        original: dict[str, Any] = {}
+        for client, value in clients.items():
+            where = f"{split} client {client!r}"
+            cid = client_id(client, split)
+            if cid in original:
+                raise DataError(
+                    f"{split} clients {original[cid]!r} and {client!r} are both client {cid!r} "
+                    "(ids are compared as strings); rename one so no client's data is lost"
+                )
+            original[cid] = client
+            if isinstance(value, Mapping):
+                if x_key not in value or y_key not in value:
+                    raise DataError(
+                        f"{where} has keys {sorted(map(str, value))}; pass x_key= and y_key="
+                    )
+                value = (value[x_key], value[y_key])
+            elif not isinstance(value, (tuple, list)) or len(value) != 2:
+                raise DataError(
+                    f"{where}: its value is {described_briefly(value)}, not an (x, y) pair; give "
+                    f"(inputs, labels) or a mapping with keys {x_key!r} and {y_key!r}"
+                )
+            arrays[cid] = example_arrays(where, *value)
+    else:
         raise TypeError(
             f"{split} data must be a tff.simulation.datasets.ClientData or a mapping of client "
             f"ids to (x, y), got {type(clients).__name__}"
         )
-    arrays = {}
-    for client, value in clients.items():
-        if isinstance(value, Mapping):
-            if x_key not in value or y_key not in value:
-                raise DataError(
-                    f"{split} client {client!r} has keys {sorted(value)}; pass x_key= and y_key="
-                )
-            value = (value[x_key], value[y_key])
-        x, y = value
-        arrays[str(client)] = (np.asarray(x), np.asarray(y).reshape(-1))
+    if not arrays:
+        raise DataError(f"the {split} data has no clients; give at least one client with examples")
     return arrays
+
+
+def client_id(client: Any, split: str) -> str:
+    """A client's id as the runs name it: a string (an int id is written in digits)."""
+    if isinstance(client, (str, np.str_)):
+        return str(client)
+    if isinstance(client, (int, np.integer)) and not isinstance(client, (bool, np.bool_)):
+        return str(int(client))
+    raise DataError(
+        f"{split} client id {described(client)} is not a string or an int; name each client by "
+        "a string"
+    )
+
+
+def described_briefly(value: Any) -> str:
+    """A value's type, and its shape when it is an array, for a one-line error."""
+    shape = getattr(value, "shape", None)
+    kind = article_of(type(value))
+    return f"{kind} of shape {tuple(shape)}" if shape is not None else kind
+
+
+def example_arrays(where: str, x: Any, y: Any) -> ClientArrays:
+    """One client's inputs `x` (a numeric array, one row per example, each with at least one
+    value) and labels `y` (one number per example: `(n,)` or `(n, 1)`), as arrays with `y` of
+    shape `(n,)`. Whatever else they are is a DataError naming `where` and the fix: ragged or
+    string inputs, one-hot or NaN labels, as many labels as inputs."""
+    try:
+        x = np.asarray(x)
+    except (ValueError, TypeError):
+        raise DataError(
+            f"{where}: its inputs are ragged (examples of different shapes); pad or crop them to "
+            "one shape"
+        ) from None
+    if x.dtype.kind not in "biuf":
+        problem = "ragged, mixed or strings" if x.dtype.kind == "O" else f"of dtype {x.dtype}"
+        raise DataError(
+            f"{where}: its inputs are {problem}, not one array of numbers; give x as numbers "
+            "(encode text or categories as numbers first), every example of one shape"
+        )
+    if x.ndim == 0:
+        raise DataError(f"{where}: its inputs are one number; give x with one row per example")
+    if 0 in x.shape[1:]:
+        raise DataError(
+            f"{where}: its examples have shape {x.shape[1:]}, no values; give every example at "
+            "least one feature"
+        )
+    try:
+        y = np.asarray(y)
+    except (ValueError, TypeError):
+        raise DataError(
+            f"{where}: its labels are ragged; give one class index per example"
+        ) from None
+    if y.dtype.kind not in "biuf":
+        raise DataError(
+            f"{where}: its labels are of dtype {y.dtype}, not numbers; give class indices "
+            "0..num_classes-1 (np.unique(y, return_inverse=True)[1] makes them)"
+        )
+    if y.ndim == 0:
+        raise DataError(f"{where}: its labels are one number; give one label per example")
+    if y.ndim > 1 and int(np.prod(y.shape[1:])) != 1:
+        raise DataError(
+            f"{where}: its labels have shape {y.shape}, not one class index per example "
+            "(one-hot?); give np.argmax(y, axis=1)"
+        )
+    y = y.reshape(len(y))
+    if len(x) != len(y):
+        raise DataError(
+            f"{where}: {len(x)} inputs but {len(y)} labels; every example needs exactly one label"
+        )
+    if not np.all(np.isfinite(y)):
+        raise DataError(f"{where}: its labels contain NaN or infinity; give every example a class")
+    return x, y

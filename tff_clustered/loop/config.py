@@ -7,6 +7,7 @@ import dataclasses
 import math
 
 from tff_clustered.federated.server_optimizers import ServerOptimizer
+from tff_clustered.options import checked_fields
 
 LR_SCHEDULES = ("constant", "exponential", "cosine")
 
@@ -37,6 +38,10 @@ class TrainingConfig:
     server_optimizer: ServerOptimizer = ServerOptimizer()
 
     def __post_init__(self) -> None:
+        # Types first (a bool, a whole float or a string of digits is not an int), as the
+        # command line's flag parser refuses them; NumPy scalars become Python values.
+        for name, value in checked_fields(self, "TrainingConfig").items():
+            object.__setattr__(self, name, value)
         checks = [
             (self.rounds >= 1, "rounds must be >= 1"),
             (self.clients_per_round >= 1, "clients_per_round must be >= 1"),
