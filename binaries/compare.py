@@ -15,11 +15,15 @@ accuracy, rounds to a target, the Eq. 4 discrepancy and the values sent per roun
 `fesem:3`, `fesem:4` (`ALGORITHM:K`: the algorithm with K clusters).
 
 `--table=fedtsdp` (FedTSDP, Tables 3-5): one row per partition setting (`iid`,
-`dirichlet:BETA`, `pathological`), one column per algorithm, final test accuracy (%). The
-paper's hyperparameters are the defaults (20 clients all taking part, E = 2, batch 50,
-eta_r = 0.05 * 0.95^(r-1), momentum 0.5), except on the embedded digits data (1,797 images):
-there 10 clients, batch 10, decay 0.99 and 20 rounds show the comparison in minutes on 2
-cores.
+`dirichlet:BETA`, `pathological`), one column per algorithm, final test accuracy (%).
+
+Each table's defaults (`TABLES`) say which datasets they are for: its columns and rows, its
+paper's protocol (FedTSDP: 20 clients all taking part, E = 2, batch 50,
+eta_r = 0.05 * 0.95^(r-1), momentum 0.5) and this project's values where the paper gives none,
+on every dataset; and, on the embedded digits (1,797 images), a smaller scale that runs the
+whole table in minutes on 2 cores (FedTSDP's: 10 clients, batch 10, decay 0.99, 20 rounds).
+A table on another dataset takes its paper's protocol. The run prints the defaults it took,
+each with where it comes from, and comparison.md lists them under its command.
 
 Accuracy is each client's test set evaluated with the model it would use (its cluster's, its
 personal one), pooled over clients (FedAC and UA-PDFL: the unweighted mean over clients).
@@ -58,102 +62,255 @@ from tff_clustered.runtime import RuntimeConfig, tff_runtime  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
 
-TABLES: dict[str, dict[str, Any]] = {
-    # Embedded digits (4 planted groups, 40 clients), a few minutes for the whole table:
-    # alpha = 5 so that 20 clients cluster and 20 are newcomers (alpha*m >= 40 would cluster
-    # everyone and make RAC identical to FedGroup); mu = 1 as in FedGroup's Table III setup.
-    "fedgroup": dict(
-        algorithms=[
-            "fedavg",
-            "fedprox",
-            "ifca",
-            "fesem",
-            "fedgroup_rcc",
-            "fedgroup_rac",
-            "fedgroup",
-            "fedgrouprox",
-            "fedgroup_madc",
-            "fedgrouprox_madc",
-        ],
-        rounds=30,
-        local_epochs=3,
-        num_clusters=4,
-        pretrain_epochs=3,
-        pretrain_scale=5,
-        mu=1.0,
-    ),  # fmt: skip
-    # FeSEM's Table 2 shape (FeSEM, Sec. 5): every device in every round, E = 5, FeSEM with
-    # K = 2, 3 and 4, FedProx with mu = 0.1, and its baselines as ours: NoFed = Local,
-    # FedCluster = CFL, HypoCluster(3) = IFCA with 3 clusters. Micro accuracy is the pooled
-    # one, macro the unweighted mean over clients. On the embedded digits: its 40 clients in 4
-    # planted groups, 30 rounds, our learning rate 0.1 (the paper's 0.003 is its CNN's).
-    "fesem": dict(
-        algorithms=["local", "fedavg", "fedprox", "cfl", "ifca:3", "fesem:2", "fesem:3", "fesem:4"],
-        clients_per_round=40,
-        rounds=30,
-        local_epochs=5,
-        batch_size=10,
-        mu=0.1,
-    ),  # fmt: skip
-    # FedTSDP Section 4.1.4: the same settings for every method.
-    "fedtsdp": dict(
-        algorithms=["fedavg", "fedprox", "ditto", "fedper", "cfl", "fedtsdp"],
-        dataset="digits_dirichlet",
-        model="tsdp_cnn",
-        settings=["dirichlet:0.5", "dirichlet:0.2"],
-        num_clients=20,
-        clients_per_round=20,
-        rounds=200,
-        local_epochs=2,
-        batch_size=50,
-        learning_rate=0.05,
-        lr_schedule="exponential",
-        lr_decay=0.95,
-        momentum=0.5,
-        mu=0.01,
-    ),  # fmt: skip
-    # FedAC Table 1's shape (FedAC, Sec. 5.1: 25 % participation, lr 0.01, batch 32, 5 local
-    # steps, (a, b) = (0.2, 0.8)); on the embedded digits: 20 clients, 5 per round, 40 rounds.
-    "fedac": dict(
-        algorithms=["fedavg", "fedper", "fesem", "fedgroup", "flhc", "cgpfl", "ifca", "fedac"],
-        dataset="digits_dirichlet",
-        model="mlp",
-        settings=["dirichlet:0.1", "pathological"],
-        classes_per_client=3,
-        num_clients=20,
-        clients_per_round=5,
-        rounds=40,
-        local_steps=5,
-        batch_size=32,
-        learning_rate=0.05,
-        num_clusters=4,
-    ),  # fmt: skip
-    # UA-PDFL Tables 1-2's shape (Sec. 5.1: every peer active, N_com = 5, E = 2, batch 50,
-    # eta_r = 0.05 * 0.95^(r-1), momentum 0.5); on the embedded digits: 10 peers, N_com = 3.
-    "uapdfl": dict(
-        algorithms=[
-            "local_dfl",
-            "fedavg_dfl",
-            "criticalfl_dfl",
-            "fedper_dfl",
-            "dispfl",
-            "dfedavgm",
-            "uapdfl",
-        ],
-        dataset="digits_dirichlet",
-        model="mlp",
-        settings=["dirichlet:0.5", "dirichlet:5"],
-        num_clients=10,
-        clients_per_round=10,
-        num_neighbours=3,
-        rounds=20,
-        local_epochs=2,
-        batch_size=10,
-        learning_rate=0.05,
-        lr_schedule="exponential",
-        lr_decay=0.99,
-        momentum=0.5,
-    ),  # fmt: skip
+
+class Defaults(NamedTuple):
+    """Values of a table's flags on the datasets whose names start with one of `datasets`
+    (every dataset when empty), and where they come from (`source`): the values a table took
+    are printed and written in its header with their source."""
+
+    source: str
+    values: dict[str, Any]
+    datasets: tuple[str, ...] = ()
+
+    def applies_to(self, dataset: str) -> bool:
+        return not self.datasets or dataset.startswith(self.datasets)
+
+
+# The embedded digits (1,797 images): a whole table in minutes on 2 cores.
+DIGITS = ("digits",)
+# Each table's defaults for the flags not given on the command line: its columns, the paper's
+# protocol, this project's choices where the paper gives none, and the values that replace
+# them on some datasets; a later group wins over an earlier one on the datasets both cover.
+TABLES: dict[str, list[Defaults]] = {
+    "fedgroup": [
+        Defaults(
+            "the table's columns",
+            dict(
+                algorithms=[
+                    "fedavg",
+                    "fedprox",
+                    "ifca",
+                    "fesem",
+                    "fedgroup_rcc",
+                    "fedgroup_rac",
+                    "fedgroup",
+                    "fedgrouprox",
+                    "fedgroup_madc",
+                    "fedgrouprox_madc",
+                ],
+            ),
+        ),
+        Defaults(
+            "FedGroup's Table III setup",
+            dict(
+                local_epochs=20,
+                clients_per_round=20,
+                batch_size=10,
+                pretrain_scale=20,
+                pretrain_epochs=1,
+                mu=1.0,
+            ),
+        ),
+        Defaults(
+            "this project's (FedGroup gives no rounds for Table III; its code runs 200)",
+            dict(rounds=200),
+        ),
+        Defaults(
+            "FedGroup's MNIST setup",
+            dict(num_clusters=3, learning_rate=0.03),
+            ("mnist",),
+        ),
+        Defaults(
+            "FedGroup's FEMNIST setup",
+            dict(num_clusters=5, learning_rate=0.003),
+            ("femnist",),
+        ),
+        Defaults(
+            "FedGroup's Synthetic(1,1) setup",
+            dict(num_clusters=5, learning_rate=0.01),
+            ("synthetic",),
+        ),
+        Defaults(
+            "FedGroup's Sent140 setup",
+            dict(num_clusters=5, learning_rate=0.3, mu=0.01),
+            ("sent140",),
+        ),
+        # alpha = 5 so that 20 clients cluster and 20 are newcomers (alpha*m >= 40 would
+        # cluster everyone and make RAC identical to FedGroup).
+        Defaults(
+            "the embedded digits' scale (4 planted groups in 40 clients; alpha = 5: 20 cluster)",
+            dict(
+                num_clusters=4,
+                rounds=30,
+                local_epochs=3,
+                clients_per_round=10,
+                learning_rate=0.1,
+                pretrain_scale=5,
+                pretrain_epochs=3,
+            ),
+            DIGITS,
+        ),
+    ],
+    # FeSEM's baselines as ours: NoFed = Local, FedCluster = CFL, HypoCluster(3) = IFCA with 3
+    # clusters. Micro accuracy is the pooled one, macro the unweighted mean over clients.
+    "fesem": [
+        Defaults(
+            "the table's columns (FeSEM's Table 2)",
+            dict(
+                algorithms=[
+                    "local",
+                    "fedavg",
+                    "fedprox",
+                    "cfl",
+                    "ifca:3",
+                    "fesem:2",
+                    "fesem:3",
+                    "fesem:4",
+                ],
+            ),
+        ),
+        Defaults(
+            "FeSEM's experiments (batch 10 from its code; it trains every device each round: set "
+            "--clients_per_round to their number)",
+            dict(local_epochs=5, mu=0.1, rounds=100, batch_size=10),
+        ),
+        Defaults("FeSEM's FEMNIST setup", dict(learning_rate=0.003), ("femnist",)),
+        Defaults(
+            "the embedded digits' scale (all 40 clients each round; FeSEM's lr 0.003 is its CNN's)",
+            dict(clients_per_round=40, rounds=30, learning_rate=0.1),
+            DIGITS,
+        ),
+    ],
+    "fedtsdp": [
+        Defaults(
+            "the table's columns and rows (FedTSDP's Tables 3-5)",
+            dict(
+                algorithms=["fedavg", "fedprox", "ditto", "fedper", "cfl", "fedtsdp"],
+                dataset="digits_dirichlet",
+                model="tsdp_cnn",
+                settings=["dirichlet:0.5", "dirichlet:0.2"],
+            ),
+        ),
+        Defaults(
+            "FedTSDP Sec. 4.1.4 (the same for every method)",
+            dict(
+                num_clients=20,
+                clients_per_round=20,
+                rounds=200,
+                local_epochs=2,
+                batch_size=50,
+                learning_rate=0.05,
+                lr_schedule="exponential",
+                lr_decay=0.95,
+                momentum=0.5,
+            ),
+        ),
+        Defaults("this project's (FedTSDP gives FedProx no mu)", dict(mu=0.01)),
+        # With the paper's 20 clients each holds ~54 training images and the client models
+        # disagree enough on IID data for H to wander across 0.65; 10 clients of ~108 images
+        # behave as the paper's IID runs do (H stays below h_th).
+        Defaults(
+            "the embedded digits' scale (10 clients of ~108 images: H stays below h_th on IID)",
+            dict(
+                num_clients=10,
+                clients_per_round=10,
+                rounds=20,
+                batch_size=10,
+                lr_decay=0.99,
+                settings=["iid", "dirichlet:0.5", "dirichlet:0.2", "pathological"],
+            ),
+            DIGITS,
+        ),
+    ],
+    "fedac": [
+        Defaults(
+            "the table's columns and rows (FedAC's Table 1)",
+            dict(
+                algorithms=[
+                    "fedavg",
+                    "fedper",
+                    "fesem",
+                    "fedgroup",
+                    "flhc",
+                    "cgpfl",
+                    "ifca",
+                    "fedac",
+                ],
+                dataset="digits_dirichlet",
+                model="mlp",
+                settings=["dirichlet:0.1", "pathological"],
+            ),
+        ),
+        Defaults(
+            "FedAC Sec. 5.1",
+            dict(
+                num_clients=100,
+                clients_per_round=25,
+                rounds=1000,
+                local_steps=5,
+                batch_size=32,
+                classes_per_client=3,
+            ),
+        ),
+        Defaults("FedAC Sec. 5.1 on CIFAR-100", dict(classes_per_client=8), ("cifar100",)),
+        Defaults(
+            "this project's (FedAC has lr 0.01 and gives no initial K)",
+            dict(learning_rate=0.05, num_clusters=4),
+        ),
+        Defaults(
+            "the embedded digits' scale",
+            dict(num_clients=20, clients_per_round=5, rounds=40),
+            DIGITS,
+        ),
+    ],
+    "uapdfl": [
+        Defaults(
+            "the table's columns and rows (UA-PDFL's Tables 1-2)",
+            dict(
+                algorithms=[
+                    "local_dfl",
+                    "fedavg_dfl",
+                    "criticalfl_dfl",
+                    "fedper_dfl",
+                    "dispfl",
+                    "dfedavgm",
+                    "uapdfl",
+                ],
+                dataset="digits_dirichlet",
+                model="mlp",
+                settings=["dirichlet:0.5", "dirichlet:5"],
+            ),
+        ),
+        Defaults(
+            "UA-PDFL Sec. 5.1",
+            dict(
+                num_clients=30,
+                clients_per_round=30,
+                num_neighbours=5,
+                rounds=150,
+                batch_size=50,
+                learning_rate=0.05,
+                lr_schedule="exponential",
+                lr_decay=0.95,
+                momentum=0.5,
+            ),
+        ),
+        Defaults(
+            "FedTSDP Sec. 4.1.4, by the same authors (UA-PDFL gives no E)", dict(local_epochs=2)
+        ),
+        Defaults(
+            "the embedded digits' scale",
+            dict(
+                num_clients=10,
+                clients_per_round=10,
+                num_neighbours=3,
+                rounds=20,
+                batch_size=10,
+                lr_decay=0.99,
+            ),
+            DIGITS,
+        ),
+    ],
 }
 # Tables whose rows are partition settings, and whether the paper reports the unweighted mean
 # over clients (FedAC's A9 reading, UA-PDFL) rather than the pooled accuracy.
@@ -163,18 +320,6 @@ SETTING_TABLES = {"fedtsdp": False, "fedac": True, "uapdfl": True}
 PROTOCOLS: dict[str, dict[str, dict[str, float]]] = {
     "uapdfl": {"dfedavgm": {"local_work": 2, "rounds": 0.5}},
 }
-# Digits (1,797 images): with the paper's 20 clients each holds ~54 training images and the
-# client models disagree enough on IID data for H to wander across 0.65; 10 clients of ~108
-# images behave as the paper's IID runs do (H stays below h_th).
-DIGITS_FEDTSDP = dict(
-    num_clients=10,
-    clients_per_round=10,
-    rounds=20,
-    batch_size=10,
-    lr_decay=0.99,
-    settings=["iid", "dirichlet:0.5", "dirichlet:0.2", "pathological"],
-)
-
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("table", "fedgroup", list(TABLES), "Which paper's comparison to produce.")
 flags.DEFINE_list(
@@ -304,15 +449,39 @@ def describe(run: PlannedRun) -> str:
     )
 
 
-def apply_table_defaults(table: str) -> None:
-    """The table's defaults for every flag not given on the command line."""
-    defaults = dict(TABLES[table])
-    dataset = FLAGS.dataset if FLAGS["dataset"].present else defaults.get("dataset", "")
-    if table == "fedtsdp" and dataset.startswith("digits"):
-        defaults.update(DIGITS_FEDTSDP)
-    for name, value in defaults.items():
-        if not FLAGS[name].present:
-            FLAGS[name].value = value
+def table_defaults(table: str, dataset: str) -> dict[str, tuple[Any, Defaults]]:
+    """Flag name -> (value, the group it comes from) of `table`'s defaults on `dataset`."""
+    resolved: dict[str, tuple[Any, Defaults]] = {}
+    for group in TABLES[table]:
+        if group.applies_to(dataset):
+            resolved.update({name: (value, group) for name, value in group.values.items()})
+    return resolved
+
+
+def apply_table_defaults(table: str) -> list[str]:
+    """The table's defaults on its dataset (`--dataset`, else the table's) for every flag not
+    given on the command line. Returns which values it took from where, one line per source
+    in the table's order (printed, and written in the table's header)."""
+    dataset = FLAGS.dataset
+    if not FLAGS["dataset"].present:
+        dataset = table_defaults(table, "").get("dataset", (FLAGS.dataset,))[0]
+    resolved = table_defaults(table, dataset)
+    taken = [name for name in resolved if not FLAGS[name].present]
+    for name in taken:
+        FLAGS[name].value = resolved[name][0]
+    lines = []
+    for group in TABLES[table]:
+        values = [f"{n}={flag_text(resolved[n][0])}" for n in taken if resolved[n][1] is group]
+        if values:
+            lines.append(f"{group.source}: {', '.join(values)}")
+    return lines
+
+
+def flag_text(value: Any) -> str:
+    """A flag's value as it is written on the command line (`0.05`, `iid,pathological`)."""
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 # Settings (the rows of a table with partition rows): the partition, and whether it needs a
@@ -398,7 +567,7 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     with run_flags.reported_errors("finished runs are kept, run again to continue"):
-        apply_table_defaults(FLAGS.table)
+        defaults_taken = apply_table_defaults(FLAGS.table)
         columns = parse_columns(FLAGS.algorithms)
         run_flags.refuse_other_algorithms_flags([c.algorithm for c in columns])
         seeds = seeds_from_flags()
@@ -412,6 +581,9 @@ def main(argv: list[str]) -> int:
         )
         settings = FLAGS.settings if FLAGS.table in SETTING_TABLES else [None]
         planned = plan_runs(columns, seeds, settings, output_dir)
+        if defaults_taken:
+            print(f"{FLAGS.table} table on {base.dataset}, defaults of the flags not given:")
+            print("\n".join(f"  {line}" for line in defaults_taken), flush=True)
         if FLAGS.plan_only:
             print("\n".join(map(describe, planned)))
             print(f"{len(planned)} runs; outputs would be in {output_dir}")
@@ -420,7 +592,7 @@ def main(argv: list[str]) -> int:
         # subfolder), before the worker writes its log there: a second compare on it is refused.
         with checkpoint.hold_run_folder(output_dir):
             rows, histories = run_planned(planned, base.dataset, output_dir)
-            write_outputs(rows, histories, base, output_dir)
+            write_outputs(rows, histories, base, output_dir, defaults_taken)
     return 0
 
 
@@ -459,8 +631,10 @@ def write_outputs(
     histories: dict[tuple[str, str], list],
     base: runner.RunSpec,
     output_dir: str,
+    defaults_taken: list[str],
 ) -> None:
-    """comparison.md / .csv / .png in `output_dir`, with the command and the date."""
+    """comparison.md / .csv / .png in `output_dir`, with the command, the date and the table's
+    defaults it took (`apply_table_defaults`)."""
     title = (
         f"{FLAGS.table} table: {base.dataset} / {base.model}, {base.training.rounds} rounds, "
         f"{base.training.clients_per_round} clients per round"
@@ -475,6 +649,7 @@ def write_outputs(
         target_accuracy=FLAGS.target_accuracy,
         command=shlex.join(["python", *sys.argv]),
         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        defaults_taken=defaults_taken,
     )
     result_tables.write_comparison_png(
         os.path.join(output_dir, "comparison.png"),

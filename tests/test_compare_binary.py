@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import glob
 import os
 import uuid
@@ -193,16 +194,63 @@ for bad in (["fedavg:3"], ["fesem:0"], ["fesem:x"], ["fesem:2", "fesem:2"], ["no
 """
 
 
+@functools.cache
+def table_flags_probe() -> tuple[str, str]:
+    """One process (TensorFlow loads once) for the checks of a table's flags: the stdout of
+    `COLUMNS_OF_FESEM_TABLE`, then that of `DEFAULTS_BY_DATASET`."""
+    done = run_binary(["-c", COLUMNS_OF_FESEM_TABLE + "\nprint('@@')\n" + DEFAULTS_BY_DATASET])
+    assert done.returncode == 0, done.stderr[-3000:]
+    columns, defaults = done.stdout.split("@@\n")
+    return columns, defaults
+
+
 def test_a_column_per_k_runs_the_algorithm_with_that_many_clusters() -> None:
     """FeSEM's Table 2 has a column per K: `fesem:2` is FeSEM with K = 2 in its own folder;
     a K for an algorithm without clusters, a K below 1 or a repeated column is refused."""
-    done = run_binary(["-c", COLUMNS_OF_FESEM_TABLE])
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
+    stdout = table_flags_probe()[0]
+    lines = stdout.splitlines()
     assert "fesem:2 fesem fesem_k2 2" in lines and "fesem:4 fesem fesem_k4 4" in lines
     assert "ifca:3 ifca ifca_k3 3" in lines and "local local local -" in lines
     refused = [line for line in lines if line.startswith("refused")]
-    assert len(refused) == 5, done.stdout
+    assert len(refused) == 5, stdout
     assert "fedavg has no clusters" in refused[0] and "K must be" in refused[1]
     assert "K must be" in refused[2] and "more than once" in refused[3]
     assert "unknown algorithm 'nope'" in refused[4]
+
+
+DEFAULTS_BY_DATASET = """
+F = flags.FLAGS
+for given in (
+    ["--table=uapdfl"],
+    ["--table=uapdfl", "--dataset=fashion_mnist", "--batch_size=7"],
+    ["--table=fedac", "--dataset=cifar100"],
+):
+    F.unparse_flags()
+    F(["compare.py", *given])
+    lines = compare.apply_table_defaults(given[0].split("=")[1])
+    print("==", " ".join(given))
+    print("resolved", F.dataset, F.num_clients, F.num_neighbours, F.batch_size, F.lr_decay,
+          F.rounds, F.classes_per_client, F.learning_rate)
+    print("\\n".join(lines))
+"""
+
+
+def test_a_tables_digits_defaults_stay_on_the_digits_and_every_default_names_its_source() -> None:
+    """UA-PDFL's table on the digits takes the digits' scale (batch 10, N_com = 3, decay
+    0.99); on Fashion-MNIST the paper's protocol (batch 50, N_com = 5, decay 0.95, 30 peers,
+    150 rounds), a flag given on the command line winning; FedAC's on CIFAR-100 its n = 8
+    classes per client. Each value taken is listed under where it comes from."""
+    stdout = table_flags_probe()[1]
+    digits, fashion, cifar = (block.splitlines() for block in stdout.split("== ")[1:])
+    assert digits[1] == "resolved digits_dirichlet 10 3 10 0.99 20 2 0.05"
+    assert any(line.startswith("the embedded digits' scale: num_clients=10,") for line in digits)
+    assert any(line.startswith("UA-PDFL Sec. 5.1: learning_rate=0.05") for line in digits)
+    assert fashion[1] == "resolved fashion_mnist 30 5 7 0.95 150 2 0.05"
+    assert not any("digits" in line or "batch_size" in line for line in fashion[2:]), fashion
+    assert "UA-PDFL Sec. 5.1: num_clients=30, clients_per_round=30, num_neighbours=5, " in (
+        "\n".join(fashion)
+    )
+    assert any(line.startswith("FedTSDP Sec. 4.1.4, by the same authors") for line in fashion)
+    assert cifar[1].startswith("resolved cifar100 100 ") and cifar[1].endswith(" 1000 8 0.05")
+    assert "FedAC Sec. 5.1 on CIFAR-100: classes_per_client=8" in cifar
+    assert any(line.startswith("this project's (FedAC has lr 0.01") for line in cifar)

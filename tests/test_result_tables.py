@@ -46,7 +46,7 @@ def test_uapdfl_reports_its_regimes_as_shares_of_peer_rounds_after_the_first() -
     assert figures["regime_dropout"] == 0.5 and figures["regime_partial"] == 0.25
     assert figures["neighbours_mean"] == 2.0 and figures["clusters"] is None
     text = result_tables.diagnostics_text([{"method": "uapdfl", **figures}] * 2)
-    assert text == "neighbours 2.0/2.0; regimes dropout/partial/head 50/25/25 %"
+    assert text == "neighbours 2.0/2.0; regimes dropout+partial+head (%) 50+25+25 / 50+25+25"
 
 
 def test_cluster_recovery_scores_the_partition_up_to_renaming() -> None:
@@ -95,3 +95,39 @@ def test_standings_measure_a_paper_method_against_the_better_baseline_and_fedavg
     assert uapdfl.best_reference == "fedavg_dfl" and uapdfl.level_with_best
     assert not uapdfl.above_single
     assert result_tables.standings(accuracy_rows("a", "fedac", [0.9]), "final_accuracy") == []
+
+
+def test_the_header_lists_the_table_defaults_a_command_took_and_the_regimes_per_seed(
+    tmp_path: object,
+) -> None:
+    """comparison.md names the defaults its command did not give, with their source, under
+    the command; the diagnostics, headed "per seed", give UA-PDFL's regimes per seed too."""
+    history = [{"round": 0}] + [
+        {"round": r, "accuracy": 0.5, "loss": 1.0, "client_accuracy_mean": 0.5,
+         "floats_communicated": 1, "neighbours_mean": 3.0, "peers_dropout": d,
+         "peers_partial": p, "peers_personal_head": h}
+        for r, (d, p, h) in enumerate([(9, 9, 9), (1, 2, 1)], start=1)
+    ]  # fmt: skip
+    other_seed = [dict(r, peers_dropout=0) if r["round"] == 2 else r for r in history]
+    rows = [
+        result_tables.run_row("iid", "uapdfl", seed, h, 0.9, UAPDFL)
+        for seed, h in enumerate([history, other_seed])
+    ]
+    taken = ["UA-PDFL Sec. 5.1: learning_rate=0.05", "the embedded digits' scale: rounds=20"]
+    markdown = result_tables.write_tables(
+        str(tmp_path), rows, "t", by_setting=True, client_mean=True, target_accuracy=0.9,
+        command="python binaries/compare.py --table=uapdfl", date="d", defaults_taken=taken,
+    )  # fmt: skip
+    lines = markdown.splitlines()
+    at = lines.index("- defaults of the flags not given:")
+    assert lines[at - 1].startswith("- seeds: 0, 1") and lines[at + 1 : at + 4] == [
+        "  - UA-PDFL Sec. 5.1: learning_rate=0.05",
+        "  - the embedded digits' scale: rounds=20",
+        "",
+    ]
+    assert lines[2] == "- command: `python binaries/compare.py --table=uapdfl`"
+    # seed 0: 1/2/1 of 4 peer-rounds after round 1; seed 1: 0/2/1 of 3
+    assert (
+        "| iid | uapdfl | neighbours 3.0/3.0; regimes dropout+partial+head (%) 25+50+25 / 0+67+33 |"
+        in lines
+    ), lines

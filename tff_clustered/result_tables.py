@@ -149,13 +149,19 @@ def diagnostics_text(runs: Sequence[Mapping[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def _header(title: str, command: str, date: str, seeds: Sequence[int]) -> list[str]:
+def _header(
+    title: str, command: str, date: str, seeds: Sequence[int], defaults_taken: Sequence[str]
+) -> list[str]:
+    """The title, the command, the date, the seeds and, when the command left some of the
+    table's flags to its defaults, those values with where each came from."""
+    taken = ["- defaults of the flags not given:", *(f"  - {line}" for line in defaults_taken)]
     return [
         f"# {title}",
         "",
         f"- command: `{command}`",
         f"- date: {date}",
         f"- seeds: {', '.join(str(s) for s in seeds)} (cells: mean ± sample std over seeds)",
+        *(taken if defaults_taken else []),
         "",
     ]
 
@@ -307,9 +313,11 @@ def write_tables(
     target_accuracy: float,
     command: str,
     date: str,
+    defaults_taken: Sequence[str] = (),
 ) -> str:
     """comparison.md (the table, then each cell's diagnostics per seed) and comparison.csv
-    (every run in long form). Returns the markdown."""
+    (every run in long form). `defaults_taken`: the table's defaults the command took, one
+    line per source (written under the command). Returns the markdown."""
     seeds = sorted({int(r["seed"]) for r in rows})
     # the generic columns, then every algorithm figure (`run_figures`) some row has
     columns = list(RUN_COLUMNS) + list(
@@ -322,7 +330,7 @@ def write_tables(
         writer.writerow({k: "" if row.get(k) is None else _format(row[k]) for k in columns})
     atomic_write_bytes(os.path.join(output_dir, "comparison.csv"), buffer.getvalue().encode())
     key = "final_client_mean_accuracy" if client_mean else "final_accuracy"
-    lines = _header(title, command, date, seeds)
+    lines = _header(title, command, date, seeds, defaults_taken)
     if by_setting:
         lines += [
             "Final test accuracy (%), each client with the model it uses, "
@@ -341,8 +349,8 @@ def write_tables(
         lines += [
             "",
             f"Diagnostics per seed ({'/'.join(str(s) for s in seeds)}): clusters in use at the "
-            "end, FedTSDP's re-clustering triggers, UA-PDFL's regimes (share of peer-rounds "
-            "after round 1), neighbours mixed.",
+            "end, FedTSDP's re-clustering triggers, UA-PDFL's regimes (each seed's shares of "
+            "peer-rounds after round 1), neighbours mixed (each seed's mean per round).",
             "",
             "| setting | algorithm | diagnostics |",
             "|---|---|---|",

@@ -353,12 +353,16 @@ class UAPDFL(Decentralized):
 
     @classmethod
     def figures_text(cls, runs: Sequence[Mapping[str, Any]]) -> list[str]:
-        """The decentralized text plus each regime's mean share over the seeds."""
+        """The decentralized text plus each seed's regime shares, e.g. `regimes
+        dropout+partial+head (%) 63+21+16 / 60+25+15` (seeds separated by ` / `, as the
+        table's other diagnostics are per seed)."""
         text = super().figures_text(runs)
         names = list(REGIME_NAMES.values())
         if runs and all(r.get(f"regime_{names[0]}") not in (None, "") for r in runs):
-            shares = [100 * np.mean([float(r[f"regime_{g}"]) for r in runs]) for g in names]
-            text.append(f"regimes dropout/partial/head {'/'.join(f'{v:.0f}' for v in shares)} %")
+            per_seed = (
+                "+".join(f"{100 * float(r[f'regime_{g}']):.0f}" for g in names) for r in runs
+            )
+            text.append(f"regimes dropout+partial+head (%) {' / '.join(per_seed)}")
         return text
 
     @property
