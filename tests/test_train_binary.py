@@ -216,11 +216,18 @@ def start_as_foreground_job(args: list[str], **env: str) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize(
-    "signum, code, said", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+    "signum, code, said",
+    [
+        (signal.SIGINT, 130, "interrupted"),
+        (signal.SIGTERM, 143, "terminated"),
+        (signal.SIGHUP, 129, "hung up"),  # the terminal or SSH session closed
+    ],
 )
-def test_ctrl_c_or_sigterm_stop_cleanly_with_one_line_and_no_worker(
+def test_ctrl_c_sigterm_or_sighup_stop_cleanly_with_one_line_and_no_worker(
     tmp_path: object, signum: int, code: int, said: str
 ) -> None:
+    """The run stops between two steps, keeps its checkpoint and stops its worker before the
+    process exits (no worker is alive once the exit code is known)."""
     tag = uuid.uuid4().hex
     out = str(tmp_path / "interrupted")
     process = start_as_foreground_job(
@@ -240,10 +247,12 @@ def test_ctrl_c_or_sigterm_stop_cleanly_with_one_line_and_no_worker(
     )
     assert "Traceback" not in stderr, stderr[-2000:]
     assert os.path.exists(os.path.join(out, "checkpoint.npz"))
-    assert_no_worker_left(tag)
+    assert worker_pids_with_tag(tag) == [], "the worker outlived its run"
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(
+    "signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)]
+)
 def test_a_signal_during_start_up_is_one_line_and_never_swallowed(
     tmp_path: object, signum: int, code: int
 ) -> None:
@@ -254,7 +263,7 @@ def test_a_signal_during_start_up_is_one_line_and_never_swallowed(
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == code, stderr[-2000:]
-    name = "interrupted" if signum == signal.SIGINT else "terminated"
+    name = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}.get(signum, "hung up")
     assert stderr.strip() == f"train.py: {name} during start-up; nothing was written"
     assert not out.exists()
 
@@ -271,6 +280,7 @@ BAD_FLAGS = [
     (["--rounds=0"], "--rounds=0: 0 is not a positive integer"),
     (["--baseline=fedfoo"], "--baseline=fedfoo: value should be one of"),
     (["--algorithm=criticalfl_dfl", "--criticalfl_threshold=nan"], "give a finite number"),
+    (["--workers=127.0.0.1:99999"], "port 99999 is not a TCP port"),
 ]
 
 # Runs train.py's main once per case in one process (importing TensorFlow once, not per case),

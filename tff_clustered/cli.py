@@ -1,6 +1,7 @@
 """What every binary does around its work: absl's parser, with bad input as exit code 2; and
-Ctrl-C / SIGTERM as one line and exit code 130 / 143 at any moment, start-up included. Light
-(absl only), so a binary can use it before TensorFlow is imported."""
+Ctrl-C / SIGTERM / SIGHUP (a closed terminal or SSH session) as one line and exit code
+130 / 143 / 129 at any moment, start-up included. Light (absl only), so a binary can use it
+before TensorFlow is imported."""
 
 from __future__ import annotations
 
@@ -46,21 +47,29 @@ def usage_error(message: str) -> SystemExit:
 
 # Signals the process was started with ignored (`stop_at_once_on_signals`): never handled.
 _IGNORED: set[int] = set()
-# SIGINT / SIGTERM received once the work started (`stop_cleanly_on_signals`), in order.
+# SIGINT / SIGTERM / SIGHUP received once the work started (`stop_cleanly_on_signals`).
 _RECEIVED: list[int] = []
+# The signals that end a run, each with the word its one line uses. SIGHUP, sent when the
+# terminal or SSH session closes, stops the run as SIGTERM does (its checkpoint kept, its
+# worker stopped) instead of killing the process without a word.
+STOPPING_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+STOPPING_SIGNALS[signal.SIGHUP] = "hung up"
 
 
 class Terminated(SystemExit):
-    """SIGTERM received once work has started: exit code 143 (as a shell reports a process
-    ended by SIGTERM). `run_flags.reported_errors` prints its one line."""
+    """SIGTERM or SIGHUP received once work has started: exit code 128 + the signal (143,
+    129, as a shell reports a process ended by it). `run_flags.reported_errors` prints its one
+    line."""
 
-    def __init__(self) -> None:
-        super().__init__(128 + signal.SIGTERM)
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.word = STOPPING_SIGNALS[signum]
 
 
 def raise_terminated(signum: int = signal.SIGTERM, frame: object = None) -> None:
-    _RECEIVED.append(signal.SIGTERM)
-    raise Terminated()
+    _RECEIVED.append(signum)
+    raise Terminated(signum)
 
 
 def raise_interrupted(signum: int = signal.SIGINT, frame: object = None) -> None:
@@ -75,22 +84,23 @@ def reraise_received_signal() -> None:
     absorb the handler's exception and fail with UNAVAILABLE instead). The user asked the run
     to stop; they get the signal's line and exit code, not a worker failure."""
     if _RECEIVED:
-        raise KeyboardInterrupt if _RECEIVED[0] == signal.SIGINT else Terminated()
+        raise KeyboardInterrupt if _RECEIVED[0] == signal.SIGINT else Terminated(_RECEIVED[0])
 
 
 def stop_at_once_on_signals(binary: str) -> None:
-    """From a binary's first lines until its work starts (imports, flag parsing): Ctrl-C or
-    SIGTERM end the process at once with one line and 130 / 143. Nothing is written yet, and
+    """From a binary's first lines until its work starts (imports, flag parsing): Ctrl-C,
+    SIGTERM or SIGHUP end the process at once with one line and 130 / 143 / 129. Nothing is
+    written yet, and
     a `KeyboardInterrupt` raised in the middle of an import would print a traceback (or be
     swallowed by the imported code). A signal the process was started with ignored stays
     ignored, here and after."""
 
     def stop(signum: int, frame: object) -> None:
-        name = "interrupted" if signum == signal.SIGINT else "terminated"
+        name = STOPPING_SIGNALS[signum]
         os.write(2, f"{binary}: {name} during start-up; nothing was written\n".encode())
         os._exit(128 + signum)
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in STOPPING_SIGNALS:
         if signal.getsignal(signum) == signal.SIG_IGN:
             _IGNORED.add(signum)  # as a shell starts background jobs: left ignored
         else:
@@ -113,16 +123,16 @@ def run_main(binary: str, main: Callable[[list[str]], Any]) -> None:
 
 @contextlib.contextmanager
 def one_line_on_signals(before: str, after: str) -> Iterator[None]:
-    """While the block runs (the work, after start-up): Ctrl-C and SIGTERM stop it between
-    two steps with the one line `{before}interrupted{after}` (or `terminated`) and exit code
-    130 / 143."""
+    """While the block runs (the work, after start-up): Ctrl-C, SIGTERM and SIGHUP stop it
+    between two steps with the one line `{before}interrupted{after}` (or `terminated`,
+    `hung up`) and exit code 130 / 143 / 129."""
     stop_cleanly_on_signals()
     try:
         yield
     except KeyboardInterrupt:
         exit_at_once(f"{before}interrupted{after}", 130)
-    except Terminated:
-        exit_at_once(f"{before}terminated{after}", 128 + signal.SIGTERM)
+    except Terminated as e:
+        exit_at_once(f"{before}{e.word}{after}", 128 + e.signum)
 
 
 def exit_at_once(line: str, code: int) -> NoReturn:
@@ -139,10 +149,10 @@ def exit_at_once(line: str, code: int) -> NoReturn:
 
 def stop_cleanly_on_signals() -> None:
     """Once the work starts (inside `run_flags.reported_errors`): Ctrl-C raises
-    `KeyboardInterrupt` and SIGTERM `Terminated`, so that the run stops between two steps,
-    its worker is stopped and its last checkpoint is kept."""
+    `KeyboardInterrupt`, SIGTERM and SIGHUP `Terminated`, so that the run stops between two
+    steps, its worker is stopped and its last checkpoint is kept."""
     _RECEIVED.clear()
-    if signal.SIGINT not in _IGNORED:
-        signal.signal(signal.SIGINT, raise_interrupted)
-    if signal.SIGTERM not in _IGNORED:
-        signal.signal(signal.SIGTERM, raise_terminated)
+    for signum in STOPPING_SIGNALS:
+        if signum not in _IGNORED:
+            handler = raise_interrupted if signum == signal.SIGINT else raise_terminated
+            signal.signal(signum, handler)

@@ -45,6 +45,7 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from typing import Optional
@@ -97,10 +98,13 @@ def die_with_parent() -> None:
 
 
 def stop_process(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
-    """SIGINT, then SIGKILL if `process` has not exited within `timeout_s`."""
+    """SIGINT, then SIGKILL if `process` has not exited within `timeout_s`. A stopped process
+    (SIGSTOP: the silent worker `WorkerLostError` names) is continued so that it sees the
+    SIGINT at once."""
     if process.poll() is not None:
         return
     process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGCONT)
     try:
         process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -158,6 +162,11 @@ class RuntimeConfig:
                     f"worker address {address!r} is not HOST:PORT; start workers with "
                     "`worker_binary --port=PORT` and pass --workers=host1:port,host2:port."
                 )
+            if not 1 <= int(port) <= 65535:
+                raise ValueError(
+                    f"worker address {address!r}: port {port} is not a TCP port (1-65535); "
+                    "give the --port its worker was started with."
+                )
 
 
 class TffRuntime:
@@ -169,6 +178,10 @@ class TffRuntime:
         self._log_file = None
         self._previous_handlers: dict[int, object] = {}
         self._outer_workers: tuple[tuple[str, object], ...] = ()
+        # TFF's default context when this runtime started, put back when it stops.
+        self._outer_default_context: object = None
+        # Every worker connection this runtime made, closed when it stops.
+        self._connections: list[_WorkerConnection] = []
         self.started = False
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -189,9 +202,9 @@ class TffRuntime:
             targets = list(self.config.workers)
         else:
             targets = [self._start_local_worker()]
-        contexts = tuple((target, _sync_context(target, self.config)) for target in targets)
-        # Replacing TFF's import-time default context drops its (never started) ServiceManager
-        # now, while its `__del__` can still run cleanly, instead of at interpreter exit.
+        self._connections = [_WorkerConnection(target, self.config) for target in targets]
+        contexts = tuple((c.target, c.context) for c in self._connections)
+        self._outer_default_context = _default_context()
         tff.framework.set_default_context(contexts[0][1])
         self._outer_workers, _ACTIVE_WORKERS = _ACTIVE_WORKERS, contexts
         atexit.register(self.stop)
@@ -200,18 +213,24 @@ class TffRuntime:
         return self
 
     def stop(self) -> None:
-        """Stops the local worker (SIGINT, then SIGKILL) and restores signal handlers."""
+        """Puts back the execution context that was TFF's default before `start` (TFF's own,
+        the user's, or an outer runtime's), closes this runtime's executors on their workers
+        while they still answer, then stops the local worker (SIGINT, then SIGKILL) and
+        restores signal handlers. Nothing this runtime built talks to a worker afterwards."""
         global _ACTIVE_WORKERS
         if self.started and self.config.execution == "tff":
-            # A runtime started inside another one (a test) gives its workers back.
             _ACTIVE_WORKERS, self._outer_workers = self._outer_workers, ()
-            if _ACTIVE_WORKERS:
-                import tensorflow_federated as tff
+            import tensorflow_federated as tff
 
-                tff.framework.set_default_context(_ACTIVE_WORKERS[0][1])
+            tff.framework.set_default_context(self._outer_default_context)
+            self._outer_default_context = None
+        connections, self._connections = self._connections, []
+        lost = any(connection.lost for connection in connections)
+        for connection in connections:
+            connection.close()
         process, self._process = self._process, None
         if process is not None:
-            stop_process(process)
+            stop_process(process, timeout_s=0.0 if lost else 10.0)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -259,12 +278,17 @@ class TffRuntime:
         return target
 
     def _install_signal_handlers(self) -> None:
-        def on_sigterm(signum: int, frame: object) -> None:
-            self.stop()
-            raise_terminated()
+        """SIGTERM and SIGHUP stop the worker first, then end the work (`Terminated`)."""
 
-        with contextlib.suppress(ValueError):  # not in the main thread: atexit still covers us
-            self._previous_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_sigterm)
+        def on_stopping_signal(signum: int, frame: object) -> None:
+            self.stop()
+            raise_terminated(signum)
+
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) == signal.SIG_IGN:
+                continue  # started ignored (nohup, a background job): stays ignored
+            with contextlib.suppress(ValueError):  # not in the main thread: atexit covers us
+                self._previous_handlers[signum] = signal.signal(signum, on_stopping_signal)
 
 
 def _wait_until_ready(
@@ -298,7 +322,11 @@ class _FailFastStub:
     """TFF's gRPC stub to one worker, except that a worker that stops answering raises
     `WorkerLostError` naming it: when its connection breaks (instead of TFF's `RetryableError`,
     which its execution context retries for ever) and when it goes silent (a call is awaited in
-    slices, and between slices the worker must answer a liveness probe)."""
+    slices of at most `worker_timeout_s`, and between slices the worker must answer a liveness
+    probe within `worker_timeout_s`: a silent worker is named within twice that, and never
+    before it has had `worker_timeout_s` to answer). Once named, the worker stays lost: TFF's
+    clean-ups after the error (disposing of the executor and its values) return at once and
+    any other call raises the same error, instead of each waiting for its own probe."""
 
     def __init__(self, target: str, worker_timeout_s: float, probe_every_s: float) -> None:
         import grpc
@@ -307,7 +335,7 @@ class _FailFastStub:
 
         self._target = target
         self._worker_timeout_s = worker_timeout_s
-        self._probe_every_s = probe_every_s
+        self._slice_s = min(probe_every_s, worker_timeout_s)
         channel = grpc.insecure_channel(target, _GRPC_OPTIONS)
         self._stub = tff.framework.RemoteExecutorGrpcStub(channel)  # for `is_ready`
         self._calls = executor_pb2_grpc.ExecutorGroupStub(channel)
@@ -316,12 +344,34 @@ class _FailFastStub:
             target, [*_GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
         )
         self._probes = executor_pb2_grpc.ExecutorGroupStub(probe_channel)
+        self._channels = (channel, probe_channel)
+        self._lost: Optional[WorkerLostError] = None
+        self._in_flight: set[object] = set()  # futures of calls under way, cancelled if lost
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def close(self) -> None:
+        """After this the stub sends nothing: TFF's late clean-ups (a value's finalizer
+        disposing of it, an executor's `close`) return at once, and any other call names the
+        stopped runtime."""
+        self.closed = True
+        for channel in self._channels:
+            channel.close()
 
     def __getattr__(self, name: str) -> object:
         if name.startswith("_"):
             raise AttributeError(name)
         if name == "is_ready":
             return self._stub.is_ready
+        if self.closed or self._lost is not None:
+            if name in ("dispose", "dispose_executor"):  # nothing left there to clear
+                return lambda request: None
+            if self._lost is not None:
+                raise self._lost
+            raise RuntimeError(
+                f"the TFF runtime that reached worker {self._target} was stopped; run TFF "
+                "computations under a running one (`with tff_clustered.runtime.tff_runtime():`)"
+            )
         # TFF's stub method `create_value` is the gRPC method `CreateValue`, and so on.
         rpc = getattr(self._calls, "".join(word.title() for word in name.split("_")))
         return lambda request: self._await(rpc.future(request))
@@ -330,37 +380,67 @@ class _FailFastStub:
         import grpc
         from tensorflow_federated.python.core.impl.executors import executors_errors
 
+        with self._lock:
+            self._in_flight.add(future)
         try:
             while True:
                 try:
-                    return future.result(timeout=self._probe_every_s)
+                    return future.result(timeout=self._slice_s)
                 except grpc.FutureTimeoutError:
-                    if not self._answers_probe():
-                        future.cancel()
-                        raise WorkerLostError(
-                            f"TFF worker {self._target} stopped answering (no answer to a "
-                            f"liveness probe in {self._worker_timeout_s:g}s: a stopped process "
-                            f"or a stalled machine; {_RESUME_ADVICE}"
-                        ) from None
+                    if self._lost is None and not self._answers_probe():
+                        self._lose(
+                            f"no answer to a liveness probe in {self._worker_timeout_s:g}s: a "
+                            f"stopped process or a stalled machine; {_RESUME_ADVICE}"
+                        )
+                    if self._lost is not None:
+                        raise self._lost from None
+        except grpc.FutureCancelledError:
+            if self._lost is not None:  # another call found the worker lost
+                raise self._lost from None
+            raise
         except grpc.RpcError as e:
             code = e.code() if isinstance(e, grpc.Call) else None
-            if code in executors_errors.get_grpc_retryable_error_codes():
-                raise WorkerLostError(
-                    f"TFF worker {self._target} stopped answering ({code}). {_RESUME_ADVICE}"
-                ) from None
+            if self._lost is None and code in executors_errors.get_grpc_retryable_error_codes():
+                self._lose(f"{code}). {_RESUME_ADVICE}")
+            if self._lost is not None:
+                raise self._lost from None
             raise
+        finally:
+            with self._lock:
+                self._in_flight.discard(future)
+
+    def _lose(self, why: str) -> None:
+        """Names the worker lost and cancels every call still waiting for it."""
+        with self._lock:
+            if self._lost is None:
+                self._lost = WorkerLostError(f"TFF worker {self._target} stopped answering ({why}")
+            waiting = list(self._in_flight)
+        for future in waiting:
+            future.cancel()
+
+    @property
+    def lost(self) -> bool:
+        return self._lost is not None
 
     def _answers_probe(self) -> bool:
-        """True if the worker answers an empty `Dispose` in time (any answer: it is alive)."""
+        """True if the worker answers an empty `Dispose` within `worker_timeout_s` (any answer:
+        it is alive). A probe refused at once (UNAVAILABLE: the connection could not be made)
+        is sent again until that time is up, so the worker always gets all of it."""
         import grpc
         from tensorflow_federated.proto.v0 import executor_pb2
 
-        try:
-            self._probes.Dispose(executor_pb2.DisposeRequest(), timeout=self._worker_timeout_s)
-        except grpc.RpcError as e:
-            silent = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
-            return not (isinstance(e, grpc.Call) and e.code() in silent)
-        return True
+        deadline = time.monotonic() + self._worker_timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                self._probes.Dispose(executor_pb2.DisposeRequest(), timeout=left)
+            except grpc.RpcError as e:
+                code = e.code() if isinstance(e, grpc.Call) else None
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+                    continue
+                return code != grpc.StatusCode.DEADLINE_EXCEEDED
+            return True
+        return False
 
 
 _RESUME_ADVICE = (
@@ -369,36 +449,60 @@ _RESUME_ADVICE = (
 )
 
 
-def _executor_factory(target: str, config: RuntimeConfig) -> object:
-    """TFF's own remote-executor stack (the same one its local C++ context builds)."""
-    import tensorflow_federated as tff
-    from tensorflow_federated.python.core.impl.executor_stacks import python_executor_stacks
+def _default_context() -> object:
+    """The context at the bottom of TFF's context stack (the one `set_default_context`
+    replaces), whatever contexts are installed above it."""
+    from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
 
-    stub = _FailFastStub(target, config.worker_timeout_s, config.probe_every_s)
-
-    def stack_fn(cardinalities: dict) -> object:
-        if cardinalities.get(tff.CLIENTS) is None:
-            cardinalities[tff.CLIENTS] = 0
-        executor = tff.framework.RemoteExecutor(stub)
-        executor.set_cardinalities(cardinalities)
-        return executor
-
-    return python_executor_stacks.ResourceManagingExecutorFactory(executor_stack_fn=stack_fn)
+    return context_stack_impl.context_stack._stack[0]  # no public getter in TFF 0.87
 
 
-def _sync_context(target: str, config: RuntimeConfig) -> object:
-    import tensorflow_federated as tff
-    from tensorflow_federated.python.core.backends.native import compiler
-    from tensorflow_federated.python.core.environments.tensorflow_frontend import (
-        tensorflow_computation,
-    )
+class _WorkerConnection:
+    """One worker as TFF reaches it: TFF's own remote-executor stack (the one its local C++
+    context builds) over a `_FailFastStub`, and the execution context that runs on it."""
 
-    return tff.framework.SyncExecutionContext(
-        executor_fn=_executor_factory(target, config),
-        compiler_fn=compiler.desugar_and_transform_to_native,
-        transform_args=tensorflow_computation.transform_args,
-        transform_result=tensorflow_computation.transform_result,
-    )
+    def __init__(self, target: str, config: RuntimeConfig) -> None:
+        import tensorflow_federated as tff
+        from tensorflow_federated.python.core.backends.native import compiler
+        from tensorflow_federated.python.core.environments.tensorflow_frontend import (
+            tensorflow_computation,
+        )
+        from tensorflow_federated.python.core.impl.executor_stacks import python_executor_stacks
+
+        self.target = target
+        self._stub = _FailFastStub(target, config.worker_timeout_s, config.probe_every_s)
+
+        def stack_fn(cardinalities: dict) -> object:
+            if cardinalities.get(tff.CLIENTS) is None:
+                cardinalities[tff.CLIENTS] = 0
+            executor = tff.framework.RemoteExecutor(self._stub)
+            executor.set_cardinalities(cardinalities)
+            return executor
+
+        self._factory = python_executor_stacks.ResourceManagingExecutorFactory(
+            executor_stack_fn=stack_fn
+        )
+        self.context = tff.framework.SyncExecutionContext(
+            executor_fn=self._factory,
+            compiler_fn=compiler.desugar_and_transform_to_native,
+            transform_args=tensorflow_computation.transform_args,
+            transform_result=tensorflow_computation.transform_result,
+        )
+
+    def close(self) -> None:
+        """Disposes of this connection's executors on the worker (and with them every value
+        it holds for us) while it still answers, then closes the stub for good."""
+        executors = list(self._factory._executors.values())  # no public list in TFF 0.87
+        self._factory._executors.clear()
+        for executor in executors:
+            with contextlib.suppress(Exception):  # a lost worker has nothing left to clear
+                executor.close()
+        self._stub.close()
+
+    @property
+    def lost(self) -> bool:
+        """Whether its worker was found not answering (it is then killed, not asked to stop)."""
+        return self._stub.lost
 
 
 @contextlib.contextmanager
