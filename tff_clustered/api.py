@@ -21,7 +21,6 @@ rule applied to your model's layers (FedPer: the top `personal_layers` layers wi
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import inspect
 import os
 import re
@@ -43,6 +42,7 @@ from tff_clustered.data.federated_data import (
     from_arrays,
     split_train_test,
 )
+from tff_clustered.data.fingerprint import arrays_digest
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models.keras_models import ModelSpec, refuse_too_large
 from tff_clustered.options import checked, checked_value, described
@@ -366,11 +366,6 @@ def refuse_another_model(output_dir: str, settings: dict[str, Any], values: int)
 
 
 def fingerprint(data: FederatedData) -> str:
-    """A digest of every client's examples: a checkpoint resumes only on the same data."""
-    digest = hashlib.sha256()
-    for split in (data.train_arrays, data.test_arrays):
-        for client in sorted(split):
-            digest.update(client.encode())
-            for key in sorted(split[client]):
-                digest.update(np.ascontiguousarray(split[client][key]).tobytes())
-    return digest.hexdigest()[:16]
+    """A digest of every client's examples (in-memory data has no files to fingerprint): a
+    checkpoint resumes only on the same data."""
+    return arrays_digest(data.train_arrays, data.test_arrays)

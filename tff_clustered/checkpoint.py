@@ -14,7 +14,12 @@ checkpoint, never a torn one. Resuming with other settings is refused.
 A run holds an exclusive lock on its output folder (`hold_run_folder`: `flock` on `.lock`)
 for its lifetime, so a second run on the same folder is refused at once instead of both
 appending to its files. The kernel drops the lock when the process ends, however it ends, so
-a killed run never leaves a lock that blocks `--resume`.
+a killed run never leaves a lock that blocks `--resume`. A run killed mid-write can leave a
+temporary file; the next run to hold the folder deletes it (`remove_orphan_temp_files`).
+
+A checkpoint also records the files the run's data was read from (`data_source`: each file's
+path and a digest of its bytes, `tff_clustered.data.fingerprint`); resuming on other data is
+refused, naming the first file that changed.
 """
 
 from __future__ import annotations
@@ -27,22 +32,29 @@ import importlib
 import io
 import json
 import os
+import re
 import tempfile
 import types
 import typing
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 import numpy as np
 
+from tff_clustered.data.fingerprint import SourceFingerprint
 from tff_clustered.loop.state import RunState
 
 FORMAT_VERSION = 3  # 3: npz + JSON (2: pickle of the composable core's state)
 CHECKPOINT_NAME = "checkpoint.npz"
 LEGACY_NAMES = ("checkpoint.pkl",)
 META_ENTRY = "meta.json"
+DATA_SOURCE_ENTRY = "data_source"  # in the meta JSON; older checkpoints have none
 LOCK_NAME = ".lock"
+# `atomic_write_bytes`' temporary files: `tempfile.mkstemp(prefix=TEMP_PREFIX)` names them with
+# 8 characters of [a-z0-9_]. A process killed between creating one and renaming it leaves it.
+TEMP_PREFIX = ".tmp-"
+ORPHAN_TEMP_FILE = re.compile(re.escape(TEMP_PREFIX) + r"[a-z0-9_]{8}")
 PACKAGE = "tff_clustered."
 
 
@@ -72,9 +84,24 @@ def hold_run_folder(output_dir: str) -> Iterator[None]:
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        remove_orphan_temp_files(output_dir)
         yield
     finally:
         os.close(fd)  # closing drops the lock
+
+
+def remove_orphan_temp_files(folder: str) -> list[str]:
+    """Deletes the temporary files killed runs left in `folder` (names matching
+    `ORPHAN_TEMP_FILE` exactly, regular files only) and returns their names. Call it only while
+    holding the folder (`hold_run_folder`): no other run can then be writing one."""
+    removed = []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if ORPHAN_TEMP_FILE.fullmatch(name) and os.path.isfile(path) and not os.path.islink(path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                removed.append(name)
+    return removed
 
 
 def refuse_held_run_folder(output_dir: str) -> None:
@@ -129,7 +156,7 @@ def atomic_write_bytes(path: str, payload: bytes) -> None:
     file takes the user's umask like any file they write (a temporary file would be 0600)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=directory)
     try:
         os.fchmod(fd, user_file_mode())
         with os.fdopen(fd, "wb") as f:
@@ -275,13 +302,22 @@ def _check_field_types(cls: type, fields: dict[str, Any]) -> None:
 # -- save and load -----------------------------------------------------------------------------
 
 
-def save(path: str, state: RunState, settings: dict[str, Any]) -> None:
+def save(
+    path: str,
+    state: RunState,
+    settings: dict[str, Any],
+    data_source: Optional[SourceFingerprint] = None,
+) -> None:
+    """Writes the checkpoint atomically; `data_source`: the files the run's data is read from
+    (`load` refuses other data)."""
     arrays: dict[str, np.ndarray] = {}
     meta = {
         "format": FORMAT_VERSION,
         "settings": _encode(settings, arrays),
         "state": _encode(state, arrays),
     }
+    if data_source is not None:
+        meta[DATA_SOURCE_ENTRY] = data_source.to_json()
     buffer = io.BytesIO()
     np.savez(buffer, **arrays, **{META_ENTRY: np.frombuffer(json.dumps(meta).encode(), np.uint8)})
     atomic_write_bytes(path, buffer.getvalue())
@@ -317,9 +353,14 @@ def _read(path: str) -> tuple[dict, Any]:
     return meta, arrays
 
 
-def load(path: str, settings: dict[str, Any]) -> Optional[RunState]:
-    """The saved state, or None when there is no checkpoint. Refuses other settings, pickles
-    and anything that is not our format."""
+def load(
+    path: str,
+    settings: dict[str, Any],
+    data_source: Optional[SourceFingerprint] = None,
+    warn: Callable[[str], None] = print,
+) -> Optional[RunState]:
+    """The saved state, or None when there is no checkpoint. Refuses other settings, other data
+    than `data_source` (`refuse_changed_data`), pickles and anything that is not our format."""
     folder = os.path.dirname(os.path.abspath(path))
     for legacy in LEGACY_NAMES:
         if os.path.exists(os.path.join(folder, legacy)) and not os.path.exists(path):
@@ -341,6 +382,7 @@ def load(path: str, settings: dict[str, Any]) -> Optional[RunState]:
         raise CheckpointError(f"checkpoint {path} does not hold a run state")
     if saved != settings:
         raise CheckpointError(other_settings_message(path, saved, settings))
+    refuse_changed_data(path, meta.get(DATA_SOURCE_ENTRY), data_source, warn)
     return state
 
 
@@ -377,6 +419,39 @@ def other_settings_message(path: str, saved: dict[str, Any], now: dict[str, Any]
         f"checkpoint {path} belongs to a run with other settings ({details}); resume with the "
         "checkpoint's values (the same flags as its run), or choose another --output_dir"
     )
+
+
+def refuse_changed_data(
+    path: str,
+    saved_json: Any,
+    data_source: Optional[SourceFingerprint],
+    warn: Callable[[str], None],
+) -> None:
+    """`CheckpointError` naming the first file that differs when the data read now
+    (`data_source`) is not what checkpoint `path` recorded. A checkpoint written before
+    checkpoints recorded their data (no entry) is accepted with a warning through `warn`:
+    its settings still match, and the next checkpoint records the data."""
+    if data_source is None or not data_source.files:
+        return  # no files: data generated from the settings, which matched
+    if saved_json is None:
+        warn(
+            f"warning: checkpoint {path} predates data fingerprints, so it cannot tell whether "
+            f"the data under {data_source.root} changed since; resuming (the next checkpoint "
+            "records it)"
+        )
+        return
+    saved = SourceFingerprint.from_json(saved_json)
+    if saved is None:
+        raise CheckpointError(
+            f"checkpoint {path} is refused: its {DATA_SOURCE_ENTRY} is damaged; start over in "
+            "a new --output_dir"
+        )
+    change = data_source.change_since(saved)
+    if change is not None:
+        raise CheckpointError(
+            f"the data under {data_source.root} changed since the checkpoint {path}: {change}; "
+            "restore the data as it was, or start over in a new --output_dir"
+        )
 
 
 def exists(folder: str) -> bool:

@@ -14,6 +14,8 @@ from tff_clustered import checkpoint, reporting
 from tff_clustered.algorithms import make_algorithm, make_options
 from tff_clustered.data import load_dataset
 from tff_clustered.data.federated_data import FederatedData
+from tff_clustered.data.fingerprint import SourceFingerprint
+from tff_clustered.data.registry import source_fingerprint
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import model_spec
 from tff_clustered.models.keras_models import refuse_too_large
@@ -119,6 +121,9 @@ def run(
         checkpoint_every,
         resume,
         log,
+        data_source=lambda: source_fingerprint(
+            spec.dataset, spec.data_dir, spec.glove_path, spec.tfds_dir
+        ),
     )
     return summary
 
@@ -130,14 +135,19 @@ def run_experiment(
     checkpoint_every: int = 5,
     resume: bool = False,
     log: Callable[[str], None] = print,
+    data_source: Callable[[], SourceFingerprint] = SourceFingerprint,
 ) -> tuple[dict[str, Any], Experiment]:
     """Runs (or resumes) the experiment `build` makes, with `run`'s outputs and checkpoints,
     holding `output_dir`. `settings` define its results: a checkpoint made under other settings
-    is refused. Returns the summary (with `history`) and the finished experiment."""
+    is refused. `data_source` fingerprints the files its data is read from (default: no
+    files, data the settings define): a checkpoint made on other data is refused too. Returns
+    the summary (with `history`) and the finished experiment."""
     if checkpoint_every < 0:
         raise ValueError("checkpoint_every must be >= 0 (0 = only at the end)")
     with checkpoint.hold_run_folder(output_dir):
-        return _run_in_folder(build, settings, output_dir, checkpoint_every, resume, log)
+        return _run_in_folder(
+            build, settings, output_dir, checkpoint_every, resume, log, data_source
+        )
 
 
 def _run_in_folder(
@@ -147,17 +157,24 @@ def _run_in_folder(
     checkpoint_every: int,
     resume: bool,
     log: Callable[[str], None],
+    data_source: Callable[[], SourceFingerprint],
 ) -> tuple[dict[str, Any], Experiment]:
-    """`run_experiment`, once the output folder is held."""
+    """`run_experiment`, once the output folder is held. A checkpoint is checked against the
+    settings and the data's files before the data is loaded; a new run fingerprints its data
+    once `build` has loaded (and so checked) it."""
     ckpt_path = os.path.join(output_dir, checkpoint.CHECKPOINT_NAME)
     if checkpoint.exists(output_dir) and not resume:
         raise checkpoint.CheckpointError(
             f"{output_dir} already holds a run; pass --resume to continue it, or choose a new "
             "--output_dir"
         )
+    resuming = resume and checkpoint.exists(output_dir)
+    source = data_source() if resuming else None
+    saved = checkpoint.load(ckpt_path, settings, source, log) if resume else None
     experiment = build()
+    if source is None:
+        source = data_source()
     rounds = experiment.config.rounds
-    saved = checkpoint.load(ckpt_path, settings) if resume else None
     if saved is not None:
         experiment.restore(saved)
         log(f"resuming {output_dir} after round {saved.round_num}/{rounds}")
@@ -191,7 +208,7 @@ def _run_in_folder(
             done = row["round"]
             if done and ((checkpoint_every and done % checkpoint_every == 0) or done == rounds):
                 started = time.perf_counter()
-                checkpoint.save(ckpt_path, experiment.snapshot(), settings)
+                checkpoint.save(ckpt_path, experiment.snapshot(), settings, source)
                 tensorboard.flush()
                 row["checkpoint_seconds"] = time.perf_counter() - started
         history = experiment.state.history

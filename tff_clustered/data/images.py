@@ -36,7 +36,14 @@ import numpy as np
 
 from tff_clustered.data import fedac_partitions, partitions
 from tff_clustered.data.federated_data import DataError, FederatedData, first_line, from_arrays
-from tff_clustered.data.mnist import FASHION_MNIST, MNIST, MnistFormat, read_mnist_splits
+from tff_clustered.data.fingerprint import folder_files
+from tff_clustered.data.mnist import (
+    FASHION_MNIST,
+    MNIST,
+    MnistFormat,
+    mnist_files,
+    read_mnist_splits,
+)
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 SVHN_URL = "http://ufldl.stanford.edu/housenumbers/"
@@ -187,21 +194,32 @@ def refuse_labels_outside(labels: np.ndarray, classes: int, what: str, fix: str)
         )
 
 
+# The official pickles of each split.
+CIFAR_FILES = {
+    "cifar10": ([f"data_batch_{i}" for i in range(1, 6)], ["test_batch"]),
+    "cifar100": (["train"], ["test"]),
+}
+
+
+def cifar_root(name: str, data_dir: str) -> str:
+    """The official folder: `data_dir` may hold it or be that folder itself."""
+    folder = FOLDERS[name]
+    if os.path.basename(os.path.normpath(data_dir)) == folder:
+        return data_dir
+    return os.path.join(data_dir, folder)
+
+
+def svhn_path(data_dir: str, split: str) -> str:
+    return os.path.join(data_dir, f"{split}_32x32.mat")
+
+
 def read_cifar(name: str, data_dir: str) -> Arrays:
     """CIFAR-10 or CIFAR-100 from the official pickle files."""
-    folder = FOLDERS[name]
-    # `data_dir` may hold the official folder or be that folder itself.
-    if os.path.basename(os.path.normpath(data_dir)) == folder:
-        root = data_dir
-    else:
-        root = os.path.join(data_dir, folder)
+    root = cifar_root(name, data_dir)
     if not os.path.isdir(root):
         raise _missing(name, root)
-    if name == "cifar10":
-        train_files = [f"data_batch_{i}" for i in range(1, 6)]
-        test_files, key = ["test_batch"], b"labels"
-    else:
-        train_files, test_files, key = ["train"], ["test"], b"fine_labels"
+    train_files, test_files = CIFAR_FILES[name]
+    key = b"labels" if name == "cifar10" else b"fine_labels"
 
     def read(files: list[str]) -> tuple[np.ndarray, np.ndarray]:
         parts = [
@@ -219,7 +237,7 @@ def read_svhn(data_dir: str) -> Arrays:
 
     out = []
     for split in ("train", "test"):
-        path = os.path.join(data_dir, f"{split}_32x32.mat")
+        path = svhn_path(data_dir, split)
         if not os.path.isfile(path):
             raise _missing("svhn", path)
         try:
@@ -337,6 +355,23 @@ def read_official(name: str, data_dir: str) -> Arrays:
     if name == "svhn":
         return read_svhn(data_dir)
     return read_cifar(name, data_dir)
+
+
+def image_files(name: str, data_dir: Optional[str], tfds_dir: Optional[str]) -> list[str]:
+    """The files `load_image_federation` reads for `name`: every file of the TFDS dataset's
+    folder under `tfds_dir` when given, else the official files under `data_dir` (none when
+    neither is given: the loader then refuses the run)."""
+    if tfds_dir and name in TFDS_NAMES:
+        tfds_name = TFDS_NAMES[name]
+        return folder_files(os.path.join(_tfds_root(tfds_name, tfds_dir), tfds_name))
+    if not data_dir:
+        return []
+    if name in MNIST_FORMATS:
+        return sorted(set(mnist_files(data_dir, MNIST_FORMATS[name]).values()))
+    if name == "svhn":
+        return [svhn_path(data_dir, split) for split in ("train", "test")]
+    root = cifar_root(name, data_dir)
+    return [os.path.join(root, f) for split in CIFAR_FILES[name] for f in split]
 
 
 def load_image_federation(

@@ -157,27 +157,38 @@ def check_mnist_part(
     return array.astype(np.uint8)
 
 
+def mnist_files(data_dir: str, fmt: MnistFormat = MNIST) -> dict[str, str]:
+    """The file holding each of `IDX_FILES`' parts of `fmt` in `data_dir`: the first of
+    `fmt.npz_names` present (for all four), else each IDX file (plain or `.gz`). What
+    `read_mnist_splits` reads, and what a checkpoint fingerprints."""
+    if not data_dir or not os.path.isdir(data_dir):
+        raise DataError(f"{fmt.name} folder {data_dir!r} does not exist; {fmt.missing_help}")
+    npzs = [os.path.join(data_dir, name) for name in fmt.npz_names]
+    npz = next((p for p in npzs if os.path.exists(p)), None)
+    if npz is not None:
+        return {k: npz for k in IDX_FILES}
+    sources = {}
+    for key, name in IDX_FILES.items():
+        candidates = [os.path.join(data_dir, name + ext) for ext in ("", ".gz")]
+        path = next((p for p in candidates if os.path.exists(p)), None)
+        if path is None:
+            raise DataError(f"{candidates[0]}[.gz] is missing; {fmt.missing_help}")
+        sources[key] = path
+    return sources
+
+
 def read_mnist_splits(
     data_dir: str, fmt: MnistFormat = MNIST
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """`(x_train, y_train, x_test, y_test)` of `fmt` in `data_dir`, in the files' order: uint8
     (n, 28, 28) images and int64 labels. Reads the first of `fmt.npz_names` present, else the
     four IDX files (each plain or `.gz`)."""
-    if not data_dir or not os.path.isdir(data_dir):
-        raise DataError(f"{fmt.name} folder {data_dir!r} does not exist; {fmt.missing_help}")
-    npzs = [os.path.join(data_dir, name) for name in fmt.npz_names]
-    npz = next((p for p in npzs if os.path.exists(p)), None)
-    if npz is not None:
+    sources = mnist_files(data_dir, fmt)
+    if len(set(sources.values())) == 1:
+        npz = sources["x_train"]
         parts = {k: check_mnist_part(k, v, npz, fmt) for k, v in read_npz(npz, fmt).items()}
-        sources = {k: npz for k in IDX_FILES}
     else:
-        parts, sources = {}, {}
-        for key, name in IDX_FILES.items():
-            candidates = [os.path.join(data_dir, name + ext) for ext in ("", ".gz")]
-            path = next((p for p in candidates if os.path.exists(p)), None)
-            if path is None:
-                raise DataError(f"{candidates[0]}[.gz] is missing; {fmt.missing_help}")
-            parts[key], sources[key] = check_mnist_part(key, read_idx(path), path, fmt), path
+        parts = {k: check_mnist_part(k, read_idx(p), p, fmt) for k, p in sources.items()}
     for split in ("train", "test"):
         x, y = parts[f"x_{split}"], parts[f"y_{split}"]
         if len(x) != len(y):

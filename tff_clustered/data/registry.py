@@ -7,14 +7,18 @@ from typing import Optional
 
 from tff_clustered.data.digits import load_digits_clusters, load_digits_partitioned
 from tff_clustered.data.federated_data import DataError, FederatedData
-from tff_clustered.data.images import load_image_federation
-from tff_clustered.data.leaf import load_leaf
-from tff_clustered.data.medmnist import PATHMNIST_PEERS, load_pathmnist
-from tff_clustered.data.mnist import load_mnist
-from tff_clustered.data.mnist_writers import load_mnist_writers
+from tff_clustered.data.fingerprint import SourceFingerprint
+from tff_clustered.data.images import image_files, load_image_federation
+from tff_clustered.data.leaf import leaf_split_files, load_leaf
+from tff_clustered.data.medmnist import PATHMNIST_PEERS, load_pathmnist, pathmnist_path
+from tff_clustered.data.mnist import MNIST, load_mnist, mnist_files
+from tff_clustered.data.mnist_writers import WRITERS_FILE, load_mnist_writers
 from tff_clustered.data.sent140 import load_sent140
 from tff_clustered.data.synthetic import load_synthetic
 from tff_clustered.data.tff_datasets import (
+    CIFAR100_FILE,
+    EMNIST_FILE,
+    SHAKESPEARE_FILE,
     load_tff_cifar100,
     load_tff_emnist,
     load_tff_shakespeare,
@@ -55,6 +59,22 @@ LEAF_HELP = {
     "sent140": "LEAF's sent140 (./preprocess.sh -s niid --sf 0.3 -k 30 -t sample)",
     "leaf": "any LEAF dataset",
 }
+
+
+# TFF's database file of each `tff_*` dataset, in --data_dir.
+TFF_DATABASES = {
+    "tff_emnist": EMNIST_FILE,
+    "tff_cifar100": CIFAR100_FILE,
+    "tff_shakespeare": SHAKESPEARE_FILE,
+}
+# Generated from the settings (parameters and seed): no files.
+GENERATED_DATASETS = (
+    "digits",
+    "digits_dirichlet",
+    "digits_iid",
+    "digits_pathological",
+    "synthetic",
+)
 
 
 def _leaf_dirs(name: str, data_dir: Optional[str]) -> tuple[str, str]:
@@ -206,3 +226,48 @@ def load_dataset(
             name=f"leaf:{os.path.basename(os.path.normpath(data_dir))}",
         )
     raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+
+
+def data_files(
+    name: str,
+    data_dir: Optional[str] = None,
+    glove_path: Optional[str] = None,
+    tfds_dir: Optional[str] = None,
+) -> list[str]:
+    """The files `load_dataset(name, ...)` reads, found as its loader finds them (a missing
+    folder gives the loader's error; a file the loader would miss is listed, and
+    fingerprinted as absent); none for the datasets generated from the settings (their
+    parameters and seed are settings)."""
+    if name in GENERATED_DATASETS:
+        return []
+    if name in IMAGE_DATASETS:
+        return image_files(name, data_dir, tfds_dir)
+    if name == "pathmnist":
+        return [pathmnist_path(data_dir)] if data_dir else []
+    if name in TFF_DATABASES:
+        return [os.path.join(data_dir, TFF_DATABASES[name])] if data_dir else []
+    if name == "mnist":
+        return sorted(set(mnist_files(data_dir or "", MNIST).values()))
+    if name == "mnist_writers":
+        if not data_dir:
+            return []
+        images = sorted(set(mnist_files(data_dir, MNIST).values()))
+        return [*images, os.path.join(data_dir, WRITERS_FILE)]
+    if name in (*FEMNIST_CLASSES, "sent140", "leaf"):
+        _leaf_dirs(name, data_dir)
+        texts = leaf_split_files(data_dir or "")
+        return [*texts, glove_path] if name == "sent140" and glove_path else texts
+    raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+
+
+def source_fingerprint(
+    name: str,
+    data_dir: Optional[str] = None,
+    glove_path: Optional[str] = None,
+    tfds_dir: Optional[str] = None,
+) -> SourceFingerprint:
+    """What a checkpoint of a run on `name` records of its data, without loading it: each file
+    of `data_files` by its path relative to the data folder (`tfds_dir` when the data is read
+    from there, else `data_dir`) and a digest of its bytes (`fingerprint.file_digest`)."""
+    root = tfds_dir if tfds_dir and name in IMAGE_DATASETS else data_dir
+    return SourceFingerprint.of_files(root or "", data_files(name, data_dir, glove_path, tfds_dir))
