@@ -259,6 +259,13 @@ def test_a_checkpoint_without_a_data_fingerprint_resumes_with_a_warning(leaf_cop
     assert len(warnings) == 1  # generated data: its settings are its fingerprint
 
 
+def test_a_damaged_data_record_is_refused(leaf_copy: Path) -> None:
+    source = source_fingerprint("leaf", str(leaf_copy))
+    for damaged in ({"root": 1}, {"root": "x", "files": {"a": 2}}, "text"):
+        with pytest.raises(CheckpointError, match="data_source is damaged; start over"):
+            checkpoint.refuse_changed_data("ckpt", damaged, source, print)
+
+
 # -- orphan temporary files --------------------------------------------------------------------
 
 

@@ -5,7 +5,7 @@ Two kinds of data, one rule (a digest that changes when an example changes):
 * data read from files (LEAF JSON, MNIST IDX, CIFAR pickles, TFF's SQLite databases, ...):
   `SourceFingerprint.of_files`, each file's path relative to the data folder and a digest of
   its bytes (`file_digest`). Hashing streams the bytes once and decodes nothing, so it costs
-  less than the loading it guards (about 0.5 GB/s with SHA-256 on one core). A file above
+  less than the loading it guards (docs/reproducibility.md measures it). A file above
   `FULL_HASH_LIMIT` is not hashed whole (`file_digest`); a lazy dataset whose population is
   one large file (10^6 clients in a SQLite file) gets the same bounded cost.
 * data held in memory (the Python API's arrays): `arrays_digest`, every client's examples.
@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-# Files up to this size are hashed whole (about 2 s for 1 GiB at 0.5 GB/s).
+# Files up to this size are hashed whole.
 FULL_HASH_LIMIT = 1 << 30
 # Larger files: their size and modification time, and SHA-256 of this many blocks of
 # `SAMPLE_BLOCK` bytes at evenly spaced offsets (the first and the last block included).
