@@ -8,7 +8,7 @@ from typing import Optional
 from tff_clustered.data.digits import load_digits_clusters, load_digits_partitioned
 from tff_clustered.data.federated_data import DataError, FederatedData
 from tff_clustered.data.fingerprint import SourceFingerprint
-from tff_clustered.data.images import image_files, load_image_federation
+from tff_clustered.data.images import TFDS_NAMES, image_files, load_image_federation
 from tff_clustered.data.leaf import leaf_split_files, load_leaf
 from tff_clustered.data.medmnist import PATHMNIST_PEERS, load_pathmnist, pathmnist_path
 from tff_clustered.data.mnist import MNIST, load_mnist, mnist_files
@@ -269,5 +269,5 @@ def source_fingerprint(
     """What a checkpoint of a run on `name` records of its data, without loading it: each file
     of `data_files` by its path relative to the data folder (`tfds_dir` when the data is read
     from there, else `data_dir`) and a digest of its bytes (`fingerprint.file_digest`)."""
-    root = tfds_dir if tfds_dir and name in IMAGE_DATASETS else data_dir
+    root = tfds_dir if tfds_dir and name in TFDS_NAMES else data_dir
     return SourceFingerprint.of_files(root or "", data_files(name, data_dir, glove_path, tfds_dir))
