@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.algorithms.base import RoundResult, RunInfo, ServerView
@@ -155,3 +157,25 @@ def test_the_gap_max_clusters_and_a_lone_member_are_reported() -> None:
     assert lone["cfl_norm_ratio_1"] == pytest.approx(1.0)
     assert math.isnan(lone["cfl_separation_gap_1"]) and math.isnan(lone["cfl_cosine_spread_1"])
     assert lone["cfl_decision_1"] == SplitDecision.TOO_FEW_MEMBERS
+
+
+def test_the_summary_script_reads_the_decisions_and_ranges_from_metrics_rows() -> None:
+    """`scripts/cfl_split_summary.py` on metrics.csv rows (strings, as read back): the count of
+    each code, the split round, the statistics' ranges and the largest gap - spread."""
+    summary = load_script(os.path.join("scripts", "cfl_split_summary.py"))
+    deltas = opposed_groups(8, noise=0.05)
+    rows = []
+    for round_num in (1, 2, 3, 4):
+        metrics = after_round(deltas, np.zeros(8), round_num)
+        rows.append({"round": str(round_num), **{k: f"{v:.6g}" for k, v in metrics.items()}})
+    lines = summary.summarise(rows, window=2)
+    assert lines[0] == "cluster 0: 4 rounds; split 1, warmup 3; split in rounds [4]"
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "  rounds 1-2",
+        "  rounds 3-4",
+        "  after the warm-up",
+    ]
+    gap = metrics["cfl_separation_gap_0"] - metrics["cfl_cosine_spread_0"]
+    assert lines[-1].endswith(f"max(gap - spread) {gap:.3f}")
+    with pytest.raises(ValueError, match="not a CFL run"):
+        summary.summarise([{"round": "1", "accuracy": "0.5"}], window=2)
