@@ -11,27 +11,13 @@ import os
 import numpy as np
 import pytest
 from conftest import load_script
+from test_decisions import DIM, run_info
 
 from tff_clustered.algorithms import make_algorithm
-from tff_clustered.algorithms.base import RoundResult, RunInfo, ServerView
+from tff_clustered.algorithms.base import RoundResult, ServerView
 from tff_clustered.algorithms.cfl import SplitDecision
 
-DIM = 6
 STATISTICS = ("mean_norm", "max_norm", "norm_ratio", "separation_gap", "cosine_spread")
-
-
-def run_info(num_clients: int, total_rounds: int = 20) -> RunInfo:
-    return RunInfo(
-        client_ids=tuple(f"c{i:02d}" for i in range(num_clients)),
-        train_sizes={f"c{i:02d}": 30 for i in range(num_clients)},
-        seed=0,
-        clients_per_round=num_clients,
-        layer_sizes=(2,),
-        tensor_sizes=(DIM - 2, 2),
-        num_trainable_values=DIM,
-        initial_model=np.zeros(DIM),
-        total_rounds=total_rounds,
-    )
 
 
 def opposed_groups(num_clients: int, noise: float, seed: int = 0) -> np.ndarray:
@@ -43,10 +29,14 @@ def opposed_groups(num_clients: int, noise: float, seed: int = 0) -> np.ndarray:
     return signs[:, None] * direction + noise * rng.normal(size=(num_clients, DIM))
 
 
+def client_ids(num_clients: int) -> tuple[str, ...]:
+    return tuple(f"c{i:02d}" for i in range(num_clients))
+
+
 def round_result(deltas: np.ndarray, clusters: np.ndarray, round_num: int) -> RoundResult:
     return RoundResult(
         round_num=round_num,
-        client_ids=tuple(f"c{i:02d}" for i in range(len(deltas))),
+        client_ids=client_ids(len(deltas)),
         clusters=np.asarray(clusters, np.int32),
         num_examples=np.full(len(deltas), 30.0),
         loss_sums=np.ones(len(deltas)),
@@ -60,12 +50,13 @@ def after_round(
 ) -> dict[str, float]:
     cfl = make_algorithm("cfl", **options)
     num_clusters = int(np.max(clusters)) + 1
-    ids = tuple(f"c{i:02d}" for i in range(len(deltas)))
+    ids = client_ids(len(deltas))
     view = ServerView(
         round_num, np.zeros((num_clusters, DIM)), dict(zip(ids, map(int, clusters))), (0, 1), None
     )
     result = round_result(deltas, clusters, round_num)
-    return dict(cfl.after_round(run_info(len(deltas)), view, result, None).metrics)  # type: ignore[arg-type]
+    decision = cfl.after_round(run_info(ids), view, result, None)  # type: ignore[arg-type]
+    return dict(decision.metrics)
 
 
 def by_hand(updates: np.ndarray, parts: tuple[list[int], list[int]]) -> dict[str, float]:
