@@ -144,7 +144,12 @@ def known_benchmarks(names: list[str]) -> bool:
 flags.DEFINE_list("unequal_sizes", ["4", "165"], "Least and most examples (unequal_clients).")
 flags.DEFINE_list("uapdfl_neighbours", ["1", "3", "5", "9"], "N_com values (uapdfl_vs_fedavg).")
 flags.DEFINE_integer("dfl_rounds", 4, "Timed rounds of uapdfl_vs_fedavg.", lower_bound=1)
-flags.DEFINE_enum("tsdp_trigger", "always", ["always", "paper"], "FedTSDP clustering per round.")
+flags.DEFINE_enum(
+    "tsdp_trigger",
+    "always",
+    ["always", "paper", "calibrated"],
+    "FedTSDP clustering per round: always, or FedTSDP's --tsdp_trigger (paper: H > 0.65).",
+)
 flags.DEFINE_integer("tsdp_rounds", 6, "Timed rounds of fedtsdp_vs_fedavg.", lower_bound=1)
 flags.DEFINE_integer("groups", 5, "FedGroup groups for fedgroup_vs_fedavg.")
 flags.DEFINE_list("cluster_sizes", ["2000", "5000", "10000"], "Clients clustered (clustering).")
@@ -465,7 +470,10 @@ def whole_round_fns(experiments: dict[str, Experiment]) -> tuple[dict, dict]:
 def tsdp_round_fns() -> tuple[dict, tuple[dict, dict]]:
     """Whole rounds of FedTSDP and FedAvg (`digits_rounds_setup`)."""
     data, spec, config = digits_rounds_setup()
-    options = dict(hopkins_threshold=1e-6, psi=1.0) if FLAGS.tsdp_trigger == "always" else {}
+    if FLAGS.tsdp_trigger == "always":
+        options = dict(tsdp_trigger="paper", hopkins_threshold=1e-6, psi=1.0)
+    else:
+        options = dict(tsdp_trigger=FLAGS.tsdp_trigger)
     experiments = {
         "fedtsdp": Experiment(data, spec, make_algorithm("fedtsdp", **options), config),
         "fedavg": Experiment(data, spec, make_algorithm("fedavg"), config),

@@ -42,7 +42,7 @@ CLUSTERED = {"cfl", "fesem", "fedtsdp", "ifca", "fedac", "flhc", "cgpfl"} | {
     a for a in ALGORITHMS if a.startswith("fedgroup")
 }
 OPTIONS = {
-    "fedtsdp": {"hopkins_threshold": 0.5},
+    "fedtsdp": {"tsdp_trigger": "paper", "hopkins_threshold": 0.5},
     "cfl": {  # splits at once
         "cfl_criterion": "absolute",
         "cfl_warmup_rounds": 1,

@@ -149,7 +149,8 @@ def test_fedtsdp_without_a_trigger_is_fedavg() -> None:
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
     config = dataclasses.replace(QUICK, clients_per_round=8, momentum=0.5, seed=3)
     runs = []
-    for name, options in (("fedavg", {}), ("fedtsdp", {"hopkins_threshold": 0.999})):
+    never = {"tsdp_trigger": "paper", "hopkins_threshold": 0.999}
+    for name, options in (("fedavg", {}), ("fedtsdp", never)):
         exp = Experiment(data, model, make_algorithm(name, **options), config, execution=EXECUTION)
         exp.start()
         list(exp.rounds())
@@ -173,7 +174,9 @@ def test_fedtsdp_recovers_planted_groups_personalises_and_beats_fedavg() -> None
     for name in ("fedtsdp", "fedavg"):
         data = load_digits_clusters(num_clients=10, num_groups=2, seed=0)
         model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=32)
-        runs[name] = Experiment(data, model, make_algorithm(name), config, execution="in_process")
+        options = {"tsdp_trigger": "paper"} if name == "fedtsdp" else {}
+        algorithm = make_algorithm(name, **options)
+        runs[name] = Experiment(data, model, algorithm, config, execution="in_process")
         runs[name].start()
         list(runs[name].rounds())
     fedtsdp, fedavg = runs["fedtsdp"], runs["fedavg"]
@@ -189,7 +192,7 @@ def test_fedtsdp_recovers_planted_groups_personalises_and_beats_fedavg() -> None
 def test_fedtsdp_on_iid_data_never_triggers_and_is_fedavg() -> None:
     """With H estimated to +-0.005 (not one noisy draw) IID clients never pass h_th, and
     FedTSDP stays FedAvg bit for bit."""
-    fedtsdp = tsdp_experiment("fedtsdp", "iid")
+    fedtsdp = tsdp_experiment("fedtsdp", "iid", tsdp_trigger="paper")
     fedavg = tsdp_experiment("fedavg", "iid")
     history = fedtsdp.state.history
     assert max(r["hopkins"] for r in history[1:]) < 0.65
@@ -200,7 +203,10 @@ def test_fedtsdp_on_iid_data_never_triggers_and_is_fedavg() -> None:
 
 @pytest.mark.parametrize("algorithm", ["fedtsdp", "cfl", "ditto"])
 def test_checkpoint_round_trip_continues_identically(algorithm: str, tmp_path: Path) -> None:
-    options = {"fedtsdp": {"hopkins_threshold": 0.5}, "cfl": {"cfl_warmup_rounds": 1}}
+    options = {
+        "fedtsdp": {"tsdp_trigger": "paper", "hopkins_threshold": 0.5},
+        "cfl": {"cfl_warmup_rounds": 1},
+    }
     data = load_dataset("digits_dirichlet", seed=2, dirichlet_beta=0.2)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
     config = dataclasses.replace(QUICK, rounds=4, clients_per_round=8, seed=2)

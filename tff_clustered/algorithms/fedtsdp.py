@@ -7,7 +7,7 @@ momentum, the learning rate decaying per round) and uploads it. Every round the 
   [13] draws one batch of its unlabeled public data by the sampling weights W;
   [14] runs every uploaded model on it (softmax outputs p_i, inference mode);
   [16] computes the Hopkins statistic H of the flattened outputs (Eq. 6);
-  [17] if H > h_th, re-clusters all participants from scratch in two stages:
+  [17] if H passes its threshold, re-clusters all participants from scratch in two stages:
   [19-20]  DBSCAN on the Jensen-Shannon divergences of the outputs (Eqs. 3-5, eps1),
   [21-24]  then DBSCAN inside each group on the weight distances (Eqs. 9-10, eps2);
   [27]     raises the sampling weight of the batch just used (Eqs. 7-8);
@@ -16,7 +16,16 @@ momentum, the learning rate decaying per round) and uploads it. Every round the 
            tensors become personal from the next broadcast on.
 Otherwise the previous clusters are kept and averaged as usual (the federated round's
 per-cluster mean). Until the first trigger everyone is in one cluster with every tensor shared,
-i.e. FedAvg; on IID data H stays below h_th and FedTSDP stays FedAvg.
+i.e. FedAvg; on IID data H stays below its threshold and FedTSDP stays FedAvg.
+
+The threshold (`tsdp_trigger`): `paper` is the paper's constant h_th = 0.65. H's level depends on
+the number of clients and on the dimension B * C of their outputs (on 10-20 clients of real
+image data it sits at 0.57-0.645 in every round, IID or not), so a constant decides whether
+FedTSDP ever acts. `calibrated` (ours, the default) compares H with the same statistic on
+reference sets of the same outputs with their client structure destroyed
+(`clustering.rotated_outputs`), computed with common random numbers
+(`clustering.hopkins_against_references`), and triggers when H exceeds the references' mean by
+`tsdp_trigger_z` of their standard deviations.
 
 Privacy note: clients upload whole models, personal tensors included, because the server runs
 inference with them; that is inherent to the method as the paper describes it.
@@ -45,15 +54,17 @@ from tff_clustered.algorithms.base import (
 from tff_clustered.options import option
 from tff_clustered.seeds import ALGORITHM, PUBLIC_BATCH, derived_seed
 
+TRIGGERS = ("calibrated", "paper")
+
 
 @dataclasses.dataclass(frozen=True)
 class TSDPState:
     sampling_weights: np.ndarray  # W over the public set (Eqs. 7-8)
-    triggers: int  # rounds in which H > h_th so far (each shrinks L_s once)
+    triggers: int  # rounds in which H passed its threshold so far (each shrinks L_s once)
 
 
 class FedTSDP(Algorithm):
-    """Two-stage DBSCAN re-clustering when Hopkins' H passes h_th; the shared layers shrink."""
+    """Two-stage DBSCAN re-clustering when Hopkins' H passes its threshold; shared layers shrink."""
 
     name = "fedtsdp"
     model_kinds = ("personal",)  # its cluster's shared layers with the client's own deeper ones
@@ -65,7 +76,29 @@ class FedTSDP(Algorithm):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        hopkins_threshold: float = option(0.65, "FedTSDP h_th: re-cluster when H > h_th.")
+        tsdp_trigger: str = option(
+            "calibrated",
+            "FedTSDP re-clustering trigger: calibrated (ours: H above its reference, H of the "
+            "same outputs with the client structure destroyed, by tsdp_trigger_z standard "
+            "deviations) or paper (H > hopkins_threshold).",
+            TRIGGERS,
+        )
+        hopkins_threshold: float = option(
+            0.65, "FedTSDP h_th: re-cluster when H > h_th (--tsdp_trigger=paper)."
+        )
+        tsdp_trigger_z: float = option(
+            4.0,
+            "FedTSDP calibrated trigger (ours): H must exceed the reference sets' mean H by this "
+            "many of their standard deviations.",
+        )
+        tsdp_reference_sets: int = option(
+            32, "FedTSDP calibrated trigger (ours): reference sets per round."
+        )
+        hopkins_draws: int = option(
+            256,
+            "FedTSDP calibrated trigger (ours): draws of m~ real and m~ synthetic points that "
+            "H and each reference's H are pooled over.",
+        )
         tsdp_eps1: float = option(0.15, "FedTSDP stage-1 DBSCAN radius on JS divergence.")
         tsdp_eps2: float = option(3.5, "FedTSDP stage-2 DBSCAN radius on weight distance.")
         tsdp_min_pts: int = option(2, "FedTSDP DBSCAN min_pts (the point itself included).")
@@ -104,6 +137,9 @@ class FedTSDP(Algorithm):
         check(
             [
                 (0 < o.hopkins_threshold < 1, "hopkins_threshold must be in (0, 1)"),
+                (o.tsdp_trigger_z > 0, "tsdp_trigger_z must be > 0"),
+                (o.tsdp_reference_sets >= 2, "tsdp_reference_sets must be >= 2"),
+                (o.hopkins_draws >= 1, "hopkins_draws must be >= 1"),
                 (o.tsdp_eps1 > 0 and o.tsdp_eps2 > 0, "tsdp_eps1 and tsdp_eps2 must be > 0"),
                 (o.tsdp_min_pts >= 1, "tsdp_min_pts must be >= 1"),
                 (0 < o.psi <= 1, "psi must be in (0, 1]"),
@@ -151,14 +187,10 @@ class FedTSDP(Algorithm):
             np.random.default_rng(derived_seed(run.seed, PUBLIC_BATCH, result.round_num)),
         )
         probs = queries.predict_probabilities(models, run.public_x[batch])
-        hopkins, draws = self.hopkins(probs.reshape(len(ids), -1), run.seed, result.round_num)
-        metrics = {
-            "hopkins": hopkins,
-            "hopkins_draws": float(draws),
-            "clustered": 0.0,
-            "shared_tensors": float(len(view.shared)),
-        }
-        if not (len(ids) >= 2 and hopkins > o.hopkins_threshold):
+        metrics = self.trigger_metrics(probs, run.seed, result.round_num)
+        metrics.update(clustered=0.0, shared_tensors=float(len(view.shared)))
+        passed = metrics["hopkins"] > metrics["hopkins_threshold"]
+        if not (len(ids) >= self.min_clients and passed):
             return Decision(metrics=metrics)
         js = clustering.js_divergence_matrix(probs)
         labels = clustering.two_stage_clusters(
@@ -198,6 +230,41 @@ class FedTSDP(Algorithm):
             ),
         )
 
+    @property
+    def min_clients(self) -> int:
+        """Clients a trigger needs: 2 (the paper's), 3 calibrated (the rotations of 2 clients'
+        outputs about their mean only swap them: no reference)."""
+        return 2 if self.options.tsdp_trigger == "paper" else 3
+
+    def trigger_metrics(self, probs: np.ndarray, seed: int, round_num: int) -> dict[str, float]:
+        """Algorithm 1 line 17's test on the m clients' outputs `probs` (m, B, C): H (Eq. 6),
+        the level it must exceed (`hopkins_threshold`) and, calibrated, the reference it is
+        compared with. Paper: h_th, H pooled to `hopkins_target_std`. Calibrated: H and the H
+        of `tsdp_reference_sets` rotated copies of the outputs (`clustering.rotated_outputs`)
+        with common random numbers; the level is their mean plus `tsdp_trigger_z` standard
+        deviations."""
+        o, m = self.options, len(probs)
+        if o.tsdp_trigger == "paper":
+            hopkins, draws = self.hopkins(probs.reshape(m, -1), seed, round_num)
+            return {
+                "hopkins": hopkins,
+                "hopkins_draws": float(draws),
+                "hopkins_threshold": o.hopkins_threshold,
+            }
+        rng = np.random.default_rng(derived_seed(seed, ALGORITHM, round_num))
+        references = clustering.rotated_outputs(probs, rng, o.tsdp_reference_sets)
+        hopkins, reference = clustering.hopkins_against_references(
+            probs.reshape(m, -1), references, rng, o.hopkins_sample_size or None, o.hopkins_draws
+        )
+        mean, std = float(reference.mean()), float(reference.std(ddof=1))
+        return {
+            "hopkins": hopkins,
+            "hopkins_draws": float(o.hopkins_draws),
+            "hopkins_reference": mean,
+            "hopkins_reference_std": std,
+            "hopkins_threshold": mean + o.tsdp_trigger_z * std,
+        }
+
     def hopkins(self, outputs: np.ndarray, seed: int, round_num: int) -> tuple[float, int]:
         """H of the flattened outputs (Eq. 6) and the draws it took: pooled over repeated draws
         until its standard error is at most `hopkins_target_std`, or one draw (the paper's)."""
@@ -217,7 +284,7 @@ class FedTSDP(Algorithm):
 
     @classmethod
     def run_figures(cls, trained: Sequence[Mapping[str, Any]]) -> dict[str, Optional[float]]:
-        """The rounds whose H passed h_th (re-clustering triggers)."""
+        """The rounds whose H passed its threshold (re-clustering triggers)."""
         return {"triggers": float(sum(int(r.get("clustered", 0)) for r in trained))}
 
     @classmethod

@@ -1,8 +1,9 @@
 """FedTSDP's server-side math (Zhu et al., "Federated Two Stage Decoupling With Adaptive
 Personalization Layers"), NumPy / scikit-learn only: Jensen-Shannon divergence of inference
-outputs (Eqs. 3-5), the Hopkins statistic (Eq. 6), Hopkins-amended sampling of the public batch
-(Eqs. 7-8), the weight-constraint distance (Eqs. 9-10), the two DBSCAN stages (Alg. 1 lines
-19-26) and the shared-layer count schedule (Eq. 11)."""
+outputs (Eqs. 3-5), the Hopkins statistic (Eq. 6) and the reference our calibrated trigger
+compares it with, Hopkins-amended sampling of the public batch (Eqs. 7-8), the
+weight-constraint distance (Eqs. 9-10), the two DBSCAN stages (Alg. 1 lines 19-26) and the
+shared-layer count schedule (Eq. 11)."""
 
 from __future__ import annotations
 
@@ -160,6 +161,102 @@ def hopkins_estimate(
             return h, len(z)
         extra_z, extra_v = draw(more)
         z, v = np.concatenate([z, extra_z]), np.concatenate([v, extra_v])
+
+
+def rotated_outputs(probs: np.ndarray, rng: np.random.Generator, count: int) -> np.ndarray:
+    """`count` sets of m clients' outputs like `probs` (m, B, C) with their client structure
+    destroyed, the reference of FedTSDP's calibrated trigger: each sample's centred
+    log-probabilities log p - mean_c log p (zero probabilities taken as 1e-12) of the m
+    clients are mixed by a Haar-random orthogonal map of the client space that fixes the
+    clients' mean, y = mean + U O U^T (l - mean) with U an orthonormal basis of the vectors
+    orthogonal to all-ones and O uniform on O(m - 1), then mapped back by a softmax over the
+    classes. Returns (count, m, B * C) float64: valid softmax outputs.
+
+    Why this reference: it keeps the clients' mean, their covariance across the B * C
+    coordinates (every correlation the models share) and the spread of their pairwise
+    distances (the eigenvalues of the clients' Gram matrix), and it is exact when the
+    clients' log-outputs are i.i.d. Gaussian (a rotation of i.i.d. Gaussian rows is
+    distributed as the rows), but it puts clients that form groups (Gram eigenvectors constant
+    on each group) in random positions. Softmax saturation stays: softmax outputs close to 0
+    or 1 skew each coordinate, and a rotation of the probabilities themselves (or a Gaussian
+    with their covariance) removes that skew, and the Hopkins statistic of m i.i.d. clients
+    then sits above it. A coordinate-wise permutation keeps each coordinate's values but
+    removes the correlation between coordinates: every client's output then lies at about
+    the same distance from every other, and the real outputs' H sits far above it even on
+    IID clients."""
+    p = np.asarray(probs, np.float64)
+    if p.ndim != 3:
+        raise ValueError(f"probs must be (models, samples, classes), got shape {p.shape}")
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    m = len(p)
+    logs = np.log(np.maximum(p, 1e-12))
+    logs = (logs - logs.mean(axis=2, keepdims=True)).reshape(m, -1)
+    mean = logs.mean(axis=0)
+    # An orthonormal basis of the vectors orthogonal to all-ones (the client space's
+    # directions that keep the mean), from the QR of the centring matrix.
+    basis = np.linalg.qr(np.eye(m) - 1.0 / m)[0][:, : m - 1] if m > 1 else np.zeros((1, 0))
+    projected = basis.T @ (logs - mean)  # (m - 1, B * C)
+    out = np.empty((count, m, logs.shape[1]))
+    for k in range(count):
+        gaussian = rng.standard_normal((m - 1, m - 1))
+        q, r = np.linalg.qr(gaussian)
+        rotation = q * np.where(np.diag(r) < 0, -1.0, 1.0)  # Haar on O(m - 1)
+        mixed = (mean + basis @ (rotation @ projected)).reshape(p.shape)
+        mixed = np.exp(mixed - mixed.max(axis=2, keepdims=True))
+        out[k] = (mixed / mixed.sum(axis=2, keepdims=True)).reshape(m, -1)
+    return out
+
+
+def hopkins_against_references(
+    points: np.ndarray,
+    references: np.ndarray,
+    rng: np.random.Generator,
+    sample_size: Optional[int] = None,
+    draws: int = 256,
+) -> tuple[float, np.ndarray]:
+    """H of Eq. 6 of `points` (m, d) and of each of `references` (R, m, d), pooled over `draws`
+    draws of m~ real and m~ synthetic points each (as `hopkins_estimate`), with common random
+    numbers: every set uses the same real-point indices and the same uniform numbers, scaled
+    to its own axis-aligned bounding box, so the differences between the sets are differences
+    of the sets, not of the draws. Returns (H of `points`, H of each reference (R,))."""
+    x, size = _hopkins_input(points, sample_size)
+    refs = np.asarray(references, np.float64)
+    if refs.ndim != 3 or refs.shape[1:] != x.shape:
+        raise ValueError(f"references must be (R, {x.shape[0]}, {x.shape[1]}), got {refs.shape}")
+    if draws < 1:
+        raise ValueError(f"draws must be at least 1, got {draws}")
+    m = len(x)
+    if m < 2:
+        return 0.5, np.full(len(refs), 0.5)
+    real = np.argsort(rng.random((draws, m)), axis=1)[:, :size].reshape(-1)
+    unit = rng.random((draws * size, x.shape[1]))
+    sets = np.concatenate([x[None], refs])  # (S, m, d): the points, then the references
+    # v: each real point's distance to its nearest other point, exact differences per row.
+    nearest_other = np.full((len(sets), m), np.inf)
+    for i in range(m):
+        distances = np.linalg.norm(sets - sets[:, i : i + 1], axis=2)  # (S, m)
+        distances[:, i] = np.inf
+        nearest_other[:, i] = distances.min(axis=1)
+    v = nearest_other[:, real].sum(axis=1)
+    # z: synthetic point low + u * width of each set's box to its nearest point x_j, with
+    # ||u w + low - x_j||^2 = (u^2) . w^2 - 2 u . (w (x_j - low)) + ||x_j - low||^2 for all
+    # sets in two products.
+    low = sets.min(axis=1)
+    width = sets.max(axis=1) - low
+    offsets = sets - low[:, None]  # (S, m, d)
+    squared = (
+        ((unit * unit) @ (width * width).T)[:, :, None]
+        - 2
+        * (unit @ (width[:, None] * offsets).reshape(-1, x.shape[1]).T).reshape(
+            len(unit), len(sets), m
+        )
+        + np.einsum("smd,smd->sm", offsets, offsets)[None]
+    )
+    z = np.sqrt(np.maximum(squared, 0).min(axis=2)).sum(axis=0)
+    total = z + v
+    h = np.where(total > 0, z / np.where(total > 0, total, 1.0), 0.5)
+    return float(h[0]), h[1:]
 
 
 def weight_distance_matrix(weights: np.ndarray, upsilon: float = 1e-6) -> np.ndarray:
