@@ -84,6 +84,7 @@ def main(argv: list[str]) -> int:
             reporting.MEMBERSHIP_PNG,
             reporting.SIMILARITY_PNG,
             reporting.CLUSTER_ACCURACY_PNG,
+            reporting.HOPKINS_PNG,
             reporting.PLOT_PNG,
             reporting.LABELS_PNG,
         )

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import ari_with_plant
 
-from tff_clustered import clustering
+from tff_clustered import clustering, reporting
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.algorithms.fedtsdp import FedTSDP
 from tff_clustered.data import load_dataset, load_digits_clusters
@@ -107,6 +107,23 @@ def test_bad_trigger_options_are_refused() -> None:
     ):
         with pytest.raises(ValueError, match=message):
             make_algorithm("fedtsdp", **options)
+
+
+def test_hopkins_png_shows_h_its_reference_and_the_triggers(tmp_path: object) -> None:
+    calibrated = [
+        {"round": 0},
+        {"round": 1, "hopkins": 0.6, "hopkins_reference": 0.55, "hopkins_reference_std": 0.01,
+         "hopkins_threshold": 0.59, "clustered": 1.0},
+        {"round": 2, "hopkins": 0.56, "hopkins_reference": 0.55, "hopkins_reference_std": 0.01,
+         "hopkins_threshold": 0.59, "clustered": 0.0},
+    ]  # fmt: skip
+    paper = [{"round": 1, "hopkins": 0.6, "hopkins_threshold": 0.65, "clustered": 0.0}]
+    for name, history in (("calibrated", calibrated), ("paper", paper)):
+        path = str(tmp_path / f"{name}.png")
+        assert reporting.write_hopkins_png(path, history, name)
+        assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert not reporting.write_hopkins_png(str(tmp_path / "none.png"), [{"round": 1}], "fedavg")
+    assert not (tmp_path / "none.png").exists()
 
 
 IID_ROUNDS = 200

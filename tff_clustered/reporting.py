@@ -398,6 +398,48 @@ def write_cluster_accuracy_png(path: str, history: Sequence[dict[str, Any]], tit
     save_figure(fig, path)
 
 
+HOPKINS_PNG = "hopkins.png"
+
+
+def write_hopkins_png(path: str, history: Sequence[dict[str, Any]], title: str) -> bool:
+    """FedTSDP's re-clustering trigger per round: the Hopkins statistic H of the clients'
+    outputs, the level it had to exceed (`hopkins_threshold`: h_th, or the reference's mean
+    plus z standard deviations), the reference's mean with a band of one standard deviation
+    when the trigger is calibrated, and the rounds that re-clustered marked, so a run shows why
+    FedTSDP did or did not act. Nothing is written (False) when no round has an H."""
+    rows = [r for r in history if "hopkins" in r]
+    if not rows:
+        return False
+    plt = pyplot()
+    rounds = np.array([r["round"] for r in rows])
+
+    def column(name: str) -> np.ndarray:
+        return np.array([r.get(name, np.nan) for r in rows], np.float64)
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    reference, spread = column("hopkins_reference"), column("hopkins_reference_std")
+    if np.isfinite(reference).any():
+        ax.fill_between(
+            rounds, reference - spread, reference + spread, color="tab:gray", alpha=0.3,
+            label="reference H, mean ± std",
+        )  # fmt: skip
+        ax.plot(rounds, reference, color="tab:gray", linewidth=1)
+    ax.plot(rounds, column("hopkins_threshold"), "--", color="tab:red", label="trigger level")
+    ax.plot(rounds, column("hopkins"), marker=".", color="tab:blue", label="H of the outputs")
+    fired = column("clustered") > 0
+    if fired.any():
+        ax.scatter(
+            rounds[fired], column("hopkins")[fired], marker="o", s=60, facecolors="none",
+            edgecolors="tab:red", zorder=3, label=f"re-clustered ({int(fired.sum())} rounds)",
+        )  # fmt: skip
+    ax.set(xlabel="round", ylabel="Hopkins statistic", title=title)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    save_figure(fig, path)
+    return True
+
+
 def write_similarity_png(path: str, similarity: Similarity, title: str) -> None:
     """The matrix a clustering step used (`Similarity`), rows (and, for a client-by-client
     matrix, columns) ordered by the cluster each client was given, blocks outlined."""

@@ -237,6 +237,9 @@ def _run_in_folder(
             history,
             f"accuracy per cluster: {title}",
         )
+        reporting.write_hopkins_png(
+            os.path.join(output_dir, reporting.HOPKINS_PNG), history, f"re-clustering: {title}"
+        )
         similarity_png = os.path.join(output_dir, reporting.SIMILARITY_PNG)
         if experiment.state.similarity is not None:
             reporting.write_similarity_png(
