@@ -273,13 +273,17 @@ def write_summary_json(
     config: dict[str, Any],
     history: Sequence[dict[str, Any]],
     clusters: Optional[dict[str, Any]] = None,
+    phases: Optional[dict[str, Any]] = None,
 ) -> dict:
     """`config`, and the results: `summarize(history)` and, if given, `cluster_recovery`'s
-    figures under `clusters`."""
+    figures under `clusters`; and, if given, where the run's time went
+    (`phases.PhaseTimer.report`: seconds per phase, `unaccounted`, `wall`, `parts`)."""
     results = summarize(history)
     if clusters is not None:
         results["clusters"] = clusters
     summary = {"config": config, "results": results}
+    if phases is not None:
+        summary["phases"] = phases
     atomic_write_bytes(path, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
     return summary
 
@@ -430,7 +434,7 @@ def write_hopkins_png(path: str, history: Sequence[dict[str, Any]], title: str) 
     if fired.any():
         ax.scatter(
             rounds[fired], column("hopkins")[fired], marker="o", s=60, facecolors="none",
-            edgecolors="tab:red", zorder=3, label=f"re-clustered ({int(fired.sum())} rounds)",
+            edgecolors="tab:red", zorder=3, label=f"re-clustered: {int(fired.sum())} of {len(rows)} rounds",
         )  # fmt: skip
     ax.set(xlabel="round", ylabel="Hopkins statistic", title=title)
     ax.xaxis.get_major_locator().set_params(integer=True)
