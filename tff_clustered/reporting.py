@@ -434,7 +434,8 @@ def write_hopkins_png(path: str, history: Sequence[dict[str, Any]], title: str) 
     if fired.any():
         ax.scatter(
             rounds[fired], column("hopkins")[fired], marker="o", s=60, facecolors="none",
-            edgecolors="tab:red", zorder=3, label=f"re-clustered: {int(fired.sum())} of {len(rows)} rounds",
+            edgecolors="tab:red", zorder=3,
+            label=f"re-clustered: {int(fired.sum())} of {len(rows)} rounds",
         )  # fmt: skip
     ax.set(xlabel="round", ylabel="Hopkins statistic", title=title)
     ax.xaxis.get_major_locator().set_params(integer=True)
