@@ -14,6 +14,7 @@ from tff_clustered.data.medmnist import PATHMNIST_PEERS, load_pathmnist, pathmni
 from tff_clustered.data.mnist import MNIST, load_mnist, mnist_files
 from tff_clustered.data.mnist_writers import WRITERS_FILE, load_mnist_writers
 from tff_clustered.data.sent140 import load_sent140
+from tff_clustered.data.stackoverflow import load_tff_stackoverflow, stackoverflow_files
 from tff_clustered.data.synthetic import load_synthetic
 from tff_clustered.data.tff_datasets import (
     CIFAR100_FILE,
@@ -45,6 +46,7 @@ DATASET_NAMES = (
     "tff_emnist",
     "tff_cifar100",
     "tff_shakespeare",
+    "tff_stackoverflow",
 )
 # FedTSDP's datasets, and the 28x28 grey ones in MNIST's formats: dealt to clients by a partition
 # (default Dirichlet(0.5)), public set = the official test split without labels.
@@ -152,7 +154,10 @@ def load_dataset(
     `data_dir`: its 500 train clients, each holding out a seeded 20 % of its images as its
     local test set; 100 fine or 20 coarse classes by `num_classes`), `tff_shakespeare` (TFF's
     federated Shakespeare database in `data_dir`: its speaking parts, LEAF's next-character
-    task over 80-character windows).
+    task over 80-character windows), `tff_stackoverflow` (TFF's federated Stack Overflow
+    database in `data_dir`, read by client id: `num_clients` (required) clients drawn from
+    those with train and test posts, TFF's tag prediction as single-label over the
+    `num_classes` (default 500) most frequent tags, a bag of words over 10,000 words).
     `train_examples` (the five image federations only): deal that many training images, a
     seeded uniform choice, instead of all."""
     partition = resolved_partition(name, partition, dirichlet_beta)
@@ -203,6 +208,8 @@ def load_dataset(
                 "characters; leave --num_classes unset"
             )
         return load_tff_shakespeare(data_dir, num_clients, seed)
+    if name == "tff_stackoverflow":
+        return load_tff_stackoverflow(data_dir, num_clients, num_classes, seed)
     if name == "synthetic":
         return load_synthetic(num_clients=num_clients or 100, seed=seed)
     if name == "mnist":
@@ -246,6 +253,8 @@ def data_files(
         return [pathmnist_path(data_dir)] if data_dir else []
     if name in TFF_DATABASES:
         return [os.path.join(data_dir, TFF_DATABASES[name])] if data_dir else []
+    if name == "tff_stackoverflow":  # the database and its two vocabulary files
+        return stackoverflow_files(data_dir) if data_dir else []
     if name == "mnist":
         return sorted(set(mnist_files(data_dir or "", MNIST).values()))
     if name == "mnist_writers":
