@@ -67,3 +67,17 @@ def test_initialize_gives_every_cluster_the_initial_model() -> None:
     for got, want in zip(state["cluster_models"], w0):
         np.testing.assert_array_equal(got, np.repeat(np.asarray(want)[None], 3, axis=0))
     assert all(not np.any(v) for v in state["optimizer"].values())
+
+
+def test_computations_a_round_may_not_use_are_built_when_first_used() -> None:
+    """One worker never calls `partial_next` or `finalize`, and a round FedTSDP builds for a
+    split it soon leaves may never be evaluated: they are traced on first use only."""
+    spec = model_spec("mlp", (20,), 3, hidden_units=16)
+    w0 = initial_weights(spec, 0)
+    model = functional_model(spec.build(), spec.input_spec())
+    signature = RoundSignature(4, tuple(range(len(w0))))
+    parts = tff_round_parts(round_functions(model, spec.input_spec(), signature, w0))
+    lazy = ("partial_next", "finalize", "evaluate")
+    assert not any(name in vars(parts) for name in lazy)
+    assert parts.evaluate is parts.evaluate  # built once, then kept
+    assert "evaluate" in vars(parts) and "partial_next" not in vars(parts)

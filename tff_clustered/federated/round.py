@@ -52,7 +52,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 import numpy as np
@@ -118,14 +119,28 @@ class TffRoundParts:
     SERVER-placed), and `finalize(cluster_models, sums, total_weight) -> cluster_models` (with
     a server optimizer's state: `(..., optimizer) -> {cluster_models, optimizer}`) turns
     sums, added up over any split of the clients, into the new cluster models. `next` equals
-    `partial_next` followed by `finalize` (`sharded.py` runs them on several workers)."""
+    `partial_next` followed by `finalize` (`sharded.py` runs them on several workers).
+
+    `partial_next`, `finalize` and `evaluate` are built (traced and serialized) when first
+    used, from `builders`: a run on one worker never uses the first two, and FedTSDP builds a
+    round for every split it shrinks to, often without evaluating it."""
 
     initialize: tff.Computation
     next: tff.Computation
-    partial_next: tff.Computation
-    finalize: tff.Computation
-    evaluate: tff.Computation
     functions: RoundFunctions
+    builders: Mapping[str, Callable[[], tff.Computation]]
+
+    @functools.cached_property
+    def partial_next(self) -> tff.Computation:
+        return self.builders["partial_next"]()
+
+    @functools.cached_property
+    def finalize(self) -> tff.Computation:
+        return self.builders["finalize"]()
+
+    @functools.cached_property
+    def evaluate(self) -> tff.Computation:
+        return self.builders["evaluate"]()
 
     def as_round(self) -> FederatedRound:
         fns = self.functions
@@ -290,49 +305,49 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
         new_state = server_state(new_models, anchor, optimizer, aggregate.state)
         return new_state, outputs, aggregate.measurements
 
-    cluster_sums = ClusterSums(to_type(fns.shared_spec), k)
-
     def sums_only(
         state: object, shared_delta: object, cluster_weight: object, outputs: object
     ) -> object:
         """A share of the clients, up to their per-cluster sums (merged by `sharded.py`)."""
-        total, total_weight = cluster_sums(shared_delta, cluster_weight)
+        total, total_weight = ClusterSums(to_type(fns.shared_spec), k)(shared_delta, cluster_weight)
         return total, total_weight, outputs
 
-    next_fn = after_client_work(aggregate_and_apply)
-    partial_next = after_client_work(sums_only)
-
-    finalize = finalizer(fns.finalize_sums)
-
-    # Evaluation: the same distributor, then each client's joined model on its data.
-    batch_size_type = tff.TensorType(np.int64)
-    evaluated_type = to_type(fns.evaluation_client_spec)
-    client_evaluate = tff.tensorflow.computation(selection_type, evaluated_type, batch_size_type)(
-        lambda selected, client, batch_size: fns.client_evaluate(
-            selected, tuple(client["stored"]), client["data"], batch_size
+    def build_evaluate() -> tff.Computation:
+        """Evaluation: the same distributor, then each client's joined model on its data."""
+        batch_size_type = tff.TensorType(np.int64)
+        evaluated_type = to_type(fns.evaluation_client_spec)
+        client_evaluate = tff.tensorflow.computation(
+            selection_type, evaluated_type, batch_size_type
+        )(
+            lambda selected, client, batch_size: fns.client_evaluate(
+                selected, tuple(client["stored"]), client["data"], batch_size
+            )
         )
-    )
-    key_of_evaluated = tff.tensorflow.computation(evaluated_type)(lambda client: client["key"])
+        key_of_evaluated = tff.tensorflow.computation(evaluated_type)(lambda client: client["key"])
 
-    @tff.federated_computation(
-        tff.FederatedType(cluster_models_type, tff.SERVER),
-        tff.FederatedType(evaluated_type, tff.CLIENTS),
-        tff.FederatedType(batch_size_type, tff.SERVER),
-    )
-    def evaluate(cluster_models: object, clients: object, batch_size: object) -> object:
-        """Each client's arrays (`signature.evaluation_input`) scored in ordered batches of
-        `batch_size` with its key's model."""
-        keys = None if one_selection else tff.federated_map(key_of_evaluated, clients)
-        selected = distribute(cluster_models, keys)
-        return tff.federated_map(
-            client_evaluate, (selected, clients, tff.federated_broadcast(batch_size))
+        @tff.federated_computation(
+            tff.FederatedType(cluster_models_type, tff.SERVER),
+            tff.FederatedType(evaluated_type, tff.CLIENTS),
+            tff.FederatedType(batch_size_type, tff.SERVER),
         )
+        def evaluate(cluster_models: object, clients: object, batch_size: object) -> object:
+            """Each client's arrays (`signature.evaluation_input`) scored in ordered batches of
+            `batch_size` with its key's model."""
+            keys = None if one_selection else tff.federated_map(key_of_evaluated, clients)
+            selected = distribute(cluster_models, keys)
+            return tff.federated_map(
+                client_evaluate, (selected, clients, tff.federated_broadcast(batch_size))
+            )
+
+        return evaluate
 
     return TffRoundParts(
         initialize=initialize,
-        next=next_fn,
-        partial_next=partial_next,
-        finalize=finalize,
-        evaluate=evaluate,
+        next=after_client_work(aggregate_and_apply),
         functions=fns,
+        builders={
+            "partial_next": lambda: after_client_work(sums_only),
+            "finalize": lambda: finalizer(fns.finalize_sums),
+            "evaluate": build_evaluate,
+        },
     )

@@ -84,8 +84,9 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
         workers = runtime.worker_contexts()
         if len(workers) <= 1 or len(clients) <= 1:
             return parts.next(state, clients, hparams)
+        partial_next, finalize = parts.partial_next, parts.finalize  # built here, not per thread
         shares = run_shards(
-            lambda share: parts.partial_next(state, share, hparams),
+            lambda share: partial_next(state, share, hparams),
             [example_count(c["data"]) for c in clients],
             [list(clients)],
         )
@@ -103,19 +104,20 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
         else:
             inputs = (models, tuple(total), total_weight)
             if optimizer is None:
-                models = _call_on(workers[0][1], parts.finalize, *inputs)
+                models = _call_on(workers[0][1], finalize, *inputs)
             else:
-                finalized = _call_on(workers[0][1], parts.finalize, *inputs, optimizer)
+                finalized = _call_on(workers[0][1], finalize, *inputs, optimizer)
                 models, optimizer = finalized["cluster_models"], finalized["optimizer"]
         new_state = python_server_state(models, state["anchor"] if has_anchor else None, optimizer)
         return new_state, outputs, collections.OrderedDict(cluster_weight=total_weight)
 
     def evaluate(cluster_models: tuple, clients: Sequence[dict], batch_size: int) -> list:
         """`parts.evaluate`, each worker scoring a share of the clients."""
+        evaluate_clients = parts.evaluate  # built on first use, here rather than per thread
         if len(runtime.worker_contexts()) <= 1 or len(clients) <= 1:
-            return parts.evaluate(cluster_models, clients, batch_size)
+            return evaluate_clients(cluster_models, clients, batch_size)
         shares = run_shards(
-            lambda share: parts.evaluate(cluster_models, share, batch_size),
+            lambda share: evaluate_clients(cluster_models, share, batch_size),
             [example_count(c["data"]) for c in clients],
             [list(clients)],
         )
