@@ -10,18 +10,24 @@ The dataset, model, training and algorithm flags are in `tff_clustered/run_flags
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import sys
-from typing import Any
+import time
 
-from absl import app, flags
+STARTED = time.perf_counter()  # before the heavy imports: the run's phases count from here
+
+import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from typing import Any  # noqa: E402
+
+from absl import app, flags  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 # TensorFlow is imported (through these) before absl parses flags: imported inside `main`,
 # Keras' Flatten layer fails to build (seen with TF 2.14 / absl 1.4).
 from tff_clustered import cli, logs  # noqa: E402 - light: before TensorFlow's import
+from tff_clustered.phases import PhaseTimer  # noqa: E402 - the standard library only
 
 cli.stop_at_once_on_signals("train.py")
 logs.quiet_tensorflow(sys.argv)
@@ -31,6 +37,8 @@ from tff_clustered.algorithms import ALGORITHMS, algorithm_class  # noqa: E402
 from tff_clustered.runtime import tff_runtime  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
+TIMER = PhaseTimer(started=STARTED)  # the first run's; a baseline's starts when it does
+TIMER.add("imports", time.perf_counter() - STARTED)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("algorithm", "fedper", list(ALGORITHMS), "Federated algorithm.")
@@ -50,15 +58,18 @@ def main(argv: list[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     baseline = FLAGS.baseline if FLAGS.baseline != FLAGS.algorithm else ""
     with run_flags.reported_errors("the last checkpoint is kept, continue with --resume"):
-        run_flags.refuse_other_algorithms_flags([FLAGS.algorithm, *filter(None, [baseline])])
-        spec = run_flags.run_spec_from_flags(FLAGS.algorithm)
-        output_dir = FLAGS.output_dir or os.path.join(
-            "runs", f"{spec.dataset}-{spec.algorithm}-s{spec.training.seed}"
-        )
-        checkpoint.refuse_held_run_folder(output_dir)  # before a worker writes its log there
-        runtime_config = run_flags.runtime_config_from_flags(output_dir)
-        with tff_runtime(runtime_config):
-            summary = run(spec, output_dir)
+        with TIMER.phase("validation"):
+            run_flags.refuse_other_algorithms_flags([FLAGS.algorithm, *filter(None, [baseline])])
+            spec = run_flags.run_spec_from_flags(FLAGS.algorithm)
+            output_dir = FLAGS.output_dir or os.path.join(
+                "runs", f"{spec.dataset}-{spec.algorithm}-s{spec.training.seed}"
+            )
+            checkpoint.refuse_held_run_folder(output_dir)  # before a worker writes its log there
+            runtime_config = run_flags.runtime_config_from_flags(output_dir)
+        with contextlib.ExitStack() as running:
+            with TIMER.phase("runtime"):
+                running.enter_context(tff_runtime(runtime_config))
+            summary = run(spec, output_dir, TIMER)
             print_results(spec, summary["results"])
             if baseline:
                 baseline_spec = dataclasses.replace(
@@ -68,7 +79,7 @@ def main(argv: list[str]) -> int:
                 )
                 baseline_dir = os.path.join(output_dir, f"baseline-{baseline}")
                 print(f"{baseline} on the same clients, seed and training flags:")
-                baseline_summary = run(baseline_spec, baseline_dir)
+                baseline_summary = run(baseline_spec, baseline_dir, PhaseTimer())
     if baseline:
         print_results(baseline_spec, baseline_summary["results"])
         ours, theirs = summary["results"], baseline_summary["results"]
@@ -97,7 +108,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def run(spec: runner.RunSpec, output_dir: str) -> dict[str, Any]:
+def run(spec: runner.RunSpec, output_dir: str, timer: PhaseTimer) -> dict[str, Any]:
     return runner.run(
         spec,
         output_dir,
@@ -105,6 +116,7 @@ def run(spec: runner.RunSpec, output_dir: str) -> dict[str, Any]:
         resume=FLAGS.resume,
         execution=FLAGS.execution,
         device=FLAGS.device,
+        timer=timer,
     )
 
 

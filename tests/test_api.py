@@ -17,6 +17,7 @@ import tff_clustered
 from tff_clustered import api
 from tff_clustered.checkpoint import CheckpointError
 from tff_clustered.data import DataError
+from tff_clustered.phases import PHASES
 
 
 def two_group_clients(num_clients: int = 8, seed: int = 0) -> dict:
@@ -79,6 +80,15 @@ def test_run_on_a_dict_of_arrays_in_process_returns_models_and_resumes(tmp_path:
     again = tff_clustered.run("ifca", resume=True, **kwargs)  # finished: the same results
     for key in ("final_accuracy", "max_accuracy", "clusters"):
         assert again.summary["results"][key] == result.summary["results"][key]
+    # The time of each session, from the call: the resumed one trained no round again.
+    first, resumed = result.summary["phases"], again.summary["phases"]
+    assert resumed == json.load(open(os.path.join(tmp_path, "ifca", "summary.json")))["phases"]
+    for phases in (first, resumed):
+        timed = [phases[p] for p in PHASES if p in phases]
+        assert min(timed) >= 0
+        assert sum(timed) + phases["unaccounted"] == pytest.approx(phases["wall"], abs=1e-9)
+    assert PHASES[1:] == tuple(p for p in PHASES if p in first)  # all but imports
+    assert first["parts"]["training"] > 0 and "training" not in resumed["parts"]
     np.testing.assert_array_equal(again.cluster_models, result.cluster_models)
     other = dict(clients, c0=(clients["c0"][0] + 1, clients["c0"][1]))
     with pytest.raises(CheckpointError, match="fingerprint"):

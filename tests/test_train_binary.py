@@ -7,6 +7,7 @@ import csv
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import tensorflow as tf
 from conftest import ROOT, SHARED_LEAF_FILE, run_binary, worker_pids_with_tag
 
 from tff_clustered import checkpoint
+from tff_clustered.phases import PHASES
 
 TRAIN = os.path.join("binaries", "train.py")
 QUICK = ["--rounds=12", "--clients_per_round=5", "--local_epochs=1", "--checkpoint_every=2"]
@@ -90,6 +92,35 @@ def test_default_run_recovers_the_planted_groups_and_beats_fedavg(tmp_path: obje
     for picture in ("curves.png", "membership.png", "similarity.png"):
         with open(os.path.join(out, picture), "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+    # Where the wall time went, from the top of train.py: every phase, adding up to the wall.
+    phases = summary["phases"]
+    assert_phases_add_up(phases, PHASES)
+    assert phases["cold_start"] > 0  # FedGroup's pre-training and clustering, before round 1
+    parts = phases["parts"]
+    assert parts["tracing"] > 0
+    assert parts["training"] + parts["server"] <= phases["rounds"]
+    assert parts["training"] == pytest.approx(
+        sum(float(r["train_seconds"]) for r in rows[1:]), 1e-4
+    )
+    assert phases["checkpoints"] == pytest.approx(
+        sum(float(r["checkpoint_seconds"]) for r in rows), 1e-4
+    )
+    assert re.search(r"^time: imports [\d.]+ s, .*; wall [\d.]+ s", done.stdout, re.M)
+    # The baseline's phases count from its own start, in the same process: no imports, no
+    # runtime start (the first run's), and FedAvg's cold start is its (empty) init.
+    later = [p for p in PHASES if p not in ("imports", "runtime")]
+    assert_phases_add_up(baseline["phases"], later)
+
+
+def assert_phases_add_up(phases: dict, names: list) -> None:
+    """Exactly `names` timed, none negative, and with `unaccounted` they make `wall`: what
+    falls between phases is a small part of it (5%: tiny gaps, even on a loaded machine)."""
+    assert [p for p in PHASES if p in phases] == list(names), phases
+    assert min(phases[p] for p in names) >= 0, phases
+    total = sum(phases[p] for p in names) + phases["unaccounted"]
+    assert total == pytest.approx(phases["wall"], abs=1e-9)
+    assert 0 <= phases["unaccounted"] <= 0.05 * phases["wall"], phases
 
 
 def test_killed_run_resumes_to_the_same_final_metrics(tmp_path: object) -> None:

@@ -20,6 +20,7 @@ rule applied to your model's layers (FedPer: the top `personal_layers` layers wi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -47,6 +48,7 @@ from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models.keras_models import ModelSpec, refuse_too_large
 from tff_clustered.options import checked, checked_value, described
 from tff_clustered.orchestration import Experiment
+from tff_clustered.phases import PhaseTimer
 from tff_clustered.runtime import RuntimeConfig, tff_runtime
 
 
@@ -306,23 +308,31 @@ def run(
     if isinstance(train, FederatedData):
         if test is not None or data_args:
             raise ValueError("train is already a FederatedData: give test and data options to it")
-        data = train
-    else:
-        data = federated_data(train, test, **data_args)
-    model = keras_model_spec(model_fn, data, model_name)
-    settings = run_settings(algorithm, options, training, data, model_name)
+    timer = PhaseTimer()  # the run's phases and wall time, from here (the arguments checked)
+    with timer.phase("loading"):
+        data = (
+            train if isinstance(train, FederatedData) else federated_data(train, test, **data_args)
+        )
+    with timer.phase("validation"):
+        model = keras_model_spec(model_fn, data, model_name)
+        settings = run_settings(algorithm, options, training, data, model_name)
+        checkpoint.refuse_held_run_folder(output_dir)  # before a worker writes its log there
+        if resume:
+            refuse_another_model(output_dir, settings, model_values(model_fn()))
 
-    def build() -> Experiment:
-        built = make_algorithm(algorithm, options)
-        refuse_too_large(model, getattr(built, "num_clusters", 1) + runner.WORKING_COPIES)
-        return Experiment(data, model, built, training, execution=execution, device=device)
+    def build(timer: PhaseTimer) -> Experiment:
+        with timer.phase("building"):
+            built = make_algorithm(algorithm, options)
+            refuse_too_large(model, getattr(built, "num_clusters", 1) + runner.WORKING_COPIES)
+            return Experiment(
+                data, model, built, training, execution=execution, device=device, timer=timer
+            )
 
-    checkpoint.refuse_held_run_folder(output_dir)  # before a worker writes its log there
-    if resume:
-        refuse_another_model(output_dir, settings, model_values(model_fn()))
-    with tff_runtime(runtime):
+    with contextlib.ExitStack() as running:
+        with timer.phase("runtime"):
+            running.enter_context(tff_runtime(runtime))
         summary, experiment = runner.run_experiment(
-            build, settings, output_dir, checkpoint_every, resume, log
+            build, settings, output_dir, checkpoint_every, resume, log, timer=timer
         )
     history = summary.pop("history")
     return RunResult(

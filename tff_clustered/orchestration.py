@@ -41,10 +41,28 @@ from tff_clustered.loop.state import (
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec, initial_weights
 from tff_clustered.models.split import classifier_layers, trainable_layer_sizes
+from tff_clustered.phases import PhaseTimer, Stopwatch
 from tff_clustered.seeds import SAMPLING, derived_seed
 
 # A function of the run, the server after a round and the round's result -> extra metrics.
 RoundMetric = Callable[[RunInfo, ServerView, RoundResult], dict]
+
+
+class TimedRoundCache(RoundCache):
+    """A `RoundCache` whose builds (tracing a round's TF functions, making TFF's computations)
+    are timed as the `tracing` part of `timer`; a round already built costs a lookup."""
+
+    def __init__(self, *args: Any, timer: PhaseTimer, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.timer = timer
+
+    def get(self, signature: RoundSignature) -> FederatedRound:
+        builds = self.builds
+        with Stopwatch() as watch:
+            built = super().get(signature)
+        if self.builds != builds:
+            self.timer.add("tracing", watch.seconds)
+        return built
 
 
 class Experiment:
@@ -59,11 +77,13 @@ class Experiment:
         round_metrics: Sequence[RoundMetric] = (),
         execution: str = "tff",
         device: Optional[str] = None,
+        timer: Optional[PhaseTimer] = None,
     ) -> None:
         """`round_metrics` add metrics to each round's row (they get the clients' updates).
         `execution`: "tff" runs rounds on the TFF runtime, "in_process" runs the same TF
         functions in this process (on `device`, else TensorFlow's choice: a GPU if it sees
-        one); results are the same within float tolerance."""
+        one); results are the same within float tolerance. `timer` gets the algorithm's cold
+        start (`start`) and the time building rounds (default: a timer of its own)."""
         if config.clients_per_round > len(data.client_ids):
             raise ValueError(
                 f"clients_per_round={config.clients_per_round} exceeds the "
@@ -78,6 +98,7 @@ class Experiment:
             )
         self.data, self.model, self.algorithm, self.config = data, model, algorithm, config
         self.round_metrics = tuple(round_metrics)
+        self.timer = PhaseTimer() if timer is None else timer
         keras_model = model.build()
         self.functional = functional_model(keras_model, model.input_spec())
         self.layout = ModelLayout.of(self.functional)
@@ -85,13 +106,14 @@ class Experiment:
             initial_weights(model, derived_seed(config.seed, 0))
             + list(self.functional.initial_state)
         )
-        rounds_cache = RoundCache(
+        rounds_cache = TimedRoundCache(
             self.functional,
             model.input_spec(),
             self.initial_variables,
             execution,
             device,
             rounds=config.rounds,
+            timer=self.timer,
         )
         tensor_sizes = tuple(int(np.prod(s)) for s in self.layout.trainable_shapes)
         self.run = RunInfo(
@@ -122,14 +144,16 @@ class Experiment:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """The algorithm's initial decision (round 0) on top of the default state."""
+        """The algorithm's initial decision (round 0) on top of the default state, timed as the
+        `cold_start` phase (pre-training, initial clustering: whatever its `init` does)."""
         self.state = RunState(
             cluster_models=self.run.initial_model[None, :].copy(),
             shared=tuple(self.algorithm.initial_shared(self.run)),
             anchor=self.run.initial_model.copy() if self.anchor_tensors else None,
         )
         self.store = ClientStore(self.initial_variables)
-        self.apply(self.algorithm.init(self.run, self.queries))
+        with self.timer.phase("cold_start"):
+            self.apply(self.algorithm.init(self.run, self.queries))
 
     def restore(self, state: RunState) -> None:
         self.state = state

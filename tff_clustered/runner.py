@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
@@ -20,6 +19,7 @@ from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import model_spec
 from tff_clustered.models.keras_models import refuse_too_large
 from tff_clustered.orchestration import Experiment, RoundMetric
+from tff_clustered.phases import PhaseTimer, phases_line
 
 # Copies of the model a round holds beside the cluster models: a client's model, its gradient
 # and its update, and the per-cluster sums.
@@ -61,9 +61,40 @@ def build_experiment(
     round_metrics: Sequence[RoundMetric] = (),
     execution: str = "tff",
     device: Optional[str] = None,
+    timer: Optional[PhaseTimer] = None,
 ) -> Experiment:
-    """`execution` and `device`: see `Experiment` (how rounds run, not what they compute)."""
-    data = load_dataset(
+    """`execution` and `device`: see `Experiment` (how rounds run, not what they compute).
+    `timer` gets the `loading` and `building` phases, and the experiment's own."""
+    timer = PhaseTimer() if timer is None else timer
+    with timer.phase("loading"):
+        data = _load_data(spec)
+    with timer.phase("building"):
+        model = model_spec(
+            spec.model,
+            data.input_shape,
+            data.num_classes,
+            hidden_units=spec.hidden_units,
+            image_shape=data.image_shape,
+            cnn_dense_units=spec.cnn_dense_units,
+            resnet_width=spec.resnet_width,
+            vocabulary_size=data.vocabulary_size,
+        )
+        algorithm = make_algorithm(spec.algorithm, spec.algorithm_options)
+        refuse_too_large(model, getattr(algorithm, "num_clusters", 1) + WORKING_COPIES)
+        return Experiment(
+            data,
+            model,
+            algorithm,
+            spec.training,
+            round_metrics=round_metrics,
+            execution=execution,
+            device=device,
+            timer=timer,
+        )
+
+
+def _load_data(spec: RunSpec) -> FederatedData:
+    return load_dataset(
         spec.dataset,
         data_dir=spec.data_dir,
         seed=spec.training.seed,
@@ -76,27 +107,6 @@ def build_experiment(
         tfds_dir=spec.tfds_dir,
         train_examples=spec.train_examples,
     )
-    model = model_spec(
-        spec.model,
-        data.input_shape,
-        data.num_classes,
-        hidden_units=spec.hidden_units,
-        image_shape=data.image_shape,
-        cnn_dense_units=spec.cnn_dense_units,
-        resnet_width=spec.resnet_width,
-        vocabulary_size=data.vocabulary_size,
-    )
-    algorithm = make_algorithm(spec.algorithm, spec.algorithm_options)
-    refuse_too_large(model, getattr(algorithm, "num_clusters", 1) + WORKING_COPIES)
-    return Experiment(
-        data,
-        model,
-        algorithm,
-        spec.training,
-        round_metrics=round_metrics,
-        execution=execution,
-        device=device,
-    )
 
 
 def run(
@@ -108,14 +118,15 @@ def run(
     round_metrics: Sequence[RoundMetric] = (),
     execution: str = "tff",
     device: Optional[str] = None,
+    timer: Optional[PhaseTimer] = None,
 ) -> dict[str, Any]:
     """Runs (or resumes) `spec`, writing metrics.csv, clients.csv, TensorBoard events,
     summary.json, curves.png, checkpoints. `execution`/`device`: how rounds run (`Experiment`);
-    a run may resume under another execution.
+    a run may resume under another execution. `timer`: see `run_experiment`.
 
     Returns the summary, with the per-round rows under `history`."""
     summary, _ = run_experiment(
-        lambda: build_experiment(spec, round_metrics, execution, device),
+        lambda timer: build_experiment(spec, round_metrics, execution, device, timer),
         spec.settings(),
         output_dir,
         checkpoint_every,
@@ -124,40 +135,49 @@ def run(
         data_source=lambda: source_fingerprint(
             spec.dataset, spec.data_dir, spec.glove_path, spec.tfds_dir
         ),
+        timer=timer,
     )
     return summary
 
 
 def run_experiment(
-    build: Callable[[], Experiment],
+    build: Callable[[PhaseTimer], Experiment],
     settings: dict[str, Any],
     output_dir: str,
     checkpoint_every: int = 5,
     resume: bool = False,
     log: Callable[[str], None] = print,
     data_source: Callable[[], SourceFingerprint] = SourceFingerprint,
+    timer: Optional[PhaseTimer] = None,
 ) -> tuple[dict[str, Any], Experiment]:
-    """Runs (or resumes) the experiment `build` makes, with `run`'s outputs and checkpoints,
+    """Runs (or resumes) the experiment `build(timer)` makes, with `run`'s outputs and checkpoints,
     holding `output_dir`. `settings` define its results: a checkpoint made under other settings
     is refused. `data_source` fingerprints the files its data is read from (default: no
     files, data the settings define): a checkpoint made on other data is refused too. Returns
-    the summary (with `history`) and the finished experiment."""
+    the summary (with `history`) and the finished experiment.
+
+    `timer` (default: one started now) times this session's phases, written to summary.json
+    as `phases` and logged as one line at the end; `build` times its loading and building
+    with it and gives it to the `Experiment` (cold start, tracing). On a resume the phases
+    are this session's: the rounds done before it are not counted again."""
+    timer = PhaseTimer() if timer is None else timer
     if checkpoint_every < 0:
         raise ValueError("checkpoint_every must be >= 0 (0 = only at the end)")
     with checkpoint.hold_run_folder(output_dir):
         return _run_in_folder(
-            build, settings, output_dir, checkpoint_every, resume, log, data_source
+            build, settings, output_dir, checkpoint_every, resume, log, data_source, timer
         )
 
 
 def _run_in_folder(
-    build: Callable[[], Experiment],
+    build: Callable[[PhaseTimer], Experiment],
     settings: dict[str, Any],
     output_dir: str,
     checkpoint_every: int,
     resume: bool,
     log: Callable[[str], None],
     data_source: Callable[[], SourceFingerprint],
+    timer: PhaseTimer,
 ) -> tuple[dict[str, Any], Experiment]:
     """`run_experiment`, once the output folder is held. A checkpoint is checked against the
     settings and the data's files before the data is loaded; a new run fingerprints its data
@@ -169,94 +189,137 @@ def _run_in_folder(
             "--output_dir"
         )
     resuming = resume and checkpoint.exists(output_dir)
-    source = data_source() if resuming else None
-    saved = checkpoint.load(ckpt_path, settings, source, log) if resume else None
-    experiment = build()
+    source, saved = None, None
+    if resuming:
+        with timer.phase("validation"):
+            source = data_source()
+    if resume:
+        with timer.phase("checkpoints"):
+            saved = checkpoint.load(ckpt_path, settings, source, log)
+    experiment = build(timer)
     if source is None:
-        source = data_source()
+        with timer.phase("validation"):
+            source = data_source()
     rounds = experiment.config.rounds
     if saved is not None:
-        experiment.restore(saved)
+        with timer.phase("checkpoints"):
+            experiment.restore(saved)
         log(f"resuming {output_dir} after round {saved.round_num}/{rounds}")
     else:
         if resume:
             log(f"no checkpoint in {output_dir}; starting a new run")
         experiment.start()
-        shown = experiment.data.client_ids[: reporting.MAX_CLIENTS_SHOWN]
-        reporting.write_labels_png(
-            os.path.join(output_dir, reporting.LABELS_PNG),
-            label_counts(experiment.data, shown),
-            experiment.data.client_ids,
-            f"labels per client: {experiment.data.name}",
-        )
+        with timer.phase("outputs"):
+            shown = experiment.data.client_ids[: reporting.MAX_CLIENTS_SHOWN]
+            reporting.write_labels_png(
+                os.path.join(output_dir, reporting.LABELS_PNG),
+                label_counts(experiment.data, shown),
+                experiment.data.client_ids,
+                f"labels per client: {experiment.data.name}",
+            )
 
     csv_path = os.path.join(output_dir, reporting.METRICS_CSV)
-    clients_csv = reporting.ClientsCsv(
-        os.path.join(output_dir, reporting.CLIENTS_CSV),
-        keep_through_round=experiment.state.round_num if saved is not None else None,
-    )
-    tensorboard = reporting.TensorBoardLog(output_dir)
-    progress = reporting.Progress(rounds, initial=experiment.state.round_num)
+    with timer.phase("outputs"):
+        clients_csv = reporting.ClientsCsv(
+            os.path.join(output_dir, reporting.CLIENTS_CSV),
+            keep_through_round=experiment.state.round_num if saved is not None else None,
+        )
+        tensorboard = reporting.TensorBoardLog(output_dir)
+        progress = reporting.Progress(rounds, initial=experiment.state.round_num)
     try:
-        for row in experiment.rounds():
+        for row, step in timer.timed("rounds", experiment.rounds()):
+            count_round(timer, row, step.seconds)
             row["checkpoint_seconds"] = 0.0  # set below on a round that writes a checkpoint
-            reporting.write_metrics_csv(csv_path, experiment.state.history)
-            if "accuracy" in row:
-                clients_csv.append(experiment.client_rows)
-            tensorboard.add(row)
-            progress.update(row)
+            with timer.phase("outputs"):
+                reporting.write_metrics_csv(csv_path, experiment.state.history)
+                if "accuracy" in row:
+                    clients_csv.append(experiment.client_rows)
+                tensorboard.add(row)
+                progress.update(row)
             done = row["round"]
             if done and ((checkpoint_every and done % checkpoint_every == 0) or done == rounds):
-                started = time.perf_counter()
-                checkpoint.save(ckpt_path, experiment.snapshot(), settings, source)
-                tensorboard.flush()
-                row["checkpoint_seconds"] = time.perf_counter() - started
-        history = experiment.state.history
-        reporting.write_metrics_csv(csv_path, history)
-        config = dict(
-            settings,
-            algorithm_details=experiment.algorithm.describe(),
-            num_clients=len(experiment.data.client_ids),
-        )
+                with timer.phase("checkpoints") as saving:
+                    checkpoint.save(ckpt_path, experiment.snapshot(), settings, source)
+                    tensorboard.flush()
+                row["checkpoint_seconds"] = saving.seconds
+        with timer.phase("outputs"):
+            config, clusters = write_outputs(experiment, settings, output_dir, tensorboard)
+        phases = timer.report()
         summary = reporting.write_summary_json(
             os.path.join(output_dir, reporting.SUMMARY_JSON),
             config,
-            history,
-            reporting.cluster_recovery(experiment.state.assignment, experiment.data.true_clusters),
+            experiment.state.history,
+            clusters,
+            phases,
         )
-        title = f"{experiment.algorithm.name} on {experiment.data.name} ({experiment.model.name})"
-        reporting.write_curves_png(os.path.join(output_dir, reporting.PLOT_PNG), history, title)
-        reporting.write_membership_png(
-            os.path.join(output_dir, reporting.MEMBERSHIP_PNG),
-            os.path.join(output_dir, reporting.CLIENTS_CSV),
-            f"cluster membership: {title}",
-            experiment.data.true_clusters,
-        )
-        reporting.write_cluster_accuracy_png(
-            os.path.join(output_dir, reporting.CLUSTER_ACCURACY_PNG),
-            history,
-            f"accuracy per cluster: {title}",
-        )
-        reporting.write_hopkins_png(
-            os.path.join(output_dir, reporting.HOPKINS_PNG), history, f"re-clustering: {title}"
-        )
-        similarity_png = os.path.join(output_dir, reporting.SIMILARITY_PNG)
-        if experiment.state.similarity is not None:
-            reporting.write_similarity_png(
-                similarity_png, experiment.state.similarity, f"clustering similarity: {title}"
-            )
-        tensorboard.add_images(
-            {
-                "membership": os.path.join(output_dir, reporting.MEMBERSHIP_PNG),
-                "similarity": similarity_png,
-                "labels": os.path.join(output_dir, reporting.LABELS_PNG),
-            },
-            step=experiment.state.round_num,
-        )
+        log(phases_line(phases))
     finally:
         progress.close()
         tensorboard.close()
-    return dict(summary, history=history), experiment
+    return dict(summary, history=experiment.state.history), experiment
+
+
+def count_round(timer: PhaseTimer, row: dict[str, Any], step_seconds: float) -> None:
+    """Splits a step of the rounds (`step_seconds`, timed as `rounds`) by its row's own
+    seconds: its evaluation goes to `evaluation` (all of round 0's step: a fresh run's first
+    evaluation), its training and server work are the `rounds` phase's parts."""
+    if row["round"] == 0:
+        timer.move("rounds", "evaluation", step_seconds)
+        return
+    timer.move("rounds", "evaluation", row["eval_seconds"])
+    timer.add("training", row["train_seconds"])
+    timer.add("server", row["server_seconds"])
+
+
+def write_outputs(
+    experiment: Experiment,
+    settings: dict[str, Any],
+    output_dir: str,
+    tensorboard: reporting.TensorBoardLog,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The outputs of a finished run but summary.json, which is written last with the time
+    these took: metrics.csv, the pictures, TensorBoard's images. Returns summary.json's
+    config and cluster figures."""
+    history = experiment.state.history
+    reporting.write_metrics_csv(os.path.join(output_dir, reporting.METRICS_CSV), history)
+    config = dict(
+        settings,
+        algorithm_details=experiment.algorithm.describe(),
+        num_clients=len(experiment.data.client_ids),
+    )
+    clusters = reporting.cluster_recovery(
+        experiment.state.assignment, experiment.data.true_clusters
+    )
+    title = f"{experiment.algorithm.name} on {experiment.data.name} ({experiment.model.name})"
+    reporting.write_curves_png(os.path.join(output_dir, reporting.PLOT_PNG), history, title)
+    reporting.write_membership_png(
+        os.path.join(output_dir, reporting.MEMBERSHIP_PNG),
+        os.path.join(output_dir, reporting.CLIENTS_CSV),
+        f"cluster membership: {title}",
+        experiment.data.true_clusters,
+    )
+    reporting.write_cluster_accuracy_png(
+        os.path.join(output_dir, reporting.CLUSTER_ACCURACY_PNG),
+        history,
+        f"accuracy per cluster: {title}",
+    )
+    reporting.write_hopkins_png(
+        os.path.join(output_dir, reporting.HOPKINS_PNG), history, f"re-clustering: {title}"
+    )
+    similarity_png = os.path.join(output_dir, reporting.SIMILARITY_PNG)
+    if experiment.state.similarity is not None:
+        reporting.write_similarity_png(
+            similarity_png, experiment.state.similarity, f"clustering similarity: {title}"
+        )
+    tensorboard.add_images(
+        {
+            "membership": os.path.join(output_dir, reporting.MEMBERSHIP_PNG),
+            "similarity": similarity_png,
+            "labels": os.path.join(output_dir, reporting.LABELS_PNG),
+        },
+        step=experiment.state.round_num,
+    )
+    return config, clusters
 
 
 def label_counts(data: FederatedData, client_ids: Sequence[str]) -> np.ndarray:
