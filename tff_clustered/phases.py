@@ -67,7 +67,7 @@ class PhaseTimer:
     def phase(self, name: str) -> Iterator[Stopwatch]:
         """Times the block as phase `name` (added to what it already has)."""
         if name not in PHASES:
-            raise ValueError(f"unknown phase {name!r}; phases are {', '.join(PHASES)}")
+            raise ValueError(f"unknown phase {name!r}; the phases are {', '.join(PHASES)}")
         if self._open is not None:
             raise RuntimeError(f"phase {name!r} started inside phase {self._open!r}")
         self._open = name
@@ -77,15 +77,6 @@ class PhaseTimer:
         finally:
             self._open = None
             self.add(name, watch.seconds)
-
-    @contextlib.contextmanager
-    def part(self, name: str) -> Iterator[Stopwatch]:
-        """Times the block as part `name`, inside whatever phase is running."""
-        if name not in PARTS:
-            raise ValueError(f"unknown part {name!r}; parts are {', '.join(PARTS)}")
-        with Stopwatch() as watch:
-            yield watch
-        self.add(name, watch.seconds)
 
     def timed(self, name: str, items: Iterable[Item]) -> Iterator[tuple[Item, Stopwatch]]:
         """`items` with the time of producing each (a generator's work) timed as phase `name`;
@@ -99,6 +90,9 @@ class PhaseTimer:
             yield item, watch
 
     def add(self, name: str, seconds: float) -> None:
+        """Adds `seconds` to phase or part `name` (a part: measured inside a phase)."""
+        if name not in PHASES and name not in PARTS:
+            raise ValueError(f"unknown phase or part {name!r}")
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
 
     def move(self, source: str, target: str, seconds: float) -> None:
