@@ -29,8 +29,8 @@ flags.DEFINE_string(
     "Folder of the dataset's files (LEAF: holds train/ test/; pathmnist: holds pathmnist.npz, "
     "or the file itself; mnist, mnist_partitioned, fashion_mnist: the four IDX files or Keras' "
     ".npz; mnist_writers: those of MNIST and writers.npz; tff_emnist, tff_cifar100, "
-    "tff_shakespeare: TFF's cache folder with emnist_all.sqlite, cifar100.sqlite or "
-    "shakespeare.sqlite).",
+    "tff_shakespeare, tff_stackoverflow: TFF's cache folder with emnist_all.sqlite, "
+    "cifar100.sqlite, shakespeare.sqlite or stackoverflow.sqlite).",
 )
 flags.DEFINE_enum("model", "mlp", list(MODEL_NAMES), "Model architecture.")
 flags.DEFINE_string("glove_path", None, "GloVe text file (sent140), e.g. glove.6B.300d.txt.")
