@@ -278,8 +278,7 @@ def test_every_algorithm_option_refuses_a_value_of_another_type(
 
 
 def test_options_given_as_their_dataclass_are_checked_too() -> None:
-    options = ALGORITHMS["ifca"].Options(num_clusters=2.7)
-    assert_named_error(lambda: run(algorithm="ifca", options=options), "num_clusters")
+    assert_named_error(lambda: ALGORITHMS["ifca"].Options(num_clusters=2.7), "num_clusters")
     assert_named_error(
         lambda: run(algorithm="ifca", options={"num_clusters": 0}), "num_clusters must be >= 1"
     )

@@ -78,3 +78,27 @@ def test_algorithms_alike_share_one_line_of_the_help() -> None:
     help_text = values["personal_layers"].help
     assert help_text.startswith("first, third: First: personal top layers. (default 1) | ")
     assert help_text.count("(default") == 2
+
+
+def test_every_algorithms_options_are_type_checked_where_they_are_made() -> None:
+    """`IFCA.Options(num_clusters=2.7)` in code is refused as `--num_clusters=2.7` is: every
+    algorithm's own Options class checks each field's type at construction (a float for an int,
+    a string for a float, a bool for a number), naming the algorithm and the option."""
+    import dataclasses
+    import typing
+
+    from tff_clustered.algorithms import ALGORITHMS
+
+    wrong = {int: 2.5, float: "0.1", str: 3, bool: "yes"}
+    checked = 0
+    for cls in ALGORITHMS.values():
+        hints = typing.get_type_hints(cls.Options)
+        for field in dataclasses.fields(cls.Options):
+            kind = hints[field.name]
+            if kind not in wrong:
+                continue
+            with pytest.raises(TypeError, match=rf": {field.name} must be"):
+                cls.Options(**{field.name: wrong[kind]})
+            checked += 1
+        cls.Options()  # the defaults pass
+    assert checked >= 50, checked

@@ -57,7 +57,14 @@ def make_options(name: str, **values: Any) -> Any:
             raise ValueError(
                 f"{name}: --{field.name}={values[field.name]} is not one of {', '.join(choices)}"
             )
-    return options_lib.checked(cls.Options(**values), name)  # 2.7 is no num_clusters
+    # Typed under the name asked for (an Options class can serve several algorithms, and
+    # checks its own types again where it is made).
+    for field_name, annotation in options_lib.field_types(cls.Options):
+        if field_name in values:
+            values[field_name] = options_lib.checked_value(
+                name, field_name, values[field_name], annotation
+            )
+    return cls.Options(**values)
 
 
 def make_algorithm(name: str, options: Any = None, **values: Any) -> Algorithm:

@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Optional, Protocol
 import numpy as np
 
 from tff_clustered import clustering
+from tff_clustered import options as options_lib
 from tff_clustered.federated import client_work
 from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.seeds import ALGORITHM, derived_seed
@@ -221,6 +222,24 @@ class Algorithm:
     distribution: ClassVar[str] = "own_cluster"
     # With distribution "neighbours": the rows each peer receives besides its own.
     num_neighbours: int = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """An algorithm that declares its own `Options` gets them type-checked where they are
+        made, in code as on the command line: `IFCA.Options(num_clusters=2.7)` is a TypeError
+        naming the option (`options.checked_fields`), and NumPy scalars become Python values."""
+        super().__init_subclass__(**kwargs)
+        options_cls = cls.__dict__.get("Options")
+        if options_cls is None or not dataclasses.is_dataclass(options_cls):
+            return
+        made = options_cls.__init__
+        owner = cls.name or cls.__name__
+
+        def checked_init(self: Any, *args: Any, **values: Any) -> None:
+            made(self, *args, **values)
+            for name, value in options_lib.checked_fields(self, owner).items():
+                object.__setattr__(self, name, value)
+
+        options_cls.__init__ = checked_init
 
     def __init__(self, options: Optional[Any] = None) -> None:
         self.options = options if options is not None else self.Options()
