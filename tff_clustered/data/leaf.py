@@ -108,24 +108,42 @@ def as_float_array(values: list, dtype: type, what: str) -> np.ndarray:
 def numeric_inputs(x: list) -> np.ndarray:
     """A user's `x`: a list of equally long, non-empty lists of JSON numbers (no strings,
     booleans or nulls, which NumPy would silently convert) -> float32 array."""
-    if not isinstance(x, list):
-        raise ValueError(f"'x' must be a list of examples, got {type(x).__name__}")
-    length = None
-    for i, row in enumerate(x):
+
+    def numbers(i: int, row: object) -> int:
         if not isinstance(row, list):
             raise ValueError(f"example {i} must be a list of numbers, got {type(row).__name__}")
         bad = non_number_types(row)
         if bad:
             raise ValueError(f"example {i} holds {', '.join(bad)} values where numbers belong")
+        return len(row)
+
+    length = equal_length_rows(
+        x,
+        "examples",
+        numbers,
+        "features",
+        "example 0 has 0 features; every example needs at least one number",
+    )
+    return as_float_array(x, np.float32, "inputs").reshape(len(x), length)
+
+
+def equal_length_rows(
+    x: object, rows: str, row_length: Callable[[int, object], int], unit: str, empty: str
+) -> int:
+    """The one length of `x`'s rows (`x` a list of `rows`, each measured in `unit` by
+    `row_length(i, row)`, which refuses a malformed row); `empty`: the error for 0."""
+    if not isinstance(x, list):
+        raise ValueError(f"'x' must be a list of {rows}, got {type(x).__name__}")
+    length = None
+    for i, row in enumerate(x):
+        size = row_length(i, row)
         if length is None:
-            length = len(row)
+            length = size
             if length == 0:
-                raise ValueError(
-                    "example 0 has 0 features; every example needs at least one number"
-                )
-        elif len(row) != length:
-            raise ValueError(f"example {i} has {len(row)} features, example 0 has {length}")
-    return as_float_array(x, np.float32, "inputs").reshape(len(x), length or 0)
+                raise ValueError(empty)
+        elif size != length:
+            raise ValueError(f"example {i} has {size} {unit}, example 0 has {length}")
+    return length or 0
 
 
 def check_labels(y: object, num_classes: Optional[int]) -> np.ndarray:
@@ -149,25 +167,24 @@ def check_labels(y: object, num_classes: Optional[int]) -> np.ndarray:
 def character_windows(x: object) -> np.ndarray:
     """A user's Shakespeare `x`: equally long, non-empty strings -> their characters' ids in
     `LEAF_CHARACTERS` (float32, one row per string)."""
-    if not isinstance(x, list):
-        raise ValueError(f"'x' must be a list of character windows, got {type(x).__name__}")
-    length = None
-    for i, window in enumerate(x):
+
+    def characters(i: int, window: object) -> int:
         if not isinstance(window, str):
             raise ValueError(
                 f"example {i} must be a string of characters (a Shakespeare window), got "
                 f"{type(window).__name__}"
             )
-        if length is None:
-            length = len(window)
-            if length == 0:
-                raise ValueError(
-                    "example 0 is an empty string; a window needs characters (LEAF's hold 80)"
-                )
-        elif len(window) != length:
-            raise ValueError(f"example {i} has {len(window)} characters, example 0 has {length}")
+        return len(window)
+
+    length = equal_length_rows(
+        x,
+        "character windows",
+        characters,
+        "characters",
+        "example 0 is an empty string; a window needs characters (LEAF's hold 80)",
+    )
     ids = character_ids("".join(x), LEAF_CHARACTERS)
-    return ids.reshape(len(x), length or 0).astype(np.float32)
+    return ids.reshape(len(x), length).astype(np.float32)
 
 
 def next_characters(y: object) -> np.ndarray:
