@@ -41,6 +41,31 @@ def run_binary(
     )
 
 
+# The start of a `python -c` script that runs train.py's main in this one process, as `app.run`
+# would, importing TensorFlow once for several runs: `ARGUMENT` is the JSON of sys.argv[1], and
+# `run_train(argv)` prints each run's exit code and stderr as one JSON line.
+TRAIN_IN_ONE_PROCESS = """
+import contextlib, io, json, sys
+ARGUMENT = json.loads(sys.argv[1])
+sys.argv = ["train.py"]
+sys.path.insert(0, "binaries")
+import train
+from absl import app, flags
+from tff_clustered import cli
+
+def run_train(argv):
+    flags.FLAGS.unparse_flags()
+    stderr = io.StringIO()
+    code = 0
+    with contextlib.redirect_stderr(stderr):
+        try:
+            app.run(train.main, argv=["train.py", *argv], flags_parser=cli.parse_flags)
+        except SystemExit as e:
+            code = e.code
+    print(json.dumps([code, stderr.getvalue()]), flush=True)
+"""
+
+
 def worker_pids_with_tag(tag: str) -> list[int]:
     """Live `worker_binary` processes whose environment carries `RUN_TAG=tag`."""
     from tff_clustered.runtime import WORKER_TAG_ENV

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TESTDATA, run_binary
+from conftest import TESTDATA, TRAIN_IN_ONE_PROCESS, run_binary
 
 from tff_clustered import checkpoint
 from tff_clustered.checkpoint import CheckpointError
@@ -288,28 +288,12 @@ def test_holding_a_run_folder_removes_only_our_orphan_temp_files(tmp_path: Path)
 
 # train.py's main run twice in one process (importing TensorFlow once), as `app.run` would,
 # with user f_0000 removed from the given LEAF files in between; each run's exit code and
-# stderr as a JSON line (test_train_binary.py's EACH_BAD_FLAGS_CASE, with the edit).
-RUN_REMOVE_USER_RESUME = """
-import contextlib, io, json, sys
-command, edited = json.loads(sys.argv[1])
-sys.argv = ["train.py"]
-sys.path.insert(0, "binaries")
-import train
-from absl import app, flags
-from tff_clustered import cli
-
-def run(argv):
-    flags.FLAGS.unparse_flags()
-    stderr = io.StringIO()
-    code = 0
-    with contextlib.redirect_stderr(stderr):
-        try:
-            app.run(train.main, argv=["train.py", *argv], flags_parser=cli.parse_flags)
-        except SystemExit as e:
-            code = e.code
-    print(json.dumps([code, stderr.getvalue()]), flush=True)
-
-run(command)
+# stderr as a JSON line (conftest's TRAIN_IN_ONE_PROCESS).
+RUN_REMOVE_USER_RESUME = (
+    TRAIN_IN_ONE_PROCESS
+    + """
+command, edited = ARGUMENT
+run_train(command)
 for path in edited:
     with open(path) as f:
         blob = json.load(f)
@@ -317,8 +301,9 @@ for path in edited:
     del blob["users"][at], blob["num_samples"][at], blob["user_data"]["f_0000"]
     with open(path, "w") as f:
         json.dump(blob, f)
-run([*command, "--resume"])
+run_train([*command, "--resume"])
 """
+)
 
 
 def test_train_resume_refuses_a_removed_user(tmp_path: Path) -> None:

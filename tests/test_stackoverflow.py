@@ -159,6 +159,7 @@ def test_missing_or_foreign_files_are_one_line_data_errors(tmp_path: Path) -> No
     assert "stackoverflow.tag_count is not TFF's tag counts" in error(num_clients=2)
     shutil.copy(os.path.join(TINY, "stackoverflow.tag_count"), tmp_path)
     assert "--num_classes=13: " in error(num_clients=2, num_classes=13)
+    assert "--num_classes=0: " in error(num_clients=2, num_classes=0)  # no tag: every post dropped
 
 
 def test_without_the_vocabulary_files_the_drawn_clients_train_posts_give_them(

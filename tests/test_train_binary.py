@@ -16,7 +16,13 @@ import uuid
 
 import pytest
 import tensorflow as tf
-from conftest import ROOT, SHARED_LEAF_FILE, run_binary, worker_pids_with_tag
+from conftest import (
+    ROOT,
+    SHARED_LEAF_FILE,
+    TRAIN_IN_ONE_PROCESS,
+    run_binary,
+    worker_pids_with_tag,
+)
 
 from tff_clustered import checkpoint
 from tff_clustered.phases import PHASES
@@ -316,26 +322,13 @@ BAD_FLAGS = [
 
 # Runs train.py's main once per case in one process (importing TensorFlow once, not per case),
 # as `app.run` would: exit code and stderr of each case, as JSON lines.
-EACH_BAD_FLAGS_CASE = """
-import contextlib, io, json, sys
-cases = json.loads(sys.argv[1])
-sys.argv = ["train.py"]
-sys.path.insert(0, "binaries")
-import train
-from absl import app, flags
-from tff_clustered import cli
-
-for case in cases:
-    flags.FLAGS.unparse_flags()
-    stderr = io.StringIO()
-    code = 0
-    with contextlib.redirect_stderr(stderr):
-        try:
-            app.run(train.main, argv=["train.py", *case], flags_parser=cli.parse_flags)
-        except SystemExit as e:
-            code = e.code
-    print(json.dumps([code, stderr.getvalue()]), flush=True)
+EACH_BAD_FLAGS_CASE = (
+    TRAIN_IN_ONE_PROCESS
+    + """
+for case in ARGUMENT:
+    run_train(case)
 """
+)
 
 
 def test_bad_flags_exit_non_zero_with_a_clear_message(tmp_path: object) -> None:

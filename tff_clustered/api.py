@@ -298,7 +298,7 @@ def run(
             f"options for {algorithm} must be a mapping or {cls.__name__}.Options, got "
             f"{described(options)}"
         )
-    make_algorithm(algorithm, options)  # its own range checks (num_clusters >= 1) before any work
+    built = make_algorithm(algorithm, options)  # its range checks, before any work
     unknown = sorted(set(data_args) - set(DATA_ARGUMENTS))
     if unknown:
         raise TypeError(
@@ -322,7 +322,6 @@ def run(
 
     def build(timer: PhaseTimer) -> Experiment:
         with timer.phase("building"):
-            built = make_algorithm(algorithm, options)
             refuse_too_large(model, getattr(built, "num_clusters", 1) + runner.WORKING_COPIES)
             return Experiment(
                 data, model, built, training, execution=execution, device=device, timer=timer

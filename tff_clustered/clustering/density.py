@@ -67,6 +67,13 @@ def _nearest_distances(queries: np.ndarray, points: np.ndarray) -> np.ndarray:
     return out
 
 
+def _nearest_other(x: np.ndarray) -> np.ndarray:
+    """Each point's distance to its nearest *other* point (Eq. 6's v_k for every point)."""
+    own = _nearest_distances(x, x)
+    own[np.arange(len(x)), np.arange(len(x))] = np.inf
+    return own.min(axis=1)
+
+
 def _hopkins_sums(x: np.ndarray, rng: np.random.Generator, size: int) -> tuple[float, float]:
     """One draw of Eq. 6's sums: (sum_k z_k, sum_k v_k) over `size` real and as many synthetic
     points (the real draw first, then the synthetic points, from `rng`)."""
@@ -133,9 +140,7 @@ def hopkins_estimate(
     m = len(x)
     if m < 2:
         return 0.5, 0
-    own = _nearest_distances(x, x)
-    own[np.arange(m), np.arange(m)] = np.inf
-    nearest_other = own.min(axis=1)
+    nearest_other = _nearest_other(x)
     low, high, squares = x.min(axis=0), x.max(axis=0), np.einsum("ij,ij->i", x, x)
     block = max(1, (1 << 22) // max(1, x.shape[1]))  # synthetic rows per block (32 MiB)
 
@@ -232,13 +237,8 @@ def hopkins_against_references(
     real = np.argsort(rng.random((draws, m)), axis=1)[:, :size].reshape(-1)
     unit = rng.random((draws * size, x.shape[1]))
     sets = np.concatenate([x[None], refs])  # (S, m, d): the points, then the references
-    # v: each real point's distance to its nearest other point, exact differences per row.
-    nearest_other = np.full((len(sets), m), np.inf)
-    for i in range(m):
-        distances = np.linalg.norm(sets - sets[:, i : i + 1], axis=2)  # (S, m)
-        distances[:, i] = np.inf
-        nearest_other[:, i] = distances.min(axis=1)
-    v = nearest_other[:, real].sum(axis=1)
+    # v: each real point's distance to its nearest other point in its own set.
+    v = np.stack([_nearest_other(points_of_set) for points_of_set in sets])[:, real].sum(axis=1)
     # z: synthetic point low + u * width of each set's box to its nearest point x_j, with
     # ||u w + low - x_j||^2 = (u^2) . w^2 - 2 u . (w (x_j - low)) + ||x_j - low||^2 for all
     # sets in two products.

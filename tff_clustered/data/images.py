@@ -41,7 +41,7 @@ from tff_clustered.data.mnist import (
     FASHION_MNIST,
     MNIST,
     MnistFormat,
-    mnist_files,
+    mnist_paths,
     read_mnist_splits,
 )
 
@@ -367,7 +367,7 @@ def image_files(name: str, data_dir: Optional[str], tfds_dir: Optional[str]) -> 
     if not data_dir:
         return []
     if name in MNIST_FORMATS:
-        return sorted(set(mnist_files(data_dir, MNIST_FORMATS[name]).values()))
+        return mnist_paths(data_dir, MNIST_FORMATS[name])
     if name == "svhn":
         return [svhn_path(data_dir, split) for split in ("train", "test")]
     root = cifar_root(name, data_dir)

@@ -177,6 +177,11 @@ def mnist_files(data_dir: str, fmt: MnistFormat = MNIST) -> dict[str, str]:
     return sources
 
 
+def mnist_paths(data_dir: str, fmt: MnistFormat = MNIST) -> list[str]:
+    """The files `mnist_files` finds, each once (the .npz holds every split), sorted."""
+    return sorted(set(mnist_files(data_dir, fmt).values()))
+
+
 def read_mnist_splits(
     data_dir: str, fmt: MnistFormat = MNIST
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ from tff_clustered.data.fingerprint import SourceFingerprint
 from tff_clustered.data.images import TFDS_NAMES, image_files, load_image_federation
 from tff_clustered.data.leaf import leaf_split_files, load_leaf
 from tff_clustered.data.medmnist import PATHMNIST_PEERS, load_pathmnist, pathmnist_path
-from tff_clustered.data.mnist import MNIST, load_mnist, mnist_files
+from tff_clustered.data.mnist import MNIST, load_mnist, mnist_paths
 from tff_clustered.data.mnist_writers import WRITERS_FILE, load_mnist_writers
 from tff_clustered.data.sent140 import load_sent140
 from tff_clustered.data.stackoverflow import load_tff_stackoverflow, stackoverflow_files
@@ -256,12 +256,11 @@ def data_files(
     if name == "tff_stackoverflow":  # the database and its two vocabulary files
         return stackoverflow_files(data_dir) if data_dir else []
     if name == "mnist":
-        return sorted(set(mnist_files(data_dir or "", MNIST).values()))
+        return mnist_paths(data_dir or "", MNIST)
     if name == "mnist_writers":
         if not data_dir:
             return []
-        images = sorted(set(mnist_files(data_dir, MNIST).values()))
-        return [*images, os.path.join(data_dir, WRITERS_FILE)]
+        return [*mnist_paths(data_dir, MNIST), os.path.join(data_dir, WRITERS_FILE)]
     if name in (*FEMNIST_CLASSES, "sent140", "leaf"):
         _leaf_dirs(name, data_dir)
         texts = leaf_split_files(data_dir or "")

@@ -263,10 +263,10 @@ def load_tff_stackoverflow(
             ("|".join(p["train"]["tags"]).split("|") for p in posts.values() if "train" in p),
             TAG_VOCABULARY_SIZE if num_classes is None else num_classes,
         )
-    if num_classes is not None and num_classes > len(tags):
+    if num_classes is not None and not 1 <= num_classes <= len(tags):
         raise DataError(
             f"--num_classes={num_classes}: {tags_path if os.path.isfile(tags_path) else path} "
-            f"gives {len(tags)} tags; use --num_classes of at most {len(tags)}"
+            f"gives {len(tags)} tags; use --num_classes between 1 and {len(tags)}"
         )
     tags = tags[: TAG_VOCABULARY_SIZE if num_classes is None else num_classes]
     word_index = {w: i for i, w in enumerate(words)}
