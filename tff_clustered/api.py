@@ -160,8 +160,16 @@ def keras_model_spec(
     model_fn: Callable[[], tf.keras.Model], data: FederatedData, name: str = "custom"
 ) -> ModelSpec:
     """`model_fn` as a `ModelSpec` for `data`, checked once (`checked_model`)."""
-    checked_model(model_fn, data)
-    return ModelSpec(name, tuple(data.input_shape), data.num_classes, model_fn)
+    return keras_model_spec_and_values(model_fn, data, name)[0]
+
+
+def keras_model_spec_and_values(
+    model_fn: Callable[[], tf.keras.Model], data: FederatedData, name: str = "custom"
+) -> tuple[ModelSpec, int]:
+    """`keras_model_spec` and the number of values its model holds (`model_values`: a resumed
+    checkpoint's models must have as many), from the one model the check builds."""
+    values = model_values(checked_model(model_fn, data))
+    return ModelSpec(name, tuple(data.input_shape), data.num_classes, model_fn), values
 
 
 def checked_model(model_fn: Callable[[], tf.keras.Model], data: FederatedData) -> tf.keras.Model:
@@ -314,11 +322,11 @@ def run(
             train if isinstance(train, FederatedData) else federated_data(train, test, **data_args)
         )
     with timer.phase("validation"):
-        model = keras_model_spec(model_fn, data, model_name)
+        model, values = keras_model_spec_and_values(model_fn, data, model_name)
         settings = run_settings(algorithm, options, training, data, model_name)
         checkpoint.refuse_held_run_folder(output_dir)  # before a worker writes its log there
         if resume:
-            refuse_another_model(output_dir, settings, model_values(model_fn()))
+            refuse_another_model(output_dir, settings, values)
 
     def build(timer: PhaseTimer) -> Experiment:
         with timer.phase("building"):
