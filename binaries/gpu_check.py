@@ -148,7 +148,7 @@ def time_rounds(device: str) -> list[dict]:
     """In a child process: each workload's round on `device`, after one warm-up round (the
     trace, and the placement log), `--rounds` timed rounds."""
     from tff_clustered.federated.executions import RoundCache, repeated_round
-    from tff_clustered.federated.signature import round_hparams
+    from tff_clustered.federated.round_inputs import round_hparams
     from tff_clustered.models import initial_weights
     from tff_clustered.models.functional import functional_model
 

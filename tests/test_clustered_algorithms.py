@@ -23,8 +23,8 @@ from tff_clustered import weights as flat
 from tff_clustered.algorithms import algorithm_class, make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.data.federated_data import batches
-from tff_clustered.loop.client_runner import LocalTraining
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.round_calls import LocalTraining, TrainRequest
 from tff_clustered.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
@@ -155,15 +155,15 @@ def test_fesem_m_step_with_one_cluster_is_fedavg_weighted_as_asked(weighting: st
     sizes = [exp.data.train_sizes[c] for c in ids]
     assert len(set(sizes)) > 1  # weighted and unweighted means differ here
     before = exp.state.cluster_models[0]
-    outputs = exp.runner.train(
+    request = TrainRequest(
         exp.current_round(),
-        exp.state.cluster_models,
         1,
         ids,
         np.zeros(len(ids), np.int32),
+        exp.state.cluster_models,
         LocalTraining(1, 0.1),
-        exp.store,
-    ).outputs
+    )
+    outputs = exp.calls.train(request, exp.store).outputs
     deltas = np.stack([o["model_delta"] for o in outputs])
     row = exp.train_round(1)
     after = exp.state.cluster_models[0]

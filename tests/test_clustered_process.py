@@ -11,18 +11,24 @@ from reference import mclr_mean_loss, mclr_sgd, softmax, weighted_mean
 
 from tff_clustered.data import federated_data
 from tff_clustered.federated import client_work, distributors, local_training
+from tff_clustered.federated.distributions import (
+    Distribution,
+    LowestLossCluster,
+    Neighbours,
+    OwnCluster,
+)
 from tff_clustered.federated.round import (
     build_round,
     tff_round_parts,
 )
 from tff_clustered.federated.round_functions import round_functions
-from tff_clustered.federated.signature import (
-    RoundSignature,
+from tff_clustered.federated.round_inputs import (
     client_seed,
     evaluation_input,
     round_clients,
     round_hparams,
 )
+from tff_clustered.federated.signature import RoundSignature
 from tff_clustered.models import PersonalSplit, ResolvedSplit, initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
 
@@ -294,7 +300,7 @@ def test_clients_pick_the_lowest_loss_in_use_cluster_and_train_it() -> None:
     data, trains the best, and its update lands in that cluster only. A padding cluster (past
     `num_clusters`) is never picked, even where its model would score best."""
     rng = np.random.default_rng(5)
-    process, _ = build("mclr", PersonalSplit.none(), 3, distribution="lowest_loss_cluster")
+    process, _ = build("mclr", PersonalSplit.none(), 3, distribution=LowestLossCluster())
     state = process.initialize()
     # cluster 2 (padding): the zero model, whose uniform prediction beats random models here
     w = np.concatenate([rng.normal(size=(2, 5, 3)), np.zeros((1, 5, 3))]).astype(np.float32)
@@ -400,16 +406,14 @@ def test_a_diverged_client_is_left_out_of_its_cluster_mean() -> None:
 
 
 @pytest.mark.parametrize(
-    "distribution, options, selects",
+    "distribution, selects",
     [
-        ("own_cluster", {}, False),
-        ("lowest_loss_cluster", {}, False),
-        ("neighbours", {"num_neighbours": 1}, True),
+        (OwnCluster(), False),
+        (LowestLossCluster(), False),
+        (Neighbours(num_neighbours=1), True),
     ],
 )
-def test_only_peers_rows_go_by_federated_select(
-    distribution: str, options: dict, selects: bool
-) -> None:
+def test_only_peers_rows_go_by_federated_select(distribution: Distribution, selects: bool) -> None:
     """A client of a cluster is sent every cluster's shared variables by broadcast (a reference
     on the worker) and takes its row: `tff.federated_select` builds a dataset per client
     (3.4 ms a client for the MLP, `benchmark.py --benchmarks=tff_client_costs`). Only a
@@ -418,7 +422,7 @@ def test_only_peers_rows_go_by_federated_select(
     w0 = initial_weights(spec, 7)
     model = functional_model(spec.build(), spec.input_spec())
     signature = RoundSignature(
-        3, tuple(range(len(w0))), client_work.LocalSGD(), distribution=distribution, **options
+        3, tuple(range(len(w0))), client_work.LocalSGD(), distribution=distribution
     )
     parts = tff_round_parts(round_functions(model, spec.input_spec(), signature, w0))
     text = parts.next.to_building_block().compact_representation()

@@ -17,17 +17,18 @@ from tff_clustered.algorithms import ALGORITHMS, make_algorithm
 from tff_clustered.algorithms.dfl import Decentralized
 from tff_clustered.data import load_dataset
 from tff_clustered.federated import client_work, graphs, grouping, in_process, placement
+from tff_clustered.federated.distributions import Distribution, LowestLossCluster, OwnCluster
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round_functions import (
     round_functions,
 )
-from tff_clustered.federated.signature import (
-    RoundSignature,
+from tff_clustered.federated.round_inputs import (
     client_seed,
     evaluation_input,
     round_clients,
     round_hparams,
 )
+from tff_clustered.federated.signature import RoundSignature
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
@@ -100,7 +101,7 @@ def test_in_process_round_gives_the_tff_rounds_results(algorithm: str) -> None:
     tff_run, local_run = run(algorithm, "tff"), run(algorithm, "in_process")
     if algorithm in CLUSTERED:  # the clustering path is compared too, not a single model
         assert len(set(tff_run.state.assignment.values())) > 1
-    assert local_run.runner.rounds_cache.execution == "in_process"
+    assert local_run.calls.rounds_cache.execution == "in_process"
     # The same decisions: clusters, assignments, split.
     assert local_run.state.assignment == tff_run.state.assignment
     assert local_run.state.shared == tff_run.state.shared
@@ -134,7 +135,7 @@ def test_in_process_ifca_round_with_an_anchor_matches_tff() -> None:
         tuple(range(len(w0))),
         client_work.LocalSGD(prox_mu=0.3),
         return_model_deltas=True,
-        distribution="lowest_loss_cluster",
+        distribution=LowestLossCluster(),
         anchor=(0, 1),
     )
     rng = np.random.default_rng(0)
@@ -277,7 +278,7 @@ def traced_name(fn: object, specs: list) -> str:
 
 
 def unequal_round_results(
-    functional: object, w0: list, work: object, distribution: str, **round_options: object
+    functional: object, w0: list, work: object, distribution: Distribution, **round_options: object
 ) -> tuple[tuple, list[str]]:
     """One in-process round of six clients of unequal sizes (two of them equal), and the
     names of the graphs it traced."""
@@ -330,12 +331,12 @@ def run_unequal_round(fed_round: object, w0: list, work: object) -> tuple:
     "work,distribution",
     [
         # IFCA's pick (every cluster scored on the client's data first), a pull, momentum
-        (client_work.LocalSGD(prox_mu=0.3, momentum=0.5), "lowest_loss_cluster"),
-        (client_work.DittoSGD(ditto_lambda=0.5), "own_cluster"),  # two passes over the data
+        (client_work.LocalSGD(prox_mu=0.3, momentum=0.5), LowestLossCluster()),
+        (client_work.DittoSGD(ditto_lambda=0.5), OwnCluster()),  # two passes over the data
     ],
 )
 def test_clients_of_unequal_sizes_train_padded_with_the_results_of_training_alone(
-    work: object, distribution: str
+    work: object, distribution: Distribution
 ) -> None:
     """Clients of different sizes train in one vectorised call, each padded to the largest
     with masked batches, and every output (models, kept models, counts, losses, clusters)
@@ -388,7 +389,7 @@ def test_a_model_with_dropout_is_not_padded() -> None:
     functional = functional_model(keras_model)
     assert not functional.rows_independent
     w0 = [w.numpy() for w in keras_model.trainable_weights]
-    _, names = unequal_round_results(functional, w0, client_work.LocalSGD(), "own_cluster")
+    _, names = unequal_round_results(functional, w0, client_work.LocalSGD(), OwnCluster())
     assert "train_padded_clients" not in names and "train_stacked" in names
 
 

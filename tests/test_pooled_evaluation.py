@@ -44,8 +44,8 @@ def assert_same_results(pooled: dict, per_client: dict) -> None:
 
 
 def per_client(exp: Experiment, models: np.ndarray, keys: np.ndarray, split: str) -> dict:
-    whole = exp.runner.whole_model_round(len(models))
-    return exp.runner.score(whole, models, keys, exp.data.client_ids, split=split)
+    whole = exp.calls.whole_model_round(len(models))
+    return exp.calls.score(whole, models, keys, exp.data.client_ids, split=split)
 
 
 def from_probabilities(exp: Experiment, model: np.ndarray, client_ids: list) -> dict:
@@ -74,7 +74,7 @@ def test_pooled_scores_equal_per_client_scores_for_each_kind(execution: str) -> 
         models, keys = server_models(exp.state.cluster_models, kind, clusters)
         for split in ("test", "train"):
             assert_same_results(
-                exp.runner.score_pooled(models, keys, ids, split),
+                exp.calls.score_pooled(models, keys, ids, split),
                 per_client(exp, models, keys, split),
             )
     # the whole evaluation row, through the pooled path, is what the per-client path pools to
@@ -100,9 +100,9 @@ def test_pooled_scores_of_a_model_with_batchnorm_state() -> None:
     # moving means and variances away from their initial 0 and 1, so that they matter
     models = models.copy()
     models[:, -state_size:] = np.random.default_rng(0).uniform(0.5, 2.0, state_size)
-    pooled = exp.runner.score_pooled(models, keys, ids, "test")
+    pooled = exp.calls.score_pooled(models, keys, ids, "test")
     assert_same_results(pooled, from_probabilities(exp, models[0], ids))
-    initial = exp.runner.score_pooled(
+    initial = exp.calls.score_pooled(
         server_models(exp.state.cluster_models, "global", keys)[0], keys, ids, "test"
     )
     assert [pooled[c]["loss_sum"] for c in ids] != [initial[c]["loss_sum"] for c in ids]
@@ -117,8 +117,8 @@ def test_a_personal_kind_that_joins_stored_layers_is_scored_client_by_client() -
     models, keys = server_models(exp.state.cluster_models, "cluster", clusters)
     fed_round = exp.current_round()
     personal = exp.evaluator.score_kind("personal", models, keys, ids, exp.store, fed_round)
-    assert personal == exp.runner.score(fed_round, models, keys, ids, exp.store)
-    whole = exp.runner.score_pooled(models, keys, ids)  # the shared base with the initial head
+    assert personal == exp.calls.score(fed_round, models, keys, ids, exp.store)
+    whole = exp.calls.score_pooled(models, keys, ids)  # the shared base with the initial head
     assert [personal[c]["num_correct"] for c in ids] != [whole[c]["num_correct"] for c in ids]
 
 
@@ -133,7 +133,7 @@ def test_pooled_scores_of_a_single_logit_model() -> None:
     ids = exp.data.client_ids
     models, keys = server_models(exp.state.cluster_models, "global", np.zeros(len(ids), np.int32))
     assert_same_results(
-        exp.runner.score_pooled(models, keys, ids), from_probabilities(exp, models[0], ids)
+        exp.calls.score_pooled(models, keys, ids), from_probabilities(exp, models[0], ids)
     )
 
 
@@ -142,30 +142,30 @@ def test_pooled_examples_go_to_the_worker_once_and_again_after_its_executor_chan
 ) -> None:
     import tensorflow_federated as tff
 
-    from tff_clustered.loop import client_runner
+    from tff_clustered.loop import round_calls
 
     data = load_digits_clusters(num_clients=8, num_groups=2, seed=5)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
     exp = trained("ifca", data, model, "tff", num_clusters=2)
     ids = exp.data.client_ids
     models, keys = server_models(exp.state.cluster_models, "cluster", np.arange(len(ids)) % 2)
-    first = exp.runner.score_pooled(models, keys, ids)
-    held = exp.runner.pooled_rows("test", ids).examples
+    first = exp.calls.score_pooled(models, keys, ids)
+    held = exp.calls.pooled_rows("test", ids).examples
     assert not any(isinstance(v, np.ndarray) for v in held)  # references to the worker's values
-    split = exp.runner._pooled_splits["test"]
+    split = exp.calls._pooled_splits["test"]
     sent = split.examples.__self__  # the split's `WorkerArrays`
     assert sent.sends == 1  # every evaluation of the run (and this call) reused one send
-    assert exp.runner.score_pooled(models, keys, ids) == first
+    assert exp.calls.score_pooled(models, keys, ids) == first
     assert sent.sends == 1
     # TFF's context drops its executor after an error: the examples are sent again
     tff.framework.get_context_stack().current.executor_factory.clean_up_executor({})
-    assert exp.runner.score_pooled(models, keys, ids) == first
+    assert exp.calls.score_pooled(models, keys, ids) == first
     assert sent.sends == 2
     # a split too large to keep is pooled per call, with the same results
-    monkeypatch.setattr(client_runner, "POOLED_SPLIT_MAX_BYTES", 0)
-    exp.runner._pooled_splits.clear()
-    assert exp.runner.score_pooled(models, keys, ids) == first
-    assert exp.runner._pooled_splits["test"] is None
+    monkeypatch.setattr(round_calls, "POOLED_SPLIT_MAX_BYTES", 0)
+    exp.calls._pooled_splits.clear()
+    assert exp.calls.score_pooled(models, keys, ids) == first
+    assert exp.calls._pooled_splits["test"] is None
 
 
 def test_pooled_examples_reach_the_worker_from_inside_a_running_event_loop() -> None:

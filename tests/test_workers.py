@@ -112,7 +112,7 @@ def test_two_workers_give_the_one_worker_result(two_workers: list, monkeypatch: 
             models, keys = server_models(
                 experiment.state.cluster_models, "cluster", np.arange(len(ids)) % 2
             )
-            scores = experiment.runner.score(experiment.current_round(), models, keys, ids)
+            scores = experiment.calls.score(experiment.current_round(), models, keys, ids)
             results.append((experiment.state, history, scores))
     assert len(set(used)) == 2  # both workers trained and scored clients
     (one, one_history, one_scores), (two, two_history, two_scores) = results

@@ -4,8 +4,9 @@ round, apply the algorithm's decision, then evaluate. Round by round, each as on
 It knows no paper by name: everything an algorithm decides comes back as a `Decision`
 (`algorithms/base.py`) and is applied to the run's state (`loop/state.py`). Its parts are their
 own modules under `loop/`: the settings (`config`), the state and the divergence policy
-(`state`), the adapter to a built round (`client_runner`), the `Queries` an algorithm is given
-(`queries`) and the evaluation (`evaluation`). Every random choice is a pure function of
+(`state`), one training round as a step (`round_step`) through the calls of built computations
+(`round_calls`), the `Queries` an algorithm is given (`queries`) and the evaluation
+(`evaluation`). Every random choice is a pure function of
 `(seed, stream, round, client)`, so a run resumed from a checkpoint ends exactly where an
 uninterrupted run would.
 """
@@ -14,30 +15,31 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from tff_clustered import weights as flat
-from tff_clustered.algorithms.base import Algorithm, Decision, RoundResult, RunInfo, ServerView
+from tff_clustered.algorithms.base import (
+    Algorithm,
+    Decision,
+    Plan,
+    RoundResult,
+    RunInfo,
+    ServerView,
+)
 from tff_clustered.client_store import ClientStore
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round import FederatedRound
 from tff_clustered.federated.signature import ModelLayout, RoundSignature
-from tff_clustered.loop.client_runner import ClientRunner, LocalTraining, round_result
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.evaluation import Evaluator
 from tff_clustered.loop.queries import ServerQueries
-from tff_clustered.loop.state import (
-    RunState,
-    apply_decision,
-    check_diverged_clients,
-    check_finite,
-    cluster_capacity,
-    row_examples,
-)
+from tff_clustered.loop.round_calls import LocalTraining, RoundCalls, TrainRequest
+from tff_clustered.loop.round_step import RoundOutcome, RoundStep
+from tff_clustered.loop.state import RunState, apply_decision, check_finite, cluster_capacity
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec, initial_weights
 from tff_clustered.models.split import classifier_layers, trainable_layer_sizes
@@ -90,12 +92,7 @@ class Experiment:
                 f"{len(data.client_ids)} clients of {data.name}; lower it"
             )
         self.server_optimizer = algorithm.server_optimizer(config.server_optimizer)
-        if algorithm.distribution == "neighbours" and not self.server_optimizer.is_identity:
-            raise ValueError(
-                f"{algorithm.name} is decentralized: no server aggregates its peers' updates, so "
-                f"--server_optimizer={self.server_optimizer.name} has nothing to step; leave "
-                "--server_optimizer and --server_learning_rate unset"
-            )
+        algorithm.distribution.check_server_optimizer(algorithm.name, self.server_optimizer)
         self.data, self.model, self.algorithm, self.config = data, model, algorithm, config
         self.round_metrics = tuple(round_metrics)
         self.timer = PhaseTimer() if timer is None else timer
@@ -134,9 +131,14 @@ class Experiment:
         )
         self.work = algorithm.client_work(config.momentum, self.run)
         self.anchor_tensors = tuple(algorithm.anchor_tensors(self.run))
-        self.return_model_deltas = algorithm.needs_model_deltas or bool(self.round_metrics)
-        self.runner = ClientRunner(data, self.layout, rounds_cache, config)
-        self.evaluator = Evaluator(data, algorithm, self.run, self.runner, config.fine_tune_steps)
+        self.calls = RoundCalls(data, self.layout, rounds_cache, config)
+        self.round_step = RoundStep(
+            self.calls,
+            algorithm.distribution,
+            config.max_diverged_fraction,
+            algorithm.needs_model_deltas or bool(self.round_metrics),
+        )
+        self.evaluator = Evaluator(data, algorithm, self.run, self.calls, config.fine_tune_steps)
         self.state = RunState()
         self.store = ClientStore(self.initial_variables)
         # Per-client results of the last evaluation, one dict per client (for clients.csv).
@@ -170,7 +172,7 @@ class Experiment:
     def queries(self) -> ServerQueries:
         """What the algorithm may ask of the run as it stands now."""
         return ServerQueries(
-            self.runner, self.store, self.signature(), self.model, self.functional.initial_state
+            self.calls, self.store, self.signature(), self.model, self.functional.initial_state
         )
 
     def apply(self, decision: Decision) -> None:
@@ -220,16 +222,15 @@ class Experiment:
             shared=self.state.shared,
             work=self.work,
             keep_client_models=self.algorithm.keep_client_models,
-            return_model_deltas=self.return_model_deltas,
+            return_model_deltas=self.round_step.with_deltas,
             client_weighting=self.algorithm.client_weighting,
             distribution=self.algorithm.distribution,
             anchor=self.anchor_tensors,
-            num_neighbours=self.algorithm.num_neighbours,
             server_optimizer=self.server_optimizer,
         )
 
     def current_round(self) -> FederatedRound:
-        return self.runner.rounds_cache.get(self.signature())
+        return self.calls.rounds_cache.get(self.signature())
 
     def sample_clients(self, round_num: int) -> list[str]:
         """`clients_per_round` of the eligible clients (all of them if fewer)."""
@@ -241,90 +242,88 @@ class Experiment:
         return [ids[i] for i in chosen]
 
     def train_round(self, round_num: int) -> dict[str, Any]:
-        """Sample, plan, train and aggregate (the federated round, the server optimizer's step
-        included), decide: one row."""
+        """Sample, plan, run the federated round (the server optimizer's step included),
+        decide, record: one row."""
         assignment_before = dict(self.state.assignment)
         client_ids = self.sample_clients(round_num)
-        started = time.perf_counter()
-        plan = self.algorithm.plan(self.run, self.view(), client_ids, self.queries)
-        self.apply(plan.decision)
-        planned = time.perf_counter()
-        picks = self.algorithm.distribution == "lowest_loss_cluster"
-        if (plan.clusters is None) != picks:
-            raise ValueError(
-                f"{self.algorithm.name}: a plan gives clusters exactly when clients do not "
-                "pick their own"
-            )
-        clusters = np.zeros(len(client_ids), np.int32) if picks else np.asarray(plan.clusters)
-        learning_rate = self.config.learning_rate_at(round_num)
-        fed_round = self.current_round()
-        row_weights = None  # a routed row is weighted by the examples its peer holds
-        if fed_round.signature.distribution == "neighbours":
-            rows = fed_round.signature.num_clusters
-            row_weights = row_examples(self.state.assignment, self.run.train_sizes, rows)
-        before = self.state.cluster_models
-        keys: Any = clusters
-        if plan.neighbours is not None:  # each peer's own row, then the rows routed to it
-            keys = np.concatenate([clusters[:, None], np.asarray(plan.neighbours)], axis=1)
-        optimizer_state = self.server_optimizer.state_or_initial(
-            self.state.server_optimizer_state, len(before), self.run.num_trainable_values
-        )
-        trained_round = self.runner.train(
-            fed_round,
-            before,
-            round_num,
-            client_ids,
-            keys,
-            LocalTraining(self.config.local_epochs, learning_rate, self.config.local_steps or None),
-            self.store,
-            plan.client_scalars,
-            self.state.anchor,
-            row_weights,
-            optimizer_state,
-        )
-        after, outputs = trained_round.cluster_models, trained_round.outputs
-        train_seconds = time.perf_counter() - planned
-        if picks:
-            clusters = np.array([int(o["cluster"]) for o in outputs], np.int32)
-        # Diverged clients were left out of the aggregate; they are left out of the store and
-        # of what the algorithm sees too.
-        finite = np.array([bool(o["finite"]) for o in outputs])
-        kept = check_diverged_clients(
-            finite, client_ids, round_num, learning_rate, self.config.max_diverged_fraction
-        )
-        outputs = [outputs[i] for i in kept]
-        client_ids, clusters = [client_ids[i] for i in kept], clusters[kept]
-        self.state.server_optimizer_state = trained_round.optimizer_state
-        check_finite(after, round_num, "aggregation", clusters, client_ids)
-        self.state.cluster_models = after
-        for cid, out in zip(client_ids, outputs):
-            self.store.update(cid, fed_round.io.store_out, out["stored"])
-        result = round_result(
-            round_num, client_ids, clusters, outputs, before, self.return_model_deltas
-        )
-        after_round = time.perf_counter()
-        decision = self.algorithm.after_round(self.run, self.view(), result, self.queries)
-        self.apply(decision)
-        server_seconds = (planned - started) + (time.perf_counter() - after_round)
+        with Stopwatch() as planning:
+            plan = self.algorithm.plan(self.run, self.view(), client_ids, self.queries)
+            self.apply(plan.decision)
+        request = self.train_request(round_num, client_ids, plan)
+        outcome = self.round_step.run(request, self.store)
+        self.state.cluster_models = outcome.cluster_models
+        self.state.server_optimizer_state = outcome.optimizer_state
+        with Stopwatch() as deciding:
+            result = outcome.result
+            decision = self.algorithm.after_round(self.run, self.view(), result, self.queries)
+            self.apply(decision)
         check_finite(
-            self.state.cluster_models, round_num, self.algorithm.name, clusters, result.client_ids
+            self.state.cluster_models,
+            round_num,
+            self.algorithm.name,
+            result.clusters,
+            result.client_ids,
         )
+        server_seconds = planning.seconds + deciding.seconds
+        return self.training_row(request, outcome, decision, server_seconds, assignment_before)
+
+    def train_request(self, round_num: int, client_ids: Sequence[str], plan: Plan) -> TrainRequest:
+        """The round's call for the sampled clients as the plan sends them."""
+        fed_round = self.current_round()
+        distribution = self.algorithm.distribution
+        num_rows = fed_round.signature.num_clusters
+        return TrainRequest(
+            fed_round=fed_round,
+            round_num=round_num,
+            client_ids=client_ids,
+            keys=distribution.keys(
+                self.algorithm.name, len(client_ids), plan.clusters, plan.neighbours
+            ),
+            cluster_models=self.state.cluster_models,
+            training=LocalTraining(
+                self.config.local_epochs,
+                self.config.learning_rate_at(round_num),
+                self.config.local_steps or None,
+            ),
+            client_scalars=plan.client_scalars,
+            anchor=self.state.anchor,
+            row_weights=distribution.row_weights(
+                self.state.assignment, self.run.train_sizes, num_rows
+            ),
+            optimizer_state=self.server_optimizer.state_or_initial(
+                self.state.server_optimizer_state,
+                self.num_clusters,
+                self.run.num_trainable_values,
+            ),
+        )
+
+    def training_row(
+        self,
+        request: TrainRequest,
+        outcome: RoundOutcome,
+        decision: Decision,
+        server_seconds: float,
+        assignment_before: Mapping[str, int],
+    ) -> dict[str, Any]:
+        """The round's row: its training loss, clients and seconds (the clients' training: the
+        federated round; the algorithm's own work before and after it; evaluation and
+        checkpoints have their own columns), the values sent, the round metrics and the
+        algorithm's own, the clients that changed cluster and the sampled ones per cluster."""
+        result, signature = outcome.result, request.fed_round.signature
+        num_before = len(request.cluster_models)
         num_examples = result.num_examples.sum()
         row: dict[str, Any] = {
-            "learning_rate": learning_rate,
+            "learning_rate": request.training.learning_rate,
             "train_loss": float(result.loss_sums.sum() / max(num_examples, 1.0)),
-            "num_sampled": len(finite),
-            "dropped_clients": len(finite) - len(kept),
-            # where the round's time went: the clients' training (the federated round), and
-            # the algorithm's own server-side work before and after it (clustering, cold starts
-            # and the queries they make); evaluation and checkpoints have their own columns
-            "train_seconds": train_seconds,
+            "num_sampled": outcome.num_sampled,
+            "dropped_clients": outcome.num_dropped,
+            "train_seconds": outcome.seconds,
             "server_seconds": server_seconds,
             "floats_communicated": self.algorithm.values_sent_per_round(
-                len(finite),
-                self.values_of(fed_round.signature.shared),
-                len(before),
-                self.values_of(fed_round.signature.anchor),
+                outcome.num_sampled,
+                self.values_of(signature.shared),
+                num_before,
+                self.values_of(signature.anchor),
             ),
         }
         for metric in self.round_metrics:
@@ -335,7 +334,7 @@ class Experiment:
             for c, k in self.state.assignment.items()
             if assignment_before.get(c, -1) >= 0 and k >= 0 and k != assignment_before[c]
         )
-        sampled = np.bincount(clusters, minlength=len(before))
+        sampled = np.bincount(result.clusters, minlength=num_before)
         row.update({f"sampled_cluster_{k}": int(n) for k, n in enumerate(sampled)})
         return row
 

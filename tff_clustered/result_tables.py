@@ -66,7 +66,7 @@ def diagnostics(history: Sequence[Mapping[str, Any]], method: type[Algorithm]) -
     triggers, UA-PDFL's regimes, ...)."""
     trained = [r for r in history if r["round"] > 0]
     sizes = _last(history, "cluster_size_")
-    decentralized = method.distribution == "neighbours"
+    decentralized = method.distribution.decentralized
     return {
         "clusters": None if decentralized or not sizes else sum(v > 0 for v in sizes.values()),
         "cluster_sizes": None

@@ -26,11 +26,10 @@ from typing import Any, ClassVar, Optional, Protocol
 
 import numpy as np
 
-from tff_clustered import clustering
 from tff_clustered import options as options_lib
 from tff_clustered.federated import client_work
+from tff_clustered.federated.distributions import Distribution, OwnCluster
 from tff_clustered.federated.server_optimizers import ServerOptimizer
-from tff_clustered.seeds import ALGORITHM, derived_seed
 
 UNCHANGED: Any = "unchanged"  # a Decision's state that keeps the previous one
 # Models a client can be scored with: "global" (one model for everyone: the one-cluster model,
@@ -153,11 +152,11 @@ class Decision:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """The sampled clients' clusters for this round (None when each client picks its own in the
-    round, `Algorithm.distribution`), one number per client for its client work
+    round, `LowestLossCluster`), one number per client for its client work
     (`ClientInputs.client_scalar`, 1.0 when not given: FeSEM's proximal scales, UA-PDFL's
     divergence threshold), any decision taken before
     training (for instance newcomers assigned on first sight), and, for decentralized peers
-    (`distribution="neighbours"`), the rows each one receives besides its own, (clients,
+    (the `Neighbours` distribution), the rows each one receives besides its own, (clients,
     `num_neighbours`)."""
 
     clusters: Optional[np.ndarray]
@@ -217,11 +216,9 @@ class Algorithm:
     needs_model_deltas: ClassVar[bool] = False
     # The model kinds evaluated (`MODEL_KINDS`), the one the paper reports first.
     model_kinds: ClassVar[tuple[str, ...]] = ("global",)
-    # What each sampled client receives (`federated.signature.DISTRIBUTIONS`): its own cluster's
-    # model, or every cluster's to pick the lowest-loss one from (IFCA).
-    distribution: ClassVar[str] = "own_cluster"
-    # With distribution "neighbours": the rows each peer receives besides its own.
-    num_neighbours: int = 0
+    # How each sampled client receives its model (`federated.distributions`): its own cluster's,
+    # every cluster's to pick the lowest-loss one from (IFCA), or its neighbours' rows (peers).
+    distribution: Distribution = OwnCluster()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """An algorithm that declares its own `Options` gets them type-checked where they are
@@ -310,7 +307,7 @@ class Algorithm:
         """Model values communicated in one round: each sampled client downloads its model
         (IFCA: all cluster models) and the anchor, if any, and uploads its update; personal
         tensors never travel."""
-        downloads = num_clusters if self.distribution == "lowest_loss_cluster" else 1
+        downloads = self.distribution.models_downloaded(num_clusters)
         return num_sampled * (shared_values * (downloads + 1) + anchor_values)
 
     def describe(self) -> dict[str, Any]:
@@ -372,46 +369,3 @@ def layers_to_tensors(layer_sizes: Sequence[int], top_layers: int) -> tuple[int,
         )
     kept = sum(layer_sizes[: len(layer_sizes) - top_layers])
     return tuple(range(kept))
-
-
-def independent_clusters(name: str, run: RunInfo, queries: Queries, num_clusters: int) -> Decision:
-    """Start of IFCA: one independently initialised model per cluster, a seed each;
-    nobody assigned yet (a client counts in evaluation once it has been). More clusters than
-    clients is refused: some would never have a member."""
-    check_cluster_count(name, num_clusters, run)
-    seeds = [derived_seed(run.seed, ALGORITHM, k) for k in range(num_clusters)]
-    return Decision(
-        assignment={c: -1 for c in run.client_ids},
-        cluster_models=np.stack([queries.initial_model(s) for s in seeds]),
-        state=None,
-    )
-
-
-def clusters_of_local_models(
-    name: str,
-    run: RunInfo,
-    queries: Queries,
-    num_clusters: int,
-    epochs: int,
-    restarts: int,
-    weights: Optional[np.ndarray] = None,
-) -> Decision:
-    """Start of FeSEM and CGPFL: every client's model after `epochs` of plain local SGD from
-    w0; K-means (best of `restarts`, by intra-cluster distance) on their trainable values gives
-    the first assignment, and each cluster model is its members' mean (weighted by `weights`,
-    one per client, when given)."""
-    check_cluster_count(name, num_clusters, run)
-    ids = list(run.client_ids)
-    models = run.initial_model[None, :] + queries.local_updates(ids, run.initial_model, epochs, 0)
-    labels, _ = clustering.best_kmeans(
-        models[:, : run.num_trainable_values],
-        num_clusters,
-        restarts,
-        derived_seed(run.seed, ALGORITHM),
-    )
-    previous = np.repeat(run.initial_model[None, :], num_clusters, axis=0)
-    return Decision(
-        assignment=dict(zip(ids, labels.tolist())),
-        cluster_models=clustering.mean_per_cluster(models, labels, previous, weights),
-        state=None,
-    )

@@ -6,7 +6,7 @@ TFF has no client-to-client message, so peers are TFF clients and the server onl
 its state is a mailbox holding every peer's published model (one row per peer, the end of
 the previous round: synchronous snapshot semantics), and each round `federated_select`
 hands each peer its own row and the rows of the N_com peers it pulls from (the round's
-"neighbours" distribution, `federated/distributors.py`). Everything a peer decides runs inside its
+`Neighbours` distribution, `federated/distributions.py`). Everything a peer decides runs inside its
 client computation (the baselines' `PeerStep`; UA-PDFL's and DisPFL's in their files): what
 it mixes from the rows it received (`Inbox`), with |D| weights, and its local training.
 Nothing is averaged on the server: after the round the mailbox is the peers' new models.
@@ -43,6 +43,7 @@ from tff_clustered.algorithms.base import (
     per_seed_text,
 )
 from tff_clustered.federated import client_work, local_training
+from tff_clustered.federated.distributions import Neighbours
 from tff_clustered.options import option
 from tff_clustered.seeds import ALGORITHM, derived_seed
 
@@ -203,7 +204,7 @@ class Decentralized(Algorithm):
     after the round the mailbox is the peers' new models. A subclass says which part of the
     model its peers mix (`mixes_base`, `mixes_head`) or gives its own `client_work`."""
 
-    distribution = "neighbours"
+    distribution = Neighbours()  # each instance: Neighbours(num_neighbours)
     keep_client_models = True
     model_kinds = ("personal",)
     mixes_base: ClassVar[bool] = True  # g averaged over {i} and Q_i
@@ -239,9 +240,10 @@ class Decentralized(Algorithm):
                 (self.options.dfl_head_layers >= 0, "dfl_head_layers must be >= 0"),
             ]
         )
+        self.distribution = Neighbours(self.num_neighbours)
 
     @property
-    def num_neighbours(self) -> int:  # type: ignore[override]
+    def num_neighbours(self) -> int:
         return int(self.options.num_neighbours)
 
     def head_start(self, run: RunInfo) -> int:

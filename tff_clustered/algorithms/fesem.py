@@ -42,8 +42,8 @@ from tff_clustered.algorithms.base import (
     ServerView,
     Similarity,
     check,
-    clusters_of_local_models,
 )
+from tff_clustered.algorithms.cold_starts import clusters_of_local_models
 from tff_clustered.algorithms.ifca import DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP
 from tff_clustered.federated.signature import CLIENT_WEIGHTINGS
 from tff_clustered.options import option

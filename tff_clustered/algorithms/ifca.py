@@ -18,8 +18,9 @@ from tff_clustered.algorithms.base import (
     RunInfo,
     ServerView,
     check,
-    independent_clusters,
 )
+from tff_clustered.algorithms.cold_starts import independent_clusters
+from tff_clustered.federated.distributions import LowestLossCluster
 from tff_clustered.options import option
 
 DEFAULT_CLUSTERS = 3
@@ -32,7 +33,7 @@ class IFCA(Algorithm):
     name = "ifca"
     model_kinds = ("cluster",)  # independently initialised: their mean means nothing
     paper = "Ghosh et al., An Efficient Framework for Clustered Federated Learning, NeurIPS 2020"
-    distribution = "lowest_loss_cluster"  # the round's clients pick (federated/distributors.py)
+    distribution = LowestLossCluster()  # the round's clients pick (federated/distributions.py)
 
     @dataclasses.dataclass(frozen=True)
     class Options:

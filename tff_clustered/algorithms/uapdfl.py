@@ -24,21 +24,11 @@ With N_com = 0 a peer has no neighbourhood: nothing is mixed and there is nothin
 with (the Eq. 12 term is dropped), so UA-PDFL is Local.
 
 th_I: the paper gives no value. By default (`--uapdfl_threshold=0`) it is calibrated from the
-run's own divergences (below); `--uapdfl_threshold=X` > 0 is the constant X (0.1 was our
-default before). Div's scale depends on the model, the classes, the seed and how far training
-has gone, so a constant decides which regime peers take: on the embedded digits (median Div
-between peers 0.1-0.3 on IID data, 1-1.5 at Dirichlet 0.5) 0.1 sends nearly every peer to the
-personal-head branch (UA-PDFL becomes FedPer-DFL, 2.6 points below FedAvg-DFL); on real
-Fashion-MNIST with LeNet (median Div 0.003-0.08 in two seeds, 0.45 in the third) it sends 88-99 %
-of the peer-rounds of two seeds to dropout and the third mostly to the personal head, and
-UA-PDFL ends 1.9 points below FedAvg-DFL at Dirichlet 0.5. Calibrated, it is level with
-FedAvg-DFL in both places (Fashion-MNIST Dirichlet 0.5: 87.64 against 87.81, Dirichlet 5: 83.86
-against 83.86; digits Dirichlet 0.5: 94.19 against 94.09). Where the constant 0.1 does better:
-peers in planted label-permutation groups, which round 1 does not reveal on the one X_unit
-input (the test `test_uapdfl_beats_fedavg_dfl_on_two_planted_groups` runs it with 0.1).
-
-The calibrated rule takes a scale-free quantity from round 1, when every peer started from the
-same w0 and no regime has acted yet, and carries it as a quantile, which follows Div's growth:
+run's own divergences (below); `--uapdfl_threshold=X` > 0 is the constant X. Div's scale depends
+on the model, the classes, the seed and how far training has gone, so a constant decides which
+regime the peers take (docs/uapdfl.md gives the measurements). The calibrated rule takes a
+scale-free quantity from round 1, when every peer started from the same w0 and no regime has
+acted yet, and carries it as a quantile, which follows Div's growth:
   * after round 1 the relay takes the fingerprints of w0 and of every peer's published model
     (the I each peer sends its neighbours) and calls a pair alike when
     Div(i, j) < Div(w0, i) + Div(w0, j). In the quadratic approximation of Div (a Fisher
@@ -51,15 +41,8 @@ same w0 and no regime has acted yet, and carries it as a quantile, which follows
     of the pairs a peer meets count as similar whatever Div's current scale is.
 Its weak point: a quantile imposes the share, so on IID data the pairs judged unlike at round
 1 (noise) keep about (1 - s) of the pairs above th_I in every round, and a peer needs all its
-N_com pairs below for dropout (about s^N_com of the peers). Measured (10 peers, N_com = 3,
-20 rounds, seeds 0-2): digits Dirichlet 0.5 94.19 % (FedAvg-DFL 94.09, constant 1.0: 94.75),
-IID dropout 33-86 %; on the planted label-permutation groups (`digits`) round 1 does not
-separate the groups (s = 0.69-0.84) and it is below FedPer-DFL and FedAvg-DFL.
-Two rules tried before were dropped because on IID data they sent most peers to the personal
-head (1-2 % dropout): th_I = the median drift Div(I(w^0), I(w_i)) after round 1 (a scale, and
-Div grows as models become confident, so it is too small later), and each peer's own movement
-between rounds (a peer that keeps its head drifts away from its neighbours, so the regime
-feeds back on Div). Each peer's th_I reaches its client computation as its `client_scalar` (`plan`).
+N_com pairs below for dropout (about s^N_com of the peers). Each peer's th_I reaches its client
+computation as its `client_scalar` (`plan`).
 """
 
 from __future__ import annotations

@@ -65,8 +65,7 @@ class ClusterSums:
         stacked_type = self.stacked_type
 
         # The zero stack made by TF inside the computation: as a literal, its values would be
-        # serialized one by one into the computation (about 0.5 s per 10 M values here, on every
-        # build) and sent with it.
+        # serialized one by one into the computation at every build, and sent with it.
         @tff.tensorflow.computation
         def zero() -> object:
             return tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), self.stacked_specs)

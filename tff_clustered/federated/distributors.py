@@ -1,19 +1,21 @@
-"""The round's distributor: what the server sends each client, and what the client makes of it
-before its work starts (the shared variables it starts from, the cluster its update counts in,
-and what else its work reads). One class per way of distributing, chosen by the signature's
-`distribution` (`signature.DISTRIBUTIONS`):
+"""The TF side of a round's distribution: what the server sends each client, and what the
+client makes of it before its work starts (the shared variables it starts from, the cluster its
+update counts in, and what else its work reads). One class per way of distributing, made by the
+signature's `Distribution` (`distributions.py`):
 
-* `OwnCluster`: the server picks; the client trains the shared variables of the cluster its
-  key names (FedAvg, FedGroup, FeSEM, ...). Every cluster's are broadcast and the client takes
-  its key's row, unless `tff.federated_select`, sending each client its own, costs less
-  (`OwnCluster.sends_every_cluster`: many clusters of a large model). What a deployment would
-  send each client, its own cluster's model, is what the algorithms report as communication
-  (`values_sent_per_round`);
-* `LowestLossCluster`: every cluster's shared variables are broadcast and the client joins the
-  one of lowest loss on its training data (IFCA, Ghosh et al. 2020, Alg. 2), reporting its pick;
-* `Neighbours`: the server state is a mailbox of every peer's published model; a client is sent
-  the rows its key names, its own first, and reads the others as its inbox (decentralized peers:
-  DisPFL, UA-PDFL). The server only routes: nothing is aggregated (`relays`).
+* `OwnClusterDistributor`: the server picks; the client trains the shared variables of the
+  cluster its key names (FedAvg, FedGroup, FeSEM, ...). Every cluster's are broadcast and the
+  client takes its key's row, unless `tff.federated_select`, sending each client its own, costs
+  less (`OwnClusterDistributor.sends_every_cluster`: many clusters of a large model). What a
+  deployment would send each client, its own cluster's model, is what the algorithms report as
+  communication (`values_sent_per_round`);
+* `LowestLossDistributor`: every cluster's shared variables are broadcast and the client joins
+  the one of lowest loss on its training data (IFCA, Ghosh et al. 2020, Alg. 2), reporting its
+  pick;
+* `NeighboursDistributor`: the server state is a mailbox of every peer's published model; a
+  client is sent the rows its key names, its own first, and reads the others as its inbox
+  (decentralized peers: DisPFL, UA-PDFL). The server only routes: nothing is aggregated
+  (`relays`).
 
 Each is a pure TF function of the selection, called inside the client's computation on every
 execution (the TFF round, in process, sharded).
@@ -57,10 +59,10 @@ class ClientSide:
     size: Optional[tf.Tensor] = None
 
 
-# What sending a client its model costs on TFF's runtime, in ms and ms per MB sent
-# (`benchmark.py --benchmarks=tff_client_costs`, 2026-11-25, 2 cores): `tff.federated_select`
+# What sending a client its model costs on TFF's runtime, in ms and ms per MB sent, as measured
+# by `benchmark.py --benchmarks=tff_client_costs` on 2 cores: `tff.federated_select`
 # builds a dataset per client; a broadcast is a reference on the worker, but each client's
-# computation gets a copy. `OwnCluster` takes the cheaper of the two.
+# computation gets a copy. `OwnClusterDistributor` takes the cheaper of the two.
 SELECT_MS, SELECT_MS_PER_MB = 3.0, 1.4
 BROADCAST_MS, BROADCAST_MS_PER_MB = 0.3, 0.1
 
@@ -123,15 +125,13 @@ class Distributor:
         """Whether every client of a round of `num_clusters` cluster models is sent the same
         selection (`select_shared` with key 0). Where the TFF round selects by key (the
         per-client evaluation, or clusters too large to broadcast), it then broadcasts that
-        selection: `tff.federated_select` hands
-        each client a dataset built from its selection, about 3 ms a client plus 1.4 ms per MB
-        on this machine (3.4 ms for an MLP's 407 KB), where a broadcast costs 0.3 ms
-        (`benchmark.py --benchmarks=tff_client_costs`)."""
+        selection, which costs less than `tff.federated_select`'s dataset per client
+        (`SELECT_MS`, `BROADCAST_MS`)."""
         return False
 
 
 @dataclasses.dataclass(frozen=True)
-class OwnCluster(Distributor):
+class OwnClusterDistributor(Distributor):
     """`num_clusters`: the cluster models of the built round."""
 
     num_clusters: int = 1
@@ -142,9 +142,7 @@ class OwnCluster(Distributor):
         its key's row) rather than selecting each client's by `tff.federated_select`: when the
         broadcast's copy of all `num_clusters` costs no more than a select of one (the
         measured costs above). By these constants that holds up to 83 clusters of the MLP's
-        407 KB, and up to 15 of a 24 MB model. Whole FedTSDP rounds (15 clusters of its CNN,
-        `--benchmarks=fedtsdp_vs_fedavg --tsdp_trigger=paper`) took 1.56 s broadcasting always,
-        1.70 s selecting always and 1.66 s by this rule: within this machine's noise."""
+        407 KB, and up to 15 of a 24 MB model."""
         megabytes = sum(int(np.prod(s.shape)) * s.dtype.size for s in self.shared_spec) / 2**20
         broadcast = BROADCAST_MS + BROADCAST_MS_PER_MB * self.num_clusters * megabytes
         return broadcast <= SELECT_MS + SELECT_MS_PER_MB * megabytes
@@ -161,7 +159,7 @@ class OwnCluster(Distributor):
 
 
 @dataclasses.dataclass(frozen=True)
-class LowestLossCluster(Distributor):
+class LowestLossDistributor(Distributor):
     """`num_clusters` clusters in the built round (the padding ones never picked: the round's
     `hparams["num_clusters"]` says how many are in use); `mean_loss` scores a joined model."""
 
@@ -187,7 +185,7 @@ class LowestLossCluster(Distributor):
 
 
 @dataclasses.dataclass(frozen=True)
-class Neighbours(Distributor):
+class NeighboursDistributor(Distributor):
     """`num_rows`: the client's own row and its neighbours'; `features`: the model's feature
     extractor, for work that compares models on inputs (UA-PDFL's I^Aux)."""
 

@@ -18,17 +18,14 @@ from tff_clustered.federated.round import (
 from tff_clustered.federated.round_functions import (
     round_functions,
 )
+from tff_clustered.federated.round_inputs import client_input, client_seed
 from tff_clustered.federated.scoring import (
     build_pooled_scores,
     build_predict_probabilities,
     pooled_examples_specs,
     to_type,
 )
-from tff_clustered.federated.signature import (
-    RoundSignature,
-    client_input,
-    client_seed,
-)
+from tff_clustered.federated.signature import RoundSignature
 from tff_clustered.models.functional import FunctionalModel
 
 EXECUTIONS = ("tff", "in_process")

@@ -90,8 +90,9 @@ class GraphFunction:
             device_count={"CPU": max(logical_cpus, 1)},
         )
         self.session = tf.compat.v1.Session(graph=self.graph, config=config)
-        # A session optimizes its graph on the first run (35 s for the Sent140 LSTM's client
-        # work); calls from other threads wait for it rather than each optimizing it again.
+        # A session optimizes its graph on the first run (long for a large graph such as the
+        # Sent140 LSTM's client work); calls from other threads wait for it rather than each
+        # optimizing it again.
         self._first_run = threading.Lock()
         self._ran = False
 

@@ -20,11 +20,10 @@ import numpy as np
 CALL_COST = 60.0
 STEP_COST = 2.0
 # Vectorising is paid for once, up front: pfor converts the client update when a built round
-# first trains clients together, in about 4 s for the 16-unit MLP on these machines (2 cores),
-# and 7 s for the padded form, for savings of tenths of a second per round (0.27 s per round
-# of 100 clients of unequal sizes: `benchmark.py --benchmarks=unequal_clients`). A run of fewer
-# rounds than this trains its clients one each (the same results within float tolerance): it
-# would not earn the conversion back.
+# first trains clients together, for savings of tenths of a second per round
+# (`benchmark.py --benchmarks=unequal_clients`). A run of fewer rounds than this trains its
+# clients one each (the same results within float tolerance): it would not earn the
+# conversion back.
 VECTORISE_MIN_ROUNDS = 30
 
 

@@ -164,11 +164,11 @@ def in_process_round(
     def stacked(spec: Any) -> Any:
         return tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape], t.dtype), spec)
 
-    # Vectorising converts the client's training graph with pfor once per built round, at
-    # 12-25 ms per op of it on these machines: 4-6 s for the small models, which it pays back
-    # in a few rounds (batched matmuls instead of one small op per client), but 98 s for
-    # ResNet18 (3,929 ops) and 230 s for the unrolled Sent140 LSTM, whose clients' compute
-    # dominates anyway. So only clients' graphs up to `VECTORISE_MAX_OPS` are vectorised (and
+    # Vectorising converts the client's training graph with pfor once per built round, at a
+    # cost that grows with the graph's ops: the small models pay it back in a few rounds
+    # (batched matmuls instead of one small op per client), ResNet18 and the unrolled Sent140
+    # LSTM never do, their clients' compute dominating anyway (docs/changelog.md, "Measurements
+    # behind the code's constants"). So only clients' graphs up to `VECTORISE_MAX_OPS` are vectorised (and
     # none with a loop inside the model: `vectorisable`), and the vectorised graph is traced
     # when a round first has same-size clients to train.
     vectorise = vectorise and graphs.vectorisable(train_client_graph.graph)

@@ -1,8 +1,8 @@
 """Arrays kept where the computations run, sent once and passed by reference afterwards.
 
-A TFF computation's arguments are serialized and sent to the worker on every call: 43 MB of
-pooled test examples take about 0.6 s each time on this machine (TFF's value serialization
-and the gRPC transfer), where scoring them takes under 50 ms. `WorkerArrays` puts the arrays
+A TFF computation's arguments are serialized and sent to the worker on every call, and for
+pooled test examples that costs an order of magnitude more than scoring them (TFF's value
+serialization and the gRPC transfer). `WorkerArrays` puts the arrays
 on the worker once, as values of the executor the TFF context uses for unplaced computations,
 and hands out references to them; TFF's context passes an argument that is already an
 executor value through untouched. When that executor changes (TFF's context drops it after an

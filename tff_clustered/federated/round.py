@@ -7,21 +7,20 @@ Server state holds `num_clusters` models stacked along a leading cluster axis. A
   cluster (its key): every cluster's are broadcast and the client takes its key's row (a
   reference on the worker, where `tff.federated_select` would build a dataset per client);
   the client joins them with the rest of its **own stored model** (a CLIENTS-placed input
-  from the per-client store). A client work that reads
-  its whole stored model (Ditto's personal model) gets all of it as well. The signature's
-  `distribution` chooses another distributor: every cluster's shared variables broadcast, the
-  client training the one of lowest loss on its data (IFCA), or the rows a peer's key names,
-  its own first (decentralized peers; nothing is aggregated then). `anchor` broadcasts an extra
-  server model (some trainable tensors, held in the server state) that the client work reads as
-  an anchor (FedAC's global embedding);
+  from the per-client store). A client work that reads its whole stored model (Ditto's
+  personal model) gets all of it as well. The signature's `Distribution` (`distributions.py`)
+  chooses another distributor: every cluster's shared variables broadcast, the client training
+  the one of lowest loss on its data (IFCA), or the rows a peer's key names, its own first
+  (decentralized peers; nothing is aggregated then). `anchor` broadcasts an extra server model
+  (some trainable tensors, held in the server state) that the client work reads as an anchor
+  (FedAC's global embedding);
 * client work: a `ClientWork` parameter, a pure TF function (`client_work.LocalSGD`,
   `client_work.DittoSGD`, ...). A client is sent its examples as arrays (any length) and
   builds its batches itself from the round's hyperparameters and its shuffle seed
-  (`federated_data.ArrayBatches`, the stateless order of `federated_data.batch_order`,
-  no tf.data pipeline per client: it cost 18 ms per client and call): the worker never
-  deserializes a `tf.data` graph per client and round, which kept part of each one alive,
-  and the training loop is a `tf.while_loop` that runs where the graph is placed (a GPU in the
-  in-process execution), not inside tf.data's CPU-only runtime;
+  (`ArrayBatches`, the stateless order of `batch_order`, no tf.data pipeline per client): the
+  worker never deserializes a `tf.data` graph per client and round, and the training loop is a
+  `tf.while_loop` that runs where the graph is placed (a GPU in the in-process execution), not
+  inside tf.data's CPU-only runtime;
 * aggregator: `ClusteredMeanFactory`, the weighted mean per cluster of the shared variables'
   updates (weights: examples processed, or 1 per client);
 * finalizer: adds each cluster's mean update to its shared variables, then takes the
@@ -74,8 +73,8 @@ def sequence_type(element_spec: object) -> tff.SequenceType:
 
 def server_constant(value: object) -> object:
     """`tff.federated_value(value, tff.SERVER)` for a structure of arrays, made by a TF
-    computation: TFF serializes a literal array value by value (a Python list: about 0.5 s per
-    10 M values on this machine, at every build of a round), a TF constant as its bytes."""
+    computation: TFF serializes a literal array value by value (as a Python list, at every
+    build of a round), a TF constant as its bytes."""
     make = tff.tensorflow.computation(lambda: tf.nest.map_structure(tf.constant, value))
     return tff.federated_eval(make, tff.SERVER)
 
@@ -83,9 +82,9 @@ def server_constant(value: object) -> object:
 @dataclasses.dataclass
 class FederatedRound:
     """A built round of one signature: `initialize() -> state`, `next(state, clients, hparams)
-    -> (state, client_outputs, measurements)` (`clients`: one `signature.client_input` each) and
+    -> (state, client_outputs, measurements)` (`clients`: one `round_inputs.client_input` each) and
     `evaluate(cluster_models, clients, batch_size) -> client results` (`clients`: one
-    `signature.evaluation_input` each), whichever
+    `round_inputs.evaluation_input` each), whichever
     execution runs them (TFF computations, or `in_process.InProcessRound`)."""
 
     initialize: Callable[..., Any]
@@ -245,9 +244,6 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
 
     state_type = initialize.type_signature.result
 
-    def at_clients(spec: object) -> tff.FederatedType:
-        return tff.FederatedType(to_type(spec), tff.CLIENTS)
-
     def distribute(cluster_models: object, keys: object) -> object:
         if one_selection:
             return tff.federated_broadcast(tff.federated_map(first_selection, cluster_models))
@@ -265,7 +261,7 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
         state: object, clients: object, hparams: object
     ) -> tuple[object, object, object]:
         """Distributor and client work: `(shared_delta, cluster_weight, outputs)@CLIENTS`.
-        `clients`: each client's `signature.client_input`."""
+        `clients`: each client's `round_inputs.client_input`."""
         if fns.sends_every_cluster:
             distributed = tff.federated_broadcast(
                 tff.federated_map(every_cluster_shared, state.cluster_models)
@@ -331,7 +327,7 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
             tff.FederatedType(batch_size_type, tff.SERVER),
         )
         def evaluate(cluster_models: object, clients: object, batch_size: object) -> object:
-            """Each client's arrays (`signature.evaluation_input`) scored in ordered batches of
+            """Each client's arrays (`round_inputs.evaluation_input`) scored in ordered batches of
             `batch_size` with its key's model."""
             keys = None if one_selection else tff.federated_map(key_of_evaluated, clients)
             selected = distribute(cluster_models, keys)

@@ -19,37 +19,10 @@ import tensorflow as tf
 from tff_clustered.data.federated_data import ArrayBatches
 from tff_clustered.federated import client_work, local_training, server_optimizers
 from tff_clustered.federated.clustered_mean import cluster_mean
-from tff_clustered.federated.distributors import (
-    ClientSide,
-    Distributor,
-    LowestLossCluster,
-    MeanLoss,
-    Neighbours,
-    OwnCluster,
-)
-from tff_clustered.federated.signature import (
-    ModelLayout,
-    RoundIO,
-    RoundSignature,
-    client_seed,
-    round_hparams,
-)
+from tff_clustered.federated.distributors import ClientSide, Distributor
+from tff_clustered.federated.round_inputs import client_seed, round_hparams
+from tff_clustered.federated.signature import ModelLayout, RoundIO, RoundSignature
 from tff_clustered.models.functional import FunctionalModel
-
-
-def distributor_for(
-    signature: RoundSignature,
-    shared: tuple[int, ...],
-    shared_spec: tuple,
-    mean_loss: MeanLoss,
-    features: Any,
-) -> Distributor:
-    """The distributor the signature's `distribution` names."""
-    if signature.distribution == "lowest_loss_cluster":
-        return LowestLossCluster(shared, shared_spec, signature.num_clusters, mean_loss)
-    if signature.distribution == "neighbours":
-        return Neighbours(shared, shared_spec, 1 + signature.num_neighbours, features)
-    return OwnCluster(shared, shared_spec, signature.num_clusters)
 
 
 def example_count(data: dict) -> int:
@@ -90,7 +63,7 @@ class RoundFunctions:
       `size`: the client holds the first `size` rows of `data` (padded arrays, masked batches:
       `ArrayBatches`; exact for a `rows_independent` model), None for all of them;
       `train_client(distributed, client, hparams, anchor)` is the same for one
-      `signature.client_input`;
+      `round_inputs.client_input`;
     * `finalize(cluster_models, mean_deltas, cluster_weight, optimizer_state) ->
       (cluster_models, optimizer_state)`: the finalizer, each cluster's mean update added to
       its shared variables, then the server optimizer's step (`server_optimizers.server_step`;
@@ -149,14 +122,14 @@ class RoundFunctions:
 
     @property
     def evaluation_client_spec(self) -> dict:
-        """One client's input to `evaluate` (`signature.evaluation_input`)."""
+        """One client's input to `evaluate` (`round_inputs.evaluation_input`)."""
         return collections.OrderedDict(
             data=self.data_spec, key=self.key_spec, stored=self.store_in_spec
         )
 
     @property
     def client_spec(self) -> dict:
-        """One client's input to `next` (`signature.client_input`)."""
+        """One client's input to `next` (`round_inputs.client_input`)."""
         return collections.OrderedDict(
             data=self.data_spec,
             key=self.key_spec,
@@ -242,7 +215,9 @@ def round_functions(
         scores = local_training.evaluate_client(forward, weights, batches, state)
         return scores.loss_sum / tf.maximum(scores.num_examples, 1.0)
 
-    distributor = distributor_for(signature, io.shared, shared_spec, mean_loss, model.features)
+    distributor = signature.distribution.distributor(
+        io.shared, shared_spec, k, mean_loss, model.features
+    )
 
     def padded_client_update(
         distributed: object,
@@ -346,7 +321,7 @@ def round_functions(
             (name, tf.TensorSpec([None, *spec.shape[1:]], spec.dtype))
             for name, spec in input_spec.items()
         ),
-        key_spec=tf.TensorSpec([1 + signature.num_neighbours], tf.int32),
+        key_spec=tf.TensorSpec([signature.distribution.key_width], tf.int32),
         seed_spec=collections.OrderedDict(
             (name, tf.TensorSpec(np.shape(v), tf.as_dtype(v.dtype)))
             for name, v in client_seed(0, 0).items()

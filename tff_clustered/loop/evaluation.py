@@ -13,8 +13,8 @@ from tff_clustered.algorithms.base import Algorithm, RunInfo
 from tff_clustered.client_store import ClientStore
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.federated.round import FederatedRound
-from tff_clustered.loop.client_runner import ClientResults, ClientRunner
 from tff_clustered.loop.queries import ServerQueries
+from tff_clustered.loop.round_calls import ClientResults, RoundCalls
 from tff_clustered.loop.state import RunState
 from tff_clustered.seeds import FINE_TUNE_SHUFFLE
 
@@ -70,10 +70,10 @@ class Evaluator:
         data: FederatedData,
         algorithm: Algorithm,
         run: RunInfo,
-        runner: ClientRunner,
+        calls: RoundCalls,
         fine_tune_steps: int = 0,
     ) -> None:
-        self.data, self.algorithm, self.run, self.runner = data, algorithm, run, runner
+        self.data, self.algorithm, self.run, self.calls = data, algorithm, run, calls
         self.fine_tune_steps = fine_tune_steps
 
     def evaluate(
@@ -154,10 +154,10 @@ class Evaluator:
         `server_models`: whole models pooled, a personal model that joins each client's stored
         tensors client by client (a decentralized peer's row is already its whole model)."""
         joins_store = bool(fed_round.io.store_in) or fed_round.signature.work.reads_own_model
-        own_rows = fed_round.signature.distribution == "neighbours"
-        if kind == "personal" and joins_store and not own_rows:
-            return self.runner.score(fed_round, models, keys, client_ids, store)
-        return self.runner.score_pooled(models, keys, client_ids)
+        whole_rows = fed_round.signature.distribution.rows_are_whole_models
+        if kind == "personal" and joins_store and not whole_rows:
+            return self.calls.score(fed_round, models, keys, client_ids, store)
+        return self.calls.score_pooled(models, keys, client_ids)
 
     def fine_tuned(
         self,
@@ -182,11 +182,11 @@ class Evaluator:
                 steps=self.fine_tune_steps,
                 stream=FINE_TUNE_SHUFFLE,
             )
-        fed_round = self.runner.whole_model_round(chunk)  # one round for every chunk
+        fed_round = self.calls.whole_model_round(chunk)  # one round for every chunk
         results: ClientResults = {}
         for begin in range(0, len(client_ids), chunk):
             ids = list(client_ids[begin : begin + chunk])
-            scores = self.runner.score(
+            scores = self.calls.score(
                 fed_round, tuned[begin : begin + chunk], np.arange(len(ids)), ids
             )
             results.update(scores)

@@ -14,7 +14,7 @@ from tff_clustered import weights as flat
 from tff_clustered.client_store import ClientStore
 from tff_clustered.federated import client_work
 from tff_clustered.federated.signature import RoundIO, RoundSignature
-from tff_clustered.loop.client_runner import ClientRunner, LocalTraining
+from tff_clustered.loop.round_calls import LocalTraining, RoundCalls, TrainRequest
 from tff_clustered.loop.state import DivergenceError, cluster_capacity
 from tff_clustered.models.keras_models import ModelSpec, initial_weights
 from tff_clustered.seeds import PRETRAIN_SHUFFLE
@@ -25,7 +25,7 @@ class ServerQueries:
     """`Queries` on a run whose current round is `_signature` and whose clients' own models are
     in `_store`."""
 
-    _runner: ClientRunner
+    _calls: RoundCalls
     _store: ClientStore
     _signature: RoundSignature
     _model: ModelSpec
@@ -33,7 +33,7 @@ class ServerQueries:
 
     @property
     def _model_size(self) -> int:
-        return sum(int(np.prod(s)) for s in self._runner.layout.shapes)
+        return sum(int(np.prod(s)) for s in self._calls.layout.shapes)
 
     def local_updates(
         self,
@@ -48,26 +48,27 @@ class ServerQueries:
         """Flat updates of plain local SGD (no proximal term, no momentum) from flat model
         `start`, one row per client (FedGroup's ClientPretrain): `epochs` passes over each
         client's data, or `steps` minibatches when given; shuffled from seed stream `stream`."""
-        fed_round = self._runner.rounds_cache.get(
+        fed_round = self._calls.rounds_cache.get(
             RoundSignature(
                 num_clusters=1,
-                shared=tuple(range(self._runner.layout.num_trainable)),
+                shared=tuple(range(self._calls.layout.num_trainable)),
                 work=client_work.LocalSGD(),
                 return_model_deltas=True,
             )
         )
-        training = LocalTraining(epochs, self._runner.config.learning_rate, steps, stream)
+        training = LocalTraining(epochs, self._calls.config.learning_rate, steps, stream)
         rows = []
         for begin in range(0, len(client_ids), chunk):
             ids = list(client_ids[begin : begin + chunk])
-            outputs = self._runner.train(
+            request = TrainRequest(
                 fed_round,
-                np.asarray(start, np.float32)[None, :],
                 round_num,
                 ids,
-                [0] * len(ids),
+                np.zeros(len(ids), np.int32),
+                np.asarray(start, np.float32)[None, :],
                 training,
-            ).outputs
+            )
+            outputs = self._calls.train(request).outputs
             diverged = [c for c, o in zip(ids, outputs) if not bool(o["finite"])]
             if diverged:
                 raise DivergenceError(
@@ -79,16 +80,16 @@ class ServerQueries:
 
     def cluster_losses(self, cluster_models: np.ndarray, client_ids: Sequence[str]) -> np.ndarray:
         """Mean training loss of every cluster model on each client, (clients, clusters)."""
-        runner = self._runner
+        calls = self._calls
         signature = dataclasses.replace(
             self._signature, num_clusters=cluster_capacity(len(cluster_models))
         )
         losses = np.zeros((len(client_ids), len(cluster_models)))
-        if RoundIO.of(runner.layout, signature).store_in:  # stored tensors complete each model
-            fed_round = runner.rounds_cache.get(signature)
+        if RoundIO.of(calls.layout, signature).store_in:  # stored tensors complete each model
+            fed_round = calls.rounds_cache.get(signature)
             for k in range(len(cluster_models)):
                 keys = np.full(len(client_ids), k, np.int32)
-                results = runner.score(
+                results = calls.score(
                     fed_round, cluster_models, keys, client_ids, self._store, "train"
                 )
                 losses[:, k] = [
@@ -96,9 +97,9 @@ class ServerQueries:
                     for c in client_ids
                 ]
             return losses
-        pooled = runner.pooled_rows("train", client_ids)  # pooled once, scored by every model
+        pooled = calls.pooled_rows("train", client_ids)  # pooled once, scored by every model
         for k, model in enumerate(cluster_models):
-            loss_sum, _, num_examples = runner.score_arrays(model, pooled, len(client_ids))
+            loss_sum, _, num_examples = calls.score_arrays(model, pooled, len(client_ids))
             losses[:, k] = loss_sum / np.maximum(num_examples, 1.0)
         return losses
 
@@ -112,4 +113,4 @@ class ServerQueries:
 
     def predict_probabilities(self, models: np.ndarray, x: np.ndarray) -> np.ndarray:
         """Softmax outputs of each flat model on inputs `x`, (models, len(x), classes)."""
-        return self._runner.predict_probabilities(models, x)
+        return self._calls.predict_probabilities(models, x)

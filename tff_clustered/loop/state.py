@@ -5,7 +5,7 @@ policy (a non-finite model stops the run, naming the round, clusters and clients
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -76,16 +76,6 @@ def apply_decision(
         state.algorithm_state = decision.state
     if decision.similarity is not None:
         state.similarity = decision.similarity
-
-
-def row_examples(
-    assignment: Mapping[str, int], train_sizes: Mapping[str, int], num_rows: int
-) -> np.ndarray:
-    """Training examples held by the clients assigned to each server row (cluster)."""
-    assigned = [(k, train_sizes[c]) for c, k in assignment.items() if k >= 0]
-    rows = np.array([k for k, _ in assigned], np.int64)
-    sizes = np.array([n for _, n in assigned], np.float64)
-    return np.bincount(rows, weights=sizes, minlength=num_rows)[:num_rows].astype(np.float32)
 
 
 def cluster_capacity(num_clusters: int) -> int:

@@ -1,33 +1,30 @@
-"""The adapter between the loop's NumPy values and a built round: flat cluster models in,
-stacked variables to the round's `next` / `evaluate` (or the pooled scoring and inference
-computations), NumPy results out. It changes nothing of the run: what to store and apply is
-the caller's."""
+"""The loop's calls of built computations, in NumPy values: flat cluster models in, stacked
+variables to a round's `next` (`RoundCalls.train`, one `TrainRequest`) or `evaluate`
+(`RoundCalls.score`), to the pooled scoring and the inference computations, NumPy results out.
+It changes nothing of the run: what to store and apply is the caller's (`round_step.py`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
 from tff_clustered import weights as flat
-from tff_clustered.algorithms.base import RoundResult
 from tff_clustered.client_store import ClientStore
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.federated.executions import RoundCache
-from tff_clustered.federated.round import (
-    FederatedRound,
-)
-from tff_clustered.federated.signature import (
-    ModelLayout,
-    RoundSignature,
+from tff_clustered.federated.round import FederatedRound
+from tff_clustered.federated.round_functions import python_server_state
+from tff_clustered.federated.round_inputs import (
     client_input,
     client_seed,
     evaluation_batch_size,
     evaluation_input,
     round_hparams,
 )
+from tff_clustered.federated.signature import ModelLayout, RoundSignature
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.state import cluster_capacity, padded
 from tff_clustered.seeds import DROPOUT, SHUFFLE, derived_seed
@@ -36,7 +33,7 @@ from tff_clustered.seeds import DROPOUT, SHUFFLE, derived_seed
 # gradients, and per-example results do not depend on it.
 POOLED_BATCH = 512
 # A split whose examples take at most this many bytes is pooled whole once and kept where the
-# scoring runs (`ClientRunner.pooled_rows`); a larger one is pooled per call, its clients only.
+# scoring runs (`RoundCalls.pooled_rows`); a larger one is pooled per call, its clients only.
 # TFF sends a value as one protocol buffer (at most 2 GB), and keeping a split costs its size
 # again in this process and on the worker.
 POOLED_SPLIT_MAX_BYTES = 512 * 2**20
@@ -97,8 +94,28 @@ class LocalTraining:
     stream: int = SHUFFLE
 
 
-class ClientRunner:
-    """Runs built rounds for one run's data, model layout and training settings."""
+@dataclasses.dataclass(frozen=True)
+class TrainRequest:
+    """One call of a built round's `next`: `client_ids` of round `round_num`, client i starting
+    from the rows `keys[i]` of the flat `cluster_models` and training as `training` says, with
+    `client_scalars[i]` for its work (1.0 each when None); `anchor` (flat) for a round that
+    sends one, `row_weights` for one that routes rows, `optimizer_state` (one row per cluster)
+    for one whose finalizer keeps a state."""
+
+    fed_round: FederatedRound
+    round_num: int
+    client_ids: Sequence[str]
+    keys: np.ndarray
+    cluster_models: np.ndarray
+    training: LocalTraining
+    client_scalars: Optional[Sequence[float]] = None
+    anchor: Optional[np.ndarray] = None
+    row_weights: Optional[np.ndarray] = None
+    optimizer_state: Optional[dict[str, np.ndarray]] = None
+
+
+class RoundCalls:
+    """Calls the built computations of one run's data, model layout and training settings."""
 
     def __init__(
         self,
@@ -125,56 +142,45 @@ class ClientRunner:
             for c in client_ids
         ]
 
-    def train(
-        self,
-        fed_round: FederatedRound,
-        cluster_models: np.ndarray,
-        round_num: int,
-        client_ids: Sequence[str],
-        keys: Any,
-        training: LocalTraining,
-        store: Optional[ClientStore] = None,
-        client_scalars: Optional[Sequence[float]] = None,
-        anchor: Optional[np.ndarray] = None,
-        row_weights: Optional[np.ndarray] = None,
-        optimizer_state: Optional[dict[str, np.ndarray]] = None,
-    ) -> TrainedRound:
-        """One call of the round's `next` for `client_ids`, client i starting from the rows
-        `keys[i]` of `cluster_models`, joined with its variables in `store` (none without one);
-        `anchor` (flat) for a round that sends one, `row_weights` for one that routes rows,
-        `optimizer_state` (one row per cluster) for one whose finalizer keeps a state."""
-        shapes = self.layout.shapes
+    def train(self, request: TrainRequest, store: Optional[ClientStore] = None) -> TrainedRound:
+        """One call of the request's round `next`, each client joined with its variables in
+        `store` (none without one)."""
+        fed_round, shapes = request.fed_round, self.layout.shapes
         signature = fed_round.signature
-        server_state: dict[str, Any] = {
-            "cluster_models": flat.matrix_to_stacked(
-                padded(cluster_models, signature.num_clusters), shapes
-            )
-        }
+        capacity = signature.num_clusters
+        anchor = None
         if signature.anchor:
-            whole = flat.unflatten(anchor, shapes)
-            server_state["anchor"] = tuple(whole[i] for i in signature.anchor)
-        if optimizer_state is not None:
-            server_state["optimizer"] = {
-                key: padded(value, signature.num_clusters) for key, value in optimizer_state.items()
-            }
-        server_state["aggregator"] = ()
-        scalars = [1.0] * len(client_ids) if client_scalars is None else client_scalars
-        if not len(keys) == len(scalars) == len(client_ids):
+            whole = flat.unflatten(request.anchor, shapes)
+            anchor = tuple(whole[i] for i in signature.anchor)
+        optimizer = None
+        if request.optimizer_state is not None:
+            optimizer = {k: padded(v, capacity) for k, v in request.optimizer_state.items()}
+        server_state = python_server_state(
+            flat.matrix_to_stacked(padded(request.cluster_models, capacity), shapes),
+            anchor,
+            optimizer,
+        )
+        client_ids, training = request.client_ids, request.training
+        scalars = request.client_scalars
+        scalars = [1.0] * len(client_ids) if scalars is None else scalars
+        if not len(request.keys) == len(scalars) == len(client_ids):
             raise ValueError(
-                f"{len(client_ids)} clients with {len(keys)} keys and {len(scalars)} scalars"
+                f"{len(client_ids)} clients with {len(request.keys)} keys and {len(scalars)} "
+                "scalars"
             )
         store_in = fed_round.io.store_in
+        num_clusters = len(request.cluster_models)
         hparams = round_hparams(
             training.learning_rate,
             self.config.batch_size,
             -1 if training.steps is not None else training.epochs,
-            num_clusters=len(cluster_models),
+            num_clusters=num_clusters,
             max_steps=-1 if training.steps is None else training.steps,
-            row_weights=row_weights,
-            round_num=round_num,
+            row_weights=request.row_weights,
+            round_num=request.round_num,
             total_rounds=self.config.rounds,
         )
-        seeds = self.seeds(round_num, client_ids, training.stream)
+        seeds = self.seeds(request.round_num, client_ids, training.stream)
         clients = [
             client_input(
                 self.data.arrays("train", c),
@@ -183,13 +189,12 @@ class ClientRunner:
                 scalar,
                 seed,
             )
-            for c, key, scalar, seed in zip(client_ids, keys, scalars, seeds)
+            for c, key, scalar, seed in zip(client_ids, request.keys, scalars, seeds)
         ]
         new_state, outputs, measurements = fed_round.next(server_state, clients, hparams)
-        num_clusters = len(cluster_models)
         new_models = flat.stacked_to_matrix(new_state["cluster_models"])[:num_clusters]
         new_optimizer_state = None
-        if optimizer_state is not None:
+        if optimizer is not None:
             new_optimizer_state = {
                 key: np.asarray(value)[:num_clusters]
                 for key, value in new_state["optimizer"].items()
@@ -315,30 +320,3 @@ class ClientRunner:
         stacked = flat.matrix_to_stacked(models, self.layout.shapes)
         out = self._predict(stacked[:split], stacked[split:], np.asarray(x, np.float32))
         return np.asarray(out, np.float64)
-
-
-def round_result(
-    round_num: int,
-    client_ids: Sequence[str],
-    clusters: np.ndarray,
-    outputs: Sequence[dict],
-    cluster_models_before: np.ndarray,
-    with_deltas: bool,
-) -> RoundResult:
-    """What an algorithm sees of a round: its clients' outputs as arrays, one row per client."""
-    metric_names = outputs[0].get("metrics", {}) if outputs else {}
-    return RoundResult(
-        round_num=round_num,
-        client_ids=tuple(client_ids),
-        clusters=np.asarray(clusters, np.int32),
-        num_examples=np.array([float(o["num_examples"]) for o in outputs]),
-        loss_sums=np.array([float(o["loss_sum"]) for o in outputs]),
-        model_deltas=np.stack([np.asarray(o["model_delta"]) for o in outputs])
-        if with_deltas
-        else None,
-        cluster_models_before=cluster_models_before,
-        client_metrics={
-            name: np.stack([np.asarray(o["metrics"][name]) for o in outputs])
-            for name in metric_names
-        },
-    )

@@ -1,0 +1,95 @@
+"""The values a built round takes at each call, as NumPy structures: the SERVER-placed
+hyperparameters of a round (`round_hparams`), one client's seeds (`client_seed`) and its input
+to `next` (`client_input`) or to `evaluate` (`evaluation_input`)."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import numpy as np
+
+
+def evaluation_batch_size(batch_size: int) -> int:
+    """Batch size of a scoring pass (no gradients: larger batches, same sums)."""
+    return max(int(batch_size), 64)
+
+
+def round_hparams(
+    learning_rate: float,
+    batch_size: int,
+    epochs: int = 1,
+    *,
+    num_clusters: float = np.inf,
+    max_steps: int = -1,
+    row_weights: Optional[Sequence[float]] = None,
+    round_num: int = 0,
+    total_rounds: int = 0,
+) -> dict:
+    """The SERVER-placed per-round hyperparameters `next` takes (broadcast to clients): the
+    learning rate; how many of the built round's clusters are in use (a client that picks its
+    cluster never picks a padding one); and how each client batches its arrays: `epochs`
+    passes of `batch_size` (-1: without end), cut after `max_steps` minibatches (-1: no cut),
+    the scoring pass's batch size, a weight per server row (the examples its peer holds,
+    read by peers that receive rows; one 1 otherwise), and where the round stands in the run
+    (`round_num` of `total_rounds`, 1-based; 0 of 0 outside a run), for client work with a
+    schedule (DisPFL's mask annealing)."""
+    return collections.OrderedDict(
+        learning_rate=np.float32(learning_rate),
+        num_clusters=np.float32(num_clusters),
+        batch_size=np.int64(batch_size),
+        epochs=np.int64(epochs),
+        max_steps=np.int64(max_steps),
+        eval_batch_size=np.int64(evaluation_batch_size(batch_size)),
+        row_weights=np.asarray([1.0] if row_weights is None else row_weights, np.float32),
+        round_num=np.int64(round_num),
+        total_rounds=np.int64(total_rounds),
+    )
+
+
+def client_seed(shuffle: int, dropout: int) -> dict:
+    """One client's seeds for a round: its batches' shuffle, and its stateless random ops'
+    (dropout) `[dropout, 0]`."""
+    return collections.OrderedDict(
+        shuffle=np.int64(shuffle), dropout=np.array([dropout, 0], np.int32)
+    )
+
+
+def client_input(data: dict, key: Any, stored: Sequence[Any], scalar: float, seed: dict) -> dict:
+    """One client's input to a round's `next` (one CLIENTS-placed value): its examples as arrays
+    (any length; it batches them itself as the round's hyperparameters say), its key (its
+    cluster, ignored when clients pick theirs; or its own row then its neighbours'), its stored
+    variables that the round reads (`RoundIO.store_in`), the scalar its algorithm's plan sets
+    for the round (FedProx/FeSEM: a factor of the proximal strength, 1.0 by default; UA-PDFL:
+    th_I) and its seeds (`client_seed`)."""
+    return collections.OrderedDict(
+        data=data,
+        key=np.atleast_1d(np.asarray(key, np.int32)),
+        stored=tuple(stored),
+        scalar=np.float32(scalar),
+        seed=seed,
+    )
+
+
+def evaluation_input(data: dict, key: Any, stored: Sequence[Any]) -> dict:
+    """One client's input to a round's `evaluate` (one CLIENTS-placed value): its examples to
+    score, its key (the cluster whose model it is scored with) and its stored variables that the
+    round joins with that model (`RoundIO.store_in`)."""
+    return collections.OrderedDict(
+        data=data, key=np.atleast_1d(np.asarray(key, np.int32)), stored=tuple(stored)
+    )
+
+
+def round_clients(
+    datasets: Sequence[dict],
+    keys: Sequence[Any],
+    stored: Sequence[Sequence[Any]],
+    scalars: Sequence[float],
+    seeds: Sequence[dict],
+) -> list[dict]:
+    """`client_input` of every client from lists of one entry per client each."""
+    lengths = {len(values) for values in (datasets, keys, stored, scalars, seeds)}
+    if len(lengths) > 1:
+        raise ValueError(f"per-client inputs of different lengths: {sorted(lengths)}")
+    return [client_input(*values) for values in zip(datasets, keys, stored, scalars, seeds)]
