@@ -27,11 +27,9 @@ from tff_clustered import cli, logs  # noqa: E402 - light; quiets TensorFlow bef
 cli.stop_at_once_on_signals("benchmark.py")
 
 logs.quiet_tensorflow(sys.argv)
-# TensorFlow must be imported before absl parses flags: imported inside `main`, Keras' Flatten
-# layer fails to build (TF 2.14 / absl 1.4). The benchmark modules import it and define their
-# flags.
-import tensorflow as tf  # noqa: E402, F401
-
+# The benchmark modules import TensorFlow and define their flags here, before absl parses
+# flags: with TensorFlow imported inside `main`, Keras' Flatten layer fails to build (TF 2.14 /
+# absl 1.4).
 from binaries.benchmarks import common, registry  # noqa: E402
 from tff_clustered.runtime import tff_runtime  # noqa: E402
 
