@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 from absl import flags
 
-from tff_clustered.data import load_dataset
+from tff_clustered.data import FederatedData, load_dataset
 from tff_clustered.federated.executions import RoundCache, repeated_round
 from tff_clustered.federated.signature import round_hparams
 from tff_clustered.loop.config import TrainingConfig
@@ -131,7 +131,7 @@ def our_round_fn(
     return repeated_round(cache, clients, num_clusters, hparams)
 
 
-def digits_rounds_setup() -> tuple[object, ModelSpec, TrainingConfig]:
+def digits_rounds_setup() -> tuple[FederatedData, ModelSpec, TrainingConfig]:
     """The digits Dirichlet clients, the FedTSDP CNN and its paper's training settings, every
     client in every round: what the whole-round benchmarks run."""
     data = load_dataset("digits_dirichlet", seed=FLAGS.seed, dirichlet_beta=0.2)

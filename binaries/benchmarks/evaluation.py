@@ -14,7 +14,7 @@ from absl import flags
 
 from binaries.benchmarks.common import FLAGS, Benchmark, Setup, alternate, seconds_row
 from tff_clustered.algorithms import make_algorithm
-from tff_clustered.data.federated_data import from_arrays
+from tff_clustered.data import FederatedData, from_arrays
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.evaluation import server_models
 from tff_clustered.models import model_spec
@@ -24,7 +24,7 @@ flags.DEFINE_integer("eval_clients", 1000, "Clients scored (evaluation).", lower
 flags.DEFINE_integer("eval_rounds", 3, "Timed repetitions of evaluation.", lower_bound=1)
 
 
-def power_law_clients(rng: np.random.Generator, count: int) -> object:
+def power_law_clients(rng: np.random.Generator, count: int) -> FederatedData:
     """`count` MNIST-sized clients of log-normal sizes (median 55, long tail; FedProx's MNIST
     split is power-law), random inputs and labels, 20% of each held out for test."""
     sizes = np.clip(rng.lognormal(4.0, 0.8, count).astype(int), 5, 2000)
