@@ -1,5 +1,6 @@
 """Tools that refuse instead of passing, or resuming, silently: a checkpoint made under other
-settings names only what differs, and benchmark.py refuses a selection that measures nothing."""
+settings names only what differs, and benchmark.py refuses a selection that measures nothing
+(and lists every benchmark's flags in its `--help`)."""
 
 from __future__ import annotations
 
@@ -65,9 +66,20 @@ def test_a_checkpoint_of_other_settings_names_only_those_that_differ(tmp_path: P
     assert "\n" not in message and "clients_per_round" not in message
 
 
+# What `benchmark.py --help` lists: its own flags and those of every benchmark module.
+BENCHMARK_HELP_FLAGS = (
+    "batch_size benchmarks clients cluster_dim cluster_sizes dfl_rounds eval_clients eval_rounds "
+    "examples_per_client groups hidden_units input_dim learning_rate local_epochs "
+    "madc_max_clients memory_execution memory_rounds memory_warmup model num_classes rounds "
+    "scaling_clients scaling_epochs scaling_rounds scratch_dir seed tf_logs tsdp_rounds "
+    "tsdp_trigger uapdfl_neighbours unequal_sizes"
+).split()
+
+
 def test_benchmark_refuses_a_selection_that_measures_nothing() -> None:
-    """An unknown name or an empty --benchmarks exits 2 listing the valid names (one process:
-    benchmark.py imports TensorFlow before parsing its flags)."""
+    """An unknown name or an empty --benchmarks exits 2 listing the valid names, and `--help`
+    lists every benchmark's flags (one process: benchmark.py imports TensorFlow before parsing
+    its flags)."""
     script = (
         "import sys\n"
         "sys.argv = ['benchmark.py']\n"
@@ -81,10 +93,18 @@ def test_benchmark_refuses_a_selection_that_measures_nothing() -> None:
         "        cli.parse_flags(['benchmark.py', given])\n"
         "    except SystemExit as e:\n"
         "        print('exit', e.code)\n"
+        "shown = benchmark.FLAGS.get_key_flags_for_module(benchmark)\n"
+        "print(' '.join(sorted(f.name for f in shown)))\n"
+        "print(all(f'* `{n}`' in benchmark.__doc__ for n in benchmark.BENCHMARK_NAMES))\n"
     )
     done = run_binary(["-c", script], timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.splitlines() == ["exit 2"] * 3, done.stdout + done.stderr[-2000:]
+    *exits, help_flags, every_benchmark_described = done.stdout.splitlines()
+    assert exits == ["exit 2"] * 3, done.stdout + done.stderr[-2000:]
+    # `--help` lists the flags of every benchmark module (adopted as benchmark.py's key flags)
+    # and describes every benchmark.
+    assert help_flags.split() == BENCHMARK_HELP_FLAGS, help_flags
+    assert every_benchmark_described == "True"
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 3 and "unknown no_such_benchmark;" in errors[0], errors
     assert "nothing selected;" in errors[1] and "unknown nope;" in errors[2], errors
