@@ -4,8 +4,8 @@
   are FeSEM's and FedAC's M-steps);
 * `decomposed`: FedGroup (MADC, EDC, newcomers, inter-group aggregation) and FeSEM (E-step,
   initial K-means);
-* `density`: FedTSDP (JS divergence, Hopkins, Eq. 9 distance, two DBSCAN stages, amended
-  sampling, shared-layer schedule);
+* `density`: FedTSDP (JS divergence, Eq. 9 distance, two DBSCAN stages, amended sampling,
+  shared-layer schedule); `hopkins`: its Hopkins statistic and the trigger's reference;
 * `bipartition`: CFL (split criterion, optimal bipartition);
 * `low_rank_cosine`: FedAC's PCA map and LrCos; `cluster_number` (with `cnt_settings`,
   `cnt_statistics`, `cnt_steps`): its cluster number tuning; `fedac`: its E-step, M-step,
@@ -53,12 +53,8 @@ from tff_clustered.clustering.density import (
     amend_sampling_weights,
     dbscan_clusters,
     draw_public_batch,
-    hopkins_against_references,
-    hopkins_estimate,
-    hopkins_statistic,
     js_divergence_matrix,
     raise_sampling_weights,
-    rotated_outputs,
     shared_tensor_count,
     two_stage_clusters,
     weight_distance_matrix,
@@ -70,6 +66,12 @@ from tff_clustered.clustering.fedac import (
     m_step,
     random_assignment,
     spherical_kmeans,
+)
+from tff_clustered.clustering.hopkins import (
+    hopkins_against_references,
+    hopkins_estimate,
+    hopkins_statistic,
+    rotated_outputs,
 )
 from tff_clustered.clustering.low_rank_cosine import (
     PcaMap,
