@@ -43,7 +43,7 @@ from tff_clustered.clustering.cnt_steps import (
     candidate_marks,
     checked_previous,
     consider_splits,
-    fallback_variance,
+    pooled_fallback_variance,
     merge_clusters,
     nearest_separations,
     relative_allowed,
@@ -189,7 +189,7 @@ def tune_cluster_number(
     rule = RULES[settings.rule]
     clusters = start_clusters(x, c, labels)
     gc = gc_from_spread(clusters.spread / clusters.counts, c)
-    data = CntInput(x, z, w, previous, fallback_variance(x, clusters.spread))
+    data = CntInput(x, z, w, previous, pooled_fallback_variance(x, clusters.spread))
     merge_separations = nearest_separations(clusters, data.fallback_variance)[1]
     while clusters.count > settings.min_clusters:
         pair = rule.next_merge(clusters, data, gc, settings)

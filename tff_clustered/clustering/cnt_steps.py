@@ -89,7 +89,7 @@ def checked_previous(previous_splits: Optional[np.ndarray], num_rows: int) -> np
     return previous
 
 
-def fallback_variance(x: np.ndarray, spread: np.ndarray) -> float:
+def pooled_fallback_variance(x: np.ndarray, spread: np.ndarray) -> float:
     """s^2 for two singletons: the pooled spread of every cluster, or the spread of all models
     when every cluster is a singleton."""
     if len(x) > len(spread):
