@@ -182,15 +182,17 @@ def test_checkpoint_round_trip_continues_identically(tmp_path: Path) -> None:
 def test_fedac_options_are_checked() -> None:
     with pytest.raises(ValueError, match="fedac_mu and fedac_lambda"):
         make_algorithm("fedac", fedac_mu=-1.0)
-    with pytest.raises(ValueError, match="gc_lower < gc_upper"):
+    with pytest.raises(ValueError, match="set --gc_lower at most --gc_upper"):
         make_algorithm("fedac", fedac_cnt="paper", gc_lower=0.9, gc_upper=0.8)
+    equal = make_algorithm("fedac", fedac_cnt="paper", gc_lower=0.5, gc_upper=0.5)
+    assert (equal.cnt_settings.lower, equal.cnt_settings.upper) == (0.5, 0.5)  # a valid a = b
     with pytest.raises(ValueError, match="add --fedac_cnt=paper"):
         make_algorithm("fedac", gc_lower=0.05)
-    with pytest.raises(ValueError, match="fedac_merge_separation < fedac_split_separation"):
-        make_algorithm("fedac", fedac_merge_separation=4.0)
+    with pytest.raises(ValueError, match="--fedac_merge_separation at most --fedac_split_sep"):
+        make_algorithm("fedac", fedac_merge_separation=5.0)
     with pytest.raises(ValueError, match="fedac_pca_period must be >= 0"):
         make_algorithm("fedac", fedac_pca_period=-1)
-    with pytest.raises(ValueError, match="fedac_bimodality must be in"):
+    with pytest.raises(ValueError, match="set --fedac_bimodality in"):
         make_algorithm("fedac", fedac_bimodality=2.0)
     with pytest.raises(ValueError, match="fedac takes no --mu"):
         make_algorithm("fedac", mu=0.1)

@@ -9,7 +9,7 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from tff_clustered import clustering
-from tff_clustered.clustering import fedac
+from tff_clustered.clustering import cnt_settings, cnt_statistics
 
 # Planted setting used by the recovery tests: 4 groups of 12 clients in d = 500 around random
 # centres N(0, I) plus a common offset (the shared initialization all client models carry),
@@ -273,7 +273,7 @@ def test_a_cluster_grown_by_a_merge_is_not_split_in_the_same_call(
     result = clustering.tune_cluster_number(
         models, centers, with_singleton, pca_map, settings=settings
     )
-    assert result.gc[1] > fedac.GC_UPPER
+    assert result.gc[1] > cnt_settings.GC_UPPER
     assert result.merges == ((2, 1),) and result.splits == ()
     np.testing.assert_array_equal(result.assign, mixed)
 
@@ -286,7 +286,7 @@ def test_planted_partition_is_a_fixed_point(settings: clustering.CntSettings) ->
     assert ks == [GROUPS] * 3
     np.testing.assert_array_equal(labels, truth)
     gc = clustering.gc_ratios(models, clustering.m_step(models, truth, GROUPS), truth)
-    assert np.all((gc > fedac.GC_LOWER) & (gc < fedac.GC_UPPER))
+    assert np.all((gc > cnt_settings.GC_LOWER) & (gc < cnt_settings.GC_UPPER))
 
 
 @pytest.mark.parametrize("settings", RULES, ids=lambda s: s.rule)
@@ -316,7 +316,7 @@ def test_cnt_reaches_the_planted_number_from_more_clusters(seed: int) -> None:
     models, truth = planted_models(rng)
     start = np.arange(len(truth), dtype=np.int32)
     labels, ks = run_rounds(models, start, rounds=8, settings=PAPER)
-    assert ks[0] == fedac.MIN_CLUSTERS and ks[-3:] == [GROUPS] * 3
+    assert ks[0] == cnt_settings.MIN_CLUSTERS and ks[-3:] == [GROUPS] * 3
     assert adjusted_rand_score(truth, labels) == 1.0
 
 
@@ -333,7 +333,7 @@ def test_cnt_keeps_k_within_bounds() -> None:
     # Everything in one pair of clusters, both far above b: K_max = 3 allows one split only.
     pair = (truth >= 2).astype(np.int32)
     centers = clustering.m_step(models, pair, 2)
-    assert np.all(clustering.gc_ratios(models, centers, pair) > fedac.GC_UPPER)
+    assert np.all(clustering.gc_ratios(models, centers, pair) > cnt_settings.GC_UPPER)
     for settings in RULES:  # both split both clusters when free to
         capped = clustering.tune_cluster_number(
             models, centers, pair, pca_map, settings=dataclasses.replace(settings, max_clusters=3)
@@ -401,7 +401,7 @@ def smaller_joins_larger(labels: np.ndarray, merge: tuple[int, int]) -> bool:
 def sides_separation(models: np.ndarray, first: np.ndarray) -> float:
     a, b = models[first], models[~first]
     mean_a, mean_b = a.mean(axis=0), b.mean(axis=0)
-    return fedac.separation(
+    return cnt_statistics.separation(
         len(a),
         len(b),
         float(np.sum((mean_a - mean_b) ** 2)),
@@ -415,9 +415,11 @@ def test_separation_is_about_one_for_halves_of_a_group_and_large_for_two_groups(
     models, truth = planted_models(rng, groups=2)
     # the formula: ||mean_a - mean_b||^2 / (s^2 (1/n_a + 1/n_b)), s^2 pooled over n - 2
     expected = 9.0 / ((4.0 + 6.0) / (3 + 5 - 2) * (1 / 3 + 1 / 5))
-    assert fedac.separation(3, 5, 9.0, 4.0, 6.0) == pytest.approx(expected)
-    assert fedac.separation(1, 1, 9.0, 0.0, 0.0, fallback_variance=1.5) == pytest.approx(3.0)
-    assert fedac.separation(1, 1, 9.0, 0.0, 0.0) == np.inf
+    assert cnt_statistics.separation(3, 5, 9.0, 4.0, 6.0) == pytest.approx(expected)
+    assert cnt_statistics.separation(1, 1, 9.0, 0.0, 0.0, fallback_variance=1.5) == pytest.approx(
+        3.0
+    )
+    assert cnt_statistics.separation(1, 1, 9.0, 0.0, 0.0) == np.inf
     one = models[truth == 0]
     halves = [sides_separation(one, rng.permutation(PER_GROUP) < 6) for _ in range(20)]
     assert 0.8 < np.mean(halves) < 1.2
@@ -438,13 +440,15 @@ def test_bimodality_reference_values() -> None:
     uniform = np.sort(rng.uniform(-1, 1, size=20000))[:, None]
     gaussian = np.sort(rng.normal(size=20000))[:, None]
     for values, expected in ((uniform, 0.75), (gaussian, 2 / np.pi)):
-        q = fedac.bimodality(values[values[:, 0] < 0], values[values[:, 0] >= 0])
+        q = cnt_statistics.bimodality(values[values[:, 0] < 0], values[values[:, 0] >= 0])
         assert q == pytest.approx(expected, abs=0.01)
     points = np.array([[1.0, 0.0], [1.0, 0.0], [-1.0, 0.0], [-1.0, 0.0]])
-    assert fedac.bimodality(points[:2], points[2:]) == pytest.approx(1.0)
+    assert cnt_statistics.bimodality(points[:2], points[2:]) == pytest.approx(1.0)
     cloud = rng.normal(size=(30, 5))
-    q = fedac.bimodality(cloud[:10], cloud[10:])
-    assert 0 <= q <= 1 and fedac.bimodality(9 * cloud[:10], 9 * cloud[10:]) == pytest.approx(q)
+    q = cnt_statistics.bimodality(cloud[:10], cloud[10:])
+    assert 0 <= q <= 1 and cnt_statistics.bimodality(
+        9 * cloud[:10], 9 * cloud[10:]
+    ) == pytest.approx(q)
 
 
 @pytest.mark.parametrize("factor", [1.0, 0.3, 0.1, 0.01])
@@ -462,7 +466,7 @@ def test_relative_cnt_never_merges_separated_groups_whatever_the_pull(factor: fl
     assert np.all(relative.merge_separations > 10)
     paper = clustering.tune_cluster_number(models, centers, truth, pca_map, settings=PAPER)
     if factor < 1:
-        assert paper.num_clusters == fedac.MIN_CLUSTERS and len(paper.merges) == 2
+        assert paper.num_clusters == cnt_settings.MIN_CLUSTERS and len(paper.merges) == 2
     else:
         assert paper.merges == ()
 
@@ -479,7 +483,7 @@ def test_relative_cnt_rejoins_a_group_cut_in_two(cut: str) -> None:
     for group in range(GROUPS):
         members = np.flatnonzero(truth == group)
         if cut == "split_sides":
-            second = fedac._split_sides(reduced[members], reduced_centers[group])
+            second = cnt_statistics.split_sides(reduced[members], reduced_centers[group])
         else:
             second = rng.permutation(len(members)) < len(members) // 2
         labels = truth.copy()
@@ -524,7 +528,7 @@ def test_relative_cnt_splits_a_mixed_cluster_and_no_pure_one_whatever_the_pull(
     result = clustering.tune_cluster_number(models, centers, mixed, pca_map)
     assert result.splits == (2,) and result.merges == ()
     assert adjusted_rand_score(truth, result.assign) == 1.0
-    assert np.all(result.split_separations[:2] < fedac.SPLIT_SEPARATION)
+    assert np.all(result.split_separations[:2] < cnt_settings.SPLIT_SEPARATION)
     assert result.split_separations[2] > 10 and result.split_bimodalities[2] > 0.9
 
 
@@ -662,7 +666,7 @@ def test_bad_inputs_raise_clear_errors() -> None:
     with pytest.raises(ValueError, match="bimodality bound"):
         clustering.CntSettings(unimodal_bimodality=1.5)
     with pytest.raises(ValueError, match="members on both sides"):
-        fedac.separation(0, 3, 1.0, 0.0, 1.0)
+        cnt_statistics.separation(0, 3, 1.0, 0.0, 1.0)
     with pytest.raises(ValueError, match="NaN or inf"):
         clustering.fit_pca_map(np.full((3, 4), np.nan))
     with pytest.raises(ValueError, match="positive finite"):

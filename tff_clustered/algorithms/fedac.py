@@ -37,35 +37,27 @@ literal value kept as an option:
 * CNT's decisions (Alg. 3). The paper's test G_c = Dist_intra / Dist_inter < a merges a
   cluster whose members sit close to their centre compared with the other centres. The mu
   pull brings every client toward its centre, so Dist_intra, and G_c, falls for distinct
-  groups as much as for fragments of one: on the embedded digits (4 planted groups, 20
-  clients, 5 per round, 40 rounds) the paper's rule merged planted groups in 3 of 3 seeds at
-  mu = 0.1 and in seed 0 at mu = 1 (three groups into one). `--fedac_cnt=relative` (ours, the
-  default) compares clusters with their own members' spread instead
-  (clustering.fedac.tune_cluster_number): merge a cluster into its nearest when their means
-  are not clearly apart (`separation` < 2, a trace two-sample statistic that is ~1 for two
-  halves of one group), split one whose two sides are clearly apart (separation > 4) and
+  groups as much as for fragments of one, and the paper's rule merges planted groups
+  (docs/fedac.md, "Cluster number tuning"). `--fedac_cnt=relative` (ours, the default)
+  compares clusters with their own members' spread instead
+  (clustering.cluster_number.tune_cluster_number): merge a cluster into its nearest when their
+  means are not clearly apart (`separation` < 2, a trace two-sample statistic that is ~1 for
+  two halves of one group), split one whose two sides are clearly apart (separation > 4) and
   two-sided (`bimodality` > 3/4, more than a cut of any symmetric unimodal group explains)
   in every round of a full pass over the clients (the clients that trained in a round stand
   out from the stale ones until others train). A pull toward the centres can only raise a
   separation, so it never makes CNT merge groups it kept apart. The bounds come from the
   statistics' own scale (random halves, unimodal cuts), not from a dataset:
-  `--fedac_merge_separation`, `--fedac_split_separation`, `--fedac_bimodality`. On the
-  digits runs above it merged and split no planted group (3 seeds; at mu = 2.59, one pure
-  group of 5 was split 2 / 3 in seed 2, after none of its members trained for 3 rounds).
-  `--fedac_cnt=paper` with `--gc_lower`/`--gc_upper` (0.2, 0.8) is the paper's rule.
+  `--fedac_merge_separation`, `--fedac_split_separation`, `--fedac_bimodality`.
+  `--fedac_cnt=paper` with `--gc_lower`/`--gc_upper` (0.2, 0.8) is the paper's rule. Every
+  CNT bound is checked once, by clustering.cnt_settings.CntSettings.
 * mu and lambda (LocalUpdate's pulls) are not given by the paper; ours are 0.1 and 0.1.
-  With the relative rule CNT no longer depends on them. At the table's budget (5 local
-  steps, learning rate 0.05) a pull of 0.1 moves a client ~2.5 % of the way to its centre
-  per round it trains, so FedAC scores like Local. A rule tying mu to the local step
-  budget, mu = (1 - 2^(-1/s)) / eta (each time it trains, a client is pulled half-way to its
-  centre over its s steps at learning rate eta; 2.59 here), was tried and is not the
-  default: over seeds 0-2 (same budget, relative CNT) the mean client accuracy went from
-  43.5 to 45.2 % on the planted digits groups (+5.8, +0.6, -1.4 by seed), but from 93.3 to
-  81.8 % on the pathological partition and from 78.1 to 69.4 % on Dirichlet, where a
-  cluster's members do not share a distribution and the pull erases what each learned for
-  itself. Set it by hand (`--fedac_mu`) where clusters are true groups. A stronger lambda
-  (2.6 and 10, seed 0, CNT off) lowered the accuracy on the planted groups and on the
-  pathological partition too.
+  With the relative rule CNT does not depend on them. A pull of 0.1 moves a client ~2.5 % of
+  the way to its centre per round it trains at 5 local steps of learning rate 0.05. A pull
+  tied to the local step budget, mu = (1 - 2^(-1/s)) / eta (half-way to the centre over s
+  steps at learning rate eta), helps where clusters are true groups and hurts where a
+  cluster's members do not share a distribution (docs/fedac.md), so it is not the default:
+  set it by hand (`--fedac_mu`).
 
 Clients are scored with their own model (the personal kind): the paper reports the unweighted
 mean over clients (`client_accuracy_mean`); the example-weighted `accuracy` is logged beside it.
@@ -78,7 +70,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -94,6 +86,7 @@ from tff_clustered.algorithms.base import (
     check_cluster_count,
     layers_to_tensors,
 )
+from tff_clustered.clustering import cnt_settings, low_rank_cosine
 from tff_clustered.clustering import fedac as fedac_clustering
 from tff_clustered.federated import client_work
 from tff_clustered.federated.signature import CLIENT_WEIGHTINGS
@@ -120,12 +113,6 @@ def pca_period(full_pass: int, total_rounds: int) -> int:
     return max(1, full_pass, by_length)
 
 
-def finite_statistic(reduce: Callable[[np.ndarray], Any], values: np.ndarray) -> float:
-    """`reduce` over the finite values, NaN when there are none (a metric of CNT's snapshot)."""
-    finite = values[np.isfinite(values)]
-    return float(reduce(finite)) if len(finite) else float("nan")
-
-
 @dataclasses.dataclass(frozen=True)
 class FedACState:
     """`warmup_order`: the client permutation whose blocks are the warm-up cohorts; the PCA map
@@ -142,10 +129,10 @@ class FedACState:
     split_candidates: Optional[np.ndarray] = None
 
     @property
-    def pca_map(self) -> fedac_clustering.PcaMap:
-        return fedac_clustering.PcaMap(self.pca_offset, self.pca_axes, self.pca_variances)
+    def pca_map(self) -> low_rank_cosine.PcaMap:
+        return low_rank_cosine.PcaMap(self.pca_offset, self.pca_axes, self.pca_variances)
 
-    def with_map(self, pca_map: fedac_clustering.PcaMap, round_num: int) -> FedACState:
+    def with_map(self, pca_map: low_rank_cosine.PcaMap, round_num: int) -> FedACState:
         return dataclasses.replace(
             self,
             pca_offset=pca_map.offset,
@@ -180,7 +167,7 @@ class FedAC(Algorithm):
             0.1, "FedAC lambda: pull of the embedding toward the global embedding Phi."
         )
         fedac_components: int = option(
-            fedac_clustering.NUM_COMPONENTS, "FedAC reduced dimension D of the PCA map."
+            low_rank_cosine.NUM_COMPONENTS, "FedAC reduced dimension D of the PCA map."
         )
         fedac_pca_period: int = option(
             0,
@@ -205,36 +192,36 @@ class FedAC(Algorithm):
             "relative",
             "FedAC cluster number tuning: relative (ours: bounds on the separation of two "
             "member sets) or paper (Alg. 3: bounds on G_c).",
-            fedac_clustering.CNT_RULES,
+            cnt_settings.CNT_RULES,
         )
         fedac_merge_separation: float = option(
-            fedac_clustering.MERGE_SEPARATION,
+            cnt_settings.MERGE_SEPARATION,
             "FedAC CNT (relative): merge a cluster separated from its nearest by less.",
         )
         fedac_split_separation: float = option(
-            fedac_clustering.SPLIT_SEPARATION,
+            cnt_settings.SPLIT_SEPARATION,
             "FedAC CNT (relative): split a cluster whose two sides are separated by more.",
         )
         fedac_bimodality: float = option(
-            fedac_clustering.UNIMODAL_BIMODALITY,
+            cnt_settings.UNIMODAL_BIMODALITY,
             "FedAC CNT (relative): split only a cluster whose two sides are more two-sided.",
         )
         gc_lower: float = option(
-            fedac_clustering.GC_LOWER,
+            cnt_settings.GC_LOWER,
             "FedAC CNT (paper): merge clusters with G_c below this (a).",
         )
         gc_upper: float = option(
-            fedac_clustering.GC_UPPER,
+            cnt_settings.GC_UPPER,
             "FedAC CNT (paper): split clusters with G_c above this (b).",
         )
         fedac_min_clusters: int = option(
-            fedac_clustering.MIN_CLUSTERS, "FedAC CNT: never fewer clusters (K_min)."
+            cnt_settings.MIN_CLUSTERS, "FedAC CNT: never fewer clusters (K_min)."
         )
         fedac_max_clusters: int = option(
-            fedac_clustering.MAX_CLUSTERS, "FedAC CNT: never more clusters (K_max)."
+            cnt_settings.MAX_CLUSTERS, "FedAC CNT: never more clusters (K_max)."
         )
         fedac_min_split_size: int = option(
-            fedac_clustering.MIN_SPLIT_SIZE, "FedAC CNT: members of each side of a split."
+            cnt_settings.MIN_SPLIT_SIZE, "FedAC CNT: members of each side of a split."
         )
         fedac_weighting: str = option(
             "uniform",
@@ -245,8 +232,6 @@ class FedAC(Algorithm):
     def __init__(self, options: Optional[Options] = None) -> None:
         super().__init__(options)
         o = self.options
-        lower, upper = o.gc_lower, o.gc_upper
-        paper = o.fedac_cnt == "paper"
         check(
             [
                 (o.fedac_mu >= 0 and o.fedac_lambda >= 0, "fedac_mu and fedac_lambda: >= 0"),
@@ -255,30 +240,22 @@ class FedAC(Algorithm):
                 (o.fedac_pca_period >= 0, "fedac_pca_period must be >= 0 (0: automatic)"),
                 (o.fedac_warmup_rounds >= 0, "fedac_warmup_rounds must be >= 0 (0: automatic)"),
                 (
-                    paper
-                    or (lower, upper) == (fedac_clustering.GC_LOWER, fedac_clustering.GC_UPPER),
+                    o.fedac_cnt == "paper"
+                    or (o.gc_lower, o.gc_upper) == (cnt_settings.GC_LOWER, cnt_settings.GC_UPPER),
                     "fedac: --gc_lower/--gc_upper bound the paper's G_c; add --fedac_cnt=paper "
                     "(the relative rule's bounds are --fedac_merge_separation and "
                     "--fedac_split_separation)",
                 ),
-                (0 <= lower < upper, "need 0 <= gc_lower < gc_upper"),  # a = b: no CNT
-                (
-                    0 <= o.fedac_merge_separation < o.fedac_split_separation,
-                    "need 0 <= fedac_merge_separation < fedac_split_separation",
-                ),
-                (0 <= o.fedac_bimodality <= 1, "fedac_bimodality must be in [0, 1]"),
             ]
         )
-        try:  # the rest of cluster number tuning's bounds, checked where they are defined
-            self.cnt_settings = fedac_clustering.CntSettings(
-                lower, upper, o.fedac_min_clusters, o.fedac_max_clusters, o.fedac_min_split_size,
-                o.fedac_cnt, o.fedac_merge_separation, o.fedac_split_separation,
-                o.fedac_bimodality,
+        try:  # cluster number tuning's bounds, checked once, where they are defined
+            self.cnt_settings = cnt_settings.CntSettings(
+                o.gc_lower, o.gc_upper, o.fedac_min_clusters, o.fedac_max_clusters,
+                o.fedac_min_split_size, o.fedac_cnt, o.fedac_merge_separation,
+                o.fedac_split_separation, o.fedac_bimodality,
             )  # fmt: skip
         except ValueError as e:
-            raise ValueError(
-                f"fedac: {e} (--fedac_min_clusters, --fedac_max_clusters, --fedac_min_split_size)"
-            ) from e
+            raise ValueError(f"fedac: {e}") from e
 
     @property
     def initial_clusters(self) -> int:
@@ -356,9 +333,9 @@ class FedAC(Algorithm):
         refit = state.pca_round < 0 or r - state.pca_round >= period
         if refit:
             state = state.with_map(
-                fedac_clustering.fit_pca_map(models, o.fedac_components, o.fedac_pca_center), r
+                low_rank_cosine.fit_pca_map(models, o.fedac_components, o.fedac_pca_center), r
             )
-        z = fedac_clustering.project(state.pca_map, models)
+        z = low_rank_cosine.project(state.pca_map, models)
         metrics = {
             "pca_refit": float(refit),
             "pca_period": float(period),
@@ -371,7 +348,7 @@ class FedAC(Algorithm):
             else:
                 labels = fedac_clustering.random_assignment(len(ids), self.initial_clusters, seed)
             centers = fedac_clustering.m_step(models, labels, self.initial_clusters, weights)
-            reduced_centers = fedac_clustering.project(state.pca_map, centers)
+            reduced_centers = low_rank_cosine.project(state.pca_map, centers)
         else:
             # a split must be allowed in every round of a full pass over the clients: the
             # clients that trained in a round stand out from the rest until others train
@@ -392,17 +369,7 @@ class FedAC(Algorithm):
             cnt = step.cnt
             kept = np.concatenate([previous, cnt.split_candidates[None, :]])[1:]
             state = dataclasses.replace(state, split_candidates=kept)
-            metrics.update(
-                merges=float(len(cnt.merges)),
-                splits=float(len(cnt.splits)),
-                gc_mean=finite_statistic(np.mean, cnt.gc),
-                merge_separation_min=finite_statistic(np.min, cnt.merge_separations),
-                split_separation_max=finite_statistic(np.max, cnt.split_separations),
-                split_bimodality_max=finite_statistic(np.max, cnt.split_bimodalities),
-                split_candidates=float(
-                    len(np.unique(cnt.split_candidates[cnt.split_candidates >= 0] // 2))
-                ),
-            )
+            metrics.update(cnt.metrics())
         metrics["num_clusters"] = float(len(centers))
         return Decision(
             assignment=dict(zip(ids, labels.tolist())),
@@ -413,7 +380,7 @@ class FedAC(Algorithm):
             similarity=Similarity.to_centers(
                 "LrCos of client models to the centres (Alg. 2)",
                 ids,
-                fedac_clustering.lrcos(z, reduced_centers),
+                low_rank_cosine.lrcos(z, reduced_centers),
                 labels,
                 r,
             ),

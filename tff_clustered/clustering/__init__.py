@@ -1,11 +1,15 @@
 """Server-side clustering math, NumPy / scikit-learn only (no TFF): testable alone.
 
-* `decomposed`: FedGroup (cosine, MADC, EDC, newcomers, inter-group aggregation) and FeSEM
-  (E-step, M-step);
-* `density`: FedTSDP (JS divergence, Hopkins, Eq. 9 distance, two DBSCAN stages, amended
-  sampling, shared-layer schedule);
+* `common`: what the others share (cosine, row blocks, input checks, per-cluster means, which
+  are FeSEM's and FedAC's M-steps);
+* `decomposed`: FedGroup (MADC, EDC, newcomers, inter-group aggregation) and FeSEM (E-step,
+  initial K-means);
+* `density`: FedTSDP (JS divergence, Eq. 9 distance, two DBSCAN stages, amended sampling,
+  shared-layer schedule); `hopkins`: its Hopkins statistic and the trigger's reference;
 * `bipartition`: CFL (split criterion, optimal bipartition);
-* `fedac`: FedAC (PCA map, LrCos, E-step, M-step, cluster number tuning, initial assignment).
+* `low_rank_cosine`: FedAC's PCA map and LrCos; `cluster_number` (with `cnt_settings`,
+  `cnt_statistics`, `cnt_steps`): its cluster number tuning; `fedac`: its E-step, M-step,
+  clustering step and initial assignment.
 """
 
 from tff_clustered.clustering.bipartition import (
@@ -17,21 +21,27 @@ from tff_clustered.clustering.bipartition import (
     should_split,
     update_norms,
 )
-from tff_clustered.clustering.decomposed import (
+from tff_clustered.clustering.cluster_number import CntResult, tune_cluster_number
+from tff_clustered.clustering.cnt_settings import CntSettings
+from tff_clustered.clustering.cnt_statistics import gc_ratios
+from tff_clustered.clustering.common import (
     BLOCK_ROWS,
+    cosine_similarity,
+    drop_empty_clusters,
+    mean_per_cluster,
+)
+from tff_clustered.clustering.decomposed import (
     agglomerative_madc,
     assign_newcomers,
     best_kmeans,
     cluster_edc,
     cluster_madc,
-    cosine_similarity,
     decomposed_cosine,
     edc_embedding,
     edc_matrix,
     inter_group_aggregation,
     kmeans_edc,
     madc_matrix,
-    mean_per_cluster,
     nearest_centers,
     newcomer_dissimilarity,
     squared_center_distances,
@@ -43,34 +53,33 @@ from tff_clustered.clustering.density import (
     amend_sampling_weights,
     dbscan_clusters,
     draw_public_batch,
-    hopkins_against_references,
-    hopkins_estimate,
-    hopkins_statistic,
     js_divergence_matrix,
     raise_sampling_weights,
-    rotated_outputs,
     shared_tensor_count,
     two_stage_clusters,
     weight_distance_matrix,
 )
 from tff_clustered.clustering.fedac import (
     ClusteringStep,
-    CntResult,
-    CntSettings,
-    PcaMap,
     clustering_step,
-    drop_empty_clusters,
     e_step,
+    m_step,
+    random_assignment,
+    spherical_kmeans,
+)
+from tff_clustered.clustering.hopkins import (
+    hopkins_against_references,
+    hopkins_estimate,
+    hopkins_statistic,
+    rotated_outputs,
+)
+from tff_clustered.clustering.low_rank_cosine import (
+    PcaMap,
     fit_pca_map,
-    gc_ratios,
     lrcos,
     lrcos_models,
-    m_step,
     project,
-    random_assignment,
     random_projection_map,
-    spherical_kmeans,
-    tune_cluster_number,
 )
 
 __all__ = [

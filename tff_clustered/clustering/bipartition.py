@@ -12,7 +12,7 @@ from typing import Optional
 import numpy as np
 from sklearn.cluster import AgglomerativeClustering
 
-from tff_clustered.clustering.decomposed import cosine_similarity
+from tff_clustered.clustering.common import cosine_similarity
 
 
 def _updates(updates: np.ndarray) -> np.ndarray:

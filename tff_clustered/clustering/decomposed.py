@@ -1,41 +1,19 @@
-"""Server-side clustering math, NumPy / scikit-learn only (no TFF): testable alone.
+"""FedGroup's and FeSEM's server-side math, NumPy / scikit-learn only (no TFF).
 
-FedGroup (Duan et al.): cosine (Eq. 5-6), MADC (Eq. 7), truncated-SVD directions and EDC
-(Eq. 8), newcomer dissimilarity (Eq. 9), inter-group aggregation (Alg. 2 line 5).
-FeSEM (Long et al.): E-step (Eq. 8) and M-step (Eq. 9) on flattened client models.
+FedGroup (Duan et al.): MADC (Eq. 7) on the cosine of Eq. 5-6 (common.cosine_similarity),
+truncated-SVD directions and EDC (Eq. 8), newcomer dissimilarity (Eq. 9), inter-group
+aggregation (Alg. 2 line 5). FeSEM (Long et al.): the E-step (Eq. 8) and the initial K-means on
+flattened client models (its M-step, Eq. 9, is common.mean_per_cluster).
 Rows of every matrix are flattened client updates or models.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Optional
-
 import numpy as np
 from scipy.spatial.distance import cdist
 from sklearn.cluster import AgglomerativeClustering, KMeans
 
-_EPS = 1e-12
-# Rows per block when a pass streams over an update matrix (which may be a disk memmap).
-BLOCK_ROWS = 512
-
-
-def _float(a: np.ndarray) -> np.ndarray:
-    """float32 stays float32 (P x d update matrices are large), anything else -> float64."""
-    a = np.asarray(a)
-    return a if a.dtype in (np.float32, np.float64) else a.astype(np.float64)
-
-
-def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """K(A, B): cosine of every row of `a` with every row of `b` (Eq. 5-6). A zero row has
-    cosine 0 with everything (ours: the paper's cosine is undefined for a zero vector, and an
-    empty group's direction is zero, so such a group is at Eq. 9 dissimilarity 1/2 from every
-    newcomer)."""
-    a, b = _float(a), _float(b)
-    na = np.linalg.norm(a, axis=1, keepdims=True)
-    nb = np.linalg.norm(b, axis=1, keepdims=True)
-    sim = (a / np.maximum(na, _EPS)) @ (b / np.maximum(nb, _EPS)).T
-    return sim.astype(np.float64)
+from tff_clustered.clustering.common import BLOCK_ROWS, EPS, cosine_similarity, row_blocks
 
 
 def madc_matrix(updates: np.ndarray) -> np.ndarray:
@@ -57,12 +35,6 @@ def madc_matrix(updates: np.ndarray) -> np.ndarray:
     out /= p - 2
     np.fill_diagonal(out, 0.0)
     return (out + out.T) / 2  # exact symmetry against rounding
-
-
-def row_blocks(a: np.ndarray, block_rows: int = BLOCK_ROWS) -> Iterator[np.ndarray]:
-    """Consecutive row blocks of `a` (views: a memmap is read block by block)."""
-    for start in range(0, len(a), block_rows):
-        yield _float(a[start : start + block_rows])
 
 
 def svd_directions(
@@ -166,7 +138,7 @@ def inter_group_aggregation(models: np.ndarray, eta_g: float, mode: str = "addit
     models = np.asarray(models, np.float64)
     if eta_g == 0:
         return models.copy()
-    norms = np.maximum(np.linalg.norm(models, axis=1, keepdims=True), _EPS)
+    norms = np.maximum(np.linalg.norm(models, axis=1, keepdims=True), EPS)
     if mode == "additive":
         unit = models / norms
         return models + eta_g * (unit.sum(0, keepdims=True) - unit)
@@ -202,22 +174,3 @@ def best_kmeans(
     kmeans = KMeans(num_clusters, init="random", n_init=restarts, random_state=seed)
     labels = kmeans.fit_predict(points).astype(np.int32)
     return labels, float(kmeans.inertia_)
-
-
-def mean_per_cluster(
-    models: np.ndarray,
-    labels: np.ndarray,
-    previous: np.ndarray,
-    weights: Optional[np.ndarray] = None,
-) -> np.ndarray:
-    """FeSEM M-step (Eq. 9): the mean of each cluster's members (unweighted, or weighted by
-    `weights`, e.g. training examples); a center without members is kept."""
-    models = np.asarray(models, np.float64)
-    weights = np.ones(len(models)) if weights is None else np.asarray(weights, np.float64)
-    centers = np.array(previous, np.float64, copy=True)
-    for k in range(len(centers)):
-        members = labels == k
-        if members.any():
-            w = weights[members]
-            centers[k] = (w[:, None] * models[members]).sum(0) / w.sum()
-    return centers
