@@ -14,8 +14,8 @@ import tensorflow_federated as tff
 
 from tff_clustered.federated import local_training
 from tff_clustered.models import count_trainable_parameters, model_spec, trainable_layer_sizes
-from tff_clustered.models.functional import FunctionalModel, functional_model
-from tff_clustered.models.keras_models import ModelSpec, initial_state, stacked_lstm
+from tff_clustered.models.functional import FunctionalModel, functional_model, interpreted
+from tff_clustered.models.keras_models import ModelSpec, initial_state
 from tff_clustered.models.layer_ops import PARAMETER_FREE, conv2d, parameter_free_ops
 
 BN = tf.keras.layers.BatchNormalization
@@ -151,7 +151,7 @@ def test_inference_matches_keras(name: str, shape: tuple, kwargs: dict) -> None:
 @pytest.mark.parametrize("name, shape, kwargs", PARITY_MODELS[:3])
 def test_interpreter_matches_keras_on_plain_models(name: str, shape: tuple, kwargs: dict) -> None:
     keras_model = model_spec(name, shape, 10, **kwargs).build()
-    model = functional_model(keras_model)
+    model = interpreted(keras_model)
     weights = [tf.constant(v.numpy()) for v in keras_model.trainable_weights]
     x = tf.random.stateless_normal([5, *shape], seed=[3, 2])
     for training in (False, True):
@@ -217,23 +217,36 @@ def test_interpreter_equals_tff_functional_model(name: str, shape: tuple, kwargs
     assert model.layer_sizes == tuple(trainable_layer_sizes(keras_model))
 
 
-def test_plain_model_needs_no_input_spec() -> None:
-    # Every model goes through the interpreter, which reads its shapes from the model.
+def test_every_registry_model_goes_through_the_interpreter() -> None:
+    # It reads every shape from the model: no input_spec, and features for UA-PDFL.
     model = functional_model(model_spec("mlp", (8,), 3).build())
     assert model.trainable_shapes == ((8, 128), (128,), (128, 3), (3,))
+    assert model.features is not None
 
 
-def test_frozen_embedding_is_a_constant_not_state() -> None:
-    # Sent140's LSTM with its GloVe lookup inside the model: a frozen Embedding.
-    table = np.random.default_rng(0).normal(size=(30, 5)).astype(np.float32)
-    keras_model = stacked_lstm((6,), 2, units=4, dense_units=3, embedding=table)
-    model = functional_model(keras_model)
-    assert model.state_shapes == () and model.initial_state == () and model.state_owner == ()
-    assert len(model.trainable_shapes) == len(keras_model.trainable_weights) == 10
+def test_a_layer_the_interpreter_does_not_run_goes_through_tff_s_builder() -> None:
+    # A Python API model with a Conv1D (no BatchNorm, no Dropout): TFF's builder runs it.
+    def conv1d_model() -> tf.keras.Model:
+        return tf.keras.Sequential(
+            [
+                tf.keras.Input((6, 4)),
+                tf.keras.layers.Conv1D(3, 2, activation="relu"),
+                tf.keras.layers.Flatten(),
+                tf.keras.layers.Dense(2),
+            ]
+        )
+
+    spec = ModelSpec("conv1d", (6, 4), 2, conv1d_model)
+    with pytest.raises(ValueError, match=r"needs input_spec.*Conv1D"):
+        functional_model(spec.build())
+    keras_model = spec.build()
+    x = tf.random.stateless_normal([4, 6, 4], seed=[7, 1])
+    want = keras_model(x, training=False)  # before TFF's builder clones it into a graph
     weights = [tf.constant(v.numpy()) for v in keras_model.trainable_weights]
-    ids = tf.random.stateless_uniform([4, 6], seed=[7, 1], maxval=30, dtype=tf.int32)
-    logits, _ = model.apply(weights, [], ids, True, None)
-    np.testing.assert_allclose(logits, keras_model(ids, training=True), rtol=1e-5, atol=1e-6)
+    model = functional_model(keras_model, spec.input_spec())
+    assert model.features is None and model.state_shapes == () and model.rows_independent
+    logits, _ = graph_apply(model, weights, [], x, False)
+    np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-6)
 
 
 # -- BatchNorm statistics ---------------------------------------------------------------------
@@ -429,7 +442,7 @@ def test_lstm_settings_the_interpreter_does_not_run_are_refused() -> None:
         [tf.keras.Input((4, 3)), tf.keras.layers.LSTM(2, go_backwards=True)]
     )
     with pytest.raises(ValueError, match="go_backwards not supported"):
-        functional_model(keras_model)
+        interpreted(keras_model)
 
 
 def dataset(shape: tuple, seed: int) -> tf.data.Dataset:

@@ -2,24 +2,27 @@
 computations: `apply(trainable, state, x, training, seed) -> (logits, new_state)`.
 
 `trainable` are the model's trainable tensors (`model.trainable_weights` order), `state` its
-BatchNorm moving statistics (`model.non_trainable_weights` order), `seed` a stateless `[2]`
-int32/int64 seed for dropout. Every model goes through one interpreter of the Keras layer graph:
+non-trainable ones (BatchNorm moving statistics, `model.non_trainable_weights` order), `seed` a
+stateless `[2]` int32/int64 seed for dropout. Every model the interpreter runs goes through it:
 it orders the layer calls (Keras nodes) so each comes after the calls whose outputs it reads,
-and runs each with the TF ops of `layer_ops`. Three things need it rather than TFF's
-`tff.learning.models.functional_model_from_keras` (which the tests keep as an oracle: on the
-models it builds, our outputs and gradients equal its bit for bit):
+and runs each with the TF ops of `layer_ops`. It is needed rather than TFF's
+`tff.learning.models.functional_model_from_keras` for
 
 * BatchNorm (Ioffe & Szegedy, 2015) in the CNN and ResNet18 of Zhu et al., "Federated Two Stage
   Decoupling With Adaptive Personalization Layers" (2023): its statistics are an input and an
   output, so each client keeps its own; TFF's builder rejects the layer;
 * Dropout (Srivastava et al., 2014): masks come from the given seed (same seed, same run),
   where TFF's builder would draw unseeded random numbers;
-* LSTMs: computed as one loop over time (`tf.scan`), where TFF's builder needs the Keras LSTM
-  unrolled, one copy of the cell per time step;
+* LSTMs: one loop over time (`tf.scan`), where TFF's builder needs the Keras LSTM unrolled,
+  one copy of the cell per time step;
+* the feature extractor's output (`features`, UA-PDFL's I^Aux), which TFF's builder does not
+  expose.
 
-and the interpreter gives the feature extractor's output (`features`), which TFF's builder
-does not expose. Frozen weighted layers (a frozen GloVe `Embedding`) compute from constants,
-their initial values, as in TFF's builder.
+On the models both run, the interpreter's outputs and gradients equal TFF's builder's bit for
+bit (tests/test_functional_models.py). TFF's builder remains for the models the interpreter does
+not run and TFF's does, without BatchNorm or Dropout (`tff_built`): a model of the Python API
+with other layer kinds, nested models or no `tf.keras.Input`. No registry model (`MODEL_NAMES`)
+goes there.
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ from typing import Callable, Optional
 
 import numpy as np
 import tensorflow as tf
+import tensorflow_federated as tff
 
 from tff_clustered.models.layer_ops import (
     SUPPORTED,
     WEIGHTED,
+    NotInterpretable,
     batch_norm,
     check_layer,
     dropout,
@@ -51,6 +56,7 @@ ApplyFn = Callable[
 # `head_start`, flattened per example, in inference mode: the output of the feature extractor
 # g when the head h starts there (UA-PDFL's auxiliary representation, Eq. 11).
 FeaturesFn = Callable[[Sequence[tf.Tensor], Sequence[tf.Tensor], tf.Tensor, int], tf.Tensor]
+BatchNorm, Dropout = tf.keras.layers.BatchNormalization, tf.keras.layers.Dropout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +69,7 @@ class FunctionalModel:
     layer_sizes: tuple[int, ...]  # trainable tensors per layer with weights, bottom to top
     initial_state: tuple[np.ndarray, ...]
     apply: ApplyFn  # (trainable, state, x, training, seed) -> (logits, new_state)
-    features: FeaturesFn  # (trainable, state, x, head_start) -> the head's flattened input
+    features: Optional[FeaturesFn]  # None: built by TFF's builder, which exposes no features
     # Each example's output depends on that example alone (no BatchNorm statistics, no
     # dropout draw shaped by the batch): extra rows in a batch change no other row's output.
     rows_independent: bool = False
@@ -80,7 +86,6 @@ class _Step:
     layer: tf.keras.layers.Layer
     trainable: tuple[int, ...]  # indices into the trainable tensors
     state: tuple[int, ...]  # indices into the state tensors
-    constants: tuple[np.ndarray, ...]  # a frozen layer's weights (layer.weights order)
     inputs: tuple[int, ...]  # ids of the Keras tensors it reads
     outputs: tuple[int, ...]  # ids of the Keras tensors it writes
     position: int  # index of the layer in model.layers (dropout seeds)
@@ -92,7 +97,7 @@ class _Step:
 def _nodes_in_order(model: tf.keras.Model) -> list:
     """The model's layer calls (Keras nodes), each after the calls whose outputs it reads."""
     if not model.inputs or not model.outputs:
-        raise ValueError(
+        raise NotInterpretable(
             f"model {model.name} has no symbolic inputs/outputs; build it with tf.keras.Input"
         )
     order, done, visiting = [], set(), set()
@@ -121,26 +126,68 @@ def functional_model(
     input_spec: Optional[dict] = None,
     bn_momentum: Optional[float] = None,
 ) -> FunctionalModel:
-    """The Keras `model` as a `FunctionalModel`, run by the interpreter.
+    """The Keras `model` as a `FunctionalModel`: the interpreter's, or TFF's builder's for a
+    model with a layer the interpreter does not run (`NotInterpretable`) and neither BatchNorm
+    nor Dropout, which TFF's builder cannot run as ours must.
 
-    `input_spec` is accepted for callers that pass their batched element spec and is not read:
-    the interpreter takes every shape from the model. `bn_momentum` overrides every BatchNorm
-    layer's momentum, in Keras's convention (new = momentum * old + (1 - momentum) * batch;
-    PyTorch's momentum 0.1 is Keras's 0.9).
+    `input_spec` (a batched element spec with `x` and `y`) is needed by TFF's builder only.
+    `bn_momentum` overrides every BatchNorm layer's momentum, in Keras's convention
+    (new = momentum * old + (1 - momentum) * batch; PyTorch's momentum 0.1 is Keras's 0.9).
     """
-    del input_spec
     if bn_momentum is not None and not 0.0 <= bn_momentum <= 1.0:
         raise ValueError(f"bn_momentum must be in [0, 1], got {bn_momentum}")
+    try:
+        return interpreted(model, bn_momentum)
+    except NotInterpretable as refusal:
+        if any(isinstance(layer, (BatchNorm, Dropout)) for layer in model.layers):
+            raise
+        if input_spec is None:
+            raise ValueError(
+                f"model {model.name} goes through TFF's functional_model_from_keras, which "
+                f"needs input_spec: the interpreter does not run it ({refusal})"
+            ) from None
+        return tff_built(model, input_spec)
+
+
+def tff_built(model: tf.keras.Model, input_spec: dict) -> FunctionalModel:
+    """`model` through TFF's `functional_model_from_keras`, for the layers the interpreter does
+    not run (a Conv1D, a GRU, a nested model, a model without `tf.keras.Input`): no
+    state, no `features` (TFF's builder exposes no intermediate values)."""
+    functional = tff.learning.models.functional_model_from_keras(
+        model,
+        loss_fn=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        input_spec=collections.OrderedDict(input_spec),
+    )
+    non_trainable = tuple(functional.initial_weights[1])
+
+    def apply(
+        weights: Sequence[tf.Tensor],
+        state: Sequence[tf.Tensor],
+        x: tf.Tensor,
+        training: bool,
+        seed: Optional[tf.Tensor] = None,
+    ) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
+        logits = functional.predict_on_batch((tuple(weights), non_trainable), x, training)
+        return logits, tuple(state)
+
+    return FunctionalModel(
+        trainable_shapes=_shapes(model.trainable_weights),
+        state_shapes=(),
+        state_owner=(),
+        layer_sizes=tuple(trainable_layer_sizes(model)),
+        initial_state=(),
+        apply=apply,
+        features=None,
+        rows_independent=True,
+    )
+
+
+def interpreted(model: tf.keras.Model, bn_momentum: Optional[float] = None) -> FunctionalModel:
+    """The Keras `model` run by the interpreter (`bn_momentum` as in `functional_model`);
+    `NotInterpretable` for a layer or model shape it does not run."""
     nodes = [node for node in _nodes_in_order(model) if not node.is_input]
-    frozen = {  # weights of frozen layers other than BatchNorm: constants, not state
-        v.ref()
-        for node in nodes
-        if type(node.layer) is not tf.keras.layers.BatchNormalization
-        for v in node.layer.non_trainable_weights
-    }
-    state_variables = [v for v in model.non_trainable_weights if v.ref() not in frozen]
     trainable_of = {v.ref(): i for i, v in enumerate(model.trainable_weights)}
-    state_of = {v.ref(): i for i, v in enumerate(state_variables)}
+    state_of = {v.ref(): i for i, v in enumerate(model.non_trainable_weights)}
     position_of = {id(layer): i for i, layer in enumerate(model.layers)}
     owner = [-1] * len(state_of)
     steps: list[_Step] = []
@@ -149,9 +196,8 @@ def functional_model(
         layer = node.layer
         t_idx = [trainable_of[v.ref()] for v in layer.trainable_weights if v.ref() in trainable_of]
         s_idx = [state_of[v.ref()] for v in layer.non_trainable_weights if v.ref() in state_of]
-        constants = [v.numpy() for v in layer.non_trainable_weights if v.ref() in frozen]
-        check_layer(layer, len(t_idx), len(s_idx) + len(constants))
-        if type(layer) is tf.keras.layers.BatchNormalization:
+        check_layer(layer, len(t_idx), len(s_idx))
+        if type(layer) is BatchNorm:
             for j in s_idx:
                 owner[j] = t_idx[0]  # gamma (beta when the layer has no scale)
         steps.append(
@@ -159,7 +205,6 @@ def functional_model(
                 layer=layer,
                 trainable=tuple(t_idx),
                 state=tuple(s_idx),
-                constants=tuple(constants),
                 inputs=tuple(id(t) for t in node.keras_inputs),
                 outputs=tuple(id(t) for t in tf.nest.flatten(node.outputs)),
                 position=position_of.get(id(layer), len(position_of)),
@@ -173,10 +218,12 @@ def functional_model(
         calls[id(layer)] += 1
     used = {i for s in steps for i in s.trainable}
     if len(used) != len(trainable_of) or -1 in owner:
-        raise ValueError(f"model {model.name} has weights outside the layers it calls; {SUPPORTED}")
+        raise NotInterpretable(
+            f"model {model.name} has weights outside the layers it calls; {SUPPORTED}"
+        )
     model_inputs = [id(t) for t in tf.nest.flatten(model.inputs)]
     if len(model_inputs) != 1 or len(tf.nest.flatten(model.outputs)) != 1:
-        raise ValueError(f"model {model.name} must have exactly one input and one output")
+        raise NotInterpretable(f"model {model.name} must have exactly one input and one output")
     model_output = id(tf.nest.flatten(model.outputs)[0])
 
     def run_step(
@@ -189,7 +236,7 @@ def functional_model(
     ) -> tf.Tensor:
         layer = step.layer
         kind = type(layer)
-        if kind is tf.keras.layers.BatchNormalization:
+        if kind is BatchNorm:
             it = iter(step.trainable)
             gamma = weights[next(it)] if layer.scale else None
             beta = weights[next(it)] if layer.center else None
@@ -207,12 +254,8 @@ def functional_model(
             )
             return y
         if kind in WEIGHTED:
-            if step.trainable:
-                params = [weights[i] for i in step.trainable]
-            else:
-                params = [tf.constant(c) for c in step.constants]
-            return weighted_layer(layer, x, params)
-        if kind is tf.keras.layers.Dropout:
+            return weighted_layer(layer, x, [weights[i] for i in step.trainable])
+        if kind is Dropout:
             return dropout(layer, x, training, seed, step.position, step.call)
         return parameter_free_ops(layer, x)
 
@@ -268,14 +311,11 @@ def functional_model(
 
     return FunctionalModel(
         trainable_shapes=_shapes(model.trainable_weights),
-        state_shapes=_shapes(state_variables),
+        state_shapes=_shapes(model.non_trainable_weights),
         state_owner=tuple(owner),
         layer_sizes=tuple(trainable_layer_sizes(model)),
-        initial_state=tuple(v.numpy() for v in state_variables),
+        initial_state=tuple(v.numpy() for v in model.non_trainable_weights),
         apply=apply,
         features=features,
-        rows_independent=not any(
-            type(step.layer) in (tf.keras.layers.BatchNormalization, tf.keras.layers.Dropout)
-            for step in steps
-        ),
+        rows_independent=not any(type(step.layer) in (BatchNorm, Dropout) for step in steps),
     )

@@ -38,45 +38,47 @@ PARAMETER_FREE = (
     tf.keras.layers.ZeroPadding2D,
 )
 SUPPORTED = (
-    "supported: Dense, Conv2D, BatchNormalization, Embedding, LSTM, Dropout and the "
+    "supported: Dense, Conv2D, BatchNormalization, trainable Embedding, LSTM, Dropout and the "
     "parameter-free " + ", ".join(t.__name__ for t in PARAMETER_FREE)
 )
 
 
+class NotInterpretable(ValueError):
+    """A model or layer these ops do not compute as Keras does."""
+
+
 def check_layer(layer: tf.keras.layers.Layer, trainable: int, non_trainable: int) -> None:
-    """ValueError unless these ops compute `layer` as Keras does; `trainable` and
-    `non_trainable` count its weights of each kind in the model. A weighted layer other than
-    BatchNorm is trainable or frozen as a whole (a frozen one's weights are constants, as in
-    TFF's `functional_model_from_keras`)."""
+    """`NotInterpretable` unless these ops compute `layer` as Keras does; `trainable` and
+    `non_trainable` count its weights of each kind in the model."""
     kind = type(layer).__name__
     if type(layer) in WEIGHTED or type(layer) is tf.keras.layers.Dropout:
         pass
     elif layer.weights:
-        raise ValueError(
+        raise NotInterpretable(
             f"layer {layer.name} ({kind}) has weights and is not supported; {SUPPORTED}"
         )
     elif type(layer) not in PARAMETER_FREE:
-        raise ValueError(f"layer {layer.name} ({kind}) is not supported; {SUPPORTED}")
+        raise NotInterpretable(f"layer {layer.name} ({kind}) is not supported; {SUPPORTED}")
     if type(layer) is tf.keras.layers.BatchNormalization:
         if not trainable or non_trainable != 2:
-            raise ValueError(
+            raise NotInterpretable(
                 f"BatchNorm layer {layer.name} must be trainable, with scale or center"
             )
         if layer.renorm or layer.virtual_batch_size or layer.adjustment or layer.synchronized:
-            raise ValueError(
+            raise NotInterpretable(
                 f"BatchNorm layer {layer.name}: renorm, virtual batches, adjustment and "
                 "synchronized statistics are not supported"
             )
-    elif trainable and non_trainable:
-        raise ValueError(
-            f"layer {layer.name} ({kind}) has trainable and non-trainable weights; {SUPPORTED}"
+    elif non_trainable:
+        raise NotInterpretable(
+            f"layer {layer.name} ({kind}) has non-trainable weights; {SUPPORTED}"
         )
     if type(layer) is tf.keras.layers.Embedding and (
-        layer.mask_zero or getattr(layer, "sparse", False)
+        not trainable or layer.mask_zero or getattr(layer, "sparse", False)
     ):
-        raise ValueError(
-            f"Embedding layer {layer.name}: masked (mask_zero) or sparse embeddings are not "
-            "supported"
+        raise NotInterpretable(
+            f"Embedding layer {layer.name}: frozen, masked (mask_zero) or sparse embeddings are "
+            "not supported"
         )
     if type(layer) is tf.keras.layers.LSTM:
         unsupported = [
@@ -92,11 +94,15 @@ def check_layer(layer: tf.keras.layers.Layer, trainable: int, non_trainable: int
             if value
         ]
         if unsupported:
-            raise ValueError(f"LSTM layer {layer.name}: {', '.join(unsupported)} not supported")
+            raise NotInterpretable(
+                f"LSTM layer {layer.name}: {', '.join(unsupported)} not supported"
+            )
     if getattr(layer, "data_format", "channels_last") != "channels_last":
-        raise ValueError(f"layer {layer.name} ({kind}): only channels_last data is supported")
+        raise NotInterpretable(f"layer {layer.name} ({kind}): only channels_last data is supported")
     if type(layer) is tf.keras.layers.Conv2D and (layer.groups != 1 or layer.padding == "causal"):
-        raise ValueError(f"Conv2D layer {layer.name}: groups > 1 and causal padding unsupported")
+        raise NotInterpretable(
+            f"Conv2D layer {layer.name}: groups > 1 and causal padding unsupported"
+        )
 
 
 def dense(layer: tf.keras.layers.Dense, x: tf.Tensor, kernel: tf.Tensor, bias: object) -> tf.Tensor:
@@ -303,4 +309,4 @@ def parameter_free_ops(layer: tf.keras.layers.Layer, x: object) -> tf.Tensor:
     if kind is tf.keras.layers.ZeroPadding2D:
         (top, bottom), (left, right) = layer.padding
         return tf.pad(x, [[0, 0], [top, bottom], [left, right], [0, 0]])
-    raise ValueError(f"layer {layer.name} ({kind.__name__}) is not supported; {SUPPORTED}")
+    raise NotInterpretable(f"layer {layer.name} ({kind.__name__}) is not supported; {SUPPORTED}")
