@@ -14,7 +14,7 @@ from tff_clustered import run_flags
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.algorithms.base import RunInfo
 from tff_clustered.models import model_spec
-from tff_clustered.models.keras_models import declared_parameter_count, refuse_too_large
+from tff_clustered.models.memory import declared_parameter_count, refuse_too_large
 
 
 def test_ifca_refuses_more_clusters_than_clients() -> None:

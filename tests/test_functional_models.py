@@ -14,23 +14,15 @@ import tensorflow_federated as tff
 
 from tff_clustered.federated import local_training
 from tff_clustered.models import count_trainable_parameters, model_spec, trainable_layer_sizes
-from tff_clustered.models.functional import (
-    PARAMETER_FREE,
-    FunctionalModel,
-    _conv2d,
-    _interpreted,
-    functional_model,
-    parameter_free_ops,
-)
+from tff_clustered.models.functional import FunctionalModel, functional_model, interpreted
 from tff_clustered.models.keras_models import ModelSpec, initial_state
+from tff_clustered.models.layer_ops import PARAMETER_FREE, conv2d, parameter_free_ops
 
 BN = tf.keras.layers.BatchNormalization
 
 
 def parts(spec: ModelSpec, **kwargs: object) -> tuple:
-    """A Keras model, its functional form, its weights and its state. (For models without
-    BatchNorm or Dropout, TFF's builder clones the Keras model in a TF graph, after which the
-    Keras model cannot be called eagerly: call it before.)"""
+    """A Keras model, its functional form, its weights and its state."""
     keras_model = spec.build()
     model = functional_model(keras_model, spec.input_spec(), **kwargs)
     weights = [tf.constant(v.numpy()) for v in keras_model.trainable_weights]
@@ -41,8 +33,7 @@ def parts(spec: ModelSpec, **kwargs: object) -> tuple:
 def graph_apply(
     model: FunctionalModel, weights: list, state: list, x: tf.Tensor, training: bool
 ) -> tuple:
-    """`model.apply` in a TF graph, as the TFF computations run it (TFF's Keras wrapper works
-    only there); numpy results."""
+    """`model.apply` in a TF graph, as the TFF computations run it; numpy results."""
     with tf.Graph().as_default() as graph:
         out = model.apply(
             [tf.constant(np.asarray(w)) for w in weights],
@@ -159,9 +150,8 @@ def test_inference_matches_keras(name: str, shape: tuple, kwargs: dict) -> None:
 
 @pytest.mark.parametrize("name, shape, kwargs", PARITY_MODELS[:3])
 def test_interpreter_matches_keras_on_plain_models(name: str, shape: tuple, kwargs: dict) -> None:
-    # mlp and cnn normally go through TFF's builder; the interpreter computes them too.
     keras_model = model_spec(name, shape, 10, **kwargs).build()
-    model = _interpreted(keras_model, None)
+    model = interpreted(keras_model)
     weights = [tf.constant(v.numpy()) for v in keras_model.trainable_weights]
     x = tf.random.stateless_normal([5, *shape], seed=[3, 2])
     for training in (False, True):
@@ -169,10 +159,38 @@ def test_interpreter_matches_keras_on_plain_models(name: str, shape: tuple, kwar
         np.testing.assert_allclose(logits, keras_model(x, training=training), atol=1e-5)
 
 
-@pytest.mark.parametrize("name, shape, kwargs", PARITY_MODELS[:3])
-def test_plain_models_are_bit_identical_to_tff_functional_model(
-    name: str, shape: tuple, kwargs: dict
-) -> None:
+# The models TFF's `functional_model_from_keras` builds (no BatchNorm, no Dropout; LSTMs only
+# unrolled): the oracle for the interpreter's outputs and gradients.
+TFF_ORACLE_MODELS = [
+    ("mclr", (28, 28, 1), {}),
+    *PARITY_MODELS[:3],
+    ("lenet", (28, 28, 1), {}),
+    ("lenet", (64,), {"image_shape": (8, 8, 1)}),
+    ("lstm", (6, 5), {}),
+]
+
+
+def graph_logits_and_gradients(
+    predict: Callable[[tuple, tf.Tensor, bool], tf.Tensor],
+    weights: list,
+    x: tf.Tensor,
+    y: tf.Tensor,
+) -> list:
+    """`predict(weights, x, training)` in inference and training mode, and the gradient of the
+    mean cross-entropy in training mode, in a TF graph as the TFF computations run them."""
+    with tf.Graph().as_default() as graph:
+        tensors = tuple(tf.constant(w.numpy()) for w in weights)
+        inference = predict(tensors, tf.constant(x.numpy()), False)
+        training = predict(tensors, tf.constant(x.numpy()), True)
+        grads = tf.gradients(local_training.batch_loss(training, tf.constant(y.numpy())), tensors)
+        with tf.compat.v1.Session(graph=graph) as session:
+            return session.run([inference, training, *grads])
+
+
+@pytest.mark.parametrize("name, shape, kwargs", TFF_ORACLE_MODELS)
+def test_interpreter_equals_tff_functional_model(name: str, shape: tuple, kwargs: dict) -> None:
+    # Bit for bit: the same TF ops in the same order. The LSTM differs in rounding only: TFF's
+    # builder runs Keras's unrolled cell, (x W + h U) + b, the interpreter (x W + b) + h U.
     spec = model_spec(name, shape, 10, **kwargs)
     keras_model, model, weights, state = parts(spec)
     reference = tff.learning.models.functional_model_from_keras(
@@ -181,24 +199,54 @@ def test_plain_models_are_bit_identical_to_tff_functional_model(
         input_spec=collections.OrderedDict(spec.input_spec()),
     )
     x = tf.random.stateless_normal([7, *shape], seed=[4, 2])
-    for training in (False, True):
-        logits, new_state = graph_apply(model, weights, state, x, training)
-        with tf.Graph().as_default() as graph:
-            want = reference.predict_on_batch(
-                (tuple(tf.constant(w.numpy()) for w in weights), ()),
-                tf.constant(x.numpy()),
-                training,
-            )
-            with tf.compat.v1.Session(graph=graph) as session:
-                want = session.run(want)
-        assert np.array_equal(logits, want) and new_state == ()
-    assert model.state_owner == () and model.initial_state == ()
+    y = tf.random.stateless_uniform([7], seed=[4, 3], maxval=2, dtype=tf.int32)
+    got = graph_logits_and_gradients(
+        lambda w, x, training: model.apply(w, state, x, training, None)[0], weights, x, y
+    )
+    want = graph_logits_and_gradients(
+        lambda w, x, training: reference.predict_on_batch((w, ()), x, training), weights, x, y
+    )
+    assert len(got) == len(want) == 2 + len(weights)
+    for a, b in zip(got, want):
+        if name == "lstm":
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        else:
+            assert np.array_equal(a, b)
+    assert model.state_owner == () and model.initial_state == () and state == []
+    assert model.rows_independent
     assert model.layer_sizes == tuple(trainable_layer_sizes(keras_model))
 
 
-def test_plain_model_needs_input_spec() -> None:
-    with pytest.raises(ValueError, match="input_spec"):
-        functional_model(model_spec("mlp", (8,), 3).build())
+def test_every_registry_model_goes_through_the_interpreter() -> None:
+    # It reads every shape from the model: no input_spec, and features for UA-PDFL.
+    model = functional_model(model_spec("mlp", (8,), 3).build())
+    assert model.trainable_shapes == ((8, 128), (128,), (128, 3), (3,))
+    assert model.features is not None
+
+
+def test_a_layer_the_interpreter_does_not_run_goes_through_tff_s_builder() -> None:
+    # A Python API model with a Conv1D (no BatchNorm, no Dropout): TFF's builder runs it.
+    def conv1d_model() -> tf.keras.Model:
+        return tf.keras.Sequential(
+            [
+                tf.keras.Input((6, 4)),
+                tf.keras.layers.Conv1D(3, 2, activation="relu"),
+                tf.keras.layers.Flatten(),
+                tf.keras.layers.Dense(2),
+            ]
+        )
+
+    spec = ModelSpec("conv1d", (6, 4), 2, conv1d_model)
+    with pytest.raises(ValueError, match=r"needs input_spec.*Conv1D"):
+        functional_model(spec.build())
+    keras_model = spec.build()
+    x = tf.random.stateless_normal([4, 6, 4], seed=[7, 1])
+    want = keras_model(x, training=False)  # before TFF's builder clones it into a graph
+    weights = [tf.constant(v.numpy()) for v in keras_model.trainable_weights]
+    model = functional_model(keras_model, spec.input_spec())
+    assert model.features is None and model.state_shapes == () and model.rows_independent
+    logits, _ = graph_apply(model, weights, [], x, False)
+    np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-6)
 
 
 # -- BatchNorm statistics ---------------------------------------------------------------------
@@ -394,7 +442,7 @@ def test_lstm_settings_the_interpreter_does_not_run_are_refused() -> None:
         [tf.keras.Input((4, 3)), tf.keras.layers.LSTM(2, go_backwards=True)]
     )
     with pytest.raises(ValueError, match="go_backwards not supported"):
-        _interpreted(keras_model, None)
+        interpreted(keras_model)
 
 
 def dataset(shape: tuple, seed: int) -> tf.data.Dataset:
@@ -506,7 +554,7 @@ def test_every_parameter_free_layer_runs_as_ops_equal_to_keras() -> None:
             tf.keras.Sequential(
                 [
                     tf.keras.Input((2, 4, 4)),
-                    tf.keras.layers.Dropout(0.1),  # so it is interpreted, not TFF's
+                    tf.keras.layers.Dropout(0.1),
                     tf.keras.layers.MaxPool2D(data_format="channels_first"),
                 ]
             )
@@ -543,7 +591,7 @@ def test_strided_1x1_conv_gradient_with_few_input_channels(batch: int) -> None:
     for _ in range(10):
         with tf.GradientTape() as tape:
             tape.watch(kernel)
-            y = _conv2d(layer, x, kernel, None)
+            y = conv2d(layer, x, kernel, None)
             loss = tf.reduce_sum(y * dy)
         np.testing.assert_allclose(tape.gradient(loss, kernel), want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(y, tf.nn.conv2d(x, kernel, 2, "SAME"), rtol=1e-5, atol=1e-5)

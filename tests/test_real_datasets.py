@@ -372,7 +372,7 @@ def test_lenet_functional_path_matches_keras(shape: tuple, kwargs: dict) -> None
     x = tf.random.stateless_normal([5, *shape], seed=[4, 2])
     want = keras_model(x, training=False)
     weights = [tf.constant(v.numpy()) for v in keras_model.trainable_weights]
-    model = functional_model(keras_model, spec.input_spec())  # TFF's own path: no BN/Dropout
+    model = functional_model(keras_model, spec.input_spec())
     assert model.layer_sizes == (2, 2, 2, 2, 2) and model.state_shapes == ()
     assert model.features is not None  # UA-PDFL's auxiliary features
     logits, _ = graph_apply(model, weights, [], x, False)

@@ -45,7 +45,8 @@ from tff_clustered.data.federated_data import (
 )
 from tff_clustered.data.fingerprint import arrays_digest
 from tff_clustered.loop.config import TrainingConfig
-from tff_clustered.models.keras_models import ModelSpec, refuse_too_large
+from tff_clustered.models.keras_models import ModelSpec
+from tff_clustered.models.memory import refuse_too_large
 from tff_clustered.options import checked, checked_value, described
 from tff_clustered.orchestration import Experiment
 from tff_clustered.phases import PhaseTimer

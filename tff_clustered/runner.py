@@ -17,7 +17,7 @@ from tff_clustered.data.fingerprint import SourceFingerprint
 from tff_clustered.data.registry import source_fingerprint
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import model_spec
-from tff_clustered.models.keras_models import refuse_too_large
+from tff_clustered.models.memory import refuse_too_large
 from tff_clustered.orchestration import Experiment, RoundMetric
 from tff_clustered.phases import PhaseTimer, phases_line
 

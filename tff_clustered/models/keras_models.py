@@ -7,7 +7,6 @@ FEMNIST MCLR 20,410 and MLP(512) 415,258 (26-way head); Synthetic MCLR 610.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from typing import Callable, Optional
 
@@ -126,9 +125,9 @@ def lenet(
     recognition", Proc. IEEE 86(11), 1998) for small grey images: Conv 5x5x6 ReLU -> MaxPool 2 ->
     Conv 5x5x16 ReLU -> MaxPool 2 -> Dense 120 ReLU -> Dense 84 ReLU -> Dense C, both convolutions
     with 'same' padding (so that 8x8 digits pass too) and max pooling instead of LeNet-5's
-    subsampling. No Dropout or BatchNorm: it goes through TFF's functional-model path. 5 weighted
-    layers, 10 tensors, the last three (120, 84, C) the fully connected classifier; 107,786
-    parameters at 28x28x1, C = 10 (7 x 7 x 16 = 784 flattened)."""
+    subsampling; no Dropout or BatchNorm. 5 weighted layers, 10 tensors, the last three (120, 84,
+    C) the fully connected classifier; 107,786 parameters at 28x28x1, C = 10 (7 x 7 x 16 = 784
+    flattened)."""
     return tf.keras.Sequential(
         [
             *_image_layers(input_shape, image_shape),
@@ -231,8 +230,9 @@ def stacked_lstm(
             ),
         ]
     layers += [
-        # unroll: TFF's functional_model_from_keras cannot trace the LSTM's while loop (it
-        # captures an input placeholder); 25 unrolled steps compute the same function.
+        # unroll: TFF's functional_model_from_keras (the tests' oracle) cannot trace the LSTM's
+        # while loop (it captures an input placeholder); 25 unrolled steps compute the same
+        # function. The functional interpreter runs its own loop over time either way.
         tf.keras.layers.LSTM(units, return_sequences=True, unroll=True, name="lstm1"),
         tf.keras.layers.LSTM(units, unroll=True, name="lstm2"),
         tf.keras.layers.Dense(dense_units, name="dense"),
@@ -255,9 +255,7 @@ def char_lstm(
     return tf.keras.Sequential(
         [
             tf.keras.Input(shape=(sequence_length,)),
-            # Trainable embedding and LSTMs: the functional interpreter runs them as one loop
-            # over time, so unlike `stacked_lstm` (whose frozen-GloVe variant goes through
-            # TFF's builder) nothing here needs unrolling.
+            # The functional interpreter runs the LSTMs as one loop over time: no unrolling.
             tf.keras.layers.Embedding(vocabulary_size, embedding_dim, name="embedding"),
             tf.keras.layers.LSTM(units, return_sequences=True, name="lstm1"),
             tf.keras.layers.LSTM(units, name="lstm2"),
@@ -365,39 +363,3 @@ def initial_state(spec: ModelSpec) -> list[np.ndarray]:
 
 def count_trainable_parameters(model: tf.keras.Model) -> int:
     return int(sum(np.prod(w.shape) for w in model.trainable_weights))
-
-
-def declared_parameter_count(spec: ModelSpec) -> int:
-    """Every value of the model (trainable and state), counted on a build inside a graph: the
-    variables are declared but nothing is allocated, so a model too large for memory can be
-    counted and refused before it is built for real."""
-    with tf.Graph().as_default():
-        return int(spec.build().count_params())
-
-
-def available_memory_bytes() -> int:
-    """Memory the system can give a new allocation now (`MemAvailable`), else its total."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def refuse_too_large(spec: ModelSpec, models_held: int, available: Optional[int] = None) -> None:
-    """ValueError when `models_held` float32 copies of the model (the cluster models plus the
-    working copies of a round: a client's model, its gradient, update and the per-cluster sums)
-    cannot fit in `available` bytes (default: what the system has free now)."""
-    count = declared_parameter_count(spec)
-    needed = 4 * count * models_held
-    available = available_memory_bytes() if available is None else available
-    if needed > available:
-        raise ValueError(
-            f"--model={spec.name} has {count:,} parameters ({4 * count / 1e9:.3g} GB as float32); "
-            f"a run holds about {models_held} copies ({needed / 1e9:.3g} GB) and this machine has "
-            f"{available / 1e9:.3g} GB available: choose a smaller model (e.g. lower "
-            "--hidden_units, --cnn_dense_units or --resnet_width)"
-        )
