@@ -17,7 +17,7 @@ Server state holds `num_clusters` models stacked along a leading cluster axis. A
 * client work: a `ClientWork` parameter, a pure TF function (`client_work.LocalSGD`,
   `client_work.DittoSGD`, ...). A client is sent its examples as arrays (any length) and
   builds its batches itself from the round's hyperparameters and its shuffle seed
-  (`federated_data.ArrayBatches`, the stateless order of `federated_data.batch_order`,
+  (`batching.ArrayBatches`, the stateless order of `batching.batch_order`,
   no tf.data pipeline per client: it cost 18 ms per client and call): the worker never
   deserializes a `tf.data` graph per client and round, which kept part of each one alive,
   and the training loop is a `tf.while_loop` that runs where the graph is placed (a GPU in the
