@@ -40,7 +40,7 @@ from tff_clustered.data.federated_data import (
     client_arrays,
     client_id,
     first_line,
-    from_arrays,
+    from_checked_arrays,
     split_train_test,
 )
 from tff_clustered.data.fingerprint import arrays_digest
@@ -142,7 +142,7 @@ def federated_data(
             raise ValueError(
                 f"planted_groups has no group for client {missing[0]!r}; give every client one"
             )
-    return from_arrays(
+    return from_checked_arrays(
         name,
         train_arrays,
         test_arrays,

@@ -1,7 +1,8 @@
 """A federated dataset: per-client train and test `tff.simulation.datasets.ClientData`.
 
 Every loader returns a `FederatedData` built by `from_arrays`, which validates the arrays
-once, with errors that name the client, the source file and the fix.
+once (each client's by `example_arrays`, the dataset's by `from_checked_arrays`), with errors
+that name the client, the source file and the fix.
 """
 
 from __future__ import annotations
@@ -79,9 +80,44 @@ def from_arrays(
     public_x: Optional[np.ndarray] = None,
     vocabulary_size: Optional[int] = None,
 ) -> FederatedData:
-    """Validates per-client `(x, y)` arrays and wraps them as `ClientData`; `public_x`, the
-    server's unlabeled inputs if any, must be finite with the clients' per-example shape;
-    with `vocabulary_size`, inputs must be token ids in 0..vocabulary_size-1."""
+    """Validates per-client `(x, y)` arrays and wraps them as `ClientData`: each client's
+    examples by `example_arrays`, then the whole dataset by `from_checked_arrays`."""
+    where = f" in {source}" if source else ""
+    checked = [
+        {
+            cid: example_arrays(f"client {cid!r} ({split_name}){where}", x, y)
+            for cid, (x, y) in split.items()
+        }
+        for split_name, split in (("train", train), ("test", test))
+    ]
+    return from_checked_arrays(
+        name,
+        *checked,
+        num_classes,
+        image_shape=image_shape,
+        true_clusters=true_clusters,
+        source=source,
+        public_x=public_x,
+        vocabulary_size=vocabulary_size,
+    )
+
+
+def from_checked_arrays(
+    name: str,
+    train: Mapping[str, ClientArrays],
+    test: Mapping[str, ClientArrays],
+    num_classes: int,
+    image_shape: Optional[tuple[int, ...]] = None,
+    true_clusters: Optional[Mapping[str, int]] = None,
+    source: str = "",
+    public_x: Optional[np.ndarray] = None,
+    vocabulary_size: Optional[int] = None,
+) -> FederatedData:
+    """`from_arrays` for clients whose `(x, y)` already passed `example_arrays` (examples with
+    whole-number labels, one per example): checks what the dataset as a whole decides, that every
+    client is in both splits with examples of one shape, finite inputs (token ids
+    0..vocabulary_size-1 with `vocabulary_size`) and labels 0..num_classes-1; `public_x`, the
+    server's unlabeled inputs if any, must be finite with the clients' per-example shape."""
     where = f" in {source}" if source else ""
     if not train:
         raise DataError(f"dataset {name!r}{where} has no clients; check the data path")
@@ -96,17 +132,7 @@ def from_arrays(
     for split_name, split in (("train", train), ("test", test)):
         for cid, (x, y) in split.items():
             x = np.asarray(x, dtype=np.float32)
-            y_raw = np.asarray(y)
             context = f"client {cid!r} ({split_name}){where}"
-            if len(x) != len(y_raw):
-                raise DataError(
-                    f"{context}: {len(x)} inputs but {len(y_raw)} labels; every example needs "
-                    "exactly one label"
-                )
-            if len(x) == 0:
-                raise DataError(
-                    f"{context} has no examples; remove the client or give it data in both splits"
-                )
             if input_shape is None:
                 input_shape = x.shape[1:]
             elif x.shape[1:] != input_shape:
@@ -123,23 +149,18 @@ def from_arrays(
                     f"{context}: inputs must be token ids 0..{vocabulary_size - 1}; fix the "
                     "tokenisation"
                 )
-            if not np.all(np.equal(np.mod(y_raw.astype(np.float64), 1), 0)):
+            if np.any(y < 0):
                 raise DataError(
-                    f"{context}: labels must be whole numbers (class indices); fix the labels"
-                )
-            y_int = y_raw.astype(np.int64)
-            if np.any(y_int < 0):
-                raise DataError(
-                    f"{context}: label {int(y_int.min())} is negative; labels are class indices "
+                    f"{context}: label {int(y.min())} is negative; labels are class indices "
                     f"0..{num_classes - 1}, fix the labels"
                 )
-            bad = y_int[y_int >= num_classes]
+            bad = y[y >= num_classes]
             if bad.size:
                 raise DataError(
                     f"{context}: label {int(bad[0])} is outside the model's {num_classes} classes "
                     f"0..{num_classes - 1}; fix the labels or raise --num_classes"
                 )
-            cleaned[split_name][cid] = collections.OrderedDict(x=x, y=y_int.astype(np.int32))
+            cleaned[split_name][cid] = collections.OrderedDict(x=x, y=y.astype(np.int32))
     if public_x is not None:
         public_x = np.asarray(public_x, dtype=np.float32)
         if public_x.ndim == 0 or not len(public_x):
@@ -198,8 +219,9 @@ def split_train_test(
 
 def client_arrays(clients: Clients, x_key: str, y_key: str, split: str) -> dict[str, ClientArrays]:
     """Per-client `(x, y)` NumPy arrays from a ClientData or a mapping of clients, each client's
-    checked by `example_arrays` (numbers, one label per example); client ids become strings,
-    two ids that are the same string (1 and "1") are refused rather than merged."""
+    checked by `example_arrays` (numbers, one whole-number label per example; their range is
+    `from_checked_arrays`'s to check); client ids become strings, two ids that are the same
+    string (1 and "1") are refused rather than merged."""
     if isinstance(clients, tff.simulation.datasets.ClientData):
         arrays = {}
         for client in clients.client_ids:
@@ -278,9 +300,12 @@ def described_briefly(value: Any) -> str:
 
 def example_arrays(where: str, x: Any, y: Any) -> ClientArrays:
     """One client's inputs `x` (a numeric array, one row per example, each with at least one
-    value) and labels `y` (one number per example: `(n,)` or `(n, 1)`), as arrays with `y` of
-    shape `(n,)`. Whatever else they are is a DataError naming `where` and the fix: ragged or
-    string inputs, one-hot or NaN labels, as many labels as inputs."""
+    value) and labels `y` (one whole number per example: `(n,)` or `(n, 1)`), as arrays with `y`
+    int64 of shape `(n,)`. Whatever else they are is a DataError naming `where` and the fix:
+    no examples, ragged or string inputs, one-hot, NaN or fractional labels, not as many labels
+    as inputs.
+    The labels' range is the dataset's to check (`from_checked_arrays`: the API may derive
+    `num_classes` from them)."""
     try:
         x = np.asarray(x)
     except (ValueError, TypeError):
@@ -296,6 +321,10 @@ def example_arrays(where: str, x: Any, y: Any) -> ClientArrays:
         )
     if x.ndim == 0:
         raise DataError(f"{where}: its inputs are one number; give x with one row per example")
+    if len(x) == 0:
+        raise DataError(
+            f"{where} has no examples; remove the client or give it data in both splits"
+        )
     if 0 in x.shape[1:]:
         raise DataError(
             f"{where}: its examples have shape {x.shape[1:]}, no values; give every example at "
@@ -326,4 +355,6 @@ def example_arrays(where: str, x: Any, y: Any) -> ClientArrays:
         )
     if not np.all(np.isfinite(y)):
         raise DataError(f"{where}: its labels contain NaN or infinity; give every example a class")
-    return x, y
+    if not np.all(np.equal(np.mod(y.astype(np.float64), 1), 0)):
+        raise DataError(f"{where}: labels must be whole numbers (class indices); fix the labels")
+    return x, y.astype(np.int64)

@@ -44,6 +44,7 @@ from tff_clustered.data.federated_data import (
     client_arrays,
     first_line,
     from_arrays,
+    from_checked_arrays,
 )
 from tff_clustered.data.images import standardise
 from tff_clustered.data.partitions import HOLDOUT_FRACTION, holdout_split
@@ -137,7 +138,7 @@ def load_tff_emnist(
         }
         for name, data in parsed.items()
     }
-    return from_arrays(
+    return from_checked_arrays(
         f"tff_emnist{'' if classes == 10 else '_62'}",
         arrays["train"],
         arrays["test"],
@@ -223,7 +224,7 @@ def load_tff_cifar100(
         train_arrays[client] = (x_train[start_train : start_train + len(tr)], y[tr])
         test_arrays[client] = (x_test[start_test : start_test + len(te)], y[te])
         start_train, start_test = start_train + len(tr), start_test + len(te)
-    return from_arrays(
+    return from_checked_arrays(
         f"tff_cifar100{'' if classes == 100 else '_20'}",
         train_arrays,
         test_arrays,
