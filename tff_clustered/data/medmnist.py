@@ -23,7 +23,8 @@ import numpy as np
 
 from tff_clustered.data import partitions
 from tff_clustered.data.federated_data import DataError, FederatedData, first_line
-from tff_clustered.data.images import Arrays, refuse_labels_outside, standardise
+from tff_clustered.data.image_formats import Arrays, refuse_labels_outside
+from tff_clustered.data.images import standardise
 
 PATHMNIST_FILE = "pathmnist.npz"
 PATHMNIST_CLASSES = 9
