@@ -50,6 +50,7 @@ from tff_clustered.options import checked, checked_value, described
 from tff_clustered.orchestration import Experiment
 from tff_clustered.phases import PhaseTimer
 from tff_clustered.runtime import RuntimeConfig, tff_runtime
+from tff_clustered.seeds import DataStream, data_rng
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +120,7 @@ def federated_data(
                     f"train client {client!r} has {len(y)} example(s); splitting off its test "
                     "set needs at least 2 (give it more, drop it, or give test=)"
                 )
-        rng = np.random.default_rng([seed, 7])
+        rng = data_rng(seed, DataStream.GIVEN_CLIENTS_SPLIT)
         pairs = {
             c: split_train_test(x, y, 1 - test_fraction, rng) for c, (x, y) in train_arrays.items()
         }

@@ -53,6 +53,7 @@ from tff_clustered.data.mnist import (
     mnist_paths,
     read_mnist_splits,
 )
+from tff_clustered.seeds import DataStream, data_rng
 
 IMAGE_SHAPES = {
     "cifar10": (32, 32, 3),
@@ -150,8 +151,9 @@ def load_image_federation(
     (`classes_per_client` labels) deal FedAC's clients instead (module docstring). Reads `tfds_dir`
     (a prepared TFDS directory; cifar10, cifar100, svhn) when given, else the official files under
     `data_dir`. `train_examples`: deal a uniform choice of that many training images instead
-    of all (seed stream [seed, 6]; a smaller run on the same distribution). The partition draws
-    from seed stream [seed, 4], the per-client splits from [seed, 5]."""
+    of all (`DataStream.TRAIN_SUBSET`; a smaller run on the same distribution). The partition
+    draws from `DataStream.CLIENT_EXAMPLES`, the per-client splits from
+    `DataStream.CLIENT_TEST_SETS`."""
     if name not in NUM_CLASSES:
         raise ValueError(f"unknown image dataset {name!r}; choose one of {', '.join(NUM_CLASSES)}")
     if tfds_dir and name not in TFDS_NAMES:
@@ -195,7 +197,7 @@ def load_image_federation(
                 f"in {source}; give a number in 1..{len(y_train)} or leave it unset"
             )
         chosen = np.sort(
-            np.random.default_rng([seed, 6]).permutation(len(y_train))[:train_examples]
+            data_rng(seed, DataStream.TRAIN_SUBSET).permutation(len(y_train))[:train_examples]
         )
         x_train, y_train = x_train[chosen], y_train[chosen]
     train, public = standardise(x_train, x_test)
@@ -205,8 +207,8 @@ def load_image_federation(
             y_test,
             num_clients,
             FEDAC_SCHEMES[partition],
-            np.random.default_rng([seed, 4]),
-            np.random.default_rng([seed, 5]),
+            data_rng(seed, DataStream.CLIENT_EXAMPLES),
+            data_rng(seed, DataStream.CLIENT_TEST_SETS),
             alpha=dirichlet_beta,
             labels_per_client=classes_per_client,
         )
@@ -222,7 +224,7 @@ def load_image_federation(
         y_train,
         num_clients,
         partition,
-        np.random.default_rng([seed, 4]),
+        data_rng(seed, DataStream.CLIENT_EXAMPLES),
         dirichlet_beta=dirichlet_beta,
         classes_per_client=classes_per_client,
     )
@@ -232,7 +234,7 @@ def load_image_federation(
         y_train,
         parts,
         NUM_CLASSES[name],
-        np.random.default_rng([seed, 5]),
+        data_rng(seed, DataStream.CLIENT_TEST_SETS),
         public_x=public,
         image_shape=shape,
         source=source,
