@@ -127,8 +127,8 @@ def parsed_posts(blobs: list[bytes]) -> dict[str, list[str]]:
 
 
 def parsed_by_client(raw: Posts) -> dict[str, dict[str, dict[str, list[str]]]]:
-    """`parsed_posts` of every client's splits that have posts, parsed in one batch (a parse
-    per client would cost tens of milliseconds each)."""
+    """`parsed_posts` of every client's splits that have posts, parsed in one batch (one
+    parse for all clients, not one per client)."""
     keys = [(c, s) for c, splits in raw.items() for s, blobs in splits.items() if blobs]
     everything = parsed_posts([b for c, s in keys for b in raw[c][s]]) if keys else {}
     posts: dict[str, dict[str, dict[str, list[str]]]] = {c: {} for c in raw}

@@ -146,7 +146,7 @@ class ArrayBatches:
     every batch has `batch_size` rows and a `mask` (float32, 1 on the rows `batch_order(size)`
     puts in that batch, `padded_batch_order`), and the loop runs as many steps as a client filling
     the arrays would, the steps past the client's own with an all-zero mask: the loop's shapes
-    and length no longer depend on the client, so clients of different sizes vectorise
+    and length do not depend on the client, so clients of different sizes vectorise
     together. Client work treats a masked batch as the batch of its unmasked rows and a step
     with no unmasked row as no step (`local_training.train_client`).
     """
