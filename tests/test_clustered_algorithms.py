@@ -22,7 +22,7 @@ from tff_clustered import reporting
 from tff_clustered import weights as flat
 from tff_clustered.algorithms import algorithm_class, make_algorithm
 from tff_clustered.data import load_digits_clusters
-from tff_clustered.data.federated_data import batches
+from tff_clustered.federated.batching import batches
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.round_calls import LocalTraining, TrainRequest
 from tff_clustered.orchestration import Experiment

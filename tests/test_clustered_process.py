@@ -9,8 +9,7 @@ import pytest
 import tensorflow as tf
 from reference import mclr_mean_loss, mclr_sgd, softmax, weighted_mean
 
-from tff_clustered.data import federated_data
-from tff_clustered.federated import client_work, distributors, local_training
+from tff_clustered.federated import batching, client_work, distributors, local_training
 from tff_clustered.federated.distributions import (
     Distribution,
     LowestLossCluster,
@@ -51,7 +50,7 @@ def arrays(x: np.ndarray, y: np.ndarray) -> collections.OrderedDict:
 def to_dataset(x: np.ndarray, y: np.ndarray) -> tf.data.Dataset:
     """The one pass a client of these rounds takes (every client shuffles from SHUFFLE_SEED),
     built here in Python by the same function the clients use."""
-    return federated_data.batches(arrays(x, y), BATCH, 1, SHUFFLE_SEED)
+    return batching.batches(arrays(x, y), BATCH, 1, SHUFFLE_SEED)
 
 
 def batches(x: np.ndarray, y: np.ndarray) -> list:

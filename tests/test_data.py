@@ -198,7 +198,7 @@ def test_array_batches_loop_over_the_batches_of_the_dataset_in_the_same_order(
 
     import tensorflow as tf
 
-    from tff_clustered.data.federated_data import ArrayBatches, batches
+    from tff_clustered.federated.batching import ArrayBatches, batches
 
     rng = np.random.default_rng(0)
     arrays = collections.OrderedDict(

@@ -15,7 +15,8 @@ from sklearn.datasets import load_digits
 
 from tff_clustered.data import DataError, FederatedData, from_arrays, load_dataset
 from tff_clustered.data import partitions as parts
-from tff_clustered.data.images import read_cifar, read_svhn, read_tfds
+from tff_clustered.data import shard_partitions as sharding
+from tff_clustered.data.image_formats import read_cifar, read_svhn, read_tfds
 from tff_clustered.data.registry import image_beta
 
 LABELS = np.repeat(np.arange(10), 100)
@@ -92,19 +93,19 @@ def test_partitions_are_seeded() -> None:
 
 
 def test_pathological_partition_gives_each_client_shards_of_distinct_classes() -> None:
-    chunks = parts.pathological_partition(LABELS, 20, 2, rng())
+    chunks = sharding.pathological_partition(LABELS, 20, 2, rng())
     assert_disjoint_cover(chunks, len(LABELS))
     assert all(len(np.unique(LABELS[c])) == 2 for c in chunks)
     assert {len(c) for c in chunks} == {50}  # 40 shards of 25
     # FedAvg's setting (100 clients x 2 shards of 10 classes): a random deal almost surely
     # repeats a class somewhere, so this needs the repair, not just redraws.
     many = np.repeat(np.arange(10), 60)
-    chunks = parts.pathological_partition(many, 100, 2, rng())
+    chunks = sharding.pathological_partition(many, 100, 2, rng())
     assert_disjoint_cover(chunks, len(many))
     assert all(len(np.unique(many[c])) == 2 for c in chunks)
     # A larger class gives more shards.
     uneven = np.concatenate([np.repeat(np.arange(4), 40), np.full(80, 4)])
-    chunks = parts.pathological_partition(uneven, 6, 2, rng())
+    chunks = sharding.pathological_partition(uneven, 6, 2, rng())
     assert sum(4 in uneven[c] for c in chunks) == 4
     assert all(len(np.unique(uneven[c])) == 2 for c in chunks)
 
@@ -117,10 +118,10 @@ def test_partition_errors_name_the_fix() -> None:
     with pytest.raises(ValueError, match=r"beta=0.01.*raise beta or use fewer clients"):
         parts.dirichlet_partition(LABELS, 50, 0.01, rng(), min_size=19, max_draws=5)
     with pytest.raises(ValueError, match="classes_per_client must be in 1..10"):
-        parts.pathological_partition(LABELS, 5, 11, rng())
+        sharding.pathological_partition(LABELS, 5, 11, rng())
     dominated = np.concatenate([np.zeros(900, int), np.arange(1, 11)])
     with pytest.raises(ValueError, match="some client would get it twice"):
-        parts.pathological_partition(dominated, 10, 2, rng())
+        sharding.pathological_partition(dominated, 10, 2, rng())
     with pytest.raises(ValueError, match="unknown partition 'zipf'"):
         parts.partition(LABELS, 5, "zipf", rng())
 

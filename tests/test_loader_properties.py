@@ -502,7 +502,7 @@ IMAGE_FIXTURES = {  # fixture folder, the file damaged in it, reader
 
 
 def read_image_fixture(name: str, folder: str) -> tuple:
-    from tff_clustered.data.images import read_cifar, read_svhn, read_tfds
+    from tff_clustered.data.image_formats import read_cifar, read_svhn, read_tfds
     from tff_clustered.data.medmnist import read_pathmnist
 
     if name == "cifar10":

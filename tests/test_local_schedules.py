@@ -13,8 +13,8 @@ import tensorflow as tf
 
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_digits_clusters
-from tff_clustered.data.federated_data import ArrayBatches
 from tff_clustered.federated import client_work, local_training
+from tff_clustered.federated.batching import ArrayBatches
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment

@@ -15,6 +15,7 @@ from conftest import TESTDATA, load_script
 
 from tff_clustered.data import DataError, FederatedData, load_dataset
 from tff_clustered.data import partitions as parts
+from tff_clustered.data import shard_partitions as sharding
 from tff_clustered.data.images import channel_stats, standardise
 from tff_clustered.data.medmnist import read_pathmnist
 
@@ -254,7 +255,7 @@ def test_smaller_beta_gives_more_label_skew() -> None:
         for beta in (0.1, 0.5, 100.0)
     }
     iid = mean_entropy(MANY, parts.iid_partition(MANY, 30, rng(7)))
-    shards = mean_entropy(MANY, parts.shard_partition(MANY, 30, rng(7)))
+    shards = mean_entropy(MANY, sharding.shard_partition(MANY, 30, rng(7)))
     assert by_beta[0.1] < by_beta[0.5] - 0.5
     assert by_beta[0.5] < by_beta[100.0] - 0.3
     assert abs(by_beta[100.0] - iid) < 0.05 and iid > np.log(9) - 0.05
@@ -266,8 +267,8 @@ def test_smaller_beta_gives_more_label_skew() -> None:
 
 
 def test_shards_are_contiguous_equal_and_two_per_peer() -> None:
-    chunks = parts.shard_partition(LABELS, 30, rng(11))
-    shards = parts.label_sorted_shards(LABELS, 60, rng(11))  # the shards it cut from rng(11)
+    chunks = sharding.shard_partition(LABELS, 30, rng(11))
+    shards = sharding.label_sorted_shards(LABELS, 60, rng(11))  # the shards it cut from rng(11)
     sizes = [len(s) for s in shards]
     assert max(sizes) - min(sizes) <= 1 and sum(sizes) == len(LABELS)  # 1000 / 60: 16 or 17
     assert all(np.all(np.diff(LABELS[s]) >= 0) for s in shards)
@@ -285,9 +286,9 @@ def test_shards_are_contiguous_equal_and_two_per_peer() -> None:
 
 
 def test_shards_are_seeded() -> None:
-    first = parts.shard_partition(LABELS, 30, rng(1))
-    again = parts.shard_partition(LABELS, 30, rng(1))
-    other = parts.shard_partition(LABELS, 30, rng(2))
+    first = sharding.shard_partition(LABELS, 30, rng(1))
+    again = sharding.shard_partition(LABELS, 30, rng(1))
+    other = sharding.shard_partition(LABELS, 30, rng(2))
     assert all(np.array_equal(a, b) for a, b in zip(first, again))
     assert not all(np.array_equal(a, b) for a, b in zip(first, other))
 
@@ -296,12 +297,12 @@ def test_shards_avoid_single_class_peers_by_repair_when_redraws_fail() -> None:
     # Two classes of 500 in 100 pure shards for 50 peers: only deals pairing every class-0 shard
     # with a class-1 shard are valid, which a random deal almost never is.
     halves = np.repeat([0, 1], 500)
-    chunks = parts.shard_partition(halves, 50, rng(0), rejection_draws=10)
+    chunks = sharding.shard_partition(halves, 50, rng(0), rejection_draws=10)
     assert_disjoint_cover(chunks, 1000)
     assert single_class_peers(halves, chunks) == 0
     # FedAvg's setting: 100 peers x 2 shards of 10 equal classes, repair only.
     tens = np.repeat(np.arange(10), 60)
-    chunks = parts.shard_partition(tens, 100, rng(0), rejection_draws=0)
+    chunks = sharding.shard_partition(tens, 100, rng(0), rejection_draws=0)
     assert_disjoint_cover(chunks, 600)
     assert single_class_peers(tens, chunks) == 0
     assert {len(c) for c in chunks} == {6}
@@ -311,13 +312,13 @@ def test_shards_keep_single_class_peers_to_the_unavoidable_few() -> None:
     # 80 % one class: 8 of 10 shards hold only class 0, so >= 8 - 5 = 3 of 5 peers hold it alone.
     skewed = np.repeat([0, 1], [80, 20])
     pure = np.array([0] * 8 + [1] * 2)
-    assert parts.fewest_single_class_peers(pure, 5, 2) == 3
+    assert sharding.fewest_single_class_peers(pure, 5, 2) == 3
     for seed in range(5):
-        chunks = parts.shard_partition(skewed, 5, rng(seed))
+        chunks = sharding.shard_partition(skewed, 5, rng(seed))
         assert single_class_peers(skewed, chunks) == 3
         assert_disjoint_cover(chunks, 100)
     with pytest.raises(ValueError, match=r"cannot make 501 x 2 shards; use fewer clients"):
-        parts.shard_partition(LABELS, 501, rng(0))
+        sharding.shard_partition(LABELS, 501, rng(0))
     with pytest.raises(ValueError, match="unknown partition 'zipf'"):
         parts.partition(LABELS, 5, "zipf", rng(0))
 

@@ -40,7 +40,7 @@ from tff_clustered.data.federated_data import (
     client_arrays,
     client_id,
     first_line,
-    from_arrays,
+    from_checked_arrays,
     split_train_test,
 )
 from tff_clustered.data.fingerprint import arrays_digest
@@ -51,6 +51,7 @@ from tff_clustered.options import checked, checked_value, described
 from tff_clustered.orchestration import Experiment
 from tff_clustered.phases import PhaseTimer
 from tff_clustered.runtime import RuntimeConfig, tff_runtime
+from tff_clustered.seeds import DataStream, data_rng
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +121,7 @@ def federated_data(
                     f"train client {client!r} has {len(y)} example(s); splitting off its test "
                     "set needs at least 2 (give it more, drop it, or give test=)"
                 )
-        rng = np.random.default_rng([seed, 7])
+        rng = data_rng(seed, DataStream.GIVEN_CLIENTS_SPLIT)
         pairs = {
             c: split_train_test(x, y, 1 - test_fraction, rng) for c, (x, y) in train_arrays.items()
         }
@@ -143,7 +144,7 @@ def federated_data(
             raise ValueError(
                 f"planted_groups has no group for client {missing[0]!r}; give every client one"
             )
-    return from_arrays(
+    return from_checked_arrays(
         name,
         train_arrays,
         test_arrays,

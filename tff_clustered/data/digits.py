@@ -16,6 +16,7 @@ from sklearn.datasets import load_digits
 
 from tff_clustered.data import partitions
 from tff_clustered.data.federated_data import FederatedData, from_arrays, split_train_test
+from tff_clustered.seeds import DataStream, data_rng
 
 
 def label_permutations(num_groups: int, num_classes: int, rng: np.random.Generator) -> np.ndarray:
@@ -51,9 +52,13 @@ def load_digits_clusters(
     if len(y) // num_clients < 4:
         raise ValueError(f"{num_clients} clients leave fewer than 4 digits each; use fewer")
     # Separate streams: which images a client holds does not depend on the grouping.
-    rng = np.random.default_rng([seed, 0])
-    perms = label_permutations(num_groups, num_classes, np.random.default_rng([seed, 1]))
-    groups = np.random.default_rng([seed, 2]).permutation(np.arange(num_clients) % num_groups)
+    rng = data_rng(seed, DataStream.DIGITS_SHARES)
+    perms = label_permutations(
+        num_groups, num_classes, data_rng(seed, DataStream.LABEL_PERMUTATIONS)
+    )
+    groups = data_rng(seed, DataStream.PLANTED_GROUPS).permutation(
+        np.arange(num_clients) % num_groups
+    )
 
     if classes_per_client is None:
         shares = np.array_split(rng.permutation(len(y)), num_clients)
@@ -105,14 +110,14 @@ def load_digits_partitioned(
     digits = load_digits()
     x = (digits.data / 16.0).astype(np.float32)
     y = digits.target.astype(np.int64)
-    order = np.random.default_rng([seed, 3]).permutation(len(y))
+    order = data_rng(seed, DataStream.PUBLIC_HOLDOUT).permutation(len(y))
     num_public = int(round(public_fraction * len(y)))
     public, pool = order[:num_public], order[num_public:]
     parts = partitions.partition(
         y[pool],
         num_clients,
         partition,
-        np.random.default_rng([seed, 4]),
+        data_rng(seed, DataStream.CLIENT_EXAMPLES),
         dirichlet_beta=dirichlet_beta,
         classes_per_client=classes_per_client,
     )
@@ -122,7 +127,7 @@ def load_digits_partitioned(
         y[pool],
         parts,
         10,
-        np.random.default_rng([seed, 5]),
+        data_rng(seed, DataStream.CLIENT_TEST_SETS),
         public_x=x[public],
         image_shape=(8, 8, 1),
         source="sklearn.datasets.load_digits",

@@ -255,7 +255,7 @@ def fedac_partition(
     `fedac_dirichlet_partition` (`scheme` "dirichlet", `alpha`) or
     `fedac_pathological_partition` ("pathological", `labels_per_client`), all drawn from `rng`;
     local test sets from `local_test_partition`, drawn from `test_rng`, a separate generator
-    (e.g. `np.random.default_rng([seed, 5])` beside `np.random.default_rng([seed, 4])`), so the
+    (`DataStream.CLIENT_TEST_SETS` beside `DataStream.CLIENT_EXAMPLES`, `seeds.data_rng`), so the
     test sets do not shift the training partition's random stream."""
     if scheme not in FEDAC_PARTITIONS:
         raise ValueError(
@@ -264,7 +264,8 @@ def fedac_partition(
     if rng is test_rng:
         raise ValueError(
             "rng and test_rng are the same generator; seed the local test sets separately, "
-            "e.g. np.random.default_rng([seed, 4]) and np.random.default_rng([seed, 5])"
+            "e.g. seeds.data_rng(seed, DataStream.CLIENT_EXAMPLES) and "
+            "seeds.data_rng(seed, DataStream.CLIENT_TEST_SETS)"
         )
     if scheme == "pathological" and labels_per_client is None:
         raise ValueError(

@@ -1,19 +1,18 @@
 """A federated dataset: per-client train and test `tff.simulation.datasets.ClientData`.
 
 Every loader returns a `FederatedData` built by `from_arrays`, which validates the arrays
-once, with errors that name the client, the source file and the fix.
+once (each client's by `example_arrays`, the dataset's by `from_checked_arrays`), with errors
+that name the client, the source file and the fix.
 """
 
 from __future__ import annotations
 
 import collections
-import copy
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
-import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_clustered.options import article_of, described
@@ -57,7 +56,7 @@ class FederatedData:
     vocabulary_size: Optional[int] = None
 
     # Each client's validated arrays, OrderedDict(x=float32 (n, *input_shape), y=int32 (n,)):
-    # what a round sends its clients (they build their batches themselves, see `batches`).
+    # what a round sends its clients (they build their batches themselves, `federated.batching`).
     train_arrays: Mapping[str, ClientArrayDict] = dataclasses.field(default_factory=dict)
     test_arrays: Mapping[str, ClientArrayDict] = dataclasses.field(default_factory=dict)
 
@@ -68,233 +67,6 @@ class FederatedData:
     def arrays(self, split: str, client_id: str) -> ClientArrayDict:
         """A client's examples of `split` ("train" or "test") as arrays."""
         return (self.train_arrays if split == "train" else self.test_arrays)[client_id]
-
-    def batched(
-        self,
-        split: str,
-        client_id: str,
-        batch_size: int,
-        epochs: int = 1,
-        shuffle_seed: Optional[int] = None,
-    ) -> tf.data.Dataset:
-        """A client's batched dataset, reshuffled every epoch from `shuffle_seed` (`batches`)."""
-        return batches(self.arrays(split, client_id), batch_size, epochs, shuffle_seed)
-
-
-def batch_order(
-    size: Any,
-    batch_size: Any,
-    epochs: Any = 1,
-    shuffle_seed: Any = None,
-    max_steps: Any = -1,
-    pass_index: int = 0,
-) -> tuple[tf.Tensor, tf.Tensor]:
-    """The example indices of one client's minibatches: `epochs` passes (-1: without end) over
-    `size` examples, each pass reshuffled from `shuffle_seed` (None: in order), cut after
-    `max_steps` batches (-1: no cut); the last partial batch of each pass is kept (FedGroup's
-    `batch_data`). Returns `(indices, lengths)`: (steps, batch_size) indices, each row padded
-    with 0 after its first `lengths[step]` entries.
-
-    The shuffle is stateless: epoch e of `pass_index` p is the argsort of uniform keys drawn
-    from the seed `(shuffle_seed, p)`, so the order is a pure function of its arguments, costs
-    a few ops (no tf.data pipeline to build per client and call, which was 18 ms of a client's
-    34 ms fixed cost in process), and vectorises. Arguments may be Python numbers or TF
-    scalars."""
-    size = tf.cast(size, tf.int64)
-    batch_size = tf.cast(batch_size, tf.int64)
-    per_epoch = (size + batch_size - 1) // batch_size
-    steps = client_steps(size, batch_size, epochs, max_steps)
-    num_epochs = (steps + per_epoch - 1) // tf.maximum(per_epoch, 1)
-    if shuffle_seed is None:
-        order = tf.tile(tf.range(size)[None], tf.stack([num_epochs, 1]))
-    else:
-        seed = tf.stack([tf.cast(shuffle_seed, tf.int64), tf.constant(pass_index, tf.int64)])
-        keys = tf.random.stateless_uniform(tf.stack([num_epochs, size]), seed)
-        order = tf.argsort(keys, axis=1, stable=True, direction="ASCENDING")
-        order = tf.cast(order, tf.int64)
-    padded = tf.pad(order, [[0, 0], [0, per_epoch * batch_size - size]])
-    indices = tf.reshape(padded, tf.stack([num_epochs * per_epoch, batch_size]))[:steps]
-    within = tf.minimum(batch_size, size - tf.range(per_epoch) * batch_size)
-    lengths = tf.tile(within, tf.reshape(num_epochs, [1]))[:steps]
-    return indices, lengths
-
-
-def client_steps(size: Any, batch_size: Any, epochs: Any = 1, max_steps: Any = -1) -> tf.Tensor:
-    """How many minibatches `batch_order` gives a client of `size` examples (int64)."""
-    size = tf.cast(size, tf.int64)
-    batch_size = tf.cast(batch_size, tf.int64)
-    epochs, max_steps = tf.cast(epochs, tf.int64), tf.cast(max_steps, tf.int64)
-    per_epoch = (size + batch_size - 1) // batch_size
-    steps = tf.where(epochs >= 0, epochs * per_epoch, max_steps)
-    steps = tf.where(max_steps >= 0, tf.minimum(steps, max_steps), steps)
-    return tf.where(per_epoch > 0, tf.maximum(steps, 0), tf.constant(0, tf.int64))
-
-
-def padded_batch_order(
-    size: Any,
-    capacity: Any,
-    batch_size: Any,
-    epochs: Any = 1,
-    shuffle_seed: Any = None,
-    max_steps: Any = -1,
-    pass_index: int = 0,
-) -> tuple[tf.Tensor, tf.Tensor]:
-    """`batch_order` for a client holding the first `size` of `capacity` rows, with shapes
-    that depend on `capacity` only (so that clients of different sizes vectorise):
-    `(indices, mask)`, both (steps, batch_size) with as many steps as a client filling the
-    `capacity` rows has; the mask (float32) is 1 on the entries `batch_order(size, ...)` has
-    at that step and 0 elsewhere (all 0 past the client's last step). Computed once per pass,
-    so that a step only slices its row.
-
-    Epoch e's order is the stable argsort of the elements e * size .. e * size + size - 1 of
-    the stateless uniform stream of the seed `(shuffle_seed, pass_index)`: the row e of the
-    `(epochs, size)` keys `batch_order` draws (a stateless draw of a longer shape starts with
-    the elements of a shorter one), the padding rows sorted after them."""
-    size, capacity = tf.cast(size, tf.int64), tf.cast(capacity, tf.int64)
-    batch_size = tf.cast(batch_size, tf.int64)
-    epochs, max_steps = tf.cast(epochs, tf.int64), tf.cast(max_steps, tf.int64)
-    most = client_steps(capacity, batch_size, epochs, max_steps)
-    # As many epoch orders as any client of at most `capacity` rows can need.
-    rows = tf.maximum(tf.minimum(tf.where(epochs >= 0, epochs, max_steps), most), 1)
-    if shuffle_seed is None:
-        orders = tf.tile(tf.range(capacity)[None], tf.stack([rows, 1]))
-    else:
-        seed = tf.stack([tf.cast(shuffle_seed, tf.int64), tf.constant(pass_index, tf.int64)])
-        stream = tf.random.stateless_uniform(tf.reshape(rows * capacity, [1]), seed)
-        at = tf.range(rows)[:, None] * size + tf.range(capacity)[None, :]
-        keys = tf.where(
-            tf.range(capacity)[None, :] < size,
-            tf.gather(stream, tf.minimum(at, rows * capacity - 1)),
-            tf.constant(np.inf, stream.dtype),
-        )
-        orders = tf.cast(tf.argsort(keys, axis=1, stable=True), tf.int64)
-    steps = tf.range(most)
-    per_epoch = tf.maximum((size + batch_size - 1) // batch_size, 1)
-    epoch = tf.minimum(steps // per_epoch, rows - 1)
-    positions = ((steps % per_epoch) * batch_size)[:, None] + tf.range(batch_size)[None, :]
-    at = epoch[:, None] * capacity + tf.minimum(positions, capacity - 1)
-    indices = tf.gather(tf.reshape(orders, [-1]), at)
-    own_step = steps < client_steps(size, batch_size, epochs, max_steps)
-    valid = (positions < size) & own_step[:, None]
-    return indices, tf.cast(valid, tf.float32)
-
-
-def batches(
-    arrays: Mapping[str, Any],
-    batch_size: Any,
-    epochs: Any = 1,
-    shuffle_seed: Any = None,
-    max_steps: Any = -1,
-    pass_index: int = 0,
-) -> tf.data.Dataset:
-    """One client's minibatches as a dataset, in the order `batch_order` gives (what a
-    client's `ArrayBatches` loop goes through on its pass `pass_index`). Iterating the dataset
-    again gives the same batches."""
-    arrays = collections.OrderedDict(
-        (name, tf.convert_to_tensor(value)) for name, value in arrays.items()
-    )
-    size = tf.shape(next(iter(arrays.values())), out_type=tf.int64)[0]
-    indices, lengths = batch_order(size, batch_size, epochs, shuffle_seed, max_steps, pass_index)
-    return tf.data.Dataset.from_tensor_slices((indices, lengths)).map(
-        lambda chosen, length: collections.OrderedDict(
-            (name, tf.gather(value, chosen[:length])) for name, value in arrays.items()
-        )
-    )
-
-
-class ArrayBatches:
-    """One client's minibatches (`batch_order`), for a loop inside a graph.
-
-    `reduce(initial, fn)` is `tf.data.Dataset.reduce` over those batches, with its loop a
-    `tf.while_loop` that gathers each batch from the arrays: the loop body (the forward and
-    backward pass) runs on the device the graph puts it on, a GPU included, where the function of
-    a `Dataset.reduce` always runs inside tf.data on the CPU. As a reshuffling dataset does, each
-    further `reduce` of the same object draws a new order (pass 0, 1, ...: Ditto loops twice).
-
-    `size`: the arrays are padded, and the client holds only their first `size` rows. Then
-    every batch has `batch_size` rows and a `mask` (float32, 1 on the rows `batch_order(size)`
-    puts in that batch, `padded_batch_order`), and the loop runs as many steps as a client filling
-    the arrays would, the steps past the client's own with an all-zero mask: the loop's shapes
-    and length no longer depend on the client, so clients of different sizes vectorise
-    together. Client work treats a masked batch as the batch of its unmasked rows and a step
-    with no unmasked row as no step (`local_training.train_client`).
-    """
-
-    def __init__(
-        self,
-        arrays: Mapping[str, Any],
-        batch_size: Any,
-        epochs: Any = 1,
-        shuffle_seed: Any = None,
-        max_steps: Any = -1,
-        size: Any = None,
-    ) -> None:
-        self.arrays = collections.OrderedDict(
-            (name, tf.convert_to_tensor(value)) for name, value in arrays.items()
-        )
-        self.capacity = tf.shape(next(iter(self.arrays.values())), out_type=tf.int64)[0]
-        self.size = None if size is None else tf.cast(size, tf.int64)
-        self.order_args = (batch_size, epochs, shuffle_seed, max_steps)
-        self._passes = [0]  # shared with the copies `with_budget` makes
-
-    def with_budget(self, epochs: Any, max_steps: Any = -1) -> ArrayBatches:
-        """The same client's batches for another budget (`epochs` passes, cut after
-        `max_steps`): a local schedule's phase. Its reduces draw their order from the same
-        seed and pass counter, so no two passes of the client repeat an order."""
-        batch_size, _, shuffle_seed, _ = self.order_args
-        other = copy.copy(self)
-        other.order_args = (batch_size, epochs, shuffle_seed, max_steps)
-        return other
-
-    def _batches(self) -> tuple[tf.Tensor, Callable[[tf.Tensor], dict]]:
-        """This pass's step count and its `step -> batch`."""
-        pass_index = self._passes[0]
-        self._passes[0] += 1
-        if self.size is None:
-            indices, lengths = batch_order(self.capacity, *self.order_args, pass_index=pass_index)
-
-            def batch(step: tf.Tensor) -> dict:
-                chosen = indices[step, : lengths[step]]
-                return collections.OrderedDict(
-                    (name, tf.gather(value, chosen)) for name, value in self.arrays.items()
-                )
-
-            return tf.shape(lengths, tf.int64)[0], batch
-
-        # Once per pass, outside the loop: argsort has no vectorised form (pfor runs it client
-        # by client), and each op a step runs is paid once per step.
-        indices, masks = padded_batch_order(
-            self.size, self.capacity, *self.order_args, pass_index=pass_index
-        )
-
-        def masked_batch(step: tf.Tensor) -> dict:
-            chosen, mask = indices[step], masks[step]
-            batch = collections.OrderedDict(
-                (name, tf.gather(value, chosen)) for name, value in self.arrays.items()
-            )
-            batch["mask"] = mask
-            return batch
-
-        return tf.shape(masks, tf.int64)[0], masked_batch
-
-    def reduce(self, initial: Any, fn: Any) -> Any:
-        """`fn(carry, batch) -> carry` over this pass's batches, from `initial`."""
-        steps, batch = self._batches()
-
-        def body(step: tf.Tensor, carry: Any) -> tuple:
-            return step + 1, fn(carry, batch(step))
-
-        loop_vars = (tf.constant(0, tf.int64), initial)
-        try:
-            _, result = tf.while_loop(lambda step, _: step < steps, body, loop_vars)
-        except ValueError:  # a carry whose shape changes (Dataset.reduce relaxes it too)
-            relaxed = tf.nest.map_structure(
-                lambda t: tf.TensorShape([None] * t.shape.rank), loop_vars
-            )
-            _, result = tf.while_loop(
-                lambda step, _: step < steps, body, loop_vars, shape_invariants=relaxed
-            )
-        return result
 
 
 def from_arrays(
@@ -308,9 +80,44 @@ def from_arrays(
     public_x: Optional[np.ndarray] = None,
     vocabulary_size: Optional[int] = None,
 ) -> FederatedData:
-    """Validates per-client `(x, y)` arrays and wraps them as `ClientData`; `public_x`, the
-    server's unlabeled inputs if any, must be finite with the clients' per-example shape;
-    with `vocabulary_size`, inputs must be token ids in 0..vocabulary_size-1."""
+    """Validates per-client `(x, y)` arrays and wraps them as `ClientData`: each client's
+    examples by `example_arrays`, then the whole dataset by `from_checked_arrays`."""
+    where = f" in {source}" if source else ""
+    checked = [
+        {
+            cid: example_arrays(f"client {cid!r} ({split_name}){where}", x, y)
+            for cid, (x, y) in split.items()
+        }
+        for split_name, split in (("train", train), ("test", test))
+    ]
+    return from_checked_arrays(
+        name,
+        *checked,
+        num_classes,
+        image_shape=image_shape,
+        true_clusters=true_clusters,
+        source=source,
+        public_x=public_x,
+        vocabulary_size=vocabulary_size,
+    )
+
+
+def from_checked_arrays(
+    name: str,
+    train: Mapping[str, ClientArrays],
+    test: Mapping[str, ClientArrays],
+    num_classes: int,
+    image_shape: Optional[tuple[int, ...]] = None,
+    true_clusters: Optional[Mapping[str, int]] = None,
+    source: str = "",
+    public_x: Optional[np.ndarray] = None,
+    vocabulary_size: Optional[int] = None,
+) -> FederatedData:
+    """`from_arrays` for clients whose `(x, y)` already passed `example_arrays` (examples with
+    whole-number labels, one per example): checks what the dataset as a whole decides, that every
+    client is in both splits with examples of one shape, finite inputs (token ids
+    0..vocabulary_size-1 with `vocabulary_size`) and labels 0..num_classes-1; `public_x`, the
+    server's unlabeled inputs if any, must be finite with the clients' per-example shape."""
     where = f" in {source}" if source else ""
     if not train:
         raise DataError(f"dataset {name!r}{where} has no clients; check the data path")
@@ -325,17 +132,7 @@ def from_arrays(
     for split_name, split in (("train", train), ("test", test)):
         for cid, (x, y) in split.items():
             x = np.asarray(x, dtype=np.float32)
-            y_raw = np.asarray(y)
             context = f"client {cid!r} ({split_name}){where}"
-            if len(x) != len(y_raw):
-                raise DataError(
-                    f"{context}: {len(x)} inputs but {len(y_raw)} labels; every example needs "
-                    "exactly one label"
-                )
-            if len(x) == 0:
-                raise DataError(
-                    f"{context} has no examples; remove the client or give it data in both splits"
-                )
             if input_shape is None:
                 input_shape = x.shape[1:]
             elif x.shape[1:] != input_shape:
@@ -352,23 +149,18 @@ def from_arrays(
                     f"{context}: inputs must be token ids 0..{vocabulary_size - 1}; fix the "
                     "tokenisation"
                 )
-            if not np.all(np.equal(np.mod(y_raw.astype(np.float64), 1), 0)):
+            if np.any(y < 0):
                 raise DataError(
-                    f"{context}: labels must be whole numbers (class indices); fix the labels"
-                )
-            y_int = y_raw.astype(np.int64)
-            if np.any(y_int < 0):
-                raise DataError(
-                    f"{context}: label {int(y_int.min())} is negative; labels are class indices "
+                    f"{context}: label {int(y.min())} is negative; labels are class indices "
                     f"0..{num_classes - 1}, fix the labels"
                 )
-            bad = y_int[y_int >= num_classes]
+            bad = y[y >= num_classes]
             if bad.size:
                 raise DataError(
                     f"{context}: label {int(bad[0])} is outside the model's {num_classes} classes "
                     f"0..{num_classes - 1}; fix the labels or raise --num_classes"
                 )
-            cleaned[split_name][cid] = collections.OrderedDict(x=x, y=y_int.astype(np.int32))
+            cleaned[split_name][cid] = collections.OrderedDict(x=x, y=y.astype(np.int32))
     if public_x is not None:
         public_x = np.asarray(public_x, dtype=np.float32)
         if public_x.ndim == 0 or not len(public_x):
@@ -427,8 +219,9 @@ def split_train_test(
 
 def client_arrays(clients: Clients, x_key: str, y_key: str, split: str) -> dict[str, ClientArrays]:
     """Per-client `(x, y)` NumPy arrays from a ClientData or a mapping of clients, each client's
-    checked by `example_arrays` (numbers, one label per example); client ids become strings,
-    two ids that are the same string (1 and "1") are refused rather than merged."""
+    checked by `example_arrays` (numbers, one whole-number label per example; their range is
+    `from_checked_arrays`'s to check); client ids become strings, two ids that are the same
+    string (1 and "1") are refused rather than merged."""
     if isinstance(clients, tff.simulation.datasets.ClientData):
         arrays = {}
         for client in clients.client_ids:
@@ -507,9 +300,12 @@ def described_briefly(value: Any) -> str:
 
 def example_arrays(where: str, x: Any, y: Any) -> ClientArrays:
     """One client's inputs `x` (a numeric array, one row per example, each with at least one
-    value) and labels `y` (one number per example: `(n,)` or `(n, 1)`), as arrays with `y` of
-    shape `(n,)`. Whatever else they are is a DataError naming `where` and the fix: ragged or
-    string inputs, one-hot or NaN labels, as many labels as inputs."""
+    value) and labels `y` (one whole number per example: `(n,)` or `(n, 1)`), as arrays with `y`
+    int64 of shape `(n,)`. Whatever else they are is a DataError naming `where` and the fix:
+    no examples, ragged or string inputs, one-hot, NaN or fractional labels, not as many labels
+    as inputs.
+    The labels' range is the dataset's to check (`from_checked_arrays`: the API may derive
+    `num_classes` from them)."""
     try:
         x = np.asarray(x)
     except (ValueError, TypeError):
@@ -525,6 +321,10 @@ def example_arrays(where: str, x: Any, y: Any) -> ClientArrays:
         )
     if x.ndim == 0:
         raise DataError(f"{where}: its inputs are one number; give x with one row per example")
+    if len(x) == 0:
+        raise DataError(
+            f"{where} has no examples; remove the client or give it data in both splits"
+        )
     if 0 in x.shape[1:]:
         raise DataError(
             f"{where}: its examples have shape {x.shape[1:]}, no values; give every example at "
@@ -555,4 +355,6 @@ def example_arrays(where: str, x: Any, y: Any) -> ClientArrays:
         )
     if not np.all(np.isfinite(y)):
         raise DataError(f"{where}: its labels contain NaN or infinity; give every example a class")
-    return x, y
+    if not np.all(np.equal(np.mod(y.astype(np.float64), 1), 0)):
+        raise DataError(f"{where}: labels must be whole numbers (class indices); fix the labels")
+    return x, y.astype(np.int64)

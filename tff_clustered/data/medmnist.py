@@ -23,7 +23,9 @@ import numpy as np
 
 from tff_clustered.data import partitions
 from tff_clustered.data.federated_data import DataError, FederatedData, first_line
-from tff_clustered.data.images import Arrays, refuse_labels_outside, standardise
+from tff_clustered.data.image_formats import Arrays, refuse_labels_outside
+from tff_clustered.data.images import standardise
+from tff_clustered.seeds import DataStream, data_rng
 
 PATHMNIST_FILE = "pathmnist.npz"
 PATHMNIST_CLASSES = 9
@@ -121,8 +123,8 @@ def load_pathmnist(
     has >= `min_size` examples; `shards`: `shards_per_client` label-sorted shards per peer;
     `iid`; or `pathological`); each peer's allocation split by `holdout_split` into its training
     set and a random `test_fraction` (20 %) local test set. The official test split, without
-    labels, is the public set. The partition draws from seed stream [seed, 4], the holdouts
-    from [seed, 5]."""
+    labels, is the public set. The partition draws from `DataStream.CLIENT_EXAMPLES`, the
+    holdouts from `DataStream.CLIENT_TEST_SETS`."""
     if not data_dir:
         raise DataError(f"--dataset=pathmnist reads a file you already have: {GET_IT}")
     x_train, y_train, x_test, _ = read_pathmnist(data_dir)
@@ -131,7 +133,7 @@ def load_pathmnist(
         y_train,
         num_clients,
         partition,
-        np.random.default_rng([seed, 4]),
+        data_rng(seed, DataStream.CLIENT_EXAMPLES),
         dirichlet_beta=dirichlet_beta,
         classes_per_client=classes_per_client,
         min_size=min_size,
@@ -143,7 +145,7 @@ def load_pathmnist(
         y_train,
         parts,
         PATHMNIST_CLASSES,
-        np.random.default_rng([seed, 5]),
+        data_rng(seed, DataStream.CLIENT_TEST_SETS),
         test_fraction=test_fraction,
         public_x=public,
         image_shape=PATHMNIST_SHAPE,

@@ -28,6 +28,7 @@ from tff_clustered.data.federated_data import (
     from_arrays,
     split_train_test,
 )
+from tff_clustered.seeds import DataStream, data_rng
 
 IDX_FILES = {
     "x_train": "train-images-idx3-ubyte",
@@ -261,7 +262,7 @@ def load_mnist(
     x, y = read_mnist(data_dir)
     x = x.astype(np.float32)
     x = (x - x.mean(axis=0)) / (x.std(axis=0) + 0.001)
-    rng = np.random.default_rng(seed)
+    rng = data_rng(seed, DataStream.LOADER)
     train, test = {}, {}
     for u, idx in enumerate(partition_by_classes(y, num_clients, classes_per_client, rng)):
         cid = f"mnist_{u:04d}"

@@ -39,6 +39,7 @@ from tff_clustered.data.federated_data import (
 )
 from tff_clustered.data.images import standardise
 from tff_clustered.data.mnist import MNIST, read_mnist_splits
+from tff_clustered.seeds import DataStream, data_rng
 
 WRITERS_FILE = "writers.npz"
 WRITER_KEYS = ("train_writer_key", "test_writer_key")
@@ -103,9 +104,10 @@ def load_mnist_writers(
     """One client per training writer of MNIST (module docstring), id `writer_{key:05d}`, in key
     order: the writer's own images split at random into `train_fraction` (80 %) local training
     and the rest local test images. `num_clients` keeps that many writers, a uniform random
-    choice without replacement (seed stream [seed, 4]; the writers' natural sizes, 19 to 131
-    images on MNIST, stay as they are); None keeps all 539. Writers with fewer than 2 images
-    (none in MNIST) are left out. The splits draw from seed stream [seed, 5], writer by writer.
+    choice without replacement (`DataStream.CLIENT_EXAMPLES`; the writers' natural sizes, 19 to
+    131 images on MNIST, stay as they are); None keeps all 539. Writers with fewer than 2 images
+    (none in MNIST) are left out. The splits draw from `DataStream.CLIENT_TEST_SETS`, writer by
+    writer.
     The official test split without labels is the public set."""
     if not data_dir:
         raise DataError(f"--dataset=mnist_writers reads files you already have: {WRITERS_HELP}")
@@ -117,13 +119,13 @@ def load_mnist_writers(
         chosen_clients(
             len(writers),
             num_clients,
-            np.random.default_rng([seed, 4]),
+            data_rng(seed, DataStream.CLIENT_EXAMPLES),
             f"mnist_writers: {data_dir} holds {len(writers)} training writers with "
             f"{MIN_WRITER_IMAGES}+ images",
         )
     ]
     train, public = standardise(x_train[..., None], x_test[..., None])
-    rng = np.random.default_rng([seed, 5])
+    rng = data_rng(seed, DataStream.CLIENT_TEST_SETS)
     train_arrays, test_arrays = {}, {}
     for key in writers:
         idx = parts[int(key)]

@@ -44,6 +44,7 @@ from tff_clustered.data.federated_data import (
     from_arrays,
 )
 from tff_clustered.data.tff_datasets import reason, tff_database
+from tff_clustered.seeds import DataStream, data_rng
 
 STACKOVERFLOW_FILE = "stackoverflow.sqlite"
 STACKOVERFLOW_URL = "https://storage.googleapis.com/tff-datasets-public/stackoverflow.sqlite.lzma"
@@ -126,8 +127,8 @@ def parsed_posts(blobs: list[bytes]) -> dict[str, list[str]]:
 
 
 def parsed_by_client(raw: Posts) -> dict[str, dict[str, dict[str, list[str]]]]:
-    """`parsed_posts` of every client's splits that have posts, parsed in one batch (a parse
-    per client would cost tens of milliseconds each)."""
+    """`parsed_posts` of every client's splits that have posts, parsed in one batch (one
+    parse for all clients, not one per client)."""
     keys = [(c, s) for c, splits in raw.items() for s, blobs in splits.items() if blobs]
     everything = parsed_posts([b for c, s in keys for b in raw[c][s]]) if keys else {}
     posts: dict[str, dict[str, dict[str, list[str]]]] = {c: {} for c in raw}
@@ -205,7 +206,7 @@ def load_tff_stackoverflow(
     open_database: Callable[[str], sqlite3.Connection] = connect,
 ) -> FederatedData:
     """TFF's Stack Overflow tag prediction (see the module docstring): `num_clients` clients
-    with posts in train and test, drawn from seed stream [seed, 11]; labels among the
+    with posts in train and test, drawn from `DataStream.TFF_CLIENTS`; labels among the
     `num_classes` (default 500) most frequent tags; inputs the bag of words over the
     `word_vocabulary_size` most frequent words. `open_database` opens the database (tests trace
     it)."""
@@ -231,7 +232,7 @@ def load_tff_stackoverflow(
                 for k in chosen_clients(
                     len(clients),
                     num_clients,
-                    np.random.default_rng([seed, 11]),
+                    data_rng(seed, DataStream.TFF_CLIENTS),
                     f"{path} has {len(clients)} clients with train and test posts",
                 )
             ]

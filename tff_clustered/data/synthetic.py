@@ -12,6 +12,7 @@ from typing import Optional
 import numpy as np
 
 from tff_clustered.data.federated_data import FederatedData, from_arrays, split_train_test
+from tff_clustered.seeds import DataStream, data_rng
 
 NUM_FEATURES = 60
 NUM_CLASSES = 10
@@ -28,7 +29,7 @@ def load_synthetic(
     """Generates Synthetic(alpha, beta); `max_samples_per_client` caps the heavy lognormal tail."""
     if alpha < 0 or beta < 0:
         raise ValueError("Synthetic(alpha, beta) needs alpha >= 0 and beta >= 0")
-    rng = np.random.default_rng(seed)
+    rng = data_rng(seed, DataStream.LOADER)
     sizes = np.floor(rng.lognormal(4, 2, num_clients)).astype(int) + 50
     if max_samples_per_client is not None:
         sizes = np.minimum(sizes, max_samples_per_client)

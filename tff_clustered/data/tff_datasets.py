@@ -44,9 +44,11 @@ from tff_clustered.data.federated_data import (
     client_arrays,
     first_line,
     from_arrays,
+    from_checked_arrays,
 )
 from tff_clustered.data.images import standardise
 from tff_clustered.data.partitions import HOLDOUT_FRACTION, holdout_split
+from tff_clustered.seeds import DataStream, data_rng
 
 EMNIST_FILE = "emnist_all.sqlite"
 EMNIST_URL = "https://storage.googleapis.com/tff-datasets-public/emnist_all.sqlite.lzma"
@@ -119,7 +121,7 @@ def load_tff_emnist(
     chosen = chosen_clients(
         len(writers),
         num_clients,
-        np.random.default_rng([seed, 11]),
+        data_rng(seed, DataStream.TFF_CLIENTS),
         f"{path} has {len(writers)} writers in {split}",
     )
     writers = [writers[i] for i in chosen]
@@ -137,7 +139,7 @@ def load_tff_emnist(
         }
         for name, data in parsed.items()
     }
-    return from_arrays(
+    return from_checked_arrays(
         f"tff_emnist{'' if classes == 10 else '_62'}",
         arrays["train"],
         arrays["test"],
@@ -162,12 +164,12 @@ def load_tff_cifar100(
     test_fraction: float = HOLDOUT_FRACTION,
 ) -> FederatedData:
     """TFF's federated CIFAR-100: its train clients (all 500, or `num_clients` of them drawn from
-    seed stream [seed, 11]), labelled by `num_classes` 100 (default: the fine labels) or 20 (the
+    `DataStream.TFF_CLIENTS`), labelled by `num_classes` 100 (default: the fine labels) or 20 (the
     coarse ones). TFF's test clients are other people, so each client holds out a random
     `test_fraction` (20 %, `partitions.holdout_split`) of its own images as its local test set,
-    drawn from seed stream [seed, 12, k] for the k-th client of the file: the same split
-    whichever other clients are chosen. Images are (32, 32, 3) float32 standardised per channel
-    with the mean and standard deviation of the clients' training images
+    drawn from `DataStream.TFF_CLIENT_HOLDOUT` with part k for the k-th client of the file: the
+    same split whichever other clients are chosen. Images are (32, 32, 3) float32 standardised
+    per channel with the mean and standard deviation of the clients' training images
     (`images.standardise`), as the `cifar100` federation's are; no public set."""
     classes = num_classes or 100
     if classes not in CIFAR100_LABELS:
@@ -188,7 +190,7 @@ def load_tff_cifar100(
     chosen = chosen_clients(  # indices into the file's sorted client ids
         len(clients),
         num_clients,
-        np.random.default_rng([seed, 11]),
+        data_rng(seed, DataStream.TFF_CLIENTS),
         f"{path} has {len(clients)} train clients",
     )
     parsed = tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
@@ -210,7 +212,7 @@ def load_tff_cifar100(
                 f"train client {client!r} has 1 image, TFF's have 100; a local test set needs 2"
             )
         splits[client] = holdout_split(
-            np.arange(len(y)), test_fraction, np.random.default_rng([seed, 12, k])
+            np.arange(len(y)), test_fraction, data_rng(seed, DataStream.TFF_CLIENT_HOLDOUT, k)
         )
     x_train, x_test = standardise(
         np.concatenate([arrays[c][0][tr] for c, (tr, _) in splits.items()]),
@@ -223,7 +225,7 @@ def load_tff_cifar100(
         train_arrays[client] = (x_train[start_train : start_train + len(tr)], y[tr])
         test_arrays[client] = (x_test[start_test : start_test + len(te)], y[te])
         start_train, start_test = start_train + len(tr), start_test + len(te)
-    return from_arrays(
+    return from_checked_arrays(
         f"tff_cifar100{'' if classes == 100 else '_20'}",
         train_arrays,
         test_arrays,
@@ -290,8 +292,9 @@ def load_tff_shakespeare(
     stride: int = 1,
 ) -> FederatedData:
     """TFF's federated Shakespeare as LEAF's next-character task (see the module docstring):
-    every part with an example in both splits, or `num_clients` of them drawn from seed stream
-    [seed, 11]; `stride` > 1 keeps every stride-th window (fewer, overlapping less)."""
+    every part with an example in both splits, or `num_clients` of them drawn from
+    `DataStream.TFF_CLIENTS`; `stride` > 1 keeps every stride-th window (fewer, overlapping
+    less)."""
     if stride < 1:
         raise ValueError(f"stride must be >= 1, got {stride}")
     path, not_shakespeare = tff_database(
@@ -329,7 +332,7 @@ def load_tff_shakespeare(
     chosen = chosen_clients(
         len(usable),
         num_clients,
-        np.random.default_rng([seed, 11]),
+        data_rng(seed, DataStream.TFF_CLIENTS),
         f"{path} has {len(usable)} parts with more than {SHAKESPEARE_WINDOW} characters in "
         "both splits",
     )

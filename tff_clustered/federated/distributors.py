@@ -29,7 +29,7 @@ from typing import Any, Callable, ClassVar, Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_clustered.data.federated_data import ArrayBatches
+from tff_clustered.federated.batching import ArrayBatches
 from tff_clustered.federated.client_work import RoutedRows
 
 

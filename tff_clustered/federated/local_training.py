@@ -6,7 +6,7 @@ A model is seen through `forward(weights, state, x, training, seed) -> (logits, 
 `weights` are the trainable tensors, `state` the non-trainable ones (BatchNorm moving
 statistics, empty for most models), `seed` a stateless `[2]` seed for dropout. Batches are
 anything with tf.data's `reduce(initial, fn)`: a `tf.data.Dataset`, or the round's
-`federated_data.ArrayBatches` (the same batches, its loop placed with the graph).
+`batching.ArrayBatches` (the same batches, its loop placed with the graph).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def batch_loss(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
 
 def masked_mean(values: tf.Tensor, mask: tf.Tensor, count: Optional[tf.Tensor] = None) -> tf.Tensor:
     """Mean of `values` over the rows where `mask` is 1 (0 when there is none): the mean over
-    a padded batch's own rows (`federated_data.ArrayBatches` with a `size`). `count`: the
+    a padded batch's own rows (`batching.ArrayBatches` with a `size`). `count`: the
     mask's sum, when the caller has it already."""
     count = tf.reduce_sum(mask) if count is None else count
     return tf.reduce_sum(values * mask) / tf.maximum(count, 1.0)

@@ -17,10 +17,10 @@ Server state holds `num_clusters` models stacked along a leading cluster axis. A
 * client work: a `ClientWork` parameter, a pure TF function (`client_work.LocalSGD`,
   `client_work.DittoSGD`, ...). A client is sent its examples as arrays (any length) and
   builds its batches itself from the round's hyperparameters and its shuffle seed
-  (`ArrayBatches`, the stateless order of `batch_order`, no tf.data pipeline per client): the
-  worker never deserializes a `tf.data` graph per client and round, and the training loop is a
-  `tf.while_loop` that runs where the graph is placed (a GPU in the in-process execution), not
-  inside tf.data's CPU-only runtime;
+  (`batching.ArrayBatches`, the stateless order of `batching.batch_order`, no tf.data pipeline
+  per client): the worker never deserializes a `tf.data` graph per client and round, and the
+  training loop is a `tf.while_loop` that runs where the graph is placed (a GPU in the
+  in-process execution), not inside tf.data's CPU-only runtime;
 * aggregator: `ClusteredMeanFactory`, the weighted mean per cluster of the shared variables'
   updates (weights: examples processed, or 1 per client);
 * finalizer: adds each cluster's mean update to its shared variables, then takes the

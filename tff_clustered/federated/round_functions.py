@@ -16,8 +16,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_clustered.data.federated_data import ArrayBatches
 from tff_clustered.federated import client_work, local_training, server_optimizers
+from tff_clustered.federated.batching import ArrayBatches
 from tff_clustered.federated.clustered_mean import cluster_mean
 from tff_clustered.federated.distributors import ClientSide, Distributor
 from tff_clustered.federated.round_inputs import client_seed, round_hparams

@@ -11,8 +11,8 @@ from typing import Callable
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_clustered.data.federated_data import ArrayBatches
 from tff_clustered.federated import local_training
+from tff_clustered.federated.batching import ArrayBatches
 from tff_clustered.federated.signature import ModelLayout
 from tff_clustered.models.functional import FunctionalModel
 
