@@ -42,7 +42,7 @@ from tff_clustered.state_encoding import StateDecodeError, decode_tree, encode_t
 
 FORMAT_VERSION = 3  # npz + JSON; format 2, a pickle, is refused
 META_ENTRY = "meta.json"
-DATA_SOURCE_ENTRY = "data_source"  # in the meta JSON; checkpoints without it predate it
+DATA_SOURCE_ENTRY = "data_source"  # in the meta JSON; a checkpoint without it: a warning
 
 
 class CheckpointError(RuntimeError):
@@ -237,9 +237,9 @@ def refuse_changed_data(
     warn: Callable[[str], None],
 ) -> None:
     """`CheckpointError` naming the first file that differs when the data read now
-    (`data_source`) is not what checkpoint `path` recorded. A checkpoint written before
-    checkpoints recorded their data (no entry) is accepted with a warning through `warn`:
-    its settings still match, and the next checkpoint records the data."""
+    (`data_source`) is not what checkpoint `path` recorded. A checkpoint without a
+    `DATA_SOURCE_ENTRY` is accepted with a warning through `warn`: its settings still match,
+    and the next checkpoint records the data."""
     if data_source is None or not data_source.files:
         return  # no files: data generated from the settings, which matched
     if saved_json is None:

@@ -229,8 +229,8 @@ def summarize(history: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if results:
         # Seconds summed over rounds: training (the clients' local work in the federated
         # round), the algorithm's server-side work, evaluation, checkpoints, and whole rounds
-        # (training, server work and evaluation). A history from before the split has only
-        # whole rounds: its training total is theirs.
+        # (training, server work and evaluation). A history whose rows have no `train_seconds`
+        # has only whole rounds: its training total is theirs.
         for part in ("train", "server", "eval", "checkpoint", "round"):
             results[f"total_{part}_seconds"] = sum(r.get(f"{part}_seconds", 0.0) for r in history)
         if not any("train_seconds" in r for r in history):
