@@ -29,6 +29,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads (t
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from tff_clustered import cli  # noqa: E402 - light (absl only)
+from tff_clustered.run_folder import ComparisonFolder  # noqa: E402 - the standard library only
 
 cli.stop_at_once_on_signals("check_results.py")
 FLAGS = flags.FLAGS
@@ -119,7 +120,7 @@ def check_table(markdown_path: str, with_data: bool, tolerance: float) -> tuple[
         )
         if done.returncode != 0:
             return "FAILED", done.stderr.strip().splitlines()[-1] if done.stderr else "no output"
-        (now_csv,) = glob.glob(os.path.join(output_dir, "comparison.csv"))
+        (now_csv,) = glob.glob(ComparisonFolder(output_dir).comparison_csv)
         with open(now_csv) as f:
             now = first_cell(list(csv.DictReader(f)))
     where = f"{cell['setting']} / {cell['algorithm']} / seed 0"

@@ -55,9 +55,15 @@ from tff_clustered import cli, logs  # noqa: E402 - light: before TensorFlow's i
 
 cli.stop_at_once_on_signals("compare.py")
 logs.quiet_tensorflow(sys.argv)
-from tff_clustered import checkpoint, result_tables, run_flags, runner  # noqa: E402
+from tff_clustered import checkpoint, figures, result_tables, run_flags, runner  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS  # noqa: E402
 from tff_clustered.algorithms.fedgroup import discrepancy  # noqa: E402
+from tff_clustered.run_folder import (  # noqa: E402
+    COMPARISON_CSV,
+    COMPARISON_MD,
+    COMPARISON_PNG,
+    ComparisonFolder,
+)
 from tff_clustered.runtime import RuntimeConfig, tff_runtime  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
@@ -433,9 +439,10 @@ def plan_runs(
                     training=dataclasses.replace(spec.training, seed=seed),
                     **(partitions[setting] if setting is not None else {}),
                 )
-                where = [output_dir] + ([f"s{seed}"] if len(seeds) > 1 else [])
-                where += [result_tables.setting_directory(setting), column.folder]
-                planned.append(PlannedRun(seed, setting, column.label, spec, os.path.join(*where)))
+                folder = ComparisonFolder(output_dir).run(
+                    seed if len(seeds) > 1 else None, setting, column.folder
+                )
+                planned.append(PlannedRun(seed, setting, column.label, spec, folder.path))
     return planned
 
 
@@ -651,14 +658,14 @@ def write_outputs(
         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         defaults_taken=defaults_taken,
     )
-    result_tables.write_comparison_png(
-        os.path.join(output_dir, "comparison.png"),
+    figures.write_comparison_png(
+        ComparisonFolder(output_dir).comparison_png,
         histories,
         title,
         "client_accuracy_mean" if client_mean else "accuracy",
     )
     print(markdown)
-    print(f"outputs in {output_dir}: comparison.md, comparison.csv, comparison.png")
+    print(f"outputs in {output_dir}: {COMPARISON_MD}, {COMPARISON_CSV}, {COMPARISON_PNG}")
 
 
 if __name__ == "__main__":

@@ -31,9 +31,16 @@ from tff_clustered.phases import PhaseTimer  # noqa: E402 - the standard library
 
 cli.stop_at_once_on_signals("train.py")
 logs.quiet_tensorflow(sys.argv)
-from tff_clustered import checkpoint, reporting, run_flags, runner  # noqa: E402
+from tff_clustered import checkpoint, run_flags, runner  # noqa: E402
 from tff_clustered import options as options_lib  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS, algorithm_class  # noqa: E402
+from tff_clustered.run_folder import (  # noqa: E402
+    CHECKPOINT_NAME,
+    CLIENTS_CSV,
+    METRICS_CSV,
+    SUMMARY_JSON,
+    RunFolder,
+)
 from tff_clustered.runtime import tff_runtime  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
@@ -77,7 +84,7 @@ def main(argv: list[str]) -> int:
                     algorithm=baseline,
                     algorithm_options=options_lib.from_flags(algorithm_class(baseline).Options),
                 )
-                baseline_dir = os.path.join(output_dir, f"baseline-{baseline}")
+                baseline_dir = RunFolder(output_dir).baseline(baseline).path
                 print(f"{baseline} on the same clients, seed and training flags:")
                 baseline_summary = run(baseline_spec, baseline_dir, PhaseTimer())
     if baseline:
@@ -89,21 +96,10 @@ def main(argv: list[str]) -> int:
             f"{ours['max_accuracy'] - theirs['max_accuracy']:+.4f} ({baseline}'s outputs in "
             f"{baseline_dir})"
         )
-    pictures = [
-        name
-        for name in (
-            reporting.MEMBERSHIP_PNG,
-            reporting.SIMILARITY_PNG,
-            reporting.CLUSTER_ACCURACY_PNG,
-            reporting.HOPKINS_PNG,
-            reporting.PLOT_PNG,
-            reporting.LABELS_PNG,
-        )
-        if os.path.exists(os.path.join(output_dir, name))
-    ]
+    pictures = RunFolder(output_dir).pictures_written()
     print(
-        f"outputs in {output_dir}: metrics.csv, clients.csv, summary.json, TensorBoard events, "
-        f"{checkpoint.CHECKPOINT_NAME}; pictures {', '.join(pictures)}"
+        f"outputs in {output_dir}: {METRICS_CSV}, {CLIENTS_CSV}, {SUMMARY_JSON}, TensorBoard "
+        f"events, {CHECKPOINT_NAME}; pictures {', '.join(pictures)}"
     )
     return 0
 

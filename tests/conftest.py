@@ -107,8 +107,9 @@ def mlp_experiment(algorithm: str, data: object, config: object, **options: obje
 def checkpoint_round_trip(state: object, folder: object) -> object:
     """`state` written as a checkpoint file and read back (what a resumed run gets)."""
     from tff_clustered import checkpoint
+    from tff_clustered.run_folder import RunFolder
 
-    path = os.path.join(str(folder), checkpoint.CHECKPOINT_NAME)
+    path = RunFolder(str(folder)).checkpoint
     checkpoint.save(path, state, {"run": "test"})
     return checkpoint.load(path, {"run": "test"})
 

@@ -11,7 +11,6 @@ suite sees the same cases every time in a few seconds.
 from __future__ import annotations
 
 import collections
-import os
 from collections.abc import Iterator
 from typing import Any, Callable
 
@@ -28,6 +27,7 @@ from tff_clustered.algorithms import ALGORITHMS, make_options
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.state import RunState
 from tff_clustered.options import base_type, field_types
+from tff_clustered.run_folder import RunFolder
 
 SETTINGS = settings(
     max_examples=40,
@@ -363,7 +363,7 @@ def test_resuming_with_a_model_of_another_size_names_both_sizes(tmp_path: Any) -
     made_with = api.model_values(dense_model())  # 3 * 2 + 2
     state = RunState(round_num=1, cluster_models=np.zeros((1, made_with), np.float32))
     output_dir = str(tmp_path)
-    checkpoint.save(os.path.join(output_dir, checkpoint.CHECKPOINT_NAME), state, settings)
+    checkpoint.save(RunFolder(output_dir).checkpoint, state, settings)
 
     def wider() -> tf.keras.Model:
         return tf.keras.Sequential(

@@ -19,11 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tff_clustered import checkpoint
+from tff_clustered import atomic_files, checkpoint
 from tff_clustered.algorithms.fedgroup import GroupState
 from tff_clustered.algorithms.fedtsdp import TSDPState
 from tff_clustered.checkpoint import CheckpointError
 from tff_clustered.loop.state import RunState
+from tff_clustered.run_folder import CHECKPOINT_NAME
 
 SETTINGS = {"algorithm": "fedgroup", "rounds": 3, "shape": (2, 3), "lr": 0.1}
 
@@ -74,7 +75,7 @@ def assert_same(a: object, b: object) -> None:
     ],
 )
 def test_round_trip_is_exact(tmp_path: Path, algorithm_state: object) -> None:
-    path = str(tmp_path / checkpoint.CHECKPOINT_NAME)
+    path = str(tmp_path / CHECKPOINT_NAME)
     saved = state(algorithm_state)
     checkpoint.save(path, saved, SETTINGS)
     assert_same(checkpoint.load(path, SETTINGS), saved)
@@ -88,7 +89,7 @@ def test_a_pickle_is_never_loaded(tmp_path: Path) -> None:
         def __reduce__(self) -> tuple:
             return (open, (str(marker), "w"))
 
-    path = tmp_path / checkpoint.CHECKPOINT_NAME
+    path = tmp_path / CHECKPOINT_NAME
     path.write_bytes(pickle.dumps({"format": checkpoint.FORMAT_VERSION, "state": Payload()}))
     with pytest.raises(CheckpointError, match="not a tff-clustered checkpoint"):
         checkpoint.load(str(path), SETTINGS)
@@ -129,7 +130,7 @@ def rewrite_meta(path: Path, edit: object) -> None:
 def test_foreign_or_damaged_contents_are_refused(
     tmp_path: Path, edit: object, message: str
 ) -> None:
-    path = tmp_path / checkpoint.CHECKPOINT_NAME
+    path = tmp_path / CHECKPOINT_NAME
     checkpoint.save(str(path), state(None), SETTINGS)
     rewrite_meta(path, edit)
     with pytest.raises(CheckpointError, match=message):
@@ -137,7 +138,7 @@ def test_foreign_or_damaged_contents_are_refused(
 
 
 def test_truncated_or_foreign_files_and_other_settings_are_refused(tmp_path: Path) -> None:
-    path = tmp_path / checkpoint.CHECKPOINT_NAME
+    path = tmp_path / CHECKPOINT_NAME
     checkpoint.save(str(path), state(None), SETTINGS)
     whole = path.read_bytes()
     path.write_bytes(whole[: len(whole) // 2])
@@ -165,13 +166,13 @@ def test_atomic_writes_take_the_users_umask(
     another thread creating a file)."""
     previous = os.umask(umask)
     try:
-        assert checkpoint._read_umask() == umask
+        assert atomic_files._read_umask() == umask
     finally:
         os.umask(previous)
-    monkeypatch.setattr(checkpoint, "_UMASK", umask)
+    monkeypatch.setattr(atomic_files, "_UMASK", umask)
     path = os.path.join(str(tmp_path), "metrics.csv")
-    checkpoint.atomic_write_bytes(path, b"round\n")
-    checkpoint.atomic_write_bytes(path, b"round\n1\n")  # replacing keeps it
+    atomic_files.atomic_write_bytes(path, b"round\n")
+    atomic_files.atomic_write_bytes(path, b"round\n1\n")  # replacing keeps it
     assert stat.S_IMODE(os.stat(path).st_mode) == mode
 
 
@@ -276,7 +277,7 @@ def test_crafted_checkpoints_load_whole_or_are_refused_in_one_line(
     """Any part of a checkpoint's structure replaced by a crafted value: the load gives a run
     state whose fields have their declared types, or the refusal message; never another
     exception."""
-    path = tmp_path_factory.mktemp("crafted") / checkpoint.CHECKPOINT_NAME
+    path = tmp_path_factory.mktemp("crafted") / CHECKPOINT_NAME
     checkpoint.save(str(path), state(GroupState(np.eye(2, 5), frozenset({"x"}))), SETTINGS)
     with np.load(path, allow_pickle=False) as saved:
         meta = json.loads(saved[checkpoint.META_ENTRY].tobytes().decode())
@@ -300,7 +301,7 @@ def test_crafted_checkpoints_load_whole_or_are_refused_in_one_line(
 
 
 def test_a_checkpoint_nested_deeper_than_python_can_read_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / checkpoint.CHECKPOINT_NAME
+    path = tmp_path / CHECKPOINT_NAME
     text = '{"format": 3, "settings": {"dict": []}, "state": ' + "[" * 100_000 + "]" * 100_000
     buffer = io.BytesIO()
     np.savez(buffer, **{checkpoint.META_ENTRY: np.frombuffer((text + "}").encode(), np.uint8)})

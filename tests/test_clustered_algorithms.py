@@ -17,8 +17,8 @@ from conftest import (
 )
 from sklearn.metrics import adjusted_rand_score
 
+from tff_clustered import figures
 from tff_clustered import options as options_lib
-from tff_clustered import reporting
 from tff_clustered import weights as flat
 from tff_clustered.algorithms import algorithm_class, make_algorithm
 from tff_clustered.data import load_digits_clusters
@@ -261,7 +261,7 @@ def test_fedgroup_beats_fedavg_on_planted_clusters(tmp_path: Path) -> None:
     assert_similarity_shows_the_clusters(fedgroup)
     assert fedgroup.state.similarity.measure.startswith("EDC")
     picture = tmp_path / "similarity.png"
-    reporting.write_similarity_png(str(picture), fedgroup.state.similarity, "fedgroup")
+    figures.write_similarity_png(str(picture), fedgroup.state.similarity, "fedgroup")
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -12,6 +12,7 @@ import pytest
 from conftest import ROOT, run_binary, worker_pids_with_tag
 
 from tff_clustered import checkpoint
+from tff_clustered.run_folder import LOCK_NAME
 
 
 def test_compare_writes_table_iii_and_clustered_methods_beat_fedavg(tmp_path: object) -> None:
@@ -93,7 +94,7 @@ def test_a_second_compare_on_a_held_table_folder_is_refused_before_its_worker(
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"is in use by another run (pid {os.getpid()})" in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
-    assert os.listdir(held) == [checkpoint.LOCK_NAME]
+    assert os.listdir(held) == [LOCK_NAME]
     assert worker_pids_with_tag(tag) == []
 
 

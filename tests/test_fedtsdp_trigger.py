@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import ari_with_plant
 
-from tff_clustered import clustering, reporting
+from tff_clustered import clustering, figures
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.algorithms.fedtsdp import FedTSDP
 from tff_clustered.data import load_dataset, load_digits_clusters
@@ -120,9 +120,9 @@ def test_hopkins_png_shows_h_its_reference_and_the_triggers(tmp_path: object) ->
     paper = [{"round": 1, "hopkins": 0.6, "hopkins_threshold": 0.65, "clustered": 0.0}]
     for name, history in (("calibrated", calibrated), ("paper", paper)):
         path = str(tmp_path / f"{name}.png")
-        assert reporting.write_hopkins_png(path, history, name)
+        assert figures.write_hopkins_png(path, history, name)
         assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
-    assert not reporting.write_hopkins_png(str(tmp_path / "none.png"), [{"round": 1}], "fedavg")
+    assert not figures.write_hopkins_png(str(tmp_path / "none.png"), [{"round": 1}], "fedavg")
     assert not (tmp_path / "none.png").exists()
 
 

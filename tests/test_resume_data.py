@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 from conftest import TESTDATA, TRAIN_IN_ONE_PROCESS, run_binary
 
-from tff_clustered import checkpoint
+from tff_clustered import atomic_files, checkpoint
 from tff_clustered.checkpoint import CheckpointError
 from tff_clustered.data import fingerprint
 from tff_clustered.data.fingerprint import SourceFingerprint, file_digest
 from tff_clustered.data.registry import DATASET_NAMES, data_files, load_dataset, source_fingerprint
 from tff_clustered.loop.state import RunState
+from tff_clustered.run_folder import CHECKPOINT_NAME, LOCK_NAME
 
 LEAF_TRAIN_0 = "train/all_data_0_niid_0_keep_0_train_9.json"
 LEAF_TEST = "test/all_data_niid_0_keep_0_test_9.json"
@@ -231,7 +232,7 @@ def small_state() -> RunState:
 
 
 def test_a_checkpoint_refuses_changed_data_and_resumes_the_same(leaf_copy: Path) -> None:
-    path = str(leaf_copy.parent / checkpoint.CHECKPOINT_NAME)
+    path = str(leaf_copy.parent / CHECKPOINT_NAME)
     source = source_fingerprint("leaf", str(leaf_copy))
     checkpoint.save(path, small_state(), SETTINGS, source)
     warnings: list[str] = []
@@ -248,7 +249,7 @@ def test_a_checkpoint_refuses_changed_data_and_resumes_the_same(leaf_copy: Path)
 
 def test_a_checkpoint_without_a_data_fingerprint_resumes_with_a_warning(leaf_copy: Path) -> None:
     """Checkpoints written before they recorded their data: accepted, with a warning."""
-    path = str(leaf_copy.parent / checkpoint.CHECKPOINT_NAME)
+    path = str(leaf_copy.parent / CHECKPOINT_NAME)
     checkpoint.save(path, small_state(), SETTINGS)  # as older versions wrote it
     warnings: list[str] = []
     source = source_fingerprint("leaf", str(leaf_copy))
@@ -272,7 +273,7 @@ def test_a_damaged_data_record_is_refused(leaf_copy: Path) -> None:
 def test_holding_a_run_folder_removes_only_our_orphan_temp_files(tmp_path: Path) -> None:
     folder = tmp_path / "run"
     folder.mkdir()
-    fd, made = tempfile.mkstemp(prefix=checkpoint.TEMP_PREFIX, dir=folder)  # as a write does
+    fd, made = tempfile.mkstemp(prefix=atomic_files.TEMP_PREFIX, dir=folder)  # as a write does
     os.close(fd)
     orphans = {os.path.basename(made), ".tmp-abcd_123"}
     kept = {".tmp-abc", ".tmp-abcd1234.json", "x.tmp-abcd1234", "metrics.csv", ".tmp-ABCD1234"}
@@ -280,7 +281,7 @@ def test_holding_a_run_folder_removes_only_our_orphan_temp_files(tmp_path: Path)
         (folder / name).write_bytes(b"1" * 1700)
     (folder / ".tmp-dir12345").mkdir()  # a folder of that name is not ours
     with checkpoint.hold_run_folder(str(folder)):
-        assert set(os.listdir(folder)) == kept | {".tmp-dir12345", checkpoint.LOCK_NAME}
+        assert set(os.listdir(folder)) == kept | {".tmp-dir12345", LOCK_NAME}
 
 
 # -- train.py end to end ----------------------------------------------------------------------
@@ -340,5 +341,5 @@ def test_train_resume_refuses_a_removed_user(tmp_path: Path) -> None:
     assert f"the data under {data} changed since the checkpoint" in stderr
     assert f"{LEAF_TEST} differs" in stderr and "new --output_dir" in stderr
     assert "Traceback" not in stderr
-    saved = np.load(out / checkpoint.CHECKPOINT_NAME)[checkpoint.META_ENTRY].tobytes()
+    saved = np.load(out / CHECKPOINT_NAME)[checkpoint.META_ENTRY].tobytes()
     assert json.loads(saved)[checkpoint.DATA_SOURCE_ENTRY] == unchanged

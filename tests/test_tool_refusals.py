@@ -13,6 +13,7 @@ from conftest import run_binary
 from tff_clustered import checkpoint
 from tff_clustered.checkpoint import CheckpointError
 from tff_clustered.loop.state import RunState
+from tff_clustered.run_folder import CHECKPOINT_NAME
 
 # A run's settings as `RunSpec.settings()` gives them: nested dicts, long when printed whole.
 SETTINGS = {
@@ -32,7 +33,7 @@ SETTINGS = {
 
 
 def test_a_checkpoint_of_other_settings_names_only_those_that_differ(tmp_path: Path) -> None:
-    path = str(tmp_path / checkpoint.CHECKPOINT_NAME)
+    path = str(tmp_path / CHECKPOINT_NAME)
     saved = RunState(
         round_num=1,
         cluster_models=np.zeros((1, 3), np.float32),

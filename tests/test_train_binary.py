@@ -26,6 +26,7 @@ from conftest import (
 
 from tff_clustered import checkpoint
 from tff_clustered.phases import PHASES
+from tff_clustered.run_folder import LOCK_NAME
 
 TRAIN = os.path.join("binaries", "train.py")
 QUICK = ["--rounds=12", "--clients_per_round=5", "--local_epochs=1", "--checkpoint_every=2"]
@@ -349,7 +350,7 @@ def test_bad_flags_exit_non_zero_with_a_clear_message(tmp_path: object) -> None:
             ["-c", EACH_BAD_FLAGS_CASE, json.dumps(cases)], {"TFF_CLUSTERED_RUN_TAG": tag}
         )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert os.listdir(held) == [checkpoint.LOCK_NAME]
+    assert os.listdir(held) == [LOCK_NAME]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
     assert len(results) == len(expected)
     for i, ((given, message), (code, stderr)) in enumerate(zip(expected, results)):

@@ -50,6 +50,7 @@ from tff_clustered.models.memory import refuse_too_large
 from tff_clustered.options import checked, checked_value, described
 from tff_clustered.orchestration import Experiment
 from tff_clustered.phases import PhaseTimer
+from tff_clustered.run_folder import RunFolder
 from tff_clustered.runtime import RuntimeConfig, tff_runtime
 from tff_clustered.seeds import DataStream, data_rng
 
@@ -371,7 +372,7 @@ def refuse_another_model(output_dir: str, settings: dict[str, Any], values: int)
     """Before resuming: the checkpoint in `output_dir`, if any, must hold models of `values`
     values (the model_fn's). The settings do not describe a model the user builds, so another
     model_fn would pass them and fail inside the restore; this names the two sizes instead."""
-    path = os.path.join(output_dir, checkpoint.CHECKPOINT_NAME)
+    path = RunFolder(output_dir).checkpoint
     saved = checkpoint.load(path, settings)  # refuses other settings or data first
     if saved is None or saved.cluster_models is None:
         return

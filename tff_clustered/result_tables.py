@@ -13,8 +13,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Optional
 
@@ -22,8 +20,9 @@ import numpy as np
 
 from tff_clustered.algorithms import algorithm_class
 from tff_clustered.algorithms.base import Algorithm, per_seed_text
-from tff_clustered.checkpoint import atomic_write_bytes
-from tff_clustered.reporting import _format, pyplot, save_figure, summarize
+from tff_clustered.atomic_files import atomic_write_bytes
+from tff_clustered.reporting import csv_cell, summarize
+from tff_clustered.run_folder import ComparisonFolder
 
 RUN_COLUMNS = (
     "setting",
@@ -327,8 +326,9 @@ def write_tables(
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: "" if row.get(k) is None else _format(row[k]) for k in columns})
-    atomic_write_bytes(os.path.join(output_dir, "comparison.csv"), buffer.getvalue().encode())
+        writer.writerow({k: "" if row.get(k) is None else csv_cell(row[k]) for k in columns})
+    folder = ComparisonFolder(output_dir)
+    atomic_write_bytes(folder.comparison_csv, buffer.getvalue().encode())
     key = "final_client_mean_accuracy" if client_mean else "final_accuracy"
     lines = _header(title, command, date, seeds, defaults_taken)
     if by_setting:
@@ -367,45 +367,5 @@ def write_tables(
             *standing_table(found),
         ]
     markdown = "\n".join(lines) + "\n"
-    atomic_write_bytes(os.path.join(output_dir, "comparison.md"), markdown.encode())
+    atomic_write_bytes(folder.comparison_md, markdown.encode())
     return markdown
-
-
-def write_comparison_png(
-    path: str,
-    histories: Mapping[tuple[str, str], Sequence[Sequence[Mapping[str, Any]]]],
-    title: str,
-    key: str = "accuracy",
-) -> None:
-    """Test accuracy against rounds, one panel per setting, one curve per algorithm: the mean
-    over seeds with a band of ± one std where there are several."""
-    plt = pyplot()
-    settings = list(dict.fromkeys(setting for setting, _ in histories))
-    fig, axes = plt.subplots(1, len(settings), figsize=(8 * len(settings), 5), squeeze=False)
-    for ax, setting in zip(axes[0], settings):
-        for (where, name), runs in histories.items():
-            if where != setting:
-                continue
-            curves = [
-                {r["round"]: r[key] for r in h if not math.isnan(r.get(key, math.nan))}
-                for h in runs
-            ]
-            rounds = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
-            if not rounds:
-                continue
-            values = np.array([[c[t] for t in rounds] for c in curves])
-            (line,) = ax.plot(rounds, values.mean(axis=0), label=name)
-            if len(values) > 1:
-                std = values.std(axis=0, ddof=1)
-                mean = values.mean(axis=0)
-                ax.fill_between(rounds, mean - std, mean + std, color=line.get_color(), alpha=0.2)
-        ax.set(xlabel="round", ylabel=f"test {key.replace('_', ' ')}", title=setting, ylim=(0, 1))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, ncol=2)
-    fig.suptitle(title)
-    save_figure(fig, path)
-
-
-def setting_directory(setting: Optional[str]) -> str:
-    """A setting's folder name (`dirichlet:0.5` -> `dirichlet-0.5`)."""
-    return re.sub(r"[^A-Za-z0-9._-]", "-", setting) if setting else ""

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 import numpy as np
 
-from tff_clustered import checkpoint, reporting
+from tff_clustered import checkpoint, figures, reporting
 from tff_clustered.algorithms import make_algorithm, make_options
 from tff_clustered.data import load_dataset
 from tff_clustered.data.federated_data import FederatedData
@@ -20,6 +19,7 @@ from tff_clustered.models import model_spec
 from tff_clustered.models.memory import refuse_too_large
 from tff_clustered.orchestration import Experiment, RoundMetric
 from tff_clustered.phases import PhaseTimer, phases_line
+from tff_clustered.run_folder import RunFolder
 
 # Copies of the model a round holds beside the cluster models: a client's model, its gradient
 # and its update, and the per-cluster sums.
@@ -182,7 +182,7 @@ def _run_in_folder(
     """`run_experiment`, once the output folder is held. A checkpoint is checked against the
     settings and the data's files before the data is loaded; a new run fingerprints its data
     once `build` has loaded (and so checked) it."""
-    ckpt_path = os.path.join(output_dir, checkpoint.CHECKPOINT_NAME)
+    folder = RunFolder(output_dir)
     if checkpoint.exists(output_dir) and not resume:
         raise checkpoint.CheckpointError(
             f"{output_dir} already holds a run; pass --resume to continue it, or choose a new "
@@ -195,7 +195,7 @@ def _run_in_folder(
             source = data_source()
     if resume:
         with timer.phase("checkpoints"):
-            saved = checkpoint.load(ckpt_path, settings, source, log)
+            saved = checkpoint.load(folder.checkpoint, settings, source, log)
     experiment = build(timer)
     if source is None:
         with timer.phase("validation"):
@@ -210,18 +210,17 @@ def _run_in_folder(
             log(f"no checkpoint in {output_dir}; starting a new run")
         experiment.start()
         with timer.phase("outputs"):
-            shown = experiment.data.client_ids[: reporting.MAX_CLIENTS_SHOWN]
-            reporting.write_labels_png(
-                os.path.join(output_dir, reporting.LABELS_PNG),
+            shown = experiment.data.client_ids[: figures.MAX_CLIENTS_SHOWN]
+            figures.write_labels_png(
+                folder.labels_png,
                 label_counts(experiment.data, shown),
                 experiment.data.client_ids,
                 f"labels per client: {experiment.data.name}",
             )
 
-    csv_path = os.path.join(output_dir, reporting.METRICS_CSV)
     with timer.phase("outputs"):
         clients_csv = reporting.ClientsCsv(
-            os.path.join(output_dir, reporting.CLIENTS_CSV),
+            folder.clients_csv,
             keep_through_round=experiment.state.round_num if saved is not None else None,
         )
         tensorboard = reporting.TensorBoardLog(output_dir)
@@ -231,7 +230,7 @@ def _run_in_folder(
             count_round(timer, row, step.seconds)
             row["checkpoint_seconds"] = 0.0  # set below on a round that writes a checkpoint
             with timer.phase("outputs"):
-                reporting.write_metrics_csv(csv_path, experiment.state.history)
+                reporting.write_metrics_csv(folder.metrics_csv, experiment.state.history)
                 if "accuracy" in row:
                     clients_csv.append(experiment.client_rows)
                 tensorboard.add(row)
@@ -239,14 +238,14 @@ def _run_in_folder(
             done = row["round"]
             if done and ((checkpoint_every and done % checkpoint_every == 0) or done == rounds):
                 with timer.phase("checkpoints") as saving:
-                    checkpoint.save(ckpt_path, experiment.snapshot(), settings, source)
+                    checkpoint.save(folder.checkpoint, experiment.snapshot(), settings, source)
                     tensorboard.flush()
                 row["checkpoint_seconds"] = saving.seconds
         with timer.phase("outputs"):
             config, clusters = write_outputs(experiment, settings, output_dir, tensorboard)
         phases = timer.report()
         summary = reporting.write_summary_json(
-            os.path.join(output_dir, reporting.SUMMARY_JSON),
+            folder.summary_json,
             config,
             experiment.state.history,
             clusters,
@@ -281,7 +280,8 @@ def write_outputs(
     these took: metrics.csv, the pictures, TensorBoard's images. Returns summary.json's
     config and cluster figures."""
     history = experiment.state.history
-    reporting.write_metrics_csv(os.path.join(output_dir, reporting.METRICS_CSV), history)
+    folder = RunFolder(output_dir)
+    reporting.write_metrics_csv(folder.metrics_csv, history)
     config = dict(
         settings,
         algorithm_details=experiment.algorithm.describe(),
@@ -291,31 +291,28 @@ def write_outputs(
         experiment.state.assignment, experiment.data.true_clusters
     )
     title = f"{experiment.algorithm.name} on {experiment.data.name} ({experiment.model.name})"
-    reporting.write_curves_png(os.path.join(output_dir, reporting.PLOT_PNG), history, title)
-    reporting.write_membership_png(
-        os.path.join(output_dir, reporting.MEMBERSHIP_PNG),
-        os.path.join(output_dir, reporting.CLIENTS_CSV),
+    figures.write_curves_png(folder.curves_png, history, title)
+    figures.write_membership_png(
+        folder.membership_png,
+        folder.clients_csv,
         f"cluster membership: {title}",
         experiment.data.true_clusters,
     )
-    reporting.write_cluster_accuracy_png(
-        os.path.join(output_dir, reporting.CLUSTER_ACCURACY_PNG),
+    figures.write_cluster_accuracy_png(
+        folder.cluster_accuracy_png,
         history,
         f"accuracy per cluster: {title}",
     )
-    reporting.write_hopkins_png(
-        os.path.join(output_dir, reporting.HOPKINS_PNG), history, f"re-clustering: {title}"
-    )
-    similarity_png = os.path.join(output_dir, reporting.SIMILARITY_PNG)
+    figures.write_hopkins_png(folder.hopkins_png, history, f"re-clustering: {title}")
     if experiment.state.similarity is not None:
-        reporting.write_similarity_png(
-            similarity_png, experiment.state.similarity, f"clustering similarity: {title}"
+        figures.write_similarity_png(
+            folder.similarity_png, experiment.state.similarity, f"clustering similarity: {title}"
         )
     tensorboard.add_images(
         {
-            "membership": os.path.join(output_dir, reporting.MEMBERSHIP_PNG),
-            "similarity": similarity_png,
-            "labels": os.path.join(output_dir, reporting.LABELS_PNG),
+            "membership": folder.membership_png,
+            "similarity": folder.similarity_png,
+            "labels": folder.labels_png,
         },
         step=experiment.state.round_num,
     )

@@ -1,0 +1,151 @@
+"""A run's state as JSON text plus NumPy arrays, so that a checkpoint never runs code.
+
+`encode_tree` turns a state (dataclasses, containers, numbers, strings, arrays) into a JSON-able
+tree whose arrays are moved out and referenced by entry name; `decode_tree` rebuilds it.
+Dataclasses are recorded by `module:qualname` and rebuilt only when they are dataclasses of
+this package, each field checked against its annotation; nothing else in the tree names code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import types
+import typing
+from typing import Any
+
+import numpy as np
+
+PACKAGE = "tff_clustered."
+
+
+class StateDecodeError(ValueError):
+    """A tree `decode_tree` refuses: a foreign or unknown class, a missing array, a field of
+    another type, or a structure this version does not write."""
+
+
+def encode_tree(value: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """JSON-able form of `value`; arrays go to `arrays` and are referenced by name."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value)  # NaN and infinity: JSON's common extension, read back as such
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise TypeError("object arrays cannot be checkpointed")
+        name = f"a{len(arrays)}"
+        arrays[name] = value
+        return {"ndarray": name}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        cls = type(value)
+        fields = {
+            f.name: encode_tree(getattr(value, f.name), arrays) for f in dataclasses.fields(cls)
+        }
+        return {"dataclass": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        kind = {list: "list", tuple: "tuple", set: "set", frozenset: "frozenset"}[type(value)]
+        items = sorted(value, key=repr) if kind in ("set", "frozenset") else value
+        return {kind: [encode_tree(v, arrays) for v in items]}
+    if isinstance(value, dict):
+        return {
+            "dict": [[encode_tree(k, arrays), encode_tree(v, arrays)] for k, v in value.items()]
+        }
+    raise TypeError(f"a checkpoint cannot hold a {type(value).__name__}")
+
+
+def _dataclass(name: str) -> type:
+    """A dataclass of this package by `module:qualname`; anything else is refused."""
+    if not isinstance(name, str):
+        raise StateDecodeError(f"a state class name is a {type(name).__name__}, not a name")
+    module_name, _, qualname = name.partition(":")
+    if not module_name.startswith(PACKAGE) or not qualname:
+        raise StateDecodeError(f"it names {name!r}, which is not a tff-clustered state class")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as e:
+        raise StateDecodeError(f"it names an unknown state class {name!r}") from e
+    if not (isinstance(found, type) and dataclasses.is_dataclass(found)):
+        raise StateDecodeError(f"it names {name!r}, which is not a state class")
+    return found
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def decode_tree(tree: Any, arrays: Any) -> Any:
+    """The value `encode_tree` made `tree` from, its arrays taken from `arrays` by name;
+    `StateDecodeError` for anything `encode_tree` does not write."""
+    if tree is None or isinstance(tree, (bool, int, float, str)):
+        return tree
+    if isinstance(tree, dict) and len(tree) == 1:
+        ((kind, body),) = tree.items()
+        if kind == "ndarray":
+            if not isinstance(body, str) or body not in arrays:
+                raise StateDecodeError(f"array {body!r} is missing")
+            return arrays[body]
+        if kind in ("list", "tuple", "set", "frozenset") and isinstance(body, list):
+            items = [decode_tree(v, arrays) for v in body]
+            if kind in ("set", "frozenset") and not all(_hashable(v) for v in items):
+                raise StateDecodeError(f"a {kind} holds an unhashable item")
+            return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[kind](items)
+        if kind == "dict" and isinstance(body, list):
+            if not all(isinstance(pair, list) and len(pair) == 2 for pair in body):
+                raise StateDecodeError("a dict entry is not a (key, value) pair")
+            decoded = [(decode_tree(k, arrays), decode_tree(v, arrays)) for k, v in body]
+            if not all(_hashable(k) for k, _ in decoded):
+                raise StateDecodeError("a dict key is not hashable")
+            return dict(decoded)
+    if isinstance(tree, dict) and set(tree) == {"dataclass", "fields"}:
+        cls = _dataclass(tree["dataclass"])
+        if not isinstance(tree["fields"], dict):
+            raise StateDecodeError(f"its {cls.__name__} has no fields")
+        fields = {k: decode_tree(v, arrays) for k, v in tree["fields"].items()}
+        _check_field_types(cls, fields)
+        try:
+            return cls(**fields)
+        except TypeError as e:
+            raise StateDecodeError(f"its {cls.__name__} does not match this version: {e}") from e
+    raise StateDecodeError(f"unexpected structure {str(tree)[:80]!r}")
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether `value` is of the annotated type at its top level (containers' items are not
+    checked; hints this cannot read, e.g. a Literal or a TypeVar, pass)."""
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in typing.get_args(hint))
+    hint = origin or hint
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float, np.integer, np.floating))
+    if hint is int:
+        return isinstance(value, (int, np.integer))
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _check_field_types(cls: type, fields: dict[str, Any]) -> None:
+    """Refuses a field whose value is not of its annotated type (a crafted checkpoint would
+    otherwise fail later, far from its cause)."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - annotations this cannot resolve are not checked
+        return
+    for name, value in fields.items():
+        if name in hints and not _matches(value, hints[name]):
+            raise StateDecodeError(
+                f"its {cls.__name__}.{name} is a {type(value).__name__}, not {hints[name]}"
+            )
