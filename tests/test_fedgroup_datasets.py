@@ -13,7 +13,7 @@ from conftest import TESTDATA
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import DataError, load_dataset
 from tff_clustered.data.mnist import partition_by_classes, read_mnist
-from tff_clustered.data.sent140 import tokenize
+from tff_clustered.data.tweets import tokenize
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import count_trainable_parameters, model_spec
 from tff_clustered.orchestration import Experiment

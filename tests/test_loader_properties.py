@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 
 from tff_clustered.data import DataError, load_dataset
 from tff_clustered.data.leaf import load_leaf
-from tff_clustered.data.sent140 import load_sent140, tokenize
+from tff_clustered.data.sent140 import load_sent140
+from tff_clustered.data.tweets import tokenize
 
 SETTINGS = settings(
     max_examples=200,

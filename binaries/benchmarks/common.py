@@ -16,7 +16,7 @@ from absl import flags
 
 from tff_clustered.data import FederatedData, load_dataset
 from tff_clustered.federated.executions import RoundCache, repeated_round
-from tff_clustered.federated.signature import round_hparams
+from tff_clustered.federated.round_inputs import round_hparams
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import ModelSpec, initial_weights, model_spec
 from tff_clustered.models.functional import functional_model

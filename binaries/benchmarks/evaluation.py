@@ -42,15 +42,15 @@ def scoring_fns(exp: Experiment) -> dict[str, Callable[[], object]]:
     exp.start()
     ids = exp.data.client_ids
     models, keys = server_models(exp.state.cluster_models, "global", np.zeros(len(ids), np.int32))
-    whole = exp.runner.whole_model_round(1)
+    whole = exp.calls.whole_model_round(1)
 
     def train() -> None:
         exp.train_round(exp.state.round_num + 1)
         exp.state.round_num += 1
 
     return {
-        "pooled": lambda: exp.runner.score_pooled(models, keys, ids),
-        "per_client": lambda: exp.runner.score(whole, models, keys, ids),
+        "pooled": lambda: exp.calls.score_pooled(models, keys, ids),
+        "per_client": lambda: exp.calls.score(whole, models, keys, ids),
         "training_round": train,
     }
 

@@ -103,7 +103,7 @@ def fedtsdp_vs_fedavg(setup: Setup) -> dict:
     del setup
     fns, (experiments, info) = tsdp_round_fns()
     tsdp = experiments["fedtsdp"]
-    cache = tsdp.runner.rounds_cache
+    cache = tsdp.calls.rounds_cache
     for _ in range(3):  # the cluster counts FedTSDP forms early are built (traced) once
         for fn in fns.values():
             fn()
@@ -113,7 +113,7 @@ def fedtsdp_vs_fedavg(setup: Setup) -> dict:
     built: list[bool] = []
     with contextlib.ExitStack() as stack:
         watch = Stopwatch(stack)
-        watch.watch("inference", tsdp.runner, "predict_probabilities")
+        watch.watch("inference", tsdp.calls, "predict_probabilities")
         watch.watch("fetch_models", tsdp.store, "flat")
         watch.watch("dbscan_regroup", fedtsdp_algorithm, "regroup")
         for step, names in TSDP_STEPS.items():

@@ -14,12 +14,8 @@ from absl import flags
 from binaries.benchmarks.common import FLAGS, Benchmark, Setup, alternate, seconds_row
 from tff_clustered.federated import grouping, in_process
 from tff_clustered.federated.round_functions import round_functions
-from tff_clustered.federated.signature import (
-    RoundSignature,
-    client_input,
-    client_seed,
-    round_hparams,
-)
+from tff_clustered.federated.round_inputs import client_input, client_seed, round_hparams
+from tff_clustered.federated.signature import RoundSignature
 from tff_clustered.models.functional import functional_model
 
 flags.DEFINE_list("unequal_sizes", ["4", "165"], "Least and most examples (unequal_clients).")

@@ -36,6 +36,7 @@ from tff_clustered.data.leaf_examples import (
     word_ids,
     word_vocabulary,
 )
+from tff_clustered.data.tweets import SEQUENCE_LENGTH
 
 PathLike = Union[str, os.PathLike]
 
@@ -291,8 +292,6 @@ def load_leaf(
     if kind is ExampleKind.CHARACTERS:
         num_classes = vocabulary_size = len(LEAF_CHARACTERS) + 1
     elif kind is ExampleKind.TWEETS:
-        from tff_clustered.data.sent140 import SEQUENCE_LENGTH
-
         vocabulary = word_vocabulary(tokens for x, _ in clients["train"].values() for tokens in x)
         clients = {
             split: {

@@ -29,6 +29,7 @@ import numpy as np
 
 from tff_clustered.data.federated_data import ClientArrays
 from tff_clustered.data.tff_datasets import character_ids
+from tff_clustered.data.tweets import RAW_LABELS, tokenized_tweets
 
 # LEAF's Shakespeare vocabulary, in its order (`ALL_LETTERS` of LEAF's
 # models/utils/language_utils.py); any other character gets id len(LEAF_CHARACTERS).
@@ -160,15 +161,11 @@ def next_characters(y: object) -> np.ndarray:
 
 def tweet_tokens(x: object) -> np.ndarray:
     """A user's Sent140 `x`: raw rows -> an object array of token lists (`sent140`'s)."""
-    from tff_clustered.data.sent140 import tokenized_tweets  # sent140 -> leaf -> here
-
     return tokenized_tweets(x)
 
 
 def sent140_labels(y: object) -> np.ndarray:
     """A user's Sent140 `y`: 0 negative, 1 (or the raw 4) positive -> 0/1."""
-    from tff_clustered.data.sent140 import RAW_LABELS  # sent140 -> leaf -> here
-
     labels = check_labels(y, None)
     odd = sorted(set(np.unique(labels).tolist()) - set(RAW_LABELS))
     if odd:

@@ -16,45 +16,13 @@ import numpy as np
 
 from tff_clustered.data.federated_data import DataError, FederatedData, first_line, from_arrays
 from tff_clustered.data.leaf import read_leaf_split
+from tff_clustered.data.tweets import RAW_LABELS, SEQUENCE_LENGTH, tokenized_tweets
 
-TOKEN_PATTERN = re.compile(r"[\w']+|[.,!?;]")
-SEQUENCE_LENGTH = 25
-TEXT_FIELD = 4
-RAW_LABELS = (0, 1, 4)  # negative, positive (LEAF's 0/1 or the raw 0/4)
 GLOVE_HELP = (
     "download GloVe 6B (glove.6B.300d.txt, https://nlp.stanford.edu/projects/glove/) and pass "
     "its path with --glove_path (or, without GloVe, --dataset=leaf --model=char_lstm: word ids "
     "from the training split)"
 )
-
-
-def tokenize(text: str, length: int = SEQUENCE_LENGTH) -> list[str]:
-    return TOKEN_PATTERN.findall(text)[:length]
-
-
-def tweet_text(raw: object) -> str:
-    """The text of one LEAF Sent140 example: field 4 of the raw row (or the string itself)."""
-    if isinstance(raw, str):
-        return raw
-    if (
-        isinstance(raw, (list, tuple))
-        and len(raw) > TEXT_FIELD
-        and isinstance(raw[TEXT_FIELD], str)
-    ):
-        return raw[TEXT_FIELD]
-    raise ValueError(
-        f"a Sent140 example must be a raw row with the text (a string) at field 4, got {raw!r:.60}"
-    )
-
-
-def tokenized_tweets(rows: object, sequence_length: int = SEQUENCE_LENGTH) -> np.ndarray:
-    """A user's raw `x` rows -> an object array of token lists (ValueError on a bad row)."""
-    if not isinstance(rows, list):
-        raise ValueError(f"'x' must be a list of raw tweet rows, got {type(rows).__name__}")
-    out = np.empty(len(rows), object)
-    for i, row in enumerate(rows):
-        out[i] = tokenize(tweet_text(row), sequence_length)
-    return out
 
 
 def read_glove(path: str, vocabulary: set[str]) -> dict[str, np.ndarray]:

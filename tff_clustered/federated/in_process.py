@@ -168,9 +168,9 @@ def in_process_round(
     # cost that grows with the graph's ops: the small models pay it back in a few rounds
     # (batched matmuls instead of one small op per client), ResNet18 and the unrolled Sent140
     # LSTM never do, their clients' compute dominating anyway (docs/changelog.md, "Measurements
-    # behind the code's constants"). So only clients' graphs up to `VECTORISE_MAX_OPS` are vectorised (and
-    # none with a loop inside the model: `vectorisable`), and the vectorised graph is traced
-    # when a round first has same-size clients to train.
+    # behind the code's constants"). So only clients' graphs up to `VECTORISE_MAX_OPS` are
+    # vectorised (and none with a loop inside the model: `vectorisable`), and the vectorised
+    # graph is traced when a round first has same-size clients to train.
     vectorise = vectorise and graphs.vectorisable(train_client_graph.graph)
 
     @functools.cache
