@@ -31,7 +31,7 @@ def unequal_clients(setup: Setup) -> dict:
     low, high = (int(v) for v in FLAGS.unequal_sizes)
     sizes = rng.integers(low, high + 1, FLAGS.clients)
     hparams = round_hparams(FLAGS.learning_rate, FLAGS.batch_size, FLAGS.local_epochs)
-    total_steps = sum(grouping.client_steps(int(n), hparams) for n in sizes)
+    total_steps = int(grouping.round_steps(sizes, hparams).sum())
     per_client = max(1, round(total_steps / len(sizes) / FLAGS.local_epochs))
     equal = per_client * FLAGS.batch_size  # examples giving each client the mean step count
 

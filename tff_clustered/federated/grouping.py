@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tff_clustered.federated import batching
+
 # The cost model `client_groups` plans with, in units of one client's training step in a
 # vectorised call: a call costs CALL_COST plus, per loop step, STEP_COST (the loop's own ops,
 # paid once for all the clients of the call) and 1 per client (its batched matmuls). Fitted
@@ -32,15 +34,13 @@ def vectorises_for(rounds: int) -> bool:
     return rounds == 0 or rounds >= VECTORISE_MIN_ROUNDS
 
 
-def client_steps(size: int, hparams: dict) -> int:
-    """Minibatches a client of `size` examples trains on in a round (`batch_order`)."""
-    batch_size = int(hparams["batch_size"])
-    epochs, max_steps = int(hparams["epochs"]), int(hparams["max_steps"])
-    per_epoch = -(-size // batch_size)
-    steps = epochs * per_epoch if epochs >= 0 else max_steps
-    if max_steps >= 0:
-        steps = min(steps, max_steps)
-    return max(steps, 0) if per_epoch > 0 else 0
+def round_steps(sizes: Sequence[int], hparams: dict) -> np.ndarray:
+    """Minibatches clients of `sizes` examples train on in a round: `batching.client_steps`,
+    the rule their batches follow, run eagerly on the round's hyperparameters."""
+    steps = batching.client_steps(
+        np.asarray(sizes, np.int64), hparams["batch_size"], hparams["epochs"], hparams["max_steps"]
+    )
+    return np.asarray(steps, np.int64)
 
 
 def client_groups(
@@ -66,8 +66,9 @@ def client_groups(
         return list(by_size.values())
     # Dynamic programme over the distinct sizes, most steps first: best[j] is the least cost
     # of the first j sizes, a group being a run of sizes i .. j - 1 (steps[i] its most).
-    distinct = sorted(by_size, key=lambda size: -client_steps(size, hparams))
-    steps = np.asarray([client_steps(size, hparams) for size in distinct], np.float64)
+    steps_of = dict(zip(by_size, round_steps(list(by_size), hparams).tolist()))
+    distinct = sorted(by_size, key=lambda size: -steps_of[size])
+    steps = np.asarray([steps_of[size] for size in distinct], np.float64)
     counts = np.cumsum([0] + [len(by_size[size]) for size in distinct])
     best = np.zeros(len(distinct) + 1)
     start = np.zeros(len(distinct) + 1, np.int64)
