@@ -1,12 +1,15 @@
-"""binaries/check_results.py: a committed table's cell rerun with its own command, and a cell
-that no longer reproduces reported as drift with exit code 1."""
+"""binaries/check_results.py: a committed table's cell rerun with its own command, a cell
+that no longer reproduces reported as drift with exit code 1, and a table's data path named
+as DATA under --data_root."""
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, run_binary
 
 sys.path.insert(0, os.path.join(ROOT, "binaries"))
@@ -76,3 +79,112 @@ def test_a_check_that_checks_nothing_or_cannot_fail_is_refused(tmp_path: Path) -
         assert done.returncode == 2 and message in done.stderr, (argument, done.stderr)
         assert "Traceback" not in done.stderr
     assert run_binary([binary, "--help"], timeout=60).returncode == 0
+
+
+def test_a_recorded_data_path_names_the_data_folder_as_data() -> None:
+    """DATA in --data_dir / --tfds_dir / --glove_path is the data root; a path relative to the
+    repository stays there; a machine's own absolute path (or `~`) is refused. Every committed
+    table's command is portable."""
+    command = [
+        "--table=fedgroup",
+        "--data_dir=DATA/fashion_mnist",
+        "--tfds_dir=DATA",
+        "--glove_path=testdata/glove.txt",
+        "--output_dir=DATA/x",
+    ]
+    assert check_results.data_paths(command) == ["DATA/fashion_mnist", "DATA", "testdata/glove.txt"]
+    assert check_results.with_data_root(command, "/data") == [
+        "--table=fedgroup",
+        "--data_dir=/data/fashion_mnist",
+        "--tfds_dir=/data",
+        f"--glove_path={os.path.join(ROOT, 'testdata', 'glove.txt')}",
+        "--output_dir=DATA/x",
+    ]
+    assert check_results.resolve_data_path("DATA/mnist", None) is None  # no data root
+    for recorded in ("/work/shared/data/mnist", "~/data/mnist"):
+        with pytest.raises(ValueError, match="one machine's path; write it as DATA/"):
+            check_results.resolve_data_path(recorded, "/data")
+    tables = glob.glob(os.path.join(ROOT, "results", "**", "*.md"), recursive=True)
+    for table in tables:
+        with open(table) as f:
+            for recorded in check_results.data_paths(check_results.table_command(f.read()) or []):
+                assert recorded.startswith("DATA/"), (table, recorded)
+
+
+def test_with_data_the_data_root_comes_from_the_flag_the_variable_or_shared_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--data_root, else $TFF_CLUSTERED_DATA, else ../shared/data; none of them: exit 2 with one
+    line naming --data_root. Without --with_data there is no data root."""
+    monkeypatch.delenv(check_results.DATA_ROOT_VARIABLE, raising=False)
+    monkeypatch.setattr(check_results, "SHARED_DATA", str(tmp_path / "no_shared_data"))
+    assert check_results.data_root_of_flags(False, None) is None
+    with pytest.raises(SystemExit) as stopped:
+        check_results.data_root_of_flags(True, None)
+    assert stopped.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "pass --data_root=DIR" in line
+    monkeypatch.setattr(check_results, "SHARED_DATA", str(tmp_path))
+    assert check_results.data_root_of_flags(True, None) == str(tmp_path)
+    monkeypatch.setenv(check_results.DATA_ROOT_VARIABLE, str(tmp_path / "variable"))
+    (tmp_path / "variable").mkdir()
+    assert check_results.data_root_of_flags(True, None) == str(tmp_path / "variable")
+    (tmp_path / "flag").mkdir()
+    assert check_results.data_root_of_flags(True, str(tmp_path / "flag")) == str(tmp_path / "flag")
+
+
+def write_table(folder: Path, command: str, setting: str) -> None:
+    """A committed table of one FedAvg cell whose accuracy (0.123) no run reproduces."""
+    folder.mkdir(parents=True)
+    (folder / "comparison.md").write_text(
+        f"# t\n\n- command: `python binaries/compare.py {command}`\n"
+    )
+    (folder / "comparison.csv").write_text(
+        f"setting,algorithm,seed,max_accuracy,final_accuracy\n{setting},fedavg,0,0.123,0.123\n"
+    )
+
+
+def test_data_that_is_missing_or_not_portable_is_named_before_any_run(tmp_path: Path) -> None:
+    """A data root without a table's dataset folder: exit 2 naming the folder, before any
+    table runs; a table recording an absolute data path: NOT PORTABLE, exit 1, with or
+    without --with_data. A fraction of a second each (no table reruns)."""
+    binary = os.path.join("binaries", "check_results.py")
+    write_table(tmp_path / "portable", f"{COMMAND} --data_dir=DATA/fashion_mnist", "digits")
+    (tmp_path / "root").mkdir()
+    refused = {
+        f"--with_data --data_root={tmp_path / 'root'}": "no dataset folder "
+        f"{tmp_path / 'root' / 'fashion_mnist'} (",
+        f"--with_data --data_root={tmp_path / 'nowhere'}": "is not a folder",
+        f"--data_root={tmp_path / 'root'}": "add --with_data",
+    }
+    for arguments, message in refused.items():
+        done = run_binary([binary, f"--results={tmp_path}", *arguments.split()], timeout=60)
+        assert done.returncode == 2 and message in done.stderr, (arguments, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and done.stdout == ""
+    write_table(tmp_path / "absolute", f"{COMMAND} --data_dir=/work/shared/data/mnist", "digits")
+    (tmp_path / "root" / "fashion_mnist").mkdir()
+    for arguments in ([], ["--with_data", f"--data_root={tmp_path / 'root'}"]):
+        done = run_binary([binary, f"--results={tmp_path / 'absolute'}", *arguments], timeout=60)
+        assert done.returncode == 1, done.stderr
+        assert "NOT PORTABLE" in done.stdout and "write it as DATA/" in done.stdout
+
+
+def test_a_table_naming_data_reruns_on_the_data_under_the_data_root(tmp_path: Path) -> None:
+    """`--data_dir=DATA/mnist_idx_tiny` with --data_root=testdata reruns on the fixture: the
+    cell is compared (DRIFT from its altered accuracy), not failed or skipped."""
+    command = (
+        f"{COMMAND.replace('--num_clients=8', '--num_clients=4')} --dataset=fashion_mnist "
+        "--partition=iid --data_dir=DATA/mnist_idx_tiny"
+    )
+    write_table(tmp_path / "t", command, "fashion_mnist")
+    done = run_binary(
+        [
+            os.path.join("binaries", "check_results.py"),
+            f"--results={tmp_path}",
+            "--with_data",
+            f"--data_root={os.path.join(ROOT, 'testdata')}",
+        ],
+        timeout=600,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert "DRIFT" in done.stdout and "fashion_mnist / fedavg / seed 0" in done.stdout
