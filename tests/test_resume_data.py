@@ -20,7 +20,8 @@ from tff_clustered import checkpoint
 from tff_clustered.checkpoint import CheckpointError
 from tff_clustered.data import fingerprint
 from tff_clustered.data.fingerprint import SourceFingerprint, file_digest
-from tff_clustered.data.registry import DATASET_NAMES, data_files, load_dataset, source_fingerprint
+from tff_clustered.data.registry import data_files, load_dataset, source_fingerprint
+from tff_clustered.data.spec import DATASET_NAMES
 from tff_clustered.loop.state import RunState
 
 LEAF_TRAIN_0 = "train/all_data_0_niid_0_keep_0_train_9.json"

@@ -11,13 +11,15 @@ from tff_clustered.data.partitions import (
     iid_partition,
     pathological_partition,
 )
-from tff_clustered.data.registry import DATASET_NAMES, load_dataset
+from tff_clustered.data.registry import load_dataset
+from tff_clustered.data.spec import DATASET_NAMES, DataSpec
 from tff_clustered.data.synthetic import load_synthetic
 
 __all__ = [
     "DATASET_NAMES",
     "PARTITIONS",
     "DataError",
+    "DataSpec",
     "FederatedData",
     "dirichlet_partition",
     "federate",
