@@ -64,6 +64,7 @@ from tff_clustered.run_folder import (  # noqa: E402
     COMPARISON_PNG,
     ComparisonFolder,
 )
+from tff_clustered.run_spec import RunSpec  # noqa: E402
 from tff_clustered.runtime import RuntimeConfig, tff_runtime  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
@@ -365,7 +366,7 @@ class PlannedRun(NamedTuple):
     seed: int
     setting: Optional[str]
     column: str  # the column's label: its algorithm, with :K if it sets one
-    spec: runner.RunSpec
+    spec: RunSpec
     folder: str
 
 
@@ -414,7 +415,7 @@ def parse_columns(given: list[str]) -> list[Column]:
     return columns
 
 
-def column_spec(column: Column) -> runner.RunSpec:
+def column_spec(column: Column) -> RunSpec:
     """The run the flags describe for one column (its K, if it sets one)."""
     spec = run_flags.run_spec_from_flags(column.algorithm)
     if column.num_clusters is None:
@@ -434,10 +435,12 @@ def plan_runs(
         for setting in settings:
             for column in columns:
                 spec = table_protocol(FLAGS.table, column_spec(column))
+                if setting is not None:
+                    spec = dataclasses.replace(
+                        spec, data=dataclasses.replace(spec.data, **partitions[setting])
+                    )
                 spec = dataclasses.replace(
-                    spec,
-                    training=dataclasses.replace(spec.training, seed=seed),
-                    **(partitions[setting] if setting is not None else {}),
+                    spec, training=dataclasses.replace(spec.training, seed=seed)
                 )
                 folder = ComparisonFolder(output_dir).run(
                     seed if len(seeds) > 1 else None, setting, column.folder
@@ -450,9 +453,9 @@ def describe(run: PlannedRun) -> str:
     t = run.spec.training
     work = f"{t.local_steps} steps" if t.local_steps else f"{t.local_epochs} epochs"
     return (
-        f"seed {run.seed} {run.setting or run.spec.dataset:>16} {run.column:>18}: "
+        f"seed {run.seed} {run.setting or run.spec.data.dataset:>16} {run.column:>18}: "
         f"{t.rounds} rounds x {t.clients_per_round} clients, {work} of batch {t.batch_size}, "
-        f"lr {t.learning_rate:g}, {run.spec.model} -> {run.folder}"
+        f"lr {t.learning_rate:g}, {run.spec.model_choice.model} -> {run.folder}"
     )
 
 
@@ -523,7 +526,7 @@ def parse_setting(setting: str) -> dict[str, Any]:
         raise ValueError(f"setting {setting!r}: BETA must be a number") from None
 
 
-def table_protocol(table: str, spec: runner.RunSpec) -> runner.RunSpec:
+def table_protocol(table: str, spec: RunSpec) -> RunSpec:
     """A baseline run as the table's paper ran it (`PROTOCOLS`): UA-PDFL gives DFedAvgM twice
     the local iterations and half the rounds of the others."""
     change = PROTOCOLS.get(table, {}).get(spec.algorithm)
@@ -539,7 +542,7 @@ def table_protocol(table: str, spec: runner.RunSpec) -> runner.RunSpec:
     return dataclasses.replace(spec, training=training)
 
 
-def run_one(spec: runner.RunSpec, output_dir: str, runtime: RuntimeConfig) -> dict[str, Any]:
+def run_one(spec: RunSpec, output_dir: str, runtime: RuntimeConfig) -> dict[str, Any]:
     summary = runner.run(
         spec,
         output_dir,
@@ -584,12 +587,12 @@ def main(argv: list[str]) -> int:
         base = column_spec(columns[0])
         seed_part = f"s{seeds[0]}" if len(seeds) == 1 else "seeds" + "-".join(map(str, seeds))
         output_dir = FLAGS.output_dir or os.path.join(
-            "runs", f"compare-{FLAGS.table}-{base.dataset}-{seed_part}"
+            "runs", f"compare-{FLAGS.table}-{base.data.dataset}-{seed_part}"
         )
         settings = FLAGS.settings if FLAGS.table in SETTING_TABLES else [None]
         planned = plan_runs(columns, seeds, settings, output_dir)
         if defaults_taken:
-            print(f"{FLAGS.table} table on {base.dataset}, defaults of the flags not given:")
+            print(f"{FLAGS.table} table on {base.data.dataset}, defaults of the flags not given:")
             print("\n".join(f"  {line}" for line in defaults_taken), flush=True)
         if FLAGS.plan_only:
             print("\n".join(map(describe, planned)))
@@ -598,7 +601,7 @@ def main(argv: list[str]) -> int:
         # The table folder is held for the whole comparison (each run also holds its own
         # subfolder), before the worker writes its log there: a second compare on it is refused.
         with checkpoint.hold_run_folder(output_dir):
-            rows, histories = run_planned(planned, base.dataset, output_dir)
+            rows, histories = run_planned(planned, base.data.dataset, output_dir)
             write_outputs(rows, histories, base, output_dir, defaults_taken)
     return 0
 
@@ -636,15 +639,15 @@ def run_planned(
 def write_outputs(
     rows: list[dict[str, Any]],
     histories: dict[tuple[str, str], list],
-    base: runner.RunSpec,
+    base: RunSpec,
     output_dir: str,
     defaults_taken: list[str],
 ) -> None:
     """comparison.md / .csv / .png in `output_dir`, with the command, the date and the table's
     defaults it took (`apply_table_defaults`)."""
     title = (
-        f"{FLAGS.table} table: {base.dataset} / {base.model}, {base.training.rounds} rounds, "
-        f"{base.training.clients_per_round} clients per round"
+        f"{FLAGS.table} table: {base.data.dataset} / {base.model_choice.model}, "
+        f"{base.training.rounds} rounds, {base.training.clients_per_round} clients per round"
     )
     client_mean = SETTING_TABLES.get(FLAGS.table, False)
     markdown = result_tables.write_tables(

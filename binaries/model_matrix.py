@@ -36,9 +36,11 @@ cli.stop_at_once_on_signals("model_matrix.py")
 logs.quiet_tensorflow(sys.argv)
 from tff_clustered.algorithms import ALGORITHMS, make_options  # noqa: E402
 from tff_clustered.algorithms.dfl import Decentralized  # noqa: E402
+from tff_clustered.data.spec import DataSpec  # noqa: E402
 from tff_clustered.loop.config import TrainingConfig  # noqa: E402
 from tff_clustered.models import MODEL_NAMES  # noqa: E402
-from tff_clustered.runner import RunSpec, build_experiment  # noqa: E402
+from tff_clustered.run_spec import ModelChoice, RunSpec  # noqa: E402
+from tff_clustered.runner import build_experiment  # noqa: E402
 from tff_clustered.runtime import RuntimeConfig, tff_runtime  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
@@ -80,16 +82,12 @@ def cell_spec(algorithm: str, model: str) -> RunSpec:
         data = dict(dataset="fashion_mnist", data_dir=os.path.join(TESTDATA, "mnist_idx_tiny"))
     return RunSpec(
         algorithm=algorithm,
-        model=model,
-        hidden_units=8,
-        cnn_dense_units=8,
-        resnet_width=4,
-        num_clients=clients,
+        data=DataSpec(num_clients=clients, **data),
+        model_choice=ModelChoice(model, hidden_units=8, cnn_dense_units=8, resnet_width=4),
         algorithm_options=make_options(algorithm, **options),
         training=TrainingConfig(
             rounds=1, clients_per_round=clients, local_epochs=1, learning_rate=0.01, seed=0
         ),
-        **data,
     )
 
 

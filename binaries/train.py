@@ -41,6 +41,7 @@ from tff_clustered.run_folder import (  # noqa: E402
     SUMMARY_JSON,
     RunFolder,
 )
+from tff_clustered.run_spec import RunSpec  # noqa: E402
 from tff_clustered.runtime import tff_runtime  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
@@ -69,7 +70,7 @@ def main(argv: list[str]) -> int:
             run_flags.refuse_other_algorithms_flags([FLAGS.algorithm, *filter(None, [baseline])])
             spec = run_flags.run_spec_from_flags(FLAGS.algorithm)
             output_dir = FLAGS.output_dir or os.path.join(
-                "runs", f"{spec.dataset}-{spec.algorithm}-s{spec.training.seed}"
+                "runs", f"{spec.data.dataset}-{spec.algorithm}-s{spec.training.seed}"
             )
             checkpoint.refuse_held_run_folder(output_dir)  # before a worker writes its log there
             runtime_config = run_flags.runtime_config_from_flags(output_dir)
@@ -104,7 +105,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def run(spec: runner.RunSpec, output_dir: str, timer: PhaseTimer) -> dict[str, Any]:
+def run(spec: RunSpec, output_dir: str, timer: PhaseTimer) -> dict[str, Any]:
     return runner.run(
         spec,
         output_dir,
@@ -116,11 +117,11 @@ def run(spec: runner.RunSpec, output_dir: str, timer: PhaseTimer) -> dict[str, A
     )
 
 
-def print_results(spec: runner.RunSpec, results: dict[str, Any]) -> None:
+def print_results(spec: RunSpec, results: dict[str, Any]) -> None:
     """The run's accuracy, each model kind's on all clients, and its clusters: their sizes and,
     on data with planted groups, the adjusted Rand index against them."""
     print(
-        f"{spec.algorithm} on {spec.dataset}/{spec.model}: final accuracy "
+        f"{spec.algorithm} on {spec.data.dataset}/{spec.model_choice.model}: final accuracy "
         f"{results['final_accuracy']:.4f}, max {results['max_accuracy']:.4f} "
         f"(round {results['max_accuracy_round']}), mean per-client accuracy "
         f"{results['final_client_accuracy_mean']:.4f}; {results['total_train_seconds']:.1f}s "

@@ -40,6 +40,42 @@ def test_the_command_is_narrowed_to_one_cell_without_other_algorithms_options() 
     assert moved == ["max_accuracy 0.600000 -> 0.700000"]
 
 
+def test_options_in_a_flagfile_are_narrowed_like_the_command_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flagfile's lines take its --flagfile argument's place (nested ones too; comments and
+    blank lines skipped; a later flag winning), so a clustered option inside it is narrowed
+    away for a baseline; a missing flagfile exits 2 with one line naming it."""
+    nested = tmp_path / "nested.flags"
+    nested.write_text("// FedGroup's m\n--num_clusters=3\n")
+    flagfile = tmp_path / "clustered.flags"
+    flagfile.write_text(
+        f"# a comment\n--table=fedgroup\n\n--flagfile={nested}\n--rounds=2\n"
+        "--algorithms=fedavg,fedgroup\n"
+    )
+    command = ["--rounds=1", f"--flagfile={flagfile}", "--seeds=0,1"]
+    assert check_results.expand_flagfiles(command) == [
+        "--rounds=1",
+        "--table=fedgroup",
+        "--num_clusters=3",
+        "--rounds=2",
+        "--algorithms=fedavg,fedgroup",
+        "--seeds=0,1",
+    ]
+    baseline = {"setting": "digits", "algorithm": "fedavg", "seed": "0"}
+    narrowed = check_results.rerun_arguments(command, baseline)
+    assert not any(a.startswith(("--num_clusters", "--flagfile")) for a in narrowed)
+    assert narrowed[:3] == ["--rounds=1", "--table=fedgroup", "--rounds=2"]
+    clustered = {"setting": "digits", "algorithm": "fedgroup", "seed": "0"}
+    assert "--num_clusters=3" in check_results.rerun_arguments(command, clustered)
+    missing = tmp_path / "missing.flags"
+    with pytest.raises(SystemExit) as stopped:
+        check_results.rerun_arguments([f"--flagfile={missing}"], baseline)
+    assert stopped.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"--flagfile={missing}" in line
+
+
 def test_a_table_that_no_longer_reproduces_is_reported_and_exits_1(tmp_path: Path) -> None:
     """A one-round FedAvg table, its committed final accuracy altered: DRIFT, exit 1."""
     table = tmp_path / "t" / "comparison.md"

@@ -22,12 +22,14 @@ from tff_clustered.data import DataError, FederatedData, load_dataset
 from tff_clustered.data.images import channel_stats, standardise
 from tff_clustered.data.mnist import IDX_FILES
 from tff_clustered.data.mnist_writers import read_writer_keys, writer_parts
+from tff_clustered.data.spec import DataSpec
 from tff_clustered.data.tff_datasets import shakespeare_vocabulary
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import count_trainable_parameters, model_spec, trainable_layer_sizes
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.split import classifier_layers
-from tff_clustered.runner import RunSpec, build_experiment
+from tff_clustered.run_spec import ModelChoice, RunSpec
+from tff_clustered.runner import build_experiment
 
 SHARED_MNIST = os.path.join(ROOT, "..", "shared", "data", "mnist")
 # 90 test images per class: FedAC's local test sets need up to 0.25 * 350 of one class.
@@ -596,9 +598,8 @@ def test_the_character_lstm_learns_the_tiny_shakespeare_text() -> None:
     # below log(87) = 4.47, the loss of a model that has learnt nothing.
     spec = RunSpec(
         algorithm="fedavg",
-        dataset="tff_shakespeare",
-        data_dir=TFF_SHAKESPEARE_TINY,
-        model="char_lstm",
+        data=DataSpec("tff_shakespeare", data_dir=TFF_SHAKESPEARE_TINY),
+        model_choice=ModelChoice("char_lstm"),
         training=TrainingConfig(
             rounds=3, clients_per_round=3, local_epochs=1, learning_rate=0.5, eval_every=3
         ),

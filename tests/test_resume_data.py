@@ -20,7 +20,8 @@ from tff_clustered import atomic_files, checkpoint
 from tff_clustered.checkpoint import CheckpointError
 from tff_clustered.data import fingerprint
 from tff_clustered.data.fingerprint import SourceFingerprint, file_digest
-from tff_clustered.data.registry import DATASET_NAMES, data_files, load_dataset, source_fingerprint
+from tff_clustered.data.registry import data_files, load_dataset, source_fingerprint
+from tff_clustered.data.spec import DATASET_NAMES
 from tff_clustered.loop.state import RunState
 from tff_clustered.run_folder import CHECKPOINT_NAME, LOCK_NAME
 

@@ -22,7 +22,8 @@ from tff_clustered.federated import sharded
 from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.evaluation import server_models
-from tff_clustered.runner import RunSpec, build_experiment
+from tff_clustered.run_spec import RunSpec
+from tff_clustered.runner import build_experiment
 from tff_clustered.runtime import RuntimeConfig, WorkerLostError, tff_runtime
 
 WORKER = os.path.join("binaries", "worker.py")
@@ -89,7 +90,6 @@ def test_two_workers_give_the_one_worker_result(two_workers: list, monkeypatch: 
     workers."""
     spec = RunSpec(
         algorithm="ifca",
-        dataset="digits",
         training=TrainingConfig(
             rounds=2,
             clients_per_round=8,

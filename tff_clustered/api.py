@@ -45,6 +45,7 @@ from tff_clustered.data.federated_data import (
 )
 from tff_clustered.data.fingerprint import arrays_digest
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.state import RunState
 from tff_clustered.models.keras_models import ModelSpec
 from tff_clustered.models.memory import refuse_too_large
 from tff_clustered.options import checked, checked_value, described
@@ -116,16 +117,15 @@ def federated_data(
     if test is None:
         if not 0 < test_fraction < 1:
             raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-        for client, (_, y) in train_arrays.items():
-            if len(y) < 2:
+        rng = data_rng(seed, DataStream.GIVEN_CLIENTS_SPLIT)
+        pairs = {}
+        for client, (x, y) in train_arrays.items():
+            if len(y) < 2:  # each side of a client's split keeps at least one example
                 raise DataError(
                     f"train client {client!r} has {len(y)} example(s); splitting off its test "
                     "set needs at least 2 (give it more, drop it, or give test=)"
                 )
-        rng = data_rng(seed, DataStream.GIVEN_CLIENTS_SPLIT)
-        pairs = {
-            c: split_train_test(x, y, 1 - test_fraction, rng) for c, (x, y) in train_arrays.items()
-        }
+            pairs[client] = split_train_test(x, y, 1 - test_fraction, rng)
         train_arrays = {c: pair[0] for c, pair in pairs.items()}
         test_arrays = {c: pair[1] for c, pair in pairs.items()}
     else:
@@ -328,8 +328,10 @@ def run(
         model, values = keras_model_spec_and_values(model_fn, data, model_name)
         settings = run_settings(algorithm, options, training, data, model_name)
         checkpoint.refuse_held_run_folder(output_dir)  # before a worker writes its log there
-        if resume:
-            refuse_another_model(output_dir, settings, values)
+        saved = None
+        if resume:  # refuses other settings or data first
+            saved = checkpoint.load(RunFolder(output_dir).checkpoint, settings)
+            refuse_another_model(output_dir, saved, values)
 
     def build(timer: PhaseTimer) -> Experiment:
         with timer.phase("building"):
@@ -342,7 +344,14 @@ def run(
         with timer.phase("runtime"):
             running.enter_context(tff_runtime(runtime))
         summary, experiment = runner.run_experiment(
-            build, settings, output_dir, checkpoint_every, resume, log, timer=timer
+            build,
+            settings,
+            output_dir,
+            checkpoint_every,
+            resume,
+            log,
+            timer=timer,
+            read_checkpoint=lambda: saved,
         )
     history = summary.pop("history")
     return RunResult(
@@ -368,12 +377,11 @@ def run_settings(
     }
 
 
-def refuse_another_model(output_dir: str, settings: dict[str, Any], values: int) -> None:
-    """Before resuming: the checkpoint in `output_dir`, if any, must hold models of `values`
-    values (the model_fn's). The settings do not describe a model the user builds, so another
-    model_fn would pass them and fail inside the restore; this names the two sizes instead."""
-    path = RunFolder(output_dir).checkpoint
-    saved = checkpoint.load(path, settings)  # refuses other settings or data first
+def refuse_another_model(output_dir: str, saved: Optional[RunState], values: int) -> None:
+    """Before resuming: the checkpoint `saved` read from `output_dir`, if any, must hold models
+    of `values` values (the model_fn's). The settings do not describe a model the user builds,
+    so another model_fn would pass them and fail inside the restore; this names the two sizes
+    instead."""
     if saved is None or saved.cluster_models is None:
         return
     made_with = int(np.shape(saved.cluster_models)[-1])

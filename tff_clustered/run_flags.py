@@ -1,12 +1,15 @@
 """Command-line flags shared by the binaries: dataset, model, training and algorithm options,
-and the TFF runtime. `run_spec_from_flags` turns them into a `RunSpec`."""
+and the TFF runtime. `run_spec_from_flags` turns them into a `RunSpec`: the dataset's flags
+into its `DataSpec` and the model's into its `ModelChoice`, flag by field of the same name."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import sys
 from collections.abc import Iterator, Sequence
+from typing import TypeVar
 
 from absl import flags
 
@@ -14,12 +17,14 @@ from tff_clustered import cli, logs
 from tff_clustered import options as options_lib
 from tff_clustered.algorithms import ALGORITHMS, algorithm_class, define_all_flags
 from tff_clustered.checkpoint import CheckpointError
-from tff_clustered.data import DATASET_NAMES, DataError
+from tff_clustered.data import DATASET_NAMES, DataError, DataSpec
 from tff_clustered.federated.server_optimizers import SERVER_OPTIMIZERS, ServerOptimizer
 from tff_clustered.loop.config import LR_SCHEDULES, TrainingConfig
 from tff_clustered.models import MODEL_NAMES
-from tff_clustered.runner import RunSpec
+from tff_clustered.run_spec import ModelChoice, RunSpec
 from tff_clustered.runtime import RuntimeConfig, WorkerLostError
+
+Record = TypeVar("Record")
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("dataset", "digits", list(DATASET_NAMES), "Dataset.")
@@ -166,20 +171,8 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
     """The run that the parsed flags describe, for `algorithm`."""
     return RunSpec(
         algorithm=algorithm,
-        dataset=FLAGS.dataset,
-        data_dir=FLAGS.data_dir,
-        model=FLAGS.model,
-        hidden_units=FLAGS.hidden_units,
-        cnn_dense_units=FLAGS.cnn_dense_units,
-        num_clients=FLAGS.num_clients,
-        num_classes=FLAGS.num_classes,
-        glove_path=FLAGS.glove_path,
-        partition=FLAGS.partition,
-        dirichlet_beta=FLAGS.dirichlet_beta,
-        classes_per_client=FLAGS.classes_per_client,
-        tfds_dir=FLAGS.tfds_dir,
-        train_examples=FLAGS.train_examples,
-        resnet_width=FLAGS.resnet_width,
+        data=record_from_flags(DataSpec),
+        model_choice=record_from_flags(ModelChoice),
         algorithm_options=options_lib.from_flags(algorithm_class(algorithm).Options),
         training=TrainingConfig(
             rounds=FLAGS.rounds,
@@ -203,6 +196,12 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
             ),
         ),
     )
+
+
+def record_from_flags(cls: type[Record]) -> Record:
+    """The dataclass `cls` (`DataSpec`, `ModelChoice`) with each field the value of the flag
+    of its name, checked as the record checks it."""
+    return cls(**{field.name: FLAGS[field.name].value for field in dataclasses.fields(cls)})
 
 
 def refuse_other_algorithms_flags(algorithms: Sequence[str]) -> None:
@@ -271,9 +270,9 @@ def _exit_codes_of_errors(on_interrupt: str) -> Iterator[None]:
     except WorkerLostError as e:
         cli.reraise_received_signal()  # the worker was stopped by a signal's handler
         # The worker is named at once, and the process ends without the interpreter's
-        # shutdown: after a lost connection, TensorFlow's and gRPC's native teardown took 7-8 s
-        # more (measured with a SIGSTOPped worker). The runtime has stopped and every file
-        # was written atomically by then.
+        # shutdown: after a lost connection, TensorFlow's and gRPC's native teardown waits on
+        # the lost worker. The runtime has stopped and every file was written atomically by
+        # then.
         cli.exit_at_once(f"error: {e}", 3)
     except OSError as e:
         if e.errno not in OUTPUT_ERRNOS:

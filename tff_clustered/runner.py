@@ -2,58 +2,27 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from tff_clustered import checkpoint, figures, reporting
-from tff_clustered.algorithms import make_algorithm, make_options
+from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_dataset
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.data.fingerprint import SourceFingerprint
 from tff_clustered.data.registry import source_fingerprint
-from tff_clustered.loop.config import TrainingConfig
-from tff_clustered.models import model_spec
+from tff_clustered.loop.state import RunState
 from tff_clustered.models.memory import refuse_too_large
 from tff_clustered.orchestration import Experiment, RoundMetric
 from tff_clustered.phases import PhaseTimer, phases_line
 from tff_clustered.run_folder import RunFolder
+from tff_clustered.run_spec import RunSpec
 
 # Copies of the model a round holds beside the cluster models: a client's model, its gradient
 # and its update, and the per-cluster sums.
 WORKING_COPIES = 4
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSpec:
-    """Everything that defines a run's results (and so must match on resume)."""
-
-    algorithm: str = "fedper"
-    dataset: str = "digits"
-    data_dir: Optional[str] = None
-    model: str = "mlp"
-    hidden_units: int = 64
-    cnn_dense_units: int = 128
-    num_clients: Optional[int] = None
-    num_classes: Optional[int] = None
-    glove_path: Optional[str] = None
-    partition: Optional[str] = None
-    dirichlet_beta: Optional[float] = None
-    classes_per_client: int = 2
-    tfds_dir: Optional[str] = None
-    train_examples: Optional[int] = None
-    resnet_width: int = 64
-    algorithm_options: Any = None  # the algorithm's Options (None: its defaults)
-    training: TrainingConfig = TrainingConfig(rounds=50, local_epochs=5, learning_rate=0.1)
-
-    def __post_init__(self) -> None:
-        if self.algorithm_options is None:
-            object.__setattr__(self, "algorithm_options", make_options(self.algorithm))
-
-    def settings(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def build_experiment(
@@ -67,18 +36,9 @@ def build_experiment(
     `timer` gets the `loading` and `building` phases, and the experiment's own."""
     timer = PhaseTimer() if timer is None else timer
     with timer.phase("loading"):
-        data = _load_data(spec)
+        data = load_dataset(spec.data, seed=spec.training.seed)
     with timer.phase("building"):
-        model = model_spec(
-            spec.model,
-            data.input_shape,
-            data.num_classes,
-            hidden_units=spec.hidden_units,
-            image_shape=data.image_shape,
-            cnn_dense_units=spec.cnn_dense_units,
-            resnet_width=spec.resnet_width,
-            vocabulary_size=data.vocabulary_size,
-        )
+        model = spec.model_choice.spec_for(data)
         algorithm = make_algorithm(spec.algorithm, spec.algorithm_options)
         refuse_too_large(model, getattr(algorithm, "num_clusters", 1) + WORKING_COPIES)
         return Experiment(
@@ -91,22 +51,6 @@ def build_experiment(
             device=device,
             timer=timer,
         )
-
-
-def _load_data(spec: RunSpec) -> FederatedData:
-    return load_dataset(
-        spec.dataset,
-        data_dir=spec.data_dir,
-        seed=spec.training.seed,
-        num_clients=spec.num_clients,
-        num_classes=spec.num_classes,
-        glove_path=spec.glove_path,
-        partition=spec.partition,
-        dirichlet_beta=spec.dirichlet_beta,
-        classes_per_client=spec.classes_per_client,
-        tfds_dir=spec.tfds_dir,
-        train_examples=spec.train_examples,
-    )
 
 
 def run(
@@ -132,9 +76,7 @@ def run(
         checkpoint_every,
         resume,
         log,
-        data_source=lambda: source_fingerprint(
-            spec.dataset, spec.data_dir, spec.glove_path, spec.tfds_dir
-        ),
+        data_source=lambda: source_fingerprint(spec.data),
         timer=timer,
     )
     return summary
@@ -149,6 +91,7 @@ def run_experiment(
     log: Callable[[str], None] = print,
     data_source: Callable[[], SourceFingerprint] = SourceFingerprint,
     timer: Optional[PhaseTimer] = None,
+    read_checkpoint: Optional[Callable[[], Optional[RunState]]] = None,
 ) -> tuple[dict[str, Any], Experiment]:
     """Runs (or resumes) the experiment `build(timer)` makes, with `run`'s outputs and checkpoints,
     holding `output_dir`. `settings` define its results: a checkpoint made under other settings
@@ -159,13 +102,24 @@ def run_experiment(
     `timer` (default: one started now) times this session's phases, written to summary.json
     as `phases` and logged as one line at the end; `build` times its loading and building
     with it and gives it to the `Experiment` (cold start, tracing). On a resume the phases
-    are this session's: the rounds done before it are not counted again."""
+    are this session's: the rounds done before it are not counted again.
+
+    `read_checkpoint` (on a resume): the checkpoint in `output_dir` as the caller has read it
+    with `checkpoint.load` for these settings and this data (default: read it here)."""
     timer = PhaseTimer() if timer is None else timer
     if checkpoint_every < 0:
         raise ValueError("checkpoint_every must be >= 0 (0 = only at the end)")
     with checkpoint.hold_run_folder(output_dir):
         return _run_in_folder(
-            build, settings, output_dir, checkpoint_every, resume, log, data_source, timer
+            build,
+            settings,
+            output_dir,
+            checkpoint_every,
+            resume,
+            log,
+            data_source,
+            timer,
+            read_checkpoint,
         )
 
 
@@ -178,6 +132,7 @@ def _run_in_folder(
     log: Callable[[str], None],
     data_source: Callable[[], SourceFingerprint],
     timer: PhaseTimer,
+    read_checkpoint: Optional[Callable[[], Optional[RunState]]],
 ) -> tuple[dict[str, Any], Experiment]:
     """`run_experiment`, once the output folder is held. A checkpoint is checked against the
     settings and the data's files before the data is loaded; a new run fingerprints its data
@@ -195,7 +150,10 @@ def _run_in_folder(
             source = data_source()
     if resume:
         with timer.phase("checkpoints"):
-            saved = checkpoint.load(folder.checkpoint, settings, source, log)
+            if read_checkpoint is None:
+                saved = checkpoint.load(folder.checkpoint, settings, source, log)
+            else:
+                saved = read_checkpoint()
     experiment = build(timer)
     if source is None:
         with timer.phase("validation"):

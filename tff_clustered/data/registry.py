@@ -1,9 +1,10 @@
-"""Datasets by name, as the binaries select them (`--dataset`, `--data_dir`, `--glove_path`)."""
+"""Datasets by name (a `DataSpec`: what `--dataset` and the data flags select), their loaders
+and the files they read."""
 
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Any, Optional, Union
 
 from tff_clustered.data.digits import load_digits_clusters, load_digits_partitioned
 from tff_clustered.data.federated_data import DataError, FederatedData
@@ -14,6 +15,7 @@ from tff_clustered.data.medmnist import PATHMNIST_PEERS, load_pathmnist, pathmni
 from tff_clustered.data.mnist import MNIST, load_mnist, mnist_paths
 from tff_clustered.data.mnist_writers import WRITERS_FILE, load_mnist_writers
 from tff_clustered.data.sent140 import load_sent140
+from tff_clustered.data.spec import IMAGE_DATASETS, DataSpec, data_spec
 from tff_clustered.data.stackoverflow import load_tff_stackoverflow, stackoverflow_files
 from tff_clustered.data.synthetic import load_synthetic
 from tff_clustered.data.tff_datasets import (
@@ -25,32 +27,6 @@ from tff_clustered.data.tff_datasets import (
     load_tff_shakespeare,
 )
 
-DATASET_NAMES = (
-    "digits",
-    "digits_dirichlet",
-    "digits_iid",
-    "digits_pathological",
-    "synthetic",
-    "mnist",
-    "mnist_partitioned",
-    "mnist_writers",
-    "fashion_mnist",
-    "femnist",
-    "femnist_leaf",
-    "sent140",
-    "leaf",
-    "cifar10",
-    "cifar100",
-    "svhn",
-    "pathmnist",
-    "tff_emnist",
-    "tff_cifar100",
-    "tff_shakespeare",
-    "tff_stackoverflow",
-)
-# FedTSDP's datasets, and the 28x28 grey ones in MNIST's formats: dealt to clients by a partition
-# (default Dirichlet(0.5)), public set = the official test split without labels.
-IMAGE_DATASETS = ("cifar10", "cifar100", "svhn", "fashion_mnist", "mnist_partitioned")
 # FEMNIST: FedProx/FedGroup subset (200 writers, 10 letters, 26-way head: Table II counts) or
 # the full LEAF FEMNIST (62 classes by writer).
 FEMNIST_CLASSES = {"femnist": 26, "femnist_leaf": 62}
@@ -89,56 +65,20 @@ def _leaf_dirs(name: str, data_dir: Optional[str]) -> tuple[str, str]:
 
 
 def image_beta(partition: Optional[str], dirichlet_beta: Optional[float]) -> float:
-    """The Dirichlet concentration of an image federation: as given, else FedAC's 0.1 for its
-    partition and FedTSDP's 0.5 otherwise."""
+    """The Dirichlet concentration of an image federation dealt by `partition`: as given, else
+    FedAC's 0.1 for its partition and FedTSDP's 0.5 otherwise."""
     if dirichlet_beta is not None:
         return dirichlet_beta
     return 0.1 if partition == "fedac_dirichlet" else 0.5
 
 
-def resolved_partition(
-    name: str, partition: Optional[str], dirichlet_beta: Optional[float]
-) -> Optional[str]:
-    """The partition `name` is dealt by (`partition`, else the dataset's default; None for a
-    dataset with its own clients). Refuses `partition` for a dataset with its own clients and
-    `dirichlet_beta` where no Dirichlet draw reads it, instead of recording values the run
-    ignores."""
-    if name.startswith("digits_"):
-        used = partition or name.split("_", 1)[1]
-    elif name in IMAGE_DATASETS or name == "pathmnist":
-        used = partition or "dirichlet"
-    elif partition is not None:
-        raise ValueError(
-            f"--partition={partition}: --dataset={name} has its own clients; leave --partition "
-            f"unset (it applies to the digits_*, {', '.join(IMAGE_DATASETS)} and pathmnist "
-            "federations)"
-        )
-    else:
-        used = None
-    if dirichlet_beta is not None and used not in ("dirichlet", "fedac_dirichlet"):
-        raise ValueError(
-            f"--dirichlet_beta={dirichlet_beta}: the {used or name} clients draw no Dirichlet "
-            "proportions; leave it unset or use --partition=dirichlet"
-        )
-    if dirichlet_beta is not None and not dirichlet_beta > 0:
-        raise ValueError(f"--dirichlet_beta={dirichlet_beta}: give a concentration > 0")
-    return used
-
-
 def load_dataset(
-    name: str,
-    data_dir: Optional[str] = None,
-    seed: int = 0,
-    num_clients: Optional[int] = None,
-    num_classes: Optional[int] = None,
-    glove_path: Optional[str] = None,
-    partition: Optional[str] = None,
-    dirichlet_beta: Optional[float] = None,
-    classes_per_client: int = 2,
-    tfds_dir: Optional[str] = None,
-    train_examples: Optional[int] = None,
+    spec: Union[DataSpec, str], *fields: Any, seed: int = 0, **named: Any
 ) -> FederatedData:
-    """`digits` (embedded default: planted label-permutation groups), `digits_dirichlet` /
+    """The federation `spec` describes (a `DataSpec`, or a dataset's name and `DataSpec`'s other
+    fields: `data_spec`), every random choice seeded by `seed`.
+
+    `digits` (embedded default: planted label-permutation groups), `digits_dirichlet` /
     `digits_iid` / `digits_pathological` (embedded, true labels, a public set; `partition`
     overrides the suffix), `synthetic` (Synthetic(1,1)), `mnist` (IDX/npz files, FedGroup's
     1,000 two-digit clients), `mnist_writers` (the same files and `writers.npz`: one client per
@@ -160,20 +100,18 @@ def load_dataset(
     `num_classes` (default 500) most frequent tags, a bag of words over 10,000 words).
     `train_examples` (the five image federations only): deal that many training images, a
     seeded uniform choice, instead of all."""
-    partition = resolved_partition(name, partition, dirichlet_beta)
-    if train_examples is not None and name not in IMAGE_DATASETS:
-        raise ValueError(
-            f"--train_examples applies to {', '.join(IMAGE_DATASETS)}, not --dataset={name}; "
-            "leave it unset"
-        )
+    spec = data_spec(spec, *fields, **named)
+    name, data_dir = spec.dataset, spec.data_dir
+    num_clients, num_classes = spec.num_clients, spec.num_classes
+    partition = spec.partition_used()
     if name == "digits":
         return load_digits_clusters(num_clients=num_clients or 40, seed=seed)
     if name.startswith("digits_"):
         return load_digits_partitioned(
             partition=partition,
             num_clients=num_clients or 20,
-            dirichlet_beta=0.2 if dirichlet_beta is None else dirichlet_beta,
-            classes_per_client=classes_per_client,
+            dirichlet_beta=0.2 if spec.dirichlet_beta is None else spec.dirichlet_beta,
+            classes_per_client=spec.classes_per_client,
             seed=seed,
         )
     if name in IMAGE_DATASETS:
@@ -182,31 +120,26 @@ def load_dataset(
             data_dir,
             partition=partition,
             num_clients=num_clients or 20,
-            dirichlet_beta=image_beta(partition, dirichlet_beta),
-            classes_per_client=classes_per_client,
+            dirichlet_beta=image_beta(partition, spec.dirichlet_beta),
+            classes_per_client=spec.classes_per_client,
             seed=seed,
-            tfds_dir=tfds_dir,
-            train_examples=train_examples,
+            tfds_dir=spec.tfds_dir,
+            train_examples=spec.train_examples,
         )
     if name == "pathmnist":
         return load_pathmnist(
             data_dir,
             partition=partition,
             num_clients=num_clients or PATHMNIST_PEERS,
-            dirichlet_beta=image_beta(partition, dirichlet_beta),
+            dirichlet_beta=image_beta(partition, spec.dirichlet_beta),
             seed=seed,
-            classes_per_client=classes_per_client,
+            classes_per_client=spec.classes_per_client,
         )
     if name == "tff_emnist":
         return load_tff_emnist(data_dir, num_clients, num_classes, seed)
     if name == "tff_cifar100":
         return load_tff_cifar100(data_dir, num_clients, num_classes, seed)
     if name == "tff_shakespeare":
-        if num_classes is not None:
-            raise ValueError(
-                f"--num_classes={num_classes}: tff_shakespeare predicts one of its 87 "
-                "characters; leave --num_classes unset"
-            )
         return load_tff_shakespeare(data_dir, num_clients, seed)
     if name == "tff_stackoverflow":
         return load_tff_stackoverflow(data_dir, num_clients, num_classes, seed)
@@ -223,32 +156,27 @@ def load_dataset(
         )
     if name == "sent140":
         _leaf_dirs(name, data_dir)
-        return load_sent140(data_dir, glove_path or "")
-    if name == "leaf":
-        train, test = _leaf_dirs(name, data_dir)
-        return load_leaf(
-            train,
-            test,
-            num_classes=num_classes,
-            name=f"leaf:{os.path.basename(os.path.normpath(data_dir))}",
-        )
-    raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+        return load_sent140(data_dir, spec.glove_path or "")
+    train, test = _leaf_dirs(name, data_dir)  # leaf: any LEAF dataset
+    return load_leaf(
+        train,
+        test,
+        num_classes=num_classes,
+        name=f"leaf:{os.path.basename(os.path.normpath(data_dir))}",
+    )
 
 
-def data_files(
-    name: str,
-    data_dir: Optional[str] = None,
-    glove_path: Optional[str] = None,
-    tfds_dir: Optional[str] = None,
-) -> list[str]:
-    """The files `load_dataset(name, ...)` reads, found as its loader finds them (a missing
-    folder gives the loader's error; a file the loader would miss is listed, and
-    fingerprinted as absent); none for the datasets generated from the settings (their
-    parameters and seed are settings)."""
+def data_files(spec: Union[DataSpec, str], *fields: Any, **named: Any) -> list[str]:
+    """The files `load_dataset(spec)` reads (`spec` as `load_dataset` takes it), found as its
+    loader finds them (a missing folder gives the loader's error; a file the loader would miss
+    is listed, and fingerprinted as absent); none for the datasets generated from the settings
+    (their parameters and seed are settings)."""
+    spec = data_spec(spec, *fields, **named)
+    name, data_dir = spec.dataset, spec.data_dir
     if name in GENERATED_DATASETS:
         return []
     if name in IMAGE_DATASETS:
-        return image_files(name, data_dir, tfds_dir)
+        return image_files(name, data_dir, spec.tfds_dir)
     if name == "pathmnist":
         return [pathmnist_path(data_dir)] if data_dir else []
     if name in TFF_DATABASES:
@@ -261,21 +189,17 @@ def data_files(
         if not data_dir:
             return []
         return [*mnist_paths(data_dir, MNIST), os.path.join(data_dir, WRITERS_FILE)]
-    if name in (*FEMNIST_CLASSES, "sent140", "leaf"):
-        _leaf_dirs(name, data_dir)
-        texts = leaf_split_files(data_dir or "")
-        return [*texts, glove_path] if name == "sent140" and glove_path else texts
-    raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+    _leaf_dirs(name, data_dir)  # the LEAF datasets: femnist, femnist_leaf, sent140, leaf
+    texts = leaf_split_files(data_dir or "")
+    return [*texts, spec.glove_path] if name == "sent140" and spec.glove_path else texts
 
 
-def source_fingerprint(
-    name: str,
-    data_dir: Optional[str] = None,
-    glove_path: Optional[str] = None,
-    tfds_dir: Optional[str] = None,
-) -> SourceFingerprint:
-    """What a checkpoint of a run on `name` records of its data, without loading it: each file
-    of `data_files` by its path relative to the data folder (`tfds_dir` when the data is read
-    from there, else `data_dir`) and a digest of its bytes (`fingerprint.file_digest`)."""
-    root = tfds_dir if tfds_dir and name in TFDS_NAMES else data_dir
-    return SourceFingerprint.of_files(root or "", data_files(name, data_dir, glove_path, tfds_dir))
+def source_fingerprint(spec: Union[DataSpec, str], *fields: Any, **named: Any) -> SourceFingerprint:
+    """What a checkpoint of a run on `spec` (as `load_dataset` takes it) records of its data,
+    without loading it: each file of `data_files` by its path relative to the data folder
+    (`tfds_dir` when the data is read from there, else `data_dir`) and a digest of its bytes
+    (`fingerprint.file_digest`)."""
+    spec = data_spec(spec, *fields, **named)
+    read_from_tfds = spec.tfds_dir and spec.dataset in TFDS_NAMES
+    root = spec.tfds_dir if read_from_tfds else spec.data_dir
+    return SourceFingerprint.of_files(root or "", data_files(spec))
