@@ -51,7 +51,7 @@ def _line(name: str, op_type: str, device: str) -> str:
 def test_placement_reader_names_ops_placed_elsewhere_or_missing() -> None:
     log = "\n".join(
         [
-            _line("while/body/_1/PartitionedCall", "PartitionedCall", "GPU:0"),
+            _line("while/body/_1/MatMul", "MatMul", "GPU:0"),
             _line("while/body/_1/loss", "SparseSoftmaxCrossEntropyWithLogits", "CPU:0"),
             _line("while/body/_1/gradient_tape/MatMul", "MatMul", "GPU:0"),
             _line("while/body/_1/gradient_tape/Sum", "Sum", "CPU:0"),

@@ -15,9 +15,9 @@ import collections
 
 # The training work of a round, as the placer logs it: by op type, and the gradient by its
 # ops' name scope (`tf.GradientTape` names them `gradient_tape/...`). The model's forward pass
-# is one function call; the ops inside it run where the call is placed.
+# is the interpreter's ops (`models/functional.py`), every model ending in a dense layer.
 TRAINING_OPS = {
-    "forward (model call)": "PartitionedCall",
+    "forward (dense layers)": "MatMul",
     "loss": "SparseSoftmaxCrossEntropyWithLogits",
     "gradient": "gradient_tape/",
     "minibatch gather": "GatherV2",
