@@ -159,3 +159,16 @@ def test_a_large_split_is_never_read_whole_to_decide(monkeypatch: pytest.MonkeyP
     ids = exp.data.client_ids[:3]
     exp.calls.score_pooled(exp.state.cluster_models, np.zeros(3, np.int32), ids)
     assert read == ids  # the clients scored, nothing else
+
+
+def test_the_flag_reaches_the_training_config() -> None:
+    from absl import flags
+
+    from tff_clustered import run_flags
+
+    assert flags.FLAGS["eval_clients"].default == TrainingConfig().eval_clients == 0
+    try:
+        flags.FLAGS(["train.py", "--eval_clients=5"])
+        assert run_flags.run_spec_from_flags("fedavg").training.eval_clients == 5
+    finally:
+        flags.FLAGS.unparse_flags()
