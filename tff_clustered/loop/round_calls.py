@@ -79,6 +79,7 @@ class PooledSplit:
     size: dict[str, int]
 
     def holds(self, client_ids: Sequence[str]) -> bool:
+        """Whether every one of `client_ids` is pooled here."""
         return all(c in self.start for c in client_ids)
 
     def rows(self, client_ids: Sequence[str]) -> PooledRows:
