@@ -119,6 +119,13 @@ flags.DEFINE_integer(
 flags.DEFINE_bool(logs.FLAG, False, logs.FLAG_HELP)
 flags.DEFINE_integer("eval_every", 1, "Evaluate every N rounds.", lower_bound=1)
 flags.DEFINE_integer(
+    "eval_clients",
+    0,
+    "If > 0, each evaluation scores this many clients: a sample drawn from the seed and the "
+    "client ids only, the same for every round and every algorithm of a seed (0: every client).",
+    lower_bound=0,
+)
+flags.DEFINE_integer(
     "fine_tune_steps",
     0,
     "If > 0, each evaluation also scores every client after this many minibatches of local SGD "
@@ -186,6 +193,7 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
             momentum=FLAGS.momentum,
             seed=FLAGS.seed,
             eval_every=FLAGS.eval_every,
+            eval_clients=FLAGS.eval_clients,
             fine_tune_steps=FLAGS.fine_tune_steps,
             max_diverged_fraction=FLAGS.max_diverged_fraction,
             server_optimizer=ServerOptimizer(

@@ -26,6 +26,8 @@ import numpy as np
 # Run-time streams: the first part after the seed of a `derived_seed`.
 SAMPLING, SHUFFLE, PRETRAIN_SHUFFLE, ALGORITHM, DROPOUT, PUBLIC_BATCH = 1, 2, 3, 4, 5, 6
 FINE_TUNE_SHUFFLE = 7
+# The clients every evaluation of a run scores with `--eval_clients` (`TrainingConfig`).
+EVAL_SAMPLE = 8
 
 
 @enum.unique

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
+
+import numpy as np
 
 from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.options import checked_fields
+from tff_clustered.seeds import EVAL_SAMPLE, derived_seed
 
 LR_SCHEDULES = ("constant", "exponential", "cosine")
 
@@ -27,6 +31,9 @@ class TrainingConfig:
     momentum: float = 0.0
     seed: int = 0
     eval_every: int = 1
+    # > 0: each evaluation scores this many clients, the same seeded sample in every round
+    # (`evaluation_sample`); 0 (or at least the number of clients): every client.
+    eval_clients: int = 0
     # > 0: also score each client after this many minibatches of plain local SGD on its
     # training data from its global/cluster model (the "finetuned" model kind).
     fine_tune_steps: int = 0
@@ -56,6 +63,7 @@ class TrainingConfig:
             (0 < self.lr_decay <= 1, "lr_decay must be in (0, 1]"),
             (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
             (self.eval_every >= 1, "eval_every must be >= 1"),
+            (self.eval_clients >= 0, "eval_clients must be >= 0 (--eval_clients=0: every client)"),
             (self.fine_tune_steps >= 0, "fine_tune_steps must be >= 0 (0: no fine-tuned kind)"),
             (self.seed >= 0, "seed must be >= 0"),
             (0 <= self.max_diverged_fraction <= 1, "max_diverged_fraction must be in [0, 1]"),
@@ -63,6 +71,21 @@ class TrainingConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+
+    def evaluation_sample(self, client_ids: Sequence[str]) -> list[str]:
+        """The clients every evaluation of the run scores, in the order of `client_ids`: all of
+        them when `eval_clients` is 0 or at least their number, else `eval_clients` of the
+        sorted ids drawn without replacement from the seed stream `EVAL_SAMPLE`. It depends on
+        the seed and the set of ids only, never on the algorithm or the round, so every
+        algorithm of a table and every round of a run score the same clients."""
+        ids = list(client_ids)
+        if not self.eval_clients or self.eval_clients >= len(ids):
+            return ids
+        ordered = sorted(ids)
+        rng = np.random.default_rng(derived_seed(self.seed, EVAL_SAMPLE))
+        drawn = rng.choice(len(ordered), self.eval_clients, replace=False)
+        chosen = {ordered[i] for i in drawn.tolist()}
+        return [c for c in ids if c in chosen]
 
     def learning_rate_at(self, round_num: int) -> float:
         """Learning rate of round `round_num` (1-based): eta_0 * decay^(r-1) when exponential."""

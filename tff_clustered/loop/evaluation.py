@@ -1,6 +1,7 @@
-"""Scoring every client with each model kind an algorithm has: the evaluation row of a round
-and each client's row (clients.csv). Whole server models are scored pooled, one call per model;
-a personal model that joins each client's stored tensors, client by client."""
+"""Scoring the evaluated clients (every client, or the run's seeded `--eval_clients` sample)
+with each model kind an algorithm has: the evaluation row of a round and each client's row
+(clients.csv). Whole server models are scored pooled, one call per model (and chunk of
+clients); a personal model that joins each client's stored tensors, client by client."""
 
 from __future__ import annotations
 
@@ -84,20 +85,22 @@ class Evaluator:
         queries: ServerQueries,
         round_num: int,
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """Scores every client with each model kind the algorithm has (`model_kinds`), a client
-        not assigned yet with the cluster the algorithm's own rule gives it. Returns the round's
-        row and each client's row. Row columns:
+        """Scores the evaluated clients (`RoundCalls.scored_clients`: every client, or the
+        run's `eval_clients` sample, the same in every round) with each model kind the algorithm
+        has (`model_kinds`), a client not assigned yet with the cluster the algorithm's own rule
+        gives it. Returns the round's row and each evaluated client's row. Row columns:
 
-        * `accuracy_KIND`, `loss_KIND` (pooled over all clients' test examples) and
-          `client_accuracy_mean_KIND` (unweighted mean over clients);
+        * `accuracy_KIND`, `loss_KIND` (pooled over the evaluated clients' test examples) and
+          `client_accuracy_mean_KIND` (unweighted mean over them);
         * `accuracy`, `loss`, `client_accuracy_mean`, `num_eval_clients`: the paper's figure,
-          the first kind over the clients with an assignment only;
-        * `cluster_size_k` (assigned clients) and `cluster_accuracy_k` (first kind, pooled over
-          the clients scored with cluster k)."""
-        everyone = list(self.data.client_ids)
-        assigned = state.assigned(everyone)
-        clusters = self.algorithm.evaluation_clusters(self.run, state.view(), everyone, queries)
-        cluster_of = dict(zip(everyone, (int(k) for k in clusters)))
+          the first kind over the evaluated clients with an assignment only;
+        * `cluster_size_k` (assigned clients of the whole population) and
+          `cluster_accuracy_k` (first kind, pooled over the evaluated clients scored with
+          cluster k)."""
+        evaluated = list(self.calls.scored_clients)
+        assigned = state.assigned(evaluated)
+        clusters = self.algorithm.evaluation_clusters(self.run, state.view(), evaluated, queries)
+        cluster_of = dict(zip(evaluated, (int(k) for k in clusters)))
         kinds = self.algorithm.model_kinds
         results: dict[str, ClientResults] = {}
         for kind in kinds:
@@ -107,24 +110,28 @@ class Evaluator:
                 models, keys = server_models(
                     state.cluster_models, "cluster" if kind == "personal" else kind, clusters
                 )
-                results[kind] = self.score_kind(kind, models, keys, everyone, store, fed_round)
+                results[kind] = self.score_kind(kind, models, keys, evaluated, store, fed_round)
         tunable = [k for k in kinds if k != "personal"]
         if self.fine_tune_steps and tunable:
             models, keys = server_models(state.cluster_models, tunable[0], clusters)
-            results[FINE_TUNED] = self.fine_tuned(models, keys, everyone, queries, round_num)
+            results[FINE_TUNED] = self.fine_tuned(models, keys, evaluated, queries, round_num)
             kinds = (*kinds, FINE_TUNED)
         main = results[kinds[0]]
         row: dict[str, Any] = pooled({c: main[c] for c in assigned}, "")
         row["num_eval_clients"] = len(assigned)
         for kind in kinds:
             row.update(pooled(results[kind], f"_{kind}"))
-        sizes = np.bincount([state.assignment[c] for c in assigned], minlength=state.num_clusters)
+        population = self.data.client_ids
+        in_clusters = assigned if len(evaluated) == len(population) else state.assigned(population)
+        sizes = np.bincount(
+            [state.assignment[c] for c in in_clusters], minlength=state.num_clusters
+        )
         row.update({f"cluster_size_{k}": int(n) for k, n in enumerate(sizes)})
         for k in sorted(set(cluster_of.values())):
             members = {c: r for c, r in main.items() if cluster_of[c] == k}
             row[f"cluster_accuracy_{k}"] = pooled(members, "")["accuracy"]
         client_rows = []
-        for c in everyone:
+        for c in evaluated:
             client_row: dict[str, Any] = {
                 "round": round_num,
                 "client": c,

@@ -97,9 +97,9 @@ class ServerQueries:
                     for c in client_ids
                 ]
             return losses
-        pooled = calls.pooled_rows("train", client_ids)  # pooled once, scored by every model
-        for k, model in enumerate(cluster_models):
-            loss_sum, _, num_examples = calls.score_arrays(model, pooled, len(client_ids))
+        # Each chunk of clients pooled once and scored by every model.
+        sums = calls.pooled_sums(list(cluster_models), client_ids, "train")
+        for k, (loss_sum, _, num_examples) in enumerate(sums):
             losses[:, k] = loss_sum / np.maximum(num_examples, 1.0)
         return losses
 

@@ -6,7 +6,7 @@ It changes nothing of the run: what to store and apply is the caller's (`round_s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
@@ -32,11 +32,19 @@ from tff_clustered.seeds import DROPOUT, SHUFFLE, derived_seed
 # Examples per batch when many clients' examples are scored pooled (`score_pooled`): no
 # gradients, and per-example results do not depend on it.
 POOLED_BATCH = 512
-# A split whose examples take at most this many bytes is pooled whole once and kept where the
-# scoring runs (`RoundCalls.pooled_rows`); a larger one is pooled per call, its clients only.
-# TFF sends a value as one protocol buffer (at most 2 GB), and keeping a split costs its size
-# again in this process and on the worker.
+# The scored clients' examples of a split (every client's, or the `--eval_clients` sample's)
+# are pooled once and kept where the scoring runs when they take at most this many bytes
+# (`RoundCalls.pooled_rows`); larger, they are pooled per call, in chunks. TFF sends a value as
+# one protocol buffer (at most 2 GB), and keeping a split costs its size again in this process
+# and on the worker.
 POOLED_SPLIT_MAX_BYTES = 512 * 2**20
+# Examples pooled per call when a split is not kept (`RoundCalls.pooled_chunks`): a run of
+# clients taking at most this many bytes (or one larger client), so memory stays bounded at any
+# population.
+POOLED_CHUNK_BYTES = 64 * 2**20
+# Clients per call of the per-client scoring (`RoundCalls.score`): their examples and stored
+# variables are what one call holds.
+CLIENTS_PER_SCORE_CALL = 1000
 ClientResults = dict[str, dict[str, float]]  # client id -> loss_sum, num_correct, num_examples
 
 
@@ -63,12 +71,16 @@ class PooledRows(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class PooledSplit:
-    """Every client's examples of a split in one pair of arrays (`examples()` gives them where
+    """Some clients' examples of a split in one pair of arrays (`examples()` gives them where
     the scoring runs), and where each client's rows start and how many it has."""
 
     examples: Callable[[], tuple]
     start: dict[str, int]
     size: dict[str, int]
+
+    def holds(self, client_ids: Sequence[str]) -> bool:
+        """Whether every one of `client_ids` is pooled here."""
+        return all(c in self.start for c in client_ids)
 
     def rows(self, client_ids: Sequence[str]) -> PooledRows:
         sizes = [self.size[c] for c in client_ids]
@@ -126,6 +138,10 @@ class RoundCalls:
     ) -> None:
         self.data, self.layout, self.rounds_cache, self.config = data, layout, rounds_cache, config
         self.client_index = {cid: i for i, cid in enumerate(data.client_ids)}
+        # The clients every evaluation scores (`TrainingConfig.evaluation_sample`): their
+        # examples are the ones pooled once and kept.
+        self.scored_clients = config.evaluation_sample(data.client_ids)
+        self.example_bytes = 4 * (int(np.prod(data.input_shape)) + 1)  # float32 x, int32 y
         self._predict: Optional[Callable] = None
         self._pooled_scores: Optional[Callable] = None
         self._pooled_splits: dict[str, Optional[PooledSplit]] = {}
@@ -218,23 +234,28 @@ class RoundCalls:
         split: str = "test",
     ) -> ClientResults:
         """Each client's results on its `split` arrays with `models[keys[i]]` (joined with its
-        variables in `store` where the round reads them), one client at a time."""
+        variables in `store` where the round reads them), one client at a time, in calls of at
+        most `CLIENTS_PER_SCORE_CALL` clients (a client's results do not depend on the
+        others of its call)."""
         store_in = fed_round.io.store_in
         if store_in and store is None:
             raise ValueError("this round joins each model with the client's stored variables")
-        results = fed_round.evaluate(
-            flat.matrix_to_stacked(
-                padded(models, fed_round.signature.num_clusters), self.layout.shapes
-            ),
-            [
+        stacked = flat.matrix_to_stacked(
+            padded(models, fed_round.signature.num_clusters), self.layout.shapes
+        )
+        batch_size = np.int64(evaluation_batch_size(self.config.batch_size))
+        results: ClientResults = {}
+        for begin in range(0, max(len(client_ids), 1), CLIENTS_PER_SCORE_CALL):
+            ids = client_ids[begin : begin + CLIENTS_PER_SCORE_CALL]
+            inputs = [
                 evaluation_input(
                     self.data.arrays(split, c), k, store.variables(c, store_in) if store_in else ()
                 )
-                for c, k in zip(client_ids, keys)
-            ],
-            np.int64(evaluation_batch_size(self.config.batch_size)),
-        )
-        return {c: {k: float(v) for k, v in r.items()} for c, r in zip(client_ids, results)}
+                for c, k in zip(ids, keys[begin : begin + CLIENTS_PER_SCORE_CALL])
+            ]
+            scored = fed_round.evaluate(stacked, inputs, batch_size)
+            results.update({c: {k: float(v) for k, v in r.items()} for c, r in zip(ids, scored)})
+        return results
 
     def score_pooled(
         self,
@@ -244,13 +265,13 @@ class RoundCalls:
         split: str = "test",
     ) -> ClientResults:
         """The results `score` gives with whole models (nothing from the client store), in one
-        call per model: the `split` examples of every client that `models[k]` scores
-        (`pooled_rows`), summed per client inside the computation (`score_arrays`)."""
+        call per model (and chunk, `pooled_chunks`): the `split` examples of every client that
+        `models[k]` scores, summed per client inside the computation (`pooled_sums`)."""
         keys = np.asarray(keys)
         results: ClientResults = {}
         for k in np.unique(keys):
             members = [client_ids[i] for i in np.flatnonzero(keys == k)]
-            sums = self.score_arrays(models[k], self.pooled_rows(split, members), len(members))
+            (sums,) = self.pooled_sums([models[k]], members, split)
             for j, client in enumerate(members):
                 results[client] = {
                     name: float(values[j])
@@ -258,16 +279,55 @@ class RoundCalls:
                 }
         return {c: results[c] for c in client_ids}
 
+    def pooled_sums(
+        self, models: Sequence[np.ndarray], client_ids: Sequence[str], split: str = "test"
+    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """For each flat whole model: the per-client loss sums, correct predictions and
+        examples of `client_ids` on their `split` examples (`score_arrays`), each chunk of
+        clients (`pooled_chunks`) pooled once and scored by every model."""
+        parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in models]
+        for chunk in self.pooled_chunks(split, client_ids):
+            pooled = self.pooled_rows(split, chunk)
+            for model, scored in zip(models, parts):
+                scored.append(self.score_arrays(model, pooled, len(chunk)))
+        return [
+            (
+                np.concatenate([p[0] for p in scored]),
+                np.concatenate([p[1] for p in scored]),
+                np.concatenate([p[2] for p in scored]),
+            )
+            for scored in parts
+        ]
+
+    def pooled_chunks(self, split: str, client_ids: Sequence[str]) -> list[Sequence[str]]:
+        """`client_ids` as the runs of clients scored in one call each: all of them when their
+        examples are kept (`pooled_rows`) or take at most `POOLED_CHUNK_BYTES`, else runs of
+        at most that many bytes (a larger client alone), decided from the split's sizes."""
+        kept = self._kept_split(split)
+        if kept is not None and kept.holds(client_ids):
+            return [client_ids]
+        sizes = self.split_sizes(split)
+        chunks: list[Sequence[str]] = []
+        begin, size = 0, 0
+        for i, c in enumerate(client_ids):
+            n = sizes[c] * self.example_bytes
+            if i > begin and size + n > POOLED_CHUNK_BYTES:
+                chunks.append(client_ids[begin:i])
+                begin, size = i, 0
+            size += n
+        chunks.append(client_ids[begin:])
+        return chunks
+
     def pooled_rows(self, split: str, client_ids: Sequence[str]) -> PooledRows:
-        """The `split` examples of `client_ids`, to score pooled. Every client of the split is
-        pooled once, on the first call, and kept where the scoring runs (on TFF's worker:
-        `RoundCache.pooled_examples`), so later calls send only row indices; a split over
-        `POOLED_SPLIT_MAX_BYTES` is pooled on each call instead, `client_ids` only."""
-        if split not in self._pooled_splits:
-            self._pooled_splits[split] = self._pool_split(split)
-        whole = self._pooled_splits[split]
-        if whole is not None:
-            return whole.rows(client_ids)
+        """The `split` examples of `client_ids`, to score pooled. The scored clients'
+        (`scored_clients`) examples of a split are pooled once, on the first call, and kept
+        where the scoring runs (on TFF's worker: `RoundCache.pooled_examples`), so later calls
+        of those clients send only row indices; other clients, or a split whose scored
+        clients take more than `POOLED_SPLIT_MAX_BYTES`, are pooled on each call,
+        `client_ids` only."""
+        kept = self._kept_split(split)
+        if kept is not None and kept.holds(client_ids):
+            return kept.rows(client_ids)
         arrays = [self.data.arrays(split, c) for c in client_ids]
         x, y = (np.concatenate([a[name] for a in arrays]) for name in ("x", "y"))
         sizes = [len(a["y"]) for a in arrays]
@@ -277,12 +337,24 @@ class RoundCalls:
             np.repeat(np.arange(len(arrays), dtype=np.int32), sizes),
         )
 
+    def split_sizes(self, split: str) -> Mapping[str, int]:
+        """Each client's number of `split` ("train" or "test") examples."""
+        return self.data.train_sizes if split == "train" else self.data.test_sizes
+
+    def _kept_split(self, split: str) -> Optional[PooledSplit]:
+        if split not in self._pooled_splits:
+            self._pooled_splits[split] = self._pool_split(split)
+        return self._pooled_splits[split]
+
     def _pool_split(self, split: str) -> Optional[PooledSplit]:
-        ids = self.data.client_ids
-        arrays = [self.data.arrays(split, c) for c in ids]
-        if sum(a["x"].nbytes + a["y"].nbytes for a in arrays) > POOLED_SPLIT_MAX_BYTES:
+        """The scored clients' examples of `split` pooled, or None when they take more than
+        `POOLED_SPLIT_MAX_BYTES` (known from the split's sizes, no example read)."""
+        ids = self.scored_clients
+        split_sizes = self.split_sizes(split)
+        sizes = [int(split_sizes[c]) for c in ids]
+        if sum(sizes) * self.example_bytes > POOLED_SPLIT_MAX_BYTES:
             return None
-        sizes = [len(a["y"]) for a in arrays]
+        arrays = [self.data.arrays(split, c) for c in ids]
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int)
         x, y = (np.concatenate([a[name] for a in arrays]) for name in ("x", "y"))
         return PooledSplit(
