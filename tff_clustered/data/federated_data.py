@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, Optional, Union
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional, Protocol, Union
 
 import numpy as np
 import tensorflow_federated as tff
@@ -37,6 +37,16 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text.strip() else type(error).__name__
 
 
+class ClientSource(Protocol):
+    """Clients whose examples are read when first needed (`client_source.LazyClients`)."""
+
+    client_ids: Sequence[str]
+
+    def arrays(self, split: str, client_id: str) -> ClientArrayDict: ...
+
+    def fingerprint(self) -> str: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class FederatedData:
     name: str
@@ -60,12 +70,18 @@ class FederatedData:
     train_arrays: Mapping[str, ClientArrayDict] = dataclasses.field(default_factory=dict)
     test_arrays: Mapping[str, ClientArrayDict] = dataclasses.field(default_factory=dict)
 
+    # Where the examples are read from when a client is first needed (`client_source`); None:
+    # every client's arrays are in `train_arrays` and `test_arrays`.
+    source: Optional[ClientSource] = None
+
     @property
     def client_ids(self) -> list[str]:
-        return list(self.train.client_ids)
+        return list(self.source.client_ids if self.source else self.train.client_ids)
 
     def arrays(self, split: str, client_id: str) -> ClientArrayDict:
         """A client's examples of `split` ("train" or "test") as arrays."""
+        if self.source is not None:
+            return self.source.arrays(split, client_id)
         return (self.train_arrays if split == "train" else self.test_arrays)[client_id]
 
 
@@ -127,40 +143,18 @@ def from_checked_arrays(
             f"client {missing[0]!r}{where} appears in only one of train/test; every client needs "
             "both splits (regenerate the split, or drop the client from both)"
         )
-    input_shape = None
+    input_shape = np.shape(next(iter(train.values()))[0])[1:]
     cleaned: dict[str, dict[str, collections.OrderedDict]] = {"train": {}, "test": {}}
     for split_name, split in (("train", train), ("test", test)):
         for cid, (x, y) in split.items():
-            x = np.asarray(x, dtype=np.float32)
-            context = f"client {cid!r} ({split_name}){where}"
-            if input_shape is None:
-                input_shape = x.shape[1:]
-            elif x.shape[1:] != input_shape:
-                raise DataError(
-                    f"{context}: examples of shape {x.shape[1:]}, others have {input_shape}; "
-                    "all inputs must share one shape"
-                )
-            if not np.all(np.isfinite(x)):
-                raise DataError(f"{context}: inputs contain NaN or infinity; clean the data")
-            if vocabulary_size is not None and not (
-                np.all(np.mod(x, 1) == 0) and np.all((x >= 0) & (x < vocabulary_size))
-            ):
-                raise DataError(
-                    f"{context}: inputs must be token ids 0..{vocabulary_size - 1}; fix the "
-                    "tokenisation"
-                )
-            if np.any(y < 0):
-                raise DataError(
-                    f"{context}: label {int(y.min())} is negative; labels are class indices "
-                    f"0..{num_classes - 1}, fix the labels"
-                )
-            bad = y[y >= num_classes]
-            if bad.size:
-                raise DataError(
-                    f"{context}: label {int(bad[0])} is outside the model's {num_classes} classes "
-                    f"0..{num_classes - 1}; fix the labels or raise --num_classes"
-                )
-            cleaned[split_name][cid] = collections.OrderedDict(x=x, y=y.astype(np.int32))
+            cleaned[split_name][cid] = checked_client(
+                f"client {cid!r} ({split_name}){where}",
+                x,
+                y,
+                input_shape,
+                num_classes,
+                vocabulary_size,
+            )
     if public_x is not None:
         public_x = np.asarray(public_x, dtype=np.float32)
         if public_x.ndim == 0 or not len(public_x):
@@ -190,6 +184,46 @@ def from_checked_arrays(
         train_arrays=cleaned["train"],
         test_arrays=cleaned["test"],
     )
+
+
+def checked_client(
+    context: str,
+    x: Any,
+    y: np.ndarray,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    vocabulary_size: Optional[int] = None,
+) -> ClientArrayDict:
+    """One client's examples that passed `example_arrays`, checked against what the dataset as a
+    whole decides (`context` names the client in the errors): examples of `input_shape`, finite
+    inputs (token ids 0..vocabulary_size-1 with `vocabulary_size`) and labels
+    0..num_classes-1. Returns OrderedDict(x=float32, y=int32), what a round sends a client."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.shape[1:] != tuple(input_shape):
+        raise DataError(
+            f"{context}: examples of shape {x.shape[1:]}, others have {tuple(input_shape)}; "
+            "all inputs must share one shape"
+        )
+    if not np.all(np.isfinite(x)):
+        raise DataError(f"{context}: inputs contain NaN or infinity; clean the data")
+    if vocabulary_size is not None and not (
+        np.all(np.mod(x, 1) == 0) and np.all((x >= 0) & (x < vocabulary_size))
+    ):
+        raise DataError(
+            f"{context}: inputs must be token ids 0..{vocabulary_size - 1}; fix the tokenisation"
+        )
+    if np.any(y < 0):
+        raise DataError(
+            f"{context}: label {int(y.min())} is negative; labels are class indices "
+            f"0..{num_classes - 1}, fix the labels"
+        )
+    bad = y[y >= num_classes]
+    if bad.size:
+        raise DataError(
+            f"{context}: label {int(bad[0])} is outside the model's {num_classes} classes "
+            f"0..{num_classes - 1}; fix the labels or raise --num_classes"
+        )
+    return collections.OrderedDict(x=x, y=y.astype(np.int32))
 
 
 def chosen_clients(
