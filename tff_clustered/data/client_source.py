@@ -51,7 +51,7 @@ class LazyClients:
     bytes."""
 
     client_ids: Sequence[str]
-    sizes: Mapping[str, Mapping[str, int]]
+    sizes: Optional[Mapping[str, Mapping[str, int]]]  # None: counted at each client's read
     read: ClientReader
     num_classes: int
     digest: Callable[[], str]
@@ -63,6 +63,7 @@ class LazyClients:
     reads: int = 0  # clients' splits read from the source so far (a cache miss each)
     _cache: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict)
     _cached_bytes: int = 0
+    _counted: dict = dataclasses.field(default_factory=dict)
 
     def arrays(self, split: str, client_id: str) -> ClientArrayDict:
         """The client's validated examples of `split`, from the cache or read now."""
@@ -70,7 +71,8 @@ class LazyClients:
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        expected = self.sizes[split][client_id]  # a KeyError for a client not in the split
+        if client_id not in self.split_sizes(split):
+            raise KeyError(client_id)
         context = f"client {client_id!r} ({split}){f' in {self.where}' if self.where else ''}"
         try:
             x, y = self.read(split, client_id)
@@ -82,6 +84,7 @@ class LazyClients:
                 f"{first_line(e)[:200]}); regenerate the file"
             ) from None
         x, y = example_arrays(context, x, y)
+        expected = len(y) if self.sizes is None else self.sizes[split][client_id]
         if len(y) != expected:
             raise DataError(
                 f"{context}: {len(y)} examples, but the source lists {expected}; regenerate the "
@@ -101,6 +104,15 @@ class LazyClients:
             self._cached_bytes -= cached_bytes(self._cache.popitem(last=False)[1])
         return arrays
 
+    def split_sizes(self, split: str) -> Mapping[str, int]:
+        """Each client's number of examples of `split`: as the source lists them, or counted
+        at the client's first read (`CountedSizes`)."""
+        if self.sizes is not None:
+            return self.sizes[split]
+        if split not in self._counted:
+            self._counted[split] = CountedSizes(self, split)
+        return self._counted[split]
+
     def fingerprint(self) -> str:
         return self.digest()
 
@@ -108,6 +120,32 @@ class LazyClients:
     def cached(self) -> int:
         """How many client splits the cache holds."""
         return len(self._cache)
+
+
+class CountedSizes(Mapping):
+    """A split's client sizes where the source lists none: a client's size is counted when it
+    is first asked for, by reading its examples (through the cache); the clients are known."""
+
+    def __init__(self, source: LazyClients, split: str) -> None:
+        self._source, self._split = source, split
+        self._ids = frozenset(source.client_ids)
+        self._counts: dict[str, int] = {}
+
+    def __getitem__(self, client: str) -> int:
+        if client not in self._counts:
+            if client not in self._ids:
+                raise KeyError(client)
+            self._counts[client] = len(self._source.arrays(self._split, client)["y"])
+        return self._counts[client]
+
+    def __contains__(self, client: object) -> bool:
+        return client in self._ids
+
+    def __iter__(self):  # noqa: ANN204 - Mapping's protocol
+        return iter(self._source.client_ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
 
 
 def cached_bytes(arrays: ClientArrayDict) -> int:
@@ -154,7 +192,8 @@ def federated_data(
     where = f" in {source.where}" if source.where else ""
     if not source.client_ids:
         raise DataError(f"dataset {name!r}{where} has no clients; check the data path")
-    missing = sorted(set(source.sizes["train"]) ^ set(source.sizes["test"]))
+    train_sizes, test_sizes = source.split_sizes("train"), source.split_sizes("test")
+    missing = sorted(set(train_sizes) ^ set(test_sizes))
     if missing:
         raise DataError(
             f"client {missing[0]!r}{where} appears in only one of train/test; every client needs "
@@ -167,8 +206,8 @@ def federated_data(
         test=SourceClientData(source, "test"),
         input_shape=tuple(int(d) for d in source.input_shape),
         num_classes=source.num_classes,
-        train_sizes=source.sizes["train"],
-        test_sizes=source.sizes["test"],
+        train_sizes=train_sizes,
+        test_sizes=test_sizes,
         image_shape=image_shape,
         true_clusters=dict(true_clusters) if true_clusters is not None else None,
         vocabulary_size=source.vocabulary_size,

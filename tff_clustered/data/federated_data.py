@@ -15,8 +15,6 @@ from typing import Any, Optional, Protocol, Union
 import numpy as np
 import tensorflow_federated as tff
 
-from tff_clustered.options import article_of, described
-
 ClientArrays = tuple[np.ndarray, np.ndarray]  # (x, y)
 ClientArrayDict = Mapping[str, np.ndarray]  # OrderedDict(x=..., y=...)
 
@@ -249,87 +247,6 @@ def split_train_test(
     n_train = int(np.clip(np.floor(train_fraction * len(y)), 1, len(y) - 1))
     tr, te = order[:n_train], order[n_train:]
     return (x[tr], y[tr]), (x[te], y[te])
-
-
-def client_arrays(clients: Clients, x_key: str, y_key: str, split: str) -> dict[str, ClientArrays]:
-    """Per-client `(x, y)` NumPy arrays from a ClientData or a mapping of clients, each client's
-    checked by `example_arrays` (numbers, one whole-number label per example; their range is
-    `from_checked_arrays`'s to check); client ids become strings, two ids that are the same
-    string (1 and "1") are refused rather than merged."""
-    if isinstance(clients, tff.simulation.datasets.ClientData):
-        arrays = {}
-        for client in clients.client_ids:
-            dataset = clients.create_tf_dataset_for_client(client)
-            spec = dataset.element_spec
-            if not isinstance(spec, Mapping) or x_key not in spec or y_key not in spec:
-                raise DataError(
-                    f"{split} client {client!r}: elements are {spec}; pass x_key= and y_key= "
-                    "naming the inputs and the labels (TFF's EMNIST: x_key='pixels', "
-                    "y_key='label')"
-                )
-            batches = list(dataset.batch(1 << 16).as_numpy_iterator())
-            if not batches:
-                raise DataError(f"{split} client {client!r} has no examples; drop the client")
-            try:
-                x = np.concatenate([b[x_key] for b in batches])
-            except ValueError:
-                raise DataError(
-                    f"{split} client {client!r}: its examples have different shapes; pad or crop "
-                    "them to one shape"
-                ) from None
-            y = np.concatenate([b[y_key] for b in batches])
-            arrays[str(client)] = example_arrays(f"{split} client {client!r}", x, y)
-    elif isinstance(clients, Mapping):
-        arrays = {}
-        original: dict[str, Any] = {}
-        for client, value in clients.items():
-            where = f"{split} client {client!r}"
-            cid = client_id(client, split)
-            if cid in original:
-                raise DataError(
-                    f"{split} clients {original[cid]!r} and {client!r} are both client {cid!r} "
-                    "(ids are compared as strings); rename one so no client's data is lost"
-                )
-            original[cid] = client
-            if isinstance(value, Mapping):
-                if x_key not in value or y_key not in value:
-                    raise DataError(
-                        f"{where} has keys {sorted(map(str, value))}; pass x_key= and y_key="
-                    )
-                value = (value[x_key], value[y_key])
-            elif not isinstance(value, (tuple, list)) or len(value) != 2:
-                raise DataError(
-                    f"{where}: its value is {described_briefly(value)}, not an (x, y) pair; give "
-                    f"(inputs, labels) or a mapping with keys {x_key!r} and {y_key!r}"
-                )
-            arrays[cid] = example_arrays(where, *value)
-    else:
-        raise TypeError(
-            f"{split} data must be a tff.simulation.datasets.ClientData or a mapping of client "
-            f"ids to (x, y), got {type(clients).__name__}"
-        )
-    if not arrays:
-        raise DataError(f"the {split} data has no clients; give at least one client with examples")
-    return arrays
-
-
-def client_id(client: Any, split: str) -> str:
-    """A client's id as the runs name it: a string (an int id is written in digits)."""
-    if isinstance(client, (str, np.str_)):
-        return str(client)
-    if isinstance(client, (int, np.integer)) and not isinstance(client, (bool, np.bool_)):
-        return str(int(client))
-    raise DataError(
-        f"{split} client id {described(client)} is not a string or an int; name each client by "
-        "a string"
-    )
-
-
-def described_briefly(value: Any) -> str:
-    """A value's type, and its shape when it is an array, for a one-line error."""
-    shape = getattr(value, "shape", None)
-    kind = article_of(type(value))
-    return f"{kind} of shape {tuple(shape)}" if shape is not None else kind
 
 
 def example_arrays(where: str, x: Any, y: Any) -> ClientArrays:

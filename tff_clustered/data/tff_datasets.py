@@ -41,11 +41,11 @@ from tff_clustered.data.federated_data import (
     DataError,
     FederatedData,
     chosen_clients,
-    client_arrays,
     first_line,
     from_arrays,
     from_checked_arrays,
 )
+from tff_clustered.data.given_clients import client_arrays
 from tff_clustered.data.images import standardise
 from tff_clustered.data.partitions import HOLDOUT_FRACTION, holdout_split
 from tff_clustered.seeds import DataStream, data_rng
