@@ -17,6 +17,7 @@ import tff_clustered
 from tff_clustered.data import DataError, FederatedData, load_dataset, sql_clients
 from tff_clustered.data.given_clients import federated_data
 from tff_clustered.data.registry import source_fingerprint
+from tff_clustered.data.tff_datasets import emnist_parsing
 
 NUM_CLIENTS = 30
 CLASSES = 3
@@ -219,3 +220,18 @@ def test_a_run_on_lazy_clients_equals_the_run_in_memory(
     lazy = load_dataset("tff_sql", data_dir=population_file, num_classes=CLASSES)
     held = sql_clients.load_tff_sql(population_file, CLASSES, lazy=False)
     assert run_history(lazy, str(tmp_path / "lazy")) == run_history(held, str(tmp_path / "held"))
+
+
+def test_tff_emnist_is_read_lazily_as_tffs_own_reader_reads_it() -> None:
+    folder = os.path.join(os.path.dirname(__file__), "..", "testdata", "tff_emnist_tiny")
+    data = load_dataset("tff_emnist", data_dir=folder)
+    assert data.source is not None and data.source.reads == 1
+    path = os.path.join(folder, "emnist_all.sqlite")
+    for split in ("train", "test"):
+        tffs = tff.simulation.datasets.SqlClientData(path, f"digits_only_{split}")
+        for client in data.client_ids:
+            parsed = emnist_parsing(tffs.create_tf_dataset_for_client(client))
+            batch = next(iter(parsed.batch(1000).as_numpy_iterator()))
+            arrays = data.arrays(split, client)
+            np.testing.assert_array_equal(arrays["x"], batch["pixels"].reshape(-1, 784))
+            np.testing.assert_array_equal(arrays["y"], batch["label"])

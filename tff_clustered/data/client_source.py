@@ -148,6 +148,23 @@ class CountedSizes(Mapping):
         return len(self._ids)
 
 
+class SourceArrays(Mapping):
+    """A split's clients -> their arrays, read through the source (`FederatedData.train_arrays`
+    of a lazy dataset): looking a client up reads it; iterating reads every client."""
+
+    def __init__(self, source: LazyClients, split: str) -> None:
+        self._source, self._split = source, split
+
+    def __getitem__(self, client: str) -> ClientArrayDict:
+        return self._source.arrays(self._split, client)
+
+    def __iter__(self):  # noqa: ANN204 - Mapping's protocol
+        return iter(self._source.client_ids)
+
+    def __len__(self) -> int:
+        return len(self._source.client_ids)
+
+
 def cached_bytes(arrays: ClientArrayDict) -> int:
     return sum(int(np.asarray(v).nbytes) for v in arrays.values())
 
@@ -211,5 +228,7 @@ def federated_data(
         image_shape=image_shape,
         true_clusters=dict(true_clusters) if true_clusters is not None else None,
         vocabulary_size=source.vocabulary_size,
+        train_arrays=SourceArrays(source, "train"),
+        test_arrays=SourceArrays(source, "test"),
         source=source,
     )
