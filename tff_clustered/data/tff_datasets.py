@@ -6,7 +6,8 @@ TFF 0.87 stores federated EMNIST as `emnist_all.sqlite` (3,383 writers, each wit
 a test split; `digits_only_*` splits hold their digits, `all_*` splits all 62 classes) in the
 `cache_dir` of `tff.simulation.datasets.emnist.load_data` (default `~/.tff`). Point
 `--data_dir` at that folder. Writers are read by id when a round first needs them
-(`sql_clients.SqlClients`); the ids and sizes come from `client_metadata`. Images are 28x28 floats in [0, 1] (white background: 1).
+(`sql_clients.SqlClients`); the ids and sizes come from `client_metadata`. Images are 28x28
+floats in [0, 1] (white background: 1).
 
 Federated CIFAR-100 is `cifar100.sqlite` in the same folder: split `train` holds 500 clients
 (ids "0".."499") of 100 images each, split `test` 100 *other* clients (ids "0".."99", the same
