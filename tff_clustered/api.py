@@ -33,17 +33,9 @@ import tensorflow as tf
 
 from tff_clustered import checkpoint, runner, weights
 from tff_clustered.algorithms import algorithm_class, make_algorithm, make_options
-from tff_clustered.data.federated_data import (
-    Clients,
-    DataError,
-    FederatedData,
-    client_arrays,
-    client_id,
-    first_line,
-    from_checked_arrays,
-    split_train_test,
-)
+from tff_clustered.data.federated_data import Clients, FederatedData, first_line
 from tff_clustered.data.fingerprint import arrays_digest
+from tff_clustered.data.given_clients import federated_data
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.state import RunState
 from tff_clustered.models.keras_models import ModelSpec
@@ -53,7 +45,6 @@ from tff_clustered.orchestration import Experiment
 from tff_clustered.phases import PhaseTimer
 from tff_clustered.run_folder import RunFolder
 from tff_clustered.runtime import RuntimeConfig, tff_runtime
-from tff_clustered.seeds import DataStream, data_rng
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,79 +71,6 @@ class RunResult:
         for variable, value in zip(variables, values):
             variable.assign(value)
         return model
-
-
-def federated_data(
-    train: Clients,
-    test: Optional[Clients] = None,
-    *,
-    name: str = "custom",
-    num_classes: Optional[int] = None,
-    x_key: str = "x",
-    y_key: str = "y",
-    test_fraction: float = 0.2,
-    seed: int = 0,
-    planted_groups: Optional[Mapping[str, int]] = None,
-) -> FederatedData:
-    """Your clients as the runs' `FederatedData`. Without `test`, each client's examples are
-    shuffled (from `seed`) and `test_fraction` of them become its test set. `num_classes`
-    defaults to the largest label + 1. `planted_groups` (client -> group), when you know them,
-    make each run report how well its clusters recover them (adjusted Rand).
-
-    Everything is checked before it is used: a wrong argument, or a client whose examples are
-    not numbers with one class index each, is one line naming it and the fix (`DataError`, a
-    ValueError, or a TypeError for an argument of a wrong type)."""
-    owner = "federated_data"
-    name = checked_value(owner, "name", name, str)
-    x_key = checked_value(owner, "x_key", x_key, str)
-    y_key = checked_value(owner, "y_key", y_key, str)
-    seed = checked_value(owner, "seed", seed, int)
-    test_fraction = checked_value(owner, "test_fraction", test_fraction, float)
-    num_classes = checked_value(owner, "num_classes", num_classes, Optional[int])
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
-    if num_classes is not None and num_classes < 1:
-        raise ValueError(f"num_classes must be >= 1, got {num_classes}; or leave it out")
-    train_arrays = client_arrays(train, x_key, y_key, "train")
-    if test is None:
-        if not 0 < test_fraction < 1:
-            raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-        rng = data_rng(seed, DataStream.GIVEN_CLIENTS_SPLIT)
-        pairs = {}
-        for client, (x, y) in train_arrays.items():
-            if len(y) < 2:  # each side of a client's split keeps at least one example
-                raise DataError(
-                    f"train client {client!r} has {len(y)} example(s); splitting off its test "
-                    "set needs at least 2 (give it more, drop it, or give test=)"
-                )
-            pairs[client] = split_train_test(x, y, 1 - test_fraction, rng)
-        train_arrays = {c: pair[0] for c, pair in pairs.items()}
-        test_arrays = {c: pair[1] for c, pair in pairs.items()}
-    else:
-        test_arrays = client_arrays(test, x_key, y_key, "test")
-    if num_classes is None:
-        labels = [y for split in (train_arrays, test_arrays) for _, y in split.values()]
-        num_classes = max(int(max(np.max(y) for y in labels if len(y))) + 1, 1)
-    if planted_groups is not None:
-        if not isinstance(planted_groups, Mapping):
-            raise TypeError(
-                f"planted_groups must be a mapping of client -> group, got "
-                f"{described(planted_groups)}; give {{client: group}}"
-            )
-        planted_groups = {client_id(c, "planted_groups"): g for c, g in planted_groups.items()}
-        missing = sorted(set(train_arrays) - set(planted_groups))
-        if missing:
-            raise ValueError(
-                f"planted_groups has no group for client {missing[0]!r}; give every client one"
-            )
-    return from_checked_arrays(
-        name,
-        train_arrays,
-        test_arrays,
-        num_classes,
-        true_clusters=planted_groups,
-        source="the given clients",
-    )
 
 
 # Final activations that turn logits into probabilities: the loss applies the softmax itself.
@@ -394,6 +312,8 @@ def refuse_another_model(output_dir: str, saved: Optional[RunState], values: int
 
 
 def fingerprint(data: FederatedData) -> str:
-    """A digest of every client's examples (in-memory data has no files to fingerprint): a
-    checkpoint resumes only on the same data."""
+    """A digest of every client's examples (in-memory data has no files to fingerprint), or
+    for a lazily read source its own fingerprint: a checkpoint resumes only on the same data."""
+    if data.source is not None:
+        return data.source.fingerprint()
     return arrays_digest(data.train_arrays, data.test_arrays)

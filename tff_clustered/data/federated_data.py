@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, Optional, Union
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional, Protocol, Union
 
 import numpy as np
 import tensorflow_federated as tff
-
-from tff_clustered.options import article_of, described
 
 ClientArrays = tuple[np.ndarray, np.ndarray]  # (x, y)
 ClientArrayDict = Mapping[str, np.ndarray]  # OrderedDict(x=..., y=...)
@@ -35,6 +33,16 @@ def first_line(error: BaseException) -> str:
     inside a one-line DataError."""
     text = str(error)
     return text.splitlines()[0] if text.strip() else type(error).__name__
+
+
+class ClientSource(Protocol):
+    """Clients whose examples are read when first needed (`client_source.LazyClients`)."""
+
+    client_ids: Sequence[str]
+
+    def arrays(self, split: str, client_id: str) -> ClientArrayDict: ...
+
+    def fingerprint(self) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,12 +68,18 @@ class FederatedData:
     train_arrays: Mapping[str, ClientArrayDict] = dataclasses.field(default_factory=dict)
     test_arrays: Mapping[str, ClientArrayDict] = dataclasses.field(default_factory=dict)
 
+    # Where the examples are read from when a client is first needed (`client_source`); None:
+    # every client's arrays are in `train_arrays` and `test_arrays`.
+    source: Optional[ClientSource] = None
+
     @property
     def client_ids(self) -> list[str]:
-        return list(self.train.client_ids)
+        return list(self.source.client_ids if self.source else self.train.client_ids)
 
     def arrays(self, split: str, client_id: str) -> ClientArrayDict:
         """A client's examples of `split` ("train" or "test") as arrays."""
+        if self.source is not None:
+            return self.source.arrays(split, client_id)
         return (self.train_arrays if split == "train" else self.test_arrays)[client_id]
 
 
@@ -127,40 +141,18 @@ def from_checked_arrays(
             f"client {missing[0]!r}{where} appears in only one of train/test; every client needs "
             "both splits (regenerate the split, or drop the client from both)"
         )
-    input_shape = None
+    input_shape = np.shape(next(iter(train.values()))[0])[1:]
     cleaned: dict[str, dict[str, collections.OrderedDict]] = {"train": {}, "test": {}}
     for split_name, split in (("train", train), ("test", test)):
         for cid, (x, y) in split.items():
-            x = np.asarray(x, dtype=np.float32)
-            context = f"client {cid!r} ({split_name}){where}"
-            if input_shape is None:
-                input_shape = x.shape[1:]
-            elif x.shape[1:] != input_shape:
-                raise DataError(
-                    f"{context}: examples of shape {x.shape[1:]}, others have {input_shape}; "
-                    "all inputs must share one shape"
-                )
-            if not np.all(np.isfinite(x)):
-                raise DataError(f"{context}: inputs contain NaN or infinity; clean the data")
-            if vocabulary_size is not None and not (
-                np.all(np.mod(x, 1) == 0) and np.all((x >= 0) & (x < vocabulary_size))
-            ):
-                raise DataError(
-                    f"{context}: inputs must be token ids 0..{vocabulary_size - 1}; fix the "
-                    "tokenisation"
-                )
-            if np.any(y < 0):
-                raise DataError(
-                    f"{context}: label {int(y.min())} is negative; labels are class indices "
-                    f"0..{num_classes - 1}, fix the labels"
-                )
-            bad = y[y >= num_classes]
-            if bad.size:
-                raise DataError(
-                    f"{context}: label {int(bad[0])} is outside the model's {num_classes} classes "
-                    f"0..{num_classes - 1}; fix the labels or raise --num_classes"
-                )
-            cleaned[split_name][cid] = collections.OrderedDict(x=x, y=y.astype(np.int32))
+            cleaned[split_name][cid] = checked_client(
+                f"client {cid!r} ({split_name}){where}",
+                x,
+                y,
+                input_shape,
+                num_classes,
+                vocabulary_size,
+            )
     if public_x is not None:
         public_x = np.asarray(public_x, dtype=np.float32)
         if public_x.ndim == 0 or not len(public_x):
@@ -192,6 +184,46 @@ def from_checked_arrays(
     )
 
 
+def checked_client(
+    context: str,
+    x: Any,
+    y: np.ndarray,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    vocabulary_size: Optional[int] = None,
+) -> ClientArrayDict:
+    """One client's examples that passed `example_arrays`, checked against what the dataset as a
+    whole decides (`context` names the client in the errors): examples of `input_shape`, finite
+    inputs (token ids 0..vocabulary_size-1 with `vocabulary_size`) and labels
+    0..num_classes-1. Returns OrderedDict(x=float32, y=int32), what a round sends a client."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.shape[1:] != tuple(input_shape):
+        raise DataError(
+            f"{context}: examples of shape {x.shape[1:]}, others have {tuple(input_shape)}; "
+            "all inputs must share one shape"
+        )
+    if not np.all(np.isfinite(x)):
+        raise DataError(f"{context}: inputs contain NaN or infinity; clean the data")
+    if vocabulary_size is not None and not (
+        np.all(np.mod(x, 1) == 0) and np.all((x >= 0) & (x < vocabulary_size))
+    ):
+        raise DataError(
+            f"{context}: inputs must be token ids 0..{vocabulary_size - 1}; fix the tokenisation"
+        )
+    if np.any(y < 0):
+        raise DataError(
+            f"{context}: label {int(y.min())} is negative; labels are class indices "
+            f"0..{num_classes - 1}, fix the labels"
+        )
+    bad = y[y >= num_classes]
+    if bad.size:
+        raise DataError(
+            f"{context}: label {int(bad[0])} is outside the model's {num_classes} classes "
+            f"0..{num_classes - 1}; fix the labels or raise --num_classes"
+        )
+    return collections.OrderedDict(x=x, y=y.astype(np.int32))
+
+
 def chosen_clients(
     available: int, num_clients: Optional[int], rng: np.random.Generator, holds: str
 ) -> list[int]:
@@ -215,87 +247,6 @@ def split_train_test(
     n_train = int(np.clip(np.floor(train_fraction * len(y)), 1, len(y) - 1))
     tr, te = order[:n_train], order[n_train:]
     return (x[tr], y[tr]), (x[te], y[te])
-
-
-def client_arrays(clients: Clients, x_key: str, y_key: str, split: str) -> dict[str, ClientArrays]:
-    """Per-client `(x, y)` NumPy arrays from a ClientData or a mapping of clients, each client's
-    checked by `example_arrays` (numbers, one whole-number label per example; their range is
-    `from_checked_arrays`'s to check); client ids become strings, two ids that are the same
-    string (1 and "1") are refused rather than merged."""
-    if isinstance(clients, tff.simulation.datasets.ClientData):
-        arrays = {}
-        for client in clients.client_ids:
-            dataset = clients.create_tf_dataset_for_client(client)
-            spec = dataset.element_spec
-            if not isinstance(spec, Mapping) or x_key not in spec or y_key not in spec:
-                raise DataError(
-                    f"{split} client {client!r}: elements are {spec}; pass x_key= and y_key= "
-                    "naming the inputs and the labels (TFF's EMNIST: x_key='pixels', "
-                    "y_key='label')"
-                )
-            batches = list(dataset.batch(1 << 16).as_numpy_iterator())
-            if not batches:
-                raise DataError(f"{split} client {client!r} has no examples; drop the client")
-            try:
-                x = np.concatenate([b[x_key] for b in batches])
-            except ValueError:
-                raise DataError(
-                    f"{split} client {client!r}: its examples have different shapes; pad or crop "
-                    "them to one shape"
-                ) from None
-            y = np.concatenate([b[y_key] for b in batches])
-            arrays[str(client)] = example_arrays(f"{split} client {client!r}", x, y)
-    elif isinstance(clients, Mapping):
-        arrays = {}
-        original: dict[str, Any] = {}
-        for client, value in clients.items():
-            where = f"{split} client {client!r}"
-            cid = client_id(client, split)
-            if cid in original:
-                raise DataError(
-                    f"{split} clients {original[cid]!r} and {client!r} are both client {cid!r} "
-                    "(ids are compared as strings); rename one so no client's data is lost"
-                )
-            original[cid] = client
-            if isinstance(value, Mapping):
-                if x_key not in value or y_key not in value:
-                    raise DataError(
-                        f"{where} has keys {sorted(map(str, value))}; pass x_key= and y_key="
-                    )
-                value = (value[x_key], value[y_key])
-            elif not isinstance(value, (tuple, list)) or len(value) != 2:
-                raise DataError(
-                    f"{where}: its value is {described_briefly(value)}, not an (x, y) pair; give "
-                    f"(inputs, labels) or a mapping with keys {x_key!r} and {y_key!r}"
-                )
-            arrays[cid] = example_arrays(where, *value)
-    else:
-        raise TypeError(
-            f"{split} data must be a tff.simulation.datasets.ClientData or a mapping of client "
-            f"ids to (x, y), got {type(clients).__name__}"
-        )
-    if not arrays:
-        raise DataError(f"the {split} data has no clients; give at least one client with examples")
-    return arrays
-
-
-def client_id(client: Any, split: str) -> str:
-    """A client's id as the runs name it: a string (an int id is written in digits)."""
-    if isinstance(client, (str, np.str_)):
-        return str(client)
-    if isinstance(client, (int, np.integer)) and not isinstance(client, (bool, np.bool_)):
-        return str(int(client))
-    raise DataError(
-        f"{split} client id {described(client)} is not a string or an int; name each client by "
-        "a string"
-    )
-
-
-def described_briefly(value: Any) -> str:
-    """A value's type, and its shape when it is an array, for a one-line error."""
-    shape = getattr(value, "shape", None)
-    kind = article_of(type(value))
-    return f"{kind} of shape {tuple(shape)}" if shape is not None else kind
 
 
 def example_arrays(where: str, x: Any, y: Any) -> ClientArrays:

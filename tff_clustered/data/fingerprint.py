@@ -8,7 +8,9 @@ Two kinds of data, one rule (a digest that changes when an example changes):
   less than the loading it guards (docs/reproducibility.md measures it). A file above
   `FULL_HASH_LIMIT` is not hashed whole (`file_digest`); a lazy dataset whose population is
   one large file (10^6 clients in a SQLite file) gets the same bounded cost.
-* data held in memory (the Python API's arrays): `arrays_digest`, every client's examples.
+  A file read lazily (`--dataset=tff_sql`) gets `sampled_digest`: its size and sampled pages.
+* data held in memory (the Python API's arrays): `arrays_digest`, every client's examples;
+  the API's lazily read `ClientData` their source's fingerprint (`ClientSource.fingerprint`).
 
 Data generated from the settings (digits, Synthetic(1,1)) has no files: its generator's
 parameters and seed are in the run's settings, which a checkpoint already pins.
@@ -20,7 +22,7 @@ import dataclasses
 import hashlib
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -32,6 +34,12 @@ SAMPLED_BLOCKS = 256
 SAMPLE_BLOCK = 1 << 20
 READ_CHUNK = 1 << 20
 ABSENT = "absent"
+# A lazily read file (a population in TFF's SQLite format): its size, its first and last
+# `EDGE_BYTES` and `PAGE_SAMPLES` blocks of `PAGE_SAMPLE` bytes at evenly spaced offsets. SQLite
+# rewrites whole pages: a changed row changes its page, a changed client count the header.
+EDGE_BYTES = 1 << 20
+PAGE_SAMPLES = 64
+PAGE_SAMPLE = 1 << 16
 
 
 def file_digest(path: str) -> str:
@@ -55,6 +63,25 @@ def file_digest(path: str) -> str:
     return f"{stat.st_size}:{stat.st_mtime_ns}:sampled-{digest.hexdigest()[:16]}"
 
 
+def sampled_digest(path: str) -> str:
+    """`size:sampled-sha256` (16 hex digits) of the file's first and last `EDGE_BYTES` and
+    `PAGE_SAMPLES` evenly spaced blocks: a bounded read whatever the population (a lazily read
+    file is never read whole); `ABSENT` when there is no such file."""
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return ABSENT
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        digest.update(f.read(EDGE_BYTES))
+        for i in range(PAGE_SAMPLES):
+            f.seek(max(size - PAGE_SAMPLE, 0) * i // (PAGE_SAMPLES - 1))
+            digest.update(f.read(PAGE_SAMPLE))
+        f.seek(max(size - EDGE_BYTES, 0))
+        digest.update(f.read(EDGE_BYTES))
+    return f"{size}:sampled-{digest.hexdigest()[:16]}"
+
+
 def folder_files(folder: str) -> list[str]:
     """Every regular file under `folder`, recursively, in a fixed order."""
     found = []
@@ -74,8 +101,11 @@ class SourceFingerprint:
     files: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def of_files(cls, root: str, paths: Iterable[str]) -> SourceFingerprint:
-        return cls(root, {os.path.relpath(p, root or "."): file_digest(p) for p in paths})
+    def of_files(
+        cls, root: str, paths: Iterable[str], digest: Callable[[str], str] = file_digest
+    ) -> SourceFingerprint:
+        """Each file of `paths` by `digest` (`sampled_digest` for a lazily read file)."""
+        return cls(root, {os.path.relpath(p, root or "."): digest(p) for p in paths})
 
     def to_json(self) -> dict[str, Any]:
         return {"root": self.root, "files": dict(sorted(self.files.items()))}

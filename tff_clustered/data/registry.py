@@ -8,7 +8,7 @@ from typing import Any, Optional, Union
 
 from tff_clustered.data.digits import load_digits_clusters, load_digits_partitioned
 from tff_clustered.data.federated_data import DataError, FederatedData
-from tff_clustered.data.fingerprint import SourceFingerprint
+from tff_clustered.data.fingerprint import SourceFingerprint, sampled_digest
 from tff_clustered.data.images import TFDS_NAMES, image_files, load_image_federation
 from tff_clustered.data.leaf import leaf_split_files, load_leaf
 from tff_clustered.data.medmnist import PATHMNIST_PEERS, load_pathmnist, pathmnist_path
@@ -16,6 +16,7 @@ from tff_clustered.data.mnist import MNIST, load_mnist, mnist_paths
 from tff_clustered.data.mnist_writers import WRITERS_FILE, load_mnist_writers
 from tff_clustered.data.sent140 import load_sent140
 from tff_clustered.data.spec import IMAGE_DATASETS, DataSpec, data_spec
+from tff_clustered.data.sql_clients import load_tff_sql, tff_sql_path
 from tff_clustered.data.stackoverflow import load_tff_stackoverflow, stackoverflow_files
 from tff_clustered.data.synthetic import load_synthetic
 from tff_clustered.data.tff_datasets import (
@@ -97,7 +98,10 @@ def load_dataset(
     task over 80-character windows), `tff_stackoverflow` (TFF's federated Stack Overflow
     database in `data_dir`, read by client id: `num_clients` (required) clients drawn from
     those with train and test posts, TFF's tag prediction as single-label over the
-    `num_classes` (default 500) most frequent tags, a bag of words over 10,000 words).
+    `num_classes` (default 500) most frequent tags, a bag of words over 10,000 words),
+    `tff_sql` (any population of `x`/`y` examples in TFF's SqlClientData format, `data_dir`
+    the file or its folder: every client, each read when a round first needs it;
+    `num_classes` as given, else the file's largest label + 1).
     `train_examples` (the five image federations only): deal that many training images, a
     seeded uniform choice, instead of all."""
     spec = data_spec(spec, *fields, **named)
@@ -143,6 +147,8 @@ def load_dataset(
         return load_tff_shakespeare(data_dir, num_clients, seed)
     if name == "tff_stackoverflow":
         return load_tff_stackoverflow(data_dir, num_clients, num_classes, seed)
+    if name == "tff_sql":
+        return load_tff_sql(data_dir, num_classes)
     if name == "synthetic":
         return load_synthetic(num_clients=num_clients or 100, seed=seed)
     if name == "mnist":
@@ -181,6 +187,8 @@ def data_files(spec: Union[DataSpec, str], *fields: Any, **named: Any) -> list[s
         return [pathmnist_path(data_dir)] if data_dir else []
     if name in TFF_DATABASES:
         return [os.path.join(data_dir, TFF_DATABASES[name])] if data_dir else []
+    if name == "tff_sql":
+        return [tff_sql_path(data_dir)]
     if name == "tff_stackoverflow":  # the database and its two vocabulary files
         return stackoverflow_files(data_dir) if data_dir else []
     if name == "mnist":
@@ -202,4 +210,7 @@ def source_fingerprint(spec: Union[DataSpec, str], *fields: Any, **named: Any) -
     spec = data_spec(spec, *fields, **named)
     read_from_tfds = spec.tfds_dir and spec.dataset in TFDS_NAMES
     root = spec.tfds_dir if read_from_tfds else spec.data_dir
+    if spec.dataset == "tff_sql":  # read lazily: never hashed whole
+        path = tff_sql_path(root)
+        return SourceFingerprint.of_files(os.path.dirname(path), [path], sampled_digest)
     return SourceFingerprint.of_files(root or "", data_files(spec))

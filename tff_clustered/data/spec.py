@@ -31,6 +31,7 @@ DATASET_NAMES = (
     "tff_cifar100",
     "tff_shakespeare",
     "tff_stackoverflow",
+    "tff_sql",
 )
 # FedTSDP's datasets, and the 28x28 grey ones in MNIST's formats: dealt to clients by a partition
 # (default Dirichlet(0.5)), public set = the official test split without labels.

@@ -5,7 +5,9 @@ read from the SQLite files TFF keeps in its cache folder; nothing is downloaded.
 TFF 0.87 stores federated EMNIST as `emnist_all.sqlite` (3,383 writers, each with a train and
 a test split; `digits_only_*` splits hold their digits, `all_*` splits all 62 classes) in the
 `cache_dir` of `tff.simulation.datasets.emnist.load_data` (default `~/.tff`). Point
-`--data_dir` at that folder. Images are 28x28 floats in [0, 1] (white background: 1).
+`--data_dir` at that folder. Writers are read by id when a round first needs them
+(`sql_clients.SqlClients`); the ids and sizes come from `client_metadata`. Images are 28x28
+floats in [0, 1] (white background: 1).
 
 Federated CIFAR-100 is `cifar100.sqlite` in the same folder: split `train` holds 500 clients
 (ids "0".."499") of 100 images each, split `test` 100 *other* clients (ids "0".."99", the same
@@ -35,19 +37,22 @@ import re
 from typing import Callable, Optional
 
 import numpy as np
+import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_clustered.data.client_source import federated_data
 from tff_clustered.data.federated_data import (
     DataError,
     FederatedData,
     chosen_clients,
-    client_arrays,
     first_line,
     from_arrays,
     from_checked_arrays,
 )
+from tff_clustered.data.given_clients import client_arrays
 from tff_clustered.data.images import standardise
 from tff_clustered.data.partitions import HOLDOUT_FRACTION, holdout_split
+from tff_clustered.data.sql_clients import SqlClients
 from tff_clustered.seeds import DataStream, data_rng
 
 EMNIST_FILE = "emnist_all.sqlite"
@@ -109,13 +114,14 @@ def load_tff_emnist(
         data_dir, "tff_emnist", EMNIST_FILE, EMNIST_URL, "federated EMNIST"
     )
     split = "digits_only" if classes == 10 else "all"
+    reader = SqlClients(
+        path, emnist_records, {s: f"{split}_{s}" for s in ("train", "test")}, "federated EMNIST"
+    )
     try:
-        train = tff.simulation.datasets.SqlClientData(path, f"{split}_train")
-        test = tff.simulation.datasets.SqlClientData(path, f"{split}_test")
-        train_ids = set(train.client_ids)
-    except Exception as e:  # a truncated or foreign file: sqlite3 or TFF's format check
+        sizes = reader.sizes()
+    except Exception as e:  # a truncated or foreign file: sqlite3 or the format check
         raise not_emnist(f"{type(e).__name__}: {reason(e)}") from None
-    writers = sorted(train_ids & set(test.client_ids))
+    writers = sorted(set(sizes["train"]) & set(sizes["test"]))
     if not writers:
         raise not_emnist(f"no writer with both {split}_train and {split}_test examples")
     chosen = chosen_clients(
@@ -124,29 +130,20 @@ def load_tff_emnist(
         data_rng(seed, DataStream.TFF_CLIENTS),
         f"{path} has {len(writers)} writers in {split}",
     )
-    writers = [writers[i] for i in chosen]
-    parsed = {
-        name: tff.simulation.datasets.ClientData.from_clients_and_tf_fn(
-            writers,
-            lambda client, data=data: emnist_parsing(data.serializable_dataset_fn(client)),
-        )
-        for name, data in (("train", train), ("test", test))
-    }
-    arrays = {
-        name: {
-            client: (x.reshape(len(x), -1).astype(np.float32), y)
-            for client, (x, y) in client_arrays(data, "pixels", "label", name).items()
-        }
-        for name, data in parsed.items()
-    }
-    return from_checked_arrays(
+    return federated_data(
         f"tff_emnist{'' if classes == 10 else '_62'}",
-        arrays["train"],
-        arrays["test"],
-        classes,
+        reader.lazy(classes, [writers[i] for i in chosen]),
         image_shape=(28, 28, 1),
-        source=path,
     )
+
+
+def emnist_records(blobs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """Flat 784-pixel images (float32) and labels of serialized EMNIST records."""
+    if not blobs:
+        return np.zeros((0, 784), np.float32), np.zeros((0,), np.int64)
+    parsed = emnist_parsing(tf.data.Dataset.from_tensor_slices(tf.constant(blobs)))
+    batch = next(iter(parsed.batch(len(blobs)).as_numpy_iterator()))
+    return batch["pixels"].reshape(len(blobs), -1).astype(np.float32), batch["label"]
 
 
 def emnist_parsing(dataset: object) -> object:

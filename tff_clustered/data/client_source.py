@@ -1,0 +1,234 @@
+"""Clients whose examples are read when a round samples or scores them, not at start.
+
+A `LazyClients` holds the population's client ids and example counts (read at start from a
+small table, e.g. TFF's `client_metadata`) and a reader of one client's examples by id. A
+client's examples are read and validated at their first use, with the errors the in-memory
+path gives (`federated_data.checked_client`, naming the client), and kept in a bounded
+least-recently-used cache: a population of 10^6 clients costs the memory of the clients a
+round touches, not of the population. `federated_data(source)` wraps it as the runs'
+`FederatedData`, whose `arrays(split, client)` reads through the cache and whose `train` and
+`test` are `ClientData` over the same reader.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_clustered.data.federated_data import (
+    ClientArrayDict,
+    ClientArrays,
+    DataError,
+    FederatedData,
+    checked_client,
+    example_arrays,
+    first_line,
+)
+
+SPLITS = ("train", "test")
+# The cache's bounds: this many clients' splits, and this many bytes of their arrays.
+CACHE_CLIENTS = 4096
+CACHE_BYTES = 256 << 20
+
+# One client's raw examples of a split: (split, client id) -> (x, y) before validation.
+ClientReader = Callable[[str, str], ClientArrays]
+
+
+@dataclasses.dataclass
+class LazyClients:
+    """A population read one client at a time. `read(split, client)` returns the client's raw
+    `(x, y)`; `sizes[split][client]` its number of examples (a client whose examples do not
+    number that many is refused at its read: the sizes weight the averages); `where` names the
+    source in errors; `digest` fingerprints the source cheaply (a checkpoint resumes only on
+    the same data). Examples are checked at first read against `input_shape`, `num_classes`
+    and `vocabulary_size`, and cached within `cache_clients` client splits and `cache_bytes`
+    bytes."""
+
+    client_ids: Sequence[str]
+    sizes: Optional[Mapping[str, Mapping[str, int]]]  # None: counted at each client's read
+    read: ClientReader
+    num_classes: int
+    digest: Callable[[], str]
+    where: str = ""
+    input_shape: Optional[tuple[int, ...]] = None  # None: the first client read sets it
+    vocabulary_size: Optional[int] = None
+    cache_clients: int = CACHE_CLIENTS
+    cache_bytes: int = CACHE_BYTES
+    reads: int = 0  # clients' splits read from the source so far (a cache miss each)
+    _cache: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict)
+    _cached_bytes: int = 0
+    _counted: dict = dataclasses.field(default_factory=dict)
+
+    def arrays(self, split: str, client_id: str) -> ClientArrayDict:
+        """The client's validated examples of `split`, from the cache or read now."""
+        key = (split, client_id)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        if client_id not in self.split_sizes(split):
+            raise KeyError(client_id)
+        context = f"client {client_id!r} ({split}){f' in {self.where}' if self.where else ''}"
+        try:
+            x, y = self.read(split, client_id)
+        except DataError:
+            raise
+        except Exception as e:  # a damaged row or page: sqlite3, TF's parser
+            raise DataError(
+                f"{context}: its examples cannot be read ({type(e).__name__}: "
+                f"{first_line(e)[:200]}); regenerate the file"
+            ) from None
+        x, y = example_arrays(context, x, y)
+        expected = len(y) if self.sizes is None else self.sizes[split][client_id]
+        if len(y) != expected:
+            raise DataError(
+                f"{context}: {len(y)} examples, but the source lists {expected}; regenerate the "
+                "file (its client sizes weight the averages)"
+            )
+        if self.input_shape is None:
+            self.input_shape = tuple(int(d) for d in np.shape(x)[1:])
+        arrays = checked_client(
+            context, x, y, self.input_shape, self.num_classes, self.vocabulary_size
+        )
+        self.reads += 1
+        self._cache[key] = arrays
+        self._cached_bytes += cached_bytes(arrays)
+        while len(self._cache) > 1 and (
+            len(self._cache) > self.cache_clients or self._cached_bytes > self.cache_bytes
+        ):
+            self._cached_bytes -= cached_bytes(self._cache.popitem(last=False)[1])
+        return arrays
+
+    def split_sizes(self, split: str) -> Mapping[str, int]:
+        """Each client's number of examples of `split`: as the source lists them, or counted
+        at the client's first read (`CountedSizes`)."""
+        if self.sizes is not None:
+            return self.sizes[split]
+        if split not in self._counted:
+            self._counted[split] = CountedSizes(self, split)
+        return self._counted[split]
+
+    def fingerprint(self) -> str:
+        return self.digest()
+
+    @property
+    def cached(self) -> int:
+        """How many client splits the cache holds."""
+        return len(self._cache)
+
+
+class CountedSizes(Mapping):
+    """A split's client sizes where the source lists none: a client's size is counted when it
+    is first asked for, by reading its examples (through the cache); the clients are known."""
+
+    def __init__(self, source: LazyClients, split: str) -> None:
+        self._source, self._split = source, split
+        self._ids = frozenset(source.client_ids)
+        self._counts: dict[str, int] = {}
+
+    def __getitem__(self, client: str) -> int:
+        if client not in self._counts:
+            if client not in self._ids:
+                raise KeyError(client)
+            self._counts[client] = len(self._source.arrays(self._split, client)["y"])
+        return self._counts[client]
+
+    def __contains__(self, client: object) -> bool:
+        return client in self._ids
+
+    def __iter__(self):  # noqa: ANN204 - Mapping's protocol
+        return iter(self._source.client_ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+class SourceArrays(Mapping):
+    """A split's clients -> their arrays, read through the source (`FederatedData.train_arrays`
+    of a lazy dataset): looking a client up reads it; iterating reads every client."""
+
+    def __init__(self, source: LazyClients, split: str) -> None:
+        self._source, self._split = source, split
+
+    def __getitem__(self, client: str) -> ClientArrayDict:
+        return self._source.arrays(self._split, client)
+
+    def __iter__(self):  # noqa: ANN204 - Mapping's protocol
+        return iter(self._source.client_ids)
+
+    def __len__(self) -> int:
+        return len(self._source.client_ids)
+
+
+def cached_bytes(arrays: ClientArrayDict) -> int:
+    return sum(int(np.asarray(v).nbytes) for v in arrays.values())
+
+
+class SourceClientData(tff.simulation.datasets.ClientData):
+    """One split of a `LazyClients` as TFF's `ClientData`: each client's dataset is made from
+    its arrays when asked for (read through the source's cache)."""
+
+    def __init__(self, source: LazyClients, split: str) -> None:
+        super().__init__()
+        self._source, self._split = source, split
+        self._spec = collections.OrderedDict(
+            x=tf.TensorSpec(source.input_shape, tf.float32), y=tf.TensorSpec((), tf.int32)
+        )
+
+    @property
+    def client_ids(self) -> list[str]:
+        return list(self._source.client_ids)
+
+    @property
+    def serializable_dataset_fn(self) -> Callable[[str], tf.data.Dataset]:
+        return self.create_tf_dataset_for_client
+
+    @property
+    def element_type_structure(self) -> Mapping[str, tf.TensorSpec]:
+        return self._spec
+
+    def create_tf_dataset_for_client(self, client_id: str) -> tf.data.Dataset:
+        client = client_id.decode() if isinstance(client_id, bytes) else str(client_id)
+        return tf.data.Dataset.from_tensor_slices(self._source.arrays(self._split, client))
+
+
+def federated_data(
+    name: str,
+    source: LazyClients,
+    image_shape: Optional[tuple[int, ...]] = None,
+    true_clusters: Optional[Mapping[str, int]] = None,
+) -> FederatedData:
+    """The runs' `FederatedData` over `source`: every client must be in both splits (checked
+    from the sizes, without reading examples); the first client's training examples are read
+    and checked now (the cheap whole-source check, and the input shape when not given)."""
+    where = f" in {source.where}" if source.where else ""
+    if not source.client_ids:
+        raise DataError(f"dataset {name!r}{where} has no clients; check the data path")
+    train_sizes, test_sizes = source.split_sizes("train"), source.split_sizes("test")
+    missing = sorted(set(train_sizes) ^ set(test_sizes))
+    if missing:
+        raise DataError(
+            f"client {missing[0]!r}{where} appears in only one of train/test; every client needs "
+            "both splits (regenerate the split, or drop the client from both)"
+        )
+    source.arrays("train", source.client_ids[0])
+    return FederatedData(
+        name=name,
+        train=SourceClientData(source, "train"),
+        test=SourceClientData(source, "test"),
+        input_shape=tuple(int(d) for d in source.input_shape),
+        num_classes=source.num_classes,
+        train_sizes=train_sizes,
+        test_sizes=test_sizes,
+        image_shape=image_shape,
+        true_clusters=dict(true_clusters) if true_clusters is not None else None,
+        vocabulary_size=source.vocabulary_size,
+        train_arrays=SourceArrays(source, "train"),
+        test_arrays=SourceArrays(source, "test"),
+        source=source,
+    )

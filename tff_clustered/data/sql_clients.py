@@ -1,0 +1,237 @@
+"""Clients read by id from a SQLite file in TFF's `SqlClientData` format, and `tff_sql`: any
+population of `x` (float32 vector) and `y` (int64 label) examples in that format.
+
+TFF's format (`tff.simulation.datasets.save_to_sql_client_data`, `SqlClientData`): a table
+`examples(split_name, client_id, serialized_example_proto)` of `tf.train.Example` records and
+a table `client_metadata(client_id, split_name, num_examples)`. The client ids and sizes come
+from `client_metadata` in one query at start; a client's examples are fetched by one query
+when the run first needs them (`SqlClients.read`), in the order of their rows, and parsed by
+the dataset's parser. Without an index of `examples` on `client_id` each fetch scans the table:
+`save_population` writes one, and a file without it gets a warning naming the statement that
+adds it.
+
+`save_to_sql_client_data` writes each client into one split, so a population whose clients
+have a train and a test split is written by `save_population` (TFF's writer for each split,
+then the two merged into one file): split names "train" and "test", the same client ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import sqlite3
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_clustered.data.client_source import LazyClients, federated_data
+from tff_clustered.data.federated_data import ClientArrays, DataError, FederatedData, from_arrays
+from tff_clustered.data.fingerprint import sampled_digest
+
+log = logging.getLogger(__name__)
+
+CLIENT_INDEX = "CREATE INDEX IF NOT EXISTS examples_by_client ON examples (client_id, split_name)"
+METADATA_QUERY = "SELECT client_id, split_name, num_examples FROM client_metadata"
+CLIENT_QUERY = (
+    "SELECT serialized_example_proto FROM examples WHERE client_id = ? AND split_name = ? "
+    "ORDER BY rowid"
+)
+# Parses one client's serialized records into raw (x, y).
+RecordParser = Callable[[list[bytes]], ClientArrays]
+
+
+class SqlClients:
+    """One client's records of one split by id from TFF's SQLite file `path` (`splits` maps
+    the runs' "train"/"test" to the file's split names), parsed by `parse`."""
+
+    def __init__(
+        self, path: str, parse: RecordParser, splits: Mapping[str, str], title: str
+    ) -> None:
+        self.path, self.parse, self.splits, self.title = path, parse, dict(splits), title
+        self._local = threading.local()
+        self.parses = 0  # clients' splits parsed (tests count them)
+
+    def connection(self) -> sqlite3.Connection:
+        """This thread's read-only connection to the file."""
+        if getattr(self._local, "db", None) is None:
+            self._local.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        return self._local.db
+
+    def sizes(self) -> dict[str, dict[str, int]]:
+        """Each split's clients and their number of examples, from `client_metadata` in one
+        query (a cheap check that the file is TFF's format: both tables exist)."""
+        db = self.connection()
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+        if not {"examples", "client_metadata"} <= tables:
+            raise DataError(
+                f"{self.path} is not a SQLite file of TFF's SqlClientData format (tables: "
+                f"{sorted(tables) or 'none'}; need examples and client_metadata); write it with "
+                "tff.simulation.datasets.save_to_sql_client_data"
+            )
+        ours = {name: split for split, name in self.splits.items()}
+        sizes: dict[str, dict[str, int]] = {split: {} for split in self.splits}
+        for client, name, count in db.execute(METADATA_QUERY):
+            if name in ours:
+                sizes[ours[name]][str(client)] = int(count)
+        if not self.has_client_index():
+            log.warning(
+                "%s has no index of examples on client_id: each client read scans the table; "
+                "add one with: sqlite3 %s '%s'",
+                self.path,
+                self.path,
+                CLIENT_INDEX,
+            )
+        return sizes
+
+    def has_client_index(self) -> bool:
+        """Whether an index of `examples` starts with `client_id`."""
+        db = self.connection()
+        for index in db.execute("PRAGMA index_list('examples')").fetchall():
+            columns = db.execute(f"PRAGMA index_info('{index[1]}')").fetchall()
+            if columns and columns[0][2] == "client_id":
+                return True
+        return False
+
+    def records(self, split: str, client: str) -> list[bytes]:
+        """The client's serialized records of `split`, in the order of their rows."""
+        rows = self.connection().execute(CLIENT_QUERY, (client, self.splits[split]))
+        return [row[0] for row in rows]
+
+    def read(self, split: str, client: str) -> ClientArrays:
+        """The client's raw `(x, y)` of `split`, parsed from its records."""
+        self.parses += 1
+        return self.parse(self.records(split, client))
+
+    def lazy(
+        self,
+        num_classes: int,
+        clients: Optional[Sequence[str]] = None,
+        vocabulary_size: Optional[int] = None,
+    ) -> LazyClients:
+        """The file's clients (or `clients` of them) read when first needed."""
+        sizes = self.sizes()
+        if clients is not None:
+            sizes = {s: {c: sizes[s][c] for c in clients if c in sizes[s]} for s in sizes}
+        return LazyClients(
+            client_ids=list(clients) if clients is not None else sorted(sizes["train"]),
+            sizes=sizes,
+            read=self.read,
+            num_classes=num_classes,
+            digest=lambda: sampled_digest(self.path),
+            where=self.path,
+            vocabulary_size=vocabulary_size,
+        )
+
+
+def vector_records(blobs: list[bytes]) -> ClientArrays:
+    """`x` (a float vector) and `y` (an int label) of serialized `tf.train.Example`s, the
+    records `save_to_sql_client_data` writes for elements OrderedDict(x=float32[d], y=int64)."""
+    if not blobs:
+        return np.zeros((0, 1), np.float32), np.zeros((0,), np.int64)
+    first = tf.train.Example.FromString(blobs[0]).features.feature
+    if "x" not in first or "y" not in first:
+        raise DataError(f"records have features {sorted(first)}, not x and y")
+    features = {
+        "x": tf.io.FixedLenFeature([len(first["x"].float_list.value)], tf.float32),
+        "y": tf.io.FixedLenFeature([], tf.int64),
+    }
+    parsed = tf.io.parse_example(tf.constant(blobs), features)
+    return parsed["x"].numpy(), parsed["y"].numpy()
+
+
+def tff_sql_path(data_dir: Optional[str]) -> str:
+    """The SQLite file `--data_dir` names: the file itself, or the one `.sqlite` file in a
+    folder."""
+    if not data_dir:
+        raise DataError(
+            "--dataset=tff_sql needs --data_dir: a .sqlite file in TFF's SqlClientData format "
+            "(splits train and test; sql_clients.save_population writes one), or its folder"
+        )
+    if os.path.isdir(data_dir):
+        found = sorted(f for f in os.listdir(data_dir) if f.endswith(".sqlite"))
+        if len(found) != 1:
+            raise DataError(
+                f"--data_dir={data_dir} holds {len(found)} .sqlite files; name the file itself"
+            )
+        return os.path.join(data_dir, found[0])
+    if not os.path.isfile(data_dir):
+        raise DataError(f"--data_dir={data_dir} does not exist; give the population's .sqlite file")
+    return data_dir
+
+
+def load_tff_sql(
+    data_dir: Optional[str], num_classes: Optional[int], lazy: bool = True
+) -> FederatedData:
+    """A population of `x`/`y` examples in TFF's SQL format (see the module docstring): every
+    client of split "train" (each must be in "test" too), read when first needed (`lazy`) or
+    all at start. `num_classes`: as given (`--num_classes`), else the file's largest label
+    + 1 (a scan of every record: give --num_classes to start without one)."""
+    path = tff_sql_path(data_dir)
+    reader = SqlClients(path, vector_records, {"train": "train", "test": "test"}, "population")
+    try:
+        if num_classes is None:
+            num_classes = largest_label(reader) + 1
+        source = reader.lazy(num_classes)
+        if lazy:
+            return federated_data("tff_sql", source)
+        return from_arrays(
+            "tff_sql",
+            *({c: reader.read(s, c) for c in source.sizes[s]} for s in ("train", "test")),
+            num_classes,
+            source=path,
+        )
+    except sqlite3.DatabaseError as e:
+        raise DataError(
+            f"{path} is not a readable SQLite file ({e}); write it with "
+            "tff.simulation.datasets.save_to_sql_client_data"
+        ) from None
+
+
+def largest_label(reader: SqlClients) -> int:
+    """The largest label of any train or test record, parsed in batches of rows."""
+    largest = 0
+    rows = reader.connection().execute(
+        "SELECT serialized_example_proto FROM examples WHERE split_name IN ('train', 'test')"
+    )
+    while batch := [row[0] for row in rows.fetchmany(1 << 16)]:
+        largest = max(largest, int(np.max(vector_records(batch)[1])))
+    return largest
+
+
+def save_population(
+    path: str,
+    client_ids: Sequence[str],
+    dataset_fn: Callable[[str, str], tf.data.Dataset],
+) -> None:
+    """Writes clients with a "train" and a "test" split into one file of TFF's format:
+    `dataset_fn(split, client)` gives a client's dataset of OrderedDict(x=float32[d],
+    y=int64) elements. Each split is written by TFF's `save_to_sql_client_data`, then both
+    are merged and an index on client_id is added (a client's read is then one index lookup)."""
+    with tempfile.TemporaryDirectory() as folder:
+        parts = {}
+        for split in ("train", "test"):
+            parts[split] = os.path.join(folder, f"{split}.sqlite")
+            tff.simulation.datasets.save_to_sql_client_data(
+                list(client_ids),
+                lambda client, split=split: dataset_fn(split, client),
+                parts[split],
+                split_names_by_client_id={c: split for c in client_ids},
+            )
+        if os.path.exists(path):
+            os.remove(path)
+        shutil.move(parts["train"], path)
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            db.execute("ATTACH DATABASE ? AS part", (parts["test"],))
+            db.execute("INSERT INTO examples SELECT * FROM part.examples")
+            db.execute("INSERT INTO client_metadata SELECT * FROM part.client_metadata")
+            db.commit()
+            db.execute("DETACH DATABASE part")
+            db.execute(CLIENT_INDEX)
+            db.commit()
