@@ -253,7 +253,8 @@ def goal_checks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def write_plot(path: str, runs: list[dict[str, Any]]) -> None:
     """Start-up, seconds per round, seconds per evaluation and peak memory against the
-    population's size (log axes), one line per algorithm and execution."""
+    population's size (log x axis), one line per algorithm (a colour) and execution (solid in
+    process, dashed on TFF's runtime)."""
     plt = figures.pyplot()
     fig, axes = plt.subplots(1, 4, figsize=(17, 4))
     panels = (
@@ -263,6 +264,7 @@ def write_plot(path: str, runs: list[dict[str, Any]]) -> None:
         ("peak_mb", "peak memory (MB)"),
     )
     cases = sorted({(r["algorithm"], r["execution"]) for r in runs})
+    algorithms = sorted({algorithm for algorithm, _ in cases})
     for ax, (key, label) in zip(axes, panels):
         for algorithm, execution in cases:
             points = sorted(
@@ -272,7 +274,13 @@ def write_plot(path: str, runs: list[dict[str, Any]]) -> None:
                 and r.get(key) is not None
             )
             if points:
-                ax.plot(*zip(*points), marker="o", label=f"{algorithm} ({execution})")
+                ax.plot(
+                    *zip(*points),
+                    marker="o",
+                    color=f"C{algorithms.index(algorithm)}",
+                    linestyle="-" if execution == "in_process" else "--",
+                    label=f"{algorithm} ({execution})",
+                )
         ax.set(xscale="log", xlabel="clients", title=label)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
