@@ -1,6 +1,6 @@
 """Speed, always as ratios against a reference measured in the same run: the benchmarks named
-by `--benchmarks` (all but `memory` and `tff_client_costs` unless named), one module each in
-`binaries/benchmarks/`, their reports gathered into one.
+by `--benchmarks` (all but `memory`, `tff_client_costs` and `population` unless named), one
+module each in `binaries/benchmarks/`, their reports gathered into one.
 
 After a warm-up round each (tracing), timed rounds alternate between the two implementations so
 that machine noise hits both alike; medians are reported. The last output line is one JSON object.
@@ -76,7 +76,8 @@ def run_into(report: dict, name: str, setup: common.Setup) -> None:
 
 def main(argv: list[str]) -> None:
     """The selected benchmarks in `registry.RUN_ORDER` on one workload: those that need TFF's
-    runtime while its worker is up, then the others; one JSON report last."""
+    runtime while its worker is up (started only for them), then the others; one JSON report
+    last."""
     del argv
     setup = common.prepare()
     report: dict = {
@@ -86,11 +87,12 @@ def main(argv: list[str]) -> None:
         "model": FLAGS.model,
     }
     selected = [name for name in registry.RUN_ORDER if name in FLAGS.benchmarks]
-    with tff_runtime() as runtime:
-        with_worker = dataclasses.replace(setup, worker_pid=runtime.worker_pid)
-        for name in selected:
-            if registry.BENCHMARKS[name].in_tff_runtime:
-                run_into(report, name, with_worker)
+    if any(registry.BENCHMARKS[name].in_tff_runtime for name in selected):
+        with tff_runtime() as runtime:
+            with_worker = dataclasses.replace(setup, worker_pid=runtime.worker_pid)
+            for name in selected:
+                if registry.BENCHMARKS[name].in_tff_runtime:
+                    run_into(report, name, with_worker)
     for name in selected:
         if not registry.BENCHMARKS[name].in_tff_runtime:
             run_into(report, name, setup)

@@ -71,7 +71,9 @@ def test_a_checkpoint_of_other_settings_names_only_those_that_differ(tmp_path: P
 BENCHMARK_HELP_FLAGS = (
     "batch_size benchmarks clients cluster_dim cluster_sizes dfl_rounds eval_clients eval_rounds "
     "examples_per_client groups hidden_units input_dim learning_rate local_epochs "
-    "madc_max_clients memory_execution memory_rounds memory_warmup model num_classes rounds "
+    "madc_max_clients memory_execution memory_rounds memory_warmup model num_classes "
+    "population_algorithms population_dir population_dry_run population_executions "
+    "population_plot population_rounds population_sizes rounds "
     "scaling_clients scaling_epochs scaling_rounds scratch_dir seed tf_logs tsdp_rounds "
     "tsdp_trigger uapdfl_neighbours unequal_sizes"
 ).split()

@@ -11,6 +11,7 @@ from binaries.benchmarks import (
     fedgroup_vs_fedavg,
     fedtsdp_vs_fedavg,
     memory,
+    population,
     round_floors,
     tff_client_costs,
     uapdfl_vs_fedavg,
@@ -31,6 +32,7 @@ MODULES = {
     "unequal_clients": unequal_clients,
     "memory": memory,
     "tff_client_costs": tff_client_costs,
+    "population": population,
 }
 BENCHMARKS: dict[str, Benchmark] = {name: module.BENCHMARK for name, module in MODULES.items()}
 
@@ -49,6 +51,7 @@ RUN_ORDER = (
     "tff_client_costs",
     "client_scaling",
     "clustering",
+    "population",
 )
 if sorted(RUN_ORDER) != sorted(BENCHMARKS):
     raise ValueError(f"RUN_ORDER {RUN_ORDER} must name every benchmark once: {list(BENCHMARKS)}")
