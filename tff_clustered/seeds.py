@@ -60,6 +60,10 @@ class DataStream(enum.Enum):
     TFF_CLIENTS = (11,)
     # TFF's CIFAR-100: client k's local test set (part k).
     TFF_CLIENT_HOLDOUT = (12,)
+    # The synthetic population (`data/population.py`): each planted group's linear map, and
+    # client k's examples (part k).
+    POPULATION_GROUP_MAPS = (13,)
+    POPULATION_CLIENT = (14,)
 
 
 def data_rng(seed: int, stream: DataStream, *parts: int) -> np.random.Generator:

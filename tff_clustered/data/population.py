@@ -5,9 +5,9 @@ population file.
 Each client holds `train_examples` and `test_examples` examples of `num_features` standard
 normal float32 features; its label is `argmax(x @ W_g)` over `num_classes` classes, where
 `W_g` is the linear map of the client's planted group g (one of `num_groups`). Every client
-is a pure function of the seed and its index (`seeds.rng_for`), so a client is the same
-whatever the population's size, and a population of a million clients is written without
-holding more than one batch of clients in memory.
+is a pure function of the seed and its index (`seeds.DataStream.POPULATION_CLIENT`), so a
+client is the same whatever the population's size, and a population of a million clients is
+written without holding more than one batch of clients in memory.
 
 The file is what `tff.simulation.datasets.SqlClientData` reads: TFF's two tables, `examples`
 (split_name, client_id, serialized_example_proto) and `client_metadata` (client_id,
@@ -35,12 +35,12 @@ import sqlite3
 import numpy as np
 import tensorflow as tf
 
-from tff_clustered.seeds import rng_for
+from tff_clustered.data.sql_clients import CLIENT_INDEX
+from tff_clustered.seeds import DataStream, data_rng
 
 SPLITS = ("train", "test")
 # The first part after the seed of `seeds.rng_for`: a client's examples (with its index), and
 # the planted groups' label maps. Benchmark data only; no run draws from them.
-CLIENT_STREAM, GROUP_MAPS_STREAM = 101, 102
 # Clients serialized and inserted per transaction: bounded memory at any population size.
 CLIENTS_PER_BATCH = 2_000
 # TFF's tables, as `save_to_sql_client_data` creates them (TFF 0.87).
@@ -54,7 +54,6 @@ TFF_TABLES = (
            split_name TEXT NOT NULL,
            num_examples INTEGER NOT NULL);""",
 )
-CLIENT_INDEX = "CREATE INDEX examples_by_client ON examples (client_id, split_name);"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +99,7 @@ def client_id(index: int) -> str:
 @functools.lru_cache(maxsize=8)
 def group_maps(spec: PopulationSpec) -> np.ndarray:
     """The planted groups' label maps W_g, shape (num_groups, num_features, num_classes)."""
-    rng = rng_for(spec.seed, GROUP_MAPS_STREAM)
+    rng = data_rng(spec.seed, DataStream.POPULATION_GROUP_MAPS)
     return rng.normal(size=(spec.num_groups, spec.num_features, spec.num_classes))
 
 
@@ -111,7 +110,7 @@ def planted_group(spec: PopulationSpec, index: int) -> int:
 
 def client_arrays(spec: PopulationSpec, index: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Client `index`'s examples per split: (x float32 (n, num_features), y int64 (n,))."""
-    rng = rng_for(spec.seed, CLIENT_STREAM, index)
+    rng = data_rng(spec.seed, DataStream.POPULATION_CLIENT, index)
     total = spec.train_examples + spec.test_examples
     x = rng.normal(size=(total, spec.num_features)).astype(np.float32)
     y = np.argmax(x @ group_maps(spec)[planted_group(spec, index)], axis=1).astype(np.int64)
