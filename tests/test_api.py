@@ -157,3 +157,37 @@ def test_the_quickstart_notebook_runs_and_recovers_the_groups(tmp_path: object) 
     gain = float(re.search(r"IFCA - FedAvg: ([-+.\d]+)", done.stdout).group(1))
     assert gain >= 0.2, done.stdout
     assert os.path.isfile(tmp_path / "ifca" / "membership.png")
+
+
+def test_the_api_runs_a_dataset_and_model_by_their_records_as_the_runner_does(
+    tmp_path: object,
+) -> None:
+    """`run` takes the records the flags fill (`DataSpec`, `ModelChoice`) and gives the run
+    `binaries/train.py`'s runner gives for the same records: one way to name a dataset and a
+    model, typed once."""
+    from tff_clustered import runner
+    from tff_clustered.data import DataSpec
+    from tff_clustered.run_spec import ModelChoice, RunSpec
+
+    data = DataSpec("digits", num_clients=6)
+    model = ModelChoice("mlp", hidden_units=8)
+    training = tff_clustered.TrainingConfig(rounds=2, clients_per_round=3, local_epochs=1)
+    by_api = tff_clustered.run(
+        "fedper",
+        data,
+        model,
+        output_dir=str(tmp_path / "api"),
+        training=training,
+        execution="in_process",
+        log=lambda _: None,
+    )
+    spec = RunSpec("fedper", data, model, training=training)
+    by_runner = runner.run(
+        spec, str(tmp_path / "runner"), log=lambda _: None, execution="in_process"
+    )
+    for mine, theirs in zip(by_api.history, by_runner["history"]):
+        assert mine["accuracy"] == theirs["accuracy"]
+        assert mine.get("train_loss") == theirs.get("train_loss")
+    assert by_api.cluster_model(0).count_params() > 0
+    with pytest.raises(ValueError, match="already a DataSpec"):
+        tff_clustered.run("fedavg", data, model, output_dir=str(tmp_path / "x"), test={})

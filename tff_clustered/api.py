@@ -36,6 +36,8 @@ from tff_clustered.algorithms import algorithm_class, make_algorithm, make_optio
 from tff_clustered.data.federated_data import Clients, FederatedData, first_line
 from tff_clustered.data.fingerprint import arrays_digest
 from tff_clustered.data.given_clients import federated_data
+from tff_clustered.data.registry import load_dataset
+from tff_clustered.data.spec import DataSpec
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.state import RunState
 from tff_clustered.models.keras_models import ModelSpec
@@ -44,6 +46,7 @@ from tff_clustered.options import checked, checked_value, described
 from tff_clustered.orchestration import Experiment
 from tff_clustered.phases import PhaseTimer
 from tff_clustered.run_folder import RunFolder
+from tff_clustered.run_spec import ModelChoice
 from tff_clustered.runtime import RuntimeConfig, tff_runtime
 
 
@@ -165,8 +168,8 @@ DATA_ARGUMENTS = tuple(
 
 def run(
     algorithm: str,
-    train: Union[Clients, FederatedData],
-    model_fn: Callable[[], tf.keras.Model],
+    train: Union[Clients, FederatedData, DataSpec],
+    model_fn: Union[Callable[[], tf.keras.Model], ModelChoice],
     *,
     output_dir: str,
     test: Optional[Clients] = None,
@@ -181,8 +184,9 @@ def run(
     **data_args: Any,
 ) -> RunResult:
     """Runs `algorithm` (a name of `tff_clustered.algorithms.ALGORITHMS`) on `train` (and
-    `test`, or a split of each client, see `federated_data`, which takes `data_args`) with the
-    model `model_fn` builds. `options`: the algorithm's options as a mapping (e.g.
+    `test`, or a split of each client, see `federated_data`, which takes `data_args`; or one of
+    the project's datasets, a `DataSpec` whose fields are `binaries/train.py`'s data flags)
+    with the model `model_fn` builds (or one of the project's models, a `ModelChoice`). `options`: the algorithm's options as a mapping (e.g.
     `{"num_clusters": 4}`) or its `Options`. `execution="tff"` runs rounds on TFF's runtime
     (a local worker, stopped at the end), `"in_process"` in this process (on a GPU if
     TensorFlow sees one); the results agree.
@@ -234,16 +238,20 @@ def run(
             f"run takes no argument {unknown[0]!r}; the algorithm's options go in options=, the "
             f"data's are {', '.join(DATA_ARGUMENTS)}"
         )
-    if isinstance(train, FederatedData):
-        if test is not None or data_args:
-            raise ValueError("train is already a FederatedData: give test and data options to it")
+    if isinstance(train, (FederatedData, DataSpec)) and (test is not None or data_args):
+        raise ValueError(
+            f"train is already a {type(train).__name__}: give test and data options to it"
+        )
     timer = PhaseTimer()  # the run's phases and wall time, from here (the arguments checked)
     with timer.phase("loading"):
-        data = (
-            train if isinstance(train, FederatedData) else federated_data(train, test, **data_args)
-        )
+        data = given_data(train, test, data_args, training.seed)
     with timer.phase("validation"):
-        model, values = keras_model_spec_and_values(model_fn, data, model_name)
+        if isinstance(model_fn, ModelChoice):  # one of the project's models, as --model says
+            model = model_fn.spec_for(data)
+            values = model_values(model.build())
+            model_name, model_fn = model_fn.model, model.build
+        else:
+            model, values = keras_model_spec_and_values(model_fn, data, model_name)
         settings = run_settings(algorithm, options, training, data, model_name)
         checkpoint.refuse_held_run_folder(output_dir)  # before a worker writes its log there
         saved = None
@@ -280,6 +288,22 @@ def run(
         output_dir=output_dir,
         model_fn=model_fn,
     )
+
+
+def given_data(
+    train: Union[Clients, FederatedData, DataSpec],
+    test: Optional[Clients],
+    data_args: Mapping[str, Any],
+    seed: int,
+) -> FederatedData:
+    """The run's data: `train` itself, the dataset a `DataSpec` names (loaded as
+    `binaries/train.py` loads it, seeded by the training's seed), or given clients
+    (`federated_data`)."""
+    if isinstance(train, FederatedData):
+        return train
+    if isinstance(train, DataSpec):
+        return load_dataset(train, seed=seed)
+    return federated_data(train, test, **data_args)
 
 
 def run_settings(
