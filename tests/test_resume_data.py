@@ -159,7 +159,10 @@ def _record_open(event: str, args: tuple) -> None:
     if _tracing[0] and event in ("open", "sqlite3.connect") and args:
         path = args[0]
         if isinstance(path, (str, bytes, os.PathLike)):
-            _opened.append(os.path.realpath(os.fsdecode(path)))
+            path = os.fsdecode(path)
+            if event == "sqlite3.connect" and path.startswith("file:"):  # a URI: file:PATH?mode=ro
+                path = path[len("file:") :].split("?", 1)[0]
+            _opened.append(os.path.realpath(path))
 
 
 @pytest.fixture(scope="module")
