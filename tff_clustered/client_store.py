@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import mmap
 import os
 import shutil
 import tempfile
@@ -145,10 +146,12 @@ class MemoryClientStore(ClientStore):
 
 class DiskClientStore(ClientStore):
     """The models as rows of `STORE_FILE` in `folder` (a temporary folder, removed with the
-    store, when None): row `SLOTS * i + s` is slot `s` of client `client_ids[i]`. The file has
-    its whole size from its first write, as a sparse file: never-trained clients' rows are
-    holes, and it never grows. `saved` (a checkpoint's `StoreIndex`): the slots it names are
-    the clients' models, and the file must hold them."""
+    store, when None): row `s * n + i` is slot `s` of client `client_ids[i]` (of n). The file
+    has its whole size from its first write, as a sparse file: never-trained clients' rows are
+    holes, and it never grows. Memory holds the rows touched since the last checkpoint: it
+    writes them to disk and drops them from the process (they are read again when needed).
+    `saved` (a checkpoint's `StoreIndex`): the slots it names are the clients' models, and the
+    file must hold them."""
 
     def __init__(
         self,
@@ -168,9 +171,10 @@ class DiskClientStore(ClientStore):
         self.initial_flat = flat_model(self.initial)
         self.saved = self.checked_slots(saved)  # the slots the last checkpoint names
         self.current = self.saved.copy()  # the slots of the clients' latest models
-        self.rows: Optional[np.memmap] = None
+        self.mapping: Optional[mmap.mmap] = None
+        self.rows: Optional[np.ndarray] = None  # (SLOTS * clients, values), on `mapping`
         if (self.saved != NO_MODEL).any():
-            self.rows = self.open_rows("r+")
+            self.open_rows(create=False)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -194,11 +198,11 @@ class DiskClientStore(ClientStore):
             )
         return slots.astype(np.int8)
 
-    def open_rows(self, mode: str) -> np.memmap:
-        """The file's rows: made afresh (mode "w+": sparse, its whole size) or the existing
-        file (mode "r+"), refused when missing or of another size."""
-        if mode == "r+":
-            expected = int(np.prod(self.shape)) * np.dtype(np.float32).itemsize
+    def open_rows(self, create: bool) -> None:
+        """Maps the file's rows: a file made afresh (`create`: sparse, its whole size) or the
+        existing one, refused when missing or of another size."""
+        expected = int(np.prod(self.shape)) * np.dtype(np.float32).itemsize
+        if not create:
             size = os.path.getsize(self.path) if os.path.exists(self.path) else None
             if size != expected:
                 found = "is missing" if size is None else f"has {size:,} bytes, not {expected:,}"
@@ -206,14 +210,26 @@ class DiskClientStore(ClientStore):
                     f"{self.path} {found}: it holds the client models the checkpoint names; "
                     "put it back as the run left it, or start over in a new --output_dir"
                 )
-        return np.memmap(self.path, np.float32, mode, shape=self.shape)
+        flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
+        fd = os.open(self.path, flags, 0o666)
+        try:
+            if create:
+                os.ftruncate(fd, expected)
+            self.mapping = mmap.mmap(fd, expected)
+        finally:
+            os.close(fd)
+        self.rows = np.frombuffer(self.mapping, np.float32).reshape(self.shape)
 
     def model(self, client_id: str) -> Variables:
         i = self.row_of[client_id]
         slot = self.current[i]
         if slot == NO_MODEL:
             return self.initial
-        return self.variables_of(np.array(self.rows[SLOTS * i + slot]))
+        return self.variables_of(np.array(self.rows[self.row(i, slot)]))
+
+    def row(self, client: Union[int, np.ndarray], slot: Union[int, np.ndarray]) -> np.ndarray:
+        """The file's row(s) of slot `slot` of client number `client` (arrays: one each)."""
+        return np.asarray(slot, np.int64) * len(self.row_of) + client
 
     def variables_of(self, row: np.ndarray) -> Variables:
         """A flat row as the model's variables (float32, as stored)."""
@@ -227,8 +243,8 @@ class DiskClientStore(ClientStore):
         else:
             slot = 0 if self.saved[i] == NO_MODEL else 1 - self.saved[i]
         if self.rows is None:
-            self.rows = self.open_rows("w+")  # no checkpoint names a row of an older file
-        self.rows[SLOTS * i + slot] = flat_model(model)
+            self.open_rows(create=True)  # no checkpoint names a row of an older file
+        self.rows[self.row(i, slot)] = flat_model(model)
         self.current[i] = slot
 
     def trained(self) -> Iterator[tuple[str, Variables]]:
@@ -239,8 +255,9 @@ class DiskClientStore(ClientStore):
     def record(self) -> StoreIndex:
         """The index of the rows written so far, once they are on disk; from now on a write
         leaves these rows alone (each client's next model goes to its other slot)."""
-        if self.rows is not None:
-            self.rows.flush()  # msync: the rows reach the disk before the checkpoint names them
+        if self.mapping is not None:
+            self.mapping.flush()  # msync: the rows reach the disk before the checkpoint names them
+            self.mapping.madvise(mmap.MADV_DONTNEED)  # clean now: dropped, read again if needed
         self.saved = self.current.copy()
         return StoreIndex(slots=self.saved.copy(), num_values=self.num_values)
 
@@ -251,7 +268,7 @@ class DiskClientStore(ClientStore):
         slots = self.current[index] if len(index) else np.zeros(0, np.int8)
         own = np.flatnonzero(slots != NO_MODEL)
         if len(own):
-            out[own] = self.rows[SLOTS * index[own] + slots[own], :num_values]
+            out[own] = self.rows[self.row(index[own], slots[own]), :num_values]
         return out
 
 
