@@ -19,13 +19,12 @@ import numpy as np
 
 from tff_clustered import checkpoint
 from tff_clustered.client_store import (
-    STORE_FILE,
     ClientStore,
     DiskClientStore,
     MemoryClientStore,
 )
 from tff_clustered.loop.state import RunState
-from tff_clustered.run_folder import RunFolder
+from tff_clustered.run_folder import CLIENT_STORE_NAME, RunFolder
 
 # The MLP 32-16-10's variables: kernel and bias of each layer.
 SHAPES = ((32, 16), (16,), (16, 10), (10,))
@@ -97,7 +96,7 @@ def main() -> None:
         store = MemoryClientStore(initial)
     print(measured(store, client_ids, args.trained[0], folder), flush=True)
     if args.store == "disk":
-        path = os.path.join(folder, STORE_FILE)
+        path = os.path.join(folder, CLIENT_STORE_NAME)
         print(
             f"  its file: {os.path.getsize(path) / 1e6:.0f} MB apparent, "
             f"{os.stat(path).st_blocks * 512 / 1e6:.1f} MB on disk",

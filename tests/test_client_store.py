@@ -22,7 +22,6 @@ from tff_clustered.algorithms import make_algorithm
 from tff_clustered.client_store import (
     MEMORY_BUDGET_BYTES,
     NO_MODEL,
-    STORE_FILE,
     DiskClientStore,
     MemoryClientStore,
     StoreIndex,
@@ -35,7 +34,7 @@ from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.state import RunState
 from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment
-from tff_clustered.run_folder import RunFolder
+from tff_clustered.run_folder import CLIENT_STORE_NAME, RunFolder
 from tff_clustered.run_spec import ModelChoice, RunSpec
 
 INITIAL = (np.zeros((3, 2), np.float32), np.ones(4, np.float32))
@@ -67,7 +66,7 @@ def test_auto_takes_the_disk_store_past_the_budget_and_refuses_other_names() -> 
 def test_the_disk_store_reads_what_the_memory_store_reads(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     memory, disk = MemoryClientStore(INITIAL), DiskClientStore(INITIAL, CLIENTS, str(tmp_path))
-    assert not (tmp_path / STORE_FILE).exists()  # made at the first write
+    assert not (tmp_path / CLIENT_STORE_NAME).exists()  # made at the first write
     for step in range(12):
         client = CLIENTS[rng.integers(len(CLIENTS))]
         indices = [1] if step % 3 else [0, 1]
@@ -138,7 +137,7 @@ def test_a_store_index_that_does_not_fit_or_a_missing_file_is_refused(tmp_path: 
     with pytest.raises(ValueError, match="does not fit this run's 6 clients of 10 values"):
         DiskClientStore(INITIAL, CLIENTS, str(tmp_path), index)
     index = StoreIndex(slots=np.zeros(6, np.int8), num_values=10)
-    with pytest.raises(ValueError, match=f"{STORE_FILE} is missing: it holds the client models"):
+    with pytest.raises(ValueError, match=f"{CLIENT_STORE_NAME} is missing: it holds the client"):
         DiskClientStore(INITIAL, CLIENTS, str(tmp_path), index)
 
 

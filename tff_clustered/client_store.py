@@ -9,8 +9,8 @@ some back. A client that never trained holds the initial model.
 Two stores hold the same models and give the same runs:
 
 - `MemoryClientStore`: a dict client id -> model; a checkpoint holds the dict.
-- `DiskClientStore`: one memory-mapped float32 file in the run folder (`STORE_FILE`) with two
-  slots (rows of the flat model) per client, so memory holds only the rows a round touches.
+- `DiskClientStore`: one memory-mapped float32 file in the run folder (`client_store.bin`) with
+  two slots (rows of the flat model) per client, so memory holds only the rows a round touches.
   A checkpoint holds only which slot has each client's model (`StoreIndex`, one byte per
   client), never the models: a model written after a checkpoint goes to the slot the
   checkpoint does not name, so a run killed at any point resumes from the rows its last
@@ -34,10 +34,11 @@ from typing import Optional, Union
 
 import numpy as np
 
+from tff_clustered.run_folder import RunFolder
+
 Variables = tuple[np.ndarray, ...]
 
 CLIENT_STORES = ("auto", "memory", "disk")
-STORE_FILE = "client_store.bin"
 SLOTS = 2  # per client: the row its last checkpoint names and the row written since
 MEMORY_BUDGET_BYTES = 1 << 30  # auto: the disk store when the store's file would be larger
 NO_MODEL = -1  # a slot index: the client holds the initial model
@@ -145,13 +146,13 @@ class MemoryClientStore(ClientStore):
 
 
 class DiskClientStore(ClientStore):
-    """The models as rows of `STORE_FILE` in `folder` (a temporary folder, removed with the
-    store, when None): row `s * n + i` is slot `s` of client `client_ids[i]` (of n). The file
-    has its whole size from its first write, as a sparse file: never-trained clients' rows are
-    holes, and it never grows. Memory holds the rows touched since the last checkpoint: it
-    writes them to disk and drops them from the process (they are read again when needed).
-    `saved` (a checkpoint's `StoreIndex`): the slots it names are the clients' models, and the
-    file must hold them."""
+    """The models as rows of the file `RunFolder(folder).client_store` (`folder`: a temporary
+    folder, removed with the store, when None): row `s * n + i` is slot `s` of client
+    `client_ids[i]` (of n). The file has its whole size from its first write, as a sparse
+    file: never-trained clients' rows are holes, and it never grows. Memory holds the rows
+    touched since the last checkpoint: it writes them to disk and drops them from the process
+    (they are read again when needed). `saved` (a checkpoint's `StoreIndex`): the slots it
+    names are the clients' models, and the file must hold them."""
 
     def __init__(
         self,
@@ -164,7 +165,7 @@ class DiskClientStore(ClientStore):
         if folder is None:
             folder = tempfile.mkdtemp(prefix="tff-clustered-store-")
             weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True)
-        self.path = os.path.join(folder, STORE_FILE)
+        self.path = RunFolder(folder).client_store
         self.row_of = {c: i for i, c in enumerate(client_ids)}
         self.shapes = [np.shape(v) for v in self.initial]
         self.num_values = sum(int(np.prod(s)) for s in self.shapes)
