@@ -114,6 +114,7 @@ def run(spec: RunSpec, output_dir: str, timer: PhaseTimer) -> dict[str, Any]:
         execution=FLAGS.execution,
         device=FLAGS.device,
         timer=timer,
+        client_store=FLAGS.client_store,
     )
 
 

@@ -297,6 +297,8 @@ RUN_ARGUMENT_CORRUPTIONS: list[tuple[dict[str, Any], str]] = [
     ({"checkpoint_every": 1.5}, "checkpoint_every"),
     ({"checkpoint_every": -1}, "checkpoint_every"),
     ({"execution": "gpu"}, "execution"),
+    ({"client_store": "ram"}, "client_store"),
+    ({"client_store": True}, "client_store"),
     ({"output_dir": None}, "output_dir"),
     ({"log": "stdout"}, "log"),
     ({"model_name": 3}, "model_name"),

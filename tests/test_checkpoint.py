@@ -23,8 +23,10 @@ from tff_clustered import atomic_files, checkpoint
 from tff_clustered.algorithms.fedgroup import GroupState
 from tff_clustered.algorithms.fedtsdp import TSDPState
 from tff_clustered.checkpoint import CheckpointError
+from tff_clustered.client_store import MemoryClientStore, StoreIndex
 from tff_clustered.loop.state import RunState
 from tff_clustered.run_folder import CHECKPOINT_NAME
+from tff_clustered.state_encoding import encode_tree
 
 SETTINGS = {"algorithm": "fedgroup", "rounds": 3, "shape": (2, 3), "lr": 0.1}
 
@@ -308,3 +310,28 @@ def test_a_checkpoint_nested_deeper_than_python_can_read_is_refused(tmp_path: Pa
     path.write_bytes(buffer.getvalue())
     with pytest.raises(CheckpointError, match="cannot be read.*delete it to start over"):
         checkpoint.load(str(path), SETTINGS)
+
+
+def test_a_disk_store_index_round_trips_and_a_memory_store_keeps_its_format(
+    tmp_path: Path,
+) -> None:
+    """The disk store's checkpoint holds its index, exactly; the memory store's holds the dict
+    of models as before (the JSON tree of checkpoints made before the disk store existed)."""
+    path = str(tmp_path / CHECKPOINT_NAME)
+    index = StoreIndex(slots=np.array([0, -1, 1], np.int8), num_values=7)
+    saved = RunState(round_num=1, cluster_models=np.zeros((1, 7), np.float32), client_models=index)
+    checkpoint.save(path, saved, SETTINGS)
+    assert_same(checkpoint.load(path, SETTINGS), saved)
+    models = {"a": (np.ones((2, 2), np.float32), np.arange(3, dtype=np.float32))}
+    record = MemoryClientStore((np.zeros((2, 2)), np.zeros(3)), models).record()
+    arrays: dict = {}
+    assert encode_tree(RunState(client_models=record), arrays)["fields"]["client_models"] == {
+        "dict": [["a", {"tuple": [{"ndarray": "a0"}, {"ndarray": "a1"}]}]]
+    }
+
+
+def test_client_models_of_another_kind_are_refused(tmp_path: Path) -> None:
+    path = str(tmp_path / CHECKPOINT_NAME)
+    checkpoint.save(path, RunState(client_models=[1, 2]), SETTINGS)  # type: ignore[arg-type]
+    with pytest.raises(CheckpointError, match="client_models is a list"):
+        checkpoint.load(path, SETTINGS)

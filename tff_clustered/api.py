@@ -33,6 +33,7 @@ import tensorflow as tf
 
 from tff_clustered import checkpoint, runner, weights
 from tff_clustered.algorithms import algorithm_class, make_algorithm, make_options
+from tff_clustered.client_store import checked_store_choice
 from tff_clustered.data.federated_data import Clients, FederatedData, first_line
 from tff_clustered.data.fingerprint import arrays_digest
 from tff_clustered.data.given_clients import federated_data
@@ -179,6 +180,7 @@ def run(
     checkpoint_every: int = 5,
     execution: str = "tff",
     device: Optional[str] = None,
+    client_store: str = "auto",
     model_name: str = "custom",
     log: Callable[[str], None] = print,
     **data_args: Any,
@@ -186,10 +188,11 @@ def run(
     """Runs `algorithm` (a name of `tff_clustered.algorithms.ALGORITHMS`) on `train` (and
     `test`, or a split of each client, see `federated_data`, which takes `data_args`; or one of
     the project's datasets, a `DataSpec` whose fields are `binaries/train.py`'s data flags)
-    with the model `model_fn` builds (or one of the project's models, a `ModelChoice`). `options`: the algorithm's options as a mapping (e.g.
-    `{"num_clusters": 4}`) or its `Options`. `execution="tff"` runs rounds on TFF's runtime
-    (a local worker, stopped at the end), `"in_process"` in this process (on a GPU if
-    TensorFlow sees one); the results agree.
+    with the model `model_fn` builds (or one of the project's models, a `ModelChoice`).
+    `options`: the algorithm's options as a mapping (e.g. `{"num_clusters": 4}`) or its
+    `Options`. `execution`: "tff" (TFF's runtime, a local worker) or "in_process" (on a GPU if
+    TF sees one); `client_store`: "memory", "disk" (the clients' models in a file of
+    `output_dir`) or "auto" (disk for many clients); the results agree.
 
     Every argument is checked before any TensorFlow work, as `binaries/train.py` checks its
     flags: a wrong one is a ValueError or TypeError of one line naming it and the fix."""
@@ -206,12 +209,12 @@ def run(
     model_name = checked_value("run", "model_name", model_name, str)
     execution = checked_value("run", "execution", execution, str)
     device = checked_value("run", "device", device, Optional[str])
+    client_store = checked_store_choice(client_store)
     runtime = RuntimeConfig(execution=execution, device=device, log_dir=output_dir)
     if not callable(log):
         raise TypeError(f"log must be a function of one string, got {described(log)}")
-    if training is None:
-        training = TrainingConfig()
-    elif not isinstance(training, TrainingConfig):
+    training = TrainingConfig() if training is None else training
+    if not isinstance(training, TrainingConfig):
         raise TypeError(
             f"training must be a tff_clustered.TrainingConfig, got {described(training)}; "
             "write training=tff_clustered.TrainingConfig(rounds=..., ...)"
@@ -262,9 +265,8 @@ def run(
     def build(timer: PhaseTimer) -> Experiment:
         with timer.phase("building"):
             refuse_too_large(model, getattr(built, "num_clusters", 1) + runner.WORKING_COPIES)
-            return Experiment(
-                data, model, built, training, execution=execution, device=device, timer=timer
-            )
+            how = dict(execution=execution, device=device, timer=timer, store_folder=output_dir)
+            return Experiment(data, model, built, training, client_store=client_store, **how)
 
     with contextlib.ExitStack() as running:
         with timer.phase("runtime"):

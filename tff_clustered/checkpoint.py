@@ -7,7 +7,9 @@ the run's settings, and the state's structure, whose arrays are referenced by en
 refused, never loaded.
 
 It is written atomically (`tff_clustered.atomic_files`), so a crash leaves either the previous
-or the new checkpoint, never a torn one. Resuming with other settings is refused.
+or the new checkpoint, never a torn one. Resuming with other settings is refused. With the disk
+client store (`tff_clustered.client_store.DiskClientStore`) it holds the store's index, not the
+clients' models: the rows it names are on disk before it is written and untouched after.
 
 A run holds an exclusive lock on its output folder (`hold_run_folder`: `flock` on `.lock`)
 for its lifetime, so a second run on the same folder is refused at once instead of both

@@ -29,7 +29,7 @@ from tff_clustered.algorithms.base import (
     RunInfo,
     ServerView,
 )
-from tff_clustered.client_store import ClientStore
+from tff_clustered.client_store import ClientModels, ClientStore, open_store, store_kind
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round import FederatedRound
@@ -80,12 +80,17 @@ class Experiment:
         execution: str = "tff",
         device: Optional[str] = None,
         timer: Optional[PhaseTimer] = None,
+        client_store: str = "auto",
+        store_folder: Optional[str] = None,
     ) -> None:
         """`round_metrics` add metrics to each round's row (they get the clients' updates).
         `execution`: "tff" runs rounds on the TFF runtime, "in_process" runs the same TF
         functions in this process (on `device`, else TensorFlow's choice: a GPU if it sees
         one); results are the same within float tolerance. `timer` gets the algorithm's cold
-        start (`start`) and the time building rounds (default: a timer of its own)."""
+        start (`start`) and the time building rounds (default: a timer of its own).
+        `client_store`: where the clients' own models live (`client_store.store_kind`: memory,
+        disk, or auto by the population's size), the disk store's file in `store_folder` (the
+        run folder; None: a temporary folder); results are the same either way."""
         if config.clients_per_round > len(data.client_ids):
             raise ValueError(
                 f"clients_per_round={config.clients_per_round} exceeds the "
@@ -140,7 +145,11 @@ class Experiment:
         )
         self.evaluator = Evaluator(data, algorithm, self.run, self.calls, config.fine_tune_steps)
         self.state = RunState()
-        self.store = ClientStore(self.initial_variables)
+        self.store_kind = store_kind(
+            client_store, len(data.client_ids), len(flat.flatten(self.initial_variables))
+        )
+        self.store_folder = store_folder
+        self.store = self.new_store()
         # Per-client results of the last evaluation, one dict per client (for clients.csv).
         self.client_rows: list[dict[str, Any]] = []
 
@@ -153,17 +162,26 @@ class Experiment:
             shared=tuple(self.algorithm.initial_shared(self.run)),
             anchor=self.run.initial_model.copy() if self.anchor_tensors else None,
         )
-        self.store = ClientStore(self.initial_variables)
+        self.store = self.new_store()
         with self.timer.phase("cold_start"):
             self.apply(self.algorithm.init(self.run, self.queries))
 
     def restore(self, state: RunState) -> None:
+        """Continues from a checkpoint's `state` (its client models in this run's store)."""
         self.state = state
-        self.store = ClientStore(self.initial_variables, dict(state.client_models))
+        self.store = self.new_store(state.client_models)
 
     def snapshot(self) -> RunState:
-        self.state.client_models = self.store.models
+        """The state for a checkpoint, to be written before the next round: the disk store's
+        rows are made durable, and the rows it names stay untouched until the next snapshot."""
+        self.state.client_models = self.store.record()
         return self.state
+
+    def new_store(self, saved: Optional[ClientModels] = None) -> ClientStore:
+        """The run's client store holding `saved` (a checkpoint's; None: every client initial)."""
+        return open_store(
+            self.store_kind, self.initial_variables, self.run.client_ids, self.store_folder, saved
+        )
 
     def view(self) -> ServerView:
         return self.state.view()

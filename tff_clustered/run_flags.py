@@ -17,6 +17,7 @@ from tff_clustered import cli, logs
 from tff_clustered import options as options_lib
 from tff_clustered.algorithms import ALGORITHMS, algorithm_class, define_all_flags
 from tff_clustered.checkpoint import CheckpointError
+from tff_clustered.client_store import CLIENT_STORES
 from tff_clustered.data import DATASET_NAMES, DataError, DataSpec
 from tff_clustered.federated.server_optimizers import SERVER_OPTIMIZERS, ServerOptimizer
 from tff_clustered.loop.config import LR_SCHEDULES, TrainingConfig
@@ -146,6 +147,14 @@ flags.DEFINE_enum(
     ["tff", "in_process"],
     "What runs each round: tff (TFF's runtime, CPU) or in_process (the same TF functions run by "
     "TensorFlow in this process: on a GPU when TensorFlow sees one). Same results either way.",
+)
+flags.DEFINE_enum(
+    "client_store",
+    "auto",
+    list(CLIENT_STORES),
+    "Where the clients' own models (FedPer's heads, Ditto's personal models, stateful clients' "
+    "models) live: memory, disk (client_store.bin in --output_dir, a checkpoint holds only "
+    "its index), or auto (disk when that file would exceed 1 GiB). Same results either way.",
 )
 flags.DEFINE_string(
     "device",

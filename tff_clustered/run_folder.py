@@ -24,6 +24,7 @@ LABELS_PNG = "labels.png"
 SIMILARITY_PNG = "similarity.png"
 HOPKINS_PNG = "hopkins.png"
 CHECKPOINT_NAME = "checkpoint.npz"
+CLIENT_STORE_NAME = "client_store.bin"  # the disk client store's rows, named by the checkpoint
 LEGACY_CHECKPOINT_NAMES = ("checkpoint.pkl",)  # pickles of older versions: refused, never read
 LOCK_NAME = ".lock"
 # The pictures a run can leave, in the order a finished run lists them.
@@ -100,6 +101,11 @@ class RunFolder:
     def checkpoint(self) -> str:
         """The run's state after its last checkpointed round (`tff_clustered.checkpoint`)."""
         return self.file(CHECKPOINT_NAME)
+
+    @property
+    def client_store(self) -> str:
+        """The clients' own models with `--client_store=disk` (`tff_clustered.client_store`)."""
+        return self.file(CLIENT_STORE_NAME)
 
     @property
     def legacy_checkpoints(self) -> tuple[str, ...]:

@@ -31,9 +31,12 @@ def build_experiment(
     execution: str = "tff",
     device: Optional[str] = None,
     timer: Optional[PhaseTimer] = None,
+    client_store: str = "auto",
+    store_folder: Optional[str] = None,
 ) -> Experiment:
-    """`execution` and `device`: see `Experiment` (how rounds run, not what they compute).
-    `timer` gets the `loading` and `building` phases, and the experiment's own."""
+    """`execution`, `device`, `client_store` and `store_folder`: see `Experiment` (how rounds
+    run and where client models live, not what they compute). `timer` gets the `loading` and
+    `building` phases, and the experiment's own."""
     timer = PhaseTimer() if timer is None else timer
     with timer.phase("loading"):
         data = load_dataset(spec.data, seed=spec.training.seed)
@@ -50,6 +53,8 @@ def build_experiment(
             execution=execution,
             device=device,
             timer=timer,
+            client_store=client_store,
+            store_folder=store_folder,
         )
 
 
@@ -63,14 +68,18 @@ def run(
     execution: str = "tff",
     device: Optional[str] = None,
     timer: Optional[PhaseTimer] = None,
+    client_store: str = "auto",
 ) -> dict[str, Any]:
     """Runs (or resumes) `spec`, writing metrics.csv, clients.csv, TensorBoard events,
     summary.json, curves.png, checkpoints. `execution`/`device`: how rounds run (`Experiment`);
-    a run may resume under another execution. `timer`: see `run_experiment`.
+    `client_store`: where the clients' models live (a disk store's file in `output_dir`); a run
+    may resume under another execution or store. `timer`: see `run_experiment`.
 
     Returns the summary, with the per-round rows under `history`."""
     summary, _ = run_experiment(
-        lambda timer: build_experiment(spec, round_metrics, execution, device, timer),
+        lambda timer: build_experiment(
+            spec, round_metrics, execution, device, timer, client_store, output_dir
+        ),
         spec.settings(),
         output_dir,
         checkpoint_every,

@@ -11,6 +11,7 @@ from typing import Any, Optional
 import numpy as np
 
 from tff_clustered.algorithms.base import UNCHANGED, Decision, ServerView, Similarity
+from tff_clustered.client_store import ClientModels
 
 
 @dataclasses.dataclass
@@ -23,7 +24,8 @@ class RunState:
     shared: tuple[int, ...] = ()
     anchor: Optional[np.ndarray] = None  # (D,) flat anchor model, when the algorithm has one
     algorithm_state: Any = None
-    client_models: dict[str, tuple[np.ndarray, ...]] = dataclasses.field(default_factory=dict)
+    # The memory store's models by client, or the disk store's index of its file's rows.
+    client_models: ClientModels = dataclasses.field(default_factory=dict)
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     similarity: Optional[Similarity] = None  # the latest matrix a clustering step used
     # The server optimizer's state, stacked per cluster (None: none kept, FedAvg's finalizer).
