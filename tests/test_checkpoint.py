@@ -335,3 +335,19 @@ def test_client_models_of_another_kind_are_refused(tmp_path: Path) -> None:
     checkpoint.save(path, RunState(client_models=[1, 2]), SETTINGS)  # type: ignore[arg-type]
     with pytest.raises(CheckpointError, match="client_models is a list"):
         checkpoint.load(path, SETTINGS)
+
+
+def test_a_checkpoint_older_than_a_setting_resumes_at_the_value_its_run_had(
+    tmp_path: Path,
+) -> None:
+    """`training.eval_clients` came after checkpoints that lack it: such a checkpoint resumes a
+    run that scores every client (0), and is refused, naming the setting, for a sample."""
+    path = str(tmp_path / CHECKPOINT_NAME)
+    before = {"algorithm": "fedavg", "training": {"rounds": 3}}
+    checkpoint.save(path, state(None), before)
+    now = {"algorithm": "fedavg", "training": {"rounds": 3, "eval_clients": 0}}
+    assert checkpoint.load(path, now) is not None
+    with pytest.raises(CheckpointError, match="eval_clients: checkpoint \\(none\\), now 100"):
+        checkpoint.load(path, {**now, "training": {"rounds": 3, "eval_clients": 100}})
+    with pytest.raises(CheckpointError, match="rounds: checkpoint 3, now 4"):
+        checkpoint.load(path, {**now, "training": {"rounds": 4, "eval_clients": 0}})

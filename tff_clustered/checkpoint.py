@@ -191,10 +191,23 @@ def load(
         raise CheckpointError(f"checkpoint {path} is refused: it is nested too deeply") from None
     if not isinstance(state, RunState) or not isinstance(saved, dict):
         raise CheckpointError(f"checkpoint {path} does not hold a run state")
-    if saved != settings:
+    if not same_settings(saved, settings):
         raise CheckpointError(other_settings_message(path, saved, settings))
     refuse_changed_data(path, meta.get(DATA_SOURCE_ENTRY), data_source, warn)
     return state
+
+
+# Settings added after checkpoints were made without them, with the value such a checkpoint's
+# run had (flat keys, as `_flat_settings` writes them): its run resumes when the setting is
+# left at that value.
+ADDED_SETTINGS = {"training.eval_clients": 0}
+
+
+def same_settings(saved: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether a checkpoint's settings are the run's, a setting the checkpoint predates
+    (`ADDED_SETTINGS`) counting as the value its run had."""
+    old, new = _flat_settings(saved), _flat_settings(now)
+    return {**{k: v for k, v in ADDED_SETTINGS.items() if k in new}, **old} == new
 
 
 def _flat_settings(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
