@@ -119,7 +119,7 @@ def run(spec: RunSpec, output_dir: str, timer: PhaseTimer) -> dict[str, Any]:
 
 
 def print_results(spec: RunSpec, results: dict[str, Any]) -> None:
-    """The run's accuracy, each model kind's on all clients, and its clusters: their sizes and,
+    """The run's accuracy, each model kind's on the scored clients, and its clusters: sizes and,
     on data with planted groups, the adjusted Rand index against them."""
     print(
         f"{spec.algorithm} on {spec.data.dataset}/{spec.model_choice.model}: final accuracy "
@@ -128,10 +128,12 @@ def print_results(spec: RunSpec, results: dict[str, Any]) -> None:
         f"{results['final_client_accuracy_mean']:.4f}; {results['total_train_seconds']:.1f}s "
         f"of training (assigned clients, the paper's figure)"
     )
+    sample = spec.training.eval_clients
+    scored = f"{sample:,} sampled clients (--eval_clients)" if sample else "all clients"
     for key, kind in results.items():
         if key.startswith("all_clients_"):
             print(
-                f"  {key[len('all_clients_') :]} model on all clients: final "
+                f"  {key[len('all_clients_') :]} model on {scored}: final "
                 f"{kind['final_accuracy']:.4f}, max {kind['max_accuracy']:.4f} (round "
                 f"{kind['max_accuracy_round']}), mean per-client "
                 f"{kind['final_client_accuracy_mean']:.4f}"
