@@ -250,3 +250,20 @@ def test_an_algorithm_is_given_the_five_queries_and_not_the_loop() -> None:
     for name in (*names, "initial_model"):
         assert callable(getattr(queries, name))
     assert queries.initial_model(3).shape == queries.initial_model(4).shape
+
+
+def test_a_round_counts_the_net_moves_of_the_clients_its_decisions_assigned() -> None:
+    """`clients_changed_cluster` from the clients the round's decisions touched (no scan of
+    every client): a client moved and moved back has not moved, a first assignment is no move."""
+    from tff_clustered.algorithms.base import Decision
+    from tff_clustered.loop.state import RunState, apply_decision, clients_moved
+
+    state = RunState(
+        cluster_models=np.zeros((3, 2), np.float32), assignment={"a": 0, "b": 1, "c": -1, "d": 2}
+    )
+    before = apply_decision(state, Decision(assignment={"a": 1, "c": 2}), "plan", ())
+    later = apply_decision(state, Decision(assignment={"a": 0, "b": 2, "d": -1}), "after", ())
+    assert clients_moved(state.assignment, {**later, **before}) == 1  # b only
+    assert state.view().assignment["b"] == 2
+    with pytest.raises(TypeError):
+        state.view().assignment["b"] = 0  # type: ignore[index]  # an algorithm only reads

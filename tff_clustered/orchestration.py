@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -39,7 +39,13 @@ from tff_clustered.loop.evaluation import Evaluator
 from tff_clustered.loop.queries import ServerQueries
 from tff_clustered.loop.round_calls import LocalTraining, RoundCalls, TrainRequest
 from tff_clustered.loop.round_step import RoundOutcome, RoundStep
-from tff_clustered.loop.state import RunState, apply_decision, check_finite, cluster_capacity
+from tff_clustered.loop.state import (
+    RunState,
+    apply_decision,
+    check_finite,
+    clients_moved,
+    cluster_capacity,
+)
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec, initial_weights
 from tff_clustered.models.split import classifier_layers, trainable_layer_sizes
@@ -193,9 +199,10 @@ class Experiment:
             self.calls, self.store, self.signature(), self.model, self.functional.initial_state
         )
 
-    def apply(self, decision: Decision) -> None:
-        """Applies an algorithm's decision to the run's state."""
-        apply_decision(self.state, decision, self.algorithm.name, self.anchor_tensors)
+    def apply(self, decision: Decision) -> dict[str, int]:
+        """Applies an algorithm's decision to the run's state; returns the earlier clusters of
+        the clients it assigned."""
+        return apply_decision(self.state, decision, self.algorithm.name, self.anchor_tensors)
 
     @property
     def num_clusters(self) -> int:
@@ -253,7 +260,9 @@ class Experiment:
     def sample_clients(self, round_num: int) -> list[str]:
         """`clients_per_round` of the eligible clients (all of them if fewer)."""
         view = dataclasses.replace(self.view(), round_num=round_num - 1)
-        ids = list(self.algorithm.eligible(self.run, view))
+        ids = self.algorithm.eligible(self.run, view)  # indexed as it is: no copy per round
+        if not isinstance(ids, Sequence):
+            ids = list(ids)
         rng = np.random.default_rng(derived_seed(self.config.seed, SAMPLING, round_num))
         count = min(self.config.clients_per_round, len(ids))
         chosen = np.sort(rng.choice(len(ids), count, replace=False))
@@ -262,11 +271,10 @@ class Experiment:
     def train_round(self, round_num: int) -> dict[str, Any]:
         """Sample, plan, run the federated round (the server optimizer's step included),
         decide, record: one row."""
-        assignment_before = dict(self.state.assignment)
         client_ids = self.sample_clients(round_num)
         with Stopwatch() as planning:
             plan = self.algorithm.plan(self.run, self.view(), client_ids, self.queries)
-            self.apply(plan.decision)
+            before = self.apply(plan.decision)
         request = self.train_request(round_num, client_ids, plan)
         outcome = self.round_step.run(request, self.store)
         self.state.cluster_models = outcome.cluster_models
@@ -274,7 +282,7 @@ class Experiment:
         with Stopwatch() as deciding:
             result = outcome.result
             decision = self.algorithm.after_round(self.run, self.view(), result, self.queries)
-            self.apply(decision)
+            before = {**self.apply(decision), **before}  # the round's start wins
         check_finite(
             self.state.cluster_models,
             round_num,
@@ -283,7 +291,8 @@ class Experiment:
             result.client_ids,
         )
         server_seconds = planning.seconds + deciding.seconds
-        return self.training_row(request, outcome, decision, server_seconds, assignment_before)
+        moved = clients_moved(self.state.assignment, before)
+        return self.training_row(request, outcome, decision, server_seconds, moved)
 
     def train_request(self, round_num: int, client_ids: Sequence[str], plan: Plan) -> TrainRequest:
         """The round's call for the sampled clients as the plan sends them."""
@@ -321,7 +330,7 @@ class Experiment:
         outcome: RoundOutcome,
         decision: Decision,
         server_seconds: float,
-        assignment_before: Mapping[str, int],
+        clients_changed_cluster: int,
     ) -> dict[str, Any]:
         """The round's row: its training loss, clients and seconds (the clients' training: the
         federated round; the algorithm's own work before and after it; evaluation and
@@ -347,11 +356,7 @@ class Experiment:
         for metric in self.round_metrics:
             row.update(metric(self.run, self.view(), result))
         row.update(decision.metrics)
-        row["clients_changed_cluster"] = sum(
-            1
-            for c, k in self.state.assignment.items()
-            if assignment_before.get(c, -1) >= 0 and k >= 0 and k != assignment_before[c]
-        )
+        row["clients_changed_cluster"] = clients_changed_cluster
         sampled = np.bincount(result.clusters, minlength=num_before)
         row.update({f"sampled_cluster_{k}": int(n) for k, n in enumerate(sampled)})
         return row

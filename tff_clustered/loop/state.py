@@ -5,7 +5,8 @@ policy (a non-finite model stops the run, naming the round, clusters and clients
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import types
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -36,11 +37,12 @@ class RunState:
         return 0 if self.cluster_models is None else len(self.cluster_models)
 
     def view(self) -> ServerView:
-        """What an algorithm reads of the state (copies of what it could change)."""
+        """What an algorithm reads of the state: read-only, the assignment a view of the run's
+        (no copy of every client's cluster per call: a population may hold millions)."""
         return ServerView(
             round_num=self.round_num,
             cluster_models=self.cluster_models,
-            assignment=dict(self.assignment),
+            assignment=types.MappingProxyType(self.assignment),
             shared=self.shared,
             state=self.algorithm_state,
             anchor=self.anchor,
@@ -53,11 +55,13 @@ class RunState:
 
 def apply_decision(
     state: RunState, decision: Decision, algorithm: str, anchor_tensors: Sequence[int]
-) -> None:
+) -> dict[str, int]:
     """Applies `algorithm`'s decision to `state`: assignments, cluster models (checked against
     the model's size), the split, the anchor (only where the algorithm declares anchor tensors),
-    its own state and the similarity it clustered on."""
+    its own state and the similarity it clustered on. Returns the clusters the clients it
+    assigned had before (-1: none), so that moves are counted without scanning every client."""
     model_size = state.cluster_models.shape[1]
+    before = {c: state.assignment.get(c, -1) for c in decision.assignment}
     state.assignment.update({c: int(k) for c, k in decision.assignment.items()})
     if decision.cluster_models is not None:
         models = np.asarray(decision.cluster_models, np.float32)
@@ -78,6 +82,7 @@ def apply_decision(
         state.algorithm_state = decision.state
     if decision.similarity is not None:
         state.similarity = decision.similarity
+    return before
 
 
 def cluster_capacity(num_clusters: int) -> int:
@@ -100,6 +105,12 @@ def padded(rows: np.ndarray, capacity: int) -> np.ndarray:
 
 class DivergenceError(ValueError):
     """Training produced NaN or infinite values."""
+
+
+def clients_moved(assignment: Mapping[str, int], before: Mapping[str, int]) -> int:
+    """Clients of `before` (their earlier clusters) now in another cluster; a client assigned
+    for the first time, or unassigned, has not moved."""
+    return sum(1 for c, k in before.items() if k >= 0 and 0 <= assignment[c] != k)
 
 
 def check_finite(
