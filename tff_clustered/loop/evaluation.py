@@ -121,11 +121,8 @@ class Evaluator:
         row["num_eval_clients"] = len(assigned)
         for kind in kinds:
             row.update(pooled(results[kind], f"_{kind}"))
-        population = self.data.client_ids
-        in_clusters = assigned if len(evaluated) == len(population) else state.assigned(population)
-        sizes = np.bincount(
-            [state.assignment[c] for c in in_clusters], minlength=state.num_clusters
-        )
+        clusters_held = np.fromiter(state.assignment.values(), np.int64, len(state.assignment))
+        sizes = np.bincount(clusters_held[clusters_held >= 0], minlength=state.num_clusters)
         row.update({f"cluster_size_{k}": int(n) for k, n in enumerate(sizes)})
         for k in sorted(set(cluster_of.values())):
             members = {c: r for c, r in main.items() if cluster_of[c] == k}
