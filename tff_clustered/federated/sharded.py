@@ -28,10 +28,8 @@ from tff_clustered.federated.round import (
     FederatedRound,
     TffRoundParts,
 )
-from tff_clustered.federated.round_functions import (
-    example_count,
-    python_server_state,
-)
+from tff_clustered.federated.round_functions import example_count, python_server_state
+from tff_clustered.federated.round_inputs import client_examples
 
 
 def split_clients(sizes: Sequence[int], num_shards: int) -> list[slice]:
@@ -87,7 +85,7 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
         partial_next, finalize = parts.partial_next, parts.finalize  # built here, not per thread
         shares = run_shards(
             lambda share: partial_next(state, share, hparams),
-            [example_count(c["data"]) for c in clients],
+            [client_examples(c["data"]) for c in clients],
             [list(clients)],
         )
         total = [np.asarray(t, np.float32) for t in shares[0][0]]
