@@ -4,14 +4,16 @@ file of TFF's SQL format, and a run equals the run whose clients are sent as arr
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tff_clustered.data import load_dataset, sql_clients
 from tff_clustered.data.population import PopulationSpec, write_population_sql
 from tff_clustered.data.spec import DataSpec
-from tff_clustered.federated import sharded
+from tff_clustered.federated import executions, sharded
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.run_spec import RunSpec
 from tff_clustered.runner import build_experiment
@@ -88,3 +90,31 @@ def test_a_run_reading_on_the_worker_equals_the_run_sending_arrays(
     assert all(set(c["data"]) == {"x", "y"} for c in sent["inputs"])
     # ... and read no client's training examples here beyond the first (the check at start).
     assert len(read["read"]) == 1 and len(sent["read"]) > 1
+
+
+def test_auto_reads_on_the_worker_what_was_measured_faster(population_file: str) -> None:
+    data = load_dataset("tff_sql", data_dir=population_file, num_classes=POPULATION.num_classes)
+    reader = sql_clients.worker_reader(data)
+    assert reader is not None and reader.held_here
+    assert reader.mean_values == POPULATION.train_examples * POPULATION.num_features
+    assert not executions.reads_on_worker("auto", reader)  # small clients, held here
+    assert executions.reads_on_worker("read_on_worker", reader)
+    assert not executions.reads_on_worker("sent", reader)
+    large = dataclasses.replace(reader, mean_values=executions.READ_ON_WORKER_VALUES)
+    assert executions.reads_on_worker("auto", large)
+    population = dataclasses.replace(reader, held_here=False)  # read from the file here anyway
+    assert executions.reads_on_worker("auto", population)
+    held = sql_clients.load_tff_sql(population_file, POPULATION.num_classes, lazy=False)
+    assert sql_clients.worker_reader(held) is None  # no file to read: sent
+    assert sql_clients.worker_reader(load_dataset("digits")) is None
+
+
+def test_reading_on_the_worker_data_that_is_not_a_tff_sql_file_is_one_line() -> None:
+    spec = RunSpec(algorithm="fedavg", training=TrainingConfig(rounds=1, clients_per_round=2))
+    with tff_runtime(RuntimeConfig(client_data="read_on_worker")):
+        with pytest.raises(ValueError, match="read_on_worker reads a file of TFF's SQL format"):
+            build_experiment(spec)
+    with pytest.raises(ValueError, match="has none"):
+        RuntimeConfig(execution="in_process", client_data="read_on_worker")
+    with pytest.raises(ValueError, match="client_data must be one of"):
+        RuntimeConfig(client_data="lazy")

@@ -248,12 +248,16 @@ class WorkerReader:
     them (`ORDER BY rowid`) and are parsed as `vector_records` parses them, so the arrays are
     the ones the orchestrator would have sent. The checks of a read at the orchestrator run as
     assertions on the worker: the listed number of examples, finite inputs, labels
-    0..num_classes-1."""
+    0..num_classes-1. `mean_values`: float values of a client's examples on average;
+    `held_here`: whether this process keeps every client's examples of the split once read
+    (they fit the source's cache), so that sending them costs no read of the file."""
 
     path: str
     split_name: str
     input_shape: tuple[int, ...]
     num_classes: int
+    mean_values: float = 0.0
+    held_here: bool = False
 
     @property
     def reference_spec(self) -> dict:
@@ -314,6 +318,15 @@ def worker_reader(data: FederatedData, split: str = "train") -> Optional[WorkerR
     reader = getattr(read, "__self__", None)
     if not isinstance(reader, SqlClients) or reader.parse is not vector_records:
         return None
+    sizes = data.train_sizes if split == "train" else data.test_sizes
+    examples, values = sum(sizes.values()), int(np.prod(data.input_shape))
+    source = data.source
     return WorkerReader(
-        os.path.abspath(reader.path), reader.splits[split], data.input_shape, data.num_classes
+        os.path.abspath(reader.path),
+        reader.splits[split],
+        data.input_shape,
+        data.num_classes,
+        mean_values=examples * values / max(len(sizes), 1),
+        held_here=len(sizes) <= source.cache_clients
+        and examples * 4 * (values + 1) <= source.cache_bytes,
     )

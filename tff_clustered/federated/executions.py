@@ -32,12 +32,19 @@ from tff_clustered.models.functional import FunctionalModel
 EXECUTIONS = ("tff", "in_process")
 
 
+# "auto" reads on the worker clients of at least this many float values on average, even when
+# this process holds them: measured as fast as sending them (docs/runtime.md).
+READ_ON_WORKER_VALUES = 16_000
+
+
 def reads_on_worker(mode: str, worker_data: WorkerData) -> bool:
     """Whether a TFF round reads its clients' examples on the worker (`runtime.client_data`):
-    as asked, or for "auto" when that was measured faster for the setting (docs/runtime.md)."""
+    as asked, or for "auto" when that was measured faster for the setting (docs/runtime.md):
+    clients this process would read from the file anyway (a population larger than it keeps),
+    or clients of at least `READ_ON_WORKER_VALUES` values."""
     if mode != "auto":
         return mode == "read_on_worker"
-    return False
+    return not worker_data.held_here or worker_data.mean_values >= READ_ON_WORKER_VALUES
 
 
 class RoundCache:
@@ -70,14 +77,15 @@ class RoundCache:
         # Where TFF's workers read each client's training examples themselves; None: sent.
         self.worker_data: Optional[WorkerData] = None
 
-    def read_on_worker(self, worker_data: Optional[WorkerData]) -> None:
+    def read_on_worker(self, worker_data: Optional[WorkerData], mode: Optional[str] = None) -> None:
         """Builds rounds whose `next` takes each client's reference (`WorkerData.reference`)
         instead of its arrays, the TFF worker reading its examples, when the data can be read
-        there (`worker_data` given), the execution is "tff" and the started runtime's
-        `client_data` asks for it (`reads_on_worker`). Call it before the first build."""
+        there (`worker_data` given), the execution is "tff" and `mode` (default: the started
+        runtime's `client_data`) asks for it (`reads_on_worker`). Call it before the first
+        build."""
         if self._built:
             raise ValueError("read_on_worker must come before the first round is built")
-        mode = runtime.client_data()
+        mode = runtime.client_data() if mode is None else mode
         if self.execution != "tff" or worker_data is None:
             if mode == "read_on_worker" and self.execution == "tff":
                 raise ValueError(

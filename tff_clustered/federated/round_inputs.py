@@ -15,7 +15,11 @@ class WorkerData(Protocol):
     """Where a worker reads a client's examples itself (`sql_clients.WorkerReader`): a round
     built with one takes each client's `reference(client_id, num_examples)` as its input's
     `data` (of `reference_spec`) and turns it into the client's arrays with `read` (TF ops)
-    before the client work."""
+    before the client work. `mean_values` and `held_here` (`sql_clients.WorkerReader`) are
+    what `executions.reads_on_worker` decides by."""
+
+    mean_values: float
+    held_here: bool
 
     @property
     def reference_spec(self) -> dict: ...
