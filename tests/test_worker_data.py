@@ -5,6 +5,7 @@ file of TFF's SQL format, and a run equals the run whose clients are sent as arr
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 from typing import Any
 
 import numpy as np
@@ -118,3 +119,30 @@ def test_reading_on_the_worker_data_that_is_not_a_tff_sql_file_is_one_line() -> 
         RuntimeConfig(execution="in_process", client_data="read_on_worker")
     with pytest.raises(ValueError, match="client_data must be one of"):
         RuntimeConfig(client_data="lazy")
+
+
+def test_a_client_failing_its_checks_on_the_worker_is_one_line_naming_it(tmp_path: Any) -> None:
+    """The checks of a first read here run on the worker: a client whose rows are not as many
+    as `client_metadata` lists stops the round with a one-line error naming it and the file."""
+    population = PopulationSpec(num_clients=4, train_examples=5, test_examples=2, num_features=3)
+    path = str(tmp_path / population.file_name)
+    write_population_sql(population, path)
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "UPDATE client_metadata SET num_examples = 9 "
+            "WHERE client_id = 'c0000002' AND split_name = 'train'"
+        )
+    spec = RunSpec(
+        algorithm="fedavg",
+        data=DataSpec(dataset="tff_sql", data_dir=path, num_classes=population.num_classes),
+        training=TrainingConfig(rounds=1, clients_per_round=4, eval_every=5),
+    )
+    with tff_runtime(RuntimeConfig(client_data="read_on_worker")):
+        experiment = build_experiment(spec)
+        experiment.start()
+        with pytest.raises(ValueError) as raised:
+            list(experiment.rounds())
+    assert str(raised.value) == (
+        f"client 'c0000002' (train) in {path}: not as many examples as client_metadata lists; "
+        "regenerate the file"
+    )

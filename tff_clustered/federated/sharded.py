@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-from collections.abc import Sequence
+import contextlib
+import re
+from collections.abc import Iterator, Sequence
 from typing import Any, Callable
 
 import numpy as np
@@ -51,6 +53,26 @@ def split_clients(sizes: Sequence[int], num_shards: int) -> list[slice]:
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+# A failed check of a client's examples read on the worker (`sql_clients.WorkerReader.read`), as
+# TF's Assert prints its data: "assertion failed: [client '...' (split) in path: ] [problem]".
+WORKER_DATA_CHECK = re.compile(r"assertion failed: \[(client '.*?:) \] \[(.*?)\]")
+
+
+@contextlib.contextmanager
+def named_data_errors() -> Iterator[None]:
+    """A client's examples that failed their checks on the worker as a one-line ValueError
+    naming the client, the file and the fix; any other error as it came."""
+    try:
+        yield
+    except Exception as error:
+        details = getattr(error, "details", None)  # gRPC's error: the worker's own message
+        text = details() if callable(details) else str(error)
+        found = WORKER_DATA_CHECK.search(text.replace("\\'", "'"))  # Assert escapes quotes
+        if found is None:
+            raise
+        raise ValueError(f"{found[1]} {found[2]}") from None
+
+
 def _call_on(context: object, computation: Callable[..., Any], *args: object) -> Any:
     """`computation(*args)` run by `context` (its worker); context stacks are per thread."""
     with tff.framework.get_context_stack().install(context):
@@ -79,6 +101,10 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
 
     def next_fn(state: dict, clients: Sequence[dict], hparams: dict) -> tuple:
         """`parts.next` with the same arguments and results."""
+        with named_data_errors():
+            return shared_next(state, clients, hparams)
+
+    def shared_next(state: dict, clients: Sequence[dict], hparams: dict) -> tuple:
         workers = runtime.worker_contexts()
         if len(workers) <= 1 or len(clients) <= 1:
             return parts.next(state, clients, hparams)
