@@ -18,6 +18,8 @@ import portpicker
 import pytest
 from conftest import ROOT, run_binary
 
+from tff_clustered.data.population import PopulationSpec, write_population_sql
+from tff_clustered.data.spec import DataSpec
 from tff_clustered.federated import sharded
 from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.loop.config import TrainingConfig
@@ -126,6 +128,38 @@ def test_two_workers_give_the_one_worker_result(two_workers: list, monkeypatch: 
     assert np.abs(one.server_optimizer_state["accumulator"]).max() > 0  # momentum was kept
     for a, b in zip(one_history, two_history):
         assert a.keys() == b.keys()
+        for key in a:
+            if not key.endswith("_seconds") and isinstance(a[key], float):
+                assert a[key] == pytest.approx(b[key], abs=1e-6, nan_ok=True), key
+
+
+def test_two_workers_reading_their_clients_give_the_one_worker_sending_them(
+    two_workers: list, tmp_path: object
+) -> None:
+    """Each worker reads its share of the clients from the population file itself
+    (`--client_data=read_on_worker`; the shares split by the listed example counts)."""
+    population = PopulationSpec(num_clients=10, train_examples=6, test_examples=3, num_features=5)
+    path = str(tmp_path / population.file_name)
+    write_population_sql(population, path)
+    spec = RunSpec(
+        algorithm="fedper",
+        data=DataSpec(dataset="tff_sql", data_dir=path, num_classes=population.num_classes),
+        training=TrainingConfig(rounds=2, clients_per_round=6, local_epochs=1, eval_every=1),
+    )
+    results = []
+    for workers, client_data in (
+        ([address(two_workers[0])], "sent"),
+        ([address(s) for s in two_workers], "read_on_worker"),
+    ):
+        with tff_runtime(RuntimeConfig(workers=tuple(workers), client_data=client_data)):
+            experiment = build_experiment(spec)
+            experiment.start()
+            history = list(experiment.rounds())
+            assert (experiment.calls.rounds_cache.worker_data is None) == (client_data == "sent")
+            results.append((experiment.state.cluster_models, history))
+    (one, one_history), (two, two_history) = results
+    np.testing.assert_allclose(one, two, atol=1e-5)
+    for a, b in zip(one_history, two_history):
         for key in a:
             if not key.endswith("_seconds") and isinstance(a[key], float):
                 assert a[key] == pytest.approx(b[key], abs=1e-6, nan_ok=True), key

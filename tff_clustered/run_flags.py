@@ -168,6 +168,15 @@ flags.DEFINE_list(
     "TFF workers HOST:PORT started with binaries/worker.py; with several, each round's clients "
     "are split over them (empty: one local worker).",
 )
+flags.DEFINE_enum(
+    "client_data",
+    "auto",
+    ["auto", "sent", "read_on_worker"],
+    "With --execution=tff and --dataset=tff_sql: how each sampled client's training examples "
+    "reach TFF's worker: sent as arrays by this process, or read_on_worker from the file (every "
+    "worker must open it at the same path); auto: the faster for the setting (docs/runtime.md). "
+    "Same results either way.",
+)
 flags.DEFINE_float(
     "worker_timeout",
     30.0,
@@ -256,6 +265,7 @@ def runtime_config_from_flags(log_dir: str) -> RuntimeConfig:
         execution=FLAGS.execution,
         device=FLAGS.device,
         workers=tuple(FLAGS.workers),
+        client_data=FLAGS.client_data,
         max_concurrent_computation_calls=FLAGS.max_concurrent_computation_calls,
         log_dir=log_dir,
         worker_timeout_s=FLAGS.worker_timeout,

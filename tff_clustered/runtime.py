@@ -50,6 +50,14 @@ _PR_SET_PDEATHSIG = 1
 WORKER_TAG_ENV = "TFF_CLUSTERED_RUN_TAG"
 # The started runtime's workers, `(address, execution context)` in `--workers` order.
 _ACTIVE_WORKERS: tuple[tuple[str, object], ...] = ()
+# How the started runtime's rounds get each client's training examples (`RuntimeConfig`).
+CLIENT_DATA = ("auto", "sent", "read_on_worker")
+_ACTIVE_CLIENT_DATA = "sent"
+
+
+def client_data() -> str:
+    """The started runtime's `client_data` ("sent" when none is started)."""
+    return _ACTIVE_CLIENT_DATA
 
 
 def worker_contexts() -> tuple[tuple[str, object], ...]:
@@ -101,11 +109,16 @@ def stop_process(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
 class RuntimeConfig:
     """How computations run. `execution`: "tff" (TFF's runtime: `workers`, empty for one
     local worker started here) or "in_process" (TensorFlow in this process, on `device` when
-    named, else its choice: a GPU if it sees one; no worker is started)."""
+    named, else its choice: a GPU if it sees one; no worker is started). `client_data`: how a
+    TFF round gets each client's training examples when the data is a file of TFF's SQL format
+    (`--dataset=tff_sql`): "sent" as arrays by this process, "read_on_worker" by the worker from
+    the file (which it must be able to open at the same path), "auto" the faster of the two
+    for the setting (`loop/round_calls.reads_on_worker`); other data is always sent."""
 
     execution: str = "tff"
     device: Optional[str] = None
     workers: tuple[str, ...] = ()
+    client_data: str = "auto"
     max_concurrent_computation_calls: int = -1
     log_dir: Optional[str] = None
     # glibc malloc arenas of the local worker (MALLOC_ARENA_MAX); 0 leaves glibc's default
@@ -122,6 +135,13 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         if self.execution not in ("tff", "in_process"):
             raise ValueError(f"execution must be tff or in_process, got {self.execution!r}")
+        if self.client_data not in CLIENT_DATA:
+            raise ValueError(f"client_data must be one of {CLIENT_DATA}, got {self.client_data!r}")
+        if self.execution == "in_process" and self.client_data == "read_on_worker":
+            raise ValueError(
+                "--client_data=read_on_worker has TFF's workers read the data; "
+                "--execution=in_process has none. Drop one of the two."
+            )
         if self.execution == "in_process" and self.workers:
             raise ValueError(
                 "--workers are TFF workers; --execution=in_process runs rounds in this process. "
@@ -163,6 +183,7 @@ class TffRuntime:
         self._log_file = None
         self._previous_handlers: dict[int, object] = {}
         self._outer_workers: tuple[tuple[str, object], ...] = ()
+        self._outer_client_data = "sent"
         # TFF's default context when this runtime started, put back when it stops.
         self._outer_default_context: object = None
         # Every worker connection this runtime made, closed when it stops.
@@ -178,7 +199,7 @@ class TffRuntime:
             return self
         import tensorflow_federated as tff
 
-        global _ACTIVE_WORKERS
+        global _ACTIVE_WORKERS, _ACTIVE_CLIENT_DATA
         # (When no worker can be reached below, TFF's import-time context is dropped at exit by
         # the hook in `tff_clustered/__init__.py`, before its `__del__` could fail.)
         if self.config.workers:
@@ -195,6 +216,7 @@ class TffRuntime:
         self._outer_default_context = _default_context()
         tff.framework.set_default_context(contexts[0][1])
         self._outer_workers, _ACTIVE_WORKERS = _ACTIVE_WORKERS, contexts
+        self._outer_client_data, _ACTIVE_CLIENT_DATA = _ACTIVE_CLIENT_DATA, self.config.client_data
         atexit.register(self.stop)
         self._install_signal_handlers()
         self.started = True
@@ -205,9 +227,10 @@ class TffRuntime:
         the user's, or an outer runtime's), closes this runtime's executors on their workers
         while they still answer, then stops the local worker (SIGINT, then SIGKILL) and
         restores signal handlers. Nothing this runtime built talks to a worker afterwards."""
-        global _ACTIVE_WORKERS
+        global _ACTIVE_WORKERS, _ACTIVE_CLIENT_DATA
         if self.started and self.config.execution == "tff":
             _ACTIVE_WORKERS, self._outer_workers = self._outer_workers, ()
+            _ACTIVE_CLIENT_DATA = self._outer_client_data
             import tensorflow_federated as tff
 
             tff.framework.set_default_context(self._outer_default_context)

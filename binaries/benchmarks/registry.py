@@ -4,6 +4,7 @@ name here, in `MODULES` and in `RUN_ORDER`."""
 from __future__ import annotations
 
 from binaries.benchmarks import (
+    client_data,
     client_scaling,
     clustering,
     evaluation,
@@ -33,6 +34,7 @@ MODULES = {
     "memory": memory,
     "tff_client_costs": tff_client_costs,
     "population": population,
+    "client_data": client_data,
 }
 BENCHMARKS: dict[str, Benchmark] = {name: module.BENCHMARK for name, module in MODULES.items()}
 
@@ -52,6 +54,7 @@ RUN_ORDER = (
     "client_scaling",
     "clustering",
     "population",
+    "client_data",
 )
 if sorted(RUN_ORDER) != sorted(BENCHMARKS):
     raise ValueError(f"RUN_ORDER {RUN_ORDER} must name every benchmark once: {list(BENCHMARKS)}")

@@ -17,7 +17,9 @@ then the two merged into one file): split names "train" and "test", the same cli
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -235,3 +237,96 @@ def save_population(
             db.execute("DETACH DATABASE part")
             db.execute(CLIENT_INDEX)
             db.commit()
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerReader:
+    """Reads one client's examples of split `split_name` from TFF's SQLite file `path` inside a
+    TF computation (`tf.data.experimental.SqlDataset`), so that a TFF worker that can open the
+    same path builds the client's arrays itself from a `reference` (its id and its number of
+    examples) instead of being sent them. The rows come in the order `SqlClients.records` reads
+    them (`ORDER BY rowid`) and are parsed as `vector_records` parses them, so the arrays are
+    the ones the orchestrator would have sent. The checks of a read at the orchestrator run as
+    assertions on the worker: the listed number of examples, finite inputs, labels
+    0..num_classes-1. `mean_values`: float values of a client's examples on average;
+    `held_here`: whether this process keeps every client's examples of the split once read
+    (they fit the source's cache), so that sending them costs no read of the file."""
+
+    path: str
+    split_name: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    mean_values: float = 0.0
+    held_here: bool = False
+
+    @property
+    def reference_spec(self) -> dict:
+        """A client's `reference`, as TF specs (what a round's client input carries)."""
+        return collections.OrderedDict(
+            client_id=tf.TensorSpec([], tf.string), num_examples=tf.TensorSpec([], tf.int64)
+        )
+
+    def reference(self, client_id: str, num_examples: int) -> dict:
+        return collections.OrderedDict(
+            client_id=np.array(client_id, dtype=object), num_examples=np.int64(num_examples)
+        )
+
+    def read(self, reference: Mapping[str, tf.Tensor]) -> dict:
+        """The client's OrderedDict(x=float32[n, *input_shape], y=int32[n]) (TF ops)."""
+        client = reference["client_id"]
+        query = tf.strings.join(
+            [
+                "SELECT serialized_example_proto FROM examples WHERE client_id = '",
+                tf.strings.regex_replace(client, "'", "''"),
+                f"' AND split_name = '{self.split_name}' ORDER BY rowid",
+            ]
+        )
+        rows = tf.data.experimental.SqlDataset("sqlite", self.path, query, (tf.string,))
+        (blobs,) = rows.batch(np.iinfo(np.int32).max).get_single_element()
+        parsed = tf.io.parse_example(
+            blobs,
+            {
+                "x": tf.io.FixedLenFeature(list(self.input_shape), tf.float32),
+                "y": tf.io.FixedLenFeature([], tf.int64),
+            },
+        )
+        x, y = parsed["x"], parsed["y"]
+        where = tf.strings.join(["client '", client, f"' ({self.split_name}) in {self.path}: "])
+        checks = [
+            tf.debugging.Assert(holds, [where, problem])
+            for holds, problem in (
+                (
+                    tf.equal(tf.size(y, tf.int64), reference["num_examples"]),
+                    "not as many examples as client_metadata lists; regenerate the file",
+                ),
+                (tf.reduce_all(tf.math.is_finite(x)), "inputs contain NaN or infinity"),
+                (
+                    tf.reduce_all((y >= 0) & (y < self.num_classes)),
+                    "a label is outside "
+                    f"0..{self.num_classes - 1}; fix the labels or raise --num_classes",
+                ),
+            )
+        ]
+        with tf.control_dependencies(checks):
+            return collections.OrderedDict(x=tf.identity(x), y=tf.cast(y, tf.int32))
+
+
+def worker_reader(data: FederatedData, split: str = "train") -> Optional[WorkerReader]:
+    """A `WorkerReader` of `split` when `data` is read lazily from a file of TFF's SQL format
+    with `x`/`y` records (`load_tff_sql`), else None (its clients can only be sent)."""
+    read = getattr(data.source, "read", None)
+    reader = getattr(read, "__self__", None)
+    if not isinstance(reader, SqlClients) or reader.parse is not vector_records:
+        return None
+    sizes = data.train_sizes if split == "train" else data.test_sizes
+    examples, values = sum(sizes.values()), int(np.prod(data.input_shape))
+    source = data.source
+    return WorkerReader(
+        os.path.abspath(reader.path),
+        reader.splits[split],
+        data.input_shape,
+        data.num_classes,
+        mean_values=examples * values / max(len(sizes), 1),
+        held_here=len(sizes) <= source.cache_clients
+        and examples * 4 * (values + 1) <= source.cache_bytes,
+    )

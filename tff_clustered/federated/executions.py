@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from tff_clustered import runtime
 from tff_clustered.federated import graphs, grouping, in_process, sharded
 from tff_clustered.federated.resident import WorkerArrays
 from tff_clustered.federated.round import (
@@ -18,7 +19,7 @@ from tff_clustered.federated.round import (
 from tff_clustered.federated.round_functions import (
     round_functions,
 )
-from tff_clustered.federated.round_inputs import client_input, client_seed
+from tff_clustered.federated.round_inputs import WorkerData, client_input, client_seed
 from tff_clustered.federated.scoring import (
     build_pooled_scores,
     build_predict_probabilities,
@@ -29,6 +30,21 @@ from tff_clustered.federated.signature import RoundSignature
 from tff_clustered.models.functional import FunctionalModel
 
 EXECUTIONS = ("tff", "in_process")
+
+
+# "auto" reads on the worker clients of at least this many float values on average, even when
+# this process holds them: measured as fast as sending them (docs/runtime.md).
+READ_ON_WORKER_VALUES = 16_000
+
+
+def reads_on_worker(mode: str, worker_data: WorkerData) -> bool:
+    """Whether a TFF round reads its clients' examples on the worker (`runtime.client_data`):
+    as asked, or for "auto" when that was measured faster for the setting (docs/runtime.md):
+    clients this process would read from the file anyway (a population larger than it keeps),
+    or clients of at least `READ_ON_WORKER_VALUES` values."""
+    if mode != "auto":
+        return mode == "read_on_worker"
+    return not worker_data.held_here or worker_data.mean_values >= READ_ON_WORKER_VALUES
 
 
 class RoundCache:
@@ -58,12 +74,35 @@ class RoundCache:
         self.vectorise = grouping.vectorises_for(rounds)
         self._built: dict[RoundSignature, FederatedRound] = {}
         self.builds = 0  # how many times a round was traced and built
+        # Where TFF's workers read each client's training examples themselves; None: sent.
+        self.worker_data: Optional[WorkerData] = None
+
+    def read_on_worker(self, worker_data: Optional[WorkerData], mode: Optional[str] = None) -> None:
+        """Builds rounds whose `next` takes each client's reference (`WorkerData.reference`)
+        instead of its arrays, the TFF worker reading its examples, when the data can be read
+        there (`worker_data` given), the execution is "tff" and `mode` (default: the started
+        runtime's `client_data`) asks for it (`reads_on_worker`). Call it before the first
+        build."""
+        if self._built:
+            raise ValueError("read_on_worker must come before the first round is built")
+        mode = runtime.client_data() if mode is None else mode
+        if self.execution != "tff" or worker_data is None:
+            if mode == "read_on_worker" and self.execution == "tff":
+                raise ValueError(
+                    "--client_data=read_on_worker reads a file of TFF's SQL format "
+                    "(--dataset=tff_sql); this data can only be sent. Use --client_data=auto."
+                )
+            return
+        if reads_on_worker(mode, worker_data):
+            self.worker_data = worker_data
 
     def get(self, signature: RoundSignature) -> FederatedRound:
         if signature not in self._built:
             fns = round_functions(self.model, self.input_spec, signature, self.initial_variables)
             if self.execution == "tff":
-                self._built[signature] = sharded.sharded_round(tff_round_parts(fns))
+                self._built[signature] = sharded.sharded_round(
+                    tff_round_parts(fns, self.worker_data)
+                )
             else:
                 self._built[signature] = in_process.in_process_round(
                     fns, self.device, vectorise=self.vectorise

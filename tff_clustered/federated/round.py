@@ -53,7 +53,7 @@ import collections
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -61,6 +61,7 @@ import tensorflow_federated as tff
 
 from tff_clustered.federated.clustered_mean import ClusteredMeanFactory, ClusterSums
 from tff_clustered.federated.round_functions import RoundFunctions, round_functions
+from tff_clustered.federated.round_inputs import WorkerData
 from tff_clustered.federated.signature import ModelLayout, RoundIO, RoundSignature
 from tff_clustered.models.functional import FunctionalModel
 
@@ -158,8 +159,10 @@ def tff_round(fns: RoundFunctions) -> FederatedRound:
     return tff_round_parts(fns).as_round()
 
 
-def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
-    """The TFF computations of the round (`TffRoundParts`)."""
+def tff_round_parts(fns: RoundFunctions, worker_data: Optional[WorkerData] = None) -> TffRoundParts:
+    """The TFF computations of the round (`TffRoundParts`). With `worker_data`, `next` (and
+    `partial_next`) take each client's reference instead of its arrays and the worker reads the
+    client's examples itself (`round_inputs.WorkerData`) before its work."""
     signature, k = fns.signature, fns.num_clusters
     has_anchor = bool(signature.anchor)
     cluster_models_type = to_type(fns.cluster_models_spec)
@@ -180,7 +183,16 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
     stacked_shared_type = to_type(fns.stacked_shared_spec())
     distributed_type = stacked_shared_type if fns.sends_every_cluster else selection_type
 
-    client_type = to_type(fns.client_spec)
+    client_spec, with_arrays = fns.client_spec, lambda client: client
+    if worker_data is not None:
+        client_spec = collections.OrderedDict(client_spec, data=worker_data.reference_spec)
+
+        def with_arrays(client: dict) -> dict:
+            arrays = worker_data.read(client["data"])
+            data = {n: tf.cast(arrays[n], s.dtype) for n, s in fns.data_spec.items()}
+            return collections.OrderedDict(client, data=collections.OrderedDict(data))
+
+    client_type = to_type(client_spec)
     hparams_type = to_type(fns.hparams_spec)
     # TFF computations take no default arguments: the anchor is a parameter only when sent.
     if has_anchor:
@@ -188,12 +200,14 @@ def tff_round_parts(fns: RoundFunctions) -> TffRoundParts:
             distributed_type, client_type, hparams_type, to_type(fns.anchor_spec)
         )(
             lambda distributed, client, hparams, anchor: fns.train_client(
-                distributed, client, hparams, anchor
+                distributed, with_arrays(client), hparams, anchor
             )
         )
     else:
         client_update = tff.tensorflow.computation(distributed_type, client_type, hparams_type)(
-            lambda distributed, client, hparams: fns.train_client(distributed, client, hparams, ())
+            lambda distributed, client, hparams: fns.train_client(
+                distributed, with_arrays(client), hparams, ()
+            )
         )
     key_of = tff.tensorflow.computation(client_type)(lambda client: client["key"])
 

@@ -6,9 +6,35 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import numpy as np
+
+
+class WorkerData(Protocol):
+    """Where a worker reads a client's examples itself (`sql_clients.WorkerReader`): a round
+    built with one takes each client's `reference(client_id, num_examples)` as its input's
+    `data` (of `reference_spec`) and turns it into the client's arrays with `read` (TF ops)
+    before the client work. `mean_values` and `held_here` (`sql_clients.WorkerReader`) are
+    what `executions.reads_on_worker` decides by."""
+
+    mean_values: float
+    held_here: bool
+
+    @property
+    def reference_spec(self) -> dict: ...
+
+    def reference(self, client_id: str, num_examples: int) -> dict: ...
+
+    def read(self, reference: Any) -> dict: ...
+
+
+def client_examples(data: dict) -> int:
+    """Examples of one client's input `data`: its arrays' length, or the number a reference
+    (`WorkerData.reference`) lists."""
+    if "num_examples" in data:
+        return int(data["num_examples"])
+    return len(next(iter(data.values())))
 
 
 def evaluation_batch_size(batch_size: int) -> int:
@@ -58,7 +84,8 @@ def client_seed(shuffle: int, dropout: int) -> dict:
 
 def client_input(data: dict, key: Any, stored: Sequence[Any], scalar: float, seed: dict) -> dict:
     """One client's input to a round's `next` (one CLIENTS-placed value): its examples as arrays
-    (any length; it batches them itself as the round's hyperparameters say), its key (its
+    (any length; it batches them itself as the round's hyperparameters say), or the reference a
+    round that reads them on the worker takes (`WorkerData`), its key (its
     cluster, ignored when clients pick theirs; or its own row then its neighbours'), its stored
     variables that the round reads (`RoundIO.store_in`), the scalar its algorithm's plan sets
     for the round (FedProx/FeSEM: a factor of the proximal strength, 1.0 by default; UA-PDFL:

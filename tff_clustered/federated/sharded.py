@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-from collections.abc import Sequence
+import contextlib
+import re
+from collections.abc import Iterator, Sequence
 from typing import Any, Callable
 
 import numpy as np
@@ -28,10 +30,8 @@ from tff_clustered.federated.round import (
     FederatedRound,
     TffRoundParts,
 )
-from tff_clustered.federated.round_functions import (
-    example_count,
-    python_server_state,
-)
+from tff_clustered.federated.round_functions import example_count, python_server_state
+from tff_clustered.federated.round_inputs import client_examples
 
 
 def split_clients(sizes: Sequence[int], num_shards: int) -> list[slice]:
@@ -51,6 +51,26 @@ def split_clients(sizes: Sequence[int], num_shards: int) -> list[slice]:
     for i in range(1, len(bounds)):
         bounds[i] = max(bounds[i], bounds[i - 1] + 1)
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+# A failed check of a client's examples read on the worker (`sql_clients.WorkerReader.read`), as
+# TF's Assert prints its data: "assertion failed: [client '...' (split) in path: ] [problem]".
+WORKER_DATA_CHECK = re.compile(r"assertion failed: \[(client '.*?:) \] \[(.*?)\]")
+
+
+@contextlib.contextmanager
+def named_data_errors() -> Iterator[None]:
+    """A client's examples that failed their checks on the worker as a one-line ValueError
+    naming the client, the file and the fix; any other error as it came."""
+    try:
+        yield
+    except Exception as error:
+        details = getattr(error, "details", None)  # gRPC's error: the worker's own message
+        text = details() if callable(details) else str(error)
+        found = WORKER_DATA_CHECK.search(text.replace("\\'", "'"))  # Assert escapes quotes
+        if found is None:
+            raise
+        raise ValueError(f"{found[1]} {found[2]}") from None
 
 
 def _call_on(context: object, computation: Callable[..., Any], *args: object) -> Any:
@@ -81,13 +101,17 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
 
     def next_fn(state: dict, clients: Sequence[dict], hparams: dict) -> tuple:
         """`parts.next` with the same arguments and results."""
+        with named_data_errors():
+            return shared_next(state, clients, hparams)
+
+    def shared_next(state: dict, clients: Sequence[dict], hparams: dict) -> tuple:
         workers = runtime.worker_contexts()
         if len(workers) <= 1 or len(clients) <= 1:
             return parts.next(state, clients, hparams)
         partial_next, finalize = parts.partial_next, parts.finalize  # built here, not per thread
         shares = run_shards(
             lambda share: partial_next(state, share, hparams),
-            [example_count(c["data"]) for c in clients],
+            [client_examples(c["data"]) for c in clients],
             [list(clients)],
         )
         total = [np.asarray(t, np.float32) for t in shares[0][0]]

@@ -14,6 +14,7 @@ import numpy as np
 from tff_clustered import weights as flat
 from tff_clustered.client_store import ClientStore
 from tff_clustered.data.federated_data import FederatedData
+from tff_clustered.data.sql_clients import worker_reader
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round import FederatedRound
 from tff_clustered.federated.round_functions import python_server_state
@@ -138,6 +139,7 @@ class RoundCalls:
     ) -> None:
         self.data, self.layout, self.rounds_cache, self.config = data, layout, rounds_cache, config
         self.client_index = {cid: i for i, cid in enumerate(data.client_ids)}
+        rounds_cache.read_on_worker(worker_reader(data))  # when the worker can and gains
         # The clients every evaluation scores (`TrainingConfig.evaluation_sample`): their
         # examples are the ones pooled once and kept.
         self.scored_clients = config.evaluation_sample(data.client_ids)
@@ -197,9 +199,10 @@ class RoundCalls:
             total_rounds=self.config.rounds,
         )
         seeds = self.seeds(request.round_num, client_ids, training.stream)
+        on_worker, sizes = self.rounds_cache.worker_data, self.data.train_sizes
         clients = [
             client_input(
-                self.data.arrays("train", c),
+                on_worker.reference(c, sizes[c]) if on_worker else self.data.arrays("train", c),
                 key,
                 store.variables(c, store_in) if store else (),
                 scalar,
