@@ -87,6 +87,11 @@ def test_start_up_reads_only_the_first_client(population_file: str) -> None:
     assert len(data.client_ids) == NUM_CLIENTS
     assert data.train_sizes["c04"] == 6 and len(data.train_sizes) == NUM_CLIENTS
     assert data.source.reads == 1  # the whole-file check: the first client parses
+    # compact sizes: one index of the sorted clients, shared with the run's random streams
+    assert data.client_ids == sorted(data.client_ids)
+    assert dict(data.client_index) == {c: i for i, c in enumerate(data.client_ids)}
+    assert data.client_index is data.test_sizes.index
+    assert "c04" in data.test_sizes and "nobody" not in data.train_sizes
     data.arrays("train", "c04")
     data.arrays("train", "c04")  # from the cache
     assert data.source.reads == 2

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+import types
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -54,6 +55,12 @@ from tff_clustered.seeds import SAMPLING, derived_seed
 
 # A function of the run, the server after a round and the round's result -> extra metrics.
 RoundMetric = Callable[[RunInfo, ServerView, RoundResult], dict]
+
+
+def read_only(mapping: Mapping[str, int]) -> Mapping[str, int]:
+    """`mapping` as the algorithms may read it: a dict behind a read-only view, another mapping
+    (a population's compact counts) as it is, not copied per client."""
+    return types.MappingProxyType(mapping) if isinstance(mapping, dict) else mapping
 
 
 class TimedRoundCache(RoundCache):
@@ -126,7 +133,7 @@ class Experiment:
         tensor_sizes = tuple(int(np.prod(s)) for s in self.layout.trainable_shapes)
         self.run = RunInfo(
             client_ids=tuple(data.client_ids),
-            train_sizes=dict(data.train_sizes),
+            train_sizes=read_only(data.train_sizes),
             seed=config.seed,
             clients_per_round=config.clients_per_round,
             layer_sizes=tuple(trainable_layer_sizes(keras_model)),

@@ -122,6 +122,41 @@ class LazyClients:
         return len(self._cache)
 
 
+class ClientCounts(Mapping):
+    """A split's example count per client, compact for a population of millions: one index
+    (client id -> row) shared by the splits and the run (`FederatedData.client_index`), and one
+    int64 array per split (-1: the client has no such split), instead of a dict per split."""
+
+    def __init__(self, ids: Sequence[str], index: Mapping[str, int], counts: np.ndarray) -> None:
+        self.ids, self.index, self.counts = ids, index, counts
+
+    def __getitem__(self, client: str) -> int:
+        count = int(self.counts[self.index[client]])
+        if count < 0:
+            raise KeyError(client)
+        return count
+
+    def __contains__(self, client: object) -> bool:
+        row = self.index.get(client)  # type: ignore[call-overload]
+        return row is not None and self.counts[row] >= 0
+
+    def __iter__(self):  # noqa: ANN204 - Mapping's protocol
+        return (c for c, n in zip(self.ids, self.counts) if n >= 0)
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self.counts >= 0))
+
+
+def only_in_one_split(train: Mapping[str, int], test: Mapping[str, int]) -> list[str]:
+    """Clients listed in one split and not the other (from the counts when both splits share
+    one index: no set of every client)."""
+    if isinstance(train, ClientCounts) and isinstance(test, ClientCounts):
+        if train.index is test.index:
+            rows = np.flatnonzero((train.counts >= 0) != (test.counts >= 0))
+            return sorted(train.ids[i] for i in rows)
+    return sorted(set(train) ^ set(test))
+
+
 class CountedSizes(Mapping):
     """A split's client sizes where the source lists none: a client's size is counted when it
     is first asked for, by reading its examples (through the cache); the clients are known."""
@@ -210,7 +245,7 @@ def federated_data(
     if not source.client_ids:
         raise DataError(f"dataset {name!r}{where} has no clients; check the data path")
     train_sizes, test_sizes = source.split_sizes("train"), source.split_sizes("test")
-    missing = sorted(set(train_sizes) ^ set(test_sizes))
+    missing = only_in_one_split(train_sizes, test_sizes)
     if missing:
         raise DataError(
             f"client {missing[0]!r}{where} appears in only one of train/test; every client needs "

@@ -76,6 +76,16 @@ class FederatedData:
     def client_ids(self) -> list[str]:
         return list(self.source.client_ids if self.source else self.train.client_ids)
 
+    @property
+    def client_index(self) -> Mapping[str, int]:
+        """Each client's position in `client_ids` (the run's random streams are per position):
+        the source's own index where it keeps one in that order, else made here."""
+        sizes = self.train_sizes
+        index = getattr(sizes, "index", None)
+        if index is not None and len(index) == len(sizes):
+            return index
+        return {c: i for i, c in enumerate(self.client_ids)}
+
     def arrays(self, split: str, client_id: str) -> ClientArrayDict:
         """A client's examples of `split` ("train" or "test") as arrays."""
         if self.source is not None:

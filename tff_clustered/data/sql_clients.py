@@ -17,6 +17,7 @@ then the two merged into one file): split names "train" and "test", the same cli
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
 import dataclasses
@@ -33,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_clustered.data.client_source import LazyClients, federated_data
+from tff_clustered.data.client_source import ClientCounts, LazyClients, federated_data
 from tff_clustered.data.federated_data import ClientArrays, DataError, FederatedData, from_arrays
 from tff_clustered.data.fingerprint import sampled_digest
 
@@ -66,9 +67,10 @@ class SqlClients:
             self._local.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
         return self._local.db
 
-    def sizes(self) -> dict[str, dict[str, int]]:
+    def sizes(self) -> dict[str, ClientCounts]:
         """Each split's clients and their number of examples, from `client_metadata` in one
-        query (a cheap check that the file is TFF's format: both tables exist)."""
+        query (a cheap check that the file is TFF's format: both tables exist), as compact
+        counts over one index of the clients in sorted order."""
         db = self.connection()
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
         if not {"examples", "client_metadata"} <= tables:
@@ -78,10 +80,33 @@ class SqlClients:
                 "tff.simulation.datasets.save_to_sql_client_data"
             )
         ours = {name: split for split, name in self.splits.items()}
-        sizes: dict[str, dict[str, int]] = {split: {} for split in self.splits}
-        for client, name, count in db.execute(METADATA_QUERY):
+        ids: list[str] = []
+        index: dict[str, int] = {}
+        rows = {split: array.array("q") for split in self.splits}
+        counts = {split: array.array("q") for split in self.splits}
+        for client, name, count in db.execute(METADATA_QUERY + " ORDER BY client_id"):
             if name in ours:
-                sizes[ours[name]][str(client)] = int(count)
+                client = str(client)
+                if client not in index:
+                    index[client] = len(ids)
+                    ids.append(client)
+                rows[ours[name]].append(index[client])
+                counts[ours[name]].append(int(count))
+        if any(a > b for a, b in zip(ids, ids[1:])):  # SQLite's order of ids not stored as text
+            order = sorted(range(len(ids)), key=ids.__getitem__)
+            ids = [ids[i] for i in order]
+            index = {c: i for i, c in enumerate(ids)}
+            rows = {
+                s: array.array("q", np.argsort(order)[np.frombuffer(r, np.int64)])
+                for s, r in rows.items()
+            }
+        sizes = {}
+        for split in self.splits:
+            per_client = np.full(len(ids), -1, np.int64)
+            per_client[np.frombuffer(rows[split], np.int64)] = np.frombuffer(
+                counts[split], np.int64
+            )
+            sizes[split] = ClientCounts(ids, index, per_client)
         if not self.has_client_index():
             log.warning(
                 "%s has no index of examples on client_id: each client read scans the table; "
@@ -118,11 +143,11 @@ class SqlClients:
         vocabulary_size: Optional[int] = None,
     ) -> LazyClients:
         """The file's clients (or `clients` of them) read when first needed."""
-        sizes = self.sizes()
+        sizes: Mapping[str, Mapping[str, int]] = self.sizes()
         if clients is not None:
             sizes = {s: {c: sizes[s][c] for c in clients if c in sizes[s]} for s in sizes}
         return LazyClients(
-            client_ids=list(clients) if clients is not None else sorted(sizes["train"]),
+            client_ids=list(clients) if clients is not None else list(sizes["train"]),
             sizes=sizes,
             read=self.read,
             num_classes=num_classes,

@@ -138,7 +138,7 @@ class RoundCalls:
         config: TrainingConfig,
     ) -> None:
         self.data, self.layout, self.rounds_cache, self.config = data, layout, rounds_cache, config
-        self.client_index = {cid: i for i, cid in enumerate(data.client_ids)}
+        self.client_index = data.client_index
         rounds_cache.read_on_worker(worker_reader(data))  # when the worker can and gains
         # The clients every evaluation scores (`TrainingConfig.evaluation_sample`): their
         # examples are the ones pooled once and kept.
