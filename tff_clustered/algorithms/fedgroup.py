@@ -214,8 +214,7 @@ class FedGroup(Algorithm):
         pending = [c for c in candidates if view.assignment[c] < 0]
         joined = self.cold_start(run, view.state, pending, view.round_num + 1, queries)
         joined.update(self.redrawn(run, view, client_ids))
-        assignment = {**view.assignment, **joined}
-        clusters = np.array([assignment[c] for c in client_ids], np.int32)
+        clusters = np.array([joined.get(c, view.assignment[c]) for c in client_ids], np.int32)
         return Plan(clusters, decision=Decision(assignment=joined))
 
     def redrawn(self, run: RunInfo, view: ServerView, client_ids: Sequence[str]) -> dict[str, int]:
