@@ -3,6 +3,7 @@ code (pickles, foreign classes, damaged files and other versions are refused cle
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import io
 import json
@@ -351,3 +352,21 @@ def test_a_checkpoint_older_than_a_setting_resumes_at_the_value_its_run_had(
         checkpoint.load(path, {**now, "training": {"rounds": 3, "eval_clients": 100}})
     with pytest.raises(CheckpointError, match="rounds: checkpoint 3, now 4"):
         checkpoint.load(path, {**now, "training": {"rounds": 4, "eval_clients": 0}})
+
+
+def test_a_population_s_assignment_is_kept_as_two_arrays_and_read_back_exactly(
+    tmp_path: Path,
+) -> None:
+    """A run of many clients keeps their clusters as an array of ids and one of clusters (a
+    JSON pair per client made a checkpoint of a million clients take seconds); small dicts keep
+    the JSON form, and both read back equal, with Python ints."""
+    path = str(tmp_path / CHECKPOINT_NAME)
+    many = {f"client {i}": i % 5 - 1 for i in range(5000)}
+    saved = dataclasses.replace(state(None), assignment=many)
+    checkpoint.save(path, saved, SETTINGS)
+    with np.load(path, allow_pickle=False) as stored:
+        meta = stored["meta.json"].tobytes().decode()
+    assert "str_int_dict" in meta and "client 4999" not in meta
+    loaded = checkpoint.load(path, SETTINGS)
+    assert loaded.assignment == many
+    assert all(type(k) is int for k in list(loaded.assignment.values())[:10])

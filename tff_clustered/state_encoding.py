@@ -19,6 +19,10 @@ import numpy as np
 PACKAGE = "tff_clustered."
 
 
+# A dict of at least this many str -> int entries (clients' clusters) is kept as two arrays.
+COLUMNS_FROM = 1024
+
+
 class StateDecodeError(ValueError):
     """A tree `decode_tree` refuses: a foreign or unknown class, a missing array, a field of
     another type, or a structure this version does not write."""
@@ -49,6 +53,13 @@ def encode_tree(value: Any, arrays: dict[str, np.ndarray]) -> Any:
         items = sorted(value, key=repr) if kind in ("set", "frozenset") else value
         return {kind: [encode_tree(v, arrays) for v in items]}
     if isinstance(value, dict):
+        if len(value) >= COLUMNS_FROM and all(
+            type(k) is str and type(v) is int for k, v in value.items()
+        ):  # a population's clusters: two arrays, not a JSON pair per client
+            keys, values = f"a{len(arrays)}", f"a{len(arrays) + 1}"
+            arrays[keys] = np.array(list(value), dtype=str)
+            arrays[values] = np.fromiter(value.values(), np.int64, len(value))
+            return {"str_int_dict": [keys, values]}
         return {
             "dict": [[encode_tree(k, arrays), encode_tree(v, arrays)] for k, v in value.items()]
         }
@@ -97,6 +108,13 @@ def decode_tree(tree: Any, arrays: Any) -> Any:
             if kind in ("set", "frozenset") and not all(_hashable(v) for v in items):
                 raise StateDecodeError(f"a {kind} holds an unhashable item")
             return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[kind](items)
+        if kind == "str_int_dict" and isinstance(body, list) and len(body) == 2:
+            if not all(isinstance(name, str) and name in arrays for name in body):
+                raise StateDecodeError(f"the arrays {body!r} of a dict are missing")
+            keys, values = (arrays[name] for name in body)
+            if keys.dtype.kind != "U" or values.dtype != np.int64 or keys.shape != values.shape:
+                raise StateDecodeError("a dict's keys are not strings or its values not integers")
+            return dict(zip(keys.tolist(), values.tolist()))
         if kind == "dict" and isinstance(body, list):
             if not all(isinstance(pair, list) and len(pair) == 2 for pair in body):
                 raise StateDecodeError("a dict entry is not a (key, value) pair")
