@@ -204,31 +204,14 @@ def stacked_lstm(
     num_classes: int,
     units: int = 100,
     dense_units: int = 30,
-    embedding: Optional[np.ndarray] = None,
 ) -> tf.keras.Model:
     """Sent140 classifier (FedGroup's setup): LSTM(100, sequences) -> LSTM(100) -> Dense(30, no
     activation) -> Dense(1) logit for 2 classes. 243,861 trainable parameters on 25 x 300 GloVe
-    inputs.
-
-    Without `embedding`, inputs are already-embedded sequences (seq_len, dim): the frozen GloVe
-    lookup is done by the data pipeline, so the 400,001 x 300 table is never shipped inside TFF
-    computations. With `embedding` (vocab x dim), inputs are token ids and the same table is a
-    frozen `Embedding` layer (same function, same trainable count).
+    inputs. Inputs are already-embedded sequences (seq_len, dim): the frozen GloVe lookup is done
+    by the data pipeline, so the 400,001 x 300 table is never shipped inside TFF computations.
     """
     outputs = 1 if num_classes == 2 else num_classes
-    if embedding is None:
-        layers: list[tf.keras.layers.Layer] = [tf.keras.Input(shape=tuple(input_shape))]
-    else:
-        layers = [
-            tf.keras.Input(shape=tuple(input_shape), dtype=tf.int32),
-            tf.keras.layers.Embedding(
-                embedding.shape[0],
-                embedding.shape[1],
-                embeddings_initializer=tf.keras.initializers.Constant(embedding),
-                trainable=False,
-                name="glove",
-            ),
-        ]
+    layers: list[tf.keras.layers.Layer] = [tf.keras.Input(shape=tuple(input_shape))]
     layers += [
         # unroll: TFF's functional_model_from_keras (the tests' oracle) cannot trace the LSTM's
         # while loop (it captures an input placeholder); 25 unrolled steps compute the same
