@@ -240,3 +240,20 @@ def test_tff_emnist_is_read_lazily_as_tffs_own_reader_reads_it() -> None:
             arrays = data.arrays(split, client)
             np.testing.assert_array_equal(arrays["x"], batch["pixels"].reshape(-1, 784))
             np.testing.assert_array_equal(arrays["y"], batch["label"])
+
+
+def test_compact_counts_behave_as_the_dicts_they_replace() -> None:
+    """`ClientCounts`: a split's sizes over one shared index; a client without that split is
+    absent from it, and one listed in a single split is found without a set of every client."""
+    from tff_clustered.data.client_source import ClientCounts, only_in_one_split
+
+    ids = ["a", "b", "c"]
+    index = {c: i for i, c in enumerate(ids)}
+    train = ClientCounts(ids, index, np.array([3, 0, 5]))
+    test = ClientCounts(ids, index, np.array([1, 2, -1]))
+    assert dict(train) == {"a": 3, "b": 0, "c": 5} and dict(test) == {"a": 1, "b": 2}
+    assert "c" not in test and "z" not in train and len(test) == 2
+    with pytest.raises(KeyError):
+        test["c"]
+    assert only_in_one_split(train, test) == ["c"]
+    assert only_in_one_split(dict(train), dict(test)) == ["c"]
