@@ -65,8 +65,13 @@ def test_population_file_reads_back_through_tff(tmp_path: Path) -> None:
             "FROM client_metadata GROUP BY split_name ORDER BY split_name"
         ).fetchall()
     assert metadata == [("test", 30, 10, 10), ("train", 30, 20, 20)]
-    # planted groups: the labels follow the client's group's map, so groups differ
-    assert len({tuple(population.client_arrays(SPEC, i)["train"][1]) for i in range(4)}) == 4
+    # planted groups: a client's labels follow its own group's map, not another group's
+    maps = population.group_maps(SPEC)
+    for index in range(8):
+        x, y = population.client_arrays(SPEC, index)["train"]
+        group = index % SPEC.num_groups
+        np.testing.assert_array_equal(y, np.argmax(x @ maps[group], axis=1))
+        assert (y != np.argmax(x @ maps[(group + 1) % SPEC.num_groups], axis=1)).any()
 
     by_tff = tmp_path / "by_tff.sqlite"
     tff.simulation.datasets.save_to_sql_client_data(

@@ -31,7 +31,6 @@ from tff_clustered.data.federated_data import (
     first_line,
 )
 
-SPLITS = ("train", "test")
 # The cache's bounds: this many clients' splits, and this many bytes of their arrays.
 CACHE_CLIENTS = 4096
 CACHE_BYTES = 256 << 20
@@ -145,6 +144,11 @@ class ClientCounts(Mapping):
 
     def __len__(self) -> int:
         return int(np.count_nonzero(self.counts >= 0))
+
+    def values(self) -> list[int]:  # type: ignore[override]
+        """The listed clients' counts in one NumPy pass (Mapping's default looks up each
+        client: half a second for `sum(sizes.values())` at a million clients)."""
+        return self.counts[self.counts >= 0].tolist()
 
 
 def only_in_one_split(train: Mapping[str, int], test: Mapping[str, int]) -> list[str]:

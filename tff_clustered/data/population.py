@@ -39,8 +39,6 @@ from tff_clustered.data.sql_clients import CLIENT_INDEX
 from tff_clustered.seeds import DataStream, data_rng
 
 SPLITS = ("train", "test")
-# The first part after the seed of `seeds.rng_for`: a client's examples (with its index), and
-# the planted groups' label maps. Benchmark data only; no run draws from them.
 # Clients serialized and inserted per transaction: bounded memory at any population size.
 CLIENTS_PER_BATCH = 2_000
 # TFF's tables, as `save_to_sql_client_data` creates them (TFF 0.87).

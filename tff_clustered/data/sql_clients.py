@@ -50,21 +50,33 @@ CLIENT_QUERY = (
 RecordParser = Callable[[list[bytes]], ClientArrays]
 
 
+def connect(path: str) -> sqlite3.Connection:
+    """The database opened read-only."""
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+
+
+def has_client_index(db: sqlite3.Connection) -> bool:
+    """Whether an index of `examples` starts with `client_id`: then a client's rows are found
+    without scanning the table."""
+    for index in db.execute("PRAGMA index_list('examples')").fetchall():
+        columns = db.execute(f"PRAGMA index_info('{index[1]}')").fetchall()
+        if columns and columns[0][2] == "client_id":
+            return True
+    return False
+
+
 class SqlClients:
     """One client's records of one split by id from TFF's SQLite file `path` (`splits` maps
     the runs' "train"/"test" to the file's split names), parsed by `parse`."""
 
-    def __init__(
-        self, path: str, parse: RecordParser, splits: Mapping[str, str], title: str
-    ) -> None:
-        self.path, self.parse, self.splits, self.title = path, parse, dict(splits), title
+    def __init__(self, path: str, parse: RecordParser, splits: Mapping[str, str]) -> None:
+        self.path, self.parse, self.splits = path, parse, dict(splits)
         self._local = threading.local()
-        self.parses = 0  # clients' splits parsed (tests count them)
 
     def connection(self) -> sqlite3.Connection:
         """This thread's read-only connection to the file."""
         if getattr(self._local, "db", None) is None:
-            self._local.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+            self._local.db = connect(self.path)
         return self._local.db
 
     def sizes(self) -> dict[str, ClientCounts]:
@@ -118,13 +130,7 @@ class SqlClients:
         return sizes
 
     def has_client_index(self) -> bool:
-        """Whether an index of `examples` starts with `client_id`."""
-        db = self.connection()
-        for index in db.execute("PRAGMA index_list('examples')").fetchall():
-            columns = db.execute(f"PRAGMA index_info('{index[1]}')").fetchall()
-            if columns and columns[0][2] == "client_id":
-                return True
-        return False
+        return has_client_index(self.connection())
 
     def records(self, split: str, client: str) -> list[bytes]:
         """The client's serialized records of `split`, in the order of their rows."""
@@ -133,7 +139,6 @@ class SqlClients:
 
     def read(self, split: str, client: str) -> ClientArrays:
         """The client's raw `(x, y)` of `split`, parsed from its records."""
-        self.parses += 1
         return self.parse(self.records(split, client))
 
     def lazy(
@@ -201,7 +206,7 @@ def load_tff_sql(
     all at start. `num_classes`: as given (`--num_classes`), else the file's largest label
     + 1 (a scan of every record: give --num_classes to start without one)."""
     path = tff_sql_path(data_dir)
-    reader = SqlClients(path, vector_records, {"train": "train", "test": "test"}, "population")
+    reader = SqlClients(path, vector_records, {"train": "train", "test": "test"})
     try:
         if num_classes is None:
             num_classes = largest_label(reader) + 1

@@ -43,6 +43,7 @@ from tff_clustered.data.federated_data import (
     chosen_clients,
     from_arrays,
 )
+from tff_clustered.data.sql_clients import connect, has_client_index
 from tff_clustered.data.tff_datasets import reason, tff_database
 from tff_clustered.seeds import DataStream, data_rng
 
@@ -79,25 +80,10 @@ def stackoverflow_files(data_dir: str) -> list[str]:
     ]
 
 
-def connect(path: str) -> sqlite3.Connection:
-    """The database opened read-only (temporary tables live apart from it)."""
-    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-
-
 def client_ids_in_both_splits(db: sqlite3.Connection) -> list[str]:
     """The ids of the clients with posts in `train` and in `test`, sorted: one query of the
     small `client_metadata` table (a row per client and split)."""
     return [row[0] for row in db.execute(BOTH_SPLITS_QUERY)]
-
-
-def has_client_index(db: sqlite3.Connection) -> bool:
-    """Whether an index of `examples` starts with `client_id`: then a client's rows are found
-    without scanning the table."""
-    for index in db.execute("PRAGMA index_list('examples')").fetchall():
-        columns = db.execute(f"PRAGMA index_info('{index[1]}')").fetchall()
-        if columns and columns[0][2] == "client_id":
-            return True
-    return False
 
 
 def drawn_posts(db: sqlite3.Connection, clients: Sequence[str]) -> Posts:

@@ -114,9 +114,7 @@ def load_tff_emnist(
         data_dir, "tff_emnist", EMNIST_FILE, EMNIST_URL, "federated EMNIST"
     )
     split = "digits_only" if classes == 10 else "all"
-    reader = SqlClients(
-        path, emnist_records, {s: f"{split}_{s}" for s in ("train", "test")}, "federated EMNIST"
-    )
+    reader = SqlClients(path, emnist_records, {s: f"{split}_{s}" for s in ("train", "test")})
     try:
         sizes = reader.sizes()
     except Exception as e:  # a truncated or foreign file: sqlite3 or the format check

@@ -7,11 +7,9 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-import numpy as np
-
 from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.options import checked_fields
-from tff_clustered.seeds import EVAL_SAMPLE, derived_seed
+from tff_clustered.seeds import EVAL_SAMPLE, rng_for
 
 LR_SCHEDULES = ("constant", "exponential", "cosine")
 
@@ -82,7 +80,7 @@ class TrainingConfig:
         if not self.eval_clients or self.eval_clients >= len(ids):
             return ids
         ordered = sorted(ids)
-        rng = np.random.default_rng(derived_seed(self.seed, EVAL_SAMPLE))
+        rng = rng_for(self.seed, EVAL_SAMPLE)
         drawn = rng.choice(len(ordered), self.eval_clients, replace=False)
         chosen = {ordered[i] for i in drawn.tolist()}
         return [c for c in ids if c in chosen]
