@@ -86,7 +86,7 @@ def test_run_on_a_dict_of_arrays_in_process_returns_models_and_resumes(tmp_path:
     for phases in (first, resumed):
         timed = [phases[p] for p in PHASES if p in phases]
         assert min(timed) >= 0
-        assert sum(timed) + phases["unaccounted"] == pytest.approx(phases["wall"], abs=1e-9)
+        assert 0 <= phases["unaccounted"] <= 0.05 * phases["wall"], phases
     assert PHASES[1:] == tuple(p for p in PHASES if p in first)  # all but imports
     assert first["parts"]["training"] > 0 and "training" not in resumed["parts"]
     np.testing.assert_array_equal(again.cluster_models, result.cluster_models)
@@ -185,6 +185,7 @@ def test_the_api_runs_a_dataset_and_model_by_their_records_as_the_runner_does(
     by_runner = runner.run(
         spec, str(tmp_path / "runner"), log=lambda _: None, execution="in_process"
     )
+    assert len(by_api.history) == len(by_runner["history"]) == 3  # rounds 0-2
     for mine, theirs in zip(by_api.history, by_runner["history"]):
         assert mine["accuracy"] == theirs["accuracy"]
         assert mine.get("train_loss") == theirs.get("train_loss")

@@ -31,7 +31,7 @@ GENERIC = [
 # Every registered algorithm's name and its paper's short name.
 PAPER_NAMES = (
     "fedgroup fedgrouprox fesem fedac fedtsdp uapdfl ifca cfl ditto fedper fedrep fedprox "
-    "dispfl criticalfl cgpfl flhc lg_fedavg fedadam fedavgm"
+    "dispfl criticalfl cgpfl flhc lg fedadam fedavgm"
 ).split()
 
 

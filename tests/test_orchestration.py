@@ -263,7 +263,8 @@ def test_a_round_counts_the_net_moves_of_the_clients_its_decisions_assigned() ->
     )
     before = apply_decision(state, Decision(assignment={"a": 1, "c": 2}), "plan", ())
     later = apply_decision(state, Decision(assignment={"a": 0, "b": 2, "d": -1}), "after", ())
-    assert clients_moved(state.assignment, {**later, **before}) == 1  # b only
+    assert clients_moved(state.assignment, before, later) == 1  # b only
+    assert clients_moved(state.assignment, later, before) == 2  # a read from the wrong start
     assert state.view().assignment["b"] == 2
     with pytest.raises(TypeError):
         state.view().assignment["b"] = 0  # type: ignore[index]  # an algorithm only reads

@@ -168,6 +168,7 @@ class DiskClientStore(ClientStore):
         self.path = RunFolder(folder).client_store
         self.row_of = {c: i for i, c in enumerate(client_ids)}
         self.shapes = [np.shape(v) for v in self.initial]
+        self.cuts = np.cumsum([int(np.prod(s)) for s in self.shapes])[:-1]  # a row's variables
         self.num_values = sum(int(np.prod(s)) for s in self.shapes)
         self.initial_flat = flat_model(self.initial)
         self.saved = self.checked_slots(saved)  # the slots the last checkpoint names
@@ -234,8 +235,7 @@ class DiskClientStore(ClientStore):
 
     def variables_of(self, row: np.ndarray) -> Variables:
         """A flat row as the model's variables (float32, as stored)."""
-        sizes = np.cumsum([int(np.prod(s)) for s in self.shapes])[:-1]
-        return tuple(part.reshape(s) for part, s in zip(np.split(row, sizes), self.shapes))
+        return tuple(part.reshape(s) for part, s in zip(np.split(row, self.cuts), self.shapes))
 
     def put(self, client_id: str, model: Variables) -> None:
         i = self.row_of[client_id]

@@ -289,7 +289,7 @@ class Experiment:
         with Stopwatch() as deciding:
             result = outcome.result
             decision = self.algorithm.after_round(self.run, self.view(), result, self.queries)
-            before = {**self.apply(decision), **before}  # the round's start wins
+            after = self.apply(decision)
         check_finite(
             self.state.cluster_models,
             round_num,
@@ -298,7 +298,7 @@ class Experiment:
             result.client_ids,
         )
         server_seconds = planning.seconds + deciding.seconds
-        moved = clients_moved(self.state.assignment, before)
+        moved = clients_moved(self.state.assignment, before, after)
         return self.training_row(request, outcome, decision, server_seconds, moved)
 
     def train_request(self, round_num: int, client_ids: Sequence[str], plan: Plan) -> TrainRequest:

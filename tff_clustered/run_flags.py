@@ -23,7 +23,7 @@ from tff_clustered.federated.server_optimizers import SERVER_OPTIMIZERS, ServerO
 from tff_clustered.loop.config import LR_SCHEDULES, TrainingConfig
 from tff_clustered.models import MODEL_NAMES
 from tff_clustered.run_spec import ModelChoice, RunSpec
-from tff_clustered.runtime import RuntimeConfig, WorkerLostError
+from tff_clustered.runtime import CLIENT_DATA, RuntimeConfig, WorkerLostError
 
 Record = TypeVar("Record")
 
@@ -171,7 +171,7 @@ flags.DEFINE_list(
 flags.DEFINE_enum(
     "client_data",
     "auto",
-    ["auto", "sent", "read_on_worker"],
+    list(CLIENT_DATA),
     "With --execution=tff and --dataset=tff_sql: how each sampled client's training examples "
     "reach TFF's worker: sent as arrays by this process, or read_on_worker from the file (every "
     "worker must open it at the same path); auto: the faster for the setting (docs/runtime.md). "

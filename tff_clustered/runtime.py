@@ -113,7 +113,7 @@ class RuntimeConfig:
     TFF round gets each client's training examples when the data is a file of TFF's SQL format
     (`--dataset=tff_sql`): "sent" as arrays by this process, "read_on_worker" by the worker from
     the file (which it must be able to open at the same path), "auto" the faster of the two
-    for the setting (`loop/round_calls.reads_on_worker`); other data is always sent."""
+    for the setting (`federated/executions.reads_on_worker`); other data is always sent."""
 
     execution: str = "tff"
     device: Optional[str] = None

@@ -30,8 +30,6 @@ from tff_clustered.federated.server_optimizers import ServerOptimizer
 class Distribution:
     """Base: what one way of sending models decides, on both sides of the round."""
 
-    # Clients pick their cluster inside the round: a plan gives no clusters.
-    clients_pick: ClassVar[bool] = False
     # Peers without a server that aggregates (result tables report no global model for them).
     decentralized: ClassVar[bool] = False
 
@@ -115,8 +113,6 @@ class OwnCluster(Distribution):
 class LowestLossCluster(Distribution):
     """Each client is sent every cluster's model and joins the one of lowest loss on its
     training data (IFCA's cluster estimate, Ghosh et al. 2020, Alg. 2 line 6)."""
-
-    clients_pick: ClassVar[bool] = True
 
     def distributor(
         self,

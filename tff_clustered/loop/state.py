@@ -107,10 +107,14 @@ class DivergenceError(ValueError):
     """Training produced NaN or infinite values."""
 
 
-def clients_moved(assignment: Mapping[str, int], before: Mapping[str, int]) -> int:
-    """Clients of `before` (their earlier clusters) now in another cluster; a client assigned
-    for the first time, or unassigned, has not moved."""
-    return sum(1 for c, k in before.items() if k >= 0 and 0 <= assignment[c] != k)
+def clients_moved(assignment: Mapping[str, int], *befores: Mapping[str, int]) -> int:
+    """Clients the round's decisions assigned (`befores`: each decision's earlier clusters of
+    the clients it assigned, in the order applied) now in another cluster than at the round's
+    start; a client assigned for the first time, or unassigned, has not moved."""
+    start: dict[str, int] = {}
+    for before in reversed(befores):  # the earliest decision's value is the round's start
+        start.update(before)
+    return sum(1 for c, k in start.items() if k >= 0 and 0 <= assignment[c] != k)
 
 
 def check_finite(
