@@ -190,5 +190,17 @@ def test_the_api_runs_a_dataset_and_model_by_their_records_as_the_runner_does(
         assert mine["accuracy"] == theirs["accuracy"]
         assert mine.get("train_loss") == theirs.get("train_loss")
     assert by_api.cluster_model(0).count_params() > 0
+    # one run's folder, whichever made it: the API resumes the runner's (train.py's) run
+    again = tff_clustered.run(
+        "fedper",
+        data,
+        model,
+        output_dir=str(tmp_path / "runner"),
+        training=training,
+        execution="in_process",
+        resume=True,
+        log=lambda _: None,
+    )
+    assert again.history[-1]["accuracy"] == by_runner["history"][-1]["accuracy"]
     with pytest.raises(ValueError, match="already a DataSpec"):
         tff_clustered.run("fedavg", data, model, output_dir=str(tmp_path / "x"), test={})

@@ -35,9 +35,9 @@ from tff_clustered import checkpoint, runner, weights
 from tff_clustered.algorithms import algorithm_class, make_algorithm, make_options
 from tff_clustered.client_store import checked_store_choice
 from tff_clustered.data.federated_data import Clients, FederatedData, first_line
-from tff_clustered.data.fingerprint import arrays_digest
+from tff_clustered.data.fingerprint import SourceFingerprint, arrays_digest
 from tff_clustered.data.given_clients import federated_data
-from tff_clustered.data.registry import load_dataset
+from tff_clustered.data.registry import load_dataset, source_fingerprint
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.state import RunState
@@ -47,7 +47,7 @@ from tff_clustered.options import checked, checked_value, described
 from tff_clustered.orchestration import Experiment
 from tff_clustered.phases import PhaseTimer
 from tff_clustered.run_folder import RunFolder
-from tff_clustered.run_spec import ModelChoice
+from tff_clustered.run_spec import ModelChoice, RunSpec
 from tff_clustered.runtime import RuntimeConfig, tff_runtime
 
 
@@ -249,17 +249,22 @@ def run(
     with timer.phase("loading"):
         data = given_data(train, test, data_args, training.seed)
     with timer.phase("validation"):
+        settings = None
+        source: Optional[SourceFingerprint] = None  # given clients: their digest in settings
         if isinstance(model_fn, ModelChoice):  # one of the project's models, as --model says
+            if isinstance(train, DataSpec):  # train.py's run: its settings, its data files
+                spec = RunSpec(algorithm, train, model_fn, options, training)
+                settings, source = spec.settings(), source_fingerprint(train)
             model = model_fn.spec_for(data)
             values = model_values(model.build())
             model_name, model_fn = model_fn.model, model.build
         else:
             model, values = keras_model_spec_and_values(model_fn, data, model_name)
-        settings = run_settings(algorithm, options, training, data, model_name)
+        settings = settings or run_settings(algorithm, options, training, data, model_name)
         checkpoint.refuse_held_run_folder(output_dir)  # before a worker writes its log there
         saved = None
         if resume:  # refuses other settings or data first
-            saved = checkpoint.load(RunFolder(output_dir).checkpoint, settings)
+            saved = checkpoint.load(RunFolder(output_dir).checkpoint, settings, source)
             refuse_another_model(output_dir, saved, values)
 
     def build(timer: PhaseTimer) -> Experiment:
@@ -278,6 +283,7 @@ def run(
             checkpoint_every,
             resume,
             log,
+            data_source=lambda: SourceFingerprint() if source is None else source,
             timer=timer,
             read_checkpoint=lambda: saved,
         )
