@@ -65,11 +65,13 @@ SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 
 
 def table_command(markdown: str) -> Optional[list[str]]:
-    """The compare.py arguments written in a table's .md file, without its --output_dir."""
+    """The compare.py arguments written in a table's .md file, its flagfiles expanded
+    (`expand_flagfiles`), without its --output_dir."""
     found = COMMAND.search(markdown)
     if not found:
         return None
-    return [a for a in shlex.split(found.group(1)) if not a.startswith("--output_dir=")]
+    command = expand_flagfiles(shlex.split(found.group(1)))
+    return [a for a in command if not a.startswith("--output_dir=")]
 
 
 def first_cell(rows: list[dict]) -> dict:
@@ -77,49 +79,26 @@ def first_cell(rows: list[dict]) -> dict:
     return next(r for r in rows if r["seed"] == "0")
 
 
-def flagfile_path(argument: str) -> Optional[str]:
-    """The file a `--flagfile=PATH` (or `-flagfile=PATH`) argument names, `~` expanded as absl
-    does; None for any other argument."""
-    for prefix in ("--flagfile=", "-flagfile="):
-        if argument.startswith(prefix):
-            return os.path.expanduser(argument[len(prefix) :].strip())
-    return None
-
-
-def expand_flagfiles(command: list[str], reading: tuple[str, ...] = ()) -> list[str]:
-    """`command` with each `--flagfile=PATH` replaced by the flags in PATH (relative to the
-    repository, where compare.py runs), in place, nested flagfiles expanded in turn: the list
-    absl parses (`FlagValues.read_flags_from_files`: one flag a line, `#` and `//` comments
-    and blank lines skipped, a later flag winning), so that narrowing sees every option. A
-    flagfile already being read (`reading`) adds nothing, as in absl; a missing one is a usage
-    error naming it."""
-    expanded = []
-    for argument in command:
-        path = flagfile_path(argument)
-        if path is None:
-            expanded.append(argument)
-            continue
-        if not path or path in reading:
-            continue
-        try:
-            with open(os.path.join(ROOT, path)) as f:
-                lines = f.readlines()
-        except OSError as error:
-            raise cli.usage_error(
-                f"a table's command reads --flagfile={path}: {error.strerror} "
-                f"({os.path.join(ROOT, path)}); restore the file or withdraw the table"
-            ) from None
-        flags_in_file = [
-            line.strip()
-            for line in lines
-            if not line.isspace() and not line.startswith(("#", "//"))
-        ]
-        expanded += expand_flagfiles(flags_in_file, (*reading, path))
-    return expanded
+def expand_flagfiles(command: list[str]) -> list[str]:
+    """`command` with each flagfile replaced, in place, by the flags it holds (paths relative
+    to the repository, where compare.py runs): absl's own expansion
+    (`FlagValues.read_flags_from_files`), so that narrowing and the data paths see every
+    option. A missing flagfile is a usage error naming it."""
+    here = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        return flags.FlagValues().read_flags_from_files(command, force_gnu=True)
+    except flags.CantOpenFlagFileError as error:
+        raise cli.usage_error(
+            f"a table's command reads a flagfile that cannot be opened ({error}); restore the "
+            "file or withdraw the table"
+        ) from None
+    finally:
+        os.chdir(here)
 
 
 def rerun_arguments(command: list[str], cell: dict) -> list[str]:
-    """`command`, its flagfiles expanded (`expand_flagfiles`), narrowed to `cell`: its
+    """`command` (flagfiles expanded: `table_command`) narrowed to `cell`: its
     algorithm (without the other algorithms' options, which its run never reads and
     compare.py refuses for it), its setting when the table has setting rows (the setting is
     then a partition, not the dataset's name), seed 0."""
@@ -133,10 +112,9 @@ def rerun_arguments(command: list[str], cell: dict) -> list[str]:
         name = argument[2:].split("=", 1)[0]
         return not argument.startswith("--") or name not in every_option or name in own
 
-    expanded = expand_flagfiles(command)
-    narrowed = [a for a in expanded if kept(a)]
+    narrowed = [a for a in command if kept(a)]
     narrowed += [f"--algorithms={cell['algorithm']}", "--seeds=0"]
-    if any(a.startswith("--settings=") for a in expanded) or ":" in cell["setting"]:
+    if any(a.startswith("--settings=") for a in command) or ":" in cell["setting"]:
         narrowed.append(f"--settings={cell['setting']}")
     return narrowed
 
