@@ -13,7 +13,12 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_clustered.federated import local_training
-from tff_clustered.models import count_trainable_parameters, model_spec, trainable_layer_sizes
+from tff_clustered.models import (
+    MODEL_NAMES,
+    count_trainable_parameters,
+    model_spec,
+    trainable_layer_sizes,
+)
 from tff_clustered.models.functional import FunctionalModel, functional_model, interpreted
 from tff_clustered.models.keras_models import ModelSpec, initial_state
 from tff_clustered.models.layer_ops import PARAMETER_FREE, conv2d, parameter_free_ops
@@ -217,11 +222,21 @@ def test_interpreter_equals_tff_functional_model(name: str, shape: tuple, kwargs
     assert model.layer_sizes == tuple(trainable_layer_sizes(keras_model))
 
 
-def test_every_registry_model_goes_through_the_interpreter() -> None:
-    # It reads every shape from the model: no input_spec, and features for UA-PDFL.
+def test_the_interpreter_reads_every_shape_from_the_model() -> None:
+    # No input_spec, and features for UA-PDFL.
     model = functional_model(model_spec("mlp", (8,), 3).build())
     assert model.trainable_shapes == ((8, 128), (128,), (128, 3), (3,))
     assert model.features is not None
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_every_registry_model_goes_through_the_interpreter(name: str) -> None:
+    """No registry model needs TFF's builder (the fallback gives no `features`)."""
+    images = {"cnn": (28, 28, 1), "lenet": (28, 28, 1), "tsdp_cnn": (28, 28, 1)}
+    shape = {**images, "resnet18": (32, 32, 3), "lstm": (5, 4), "char_lstm": (5,)}.get(name, (8,))
+    vocabulary = 20 if name == "char_lstm" else None
+    spec = model_spec(name, shape, 3, hidden_units=4, resnet_width=4, vocabulary_size=vocabulary)
+    assert interpreted(spec.build()).features is not None
 
 
 def test_a_layer_the_interpreter_does_not_run_goes_through_tff_s_builder() -> None:

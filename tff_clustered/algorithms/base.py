@@ -21,6 +21,7 @@ command-line flags (`options.define_flags`), so a new flag is one field in the p
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Optional, Protocol
 
@@ -229,8 +230,11 @@ class Algorithm:
         if options_cls is None or not dataclasses.is_dataclass(options_cls):
             return
         made = options_cls.__init__
+        if hasattr(made, "__wrapped__"):  # Options shared with another algorithm: checked once
+            return
         owner = cls.name or cls.__name__
 
+        @functools.wraps(made)  # keeps the fields' signature for introspection
         def checked_init(self: Any, *args: Any, **values: Any) -> None:
             made(self, *args, **values)
             for name, value in options_lib.checked_fields(self, owner).items():

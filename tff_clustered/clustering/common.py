@@ -138,21 +138,15 @@ def member_mean(
 def mean_per_cluster(
     models: np.ndarray,
     labels: np.ndarray,
-    previous: Optional[np.ndarray],
+    previous: np.ndarray,
     weights: Optional[np.ndarray] = None,
 ) -> np.ndarray:
-    """The mean of each cluster's members (FeSEM's M-step, Eq. 9; FedAC's, Eq. 5), (K, d)
-    float64, unweighted or weighted by `weights` (e.g. training examples), as member_mean.
-
-    The rule for a cluster without members is the `previous` argument: the (K, d) centres
-    before this step, whose row such a cluster keeps (FeSEM: Eq. 9 is undefined for it); or
-    None: K is the largest label + 1 and a cluster without members is a ValueError (FedAC
-    removes empty clusters first, drop_empty_clusters)."""
+    """The mean of each cluster's members (FeSEM's M-step, Eq. 9), (K, d) float64, unweighted
+    or weighted by `weights` (e.g. training examples), as member_mean; a cluster without
+    members keeps its row of `previous`, the (K, d) centres before this step (Eq. 9 is
+    undefined for it). FedAC's M-step, whose clusters are never empty, is `member_mean` per
+    cluster (`fedac.m_step`)."""
     models, labels = as_float(models), np.asarray(labels)
-    if previous is None:
-        num_clusters = int(labels.max()) + 1
-        nonempty_cluster_sizes(labels, num_clusters)
-        return np.stack([member_mean(models, labels == k, weights) for k in range(num_clusters)])
     centers = np.array(previous, np.float64, copy=True)
     for k in range(len(centers)):
         members = labels == k

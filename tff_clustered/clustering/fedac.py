@@ -32,7 +32,7 @@ from tff_clustered.clustering.common import (
     checked_weights,
     cosine_similarity,
     drop_empty_clusters,
-    mean_per_cluster,
+    member_mean,
     nonempty_cluster_sizes,
     row_blocks,
 )
@@ -78,7 +78,8 @@ def m_step(
     x = checked_matrix(models, "models")
     labels = checked_labels(assign, len(x), num_clusters)
     nonempty_cluster_sizes(labels, num_clusters)
-    return mean_per_cluster(x, labels, None, checked_weights(weights, len(x)))
+    weights = checked_weights(weights, len(x))
+    return np.stack([member_mean(x, labels == k, weights) for k in range(num_clusters)])
 
 
 def clustering_step(

@@ -19,7 +19,8 @@ and runs each with the TF ops of `layer_ops`. It is needed rather than TFF's
   expose.
 
 On the models both run, the interpreter's outputs and gradients equal TFF's builder's bit for
-bit (tests/test_functional_models.py). TFF's builder remains for the models the interpreter does
+bit, the LSTM's to rounding (Keras's unrolled cell adds the bias last;
+tests/test_functional_models.py). TFF's builder remains for the models the interpreter does
 not run and TFF's does, without BatchNorm or Dropout (`tff_built`): a model of the Python API
 with other layer kinds, nested models or no `tf.keras.Input`. No registry model (`MODEL_NAMES`)
 goes there.
