@@ -29,7 +29,7 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Optional, Union
 
 import numpy as np
@@ -148,16 +148,17 @@ class MemoryClientStore(ClientStore):
 class DiskClientStore(ClientStore):
     """The models as rows of the file `RunFolder(folder).client_store` (`folder`: a temporary
     folder, removed with the store, when None): row `s * n + i` is slot `s` of client
-    `client_ids[i]` (of n). The file has its whole size from its first write, as a sparse
-    file: never-trained clients' rows are holes, and it never grows. Memory holds the rows
-    touched since the last checkpoint: it writes them to disk and drops them from the process
-    (they are read again when needed). `saved` (a checkpoint's `StoreIndex`): the slots it
-    names are the clients' models, and the file must hold them."""
+    `client_ids[i]` (of n), or of the client a given index `client_ids` maps to i. The file
+    has its whole size from its first write, as a sparse file: never-trained clients' rows are
+    holes, and it never grows. Memory holds the rows touched since the last checkpoint: it
+    writes them to disk and drops them from the process (they are read again when needed).
+    `saved` (a checkpoint's `StoreIndex`): the slots it names are the clients' models, and the
+    file must hold them."""
 
     def __init__(
         self,
         initial: Variables,
-        client_ids: Sequence[str],
+        client_ids: Union[Sequence[str], Mapping[str, int]],
         folder: Optional[str] = None,
         saved: Optional[StoreIndex] = None,
     ) -> None:
@@ -166,7 +167,13 @@ class DiskClientStore(ClientStore):
             folder = tempfile.mkdtemp(prefix="tff-clustered-store-")
             weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True)
         self.path = RunFolder(folder).client_store
-        self.row_of = {c: i for i, c in enumerate(client_ids)}
+        # Each client's row: the run's own index of its clients when given (one per run, not
+        # another dict of a million clients), else made from the ids in order.
+        self.row_of = (
+            client_ids
+            if isinstance(client_ids, Mapping)
+            else {c: i for i, c in enumerate(client_ids)}
+        )
         self.shapes = [np.shape(v) for v in self.initial]
         self.cuts = np.cumsum([int(np.prod(s)) for s in self.shapes])[:-1]  # a row's variables
         self.num_values = sum(int(np.prod(s)) for s in self.shapes)
@@ -276,7 +283,7 @@ class DiskClientStore(ClientStore):
 def open_store(
     kind: str,
     initial: Variables,
-    client_ids: Sequence[str],
+    client_ids: Union[Sequence[str], Mapping[str, int]],
     folder: Optional[str] = None,
     saved: Optional[ClientModels] = None,
 ) -> ClientStore:

@@ -192,9 +192,8 @@ class Experiment:
 
     def new_store(self, saved: Optional[ClientModels] = None) -> ClientStore:
         """The run's client store holding `saved` (a checkpoint's; None: every client initial)."""
-        return open_store(
-            self.store_kind, self.initial_variables, self.run.client_ids, self.store_folder, saved
-        )
+        index, folder = self.calls.client_index, self.store_folder
+        return open_store(self.store_kind, self.initial_variables, index, folder, saved)
 
     def view(self) -> ServerView:
         return self.state.view()
