@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+from benchmarks.population import goal_checks
 from conftest import run_binary
 
 from tff_clustered.data import population
@@ -105,3 +106,26 @@ def test_population_dry_run_writes_the_population_and_prints_the_runs(tmp_path: 
     assert len(commands) == 6  # 3 algorithms x 2 executions
     assert all(f"--data_dir={data_file}" in c and "--dataset=tff_sql" in c for c in commands)
     assert sum("--cold_start=lazy" in c for c in commands) == 2
+
+
+def test_goal_checks_judge_ratios_and_split_out_the_evaluated_clients_cold_start() -> None:
+    """The goals read the runs' figures: a round at 10^6 against 10^3, and an evaluation
+    against a round, whole and (where the evaluation gave clients their clusters) without the
+    cold start."""
+
+    def run(clients: int, round_s: float, eval_s: float, assign_s: float) -> dict:
+        return dict(
+            clients=clients,
+            algorithm="fedgroup",
+            execution="in_process",
+            round_s=round_s,
+            eval_s=eval_s,
+            eval_assign_s=assign_s,
+        )
+
+    checks = goal_checks([run(1000, 0.05, 1.0, 0.97), run(1_000_000, 0.07, 1.2, 0.0)])
+    found = {(c["goal"]): (c["value"], c["met"]) for c in checks}
+    assert found["s/round at 10^6 / at 10^3"] == (1.4, False)
+    assert found["s/evaluation / s/round at 1,000"] == (20.0, False)
+    assert found["s/scoring / s/round at 1,000"] == (0.6, True)
+    assert "s/scoring / s/round at 1,000,000" not in found  # nothing to split out there

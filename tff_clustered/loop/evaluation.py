@@ -17,6 +17,7 @@ from tff_clustered.federated.round import FederatedRound
 from tff_clustered.loop.queries import ServerQueries
 from tff_clustered.loop.round_calls import ClientResults, RoundCalls
 from tff_clustered.loop.state import RunState
+from tff_clustered.phases import Stopwatch
 from tff_clustered.seeds import FINE_TUNE_SHUFFLE
 
 FINE_TUNED = "finetuned"  # the evaluation-only model kind of `TrainingConfig.fine_tune_steps`
@@ -96,10 +97,16 @@ class Evaluator:
           the first kind over the evaluated clients with an assignment only;
         * `cluster_size_k` (assigned clients of the whole population) and
           `cluster_accuracy_k` (first kind, pooled over the evaluated clients scored with
-          cluster k)."""
+          cluster k);
+        * `eval_assign_seconds`: the part of the evaluation spent giving the evaluated clients
+          their clusters (`Algorithm.evaluation_clusters`: for FedGroup with a lazy cold start,
+          pre-training every evaluated client not assigned yet, Eq. 9)."""
         evaluated = list(self.calls.scored_clients)
         assigned = state.assigned(evaluated)
-        clusters = self.algorithm.evaluation_clusters(self.run, state.view(), evaluated, queries)
+        with Stopwatch() as assigning:
+            clusters = self.algorithm.evaluation_clusters(
+                self.run, state.view(), evaluated, queries
+            )
         cluster_of = dict(zip(evaluated, (int(k) for k in clusters)))
         kinds = self.algorithm.model_kinds
         results: dict[str, ClientResults] = {}
@@ -119,6 +126,7 @@ class Evaluator:
         main = results[kinds[0]]
         row: dict[str, Any] = pooled({c: main[c] for c in assigned}, "")
         row["num_eval_clients"] = len(assigned)
+        row["eval_assign_seconds"] = assigning.seconds
         for kind in kinds:
             row.update(pooled(results[kind], f"_{kind}"))
         clusters_held = np.fromiter(state.assignment.values(), np.int64, len(state.assignment))
