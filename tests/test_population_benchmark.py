@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-from benchmarks.population import goal_checks
 from conftest import run_binary
 
 from tff_clustered.data import population
@@ -112,6 +111,7 @@ def test_goal_checks_judge_ratios_and_split_out_the_evaluated_clients_cold_start
     """The goals read the runs' figures: a round at 10^6 against 10^3, and an evaluation
     against a round, whole and (where the evaluation gave clients their clusters) without the
     cold start."""
+    from benchmarks.population import goal_checks  # binaries/ is on the path (conftest)
 
     def run(clients: int, round_s: float, eval_s: float, assign_s: float) -> dict:
         return dict(
