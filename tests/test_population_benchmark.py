@@ -9,14 +9,18 @@ import collections
 import json
 import os
 import sqlite3
+import sys
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
-from conftest import run_binary
+from conftest import ROOT, run_binary
 
 from tff_clustered.data import population
+
+sys.path.insert(0, os.path.join(ROOT, "binaries"))
+from benchmarks.population import goal_checks  # noqa: E402
 
 SPEC = population.PopulationSpec(30, seed=3)
 ELEMENT_SPEC = collections.OrderedDict(
@@ -111,7 +115,6 @@ def test_goal_checks_judge_ratios_and_split_out_the_evaluated_clients_cold_start
     """The goals read the runs' figures: a round at 10^6 against 10^3, and an evaluation
     against a round, whole and (where the evaluation gave clients their clusters) without the
     cold start."""
-    from benchmarks.population import goal_checks  # binaries/ is on the path (conftest)
 
     def run(clients: int, round_s: float, eval_s: float, assign_s: float) -> dict:
         return dict(
