@@ -4,6 +4,7 @@ prediction, checked against the fixture's raw protos decoded here with protobuf 
 from __future__ import annotations
 
 import collections
+import csv
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ROOT
+from conftest import ROOT, run_binary
 
 from tff_clustered.data import DataError, load_dataset
 from tff_clustered.data.federated_data import chosen_clients
@@ -206,3 +207,104 @@ def test_tffs_logistic_regression_is_mclr_over_the_bag_of_words() -> None:
     assert np.all(np.isfinite(loss.numpy()))
     padded = np.pad(batch["x"], ((0, 0), (0, 10_000 - data.input_shape[0])))
     assert full(padded).shape == (len(batch["y"]), 500)
+
+
+def test_without_num_clients_every_client_is_read_lazily_as_the_drawn_path_reads_it() -> None:
+    statements: list[str] = []
+
+    def traced(path: str) -> sqlite3.Connection:
+        db = connect(path)
+        db.set_trace_callback(statements.append)
+        return db
+
+    lazy = load_tff_stackoverflow(TINY, num_clients=None, open_database=traced)
+    # Start-up: one query of client_metadata and the first client's train posts, nothing else.
+    assert not [s for s in statements if "examples" in s and "PRAGMA" not in s]
+    assert lazy.source is not None and lazy.source.reads == 1
+    # Every client with train and test rows, 00000019 too (its test posts have no counted tag).
+    assert lazy.client_ids == [f"{i:08d}" for i in range(20)]
+    drawn = load_dataset("tff_stackoverflow", data_dir=TINY, num_clients=20)
+    assert drawn.client_ids == lazy.client_ids[:19]
+    assert (lazy.input_shape, lazy.num_classes) == (drawn.input_shape, drawn.num_classes)
+    for client in drawn.client_ids:
+        for split in ("train", "test"):
+            got, expected = lazy.arrays(split, client), drawn.arrays(split, client)
+            for key in ("x", "y"):
+                assert got[key].dtype == expected[key].dtype
+                np.testing.assert_array_equal(got[key], expected[key])
+        assert lazy.train_sizes[client] == drawn.train_sizes[client]
+        assert lazy.test_sizes[client] == drawn.test_sizes[client]
+    assert len(lazy.arrays("train", "00000019")["y"]) > 0
+    with pytest.raises(DataError) as raised:
+        lazy.arrays("test", "00000019")
+    message = str(raised.value)
+    assert message.startswith(
+        f"client '00000019' (test) in {DATABASE}: none of its 2 posts has a tag among the 12 "
+        "most frequent, so it has no example"
+    )
+    assert "give --num_clients" in message and "\n" not in message
+
+
+def test_a_lazy_run_needs_tffs_vocabulary_files_and_names_them(tmp_path: Path) -> None:
+    shutil.copy(DATABASE, tmp_path)
+    words = tmp_path / "stackoverflow.word_count"
+    tags = tmp_path / "stackoverflow.tag_count"
+    with pytest.raises(DataError) as raised:
+        load_dataset("tff_stackoverflow", data_dir=str(tmp_path))
+    message = str(raised.value)
+    assert f"{words} and {tags} are absent" in message
+    for url in (
+        "https://storage.googleapis.com/tff-datasets-public/stackoverflow.word_count.tar.bz2",
+        "https://storage.googleapis.com/tff-datasets-public/stackoverflow.tag_count.tar.bz2",
+    ):
+        assert url in message
+    shutil.copy(os.path.join(TINY, "stackoverflow.word_count"), tmp_path)
+    with pytest.raises(DataError, match=f"{tags} is absent"):
+        load_dataset("tff_stackoverflow", data_dir=str(tmp_path))
+    shutil.copy(os.path.join(TINY, "stackoverflow.tag_count"), tmp_path)
+    assert len(load_dataset("tff_stackoverflow", data_dir=str(tmp_path)).client_ids) == 20
+
+
+def test_a_lazy_run_fingerprints_the_database_by_samples_and_the_drawn_run_whole() -> None:
+    lazy = source_fingerprint("tff_stackoverflow", TINY).files
+    drawn = source_fingerprint("tff_stackoverflow", TINY, num_clients=5).files
+    assert lazy["stackoverflow.sqlite"].split(":")[1].startswith("sampled-")
+    assert not drawn["stackoverflow.sqlite"].split(":")[1].startswith("sampled-")
+    for vocabulary in ("stackoverflow.word_count", "stackoverflow.tag_count"):
+        assert lazy[vocabulary] == drawn[vocabulary]
+
+
+def test_train_runs_a_few_rounds_over_every_client_read_lazily(tmp_path: Path) -> None:
+    """train.py without --num_clients on the fixture less 00000019 (whose test posts carry no
+    counted tag, which a lazy run refuses at its read): each evaluated client's row in
+    clients.csv has the drawn path's example counts."""
+    data = tmp_path / "data"
+    shutil.copytree(TINY, data)
+    with sqlite3.connect(data / "stackoverflow.sqlite") as db:
+        for table in ("examples", "client_metadata"):
+            db.execute(f"DELETE FROM {table} WHERE client_id = '00000019'")
+    out = tmp_path / "run"
+    done = run_binary(
+        [
+            os.path.join("binaries", "train.py"),
+            "--dataset=tff_stackoverflow",
+            f"--data_dir={data}",
+            "--model=mclr",
+            "--algorithm=fedavg",
+            "--rounds=3",
+            "--clients_per_round=4",
+            "--local_epochs=1",
+            "--execution=in_process",
+            f"--output_dir={out}",
+        ]
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(out / "metrics.csv") as f:
+        assert [int(row["round"]) for row in csv.DictReader(f)][-1] == 3
+    drawn = load_dataset("tff_stackoverflow", data_dir=TINY, num_clients=20)
+    with open(out / "clients.csv") as f:
+        last = [row for row in csv.DictReader(f) if row["round"] == "3"]
+    assert sorted(row["client"] for row in last) == drawn.client_ids
+    for row in last:
+        assert int(row["train_examples"]) == drawn.train_sizes[row["client"]]
+        assert int(row["test_examples"]) == drawn.test_sizes[row["client"]]

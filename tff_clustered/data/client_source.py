@@ -153,11 +153,14 @@ class ClientCounts(Mapping):
 
 def only_in_one_split(train: Mapping[str, int], test: Mapping[str, int]) -> list[str]:
     """Clients listed in one split and not the other (from the counts when both splits share
-    one index: no set of every client)."""
+    one index, none when both are counted from one source: no set of every client)."""
     if isinstance(train, ClientCounts) and isinstance(test, ClientCounts):
         if train.index is test.index:
             rows = np.flatnonzero((train.counts >= 0) != (test.counts >= 0))
             return sorted(train.ids[i] for i in rows)
+    if isinstance(train, CountedSizes) and isinstance(test, CountedSizes):
+        if train._source is test._source:  # both list the source's clients
+            return []
     return sorted(set(train) ^ set(test))
 
 

@@ -96,9 +96,10 @@ def load_dataset(
     local test set; 100 fine or 20 coarse classes by `num_classes`), `tff_shakespeare` (TFF's
     federated Shakespeare database in `data_dir`: its speaking parts, LEAF's next-character
     task over 80-character windows), `tff_stackoverflow` (TFF's federated Stack Overflow
-    database in `data_dir`, read by client id: `num_clients` (required) clients drawn from
-    those with train and test posts, TFF's tag prediction as single-label over the
-    `num_classes` (default 500) most frequent tags, a bag of words over 10,000 words),
+    database in `data_dir`, read by client id: every client with train and test posts, each
+    read when a round first needs it, or `num_clients` of them drawn and read at start; TFF's
+    tag prediction as single-label over the `num_classes` (default 500) most frequent tags, a
+    bag of words over 10,000 words),
     `tff_sql` (any population of `x`/`y` examples in TFF's SqlClientData format, `data_dir`
     the file or its folder: every client, each read when a round first needs it;
     `num_classes` as given, else the file's largest label + 1).
@@ -213,4 +214,11 @@ def source_fingerprint(spec: Union[DataSpec, str], *fields: Any, **named: Any) -
     if spec.dataset == "tff_sql":  # read lazily: never hashed whole
         path = tff_sql_path(root)
         return SourceFingerprint.of_files(os.path.dirname(path), [path], sampled_digest)
+    if spec.dataset == "tff_stackoverflow" and spec.num_clients is None and root:
+        database, *vocabularies = data_files(spec)  # the database read lazily: never hashed whole
+        files = {
+            **SourceFingerprint.of_files(root, [database], sampled_digest).files,
+            **SourceFingerprint.of_files(root, vocabularies).files,
+        }
+        return SourceFingerprint(root, files)
     return SourceFingerprint.of_files(root or "", data_files(spec))

@@ -1,62 +1,74 @@
 """TFF's federated Stack Overflow (`tff.simulation.datasets.stackoverflow`) as TFF's tag
-prediction baseline frames it, read client by client from the SQLite file TFF keeps in its
-cache folder; nothing is downloaded.
+prediction baseline frames it (`stackoverflow_task`: a post's bag of words and its most
+frequent top tag), read client by client from the SQLite file TFF keeps in its cache folder;
+nothing is downloaded.
 
 `stackoverflow.sqlite` holds 342,477 train clients (135.8 million posts), 204,088 test clients
-and 38,758 held-out ones (tens of GB). It is never read whole: the client ids come from the
-small `client_metadata` table, `--num_clients` of those with posts in both `train` and `test`
-are drawn from the run's seed, and only their rows of `examples` are fetched, in one streamed
-query joined to a temporary table of the drawn ids.
+and 38,758 held-out ones (tens of GB). It is never read whole: the ids of the clients with
+posts in both `train` and `test` come from one query of the small `client_metadata` table, and
+then either
 
-A post is a `tf.train.Example` (`tokens`, `title`, `tags` joined by "|", `creation_date`,
-`score`, `type`). As TFF's `tag_prediction_preprocessing.build_to_ids_fn` does, its input is
-the bag of words of `tokens` and `title` over the 10,000 most frequent words, each word's count
-divided by the number of in-vocabulary words. TFF's task is multi-label (every tag among the
-500 most frequent); the models here are trained by softmax cross-entropy on one class, so a
-post's label is its *most frequent* tag among the top `num_classes` (default 500), and posts
-with none are dropped; a drawn client left without a post in either split is dropped too.
+* every one of them is the population, read lazily (`--num_clients` not given): a client's
+  split is fetched by one query (`sql_clients.SqlClients`) and labelled when a round first
+  samples or scores it, and kept in `client_source.LazyClients`' bounded cache; or
+* `--num_clients` of them are drawn from the run's seed, and only their rows of `examples`
+  are fetched now, in one streamed query joined to a temporary table of the drawn ids, parsed
+  in one batch and held in memory.
 
-The vocabularies are TFF's files `stackoverflow.word_count` ("word count" lines, most frequent
-first) and `stackoverflow.tag_count` (JSON {tag: count}) next to the database, as
-`stackoverflow.load_word_counts` / `load_tag_counts` unpack them. When a file is absent its
-vocabulary is counted instead from the drawn clients' train posts with TFF's definition (the
-number of clients with a post containing the word or tag): a vocabulary of that draw, not TFF's.
+Both label a client's posts with the same functions (`TagPrediction`), so a client has the same
+examples either way. What differs, and why:
+
+* Sizes. `client_metadata`'s `num_examples` counts all of a client's posts, the untagged ones
+  too: an upper bound, not its number of examples, and the sizes weight the averages. The lazy
+  path counts a client's examples when it is first read (`LazyClients` without sizes:
+  `CountedSizes`), and keeps the count after the examples leave the cache. A round reads its
+  sampled clients anyway; what else asks for sizes asks for clients it touches (the weights of
+  a round's clients, clients.csv's rows of the evaluated ones), except FeSEM, which trains
+  every client at start.
+* Vocabularies. The lazy path needs TFF's two vocabulary files (`stackoverflow_task`): counting
+  them would mean decoding every train post at start. The drawn path counts a missing one from
+  the drawn clients' train posts (a vocabulary of that draw, not TFF's).
+* A client with no tagged post in a split. TFF's multi-label baseline has none: it keeps an
+  untagged post with an all-zero target. Single-label training has no label for it, and every
+  client here holds examples in both splits: local training batches them, the averages weight
+  by them, the evaluation scores them (a client with none would be a zero-weight client, which
+  the loop has no notion of). The drawn path leaves such a client out at start (a warning
+  counts them). The lazy path knows a client's posts only when it reads them, and cannot leave
+  a client out once the run has started (the population and its seeded draws are fixed then),
+  so it refuses one at its read with an error naming the client and split, and the run stops
+  there. A larger `--num_classes` makes such clients rarer; `--num_clients` avoids them.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import json
 import logging
 import os
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Callable, Optional
 
-import numpy as np
-import tensorflow as tf
-
+from tff_clustered.data.client_source import LazyClients, federated_data
 from tff_clustered.data.federated_data import (
+    ClientArrays,
     DataError,
     FederatedData,
     chosen_clients,
     from_arrays,
 )
-from tff_clustered.data.sql_clients import connect, has_client_index
+from tff_clustered.data.fingerprint import file_digest, sampled_digest
+from tff_clustered.data.sql_clients import CLIENT_INDEX, SqlClients, connect, has_client_index
+from tff_clustered.data.stackoverflow_task import (
+    STACKOVERFLOW_FILE,
+    WORD_VOCABULARY_SIZE,
+    TagPrediction,
+    parsed_posts,
+    task_vocabularies,
+    vocabulary_files,
+)
 from tff_clustered.data.tff_datasets import reason, tff_database
 from tff_clustered.seeds import DataStream, data_rng
 
-STACKOVERFLOW_FILE = "stackoverflow.sqlite"
-STACKOVERFLOW_URL = "https://storage.googleapis.com/tff-datasets-public/stackoverflow.sqlite.lzma"
-WORD_COUNT_FILE = "stackoverflow.word_count"
-WORD_COUNT_URL = (
-    "https://storage.googleapis.com/tff-datasets-public/stackoverflow.word_count.tar.bz2"
-)
-TAG_COUNT_FILE = "stackoverflow.tag_count"
-TAG_COUNT_URL = "https://storage.googleapis.com/tff-datasets-public/stackoverflow.tag_count.tar.bz2"
-WORD_VOCABULARY_SIZE = 10_000  # TFF's DEFAULT_WORD_VOCAB_SIZE
-TAG_VOCABULARY_SIZE = 500  # TFF's DEFAULT_TAG_VOCAB_SIZE
 # Clients with posts in both splits, in the order of their ids.
 BOTH_SPLITS_QUERY = (
     "SELECT client_id FROM client_metadata WHERE split_name = 'train' INTERSECT "
@@ -67,6 +79,7 @@ DRAWN_POSTS_QUERY = (
     "SELECT client_id, split_name, serialized_example_proto FROM examples "
     "WHERE client_id IN (SELECT client_id FROM drawn) AND split_name IN ('train', 'test')"
 )
+STACKOVERFLOW_URL = "https://storage.googleapis.com/tff-datasets-public/stackoverflow.sqlite.lzma"
 log = logging.getLogger(__name__)
 
 Posts = dict[str, dict[str, list[bytes]]]  # client -> split -> serialized examples
@@ -75,9 +88,7 @@ Posts = dict[str, dict[str, list[bytes]]]  # client -> split -> serialized examp
 def stackoverflow_files(data_dir: str) -> list[str]:
     """The database and the two vocabulary files the loader reads from `data_dir` (the
     vocabulary files are read when present)."""
-    return [
-        os.path.join(data_dir, f) for f in (STACKOVERFLOW_FILE, WORD_COUNT_FILE, TAG_COUNT_FILE)
-    ]
+    return [os.path.join(data_dir, STACKOVERFLOW_FILE), *vocabulary_files(data_dir)]
 
 
 def client_ids_in_both_splits(db: sqlite3.Connection) -> list[str]:
@@ -98,20 +109,6 @@ def drawn_posts(db: sqlite3.Connection, clients: Sequence[str]) -> Posts:
     return posts
 
 
-def parsed_posts(blobs: list[bytes]) -> dict[str, list[str]]:
-    """`tokens`, `title` and `tags` of serialized posts, parsed by TFF's own parser."""
-    from tensorflow_federated.python.simulation.datasets import stackoverflow
-
-    parsed = stackoverflow._add_proto_parsing(  # noqa: SLF001 - TFF's format, kept in one place
-        tf.data.Dataset.from_tensor_slices(tf.constant(blobs, tf.string))
-    ).batch(max(len(blobs), 1))
-    batch = next(iter(parsed.as_numpy_iterator()))
-    return {
-        key: [b.decode("utf-8", errors="replace") for b in batch[key]]
-        for key in ("tokens", "title", "tags")
-    }
-
-
 def parsed_by_client(raw: Posts) -> dict[str, dict[str, dict[str, list[str]]]]:
     """`parsed_posts` of every client's splits that have posts, parsed in one batch (one
     parse for all clients, not one per client)."""
@@ -126,63 +123,6 @@ def parsed_by_client(raw: Posts) -> dict[str, dict[str, dict[str, list[str]]]]:
     return posts
 
 
-def word_counts_file(path: str, limit: int) -> list[str]:
-    """The first `limit` words of TFF's `stackoverflow.word_count` ("word count" lines)."""
-    words = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            fields = line.split()
-            if len(fields) != 2 or not fields[1].isdigit():
-                raise DataError(
-                    f"{path} line {number}: {line.strip()[:60]!r} is not 'word count'; get a "
-                    f"fresh copy from {WORD_COUNT_URL} (unpack it next to {STACKOVERFLOW_FILE})"
-                )
-            words.append(fields[0])
-            if len(words) == limit:
-                break
-    return words
-
-
-def tag_counts_file(path: str) -> list[str]:
-    """The tags of TFF's `stackoverflow.tag_count` (JSON {tag: count}), most frequent first."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            counts = json.load(f)
-        ranked = sorted(counts.items(), key=lambda item: -int(item[1]))
-    except (ValueError, AttributeError, TypeError) as e:
-        raise DataError(
-            f"{path} is not TFF's tag counts (a JSON object of tag: count; {reason(e)}); get a "
-            f"fresh copy from {TAG_COUNT_URL} (unpack it next to {STACKOVERFLOW_FILE})"
-        ) from None
-    return [tag for tag, _ in ranked]
-
-
-def counted_vocabulary(per_client: Iterable[Iterable[str]], limit: int) -> list[str]:
-    """The `limit` items held by the most clients (TFF's count: clients, not occurrences),
-    ties by the item; each element of `per_client` is one client's items."""
-    clients = collections.Counter(item for items in per_client for item in set(items) if item)
-    return sorted(clients, key=lambda item: (-clients[item], item))[:limit]
-
-
-def bag_of_words(texts: Sequence[str], vocabulary: Mapping[str, int]) -> np.ndarray:
-    """Each text's in-vocabulary word counts divided by its number of in-vocabulary words
-    (all zero when it has none), as TFF's `build_to_ids_fn`: (len(texts), len(vocabulary))."""
-    x = np.zeros((len(texts), len(vocabulary)), np.float32)
-    for row, text in enumerate(texts):
-        ids = [vocabulary[w] for w in text.split() if w in vocabulary]
-        if ids:
-            x[row] = np.bincount(ids, minlength=len(vocabulary)) / len(ids)
-    return x
-
-
-def most_frequent_tags(tags: Sequence[str], rank: Mapping[str, int]) -> np.ndarray:
-    """Each post's label: the rank of its most frequent tag in `rank`, -1 when it has none."""
-    return np.array(
-        [min((rank[t] for t in joined.split("|") if t in rank), default=-1) for joined in tags],
-        np.int64,
-    )
-
-
 def load_tff_stackoverflow(
     data_dir: Optional[str],
     num_clients: Optional[int],
@@ -191,11 +131,11 @@ def load_tff_stackoverflow(
     word_vocabulary_size: int = WORD_VOCABULARY_SIZE,
     open_database: Callable[[str], sqlite3.Connection] = connect,
 ) -> FederatedData:
-    """TFF's Stack Overflow tag prediction (see the module docstring): `num_clients` clients
-    with posts in train and test, drawn from `DataStream.TFF_CLIENTS`; labels among the
-    `num_classes` (default 500) most frequent tags; inputs the bag of words over the
-    `word_vocabulary_size` most frequent words. `open_database` opens the database (tests trace
-    it)."""
+    """TFF's Stack Overflow tag prediction (see the module docstring): every client with posts
+    in train and test, each read when a round first needs it, or `num_clients` of them drawn
+    from `DataStream.TFF_CLIENTS` and read now; labels among the `num_classes` (default 500)
+    most frequent tags; inputs the bag of words over the `word_vocabulary_size` most frequent
+    words. `open_database` opens the database (tests trace it)."""
     path, not_stackoverflow = tff_database(
         data_dir,
         "tff_stackoverflow",
@@ -203,16 +143,14 @@ def load_tff_stackoverflow(
         STACKOVERFLOW_URL,
         "federated Stack Overflow",
     )
+    if num_clients is None:
+        task = task_vocabularies(data_dir, path, num_classes, word_vocabulary_size)
+        return lazy_stackoverflow(path, task, open_database, not_stackoverflow)
     try:
         with contextlib.closing(open_database(path)) as db:
             clients = client_ids_in_both_splits(db)
             if not clients:
                 raise not_stackoverflow("no client has posts in both train and test")
-            if num_clients is None:
-                raise DataError(
-                    f"--dataset=tff_stackoverflow reads only the clients drawn, and {path} has "
-                    f"{len(clients)} with train and test posts: give --num_clients (e.g. 100)"
-                )
             drawn = [
                 clients[k]
                 for k in chosen_clients(
@@ -235,39 +173,19 @@ def load_tff_stackoverflow(
         raise
     except Exception as e:  # a truncated or foreign file: sqlite3, TFF's parser
         raise not_stackoverflow(f"{type(e).__name__}: {reason(e)}") from None
-    words_path, tags_path = stackoverflow_files(data_dir or "")[1:]
-    if os.path.isfile(words_path):
-        words = word_counts_file(words_path, word_vocabulary_size)
-    else:
-        words = counted_vocabulary(
-            (" ".join(p["train"]["tokens"]).split() for p in posts.values() if "train" in p),
-            word_vocabulary_size,
-        )
-    if os.path.isfile(tags_path):
-        tags = tag_counts_file(tags_path)
-    else:
-        tags = counted_vocabulary(
-            ("|".join(p["train"]["tags"]).split("|") for p in posts.values() if "train" in p),
-            TAG_VOCABULARY_SIZE if num_classes is None else num_classes,
-        )
-    if num_classes is not None and not 1 <= num_classes <= len(tags):
-        raise DataError(
-            f"--num_classes={num_classes}: {tags_path if os.path.isfile(tags_path) else path} "
-            f"gives {len(tags)} tags; use --num_classes between 1 and {len(tags)}"
-        )
-    tags = tags[: TAG_VOCABULARY_SIZE if num_classes is None else num_classes]
-    word_index = {w: i for i, w in enumerate(words)}
-    tag_rank = {t: i for i, t in enumerate(tags)}
-    arrays: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {"train": {}, "test": {}}
+    task = task_vocabularies(
+        data_dir,
+        path,
+        num_classes,
+        word_vocabulary_size,
+        lambda: [p["train"] for p in posts.values() if "train" in p],
+    )
+    arrays: dict[str, dict[str, ClientArrays]] = {"train": {}, "test": {}}
     for client, splits in posts.items():
-        labelled = {}
-        for split in ("train", "test"):
-            post = splits.get(split, {"tokens": [], "title": [], "tags": []})
-            y = most_frequent_tags(post["tags"], tag_rank)
-            texts = [
-                f"{a} {b}" for a, b, keep in zip(post["tokens"], post["title"], y >= 0) if keep
-            ]
-            labelled[split] = (bag_of_words(texts, word_index), y[y >= 0])
+        labelled = {
+            split: task.labelled(splits.get(split, {"tokens": [], "title": [], "tags": []}))
+            for split in ("train", "test")
+        }
         if all(len(y) for _, y in labelled.values()):
             for split in ("train", "test"):
                 arrays[split][client] = labelled[split]
@@ -278,11 +196,78 @@ def load_tff_stackoverflow(
             len(drawn) - len(arrays["train"]),
             len(drawn),
             path,
-            len(tags),
+            len(task.tags),
         )
     if not arrays["train"]:
         raise DataError(
             f"none of the {len(drawn)} clients drawn from {path} has a post with a tag among "
-            f"the top {len(tags)} in both train and test; draw more with --num_clients"
+            f"the top {len(task.tags)} in both train and test; draw more with --num_clients"
         )
-    return from_arrays("tff_stackoverflow", arrays["train"], arrays["test"], len(tags), source=path)
+    return from_arrays(
+        "tff_stackoverflow", arrays["train"], arrays["test"], len(task.tags), source=path
+    )
+
+
+class TaggedPosts(SqlClients):
+    """A client's posts of a split read by id (`SqlClients`) and labelled by `task`; a split
+    without a post tagged among the task's tags is refused (see the module docstring)."""
+
+    def __init__(self, path: str, task: TagPrediction) -> None:
+        super().__init__(path, task.examples, {"train": "train", "test": "test"})
+        self.num_tags = len(task.tags)
+
+    def read(self, split: str, client: str) -> ClientArrays:
+        posts = self.records(split, client)
+        x, y = self.parse(posts)
+        if not len(y):
+            raise DataError(
+                f"client {client!r} ({split}) in {self.path}: none of its {len(posts)} posts has "
+                f"a tag among the {self.num_tags} most frequent, so it has no example; a run "
+                "over every client cannot leave it out once started: give --num_clients (a "
+                "drawn client without a tagged post in a split is left out at start) or a "
+                "larger --num_classes"
+            )
+        return x, y
+
+
+def lazy_stackoverflow(
+    path: str,
+    task: TagPrediction,
+    open_database: Callable[[str], sqlite3.Connection],
+    not_stackoverflow: Callable[[str], DataError],
+) -> FederatedData:
+    """Every client with posts in train and test (one query of `client_metadata`), each
+    split read by id and labelled when a round first needs it; sizes counted at that read."""
+    try:
+        with contextlib.closing(open_database(path)) as db:
+            clients = client_ids_in_both_splits(db)
+            indexed = has_client_index(db)
+    except Exception as e:  # a truncated or foreign file
+        raise not_stackoverflow(f"{type(e).__name__}: {reason(e)}") from None
+    if not clients:
+        raise not_stackoverflow("no client has posts in both train and test")
+    if not indexed:
+        log.warning(
+            "%s has no index on examples(client_id): each client read scans the whole table; "
+            "add one with: sqlite3 %s '%s'",
+            path,
+            path,
+            CLIENT_INDEX,
+        )
+    reader = TaggedPosts(path, task)
+    vocabularies = vocabulary_files(os.path.dirname(path))
+    source = LazyClients(
+        client_ids=clients,
+        sizes=None,
+        read=reader.read,
+        num_classes=len(task.tags),
+        digest=lambda: ",".join([sampled_digest(path), *(file_digest(p) for p in vocabularies)]),
+        where=path,
+        input_shape=(len(task.words),),
+    )
+    try:
+        return federated_data("tff_stackoverflow", source)
+    except DataError:
+        raise
+    except Exception as e:  # the first client's read: a foreign file's records
+        raise not_stackoverflow(f"{type(e).__name__}: {reason(e)}") from None
