@@ -46,14 +46,17 @@ flags.DEFINE_integer(
     "num_clients",
     None,
     "Clients to generate or deal to (unset: the dataset's default); mnist_writers: writers kept, "
-    "a seeded random choice (unset: all 539).",
+    "a seeded random choice (unset: all 539); tff_emnist, tff_cifar100, tff_shakespeare, "
+    "tff_stackoverflow: a seeded random choice of the file's clients (unset: all; "
+    "tff_stackoverflow then reads each client when a round first needs it, and needs TFF's "
+    "stackoverflow.word_count and stackoverflow.tag_count beside the database).",
     lower_bound=1,
 )
 flags.DEFINE_integer(
     "num_classes",
     None,
-    "Classes (LEAF; tff_emnist: 10 or 62; tff_cifar100: 100 fine or 20 coarse; default: from the "
-    "labels).",
+    "Classes (LEAF; tff_emnist: 10 or 62; tff_cifar100: 100 fine or 20 coarse; "
+    "tff_stackoverflow: its most frequent tags, default 500; default: from the labels).",
     lower_bound=2,
 )
 flags.DEFINE_integer("rounds", 50, "Communication rounds.", lower_bound=1)

@@ -8,7 +8,8 @@ Two kinds of data, one rule (a digest that changes when an example changes):
   less than the loading it guards (docs/reproducibility.md measures it). A file above
   `FULL_HASH_LIMIT` is not hashed whole (`file_digest`); a lazy dataset whose population is
   one large file (10^6 clients in a SQLite file) gets the same bounded cost.
-  A file read lazily (`--dataset=tff_sql`) gets `sampled_digest`: its size and sampled pages.
+  A file read lazily (`--dataset=tff_sql`, `tff_stackoverflow` without `--num_clients`) gets
+  `sampled_digest`: its size and sampled pages.
 * data held in memory (the Python API's arrays): `arrays_digest`, every client's examples;
   the API's lazily read `ClientData` their source's fingerprint (`ClientSource.fingerprint`).
 
