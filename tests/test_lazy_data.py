@@ -294,6 +294,14 @@ def test_clients_read_together_equal_clients_read_one_by_one(
     # the cached ones are not read again
     together.arrays_of("train", clients)
     assert len(read_together) == 2 and alone == []
+    # a client asked for twice, in two queries, has its examples once
+    reader = sql_clients.SqlClients(
+        population_file, sql_clients.vector_records, {"train": "train", "test": "test"}
+    )
+    asked = ["c01", "c02", "c03", "c04", "c05", "c01"]
+    for (x, y), client in zip(reader.read_many("test", asked), asked):
+        np.testing.assert_array_equal(x, reader.read("test", client)[0])
+        np.testing.assert_array_equal(y, reader.read("test", client)[1])
 
 
 def test_reading_together_never_evicts_a_client_before_its_use(population_file: str) -> None:

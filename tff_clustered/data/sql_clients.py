@@ -154,8 +154,9 @@ class SqlClients:
         each record on its own), split per client: each client's examples in the order of
         their rows. Raises when any record cannot be parsed."""
         records: dict[str, list[bytes]] = {c: [] for c in clients}
-        for begin in range(0, len(clients), IDS_PER_QUERY):
-            ids = list(clients[begin : begin + IDS_PER_QUERY])
+        unique = list(records)
+        for begin in range(0, len(unique), IDS_PER_QUERY):
+            ids = unique[begin : begin + IDS_PER_QUERY]
             query = CLIENTS_QUERY.format(", ".join("?" * len(ids)))
             for client, blob in self.connection().execute(query, (self.splits[split], *ids)):
                 records[str(client)].append(blob)
