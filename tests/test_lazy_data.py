@@ -257,3 +257,102 @@ def test_compact_counts_behave_as_the_dicts_they_replace() -> None:
         test["c"]
     assert only_in_one_split(train, test) == ["c"]
     assert only_in_one_split(dict(train), dict(test)) == ["c"]
+
+
+def counted_reads(data: FederatedData) -> tuple[list[str], list[list[str]]]:
+    """The clients `data`'s source reads one at a time from now on, and the lists of clients it
+    reads together (`read_many`)."""
+    source, alone, together = data.source, [], []
+    read, read_many = source.read, source.read_many
+    source.read = lambda split, client: alone.append(client) or read(split, client)
+    source.read_many = lambda split, ids: together.append(list(ids)) or read_many(split, ids)
+    return alone, together
+
+
+def test_clients_read_together_equal_clients_read_one_by_one(
+    population_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sql_clients, "IDS_PER_QUERY", 4)  # three queries for ten clients
+    one_by_one = load_dataset("tff_sql", data_dir=population_file, num_classes=CLASSES)
+    together = load_dataset("tff_sql", data_dir=population_file, num_classes=CLASSES)
+    alone, read_together = counted_reads(together)
+    clients = [f"c{i:02d}" for i in (17, 3, 0, 29, 3, 12, 8, 21, 5, 26, 14)]  # c03 twice
+    examples = population()
+    for split in ("train", "test"):
+        arrays = together.arrays_of(split, clients)
+        for client, a in zip(clients, arrays):
+            b = one_by_one.arrays(split, client)
+            for key in ("x", "y"):
+                assert (a[key].dtype, a[key].shape) == (b[key].dtype, b[key].shape)
+                np.testing.assert_array_equal(a[key], b[key])
+            np.testing.assert_array_equal(a["x"], examples[(split, client)][0])
+    # c00's train split is cached at start-up; every other client's split read once, together
+    assert alone == []
+    expected = [c for c in dict.fromkeys(clients) if c != "c00"]
+    assert read_together == [expected, list(dict.fromkeys(clients))]
+    assert together.source.reads == 1 + len(expected) + len(set(clients))
+    # the cached ones are not read again
+    together.arrays_of("train", clients)
+    assert len(read_together) == 2 and alone == []
+    # a client asked for twice, in two queries, has its examples once
+    reader = sql_clients.SqlClients(
+        population_file, sql_clients.vector_records, {"train": "train", "test": "test"}
+    )
+    asked = ["c01", "c02", "c03", "c04", "c05", "c01"]
+    for (x, y), client in zip(reader.read_many("test", asked), asked):
+        np.testing.assert_array_equal(x, reader.read("test", client)[0])
+        np.testing.assert_array_equal(y, reader.read("test", client)[1])
+
+
+def test_reading_together_never_evicts_a_client_before_its_use(population_file: str) -> None:
+    data = load_dataset("tff_sql", data_dir=population_file, num_classes=CLASSES)
+    alone, together = counted_reads(data)
+    data.source.cache_clients = 4
+    clients = [f"c{i:02d}" for i in range(1, 11)]  # more than the cache holds
+    arrays = data.arrays_of("train", clients)
+    assert [len(ids) for ids in together] == [4, 4, 2] and alone == []
+    assert data.source.reads == 1 + len(clients)  # none read twice
+    assert data.source.cached == 4
+    assert [len(a["y"]) for a in arrays] == [data.train_sizes[c] for c in clients]
+    # a round's cached clients are kept while its missing ones are read: c09 and c10 are the
+    # least recently used of the cache, ahead of c07 and c08
+    data.arrays("train", "c07")
+    data.arrays("train", "c08")
+    data.arrays_of("train", ["c09", "c11", "c10", "c12"])
+    assert together[-1] == ["c11", "c12"] and alone == []
+    # the bytes bound: one client's arrays are 5 to 7 examples of 4 + 1 values (100-140 bytes)
+    data.source.cache_clients, data.source.cache_bytes = 100, 300
+    clients = [f"c{i:02d}" for i in range(13, 19)]
+    data.arrays_of("test", clients)
+    assert together[-3:] == [clients[0:2], clients[2:4], clients[4:6]] and alone == []
+    assert data.source.reads == 1 + 12 + len(clients)
+
+
+def test_a_bad_client_read_with_others_is_named_as_when_read_alone(
+    population_file: str, tmp_path: object
+) -> None:
+    copy = damaged_copy(
+        population_file,
+        str(tmp_path),
+        "UPDATE examples SET serialized_example_proto = x'0a03ffffff' WHERE rowid = "
+        "(SELECT min(rowid) FROM examples WHERE client_id = 'c05' AND split_name = 'train')",
+    )
+    data = load_dataset("tff_sql", data_dir=copy, num_classes=CLASSES)
+    with pytest.raises(DataError, match=r"client 'c05' \(train\) in .*damaged.sqlite") as error:
+        data.arrays_of("train", ["c03", "c05", "c07"])
+    assert "\n" not in str(error.value)
+    assert data.arrays_of("train", ["c03", "c07"])  # the others read
+    copy = damaged_copy(
+        population_file,
+        str(tmp_path),
+        "UPDATE client_metadata SET num_examples = 9 WHERE "
+        "client_id = 'c06' AND split_name = 'test'",
+    )
+    data = load_dataset("tff_sql", data_dir=copy, num_classes=CLASSES)
+    alone, together = counted_reads(data)
+    with pytest.raises(DataError, match=r"client 'c06' \(test\).* 5 examples, but .* lists 9"):
+        data.arrays_of("test", ["c02", "c06", "c04"])
+    assert together == [["c02", "c06", "c04"]] and alone == []  # checked as read together
+    data = load_dataset("tff_sql", data_dir=population_file, num_classes=2)  # c00's labels: 0, 1
+    with pytest.raises(DataError, match=r"client 'c01' \(train\).*label 2 is outside the model"):
+        data.arrays_of("train", ["c02", "c01"])

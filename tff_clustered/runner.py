@@ -288,9 +288,9 @@ def write_outputs(
 
 def label_counts(data: FederatedData, client_ids: Sequence[str]) -> np.ndarray:
     """Training examples per class at each of `client_ids`, (clients, classes): only those
-    clients' examples are read (`FederatedData.arrays`, lazily for a lazy source)."""
+    clients' examples are read (`FederatedData.arrays_of`, lazily for a lazy source)."""
     counts = np.zeros((len(client_ids), data.num_classes), np.int64)
-    for i, client in enumerate(client_ids):
-        labels = np.asarray(data.arrays("train", client)["y"]).astype(np.int64).ravel()
+    for i, arrays in enumerate(data.arrays_of("train", client_ids)):
+        labels = np.asarray(arrays["y"]).astype(np.int64).ravel()
         counts[i] = np.bincount(labels, minlength=data.num_classes)[: data.num_classes]
     return counts

@@ -5,9 +5,12 @@ small table, e.g. TFF's `client_metadata`) and a reader of one client's examples
 client's examples are read and validated at their first use, with the errors the in-memory
 path gives (`federated_data.checked_client`, naming the client), and kept in a bounded
 least-recently-used cache: a population of 10^6 clients costs the memory of the clients a
-round touches, not of the population. `federated_data(source)` wraps it as the runs'
-`FederatedData`, whose `arrays(split, client)` reads through the cache and whose `train` and
-`test` are `ClientData` over the same reader.
+round touches, not of the population. A source that can read several clients at once
+(`read_many`, e.g. one SQL query and one parse for them all) reads the clients of a round that
+are not cached together (`LazyClients.arrays_of`), with the same validation and errors.
+`federated_data(source)` wraps it as the runs' `FederatedData`, whose `arrays(split, client)`
+and `arrays_of(split, clients)` read through the cache and whose `train` and `test` are
+`ClientData` over the same reader.
 """
 
 from __future__ import annotations
@@ -37,17 +40,20 @@ CACHE_BYTES = 256 << 20
 
 # One client's raw examples of a split: (split, client id) -> (x, y) before validation.
 ClientReader = Callable[[str, str], ClientArrays]
+# Several clients' raw examples of a split at once, in the order of the ids given, each as
+# `ClientReader` gives it; raises when any of them cannot be read.
+ClientsReader = Callable[[str, Sequence[str]], list[ClientArrays]]
 
 
 @dataclasses.dataclass
 class LazyClients:
-    """A population read one client at a time. `read(split, client)` returns the client's raw
-    `(x, y)`; `sizes[split][client]` its number of examples (a client whose examples do not
-    number that many is refused at its read: the sizes weight the averages); `where` names the
-    source in errors; `digest` fingerprints the source cheaply (a checkpoint resumes only on
-    the same data). Examples are checked at first read against `input_shape`, `num_classes`
-    and `vocabulary_size`, and cached within `cache_clients` client splits and `cache_bytes`
-    bytes."""
+    """A population read by client. `read(split, client)` returns the client's raw `(x, y)`,
+    `read_many(split, clients)` (optional) several clients' at once; `sizes[split][client]`
+    its number of examples (a client whose examples do not number that many is refused at its
+    read: the sizes weight the averages); `where` names the source in errors; `digest`
+    fingerprints the source cheaply (a checkpoint resumes only on the same data). Examples
+    are checked at first read against `input_shape`, `num_classes` and `vocabulary_size`, and
+    cached within `cache_clients` client splits and `cache_bytes` bytes."""
 
     client_ids: Sequence[str]
     sizes: Optional[Mapping[str, Mapping[str, int]]]  # None: counted at each client's read
@@ -57,6 +63,7 @@ class LazyClients:
     where: str = ""
     input_shape: Optional[tuple[int, ...]] = None  # None: the first client read sets it
     vocabulary_size: Optional[int] = None
+    read_many: Optional[ClientsReader] = None  # None: clients are read one at a time
     cache_clients: int = CACHE_CLIENTS
     cache_bytes: int = CACHE_BYTES
     reads: int = 0  # clients' splits read from the source so far (a cache miss each)
@@ -72,16 +79,85 @@ class LazyClients:
             return self._cache[key]
         if client_id not in self.split_sizes(split):
             raise KeyError(client_id)
-        context = f"client {client_id!r} ({split}){f' in {self.where}' if self.where else ''}"
         try:
             x, y = self.read(split, client_id)
         except DataError:
             raise
         except Exception as e:  # a damaged row or page: sqlite3, TF's parser
             raise DataError(
-                f"{context}: its examples cannot be read ({type(e).__name__}: "
-                f"{first_line(e)[:200]}); regenerate the file"
+                f"{self._context(split, client_id)}: its examples cannot be read "
+                f"({type(e).__name__}: {first_line(e)[:200]}); regenerate the file"
             ) from None
+        return self._keep(split, client_id, x, y)
+
+    def arrays_of(self, split: str, client_ids: Sequence[str]) -> list[ClientArrayDict]:
+        """The validated examples of each of `client_ids` (`arrays`), those not in the cache
+        read together (`prefetch`), in runs of clients the cache holds together."""
+        arrays: list[ClientArrayDict] = []
+        begin = 0
+        while begin < len(client_ids):
+            end = begin + self.prefetch(split, client_ids[begin:])
+            arrays += [self.arrays(split, c) for c in client_ids[begin:end]]
+            begin = end
+        return arrays
+
+    def prefetch(self, split: str, client_ids: Sequence[str]) -> int:
+        """Reads the clients of `client_ids` not in the cache together (`read_many`: one query
+        and one parse for them all instead of one each) and caches them, each validated as
+        its own read (`arrays`) validates it, with the same errors naming the client. Only the
+        leading clients that the cache holds together (`held_together`) are read, the cached
+        ones among them made the most recent first, so that none of them is evicted before
+        it is used: returns how many leading clients that is (prefetch the rest once these
+        are used). Reads nothing without `read_many`, or when the clients cannot be read
+        together (a damaged row or record): each client is then read at its use, whose error
+        names it."""
+        count = self.held_together(split, client_ids)
+        if self.read_many is None:
+            return count
+        listed = self.split_sizes(split)
+        missing: list[str] = []
+        for client in dict.fromkeys(client_ids[:count]):
+            if (split, client) in self._cache:
+                self._cache.move_to_end((split, client))
+            elif client in listed:
+                missing.append(client)
+        if missing:
+            try:
+                raw = self.read_many(split, missing)
+            except Exception:  # which client is damaged only its own read tells
+                return count
+            for client, (x, y) in zip(missing, raw):
+                self._keep(split, client, x, y)
+        return count
+
+    def held_together(self, split: str, client_ids: Sequence[str]) -> int:
+        """How many leading clients of `client_ids` (at least one) fit the cache's bounds
+        together: at most `cache_clients` different clients and `cache_bytes` bytes of their
+        arrays (float32 inputs and int32 labels, known from the listed sizes; the client bound
+        alone where sizes are counted at read or the input shape is not known yet)."""
+        per_example = 0
+        if self.sizes is not None and self.input_shape is not None:
+            per_example = 4 * (int(np.prod(self.input_shape)) + 1)
+        listed = self.split_sizes(split)
+        seen: set[str] = set()
+        size = 0
+        for i, client in enumerate(client_ids):
+            if client in seen:
+                continue
+            seen.add(client)
+            if per_example and client in listed:
+                size += listed[client] * per_example
+            if i > 0 and (len(seen) > self.cache_clients or size > self.cache_bytes):
+                return i
+        return len(client_ids)
+
+    def _context(self, split: str, client_id: str) -> str:
+        return f"client {client_id!r} ({split}){f' in {self.where}' if self.where else ''}"
+
+    def _keep(self, split: str, client_id: str, x: np.ndarray, y: np.ndarray) -> ClientArrayDict:
+        """The client's raw examples validated (`example_arrays`, the listed size,
+        `checked_client`), cached (the least recently used evicted beyond the bounds)."""
+        context = self._context(split, client_id)
         x, y = example_arrays(context, x, y)
         expected = len(y) if self.sizes is None else self.sizes[split][client_id]
         if len(y) != expected:
@@ -95,7 +171,7 @@ class LazyClients:
             context, x, y, self.input_shape, self.num_classes, self.vocabulary_size
         )
         self.reads += 1
-        self._cache[key] = arrays
+        self._cache[(split, client_id)] = arrays
         self._cached_bytes += cached_bytes(arrays)
         while len(self._cache) > 1 and (
             len(self._cache) > self.cache_clients or self._cached_bytes > self.cache_bytes

@@ -42,6 +42,8 @@ class ClientSource(Protocol):
 
     def arrays(self, split: str, client_id: str) -> ClientArrayDict: ...
 
+    def arrays_of(self, split: str, client_ids: Sequence[str]) -> list[ClientArrayDict]: ...
+
     def fingerprint(self) -> str: ...
 
 
@@ -91,6 +93,13 @@ class FederatedData:
         if self.source is not None:
             return self.source.arrays(split, client_id)
         return (self.train_arrays if split == "train" else self.test_arrays)[client_id]
+
+    def arrays_of(self, split: str, client_ids: Sequence[str]) -> list[ClientArrayDict]:
+        """Each of `client_ids`' examples of `split` as arrays (`arrays`; a lazy source reads
+        the ones it has not cached together)."""
+        if self.source is not None:
+            return self.source.arrays_of(split, client_ids)
+        return [self.arrays(split, c) for c in client_ids]
 
 
 def from_arrays(

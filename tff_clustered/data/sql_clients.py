@@ -6,9 +6,10 @@ TFF's format (`tff.simulation.datasets.save_to_sql_client_data`, `SqlClientData`
 a table `client_metadata(client_id, split_name, num_examples)`. The client ids and sizes come
 from `client_metadata` in one query at start; a client's examples are fetched by one query
 when the run first needs them (`SqlClients.read`), in the order of their rows, and parsed by
-the dataset's parser. Without an index of `examples` on `client_id` each fetch scans the table:
-`save_population` writes one, and a file without it gets a warning naming the statement that
-adds it.
+the dataset's parser; the clients of a round not cached yet are fetched and parsed together
+(`SqlClients.read_many`). Without an index of `examples` on `client_id` each fetch scans the
+table: `save_population` writes one, and a file without it gets a warning naming the
+statement that adds it.
 
 `save_to_sql_client_data` writes each client into one split, so a population whose clients
 have a train and a test split is written by `save_population` (TFF's writer for each split,
@@ -46,6 +47,12 @@ CLIENT_QUERY = (
     "SELECT serialized_example_proto FROM examples WHERE client_id = ? AND split_name = ? "
     "ORDER BY rowid"
 )
+# Several clients' records: CLIENT_QUERY for the ids filling the IN list.
+CLIENTS_QUERY = (
+    "SELECT client_id, serialized_example_proto FROM examples WHERE split_name = ? AND "
+    "client_id IN ({}) ORDER BY rowid"
+)
+IDS_PER_QUERY = 500  # SQLite before 3.32 binds at most 999 parameters to a statement
 # Parses one client's serialized records into raw (x, y).
 RecordParser = Callable[[list[bytes]], ClientArrays]
 
@@ -141,6 +148,27 @@ class SqlClients:
         """The client's raw `(x, y)` of `split`, parsed from its records."""
         return self.parse(self.records(split, client))
 
+    def read_many(self, split: str, clients: Sequence[str]) -> list[ClientArrays]:
+        """Each of `clients`' raw `(x, y)` of `split`, as `read` gives it, in one query per
+        `IDS_PER_QUERY` clients and one call of the parser for all records (a parser parses
+        each record on its own), split per client: each client's examples in the order of
+        their rows. Raises when any record cannot be parsed."""
+        records: dict[str, list[bytes]] = {c: [] for c in clients}
+        unique = list(records)
+        for begin in range(0, len(unique), IDS_PER_QUERY):
+            ids = unique[begin : begin + IDS_PER_QUERY]
+            query = CLIENTS_QUERY.format(", ".join("?" * len(ids)))
+            for client, blob in self.connection().execute(query, (self.splits[split], *ids)):
+                records[str(client)].append(blob)
+        x, y = self.parse([blob for c in clients for blob in records[c]])
+        ends = np.cumsum([len(records[c]) for c in clients])
+        return [
+            (x[end - len(records[c]) : end].copy(), y[end - len(records[c]) : end].copy())
+            if records[c]
+            else self.parse([])
+            for c, end in zip(clients, ends.tolist())
+        ]
+
     def lazy(
         self,
         num_classes: int,
@@ -155,6 +183,7 @@ class SqlClients:
             client_ids=list(clients) if clients is not None else list(sizes["train"]),
             sizes=sizes,
             read=self.read,
+            read_many=self.read_many,
             num_classes=num_classes,
             digest=lambda: sampled_digest(self.path),
             where=self.path,

@@ -200,15 +200,14 @@ class RoundCalls:
         )
         seeds = self.seeds(request.round_num, client_ids, training.stream)
         on_worker, sizes = self.rounds_cache.worker_data, self.data.train_sizes
+        examples = (  # read by the worker, or here (the ones not cached read together)
+            [on_worker.reference(c, sizes[c]) for c in client_ids]
+            if on_worker
+            else self.data.arrays_of("train", client_ids)
+        )
         clients = [
-            client_input(
-                on_worker.reference(c, sizes[c]) if on_worker else self.data.arrays("train", c),
-                key,
-                store.variables(c, store_in) if store else (),
-                scalar,
-                seed,
-            )
-            for c, key, scalar, seed in zip(client_ids, request.keys, scalars, seeds)
+            client_input(a, key, store.variables(c, store_in) if store else (), scalar, seed)
+            for c, a, key, scalar, seed in zip(client_ids, examples, request.keys, scalars, seeds)
         ]
         new_state, outputs, measurements = fed_round.next(server_state, clients, hparams)
         new_models = flat.stacked_to_matrix(new_state["cluster_models"])[:num_clusters]
@@ -249,12 +248,10 @@ class RoundCalls:
         batch_size = np.int64(evaluation_batch_size(self.config.batch_size))
         results: ClientResults = {}
         for begin in range(0, max(len(client_ids), 1), CLIENTS_PER_SCORE_CALL):
-            ids = client_ids[begin : begin + CLIENTS_PER_SCORE_CALL]
+            ids, call_keys = (v[begin : begin + CLIENTS_PER_SCORE_CALL] for v in (client_ids, keys))
             inputs = [
-                evaluation_input(
-                    self.data.arrays(split, c), k, store.variables(c, store_in) if store_in else ()
-                )
-                for c, k in zip(ids, keys[begin : begin + CLIENTS_PER_SCORE_CALL])
+                evaluation_input(a, k, store.variables(c, store_in) if store_in else ())
+                for c, a, k in zip(ids, self.data.arrays_of(split, ids), call_keys)
             ]
             scored = fed_round.evaluate(stacked, inputs, batch_size)
             results.update({c: {k: float(v) for k, v in r.items()} for c, r in zip(ids, scored)})
@@ -331,7 +328,7 @@ class RoundCalls:
         kept = self._kept_split(split)
         if kept is not None and kept.holds(client_ids):
             return kept.rows(client_ids)
-        arrays = [self.data.arrays(split, c) for c in client_ids]
+        arrays = self.data.arrays_of(split, client_ids)
         x, y = (np.concatenate([a[name] for a in arrays]) for name in ("x", "y"))
         sizes = [len(a["y"]) for a in arrays]
         return PooledRows(
@@ -357,7 +354,7 @@ class RoundCalls:
         sizes = [int(split_sizes[c]) for c in ids]
         if sum(sizes) * self.example_bytes > POOLED_SPLIT_MAX_BYTES:
             return None
-        arrays = [self.data.arrays(split, c) for c in ids]
+        arrays = self.data.arrays_of(split, ids)
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int)
         x, y = (np.concatenate([a[name] for a in arrays]) for name in ("x", "y"))
         return PooledSplit(
