@@ -15,6 +15,7 @@ import tensorflow_federated as tff
 
 import tff_clustered
 from tff_clustered.data import DataError, FederatedData, load_dataset, sql_clients
+from tff_clustered.data.client_source import LazyClients
 from tff_clustered.data.given_clients import federated_data
 from tff_clustered.data.registry import source_fingerprint
 from tff_clustered.data.tff_datasets import emnist_parsing
@@ -356,3 +357,31 @@ def test_a_bad_client_read_with_others_is_named_as_when_read_alone(
     data = load_dataset("tff_sql", data_dir=population_file, num_classes=2)  # c00's labels: 0, 1
     with pytest.raises(DataError, match=r"client 'c01' \(train\).*label 2 is outside the model"):
         data.arrays_of("train", ["c02", "c01"])
+
+
+def test_reading_together_refuses_a_parser_that_is_not_one_example_per_record(
+    population_file: str,
+) -> None:
+    """`read_many` splits one parse by each client's record count: a parser that drops
+    records (e.g. Stack Overflow's posts without a top tag) would hand one client's examples
+    to another, so it is refused, and the lazy source then reads each client alone."""
+
+    def every_other(blobs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        x, y = sql_clients.vector_records(blobs)
+        return x[::2], y[::2]
+
+    reader = sql_clients.SqlClients(
+        population_file, every_other, {"train": "train", "test": "test"}
+    )
+    with pytest.raises(ValueError, match="one example per record"):
+        reader.read_many("train", ["c01", "c02"])
+    source = LazyClients(
+        client_ids=[f"c{i:02d}" for i in range(NUM_CLIENTS)],
+        sizes=None,
+        read=reader.read,
+        read_many=reader.read_many,
+        num_classes=CLASSES,
+        digest=lambda: "",
+    )
+    for client, arrays in zip(["c01", "c02"], source.arrays_of("train", ["c01", "c02"])):
+        np.testing.assert_array_equal(arrays["x"], reader.read("train", client)[0])

@@ -162,6 +162,11 @@ class SqlClients:
                 records[str(client)].append(blob)
         x, y = self.parse([blob for c in clients for blob in records[c]])
         ends = np.cumsum([len(records[c]) for c in clients])
+        if len(y) != (ends[-1] if len(ends) else 0):  # a parser that drops or adds examples
+            raise ValueError(
+                f"{self.path}: the parser gave {len(y)} examples for {ends[-1]} records; "
+                "read_many needs one example per record (read these clients one at a time)"
+            )
         return [
             (x[end - len(records[c]) : end].copy(), y[end - len(records[c]) : end].copy())
             if records[c]
