@@ -354,6 +354,22 @@ def test_a_checkpoint_older_than_a_setting_resumes_at_the_value_its_run_had(
         checkpoint.load(path, {**now, "training": {"rounds": 4, "eval_clients": 0}})
 
 
+def test_a_checkpoint_older_than_client_sampling_resumes_with_fixed_sampling(
+    tmp_path: Path,
+) -> None:
+    """`training.client_sampling` came after checkpoints that lack it: their runs drew a fixed
+    number of clients, so they resume with "fixed" and are refused, naming it, with "poisson"."""
+    path = str(tmp_path / CHECKPOINT_NAME)
+    checkpoint.save(path, state(None), {"algorithm": "fedavg", "training": {"rounds": 3}})
+    now = {"algorithm": "fedavg", "training": {"rounds": 3, "client_sampling": "fixed"}}
+    assert checkpoint.load(path, now) is not None
+    poisson = {"algorithm": "fedavg", "training": {"rounds": 3, "client_sampling": "poisson"}}
+    with pytest.raises(
+        CheckpointError, match="client_sampling: checkpoint \\(none\\), now 'poisson'"
+    ):
+        checkpoint.load(path, poisson)
+
+
 def test_a_population_s_assignment_is_kept_as_two_arrays_and_read_back_exactly(
     tmp_path: Path,
 ) -> None:

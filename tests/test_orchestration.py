@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -19,7 +20,9 @@ from tff_clustered.algorithms.base import (
 )
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated import client_work
+from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.privacy import sampled_positions
 from tff_clustered.loop.state import DivergenceError, check_finite
 from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment
@@ -79,6 +82,47 @@ def test_sampling_is_a_function_of_seed_and_round() -> None:
     assert any(experiment.sample_clients(r) != experiment.sample_clients(7) for r in range(1, 7))
 
 
+def test_a_poisson_round_without_clients_trains_nothing_and_changes_nothing() -> None:
+    """--client_sampling=poisson with q = 1/12: seed 5 draws no client in round 3 (the draw is
+    checked first). That round's row says so with the columns of any other, and the models,
+    the server optimizer's state and the assignment after it are bit for bit those before it,
+    while the rounds around it train. Each round's clients are `sampled_positions`' draw, for
+    either sampling."""
+    assert [len(sampled_positions("poisson", 12, 1, 5, r)) for r in (1, 2, 3, 4)] == [1, 1, 0, 3]
+    sgdm = ServerOptimizer("sgdm", learning_rate=1.0, momentum=0.9)
+    config = TrainingConfig(
+        rounds=4, clients_per_round=1, learning_rate=0.1, seed=5, client_sampling="poisson",
+        server_optimizer=sgdm,
+    )  # fmt: skip
+    data = load_digits_clusters(num_clients=12, num_groups=2, seed=5)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
+    experiment = Experiment(data, model, make_algorithm("fedavg"), config, execution=EXECUTION)
+    experiment.start()
+    after = []
+    for _ in experiment.rounds():
+        state = experiment.state
+        optimizer = {k: v.copy() for k, v in (state.server_optimizer_state or {}).items()}
+        after.append((state.cluster_models.copy(), optimizer, dict(state.assignment)))
+    history = experiment.state.history
+    assert [row["num_sampled"] for row in history[1:]] == [1, 1, 0, 3]
+    assert math.isnan(history[3]["train_loss"]) and history[3]["floats_communicated"] == 0
+    assert set(history[3]) == set(history[2])
+    models, optimizer, assignment = after[3]
+    np.testing.assert_array_equal(models, after[2][0])
+    assert optimizer.keys() == after[2][1].keys() and len(optimizer) > 0
+    for key, value in optimizer.items():
+        np.testing.assert_array_equal(value, after[2][1][key])
+    assert assignment == after[2][2]
+    assert not np.array_equal(after[2][0], after[1][0])
+    assert not np.array_equal(after[4][0], after[3][0])
+    ids = list(data.client_ids)
+    for sampling in ("poisson", "fixed"):
+        experiment.config = dataclasses.replace(config, client_sampling=sampling)
+        for r in (1, 3, 4):
+            drawn = sampled_positions(sampling, 12, 1, 5, r)
+            assert experiment.sample_clients(r) == [ids[i] for i in drawn]
+
+
 def test_learning_rate_schedules() -> None:
     exp = TrainingConfig(learning_rate=0.1, lr_schedule="exponential", lr_decay=0.5)
     assert [exp.learning_rate_at(r) for r in (1, 2, 3)] == [0.1, 0.05, 0.025]
@@ -96,6 +140,7 @@ def test_learning_rate_schedules() -> None:
         ("learning_rate", math.nan, "learning_rate"),
         ("lr_schedule", "warm", "lr_schedule"),
         ("momentum", 1.0, "momentum"),
+        ("client_sampling", "bernoulli", "client_sampling"),
     ],
 )
 def test_invalid_training_config_is_refused(field: str, value: object, message: str) -> None:

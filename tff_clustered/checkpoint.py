@@ -200,7 +200,7 @@ def load(
 # Settings added after checkpoints were made without them, with the value such a checkpoint's
 # run had (flat keys, as `_flat_settings` writes them): its run resumes when the setting is
 # left at that value.
-ADDED_SETTINGS = {"training.eval_clients": 0}
+ADDED_SETTINGS = {"training.eval_clients": 0, "training.client_sampling": "fixed"}
 
 
 def same_settings(saved: dict[str, Any], now: dict[str, Any]) -> bool:

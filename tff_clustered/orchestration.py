@@ -37,9 +37,10 @@ from tff_clustered.federated.round import FederatedRound
 from tff_clustered.federated.signature import ModelLayout, RoundSignature
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.evaluation import Evaluator
+from tff_clustered.loop.privacy import sampled_positions
 from tff_clustered.loop.queries import ServerQueries
 from tff_clustered.loop.round_calls import LocalTraining, RoundCalls, TrainRequest
-from tff_clustered.loop.round_step import RoundOutcome, RoundStep
+from tff_clustered.loop.round_step import RoundOutcome, RoundStep, empty_round_row
 from tff_clustered.loop.state import (
     RunState,
     apply_decision,
@@ -51,7 +52,7 @@ from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec, initial_weights
 from tff_clustered.models.split import classifier_layers, trainable_layer_sizes
 from tff_clustered.phases import PhaseTimer, Stopwatch
-from tff_clustered.seeds import SAMPLING, derived_seed
+from tff_clustered.seeds import derived_seed
 
 # A function of the run, the server after a round and the round's result -> extra metrics.
 RoundMetric = Callable[[RunInfo, ServerView, RoundResult], dict]
@@ -264,20 +265,25 @@ class Experiment:
         return self.calls.rounds_cache.get(self.signature())
 
     def sample_clients(self, round_num: int) -> list[str]:
-        """`clients_per_round` of the eligible clients (all of them if fewer)."""
+        """The round's clients among the eligible ones, as `config.client_sampling` draws them
+        (`loop.privacy.sampled_positions`): `clients_per_round` of them (all if fewer), or each
+        with probability clients_per_round / eligible."""
         view = dataclasses.replace(self.view(), round_num=round_num - 1)
         ids = self.algorithm.eligible(self.run, view)  # indexed as it is: no copy per round
         if not isinstance(ids, Sequence):
             ids = list(ids)
-        rng = np.random.default_rng(derived_seed(self.config.seed, SAMPLING, round_num))
-        count = min(self.config.clients_per_round, len(ids))
-        chosen = np.sort(rng.choice(len(ids), count, replace=False))
+        config = self.config
+        chosen = sampled_positions(
+            config.client_sampling, len(ids), config.clients_per_round, config.seed, round_num
+        )
         return [ids[i] for i in chosen]
 
     def train_round(self, round_num: int) -> dict[str, Any]:
         """Sample, plan, run the federated round (the server optimizer's step included),
         decide, record: one row."""
         client_ids = self.sample_clients(round_num)
+        if not client_ids:  # possible with Poisson sampling: nothing trains, nothing changes
+            return empty_round_row(self.config.learning_rate_at(round_num), self.num_clusters)
         with Stopwatch() as planning:
             plan = self.algorithm.plan(self.run, self.view(), client_ids, self.queries)
             before = self.apply(plan.decision)

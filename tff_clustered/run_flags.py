@@ -21,6 +21,7 @@ from tff_clustered.client_store import CLIENT_STORES
 from tff_clustered.data import DATASET_NAMES, DataError, DataSpec
 from tff_clustered.federated.server_optimizers import SERVER_OPTIMIZERS, ServerOptimizer
 from tff_clustered.loop.config import LR_SCHEDULES, TrainingConfig
+from tff_clustered.loop.privacy import SAMPLINGS
 from tff_clustered.models import MODEL_NAMES
 from tff_clustered.run_spec import ModelChoice, RunSpec
 from tff_clustered.runtime import CLIENT_DATA, RuntimeConfig, WorkerLostError
@@ -61,6 +62,15 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_integer("rounds", 50, "Communication rounds.", lower_bound=1)
 flags.DEFINE_integer("clients_per_round", 10, "Clients sampled per round.", lower_bound=1)
+flags.DEFINE_enum(
+    "client_sampling",
+    "fixed",
+    list(SAMPLINGS),
+    "How each round's clients are drawn from the eligible ones: fixed (exactly "
+    "--clients_per_round, uniformly without replacement) or poisson (each independently with "
+    "probability clients_per_round / eligible clients; a round may have none). "
+    "docs/privacy.md gives each one's privacy accounting.",
+)
 flags.DEFINE_integer("local_epochs", 5, "Local epochs per round.", lower_bound=1)
 flags.DEFINE_integer(
     "local_steps",
@@ -205,6 +215,7 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
         training=TrainingConfig(
             rounds=FLAGS.rounds,
             clients_per_round=FLAGS.clients_per_round,
+            client_sampling=FLAGS.client_sampling,
             local_epochs=FLAGS.local_epochs,
             local_steps=FLAGS.local_steps,
             batch_size=FLAGS.batch_size,

@@ -1,5 +1,5 @@
-"""A run's training settings: rounds, sampling, local training, learning-rate schedule,
-evaluation, the divergence policy and the server optimizer."""
+"""A run's training settings: rounds, client sampling, local training, learning-rate
+schedule, evaluation, the divergence policy and the server optimizer."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 from collections.abc import Sequence
 
 from tff_clustered.federated.server_optimizers import ServerOptimizer
+from tff_clustered.loop.privacy import SAMPLINGS
 from tff_clustered.options import checked_fields
 from tff_clustered.seeds import EVAL_SAMPLE, rng_for
 
@@ -41,6 +42,10 @@ class TrainingConfig:
     # What the server does with each cluster's mean update (`federated.server_optimizers`):
     # add it (FedAvg), or an optimizer step with it as the negative gradient (FedAvgM, FedAdam).
     server_optimizer: ServerOptimizer = ServerOptimizer()
+    # How each round's clients are drawn from the eligible ones (`loop.privacy`): "fixed",
+    # exactly `clients_per_round` without replacement; "poisson", each independently with
+    # probability clients_per_round / eligible (a round may then have none).
+    client_sampling: str = "fixed"
 
     def __post_init__(self) -> None:
         # Types first (a bool, a whole float or a string of digits is not an int), as the
@@ -65,6 +70,7 @@ class TrainingConfig:
             (self.fine_tune_steps >= 0, "fine_tune_steps must be >= 0 (0: no fine-tuned kind)"),
             (self.seed >= 0, "seed must be >= 0"),
             (0 <= self.max_diverged_fraction <= 1, "max_diverged_fraction must be in [0, 1]"),
+            (self.client_sampling in SAMPLINGS, f"client_sampling must be one of {SAMPLINGS}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -6,9 +6,10 @@ caller's to keep (`orchestration.Experiment.train_round`)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -83,6 +84,23 @@ class RoundStep:
             len(finite),
             time.perf_counter() - started,
         )
+
+
+def empty_round_row(learning_rate: float, num_clusters: int) -> dict[str, Any]:
+    """The row of a round that sampled no client (Poisson sampling may): the algorithm is not
+    asked, nothing trains or is sent, no model, state or assignment changes, and the training
+    loss is NaN (no example was seen)."""
+    return {
+        "learning_rate": learning_rate,
+        "train_loss": math.nan,
+        "num_sampled": 0,
+        "dropped_clients": 0,
+        "train_seconds": 0.0,
+        "server_seconds": 0.0,
+        "floats_communicated": 0,
+        "clients_changed_cluster": 0,
+        **{f"sampled_cluster_{k}": 0 for k in range(num_clusters)},
+    }
 
 
 def round_result(

@@ -145,9 +145,9 @@ def check_diverged_clients(
     max_fraction: float,
 ) -> list[int]:
     """The indices of the clients whose update is finite; stops the run when none is, or when
-    more than `max_fraction` of them are not."""
+    more than `max_fraction` of them are not. A round of no client has not diverged."""
     dropped = [c for c, ok in zip(client_ids, finite) if not ok]
-    if not finite.any() or len(dropped) > max_fraction * len(finite):
+    if len(finite) and (not finite.any() or len(dropped) > max_fraction * len(finite)):
         raise DivergenceError(
             f"round {round_num}: the updates of {len(dropped)} of {len(finite)} sampled "
             f"clients have NaN or infinite values ({', '.join(dropped)}); learning rate "
