@@ -140,11 +140,34 @@ def in_process_round(
         return add_to_cluster(sums, shared_delta, cluster_weight), total_weight + cluster_weight
 
     def evaluate_client(
-        cluster_models: tuple, data: dict, key: tf.Tensor, stored: tuple, batch_size: tf.Tensor
+        cluster_models: tuple,
+        data: dict,
+        key: tf.Tensor,
+        stored: tuple,
+        batch_size: tf.Tensor,
+        size: Optional[tf.Tensor] = None,
     ) -> dict:
-        return fns.client_evaluate(
-            fns.distributor.select_shared(cluster_models, key[0]), stored, data, batch_size
-        )
+        """One client's scores with its key's cluster row joined with its stored variables
+        (`size`: see `train_stacked`)."""
+        selected = fns.distributor.select_shared(cluster_models, key[0])
+        return fns.client_evaluate(selected, stored, data, batch_size, size)
+
+    def evaluate_stacked(
+        cluster_models: tuple,
+        data: dict,
+        keys: tf.Tensor,
+        stored: tuple,
+        batch_size: tf.Tensor,
+        sizes: Optional[tf.Tensor] = None,
+    ) -> dict:
+        """`evaluate_client` for clients stacked along a leading axis, vectorised, padded and
+        masked with `sizes` as `train_stacked` is."""
+
+        def one(client: tuple) -> dict:
+            return evaluate_client(cluster_models, *client[:3], batch_size, *client[3:])
+
+        padding = () if sizes is None else (sizes,)
+        return tf.vectorized_map(one, (data, keys, stored) + padding, fallback_to_while_loop=True)
 
     train_client_graph = graphs.GraphFunction(
         train_client,
@@ -214,6 +237,21 @@ def in_process_round(
         ],
         device,
     )
+    vectorise_evaluation = vectorise and graphs.vectorisable(evaluate_client_graph.graph)
+
+    @functools.cache
+    def evaluate_stacked_graph(padded: bool = False) -> graphs.GraphFunction:
+        """`evaluate_stacked`, taking the clients' sizes last when `padded`."""
+        sizes = [tf.TensorSpec([None], tf.int64)] if padded else []
+        specs = [
+            fns.cluster_models_spec,
+            stacked(fns.data_spec),
+            stacked(fns.key_spec),
+            stacked(fns.store_in_spec),
+            tf.TensorSpec([], tf.int64),
+            *sizes,
+        ]
+        return graphs.GraphFunction(evaluate_stacked, specs, device)
 
     def server_state(
         cluster_models: tuple, anchor: tuple, optimizer: dict
@@ -295,16 +333,47 @@ def in_process_round(
         return server_state(models, anchor, optimizer), outputs, measurements
 
     def evaluate(cluster_models: tuple, clients: Sequence[dict], batch_size: int) -> list:
-        """The TFF round's `evaluate`: each client's scores with its cluster's model."""
+        """The TFF round's `evaluate`: each client's scores with its cluster's model, grouped
+        as `next` groups its clients (one pass of ordered batches of `batch_size`)."""
         models = tuple(cluster_models)
+        sizes = [example_count(client["data"]) for client in clients]
+        one_pass = {"batch_size": batch_size, "epochs": 1, "max_steps": -1}
+        groups = client_groups(
+            sizes,
+            one_pass,
+            vectorise=vectorise_evaluation,
+            pad=pad_unequal_clients and fns.rows_independent,
+        )
 
-        def score(client: dict) -> dict:
-            return evaluate_client_graph(
-                models, client["data"], client["key"], tuple(client["stored"]), batch_size
-            )
+        def score_group(members: list[int]) -> list[dict]:
+            """The group's scores, one per member."""
+            if len(members) == 1:
+                client = clients[members[0]]
+                data, key, own = client["data"], client["key"], tuple(client["stored"])
+                return [evaluate_client_graph(models, data, key, own, batch_size)]
+            group_sizes = [sizes[i] for i in members]
+            keys = np.stack([clients[i]["key"] for i in members])
+            own = tuple(np.stack(v) for v in zip(*(clients[i]["stored"] for i in members)))
+            data = stacked_padded([clients[i]["data"] for i in members], max(group_sizes))
+            padded = min(group_sizes) < max(group_sizes)
+            sizes_in = [np.asarray(group_sizes, np.int64)] if padded else []
+            scored = evaluate_stacked_graph(padded)(models, data, keys, own, batch_size, *sizes_in)
+            return [
+                tf.nest.map_structure(lambda a, row=row: a[row], scored)
+                for row in range(len(members))
+            ]
 
+        for members in groups:  # built here, not by two threads at once
+            if len(members) > 1:
+                evaluate_stacked_graph(
+                    min(sizes[i] for i in members) < max(sizes[i] for i in members)
+                )
+        scores: list = [None] * len(clients)
         with concurrent.futures.ThreadPoolExecutor(parallel_clients) as pool:
-            return list(pool.map(score, clients))
+            for members, scored in zip(groups, pool.map(score_group, groups)):
+                for i, client_scores in zip(members, scored):
+                    scores[i] = client_scores
+        return scores
 
     return FederatedRound(
         initialize=initialize,
