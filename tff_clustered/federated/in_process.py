@@ -19,6 +19,9 @@ first GPU when it sees one. The round is the TFF round's, step for step:
 4. finalizer: `finalize_sums(cluster_models, sums, weights, optimizer_state)` (the mean
    update added, then the server optimizer's step).
 
+`evaluate` groups the clients it scores as step 2 does (one pass of ordered batches), each
+client with its key's cluster row joined with its own stored variables.
+
 Each function is traced once into a graph and run by a session (`GraphFunction`), as TFF's
 TensorFlow executor runs its computations.
 
