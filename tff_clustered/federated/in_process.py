@@ -19,8 +19,10 @@ first GPU when it sees one. The round is the TFF round's, step for step:
 4. finalizer: `finalize_sums(cluster_models, sums, weights, optimizer_state)` (the mean
    update added, then the server optimizer's step).
 
-`evaluate` groups the clients it scores as step 2 does (one pass of ordered batches), each
-client with its key's cluster row joined with its own stored variables.
+`evaluate` scores each client with its key's cluster row joined with its own stored
+variables, alone, in one looped call, or vectorised as step 2 groups clients, whichever is
+cheapest for the call (`in_process_scoring.py`); `evaluate_exactly` (decisions) scores each
+alone.
 
 Each function is traced once into a graph and run by a session (`GraphFunction`), as TFF's
 TensorFlow executor runs its computations.
@@ -45,6 +47,7 @@ from tff_clustered.federated import graphs
 from tff_clustered.federated.clustered_mean import add_to_cluster
 from tff_clustered.federated.graphs import check_device
 from tff_clustered.federated.grouping import client_groups, stacked_padded
+from tff_clustered.federated.in_process_scoring import ClientScoring
 from tff_clustered.federated.round import FederatedRound
 from tff_clustered.federated.round_functions import (
     RoundFunctions,
@@ -142,36 +145,6 @@ def in_process_round(
         """The aggregator's accumulate: one client's update into the per-cluster sums."""
         return add_to_cluster(sums, shared_delta, cluster_weight), total_weight + cluster_weight
 
-    def evaluate_client(
-        cluster_models: tuple,
-        data: dict,
-        key: tf.Tensor,
-        stored: tuple,
-        batch_size: tf.Tensor,
-        size: Optional[tf.Tensor] = None,
-    ) -> dict:
-        """One client's scores with its key's cluster row joined with its stored variables
-        (`size`: see `train_stacked`)."""
-        selected = fns.distributor.select_shared(cluster_models, key[0])
-        return fns.client_evaluate(selected, stored, data, batch_size, size)
-
-    def evaluate_stacked(
-        cluster_models: tuple,
-        data: dict,
-        keys: tf.Tensor,
-        stored: tuple,
-        batch_size: tf.Tensor,
-        sizes: Optional[tf.Tensor] = None,
-    ) -> dict:
-        """`evaluate_client` for clients stacked along a leading axis, vectorised, padded and
-        masked with `sizes` as `train_stacked` is."""
-
-        def one(client: tuple) -> dict:
-            return evaluate_client(cluster_models, *client[:3], batch_size, *client[3:])
-
-        padding = () if sizes is None else (sizes,)
-        return tf.vectorized_map(one, (data, keys, stored) + padding, fallback_to_while_loop=True)
-
     train_client_graph = graphs.GraphFunction(
         train_client,
         [
@@ -229,32 +202,7 @@ def in_process_round(
         [fns.cluster_models_spec, sums_spec, weight_spec, fns.optimizer_state_spec],
         device,
     )
-    evaluate_client_graph = graphs.GraphFunction(
-        evaluate_client,
-        [
-            fns.cluster_models_spec,
-            fns.data_spec,
-            fns.key_spec,
-            fns.store_in_spec,
-            tf.TensorSpec([], tf.int64),
-        ],
-        device,
-    )
-    vectorise_evaluation = vectorise and graphs.vectorisable(evaluate_client_graph.graph)
-
-    @functools.cache
-    def evaluate_stacked_graph(padded: bool = False) -> graphs.GraphFunction:
-        """`evaluate_stacked`, taking the clients' sizes last when `padded`."""
-        sizes = [tf.TensorSpec([None], tf.int64)] if padded else []
-        specs = [
-            fns.cluster_models_spec,
-            stacked(fns.data_spec),
-            stacked(fns.key_spec),
-            stacked(fns.store_in_spec),
-            tf.TensorSpec([], tf.int64),
-            *sizes,
-        ]
-        return graphs.GraphFunction(evaluate_stacked, specs, device)
+    scoring = ClientScoring(fns, device, parallel_clients, pad_unequal_clients)
 
     def server_state(
         cluster_models: tuple, anchor: tuple, optimizer: dict
@@ -335,53 +283,11 @@ def in_process_round(
         measurements = collections.OrderedDict(cluster_weight=total_weight)
         return server_state(models, anchor, optimizer), outputs, measurements
 
-    def evaluate(cluster_models: tuple, clients: Sequence[dict], batch_size: int) -> list:
-        """The TFF round's `evaluate`: each client's scores with its cluster's model, grouped
-        as `next` groups its clients (one pass of ordered batches of `batch_size`)."""
-        models = tuple(cluster_models)
-        sizes = [example_count(client["data"]) for client in clients]
-        one_pass = {"batch_size": batch_size, "epochs": 1, "max_steps": -1}
-        groups = client_groups(
-            sizes,
-            one_pass,
-            vectorise=vectorise_evaluation,
-            pad=pad_unequal_clients and fns.rows_independent,
-        )
-
-        def score_group(members: list[int]) -> list[dict]:
-            """The group's scores, one per member."""
-            if len(members) == 1:
-                client = clients[members[0]]
-                data, key, own = client["data"], client["key"], tuple(client["stored"])
-                return [evaluate_client_graph(models, data, key, own, batch_size)]
-            group_sizes = [sizes[i] for i in members]
-            keys = np.stack([clients[i]["key"] for i in members])
-            own = tuple(np.stack(v) for v in zip(*(clients[i]["stored"] for i in members)))
-            data = stacked_padded([clients[i]["data"] for i in members], max(group_sizes))
-            padded = min(group_sizes) < max(group_sizes)
-            sizes_in = [np.asarray(group_sizes, np.int64)] if padded else []
-            scored = evaluate_stacked_graph(padded)(models, data, keys, own, batch_size, *sizes_in)
-            return [
-                tf.nest.map_structure(lambda a, row=row: a[row], scored)
-                for row in range(len(members))
-            ]
-
-        for members in groups:  # built here, not by two threads at once
-            if len(members) > 1:
-                evaluate_stacked_graph(
-                    min(sizes[i] for i in members) < max(sizes[i] for i in members)
-                )
-        scores: list = [None] * len(clients)
-        with concurrent.futures.ThreadPoolExecutor(parallel_clients) as pool:
-            for members, scored in zip(groups, pool.map(score_group, groups)):
-                for i, client_scores in zip(members, scored):
-                    scores[i] = client_scores
-        return scores
-
     return FederatedRound(
         initialize=initialize,
         next=next_fn,
-        evaluate=evaluate,
+        evaluate=scoring.evaluate,
+        evaluate_exactly=scoring.evaluate_exactly,
         signature=fns.signature,
         io=fns.io,
         layout=fns.layout,
