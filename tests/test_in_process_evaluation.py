@@ -52,14 +52,15 @@ def traced_names() -> Iterator[list[str]]:
 
 class PersonalRound:
     """A two-cluster in-process round whose clients join the cluster's shared body with their
-    stored head (`work`: FedPer's), or use their whole stored model (Ditto's), and its clients
-    of `SIZES` examples."""
+    stored head (`work`: FedPer's), or use their whole stored model (Ditto's), or (without
+    `head`) use the cluster's whole model, and its clients of `SIZES` examples."""
 
-    def __init__(self, work: object, pad: bool = True) -> None:
+    def __init__(self, work: object, pad: bool = True, head: bool = True) -> None:
         spec = model_spec("mlp", (6,), 3, hidden_units=5)
         functional = functional_model(spec.build(), spec.input_spec())
         w0 = [np.asarray(w) for w in initial_weights(spec, 0)]
-        shared = tuple(range(len(w0) - 2))  # the body; each client's own head (FedPer)
+        # the body, each client's own head (FedPer); without `head`, whole models, none stored
+        shared = tuple(range(len(w0) - 2 if head else len(w0)))
         fns = round_functions(functional, spec.input_spec(), RoundSignature(2, shared, work), w0)
         self.round = in_process.in_process_round(fns, pad_unequal_clients=pad)
         self.scoring = self.round.evaluate.__self__  # its `ClientScoring`
@@ -105,10 +106,11 @@ def as_floats(scores: list[dict]) -> list[dict]:
 
 
 @WORKS
+@pytest.mark.parametrize("head", [True, False], ids=["stored", "whole_models"])
 def test_looped_clients_get_the_scores_of_each_alone_bit_for_bit(
-    work: object, monkeypatch: pytest.MonkeyPatch
+    work: object, head: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    personal = PersonalRound(work)
+    personal = PersonalRound(work, head=head)
     alone, alone_names = personal.scored("alone")
     looped, looped_names = personal.scored("looped")
     assert alone_names == [] and looped_names == ["evaluate_looped"]

@@ -20,9 +20,9 @@ first GPU when it sees one. The round is the TFF round's, step for step:
    update added, then the server optimizer's step).
 
 `evaluate` scores each client with its key's cluster row joined with its own stored
-variables, alone, in one looped call, or vectorised as step 2 groups clients, whichever is
-cheapest for the call (`in_process_scoring.py`); `evaluate_exactly` (decisions) scores each
-alone.
+variables: the call's clients in one looped call (each alone's scores, bit for bit), or
+vectorised as step 2 groups clients when that clearly pays for the call
+(`in_process_scoring.py`); `evaluate_exactly` (decisions) scores each client alone.
 
 Each function is traced once into a graph and run by a session (`GraphFunction`), as TFF's
 TensorFlow executor runs its computations.
@@ -69,7 +69,9 @@ def in_process_round(
     call), when one client's training graph has at most `VECTORISE_MAX_OPS` ops, and with
     `pad_unequal_clients` clients of different sizes too, padded and masked, when the model's
     rows are independent (`client_groups`); otherwise, and for a client left in a group of its
-    own, `parallel_clients` clients at a time (0: one per CPU core)."""
+    own, `parallel_clients` clients at a time (0: one per CPU core). Scoring
+    (`in_process_scoring.ClientScoring`) vectorises by its own rule, whatever `vectorise` says,
+    and pads with `pad_unequal_clients`."""
     parallel_clients = parallel_clients or os.cpu_count() or 1
     check_device(device)
     k = fns.num_clusters

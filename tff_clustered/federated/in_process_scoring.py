@@ -256,7 +256,9 @@ class ClientScoring:
         examples in one looped call."""
         datas = [c["data"] for c in clients]
         sizes = [example_count(d) for d in datas]
-        example_bytes = sum(np.asarray(a)[:1].nbytes for a in datas[0].values()) if datas else 0
+        example_bytes = sum(
+            np.asarray(a).dtype.itemsize * int(np.prod(np.shape(a)[1:])) for a in datas[0].values()
+        )
         scores: list = []
         for run in byte_runs(sizes, example_bytes, LOOPED_CALL_BYTES):
             rows = type(datas[0])(
