@@ -1,6 +1,7 @@
 """Speed, always as ratios against a reference measured in the same run: the benchmarks named
-by `--benchmarks` (all but `memory`, `tff_client_costs`, `population` and `client_data` unless
-named), one module each in `binaries/benchmarks/`, their reports gathered into one.
+by `--benchmarks` (all but `memory`, `tff_client_costs`, `population`, `client_data` and
+`scoring_ways` unless named), one module each in `binaries/benchmarks/`, their reports gathered
+into one.
 
 After a warm-up round each (tracing), timed rounds alternate between the two implementations so
 that machine noise hits both alike; medians are reported. The last output line is one JSON object.

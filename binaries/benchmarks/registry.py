@@ -14,6 +14,7 @@ from binaries.benchmarks import (
     memory,
     population,
     round_floors,
+    scoring_ways,
     tff_client_costs,
     uapdfl_vs_fedavg,
     unequal_clients,
@@ -31,6 +32,7 @@ MODULES = {
     "uapdfl_vs_fedavg": uapdfl_vs_fedavg,
     "evaluation": evaluation,
     "unequal_clients": unequal_clients,
+    "scoring_ways": scoring_ways,
     "memory": memory,
     "tff_client_costs": tff_client_costs,
     "population": population,
@@ -39,8 +41,8 @@ MODULES = {
 BENCHMARKS: dict[str, Benchmark] = {name: module.BENCHMARK for name, module in MODULES.items()}
 
 # The order the selected benchmarks run and report in. The benchmarks that draw more clients
-# from the shared generator (unequal_clients, tff_client_costs, client_scaling) draw in this
-# order, so it fixes their data.
+# from the shared generator (unequal_clients, tff_client_costs, client_scaling, scoring_ways)
+# draw in this order, so it fixes their data.
 RUN_ORDER = (
     "memory",
     "fedavg_vs_tff",
@@ -55,6 +57,7 @@ RUN_ORDER = (
     "clustering",
     "population",
     "client_data",
+    "scoring_ways",
 )
 if sorted(RUN_ORDER) != sorted(BENCHMARKS):
     raise ValueError(f"RUN_ORDER {RUN_ORDER} must name every benchmark once: {list(BENCHMARKS)}")

@@ -19,6 +19,11 @@ first GPU when it sees one. The round is the TFF round's, step for step:
 4. finalizer: `finalize_sums(cluster_models, sums, weights, optimizer_state)` (the mean
    update added, then the server optimizer's step).
 
+`evaluate` scores each client with its key's cluster row joined with its own stored
+variables: the call's clients in one looped call (each alone's scores, bit for bit), or
+vectorised as step 2 groups clients when that clearly pays for the call
+(`in_process_scoring.py`); `evaluate_exactly` (decisions) scores each client alone.
+
 Each function is traced once into a graph and run by a session (`GraphFunction`), as TFF's
 TensorFlow executor runs its computations.
 
@@ -42,6 +47,7 @@ from tff_clustered.federated import graphs
 from tff_clustered.federated.clustered_mean import add_to_cluster
 from tff_clustered.federated.graphs import check_device
 from tff_clustered.federated.grouping import client_groups, stacked_padded
+from tff_clustered.federated.in_process_scoring import ClientScoring
 from tff_clustered.federated.round import FederatedRound
 from tff_clustered.federated.round_functions import (
     RoundFunctions,
@@ -63,7 +69,9 @@ def in_process_round(
     call), when one client's training graph has at most `VECTORISE_MAX_OPS` ops, and with
     `pad_unequal_clients` clients of different sizes too, padded and masked, when the model's
     rows are independent (`client_groups`); otherwise, and for a client left in a group of its
-    own, `parallel_clients` clients at a time (0: one per CPU core)."""
+    own, `parallel_clients` clients at a time (0: one per CPU core). Scoring
+    (`in_process_scoring.ClientScoring`) vectorises by its own rule, whatever `vectorise` says,
+    and pads with `pad_unequal_clients`."""
     parallel_clients = parallel_clients or os.cpu_count() or 1
     check_device(device)
     k = fns.num_clusters
@@ -139,13 +147,6 @@ def in_process_round(
         """The aggregator's accumulate: one client's update into the per-cluster sums."""
         return add_to_cluster(sums, shared_delta, cluster_weight), total_weight + cluster_weight
 
-    def evaluate_client(
-        cluster_models: tuple, data: dict, key: tf.Tensor, stored: tuple, batch_size: tf.Tensor
-    ) -> dict:
-        return fns.client_evaluate(
-            fns.distributor.select_shared(cluster_models, key[0]), stored, data, batch_size
-        )
-
     train_client_graph = graphs.GraphFunction(
         train_client,
         [
@@ -203,17 +204,7 @@ def in_process_round(
         [fns.cluster_models_spec, sums_spec, weight_spec, fns.optimizer_state_spec],
         device,
     )
-    evaluate_client_graph = graphs.GraphFunction(
-        evaluate_client,
-        [
-            fns.cluster_models_spec,
-            fns.data_spec,
-            fns.key_spec,
-            fns.store_in_spec,
-            tf.TensorSpec([], tf.int64),
-        ],
-        device,
-    )
+    scoring = ClientScoring(fns, device, parallel_clients, pad_unequal_clients)
 
     def server_state(
         cluster_models: tuple, anchor: tuple, optimizer: dict
@@ -294,22 +285,11 @@ def in_process_round(
         measurements = collections.OrderedDict(cluster_weight=total_weight)
         return server_state(models, anchor, optimizer), outputs, measurements
 
-    def evaluate(cluster_models: tuple, clients: Sequence[dict], batch_size: int) -> list:
-        """The TFF round's `evaluate`: each client's scores with its cluster's model."""
-        models = tuple(cluster_models)
-
-        def score(client: dict) -> dict:
-            return evaluate_client_graph(
-                models, client["data"], client["key"], tuple(client["stored"]), batch_size
-            )
-
-        with concurrent.futures.ThreadPoolExecutor(parallel_clients) as pool:
-            return list(pool.map(score, clients))
-
     return FederatedRound(
         initialize=initialize,
         next=next_fn,
-        evaluate=evaluate,
+        evaluate=scoring.evaluate,
+        evaluate_exactly=scoring.evaluate_exactly,
         signature=fns.signature,
         io=fns.io,
         layout=fns.layout,

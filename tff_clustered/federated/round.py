@@ -94,6 +94,10 @@ class FederatedRound:
     signature: RoundSignature
     io: RoundIO
     layout: ModelLayout
+    # `evaluate` with each client's scores those of a call of its own, bit for bit, whatever
+    # else the call holds: what decisions score with (an argmin over losses must not turn on
+    # rounding). None: `evaluate` itself scores each client on its own (TFF's computations).
+    evaluate_exactly: Optional[Callable[..., Any]] = None
 
 
 def build_round(

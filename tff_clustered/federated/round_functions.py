@@ -68,7 +68,8 @@ class RoundFunctions:
       (cluster_models, optimizer_state)`: the finalizer, each cluster's mean update added to
       its shared variables, then the server optimizer's step (`server_optimizers.server_step`;
       the identity when `has_optimizer` is false, with `{}` for its state);
-    * `client_evaluate(selected, stored, data, batch_size)`: one client's scores.
+    * `client_evaluate(selected, stored, data, batch_size, size)`: one client's scores
+      (`size`: as for `padded_client_update`).
     The aggregation between them is `clustered_mean`'s `add_to_cluster` and `cluster_mean`.
     """
 
@@ -298,12 +299,16 @@ def round_functions(
         return server_step(cluster_models, tuple(added), cluster_weight > 0, optimizer_state)
 
     def client_evaluate(
-        selected: tf.data.Dataset, stored: tuple, data: object, batch_size: tf.Tensor
+        selected: tf.data.Dataset,
+        stored: tuple,
+        data: object,
+        batch_size: tf.Tensor,
+        size: Optional[tf.Tensor] = None,
     ) -> dict:
         weights, state, own_weights, own_state = join(distributor.first_row(selected), stored)
         if work.reads_own_model:  # the client's own (personal) model is what it uses
             weights, state = own_weights, own_state
-        dataset = ArrayBatches(data, batch_size)
+        dataset = ArrayBatches(data, batch_size, size=size)
         return local_training.evaluate_client(forward, weights, dataset, state)._asdict()
 
     optimizer = signature.server_optimizer

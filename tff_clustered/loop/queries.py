@@ -79,7 +79,9 @@ class ServerQueries:
         return np.stack(rows) if rows else np.zeros((0, self._model_size), np.float32)
 
     def cluster_losses(self, cluster_models: np.ndarray, client_ids: Sequence[str]) -> np.ndarray:
-        """Mean training loss of every cluster model on each client, (clients, clusters)."""
+        """Mean training loss of every cluster model on each client, (clients, clusters): with
+        stored tensors, each client scored exactly as alone (`RoundCalls.score`'s `exact`), so
+        that an argmin over these losses does not depend on which clients share a call."""
         calls = self._calls
         signature = dataclasses.replace(
             self._signature, num_clusters=cluster_capacity(len(cluster_models))
@@ -90,7 +92,7 @@ class ServerQueries:
             for k in range(len(cluster_models)):
                 keys = np.full(len(client_ids), k, np.int32)
                 results = calls.score(
-                    fed_round, cluster_models, keys, client_ids, self._store, "train"
+                    fed_round, cluster_models, keys, client_ids, self._store, "train", exact=True
                 )
                 losses[:, k] = [
                     results[c]["loss_sum"] / max(results[c]["num_examples"], 1.0)

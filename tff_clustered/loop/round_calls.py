@@ -234,11 +234,12 @@ class RoundCalls:
         client_ids: Sequence[str],
         store: Optional[ClientStore] = None,
         split: str = "test",
+        exact: bool = False,
     ) -> ClientResults:
         """Each client's results on its `split` arrays with `models[keys[i]]` (joined with its
-        variables in `store` where the round reads them), one client at a time, in calls of at
-        most `CLIENTS_PER_SCORE_CALL` clients (a client's results do not depend on the
-        others of its call)."""
+        variables in `store` where the round reads them), in calls of at most
+        `CLIENTS_PER_SCORE_CALL` clients; `exact` (decisions): by `evaluate_exactly`, each
+        client's results bit for bit those of a call of its own, not vectorised in process."""
         store_in = fed_round.io.store_in
         if store_in and store is None:
             raise ValueError("this round joins each model with the client's stored variables")
@@ -246,6 +247,7 @@ class RoundCalls:
             padded(models, fed_round.signature.num_clusters), self.layout.shapes
         )
         batch_size = np.int64(evaluation_batch_size(self.config.batch_size))
+        evaluate = (exact and fed_round.evaluate_exactly) or fed_round.evaluate
         results: ClientResults = {}
         for begin in range(0, max(len(client_ids), 1), CLIENTS_PER_SCORE_CALL):
             ids, call_keys = (v[begin : begin + CLIENTS_PER_SCORE_CALL] for v in (client_ids, keys))
@@ -253,7 +255,7 @@ class RoundCalls:
                 evaluation_input(a, k, store.variables(c, store_in) if store_in else ())
                 for c, a, k in zip(ids, self.data.arrays_of(split, ids), call_keys)
             ]
-            scored = fed_round.evaluate(stacked, inputs, batch_size)
+            scored = evaluate(stacked, inputs, batch_size)
             results.update({c: {k: float(v) for k, v in r.items()} for c, r in zip(ids, scored)})
         return results
 
