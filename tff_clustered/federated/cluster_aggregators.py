@@ -156,10 +156,6 @@ class ClusterAggregator:
         params = self.client_params(self.initial_state(num_clusters))
         return tf.nest.map_structure(spec_of, params)
 
-    def describe(self) -> dict[str, Any]:
-        """The aggregator's name and parameters (for summary.json)."""
-        return dict(name=self.name, **dataclasses.asdict(self))
-
 
 @dataclasses.dataclass(frozen=True)
 class ClusterMean(ClusterAggregator):

@@ -101,6 +101,10 @@ class RoundSignature:
                 "aggregator must be a cluster_aggregators.ClusterAggregator, got "
                 f"{self.aggregator!r}"
             )
+        if self.distribution.decentralized and not self.aggregator.is_mean:
+            raise ValueError(
+                f"decentralized peers aggregate nothing: no {self.aggregator.name} aggregator"
+            )
         if self.aggregator.uniform_weights and self.client_weighting != "uniform":
             raise ValueError(
                 f"the {self.aggregator.name} aggregator weighs every client 1 in its cluster's "
