@@ -18,8 +18,10 @@ from tensorflow_federated.python.aggregators.differential_privacy import (
     adaptive_clip_noise_params,
 )
 
+import tff_clustered
 from tff_clustered import checkpoint
 from tff_clustered.algorithms import ALGORITHMS, make_algorithm
+from tff_clustered.api import with_aggregator
 from tff_clustered.federated import client_work
 from tff_clustered.federated.cluster_aggregators import ClusterMean
 from tff_clustered.federated.cluster_dp import ClusterDP
@@ -421,3 +423,26 @@ def test_the_experiment_weighs_clients_uniformly_under_dp() -> None:
     assert experiment.signature().aggregator == ClusterDP(0.0)
     with pytest.raises(ValueError, match="round metrics read each client's own update"):
         Experiment(data, model, fedavg, dp, round_metrics=[lambda *a: {}], execution="in_process")
+
+
+def test_the_python_api_takes_the_aggregator_and_refuses_it_where_the_flags_do(
+    tmp_path: object,
+) -> None:
+    """`run(..., aggregator=ClusterDP(...))` becomes the training's aggregator settings (what
+    checkpoints and summary.json record); a contradicting or unknown one, and dp for an
+    algorithm that reads individual updates, are refused before any data is read."""
+    private = ClusterDP(1.0, clip=0.5, adaptive=True)
+    training = with_aggregator(TrainingConfig(), private)
+    assert training.aggregator == AggregatorConfig(
+        "dp", noise_multiplier=1.0, clip=0.5, clipping="adaptive"
+    )
+    assert training.aggregator.build() == private
+    assert with_aggregator(training, None) is training
+    with pytest.raises(ValueError, match="contradicts training.aggregator"):
+        with_aggregator(training, ClusterDP(2.0))
+    with pytest.raises(ValueError, match="give 'mean', or the aggregator itself"):
+        with_aggregator(TrainingConfig(), "dp")
+    with pytest.raises(ValueError, match="cfl reads individual clients'"):
+        tff_clustered.run(
+            "cfl", train={}, model_fn=lambda: None, output_dir=str(tmp_path), aggregator=private
+        )

@@ -319,9 +319,7 @@ def tff_round_parts(fns: RoundFunctions, worker_data: Optional[WorkerData] = Non
         state: object, shared_delta: object, cluster_weight: object, outputs: object, stats: object
     ) -> object:
         """Aggregator and finalizer of an aggregator other than the mean: the whole round."""
-        total, total_weight, stats_total = sums_only(
-            state, shared_delta, cluster_weight, outputs, stats
-        )[:3]
+        total, total_weight, stats_total = client_sums(shared_delta, cluster_weight, stats)
         inputs = [state.cluster_models, total, total_weight, stats_total, state.aggregator]
         if has_optimizer:
             inputs.append(state.optimizer)
@@ -331,15 +329,17 @@ def tff_round_parts(fns: RoundFunctions, worker_data: Optional[WorkerData] = Non
         new_state = server_state(finalized.cluster_models, anchor, optimizer, finalized.aggregator)
         return new_state, outputs, finalized.measurements
 
+    def client_sums(shared_delta: object, cluster_weight: object, *stats: object) -> tuple:
+        """The per-cluster sums of the clients' updates and weights, and of their statistics
+        for an aggregator other than the mean (SERVER-placed)."""
+        total, total_weight = ClusterSums(to_type(fns.shared_spec), k)(shared_delta, cluster_weight)
+        return (total, total_weight, *(tff.federated_sum(s) for s in stats))
+
     def sums_only(
         state: object, shared_delta: object, cluster_weight: object, outputs: object, *stats: object
     ) -> object:
-        """A share of the clients, up to their per-cluster sums (merged by `sharded.py`): the
-        updates', the weights' and, for an aggregator other than the mean, the statistics'."""
-        total, total_weight = ClusterSums(to_type(fns.shared_spec), k)(shared_delta, cluster_weight)
-        if is_mean:
-            return total, total_weight, outputs
-        return total, total_weight, tff.federated_sum(stats[0]), outputs
+        """A share of the clients, up to their per-cluster sums (merged by `sharded.py`)."""
+        return (*client_sums(shared_delta, cluster_weight, *stats), outputs)
 
     def build_evaluate() -> tff.Computation:
         """Evaluation: the same distributor, then each client's joined model on its data."""
