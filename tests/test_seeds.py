@@ -19,7 +19,9 @@ def test_no_two_data_streams_share_an_id() -> None:
 
 def test_no_two_run_time_streams_share_an_id() -> None:
     names = ["SAMPLING", "SHUFFLE", "PRETRAIN_SHUFFLE", "ALGORITHM", "DROPOUT", "PUBLIC_BATCH"]
-    ids = [getattr(seeds, name) for name in [*names, "FINE_TUNE_SHUFFLE", "EVAL_SAMPLE"]]
+    ids = [
+        getattr(seeds, name) for name in [*names, "FINE_TUNE_SHUFFLE", "EVAL_SAMPLE", "DP_NOISE"]
+    ]
     assert len(ids) == len(set(ids)), ids
 
 

@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import (
@@ -26,7 +27,8 @@ from conftest import (
 
 from tff_clustered import checkpoint
 from tff_clustered.phases import PHASES
-from tff_clustered.run_folder import LOCK_NAME
+from tff_clustered.run_folder import LOCK_NAME, RunFolder
+from tff_clustered.state_encoding import decode_tree
 
 TRAIN = os.path.join("binaries", "train.py")
 QUICK = ["--rounds=12", "--clients_per_round=5", "--local_epochs=1", "--checkpoint_every=2"]
@@ -129,15 +131,54 @@ def assert_phases_add_up(phases: dict, names: list) -> None:
 
 
 def test_killed_run_resumes_to_the_same_final_metrics(tmp_path: object) -> None:
+    check_killed_run_resumes(tmp_path, QUICK)
+
+
+def test_killed_dp_run_resumes_to_the_same_final_metrics(tmp_path: object) -> None:
+    """--aggregator=dp with adaptive clipping: the noise is a function of the seed and the
+    round, and the clips are in the checkpoint, so a killed run resumes to the uninterrupted
+    run's metrics (the clip columns included) and its aggregator state."""
+    dp = [
+        "--algorithm=ifca",
+        "--num_clusters=2",
+        "--aggregator=dp",
+        "--dp_noise_multiplier=0.5",
+        "--dp_clip=0.5",
+        "--dp_clipping=adaptive",
+    ]
+    reference, out = check_killed_run_resumes(tmp_path, [*QUICK, *dp])
+    rows = read_csv(os.path.join(out, "metrics.csv"))
+    assert {"dp_clip_cluster_0", "dp_unclipped_fraction_cluster_1"} <= rows[1].keys()
+    assert len({r["dp_clip_cluster_0"] for r in rows[1:]}) > 1  # the clip moved
+    states = [saved_state(folder) for folder in (reference, out)]
+    assert states[0].round_num == states[1].round_num == 12
+    np.testing.assert_array_equal(
+        states[0].aggregator_state["clip"], states[1].aggregator_state["clip"]
+    )
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["config"]["client_weighting"] == "uniform"
+    assert summary["config"]["training"]["aggregator"]["name"] == "dp"
+
+
+def saved_state(folder: str) -> object:
+    """The run state in `folder`'s checkpoint, whatever its settings."""
+    meta, arrays = checkpoint._read(RunFolder(folder).checkpoint)
+    return decode_tree(meta["state"], arrays)
+
+
+def check_killed_run_resumes(tmp_path: object, flags: list) -> tuple[str, str]:
+    """A run of `flags` killed (SIGKILL) after round 5 and resumed ends as the run left alone
+    does: metrics, results, per-client rows and TensorBoard points. Returns the two folders
+    (uninterrupted, resumed)."""
     reference = str(tmp_path / "reference")
-    done = run_binary([TRAIN, *QUICK, f"--output_dir={reference}"])
+    done = run_binary([TRAIN, *flags, f"--output_dir={reference}"])
     assert done.returncode == 0, done.stderr[-3000:]
 
     tag = uuid.uuid4().hex
     out = str(tmp_path / "killed")
     env = dict(os.environ, TFF_CLUSTERED_RUN_TAG=tag, TF_CPP_MIN_LOG_LEVEL="2")
     process = subprocess.Popen(
-        [sys.executable, TRAIN, *QUICK, f"--output_dir={out}"],
+        [sys.executable, TRAIN, *flags, f"--output_dir={out}"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -157,7 +198,7 @@ def test_killed_run_resumes_to_the_same_final_metrics(tmp_path: object) -> None:
     assert_no_worker_left(tag)  # PR_SET_PDEATHSIG: the worker dies with its parent
     assert len(read_csv(metrics)) < 13
 
-    done = run_binary([TRAIN, *QUICK, f"--output_dir={out}", "--resume"])
+    done = run_binary([TRAIN, *flags, f"--output_dir={out}", "--resume"])
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resuming" in done.stdout
     assert without_timing(read_csv(metrics)) == without_timing(
@@ -172,6 +213,7 @@ def test_killed_run_resumes_to_the_same_final_metrics(tmp_path: object) -> None:
         os.path.join(reference, "clients.csv")
     )
     assert tensorboard_scalars(out, "accuracy") == tensorboard_scalars(reference, "accuracy")
+    return reference, out
 
 
 def tensorboard_scalars(folder: str, tag: str) -> list[tuple[int, float]]:

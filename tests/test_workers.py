@@ -22,7 +22,7 @@ from tff_clustered.data.population import PopulationSpec, write_population_sql
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.federated import sharded
 from tff_clustered.federated.server_optimizers import ServerOptimizer
-from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.evaluation import server_models
 from tff_clustered.run_spec import RunSpec
 from tff_clustered.runner import build_experiment
@@ -126,6 +126,42 @@ def test_two_workers_give_the_one_worker_result(two_workers: list, monkeypatch: 
     for key, value in one.server_optimizer_state.items():
         np.testing.assert_allclose(two.server_optimizer_state[key], value, atol=1e-5)
     assert np.abs(one.server_optimizer_state["accumulator"]).max() > 0  # momentum was kept
+    for a, b in zip(one_history, two_history):
+        assert a.keys() == b.keys()
+        for key in a:
+            if not key.endswith("_seconds") and isinstance(a[key], float):
+                assert a[key] == pytest.approx(b[key], abs=1e-6, nan_ok=True), key
+
+
+def test_two_workers_give_the_one_worker_result_with_dp(
+    two_workers: list, monkeypatch: object
+) -> None:
+    """--aggregator=dp with adaptive clipping and noise: each worker sums its share of the
+    clipped updates and below-clip counts, the shares are merged, and the one finalizer adds
+    the seeded noise once, so two workers give the one-worker run."""
+    private = AggregatorConfig("dp", noise_multiplier=0.5, clip=0.5, clipping="adaptive")
+    spec = RunSpec(
+        algorithm="ifca",
+        training=TrainingConfig(
+            rounds=2, clients_per_round=8, local_epochs=1, learning_rate=0.1, aggregator=private
+        ),
+    )
+    used = []
+    call_on = sharded._call_on
+    monkeypatch.setattr(sharded, "_call_on", lambda c, *a: used.append(a[0]) or call_on(c, *a))
+    results = []
+    for workers in ([address(two_workers[0])], [address(s) for s in two_workers]):
+        with tff_runtime(RuntimeConfig(workers=tuple(workers))):
+            experiment = build_experiment(spec)
+            experiment.start()
+            results.append((experiment.state, list(experiment.rounds())))
+    assert len(used) > 2  # shares of two rounds, then each round's finalizer
+    (one, one_history), (two, two_history) = results
+    assert one.assignment == two.assignment
+    np.testing.assert_allclose(one.cluster_models, two.cluster_models, atol=1e-5)
+    clips = one.aggregator_state["clip"]
+    np.testing.assert_allclose(two.aggregator_state["clip"], clips, rtol=1e-6)
+    assert not np.allclose(clips, 0.5)  # the clips moved
     for a, b in zip(one_history, two_history):
         assert a.keys() == b.keys()
         for key in a:

@@ -29,6 +29,9 @@ _API = {
     "federated_data": "tff_clustered.api",
     "TrainingConfig": "tff_clustered.loop.config",
     "ServerOptimizer": "tff_clustered.federated.server_optimizers",
+    "AggregatorConfig": "tff_clustered.loop.config",
+    "ClusterDP": "tff_clustered.federated.cluster_dp",
+    "ClusterMean": "tff_clustered.federated.cluster_aggregators",
     "ALGORITHMS": "tff_clustered.algorithms",
 }
 

@@ -39,7 +39,9 @@ from tff_clustered.data.fingerprint import SourceFingerprint, arrays_digest
 from tff_clustered.data.given_clients import federated_data
 from tff_clustered.data.registry import load_dataset, source_fingerprint
 from tff_clustered.data.spec import DataSpec
-from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.federated.cluster_aggregators import ClusterAggregator
+from tff_clustered.loop.aggregation import check_aggregator
+from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.state import RunState
 from tff_clustered.models.keras_models import ModelSpec
 from tff_clustered.models.memory import refuse_too_large
@@ -183,6 +185,7 @@ def run(
     client_store: str = "auto",
     model_name: str = "custom",
     log: Callable[[str], None] = print,
+    aggregator: Union[str, ClusterAggregator, AggregatorConfig, None] = None,
     **data_args: Any,
 ) -> RunResult:
     """Runs `algorithm` (a name of `tff_clustered.algorithms.ALGORITHMS`) on `train` (and
@@ -192,7 +195,10 @@ def run(
     `options`: the algorithm's options as a mapping (e.g. `{"num_clusters": 4}`) or its
     `Options`. `execution`: "tff" (TFF's runtime, a local worker) or "in_process" (on a GPU if
     TF sees one); `client_store`: "memory", "disk" (the clients' models in a file of
-    `output_dir`) or "auto" (disk for many clients); the results agree.
+    `output_dir`) or "auto" (disk for many clients); the results agree. `aggregator`: what
+    each cluster does with its clients' updates, "mean" (their weighted mean) or
+    `tff_clustered.ClusterDP(noise_multiplier=..., clip=...)` (DP-FedAvg per cluster, clients
+    weighted uniformly), or an `AggregatorConfig`; None: `training.aggregator` (the mean).
 
     Every argument is checked before any TensorFlow work, as `binaries/train.py` checks its
     flags: a wrong one is a ValueError or TypeError of one line naming it and the fix."""
@@ -219,6 +225,8 @@ def run(
             f"training must be a tff_clustered.TrainingConfig, got {described(training)}; "
             "write training=tff_clustered.TrainingConfig(rounds=..., ...)"
         )
+    training = with_aggregator(training, aggregator)
+    check_aggregator(cls, training.aggregator.build())
     if options is None or isinstance(options, Mapping):
         names = [key for key in (options or {}) if not isinstance(key, str)]
         if names:
@@ -296,6 +304,37 @@ def run(
         output_dir=output_dir,
         model_fn=model_fn,
     )
+
+
+def with_aggregator(
+    training: TrainingConfig, aggregator: Union[str, ClusterAggregator, AggregatorConfig, None]
+) -> TrainingConfig:
+    """`training` with `run`'s `aggregator` argument as its aggregator (None: its own); an
+    argument that contradicts a non-default `training.aggregator` is refused."""
+    if aggregator is None:
+        return training
+    if isinstance(aggregator, str):
+        if aggregator != "mean":
+            raise ValueError(
+                f"aggregator={aggregator!r}: give 'mean', or the aggregator itself, e.g. "
+                "aggregator=tff_clustered.ClusterDP(noise_multiplier=1.0, clip=0.1)"
+            )
+        config = AggregatorConfig()
+    elif isinstance(aggregator, ClusterAggregator):
+        config = AggregatorConfig.of(aggregator)
+    elif isinstance(aggregator, AggregatorConfig):
+        config = aggregator
+    else:
+        raise TypeError(
+            f"aggregator must be 'mean', a ClusterDP or an AggregatorConfig, got "
+            f"{described(aggregator)}"
+        )
+    if training.aggregator not in (AggregatorConfig(), config):
+        raise ValueError(
+            f"aggregator={aggregator!r} contradicts training.aggregator="
+            f"{training.aggregator!r}; give it in one place"
+        )
+    return dataclasses.replace(training, aggregator=config)
 
 
 def given_data(

@@ -25,6 +25,7 @@ refused, naming the first file that changed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import io
@@ -38,6 +39,7 @@ import numpy as np
 
 from tff_clustered.atomic_files import atomic_write_bytes, remove_orphan_temp_files, user_file_mode
 from tff_clustered.data.fingerprint import SourceFingerprint
+from tff_clustered.loop.config import AggregatorConfig
 from tff_clustered.loop.state import RunState
 from tff_clustered.run_folder import RunFolder
 from tff_clustered.state_encoding import StateDecodeError, decode_tree, encode_tree
@@ -200,7 +202,14 @@ def load(
 # Settings added after checkpoints were made without them, with the value such a checkpoint's
 # run had (flat keys, as `_flat_settings` writes them): its run resumes when the setting is
 # left at that value.
-ADDED_SETTINGS = {"training.eval_clients": 0, "training.client_sampling": "fixed"}
+ADDED_SETTINGS = {
+    "training.eval_clients": 0,
+    "training.client_sampling": "fixed",
+    **{
+        f"training.aggregator.{name}": value
+        for name, value in dataclasses.asdict(AggregatorConfig()).items()
+    },
+}
 
 
 def same_settings(saved: dict[str, Any], now: dict[str, Any]) -> bool:

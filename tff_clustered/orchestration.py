@@ -35,6 +35,8 @@ from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round import FederatedRound
 from tff_clustered.federated.signature import ModelLayout, RoundSignature
+from tff_clustered.loop import aggregation
+from tff_clustered.loop.aggregation import AggregatorRound
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.evaluation import Evaluator
 from tff_clustered.loop.privacy import sampled_positions
@@ -112,6 +114,10 @@ class Experiment:
             )
         self.server_optimizer = algorithm.server_optimizer(config.server_optimizer)
         algorithm.distribution.check_server_optimizer(algorithm.name, self.server_optimizer)
+        self.aggregator = aggregation.checked_aggregator(config, algorithm, bool(round_metrics))
+        self.client_weighting = (  # a private mean counts every client once
+            "uniform" if self.aggregator.uniform_weights else algorithm.client_weighting
+        )
         self.data, self.model, self.algorithm, self.config = data, model, algorithm, config
         self.round_metrics = tuple(round_metrics)
         self.timer = PhaseTimer() if timer is None else timer
@@ -255,10 +261,11 @@ class Experiment:
             work=self.work,
             keep_client_models=self.algorithm.keep_client_models,
             return_model_deltas=self.round_step.with_deltas,
-            client_weighting=self.algorithm.client_weighting,
+            client_weighting=self.client_weighting,
             distribution=self.algorithm.distribution,
             anchor=self.anchor_tensors,
             server_optimizer=self.server_optimizer,
+            aggregator=self.aggregator,
         )
 
     def current_round(self) -> FederatedRound:
@@ -284,13 +291,15 @@ class Experiment:
         client_ids = self.sample_clients(round_num)
         if not client_ids:  # possible with Poisson sampling: nothing trains, nothing changes
             return empty_round_row(self.config.learning_rate_at(round_num), self.num_clusters)
+        aggregator = self.aggregator_round(round_num)  # from the assignment before the plan
         with Stopwatch() as planning:
             plan = self.algorithm.plan(self.run, self.view(), client_ids, self.queries)
             before = self.apply(plan.decision)
-        request = self.train_request(round_num, client_ids, plan)
+        request = self.train_request(round_num, client_ids, plan, aggregator)
         outcome = self.round_step.run(request, self.store)
         self.state.cluster_models = outcome.cluster_models
         self.state.server_optimizer_state = outcome.optimizer_state
+        self.state.aggregator_state = outcome.aggregator_state
         with Stopwatch() as deciding:
             result = outcome.result
             decision = self.algorithm.after_round(self.run, self.view(), result, self.queries)
@@ -306,7 +315,22 @@ class Experiment:
         moved = clients_moved(self.state.assignment, before, after)
         return self.training_row(request, outcome, decision, server_seconds, moved)
 
-    def train_request(self, round_num: int, client_ids: Sequence[str], plan: Plan) -> TrainRequest:
+    def aggregator_round(self, round_num: int) -> Optional[AggregatorRound]:
+        """The state and inputs of the round's aggregator (None for the mean), from the
+        eligible clients' assignment (`loop.aggregation.aggregator_round`)."""
+        view = dataclasses.replace(self.view(), round_num=round_num - 1)
+        eligible = lambda: self.algorithm.eligible(self.run, view)  # noqa: E731
+        return aggregation.aggregator_round(
+            self.aggregator, self.state, self.config, round_num, eligible
+        )
+
+    def train_request(
+        self,
+        round_num: int,
+        client_ids: Sequence[str],
+        plan: Plan,
+        aggregator: Optional[AggregatorRound] = None,
+    ) -> TrainRequest:
         """The round's call for the sampled clients as the plan sends them."""
         fed_round = self.current_round()
         distribution = self.algorithm.distribution
@@ -334,6 +358,7 @@ class Experiment:
                 self.num_clusters,
                 self.run.num_trainable_values,
             ),
+            aggregator=aggregator,
         )
 
     def training_row(
@@ -368,6 +393,7 @@ class Experiment:
         for metric in self.round_metrics:
             row.update(metric(self.run, self.view(), result))
         row.update(decision.metrics)
+        row.update(self.aggregator.measurement_columns(outcome.measurements, num_before))
         row["clients_changed_cluster"] = clients_changed_cluster
         sampled = np.bincount(result.clusters, minlength=num_before)
         row.update({f"sampled_cluster_{k}": int(n) for k, n in enumerate(sampled)})

@@ -7,9 +7,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tff_clustered.algorithms import make_options
+from tff_clustered.algorithms import algorithm_class, make_options
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.data.spec import DataSpec
+from tff_clustered.loop.aggregation import check_aggregator
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import model_spec
 from tff_clustered.models.keras_models import ModelSpec
@@ -66,6 +67,8 @@ class RunSpec:
     def __post_init__(self) -> None:
         if self.algorithm_options is None:
             object.__setattr__(self, "algorithm_options", make_options(self.algorithm))
+        # An aggregator the algorithm cannot use, refused before any data is loaded.
+        check_aggregator(algorithm_class(self.algorithm), self.training.aggregator.build())
 
     def settings(self) -> dict[str, Any]:
         """The run's settings as its checkpoints and summary.json record them: the dataset's

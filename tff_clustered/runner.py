@@ -253,6 +253,9 @@ def write_outputs(
         settings,
         algorithm_details=experiment.algorithm.describe(),
         num_clients=len(experiment.data.client_ids),
+        # How clients weigh in their cluster's mean: the algorithm's, or uniform under a
+        # private aggregator (its sensitivity bound needs every client to count once).
+        client_weighting=experiment.client_weighting,
     )
     clusters = reporting.cluster_recovery(
         experiment.state.assignment, experiment.data.true_clusters

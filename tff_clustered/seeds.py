@@ -28,6 +28,9 @@ SAMPLING, SHUFFLE, PRETRAIN_SHUFFLE, ALGORITHM, DROPOUT, PUBLIC_BATCH = 1, 2, 3,
 FINE_TUNE_SHUFFLE = 7
 # The clients every evaluation of a run scores with `--eval_clients` (`TrainingConfig`).
 EVAL_SAMPLE = 8
+# The Gaussian noise a private aggregator adds to each cluster's sum in a round
+# (`federated.cluster_dp.ClusterDP`), folded there with the cluster and the tensor.
+DP_NOISE = 9
 
 
 @enum.unique

@@ -220,6 +220,11 @@ class Algorithm:
     # How each sampled client receives its model (`federated.distributions`): its own cluster's,
     # every cluster's to pick the lowest-loss one from (IFCA), or its neighbours' rows (peers).
     distribution: Distribution = OwnCluster()
+    # Its cluster models come from the round's per-cluster aggregate only (what the server
+    # does to them after is post-processing), so a private aggregator (`--aggregator=dp`)
+    # protects them; false for an algorithm that reads individual clients' models or updates
+    # to set models (a split, an M-step, a regrouping): `loop.aggregation.check_aggregator`.
+    dp_compatible: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """An algorithm that declares its own `Options` gets them type-checked where they are

@@ -53,6 +53,7 @@ class FeSEM(Algorithm):
     """K-means of locally trained models, then each round: local update, E-step, M-step."""
 
     name = "fesem"
+    dp_compatible = False  # its M-step replaces the aggregate with a mean of individual updates
     model_kinds = ("cluster", "global")
     paper = "Long et al., Multi-Center Federated Learning, World Wide Web 2023"
     needs_model_deltas = True  # the new W_i = its center + its update, the E-step's input

@@ -15,9 +15,11 @@ first GPU when it sees one. The round is the TFF round's, step for step:
    model is small (`VECTORISE_MAX_OPS`), and clients of similar sizes padded to a common one
    with masked batches when its rows are independent (`client_groups`), the others one
    each; the groups and single clients several at a time (threads; one per core);
-3. aggregator: each client's weighted update is added into its cluster's row, in client order;
+3. aggregator: each client's weighted update is added into its cluster's row, in client order
+   (and its statistics row, for an aggregator other than the mean);
 4. finalizer: `finalize_sums(cluster_models, sums, weights, optimizer_state)` (the mean
-   update added, then the server optimizer's step).
+   update added, then the server optimizer's step), or `finalizers.finalize_aggregate` for
+   an aggregator other than the mean.
 
 `evaluate` scores each client with its key's cluster row joined with its own stored
 variables: the call's clients in one looped call (each alone's scores, bit for bit), or
@@ -43,7 +45,7 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_clustered.federated import graphs
+from tff_clustered.federated import finalizers, graphs
 from tff_clustered.federated.clustered_mean import add_to_cluster
 from tff_clustered.federated.graphs import check_device
 from tff_clustered.federated.grouping import client_groups, stacked_padded
@@ -78,6 +80,10 @@ def in_process_round(
     has_anchor = bool(fns.signature.anchor)
     sums_spec = fns.stacked_shared_spec()
     weight_spec = tf.TensorSpec([k], tf.float32)
+    # An aggregator other than the mean: its clients' statistics summed beside their updates,
+    # its finalizer (`finalizers.finalize_aggregate`), its slot of the server state.
+    is_mean = fns.aggregator.is_mean
+    stats_spec = () if is_mean else (finalizers.stats_spec(fns),)
 
     def train_client(
         cluster_models: tuple,
@@ -141,6 +147,18 @@ def in_process_round(
         )
         return sums, total_weight
 
+    def accumulate_stacked_with_stats(
+        sums: tuple,
+        total_weight: tf.Tensor,
+        stats: tf.Tensor,
+        shared_deltas: tuple,
+        cluster_weights: tf.Tensor,
+        client_stats: tf.Tensor,
+    ) -> tuple:
+        """`accumulate_stacked`, and the clients' statistics rows summed."""
+        sums, total_weight = accumulate_stacked(sums, total_weight, shared_deltas, cluster_weights)
+        return sums, total_weight, stats + tf.reduce_sum(client_stats, axis=0)
+
     def accumulate(
         sums: tuple, total_weight: tf.Tensor, shared_delta: tuple, cluster_weight: tf.Tensor
     ) -> tuple:
@@ -193,31 +211,62 @@ def in_process_round(
 
     @functools.cache
     def accumulate_stacked_graph() -> graphs.GraphFunction:
+        if not is_mean:
+            return graphs.GraphFunction(
+                accumulate_stacked_with_stats,
+                [
+                    sums_spec,
+                    weight_spec,
+                    *stats_spec,
+                    stacked(fns.shared_spec),
+                    stacked(weight_spec),
+                    *map(stacked, stats_spec),
+                ],
+                device,
+            )
         return graphs.GraphFunction(
             accumulate_stacked,
             [sums_spec, weight_spec, stacked(fns.shared_spec), stacked(weight_spec)],
             device,
         )
 
-    finalize_graph = graphs.GraphFunction(
-        fns.finalize_sums,
-        [fns.cluster_models_spec, sums_spec, weight_spec, fns.optimizer_state_spec],
-        device,
-    )
+    if is_mean:
+        finalize_graph = graphs.GraphFunction(
+            fns.finalize_sums,
+            [fns.cluster_models_spec, sums_spec, weight_spec, fns.optimizer_state_spec],
+            device,
+        )
+    else:
+        finalize_graph = graphs.GraphFunction(
+            functools.partial(finalizers.finalize_aggregate, fns),
+            [
+                fns.cluster_models_spec,
+                sums_spec,
+                weight_spec,
+                *stats_spec,
+                fns.optimizer_state_spec,
+                finalizers.slot_spec(fns),
+            ],
+            device,
+        )
     scoring = ClientScoring(fns, device, parallel_clients, pad_unequal_clients)
 
     def server_state(
-        cluster_models: tuple, anchor: tuple, optimizer: dict
+        cluster_models: tuple, anchor: tuple, optimizer: dict, aggregator: Any = ()
     ) -> collections.OrderedDict:
         return python_server_state(
             cluster_models,
             anchor if has_anchor else None,
             optimizer if fns.has_optimizer else None,
+            aggregator,
         )
 
     def initialize() -> collections.OrderedDict:
         return server_state(
-            fns.initial_cluster_models, fns.initial_anchor, fns.initial_optimizer_state
+            fns.initial_cluster_models,
+            fns.initial_anchor,
+            fns.initial_optimizer_state,
+            () if is_mean else fns.aggregator.initial_slot(k),
         )
 
     def next_fn(state: dict, client_inputs: Sequence[dict], hparams: dict) -> tuple:
@@ -228,6 +277,7 @@ def in_process_round(
         anchor = tuple(state["anchor"]) if has_anchor else ()
         sums = tuple(np.zeros(s.shape, np.float32) for s in sums_spec)
         total_weight = np.zeros([k], np.float32)
+        stats = tuple(np.zeros(s.shape, np.float32) for s in stats_spec)  # none for the mean
         outputs: list = [None] * len(clients)
 
         # Clients train together, vectorised: those holding the same number of examples, and
@@ -271,15 +321,26 @@ def in_process_round(
         # first client, so the sums do not depend on which finished first.
         with concurrent.futures.ThreadPoolExecutor(parallel_clients) as pool:
             trained = list(pool.map(train_group, groups))
-        for members, (shared_deltas, cluster_weights, out) in zip(groups, trained):
+        for members, (shared_deltas, cluster_weights, out, *client_stats) in zip(groups, trained):
             if not fns.routes_rows:
-                sums, total_weight = accumulate_stacked_graph()(
-                    sums, total_weight, shared_deltas, cluster_weights
+                sums, total_weight, *stats = accumulate_stacked_graph()(
+                    sums, total_weight, *stats, shared_deltas, cluster_weights, *client_stats
                 )
             for row, i in enumerate(members):
                 outputs[i] = tf.nest.map_structure(lambda a, row=row: a[row], out)
         # A relay (routed rows) sums nothing: the mailbox is the peers' to rewrite.
         optimizer = state.get("optimizer", {})
+        if not is_mean:
+            finalized = finalize_graph(
+                models, sums, total_weight, *stats, optimizer, state["aggregator"]
+            )
+            new_state = server_state(
+                finalized["cluster_models"],
+                anchor,
+                finalized.get("optimizer", {}),
+                finalized["aggregator"],
+            )
+            return new_state, outputs, finalized["measurements"]
         if not fns.routes_rows:
             models, optimizer = finalize_graph(models, sums, total_weight, optimizer)
         measurements = collections.OrderedDict(cluster_weight=total_weight)

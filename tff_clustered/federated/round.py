@@ -21,8 +21,12 @@ Server state holds `num_clusters` models stacked along a leading cluster axis. A
   per client): the worker never deserializes a `tf.data` graph per client and round, and the
   training loop is a `tf.while_loop` that runs where the graph is placed (a GPU in the
   in-process execution), not inside tf.data's CPU-only runtime;
-* aggregator: `ClusteredMeanFactory`, the weighted mean per cluster of the shared variables'
-  updates (weights: examples processed, or 1 per client);
+* aggregator: the signature's `ClusterAggregator` (`cluster_aggregators.py`). The default
+  `ClusterMean` is `ClusteredMeanFactory`, the weighted mean per cluster of the shared
+  variables' updates (weights: examples processed, or 1 per client); another one (a private
+  one: `cluster_dp.ClusterDP`) preprocesses each client's update on the client, sums it into
+  its cluster's row with a statistics row, and finishes the sums on the server
+  (`finalizers.finalize_aggregate`), its state in the server state;
 * finalizer: adds each cluster's mean update to its shared variables, then takes the
   signature's server optimizer step per cluster (`server_optimizers.server_step`: FedAvgM,
   FedAdam; its state is part of the server state), inside the computation. A cluster no
@@ -59,6 +63,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_clustered.federated import finalizers
 from tff_clustered.federated.clustered_mean import ClusteredMeanFactory, ClusterSums
 from tff_clustered.federated.round_functions import RoundFunctions, round_functions
 from tff_clustered.federated.round_inputs import WorkerData
@@ -123,7 +128,9 @@ class TffRoundParts:
     SERVER-placed), and `finalize(cluster_models, sums, total_weight) -> cluster_models` (with
     a server optimizer's state: `(..., optimizer) -> {cluster_models, optimizer}`) turns
     sums, added up over any split of the clients, into the new cluster models. `next` equals
-    `partial_next` followed by `finalize` (`sharded.py` runs them on several workers).
+    `partial_next` followed by `finalize` (`sharded.py` runs them on several workers). With an
+    aggregator other than the mean, `partial_next` returns `(sums, total_weight, stats,
+    outputs)` and `finalize` is `finalizers.aggregate_finalizer`'s.
 
     `partial_next`, `finalize` and `evaluate` are built (traced and serialized) when first
     used, from `builders`: a run on one worker never uses the first two, and FedTSDP builds a
@@ -215,30 +222,22 @@ def tff_round_parts(fns: RoundFunctions, worker_data: Optional[WorkerData] = Non
         )
     key_of = tff.tensorflow.computation(client_type)(lambda client: client["key"])
 
-    aggregator = ClusteredMeanFactory(k).create(
-        to_type(fns.shared_spec), tff.TensorType(np.float32, [k])
-    )
-    # The finalizer: from the cluster means (the whole round) or the per-cluster sums (after
-    # `sharded.py` has added the workers' shares), with the server optimizer's state in and
-    # out when it keeps one (TFF computations take no optional parameters).
-    has_optimizer = fns.has_optimizer
-    weight_type = tff.TensorType(np.float32, [k])
-    finalize_types = [cluster_models_type, stacked_shared_type, weight_type]
-    if has_optimizer:
-        finalize_types.append(to_type(fns.optimizer_state_spec))
-
-    def finalizer(combine: Callable[..., tuple]) -> tff.Computation:
-        if has_optimizer:
-            return tff.tensorflow.computation(*finalize_types)(
-                lambda models, update, weight, optimizer: collections.OrderedDict(
-                    zip(("cluster_models", "optimizer"), combine(models, update, weight, optimizer))
-                )
-            )
-        return tff.tensorflow.computation(*finalize_types)(
-            lambda models, update, weight: combine(models, update, weight, {})[0]
+    # The aggregator: the mean's own factory, or another aggregator's TF functions
+    # (`cluster_aggregators.py`): its clients' statistics summed beside their updates, its
+    # finalizer from the sums (`finalizers.finalize_aggregate`), its state in the server state.
+    is_mean = fns.aggregator.is_mean
+    if is_mean:
+        aggregator = ClusteredMeanFactory(k).create(
+            to_type(fns.shared_spec), tff.TensorType(np.float32, [k])
         )
-
-    finalize_mean = finalizer(fns.finalize)
+    has_optimizer = fns.has_optimizer
+    # The finalizer: from the cluster means (the whole round) or the per-cluster sums (after
+    # `sharded.py` has added the workers' shares).
+    finalize_round = (
+        finalizers.mean_finalizer(fns, fns.finalize)
+        if is_mean
+        else finalizers.aggregate_finalizer(fns)
+    )
 
     def server_state(
         cluster_models: object, anchor: object, optimizer: object, aggregator_state: object
@@ -257,7 +256,7 @@ def tff_round_parts(fns: RoundFunctions, worker_data: Optional[WorkerData] = Non
             server_constant(fns.initial_cluster_models),
             server_constant(fns.initial_anchor) if has_anchor else None,
             server_constant(fns.initial_optimizer_state) if has_optimizer else None,
-            aggregator.initialize(),
+            aggregator.initialize() if is_mean else server_constant(fns.aggregator.initial_slot(k)),
         )
 
     state_type = initialize.type_signature.result
@@ -293,7 +292,8 @@ def tff_round_parts(fns: RoundFunctions, worker_data: Optional[WorkerData] = Non
 
     def after_client_work(finish: Callable[..., Any]) -> tff.Computation:
         """A computation with `next`'s parameters: distributor and client work
-        (`train_clients`), then `finish(state, shared_delta, cluster_weight, outputs)`."""
+        (`train_clients`), then `finish(state, shared_delta, cluster_weight, outputs)` (and
+        the clients' statistics last for an aggregator other than the mean)."""
 
         @tff.federated_computation(*next_parameter_types)
         def computation(state: object, clients: object, hparams: object) -> object:
@@ -311,20 +311,39 @@ def tff_round_parts(fns: RoundFunctions, worker_data: Optional[WorkerData] = Non
         aggregate = aggregator.next(state.aggregator, shared_delta, cluster_weight)
         inputs = [state.cluster_models, aggregate.result, aggregate.measurements.cluster_weight]
         if has_optimizer:
-            finalized = tff.federated_map(finalize_mean, (*inputs, state.optimizer))
+            finalized = tff.federated_map(finalize_round, (*inputs, state.optimizer))
             new_models, optimizer = finalized.cluster_models, finalized.optimizer
         else:
-            new_models, optimizer = tff.federated_map(finalize_mean, tuple(inputs)), None
+            new_models, optimizer = tff.federated_map(finalize_round, tuple(inputs)), None
         anchor = state.anchor if has_anchor else None
         new_state = server_state(new_models, anchor, optimizer, aggregate.state)
         return new_state, outputs, aggregate.measurements
 
+    def aggregate_privately(
+        state: object, shared_delta: object, cluster_weight: object, outputs: object, stats: object
+    ) -> object:
+        """Aggregator and finalizer of an aggregator other than the mean: the whole round."""
+        total, total_weight, stats_total = client_sums(shared_delta, cluster_weight, stats)
+        inputs = [state.cluster_models, total, total_weight, stats_total, state.aggregator]
+        if has_optimizer:
+            inputs.append(state.optimizer)
+        finalized = tff.federated_map(finalize_round, tuple(inputs))
+        optimizer = finalized.optimizer if has_optimizer else None
+        anchor = state.anchor if has_anchor else None
+        new_state = server_state(finalized.cluster_models, anchor, optimizer, finalized.aggregator)
+        return new_state, outputs, finalized.measurements
+
+    def client_sums(shared_delta: object, cluster_weight: object, *stats: object) -> tuple:
+        """The per-cluster sums of the clients' updates and weights, and of their statistics
+        for an aggregator other than the mean (SERVER-placed)."""
+        total, total_weight = ClusterSums(to_type(fns.shared_spec), k)(shared_delta, cluster_weight)
+        return (total, total_weight, *(tff.federated_sum(s) for s in stats))
+
     def sums_only(
-        state: object, shared_delta: object, cluster_weight: object, outputs: object
+        state: object, shared_delta: object, cluster_weight: object, outputs: object, *stats: object
     ) -> object:
         """A share of the clients, up to their per-cluster sums (merged by `sharded.py`)."""
-        total, total_weight = ClusterSums(to_type(fns.shared_spec), k)(shared_delta, cluster_weight)
-        return total, total_weight, outputs
+        return (*client_sums(shared_delta, cluster_weight, *stats), outputs)
 
     def build_evaluate() -> tff.Computation:
         """Evaluation: the same distributor, then each client's joined model on its data."""
@@ -357,11 +376,13 @@ def tff_round_parts(fns: RoundFunctions, worker_data: Optional[WorkerData] = Non
 
     return TffRoundParts(
         initialize=initialize,
-        next=after_client_work(aggregate_and_apply),
+        next=after_client_work(aggregate_and_apply if is_mean else aggregate_privately),
         functions=fns,
         builders={
             "partial_next": lambda: after_client_work(sums_only),
-            "finalize": lambda: finalizer(fns.finalize_sums),
+            "finalize": lambda: (
+                finalizers.mean_finalizer(fns, fns.finalize_sums) if is_mean else finalize_round
+            ),
             "evaluate": build_evaluate,
         },
     )

@@ -2,8 +2,10 @@
 (`distributors.py`), one client's work (the signature's `ClientWork`, `client_work.py`) with
 the bookkeeping around it (a diverged client's update zeroed, its weight in its cluster), the
 finalizer (each cluster's mean update added to its shared variables) and a client's scoring.
-The aggregator between them is `clustered_mean.py`. `round.tff_round_parts` makes these TFF
-computations; `in_process.in_process_round` runs the very same functions in this process.
+The aggregator between them is `clustered_mean.py` for the mean, or the signature's
+`ClusterAggregator`'s TF functions (`cluster_aggregators.py`, `finalizers.py`).
+`round.tff_round_parts` makes these TFF computations; `in_process.in_process_round` runs the
+very same functions in this process.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import tensorflow as tf
 
 from tff_clustered.federated import client_work, local_training, server_optimizers
 from tff_clustered.federated.batching import ArrayBatches
+from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.federated.clustered_mean import cluster_mean
 from tff_clustered.federated.distributors import ClientSide, Distributor
 from tff_clustered.federated.round_inputs import client_seed, round_hparams
@@ -34,16 +37,17 @@ def python_server_state(
     cluster_models: Sequence[Any],
     anchor: Optional[Sequence[Any]],
     optimizer: Optional[Mapping[str, Any]] = None,
+    aggregator: Any = (),
 ) -> collections.OrderedDict:
     """The round's server state as the TFF round returns it, for executions that build it in
     Python: cluster models, the anchor and the server optimizer's state when the round has
-    them, the aggregator's (empty) state."""
+    them, the aggregator's slot (empty for the mean; `ClusterAggregator.server_slot`)."""
     state = collections.OrderedDict(cluster_models=tuple(cluster_models))
     if anchor is not None:
         state["anchor"] = tuple(anchor)
     if optimizer is not None:
         state["optimizer"] = collections.OrderedDict(optimizer)
-    state["aggregator"] = ()
+    state["aggregator"] = aggregator
     return state
 
 
@@ -58,7 +62,9 @@ class RoundFunctions:
       `every_cluster_shared(cluster_models)` what is broadcast to a client that takes its
       cluster's row or picks one, its `receive` the client's side of both;
     * `padded_client_update(distributed, stored, data, key, client_scalar, seed, hparams,
-      anchor, size)`: one client's work -> `(shared_delta, cluster_weight, outputs)`;
+      anchor, size)`: one client's work -> `(shared_delta, cluster_weight, outputs)`, and
+      its statistics row for the aggregator (`[K, stats_width]`) last unless the aggregator
+      is the mean (`cluster_aggregators.py`; its update and weight are then preprocessed);
       `distributed` is a dataset of the one selection, or every cluster's shared variables;
       `size`: the client holds the first `size` rows of `data` (padded arrays, masked batches:
       `ArrayBatches`; exact for a `rows_independent` model), None for all of them;
@@ -67,7 +73,9 @@ class RoundFunctions:
     * `finalize(cluster_models, mean_deltas, cluster_weight, optimizer_state) ->
       (cluster_models, optimizer_state)`: the finalizer, each cluster's mean update added to
       its shared variables, then the server optimizer's step (`server_optimizers.server_step`;
-      the identity when `has_optimizer` is false, with `{}` for its state);
+      the identity when `has_optimizer` is false, with `{}` for its state) for the clusters
+      some client trained in; `apply_means(cluster_models, mean_deltas, updated,
+      optimizer_state)` the same for the clusters `updated` names;
     * `client_evaluate(selected, stored, data, batch_size, size)`: one client's scores
       (`size`: as for `padded_client_update`).
     The aggregation between them is `clustered_mean`'s `add_to_cluster` and `cluster_mean`.
@@ -91,6 +99,7 @@ class RoundFunctions:
     distributor: Distributor
     padded_client_update: Callable[..., tuple]
     finalize: Callable[..., tuple]
+    apply_means: Callable[..., tuple]
     client_evaluate: Callable[..., dict]
     rows_independent: bool = False  # the model's `rows_independent`: padded clients are exact
 
@@ -101,6 +110,10 @@ class RoundFunctions:
     @property
     def has_optimizer(self) -> bool:
         return not self.signature.server_optimizer.is_identity
+
+    @property
+    def aggregator(self) -> ClusterAggregator:
+        return self.signature.aggregator
 
     def finalize_sums(
         self, cluster_models: tuple, sums: tuple, total_weight: tf.Tensor, optimizer_state: Any
@@ -160,6 +173,18 @@ class RoundFunctions:
         return tuple(tf.TensorSpec([k, *s.shape], s.dtype) for s in self.shared_spec)
 
 
+def hparams_spec(aggregator: ClusterAggregator, num_clusters: int) -> collections.OrderedDict:
+    """TF specs of a round's hyperparameters (`round_inputs.round_hparams`), of any length,
+    with the clients' parameters of an aggregator other than the mean."""
+    spec = collections.OrderedDict(
+        (name, tf.TensorSpec([None] * np.ndim(v), tf.as_dtype(v.dtype)))
+        for name, v in round_hparams(0, 1).items()
+    )
+    if not aggregator.is_mean:
+        spec["aggregator"] = aggregator.params_spec(num_clusters)
+    return spec
+
+
 def round_functions(
     model: FunctionalModel,
     input_spec: dict,
@@ -174,7 +199,7 @@ def round_functions(
         raise ValueError("initial variables do not match the model's variable shapes")
     k = signature.num_clusters
     num_trainable = layout.num_trainable
-    work = signature.work
+    work, aggregator = signature.work, signature.aggregator
 
     def specs(indices: Sequence[int], lead: tuple[int, ...] = ()) -> tuple[tf.TensorSpec, ...]:
         return tuple(tf.TensorSpec([*lead, *shapes[i]], tf.float32) for i in indices)
@@ -273,6 +298,14 @@ def round_functions(
             tf.where(finite, trained[i] - start[i], tf.zeros_like(start[i])) for i in io.shared
         )
         weight = result.num_examples if signature.client_weighting == "num_examples" else 1.0
+        if not aggregator.is_mean:
+            shared_delta, weight, stats = aggregator.preprocess(
+                hparams["aggregator"],
+                shared_delta,
+                cluster,
+                weight * tf.cast(finite, tf.float32),
+                seed["dropout"],
+            )
         cluster_weight = tf.one_hot(cluster, k, dtype=tf.float32) * weight
         cluster_weight *= tf.cast(finite, tf.float32)
         outputs = collections.OrderedDict(
@@ -286,17 +319,25 @@ def round_functions(
             outputs["metrics"] = result.metrics
         if signature.return_model_deltas:
             outputs["model_delta"] = local_training.flatten([t - s for t, s in zip(trained, start)])
-        return shared_delta, cluster_weight, outputs
+        if aggregator.is_mean:
+            return shared_delta, cluster_weight, outputs
+        row = tf.one_hot(cluster, k, dtype=tf.float32)[:, None]
+        return shared_delta, cluster_weight, outputs, row * stats[None, :]
 
     server_step = server_optimizers.server_step(signature.server_optimizer, num_trainable)
 
-    def finalize(
-        cluster_models: tuple, mean_deltas: tuple, cluster_weight: tf.Tensor, optimizer_state: Any
+    def apply_means(
+        cluster_models: tuple, mean_deltas: tuple, updated: tf.Tensor, optimizer_state: Any
     ) -> tuple:
         added = list(cluster_models)
         for i, delta in zip(io.shared, mean_deltas):
             added[i] = cluster_models[i] + delta
-        return server_step(cluster_models, tuple(added), cluster_weight > 0, optimizer_state)
+        return server_step(cluster_models, tuple(added), updated, optimizer_state)
+
+    def finalize(
+        cluster_models: tuple, mean_deltas: tuple, cluster_weight: tf.Tensor, optimizer_state: Any
+    ) -> tuple:
+        return apply_means(cluster_models, mean_deltas, cluster_weight > 0, optimizer_state)
 
     def client_evaluate(
         selected: tf.data.Dataset,
@@ -331,10 +372,7 @@ def round_functions(
             (name, tf.TensorSpec(np.shape(v), tf.as_dtype(v.dtype)))
             for name, v in client_seed(0, 0).items()
         ),
-        hparams_spec=collections.OrderedDict(
-            (name, tf.TensorSpec([None] * np.ndim(v), tf.as_dtype(v.dtype)))
-            for name, v in round_hparams(0, 1).items()
-        ),
+        hparams_spec=hparams_spec(aggregator, k),
         initial_cluster_models=tuple(
             np.repeat(np.asarray(v, np.float32)[None], k, axis=0) for v in initial_variables
         ),
@@ -349,6 +387,7 @@ def round_functions(
         distributor=distributor,
         padded_client_update=padded_client_update,
         finalize=finalize,
+        apply_means=apply_means,
         client_evaluate=client_evaluate,
         rows_independent=model.rows_independent,
     )

@@ -5,7 +5,7 @@ to `next` (`client_input`) or to `evaluate` (`evaluation_input`)."""
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional, Protocol
 
 import numpy as np
@@ -52,6 +52,7 @@ def round_hparams(
     row_weights: Optional[Sequence[float]] = None,
     round_num: int = 0,
     total_rounds: int = 0,
+    aggregator_params: Optional[Mapping[str, Any]] = None,
 ) -> dict:
     """The SERVER-placed per-round hyperparameters `next` takes (broadcast to clients): the
     learning rate; how many of the built round's clusters are in use (a client that picks its
@@ -60,8 +61,10 @@ def round_hparams(
     the scoring pass's batch size, a weight per server row (the examples its peer holds,
     read by peers that receive rows; one 1 otherwise), and where the round stands in the run
     (`round_num` of `total_rounds`, 1-based; 0 of 0 outside a run), for client work with a
-    schedule (DisPFL's mask annealing)."""
-    return collections.OrderedDict(
+    schedule (DisPFL's mask annealing); and for a round whose aggregator is not the mean,
+    what its clients read of the aggregator's state (`ClusterAggregator.client_params`, e.g.
+    each cluster's clip norm)."""
+    hparams = collections.OrderedDict(
         learning_rate=np.float32(learning_rate),
         num_clusters=np.float32(num_clusters),
         batch_size=np.int64(batch_size),
@@ -72,6 +75,9 @@ def round_hparams(
         round_num=np.int64(round_num),
         total_rounds=np.int64(total_rounds),
     )
+    if aggregator_params is not None:
+        hparams["aggregator"] = collections.OrderedDict(aggregator_params)
+    return hparams
 
 
 def client_seed(shuffle: int, dropout: int) -> dict:

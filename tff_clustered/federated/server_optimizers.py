@@ -10,7 +10,9 @@ momentum per group. Rules:
 
 * Only the trainable values move by the optimizer; the other variables (BatchNorm statistics)
   keep the aggregator's mean.
-* A cluster no sampled client trained in this round is left as it was, model and state.
+* A cluster no sampled client trained in this round is left as it was, model and state
+  (under a private aggregator, `cluster_dp.py`, every cluster in use steps: its noised mean
+  is its update, whether or not a client of it took part).
 * The state is kept per cluster index while the number of clusters stays; a change of that
   number (a split, a merge, a cold start) starts every cluster's state from zero.
 

@@ -114,6 +114,8 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
             [client_examples(c["data"]) for c in clients],
             [list(clients)],
         )
+        if not fns.aggregator.is_mean:
+            return finalized_aggregate(state, shares, workers[0][1], finalize)
         total = [np.asarray(t, np.float32) for t in shares[0][0]]
         total_weight = np.asarray(shares[0][1], np.float32)
         outputs = list(shares[0][2])
@@ -134,6 +136,37 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
                 models, optimizer = finalized["cluster_models"], finalized["optimizer"]
         new_state = python_server_state(models, state["anchor"] if has_anchor else None, optimizer)
         return new_state, outputs, collections.OrderedDict(cluster_weight=total_weight)
+
+    def finalized_aggregate(
+        state: dict, shares: list, context: object, finalize: Callable[..., Any]
+    ) -> tuple:
+        """The round of an aggregator other than the mean from the workers' shares
+        (`partial_next`: sums, weights, statistics, outputs): their sums added in worker
+        order, then its finalizer once on `context`'s worker (noise is added once, after the
+        merge)."""
+        merged = [
+            [np.asarray(t, np.float32) for t in shares[0][0]],
+            np.asarray(shares[0][1], np.float32),
+            np.asarray(shares[0][2], np.float32),
+        ]
+        outputs = list(shares[0][3])
+        for share_total, share_weight, share_stats, share_outputs in shares[1:]:
+            merged[0] = [a + np.asarray(b, np.float32) for a, b in zip(merged[0], share_total)]
+            merged[1] = merged[1] + np.asarray(share_weight, np.float32)
+            merged[2] = merged[2] + np.asarray(share_stats, np.float32)
+            outputs.extend(share_outputs)
+        models = tuple(state["cluster_models"])
+        inputs = [models, tuple(merged[0]), merged[1], merged[2], state["aggregator"]]
+        if fns.has_optimizer:
+            inputs.append(state["optimizer"])
+        finalized = _call_on(context, finalize, *inputs)
+        new_state = python_server_state(
+            finalized["cluster_models"],
+            state["anchor"] if has_anchor else None,
+            finalized["optimizer"] if fns.has_optimizer else None,
+            finalized["aggregator"],
+        )
+        return new_state, outputs, finalized["measurements"]
 
     def evaluate(cluster_models: tuple, clients: Sequence[dict], batch_size: int) -> list:
         """`parts.evaluate`, each worker scoring a share of the clients."""

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tff_clustered.federated import client_work
+from tff_clustered.federated.cluster_aggregators import ClusterAggregator, ClusterMean
 from tff_clustered.federated.distributions import Distribution, OwnCluster
 from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.models.functional import FunctionalModel
@@ -67,6 +68,10 @@ class RoundSignature:
     `server_optimizer`: the
     finalizer's step with each cluster's mean update (`server_optimizers.server_step`; its
     state is part of the server state unless it is the identity, FedAvg's "add the mean").
+    `aggregator` (`cluster_aggregators.py`): what becomes of each client's update between its
+    work and its cluster's mean; the default `ClusterMean` is the weighted mean per cluster,
+    run by the round's own code path (`clustered_mean.py`), another one by its TF functions
+    (a private one, `cluster_dp.ClusterDP`, weighs clients uniformly).
     """
 
     num_clusters: int
@@ -78,6 +83,7 @@ class RoundSignature:
     distribution: Distribution = OwnCluster()
     anchor: tuple[int, ...] = ()
     server_optimizer: ServerOptimizer = ServerOptimizer()
+    aggregator: ClusterAggregator = ClusterMean()
 
     def __post_init__(self) -> None:
         if self.num_clusters < 1:
@@ -89,6 +95,20 @@ class RoundSignature:
         if self.client_weighting not in CLIENT_WEIGHTINGS:
             raise ValueError(
                 f"client_weighting must be one of {CLIENT_WEIGHTINGS}, got {self.client_weighting}"
+            )
+        if not isinstance(self.aggregator, ClusterAggregator):
+            raise TypeError(
+                "aggregator must be a cluster_aggregators.ClusterAggregator, got "
+                f"{self.aggregator!r}"
+            )
+        if self.distribution.decentralized and not self.aggregator.is_mean:
+            raise ValueError(
+                f"decentralized peers aggregate nothing: no {self.aggregator.name} aggregator"
+            )
+        if self.aggregator.uniform_weights and self.client_weighting != "uniform":
+            raise ValueError(
+                f"the {self.aggregator.name} aggregator weighs every client 1 in its cluster's "
+                "sum: give the round client_weighting='uniform'"
             )
 
 

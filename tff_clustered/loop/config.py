@@ -1,18 +1,100 @@
 """A run's training settings: rounds, client sampling, local training, learning-rate
-schedule, evaluation, the divergence policy and the server optimizer."""
+schedule, evaluation, the divergence policy, the server optimizer and the aggregator."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Optional
 
+from tff_clustered.federated.cluster_aggregators import ClusterAggregator, ClusterMean
+from tff_clustered.federated.cluster_dp import ClusterDP
 from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.loop.privacy import SAMPLINGS
 from tff_clustered.options import checked_fields
 from tff_clustered.seeds import EVAL_SAMPLE, rng_for
 
 LR_SCHEDULES = ("constant", "exponential", "cosine")
+AGGREGATORS = ("mean", "dp")
+DP_CLIPPINGS = ("fixed", "adaptive")
+
+
+@dataclasses.dataclass(frozen=True)
+class AggregatorConfig:
+    """What the round does with each client's update between its training and its cluster's
+    mean (`federated.cluster_aggregators`), as the flags name it: `name` "mean" (the weighted
+    mean per cluster) or "dp" (DP-FedAvg per cluster, `federated.cluster_dp.ClusterDP`: each
+    update clipped, Gaussian noise of `noise_multiplier` times the clip norm on every cluster's
+    sum, uniform client weights). `clip` is the clip norm (the start of each cluster's with
+    `clipping="adaptive"`, which moves it toward the `target_quantile` of its clients' update
+    norms at `clip_learning_rate`); `count_stddev`: the noise on the adaptive clip's counts
+    (None: the noise multiplier). The dp settings keep their defaults with the mean."""
+
+    name: str = "mean"
+    noise_multiplier: Optional[float] = None
+    clip: float = 1.0
+    clipping: str = "fixed"
+    target_quantile: float = 0.5
+    clip_learning_rate: float = 0.2
+    count_stddev: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        for name, value in checked_fields(self, "AggregatorConfig").items():
+            object.__setattr__(self, name, value)
+        if self.name not in AGGREGATORS:
+            raise ValueError(f"aggregator must be one of {AGGREGATORS}, got {self.name!r}")
+        if self.clipping not in DP_CLIPPINGS:
+            raise ValueError(f"dp_clipping must be one of {DP_CLIPPINGS}, got {self.clipping!r}")
+        if self.name == "mean":
+            changed = [
+                f"--dp_{f.name}"
+                for f in dataclasses.fields(self)
+                if f.name != "name" and getattr(self, f.name) != f.default
+            ]
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)} set with --aggregator=mean, which adds no noise and "
+                    "clips nothing: add --aggregator=dp, or leave them unset"
+                )
+        elif self.noise_multiplier is None:
+            raise ValueError(
+                "--aggregator=dp needs --dp_noise_multiplier: the noise's standard deviation "
+                "over the clip norm (0: clipping only, no privacy)"
+            )
+        self.build()  # the mechanism's own checks, here where the settings are made
+
+    def build(self) -> ClusterAggregator:
+        """The aggregator these settings describe."""
+        if self.name == "mean":
+            return ClusterMean()
+        return ClusterDP(
+            noise_multiplier=float(self.noise_multiplier or 0.0),
+            clip=self.clip,
+            adaptive=self.clipping == "adaptive",
+            target_quantile=self.target_quantile,
+            clip_learning_rate=self.clip_learning_rate,
+            count_stddev=self.count_stddev,
+        )
+
+    @classmethod
+    def of(cls, aggregator: ClusterAggregator) -> AggregatorConfig:
+        """The settings of a built aggregator (`ClusterMean` or `ClusterDP`)."""
+        if isinstance(aggregator, ClusterDP):
+            return cls(
+                "dp",
+                noise_multiplier=aggregator.noise_multiplier,
+                clip=aggregator.clip,
+                clipping="adaptive" if aggregator.adaptive else "fixed",
+                target_quantile=aggregator.target_quantile,
+                clip_learning_rate=aggregator.clip_learning_rate,
+                count_stddev=aggregator.count_stddev,
+            )
+        if isinstance(aggregator, ClusterMean):
+            return cls()
+        raise TypeError(
+            f"aggregator must be ClusterMean() or ClusterDP(...), got {type(aggregator).__name__}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +128,8 @@ class TrainingConfig:
     # exactly `clients_per_round` without replacement; "poisson", each independently with
     # probability clients_per_round / eligible (a round may then have none).
     client_sampling: str = "fixed"
+    # What becomes of each client's update before its cluster's mean (`AggregatorConfig`).
+    aggregator: AggregatorConfig = AggregatorConfig()
 
     def __post_init__(self) -> None:
         # Types first (a bool, a whole float or a string of digits is not an int), as the

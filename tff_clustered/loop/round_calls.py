@@ -26,7 +26,9 @@ from tff_clustered.federated.round_inputs import (
     round_hparams,
 )
 from tff_clustered.federated.signature import ModelLayout, RoundSignature
+from tff_clustered.loop.aggregation import AggregatorRound, server_slot, state_after
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.pooled import PooledRows, PooledSplit
 from tff_clustered.loop.state import cluster_capacity, padded
 from tff_clustered.seeds import DROPOUT, SHUFFLE, derived_seed
 
@@ -51,49 +53,15 @@ ClientResults = dict[str, dict[str, float]]  # client id -> loss_sum, num_correc
 
 class TrainedRound(NamedTuple):
     """What one call of a round's `next` returns: the new cluster models (flat, the real ones),
-    the server optimizer's new state (None without one), each client's outputs and the
-    round's measurements (`cluster_weight`)."""
+    the server optimizer's new state (None without one), each client's outputs, the
+    round's measurements (`cluster_weight`; an aggregator's own) and the aggregator's new
+    state (None for the mean)."""
 
     cluster_models: np.ndarray
     optimizer_state: Optional[dict[str, np.ndarray]]
     outputs: list[dict]
     measurements: dict
-
-
-class PooledRows(NamedTuple):
-    """Examples to score pooled (`pooled_scores_fn`): pooled arrays `(x, y)` (or their
-    references on the worker), the rows of them scored, and each row's client (its index in
-    the clients asked for)."""
-
-    examples: tuple
-    rows: np.ndarray
-    client: np.ndarray
-
-
-@dataclasses.dataclass(frozen=True)
-class PooledSplit:
-    """Some clients' examples of a split in one pair of arrays (`examples()` gives them where
-    the scoring runs), and where each client's rows start and how many it has."""
-
-    examples: Callable[[], tuple]
-    start: dict[str, int]
-    size: dict[str, int]
-
-    def holds(self, client_ids: Sequence[str]) -> bool:
-        """Whether every one of `client_ids` is pooled here."""
-        return all(c in self.start for c in client_ids)
-
-    def rows(self, client_ids: Sequence[str]) -> PooledRows:
-        sizes = [self.size[c] for c in client_ids]
-        rows = [
-            np.arange(self.start[c], self.start[c] + n, dtype=np.int32)
-            for c, n in zip(client_ids, sizes)
-        ]
-        return PooledRows(
-            self.examples(),
-            np.concatenate(rows) if rows else np.zeros(0, np.int32),
-            np.repeat(np.arange(len(sizes), dtype=np.int32), sizes),
-        )
+    aggregator_state: Optional[dict[str, np.ndarray]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +81,8 @@ class TrainRequest:
     from the rows `keys[i]` of the flat `cluster_models` and training as `training` says, with
     `client_scalars[i]` for its work (1.0 each when None); `anchor` (flat) for a round that
     sends one, `row_weights` for one that routes rows, `optimizer_state` (one row per cluster)
-    for one whose finalizer keeps a state."""
+    for one whose finalizer keeps a state, `aggregator` for one whose aggregator is not the
+    mean."""
 
     fed_round: FederatedRound
     round_num: int
@@ -125,6 +94,7 @@ class TrainRequest:
     anchor: Optional[np.ndarray] = None
     row_weights: Optional[np.ndarray] = None
     optimizer_state: Optional[dict[str, np.ndarray]] = None
+    aggregator: Optional[AggregatorRound] = None
 
 
 class RoundCalls:
@@ -173,10 +143,14 @@ class RoundCalls:
         optimizer = None
         if request.optimizer_state is not None:
             optimizer = {k: padded(v, capacity) for k, v in request.optimizer_state.items()}
+        aggregator_slot, aggregator_params = server_slot(
+            signature.aggregator, request.aggregator, len(request.cluster_models), capacity
+        )
         server_state = python_server_state(
             flat.matrix_to_stacked(padded(request.cluster_models, capacity), shapes),
             anchor,
             optimizer,
+            aggregator_slot,
         )
         client_ids, training = request.client_ids, request.training
         scalars = request.client_scalars
@@ -197,6 +171,7 @@ class RoundCalls:
             row_weights=request.row_weights,
             round_num=request.round_num,
             total_rounds=self.config.rounds,
+            aggregator_params=aggregator_params,
         )
         seeds = self.seeds(request.round_num, client_ids, training.stream)
         on_worker, sizes = self.rounds_cache.worker_data, self.data.train_sizes
@@ -217,7 +192,10 @@ class RoundCalls:
                 key: np.asarray(value)[:num_clusters]
                 for key, value in new_state["optimizer"].items()
             }
-        return TrainedRound(new_models, new_optimizer_state, outputs, measurements)
+        new_aggregator_state = state_after(signature.aggregator, new_state, num_clusters)
+        return TrainedRound(
+            new_models, new_optimizer_state, outputs, measurements, new_aggregator_state
+        )
 
     def whole_model_round(self, num_models: int) -> FederatedRound:
         """A round whose models are whole server models, nothing taken from the client store

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -24,13 +24,16 @@ from tff_clustered.loop.state import check_diverged_clients, check_finite
 class RoundOutcome:
     """What a round did: `result` for the algorithm (the clients whose update stayed finite),
     the aggregated `cluster_models` and the server optimizer's state, how many clients were
-    sampled, and the seconds the round's call and bookkeeping took."""
+    sampled, the seconds the round's call and bookkeeping took, and the aggregator's new state
+    (None for the mean) and measurements (one row per real cluster each)."""
 
     result: RoundResult
     cluster_models: np.ndarray
     optimizer_state: Optional[dict[str, np.ndarray]]
     num_sampled: int
     seconds: float
+    aggregator_state: Optional[dict[str, np.ndarray]] = None
+    measurements: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     @property
     def num_dropped(self) -> int:
@@ -83,6 +86,8 @@ class RoundStep:
             trained.optimizer_state,
             len(finite),
             time.perf_counter() - started,
+            trained.aggregator_state,
+            trained.measurements,
         )
 
 

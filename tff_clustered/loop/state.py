@@ -31,6 +31,9 @@ class RunState:
     similarity: Optional[Similarity] = None  # the latest matrix a clustering step used
     # The server optimizer's state, stacked per cluster (None: none kept, FedAvg's finalizer).
     server_optimizer_state: Optional[dict[str, np.ndarray]] = None
+    # The aggregator's state, one row per cluster (None: none kept, the mean's; a private
+    # aggregator's clip norms).
+    aggregator_state: Optional[dict[str, np.ndarray]] = None
 
     @property
     def num_clusters(self) -> int:

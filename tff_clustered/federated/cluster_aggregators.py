@@ -1,0 +1,182 @@
+"""The aggregator part of a round, one instance per cluster: what happens to a client's shared
+update between its training and its cluster's mean, and to each cluster's sum on the server.
+
+`ClusterMean` (the default) is the weighted mean per cluster of `clustered_mean.py`: a round
+whose signature carries it runs exactly the code and types it ran before aggregators existed.
+Any other aggregator runs as plain TF functions on every execution (TFF's worker, several
+workers, in process), so both executions and a resumed run give the same results:
+
+* client side, `preprocess(params, delta, cluster, weight, seed) -> (delta, weight, stats)`:
+  the client's update for its cluster (clipped, zeroed or quantized with its cluster's
+  parameters `params`, which the server broadcasts in the round's hyperparameters), its weight
+  in the cluster's sum, and a small statistics row of `stats_width` values. The round adds the
+  update into its cluster's row of the `[K, ...]` stack and the statistics into the row of a
+  `[K, stats_width]` stack, O(d) per client whatever the number of clusters;
+* server side, `finalize(sums, total_weight, stats, state, inputs) -> (means, updated, state,
+  measurements)`: each cluster's mean update from its sums, which clusters step (the server
+  optimizer's `updated`), the aggregator's new state (one row per cluster) and what the round
+  reports. `inputs` are the round's values the loop sets (`round_inputs`): a seed for any
+  randomness (stateless, so the same on every execution) and each cluster's expected number
+  of clients (a private mean divides by it, never by the realised count).
+
+An aggregator is a frozen value, part of the round's `RoundSignature` (the built round's cache
+key). Its state lives in the round's server state, slot `aggregator`:
+`{"state": {name: [K] array}, "inputs": {"seed": int64[2], "denominator": float32[K]}}`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar, Optional
+
+import numpy as np
+import tensorflow as tf
+
+AggregatorState = dict[str, np.ndarray]  # each entry one row per cluster
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterAggregator:
+    """Base of the aggregators (see the module docstring). Subclasses set `name` and override
+    the steps they change; the base's steps are the identity (a plain per-cluster sum divided
+    by the expected counts)."""
+
+    name: ClassVar[str] = ""
+    # The weighted mean of `clustered_mean.py`, run as it was before aggregators existed.
+    is_mean: ClassVar[bool] = False
+    # Every client weighs 1 in its cluster's sum (a private sum needs a bounded contribution):
+    # the round's signature must then weigh clients uniformly.
+    uniform_weights: ClassVar[bool] = False
+    # It gives differential privacy to what comes out of it (`round_event`), which an
+    # algorithm that reads individual clients' updates would void (`Algorithm.dp_compatible`).
+    private: ClassVar[bool] = False
+
+    @property
+    def stats_width(self) -> int:
+        """Values per client in the statistics `preprocess` returns (0: none)."""
+        return 0
+
+    def initial_state(self, num_clusters: int) -> AggregatorState:
+        """The state of `num_clusters` clusters before their first round, one row each."""
+        return collections.OrderedDict()
+
+    def state_or_initial(
+        self, state: Optional[Mapping[str, np.ndarray]], num_clusters: int
+    ) -> AggregatorState:
+        """`state` while it holds `num_clusters` rows of this aggregator's entries, else the
+        initial state (a change in the number of clusters restarts it)."""
+        initial = self.initial_state(num_clusters)
+        if state is None or set(state) != set(initial):
+            return initial
+        if any(len(np.asarray(value)) != num_clusters for value in state.values()):
+            return initial
+        return collections.OrderedDict((key, np.asarray(state[key])) for key in initial)
+
+    def client_params(self, state: Mapping[str, Any]) -> collections.OrderedDict:
+        """What the clients read of the state (broadcast in the round's hyperparameters)."""
+        return collections.OrderedDict()
+
+    def preprocess(
+        self,
+        params: Mapping[str, tf.Tensor],
+        delta: tuple,
+        cluster: tf.Tensor,
+        weight: tf.Tensor,
+        seed: tf.Tensor,
+    ) -> tuple[tuple, tf.Tensor, tf.Tensor]:
+        """One client's `(delta, weight, stats)` for its cluster `cluster` (a scalar int32):
+        `delta` its shared update (a tuple of tensors), `weight` its weight in the cluster's
+        sum (0 for a client whose update diverged), `seed` its stateless seed (int32[2])."""
+        return tuple(delta), weight, tf.zeros([self.stats_width], tf.float32)
+
+    def finalize(
+        self,
+        sums: tuple,
+        total_weight: tf.Tensor,
+        stats: tf.Tensor,
+        state: Mapping[str, tf.Tensor],
+        inputs: Mapping[str, tf.Tensor],
+    ) -> tuple[tuple, tf.Tensor, collections.OrderedDict, collections.OrderedDict]:
+        """`(means, updated, state, measurements)` from each cluster's sums of the clients'
+        weighted updates (`[K, ...]` per tensor), their total weights (`[K]`) and statistics
+        (`[K, stats_width]`): the mean update of each cluster, which clusters step (`[K]`
+        bool), the new state and what the round reports (each `[K]`)."""
+        denominator = inputs["denominator"]
+        in_use = denominator > 0
+        means = tuple(divide_rows(t, denominator) for t in sums)
+        return means, in_use, collections.OrderedDict(state), collections.OrderedDict()
+
+    def measurement_columns(
+        self, measurements: Mapping[str, np.ndarray], num_clusters: int
+    ) -> dict[str, float]:
+        """A round's metrics.csv columns from its `measurements` (`name_cluster_k`)."""
+        return {
+            f"{name}_cluster_{k}": float(np.asarray(values)[k])
+            for name, values in measurements.items()
+            if name != "cluster_weight"
+            for k in range(num_clusters)
+        }
+
+    def round_event(self) -> Any:
+        """The round's privacy mechanism before client sampling (a `dp_accounting.DpEvent`
+        with every cluster's row noised: a client touches one row), None when it gives no
+        differential privacy."""
+        return None
+
+    # -- the server state's slot (see the module docstring) -----------------------------------
+    def round_inputs(self, seed: np.ndarray, denominator: np.ndarray) -> collections.OrderedDict:
+        """The round's inputs: the noise seed (int64[2]) and each cluster's expected count."""
+        return collections.OrderedDict(
+            seed=np.asarray(seed, np.int64).reshape([2]),
+            denominator=np.asarray(denominator, np.float32),
+        )
+
+    def server_slot(
+        self, state: Mapping[str, Any], inputs: Mapping[str, Any]
+    ) -> collections.OrderedDict:
+        """The server state's `aggregator` entry."""
+        return collections.OrderedDict(
+            state=collections.OrderedDict(state), inputs=collections.OrderedDict(inputs)
+        )
+
+    def initial_slot(self, num_clusters: int) -> collections.OrderedDict:
+        """The `aggregator` entry of a round's initial server state: the initial state, and
+        inputs that step no cluster until the loop sets the round's."""
+        inputs = self.round_inputs(np.zeros(2), np.zeros(num_clusters))
+        return self.server_slot(self.initial_state(num_clusters), inputs)
+
+    def slot_spec(self, num_clusters: int) -> collections.OrderedDict:
+        """TF specs of the server state's `aggregator` entry."""
+        return tf.nest.map_structure(spec_of, self.initial_slot(num_clusters))
+
+    def params_spec(self, num_clusters: int) -> collections.OrderedDict:
+        """TF specs of `client_params` (in the round's hyperparameters)."""
+        params = self.client_params(self.initial_state(num_clusters))
+        return tf.nest.map_structure(spec_of, params)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterMean(ClusterAggregator):
+    """The weighted mean per cluster (`clustered_mean.py`): the round runs its own code path."""
+
+    name: ClassVar[str] = "mean"
+    is_mean: ClassVar[bool] = True
+
+
+def spec_of(value: Any) -> tf.TensorSpec:
+    """The TF spec of an array."""
+    array = np.asarray(value)
+    return tf.TensorSpec(array.shape, tf.as_dtype(array.dtype))
+
+
+def divide_rows(total: tf.Tensor, denominator: tf.Tensor) -> tf.Tensor:
+    """Each row `k` of `total` divided by `denominator[k]`; a row of denominator 0 is 0."""
+    shaped = tf.reshape(denominator, [-1] + [1] * (len(total.shape) - 1))
+    return tf.math.divide_no_nan(total, shaped)
+
+
+def add_to_row(stack: tf.Tensor, row: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+    """`values` added into row `row` of `stack` only."""
+    return tf.tensor_scatter_nd_add(stack, tf.reshape(row, [1, 1]), values[None])

@@ -1,0 +1,234 @@
+"""Differentially private FedAvg per cluster (DP-FedAvg: McMahan, Ramage, Talwar and Zhang,
+"Learning Differentially Private Recurrent Language Models", ICLR 2018; adaptive clipping:
+Andrew, Thakkar, McMahan and Ramaswamy, "Differentially Private Learning with Adaptive
+Clipping", NeurIPS 2021), as a `cluster_aggregators.ClusterAggregator`.
+
+Client: its shared update Delta_i (every shared tensor, the BatchNorm statistics they own
+included) is clipped to its cluster's norm C_k in global L2 norm,
+`Delta_i * min(1, C_k / ||Delta_i||)`, and added with weight 1 into its cluster's row only.
+
+Server: every cluster in use (expected count E_k > 0) gets Gaussian noise of standard
+deviation `z_v * C_k` on its sum, whether or not a client of it took part, and is divided by
+E_k, the number of its clients the round expects before sampling (the fixed-denominator
+estimator of McMahan et al.; never the realised count, which one client changes):
+
+    mean_k = (sum_{i in k} clip(Delta_i, C_k) + N(0, (z_v C_k)^2 I)) / E_k
+
+A client touches one row of the `[K, d]` stack, so the round is one Gaussian mechanism of L2
+sensitivity C (add/remove) on the whole stack, whatever K is.
+
+Adaptive clipping (Andrew et al., Algorithm 1, geometric update): each client also sends
+`b_i = [||Delta_i|| <= C_k] - 1/2` into its cluster's row; the server moves each clip toward
+the `target_quantile` of its clients' update norms,
+
+    b_k = clamp((sum_{i in k} b_i + N(0, sigma_b^2)) / E_k + 1/2, 0, 1)
+    C_k <- C_k * exp(-lr * (b_k - target_quantile)).
+
+The count's noise is paid for out of the noise multiplier z as TFF does
+(`tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive`): the value noise multiplier
+is z_v = (z^-2 - (2 sigma_b)^-2)^(-1/2), so the two Gaussian mechanisms compose to one of
+multiplier z. TFF's default sigma_b = 0.05 E is refused at a cluster's usual E of a few
+clients (it must exceed z/2), so the default here is sigma_b = z.
+
+Noise is stateless (`tf.random.stateless_normal`), from the round's seed folded with the
+cluster and the tensor index, on the CPU, so TFF's worker and the in-process round (on a GPU
+too) draw the same numbers and a resumed run repeats an uninterrupted one. With z = 0 the
+result equals TFF's `DifferentiallyPrivateFactory` (fixed or adaptive clipping) run on each
+cluster's own clients (tests/test_cluster_dp.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tff_clustered.federated.cluster_aggregators import ClusterAggregator, divide_rows
+
+# The fold of a cluster's seed that draws its below-clip count's noise (tensor folds are the
+# tensor indices, far below it).
+COUNT_NOISE_FOLD = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterDP(ClusterAggregator):
+    """DP-FedAvg per cluster (see the module docstring). `noise_multiplier`: z, the noise
+    standard deviation over the clip norm of the whole mechanism (0: clipping only, no
+    privacy); `clip`: the clip norm C (the start of each cluster's with `adaptive`);
+    `adaptive`: move each cluster's clip toward the `target_quantile` of its clients' update
+    norms at `clip_learning_rate`; `count_stddev`: sigma_b, the noise on the below-clip counts
+    (None: z)."""
+
+    noise_multiplier: float
+    clip: float = 1.0
+    adaptive: bool = False
+    target_quantile: float = 0.5
+    clip_learning_rate: float = 0.2
+    count_stddev: Optional[float] = None
+
+    name: ClassVar[str] = "dp"
+    uniform_weights: ClassVar[bool] = True
+    private: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        checks = [
+            (
+                math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0,
+                f"dp_noise_multiplier must be >= 0, got {self.noise_multiplier}",
+            ),
+            (
+                math.isfinite(self.clip) and self.clip > 0,
+                f"dp_clip must be > 0, got {self.clip}",
+            ),
+            (
+                0 <= self.target_quantile <= 1,
+                f"dp_target_quantile must be in [0, 1], got {self.target_quantile}",
+            ),
+            (
+                self.clip_learning_rate >= 0,
+                f"dp_clip_learning_rate must be >= 0, got {self.clip_learning_rate}",
+            ),
+            (
+                self.count_stddev is None or self.count_stddev >= 0,
+                f"dp_count_stddev must be >= 0, got {self.count_stddev}",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        z, sigma = self.noise_multiplier, self.effective_count_stddev
+        if self.adaptive and z > 0 and z >= 2 * sigma:
+            raise ValueError(
+                f"dp_count_stddev={sigma:g} is too small for dp_noise_multiplier={z:g}: the "
+                "below-clip counts take part of the noise budget, which needs "
+                f"dp_count_stddev > {z / 2:g}; raise --dp_count_stddev (unset: {z:g})"
+            )
+
+    # -- what the accountant reads ------------------------------------------------------------
+    @property
+    def effective_count_stddev(self) -> float:
+        """sigma_b, the standard deviation of the noise on a cluster's below-clip count (0
+        with fixed clipping, which sends no count)."""
+        if not self.adaptive:
+            return 0.0
+        return self.noise_multiplier if self.count_stddev is None else float(self.count_stddev)
+
+    @property
+    def value_noise_multiplier(self) -> float:
+        """z_v: the noise standard deviation on a cluster's sum over its clip norm (z with
+        fixed clipping; TFF's `adaptive_clip_noise_params` with adaptive)."""
+        z = self.noise_multiplier
+        if not self.adaptive or z == 0:
+            return z
+        return (z**-2 - (2 * self.effective_count_stddev) ** -2) ** -0.5
+
+    def round_event(self) -> Any:
+        """One round's mechanism before client sampling: a Gaussian of multiplier z (fixed
+        clipping), or the Gaussian on the sums (z_v) composed with the one on the below-clip
+        counts (sensitivity 1/2: multiplier 2 sigma_b), which compose to one of multiplier z."""
+        import dp_accounting
+
+        if not self.adaptive:
+            return dp_accounting.GaussianDpEvent(self.noise_multiplier)
+        return dp_accounting.ComposedDpEvent(
+            [
+                dp_accounting.GaussianDpEvent(self.value_noise_multiplier),
+                dp_accounting.GaussianDpEvent(2 * self.effective_count_stddev),
+            ]
+        )
+
+    # -- the aggregator's steps ---------------------------------------------------------------
+    @property
+    def stats_width(self) -> int:
+        return 1 if self.adaptive else 0
+
+    def initial_state(self, num_clusters: int) -> collections.OrderedDict:
+        return collections.OrderedDict(clip=np.full([num_clusters], self.clip, np.float32))
+
+    def client_params(self, state: Mapping[str, Any]) -> collections.OrderedDict:
+        return collections.OrderedDict(clip=state["clip"])
+
+    def preprocess(
+        self,
+        params: Mapping[str, tf.Tensor],
+        delta: tuple,
+        cluster: tf.Tensor,
+        weight: tf.Tensor,
+        seed: tf.Tensor,
+    ) -> tuple[tuple, tf.Tensor, tf.Tensor]:
+        """The update clipped to its cluster's norm in global L2 norm over all its tensors;
+        with adaptive clipping, the centred below-clip indicator (0 for a client whose update
+        diverged, weight 0: it takes no part)."""
+        clip = tf.gather(params["clip"], cluster)
+        clipped, norm = tf.clip_by_global_norm(list(delta), clip)
+        below = tf.cast(norm <= clip, tf.float32) - 0.5
+        stats = tf.reshape(below * tf.cast(weight > 0, tf.float32), [1])
+        return tuple(clipped), weight, stats[: self.stats_width]
+
+    def finalize(
+        self,
+        sums: tuple,
+        total_weight: tf.Tensor,
+        stats: tf.Tensor,
+        state: Mapping[str, tf.Tensor],
+        inputs: Mapping[str, tf.Tensor],
+    ) -> tuple[tuple, tf.Tensor, collections.OrderedDict, collections.OrderedDict]:
+        """Every cluster in use noised and divided by its expected count; with adaptive
+        clipping, its clip moved by its noised below-clip fraction (the others keep theirs)."""
+        clip, denominator = state["clip"], inputs["denominator"]
+        in_use = denominator > 0
+        num_clusters = int(sums[0].shape[0]) if sums else int(clip.shape[0])
+        with tf.device("/CPU:0"):  # the same stateless numbers on every device
+            row_seeds = [
+                tf.random.experimental.stateless_fold_in(inputs["seed"], k)
+                for k in range(num_clusters)
+            ]
+            value_scale = clip * self.value_noise_multiplier
+            means = []
+            for i, total in enumerate(sums):
+                noise = tf.stack(
+                    [
+                        tf.random.stateless_normal(
+                            total.shape[1:],
+                            seed=tf.random.experimental.stateless_fold_in(row_seeds[k], i),
+                        )
+                        * value_scale[k]
+                        for k in range(num_clusters)
+                    ]
+                )
+                means.append(divide_rows(total + masked(noise, in_use), denominator))
+        measurements = collections.OrderedDict(dp_clip=clip)
+        new_clip = clip
+        if self.adaptive:
+            with tf.device("/CPU:0"):
+                count_noise = tf.stack(
+                    [
+                        tf.random.stateless_normal(
+                            [],
+                            seed=tf.random.experimental.stateless_fold_in(
+                                row_seeds[k], COUNT_NOISE_FOLD
+                            ),
+                        )
+                        for k in range(num_clusters)
+                    ]
+                )
+            noised = stats[:, 0] + count_noise * self.effective_count_stddev
+            # Tensorflow Privacy's QuantileEstimatorQuery, step for step (the same float ops).
+            below = divide_rows(noised, denominator) + 0.5
+            below = tf.minimum(1.0, tf.maximum(0.0, below))
+            update = self.clip_learning_rate * (below - self.target_quantile)
+            new_clip = tf.where(in_use, clip * tf.math.exp(-update), clip)
+            measurements["dp_unclipped_fraction"] = tf.where(in_use, below, 0.0)
+        state = collections.OrderedDict(clip=new_clip)
+        return tuple(means), in_use, state, measurements
+
+
+def masked(noise: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
+    """`noise` on the rows `rows` says (`[K]` bool), 0 on the others."""
+    shaped = tf.reshape(rows, [-1] + [1] * (len(noise.shape) - 1))
+    return tf.where(shaped, noise, tf.zeros_like(noise))

@@ -1,0 +1,172 @@
+"""The loop's side of a round's aggregator (`federated.cluster_aggregators`): what a round of
+an aggregator other than the mean takes besides the models (its state, a noise seed, each
+cluster's expected number of clients), what comes back, and the round's metric columns.
+
+The expected counts are what a private mean divides by (McMahan et al., ICLR 2018: a fixed
+denominator, never the realised count, which one client changes). They are computed from the
+assignment at the start of the round, before the algorithm's plan (which may depend on the
+sampled clients): E_k = m_t * n_k / N_t for the N_t eligible clients of which n_k are assigned
+to cluster k, m_t = min(clients per round, N_t) of them sampled; the eligible clients with no
+cluster yet (IFCA before its first pick, FedGroup's newcomers) are spread evenly over the
+clusters. A cluster of E_k = 0 is not in use: it gets no noise and does not step.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from tff_clustered.algorithms.base import Algorithm
+from tff_clustered.federated.cluster_aggregators import ClusterAggregator
+from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.state import RunState, padded
+from tff_clustered.seeds import DP_NOISE, derived_seed
+
+
+@dataclasses.dataclass(frozen=True)
+class AggregatorRound:
+    """What one round of an aggregator other than the mean takes: its `state` and the
+    round's `inputs` (`ClusterAggregator.round_inputs`), one row per real cluster."""
+
+    state: Mapping[str, np.ndarray]
+    inputs: Mapping[str, np.ndarray]
+
+
+def check_aggregator(algorithm: type[Algorithm], aggregator: ClusterAggregator) -> None:
+    """Refuses an aggregator `algorithm`'s rounds cannot use: any but the mean for
+    decentralized peers (no server aggregates), a private one for an algorithm that is not
+    `dp_compatible`."""
+    if aggregator.is_mean:
+        return
+    if algorithm.distribution.decentralized:
+        raise ValueError(
+            f"{algorithm.name} is decentralized: no server aggregates its peers' updates, so "
+            f"--aggregator={aggregator.name} has nothing to aggregate; leave --aggregator unset"
+        )
+    if aggregator.private and not algorithm.dp_compatible:
+        raise ValueError(
+            f"--aggregator={aggregator.name}: {algorithm.name} reads individual clients' models "
+            "or updates to set its cluster models, outside the private per-cluster aggregate, "
+            "so no privacy would hold; use --aggregator=mean, or an algorithm whose models come "
+            "from the aggregate only (fedavg, fedper, ifca, fedgroup, ...)"
+        )
+
+
+def checked_aggregator(
+    config: TrainingConfig, algorithm: Algorithm, round_metrics: bool
+) -> ClusterAggregator:
+    """The run's aggregator, refused where the algorithm cannot use it
+    (`check_aggregator`) or where round metrics would read each client's update,
+    which an aggregator other than the mean keeps inside its per-cluster sums."""
+    aggregator = config.aggregator.build()
+    check_aggregator(type(algorithm), aggregator)
+    if round_metrics and not aggregator.is_mean:
+        raise ValueError(
+            f"round metrics read each client's own update, which the {aggregator.name} "
+            "aggregator keeps inside its per-cluster sums; drop round_metrics or use the mean"
+        )
+    return aggregator
+
+
+def aggregator_round(
+    aggregator: ClusterAggregator,
+    state: RunState,
+    config: TrainingConfig,
+    round_num: int,
+    eligible: Callable[[], Sequence[str]],
+) -> Optional[AggregatorRound]:
+    """Round `round_num`'s aggregator state (`state`'s, or the initial one when the number
+    of clusters changed) and inputs (`round_inputs`, from `state`'s assignment and the
+    `eligible()` clients), None for the mean."""
+    if aggregator.is_mean:
+        return None
+    inputs = round_inputs(
+        aggregator,
+        config.seed,
+        round_num,
+        state.assignment,
+        eligible(),
+        config.clients_per_round,
+        state.num_clusters,
+    )
+    return AggregatorRound(
+        aggregator.state_or_initial(state.aggregator_state, state.num_clusters), inputs
+    )
+
+
+def expected_counts(
+    assignment: Mapping[str, int],
+    eligible: Sequence[str],
+    clients_per_round: int,
+    num_clusters: int,
+) -> np.ndarray:
+    """Each cluster's expected number of sampled clients in a round that samples
+    `min(clients_per_round, len(eligible))` of the `eligible` clients uniformly (see the
+    module docstring; unassigned clients spread evenly over the `num_clusters` clusters)."""
+    population = len(eligible)
+    if population == 0 or num_clusters == 0:
+        return np.zeros(num_clusters, np.float64)
+    clusters = np.fromiter((assignment.get(c, -1) for c in eligible), np.int64, population)
+    assigned = clusters[(clusters >= 0) & (clusters < num_clusters)]
+    counts = np.bincount(assigned, minlength=num_clusters).astype(np.float64)
+    counts += (population - len(assigned)) / num_clusters
+    return min(clients_per_round, population) * counts / population
+
+
+def round_inputs(
+    aggregator: ClusterAggregator,
+    seed: int,
+    round_num: int,
+    assignment: Mapping[str, int],
+    eligible: Sequence[str],
+    clients_per_round: int,
+    num_clusters: int,
+) -> collections.OrderedDict:
+    """The round's inputs: a noise seed from the run's seed and the round (stream
+    `DP_NOISE`), and the expected counts."""
+    noise_seed = np.array([derived_seed(seed, DP_NOISE, round_num), 0], np.int64)
+    counts = expected_counts(assignment, eligible, clients_per_round, num_clusters)
+    return aggregator.round_inputs(noise_seed, counts)
+
+
+def server_slot(
+    aggregator: ClusterAggregator,
+    request: Optional[AggregatorRound],
+    num_clusters: int,
+    capacity: int,
+) -> tuple[Any, Optional[collections.OrderedDict]]:
+    """The server state's `aggregator` entry of a round of `num_clusters` clusters and what
+    its clients read of it (`client_params`, in the round's hyperparameters), its rows padded
+    to the built round's `capacity` (a padding cluster's expected count is 0: not in use);
+    `((), None)` for the mean."""
+    if aggregator.is_mean:
+        return (), None
+    if request is None:
+        raise ValueError(f"a round of the {aggregator.name} aggregator needs its state")
+    if len(request.inputs["denominator"]) != num_clusters:
+        raise ValueError(
+            f"the round has {num_clusters} clusters, its {aggregator.name} aggregator's inputs "
+            f"{len(request.inputs['denominator'])}: the algorithm's plan changed the number of "
+            "clusters, which an aggregator other than the mean cannot follow; use the mean"
+        )
+    state = {key: padded(value, capacity) for key, value in request.state.items()}
+    inputs = dict(request.inputs, denominator=padded(request.inputs["denominator"], capacity))
+    inputs = aggregator.round_inputs(inputs["seed"], inputs["denominator"])
+    return aggregator.server_slot(state, inputs), aggregator.client_params(state)
+
+
+def state_after(
+    aggregator: ClusterAggregator, server_state: Mapping[str, Any], num_clusters: int
+) -> Optional[dict[str, np.ndarray]]:
+    """The aggregator's new state from a round's new server state, its real clusters' rows
+    (None for the mean)."""
+    if aggregator.is_mean:
+        return None
+    return {
+        key: np.asarray(value)[:num_clusters]
+        for key, value in server_state["aggregator"]["state"].items()
+    }
