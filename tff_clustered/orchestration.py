@@ -66,23 +66,6 @@ def read_only(mapping: Mapping[str, int]) -> Mapping[str, int]:
     return types.MappingProxyType(mapping) if isinstance(mapping, dict) else mapping
 
 
-class TimedRoundCache(RoundCache):
-    """A `RoundCache` whose builds (tracing a round's TF functions, making TFF's computations)
-    are timed as the `tracing` part of `timer`; a round already built costs a lookup."""
-
-    def __init__(self, *args: Any, timer: PhaseTimer, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.timer = timer
-
-    def get(self, signature: RoundSignature) -> FederatedRound:
-        builds = self.builds
-        with Stopwatch() as watch:
-            built = super().get(signature)
-        if self.builds != builds:
-            self.timer.add("tracing", watch.seconds)
-        return built
-
-
 class Experiment:
     """One algorithm on one dataset and model, round by round."""
 
@@ -128,14 +111,14 @@ class Experiment:
             initial_weights(model, derived_seed(config.seed, 0))
             + list(self.functional.initial_state)
         )
-        rounds_cache = TimedRoundCache(
+        rounds_cache = RoundCache(
             self.functional,
             model.input_spec(),
             self.initial_variables,
             execution,
             device,
             rounds=config.rounds,
-            timer=self.timer,
+            on_build=lambda seconds: self.timer.add("tracing", seconds),
         )
         tensor_sizes = tuple(int(np.prod(s)) for s in self.layout.trainable_shapes)
         self.run = RunInfo(

@@ -4,6 +4,7 @@ or "in_process" (`in_process.py`), and reuses it whenever the signature comes ba
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
@@ -65,6 +66,7 @@ class RoundCache:
         execution: str = "tff",
         device: Optional[str] = None,
         rounds: int = 0,
+        on_build: Optional[Callable[[float], None]] = None,
     ) -> None:
         if execution not in EXECUTIONS:
             raise ValueError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
@@ -74,6 +76,7 @@ class RoundCache:
         self.vectorise = grouping.vectorises_for(rounds)
         self._built: dict[RoundSignature, FederatedRound] = {}
         self.builds = 0  # how many times a round was traced and built
+        self.on_build = on_build  # gets each build's seconds (a run's `tracing` part)
         # Where TFF's workers read each client's training examples themselves; None: sent.
         self.worker_data: Optional[WorkerData] = None
 
@@ -98,6 +101,7 @@ class RoundCache:
 
     def get(self, signature: RoundSignature) -> FederatedRound:
         if signature not in self._built:
+            started = time.perf_counter()
             fns = round_functions(self.model, self.input_spec, signature, self.initial_variables)
             if self.execution == "tff":
                 self._built[signature] = sharded.sharded_round(
@@ -108,6 +112,8 @@ class RoundCache:
                     fns, self.device, vectorise=self.vectorise
                 )
             self.builds += 1
+            if self.on_build is not None:
+                self.on_build(time.perf_counter() - started)
         return self._built[signature]
 
     def predict_probabilities(self) -> Callable[..., Any]:
