@@ -35,7 +35,7 @@ from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round import FederatedRound
 from tff_clustered.federated.signature import ModelLayout, RoundSignature
-from tff_clustered.loop import aggregation
+from tff_clustered.loop import accounting, aggregation
 from tff_clustered.loop.aggregation import AggregatorRound
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.evaluation import Evaluator
@@ -97,7 +97,10 @@ class Experiment:
             )
         self.server_optimizer = algorithm.server_optimizer(config.server_optimizer)
         algorithm.distribution.check_server_optimizer(algorithm.name, self.server_optimizer)
+        config, _ = accounting.calibrated(config, len(data.client_ids))  # --target_epsilon's z
         self.aggregator = aggregation.checked_aggregator(config, algorithm, bool(round_metrics))
+        self.account = accounting.account_for(self.aggregator, config, data.client_index)
+        self.stopped_at_target = False  # the next round would pass --target_epsilon
         self.client_weighting = (  # a private mean counts every client once
             "uniform" if self.aggregator.uniform_weights else algorithm.client_weighting
         )
@@ -164,6 +167,7 @@ class Experiment:
             cluster_models=self.run.initial_model[None, :].copy(),
             shared=tuple(self.algorithm.initial_shared(self.run)),
             anchor=self.run.initial_model.copy() if self.anchor_tensors else None,
+            privacy=self.account.new_ledger() if self.account else None,
         )
         self.store = self.new_store()
         with self.timer.phase("cold_start"):
@@ -210,18 +214,26 @@ class Experiment:
             row = {"round": 0, **self.evaluate(round_num=0)}
             self.state.history.append(row)
             yield row
-        while self.state.round_num < self.config.rounds:
+        while self.state.round_num < self.config.rounds and not self.passes_target(1):
             round_num = self.state.round_num + 1
             started = time.perf_counter()
             row = {"round": round_num, **self.train_round(round_num)}
             trained = time.perf_counter()
-            if round_num % self.config.eval_every == 0 or round_num == self.config.rounds:
+            last = round_num == self.config.rounds or self.passes_target(2)
+            if round_num % self.config.eval_every == 0 or last:
                 row.update(self.evaluate(round_num=round_num))
             row["eval_seconds"] = time.perf_counter() - trained
             row["round_seconds"] = time.perf_counter() - started
             self.state.round_num = round_num
             self.state.history.append(row)
             yield row
+
+    def passes_target(self, ahead: int) -> bool:
+        """Would round `state.round_num + ahead` pass --target_epsilon? (It stops the run.)"""
+        if self.account is not None:
+            eligible = self.eligible_clients(self.state.round_num + ahead)
+            self.stopped_at_target = self.account.passes_target(self.state, eligible, self.run)
+        return self.stopped_at_target
 
     def evaluate(self, round_num: Optional[int] = None) -> dict[str, Any]:
         """The evaluation row (`loop.evaluation.Evaluator.evaluate`); each client's row goes to
@@ -254,27 +266,33 @@ class Experiment:
     def current_round(self) -> FederatedRound:
         return self.calls.rounds_cache.get(self.signature())
 
-    def sample_clients(self, round_num: int) -> list[str]:
+    def sample_clients(self, round_num: int, eligible: Optional[Sequence[str]] = None) -> list[str]:
         """The round's clients among the eligible ones, as `config.client_sampling` draws them
         (`loop.privacy.sampled_positions`): `clients_per_round` of them (all if fewer), or each
         with probability clients_per_round / eligible."""
-        view = dataclasses.replace(self.view(), round_num=round_num - 1)
-        ids = self.algorithm.eligible(self.run, view)  # indexed as it is: no copy per round
-        if not isinstance(ids, Sequence):
-            ids = list(ids)
+        ids = self.eligible_clients(round_num) if eligible is None else eligible
         config = self.config
         chosen = sampled_positions(
             config.client_sampling, len(ids), config.clients_per_round, config.seed, round_num
         )
         return [ids[i] for i in chosen]
 
+    def eligible_clients(self, round_num: int) -> Sequence[str]:
+        """The clients round `round_num` samples from (indexed as they are: no copy)."""
+        view = dataclasses.replace(self.view(), round_num=round_num - 1)
+        ids = self.algorithm.eligible(self.run, view)
+        return ids if isinstance(ids, Sequence) else list(ids)
+
     def train_round(self, round_num: int) -> dict[str, Any]:
         """Sample, plan, run the federated round (the server optimizer's step included),
         decide, record: one row."""
-        client_ids = self.sample_clients(round_num)
+        eligible = self.eligible_clients(round_num)
+        client_ids = self.sample_clients(round_num, eligible)
         if not client_ids:  # possible with Poisson sampling: nothing trains, nothing changes
             return empty_round_row(self.config.learning_rate_at(round_num), self.num_clusters)
-        aggregator = self.aggregator_round(round_num)  # from the assignment before the plan
+        aggregator = aggregation.aggregator_round(  # from the assignment before the plan
+            self.aggregator, self.state, self.config, round_num, eligible
+        )
         with Stopwatch() as planning:
             plan = self.algorithm.plan(self.run, self.view(), client_ids, self.queries)
             before = self.apply(plan.decision)
@@ -296,16 +314,10 @@ class Experiment:
         )
         server_seconds = planning.seconds + deciding.seconds
         moved = clients_moved(self.state.assignment, before, after)
-        return self.training_row(request, outcome, decision, server_seconds, moved)
-
-    def aggregator_round(self, round_num: int) -> Optional[AggregatorRound]:
-        """The state and inputs of the round's aggregator (None for the mean), from the
-        eligible clients' assignment (`loop.aggregation.aggregator_round`)."""
-        view = dataclasses.replace(self.view(), round_num=round_num - 1)
-        eligible = lambda: self.algorithm.eligible(self.run, view)  # noqa: E731
-        return aggregation.aggregator_round(
-            self.aggregator, self.state, self.config, round_num, eligible
-        )
+        row = self.training_row(request, outcome, decision, server_seconds, moved)
+        if self.account is not None:
+            row.update(self.account.after_round(self.state, eligible, self.run.client_ids))
+        return row
 
     def train_request(
         self,

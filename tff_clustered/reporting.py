@@ -269,16 +269,20 @@ def write_summary_json(
     history: Sequence[dict[str, Any]],
     clusters: Optional[dict[str, Any]] = None,
     phases: Optional[dict[str, Any]] = None,
+    privacy: Optional[dict[str, Any]] = None,
 ) -> dict:
     """`config`, and the results: `summarize(history)` and, if given, `cluster_recovery`'s
     figures under `clusters`; and, if given, where the run's time went
-    (`phases.PhaseTimer.report`: seconds per phase, `unaccounted`, `wall`, `parts`)."""
+    (`phases.PhaseTimer.report`: seconds per phase, `unaccounted`, `wall`, `parts`) and a
+    private run's account (`loop.accounting.PrivacyAccount.summary`)."""
     results = summarize(history)
     if clusters is not None:
         results["clusters"] = clusters
     summary = {"config": config, "results": results}
     if phases is not None:
         summary["phases"] = phases
+    if privacy is not None:
+        summary["privacy"] = privacy
     atomic_write_bytes(path, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
     return summary
 

@@ -148,6 +148,19 @@ flags.DEFINE_float(
     "multiplier; it must exceed half of it).",
     lower_bound=0.0,
 )
+flags.DEFINE_float(
+    "dp_delta",
+    1e-5,
+    "--aggregator=dp: the delta every epsilon is stated at (epsilon columns of metrics.csv, "
+    "summary.json's privacy).",
+)
+flags.DEFINE_float(
+    "target_epsilon",
+    0.0,
+    "--aggregator=dp: stop before a round that would take a client's epsilon past this (0: "
+    "never); without --dp_noise_multiplier, the noise multiplier whose --rounds rounds reach it.",
+    lower_bound=0.0,
+)
 flags.DEFINE_enum(
     "partition",
     None,
@@ -288,6 +301,8 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
                 target_quantile=FLAGS.dp_target_quantile,
                 clip_learning_rate=FLAGS.dp_clip_learning_rate,
                 count_stddev=FLAGS.dp_count_stddev,
+                delta=FLAGS.dp_delta,
+                target_epsilon=FLAGS.target_epsilon,
             ),
         ),
     )

@@ -13,6 +13,7 @@ from tff_clustered.data import load_dataset
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.data.fingerprint import SourceFingerprint
 from tff_clustered.data.registry import source_fingerprint
+from tff_clustered.loop import accounting
 from tff_clustered.loop.state import RunState
 from tff_clustered.models.memory import refuse_too_large
 from tff_clustered.orchestration import Experiment, RoundMetric
@@ -203,11 +204,17 @@ def _run_in_folder(
                 tensorboard.add(row)
                 progress.update(row)
             done = row["round"]
-            if done and ((checkpoint_every and done % checkpoint_every == 0) or done == rounds):
+            last = done == rounds or experiment.stopped_at_target  # at --target_epsilon
+            if done and ((checkpoint_every and done % checkpoint_every == 0) or last):
                 with timer.phase("checkpoints") as saving:
                     checkpoint.save(folder.checkpoint, experiment.snapshot(), settings, source)
                     tensorboard.flush()
                 row["checkpoint_seconds"] = saving.seconds
+        if experiment.stopped_at_target:
+            log(
+                f"stopped after round {experiment.state.round_num}/{rounds}: the next round would "
+                f"take a client's epsilon past --target_epsilon={experiment.account.target_epsilon}"
+            )
         with timer.phase("outputs"):
             config, clusters = write_outputs(experiment, settings, output_dir, tensorboard)
         phases = timer.report()
@@ -217,6 +224,9 @@ def _run_in_folder(
             experiment.state.history,
             clusters,
             phases,
+            accounting.privacy_summary(
+                experiment.account, experiment.state, experiment.stopped_at_target
+            ),
         )
         log(phases_line(phases))
     finally:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -77,11 +77,11 @@ def aggregator_round(
     state: RunState,
     config: TrainingConfig,
     round_num: int,
-    eligible: Callable[[], Sequence[str]],
+    eligible: Sequence[str],
 ) -> Optional[AggregatorRound]:
     """Round `round_num`'s aggregator state (`state`'s, or the initial one when the number
     of clusters changed) and inputs (`round_inputs`, from `state`'s assignment and the
-    `eligible()` clients), None for the mean."""
+    `eligible` clients), None for the mean."""
     if aggregator.is_mean:
         return None
     inputs = round_inputs(
@@ -89,7 +89,7 @@ def aggregator_round(
         config.seed,
         round_num,
         state.assignment,
-        eligible(),
+        eligible,
         config.clients_per_round,
         state.num_clusters,
     )

@@ -29,7 +29,10 @@ class AggregatorConfig:
     sum, uniform client weights). `clip` is the clip norm (the start of each cluster's with
     `clipping="adaptive"`, which moves it toward the `target_quantile` of its clients' update
     norms at `clip_learning_rate`); `count_stddev`: the noise on the adaptive clip's counts
-    (None: the noise multiplier). The dp settings keep their defaults with the mean."""
+    (None: the noise multiplier). `delta`: the delta every epsilon is stated at;
+    `target_epsilon` (> 0): the run stops before a round that would take a client's epsilon
+    past it, and sets the noise multiplier when none is given (`loop.accounting.calibrated`).
+    The dp settings keep their defaults with the mean."""
 
     name: str = "mean"
     noise_multiplier: Optional[float] = None
@@ -38,6 +41,8 @@ class AggregatorConfig:
     target_quantile: float = 0.5
     clip_learning_rate: float = 0.2
     count_stddev: Optional[float] = None
+    delta: float = 1e-5
+    target_epsilon: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value in checked_fields(self, "AggregatorConfig").items():
@@ -57,12 +62,20 @@ class AggregatorConfig:
                     f"{', '.join(changed)} set with --aggregator=mean, which adds no noise and "
                     "clips nothing: add --aggregator=dp, or leave them unset"
                 )
-        elif self.noise_multiplier is None:
+        elif self.noise_multiplier is None and not self.target_epsilon > 0:
             raise ValueError(
-                "--aggregator=dp needs --dp_noise_multiplier: the noise's standard deviation "
-                "over the clip norm (0: clipping only, no privacy)"
+                "--aggregator=dp needs --dp_noise_multiplier (the noise's standard deviation "
+                "over the clip norm; 0: clipping only, no privacy) or --target_epsilon (the "
+                "noise multiplier whose rounds reach it)"
             )
+        if not 0 < self.delta < 1:
+            raise ValueError(f"--dp_delta must be in (0, 1), got {self.delta}")
+        if self.target_epsilon < 0:
+            raise ValueError(f"--target_epsilon must be >= 0 (0: none), got {self.target_epsilon}")
         self.build()  # the mechanism's own checks, here where the settings are made
+
+    def with_noise_multiplier(self, noise_multiplier: float) -> AggregatorConfig:
+        return dataclasses.replace(self, noise_multiplier=noise_multiplier)
 
     def build(self) -> ClusterAggregator:
         """The aggregator these settings describe."""

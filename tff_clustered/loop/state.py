@@ -13,6 +13,7 @@ import numpy as np
 
 from tff_clustered.algorithms.base import UNCHANGED, Decision, ServerView, Similarity
 from tff_clustered.client_store import ClientModels
+from tff_clustered.loop.privacy import PrivacyLedger
 
 
 @dataclasses.dataclass
@@ -34,6 +35,8 @@ class RunState:
     # The aggregator's state, one row per cluster (None: none kept, the mean's; a private
     # aggregator's clip norms).
     aggregator_state: Optional[dict[str, np.ndarray]] = None
+    # A private aggregator's account of every client's privacy loss (`loop.accounting`).
+    privacy: Optional[PrivacyLedger] = None
 
     @property
     def num_clusters(self) -> int:

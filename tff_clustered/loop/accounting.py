@@ -1,0 +1,179 @@
+"""A private run's privacy account: after every round of a private aggregator
+(`federated.cluster_dp.ClusterDP`), the round's event (its noise, as the run's client sampling
+amplifies it: `loop.privacy.sampling_event`) is recorded for the clients that were eligible,
+and every cluster's epsilon at the run's delta is read off the ledger (`PrivacyLedger`: a
+cluster's epsilon is the largest of the clients assigned to it). A target epsilon stops the
+run before the round that would pass it, and, when no noise multiplier is given, sets the
+noise multiplier whose rounds reach it (`privacy.calibrated_noise_multiplier`).
+
+Every in-use cluster's sum is noised in every round, and a client adds into one cluster's sum
+only, so one round is one Gaussian mechanism on the stack of cluster sums, whichever cluster a
+client lands in: the clusters share the round's event, and their epsilons differ only where
+their clients' eligibility differed (FedGroup's late newcomers, FedAC's warm-up blocks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+import numpy as np
+
+from tff_clustered.algorithms.base import RunInfo
+from tff_clustered.federated.cluster_aggregators import ClusterAggregator
+from tff_clustered.federated.cluster_dp import ClusterDP
+from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.privacy import (
+    PrivacyLedger,
+    calibrated_noise_multiplier,
+    describe_sampling,
+    sampling_event,
+)
+from tff_clustered.loop.state import RunState
+
+
+def account_for(
+    aggregator: ClusterAggregator, config: TrainingConfig, client_index: Mapping[str, int]
+) -> Optional[PrivacyAccount]:
+    """The run's privacy account: None unless its aggregator is private."""
+    if not (aggregator.private and isinstance(aggregator, ClusterDP)):
+        return None
+    return PrivacyAccount(aggregator, config, client_index)
+
+
+def calibrated(config: TrainingConfig, population: int) -> tuple[TrainingConfig, Optional[float]]:
+    """`config` with a private aggregator's noise multiplier set from its target epsilon when
+    none is given: the least whose `rounds` rounds, every client eligible, reach the target at
+    the run's delta; and that multiplier (None: nothing calibrated)."""
+    settings = config.aggregator
+    if settings.name != "dp" or settings.noise_multiplier is not None:
+        return config, None
+
+    def round_event(z: float) -> Any:
+        return settings.with_noise_multiplier(z).build().round_event()
+
+    z = calibrated_noise_multiplier(
+        settings.target_epsilon,
+        settings.delta,
+        config.rounds,
+        config.client_sampling,
+        population,
+        min(config.clients_per_round, population),
+        round_event,
+    )
+    chosen = settings.with_noise_multiplier(z)
+    return dataclasses.replace(config, aggregator=chosen), z
+
+
+class PrivacyAccount:
+    """The run's account of a private aggregator `aggregator` under `config`'s sampling, delta
+    and target epsilon, over the clients of `client_index` (client id -> its position)."""
+
+    def __init__(
+        self, aggregator: ClusterDP, config: TrainingConfig, client_index: Mapping[str, int]
+    ) -> None:
+        self.aggregator, self.config, self.client_index = aggregator, config, client_index
+        self.delta = config.aggregator.delta
+        self.target_epsilon = config.aggregator.target_epsilon
+
+    def new_ledger(self) -> PrivacyLedger:
+        return PrivacyLedger.for_population(len(self.client_index))
+
+    def round_event(self, num_eligible: int) -> Any:
+        """One round's event: the aggregator's noise, sampled from `num_eligible` clients."""
+        return sampling_event(
+            self.config.client_sampling,
+            num_eligible,
+            min(self.config.clients_per_round, num_eligible),
+            self.aggregator.round_event(),
+        )
+
+    def eligible_positions(self, eligible: Sequence[str], everyone: Sequence[str]) -> Any:
+        """The ledger's `eligible` argument: None when every client is (`everyone` itself, or
+        as many), else their positions."""
+        if eligible is everyone or len(eligible) == len(everyone):
+            return None
+        return np.fromiter((self.client_index[c] for c in eligible), np.int64, len(eligible))
+
+    def passes_target(self, state: RunState, eligible: Sequence[str], run: RunInfo) -> bool:
+        """Whether the next round, `eligible` sampled from, would take some client's epsilon
+        past the target (never without a target)."""
+        ledger = state.privacy
+        if ledger is None or not self.target_epsilon > 0 or not len(eligible):
+            return False
+        trial = PrivacyLedger(ledger.client_class, [dict(c) for c in ledger.classes])
+        positions = self.eligible_positions(eligible, run.client_ids)
+        trial.record(positions, self.round_event(len(eligible)))
+        return trial.epsilon(self.delta) > self.target_epsilon
+
+    def record(
+        self, ledger: PrivacyLedger, eligible: Sequence[str], everyone: Sequence[str]
+    ) -> None:
+        """Records a round whose clients were sampled from `eligible`."""
+        if len(eligible):
+            ledger.record(
+                self.eligible_positions(eligible, everyone), self.round_event(len(eligible))
+            )
+
+    def after_round(
+        self, state: RunState, eligible: Sequence[str], everyone: Sequence[str]
+    ) -> dict[str, float]:
+        """Records the round just run (its clients sampled from `eligible`) in `state`'s
+        ledger; the round's epsilon columns."""
+        assert state.privacy is not None
+        self.record(state.privacy, eligible, everyone)
+        return self.columns(state.privacy, state.assignment, state.num_clusters)
+
+    def columns(
+        self, ledger: PrivacyLedger, assignment: Mapping[str, int], num_clusters: int
+    ) -> dict[str, float]:
+        """The round's `epsilon` (the largest client's) and `epsilon_cluster_k` (the largest of
+        cluster k's clients; NaN for a cluster without clients). One class of clients (the
+        usual case: every client always eligible) gives every cluster the run's epsilon without
+        reading the assignment."""
+        epsilon = ledger.epsilon(self.delta)
+        if len(ledger.classes) == 1:
+            sizes = np.zeros(num_clusters, np.int64)
+            for k in assignment.values():
+                if 0 <= k < num_clusters:
+                    sizes[k] += 1
+            per_cluster = np.where(sizes > 0, epsilon, np.nan)
+        else:
+            clusters = np.full(len(self.client_index), -1, np.int64)
+            for client, k in assignment.items():
+                clusters[self.client_index[client]] = k
+            per_cluster = ledger.epsilon_per_cluster(
+                clusters, num_clusters, self.delta, unassigned_in_every_cluster=True
+            )
+        row = {"epsilon": epsilon}
+        row.update({f"epsilon_cluster_{k}": float(e) for k, e in enumerate(per_cluster)})
+        return row
+
+    def summary(self, ledger: PrivacyLedger, stopped_at_target: bool) -> dict[str, Any]:
+        """summary.json's `privacy` block."""
+        dp = self.aggregator
+        return {
+            "epsilon": ledger.epsilon(self.delta),
+            "delta": self.delta,
+            "target_epsilon": self.target_epsilon or None,
+            "stopped_at_target_epsilon": stopped_at_target,
+            "noise_multiplier": dp.noise_multiplier,
+            "value_noise_multiplier": dp.value_noise_multiplier,
+            "count_stddev": dp.effective_count_stddev if dp.adaptive else None,
+            "clip": dp.clip,
+            "clipping": "adaptive" if dp.adaptive else "fixed",
+            "sampling": describe_sampling(self.config.client_sampling),
+            "accountant": "Renyi DP (dp-accounting's RdpAccountant)",
+            "neighboring_relation": ledger.neighboring_relation.name,
+            "client_weighting": "uniform",
+        }
+
+
+def privacy_summary(
+    account: Optional[PrivacyAccount], state: RunState, stopped_at_target: bool
+) -> Optional[dict[str, Any]]:
+    """summary.json's `privacy` block of a run with `account` (None: not a private run)."""
+    if account is None or state.privacy is None:
+        return None
+    return account.summary(state.privacy, stopped_at_target)
