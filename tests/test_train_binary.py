@@ -158,6 +158,10 @@ def test_killed_dp_run_resumes_to_the_same_final_metrics(tmp_path: object) -> No
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert summary["config"]["client_weighting"] == "uniform"
     assert summary["config"]["training"]["aggregator"]["name"] == "dp"
+    # the privacy account goes on across the kill: the same ledger, the same epsilons
+    assert states[0].privacy.classes == states[1].privacy.classes
+    assert float(rows[-1]["epsilon"]) == pytest.approx(summary["privacy"]["epsilon"], rel=1e-5)
+    assert summary["privacy"]["epsilon"] > 0
 
 
 def saved_state(folder: str) -> object:

@@ -1,0 +1,84 @@
+"""A private run's account, end to end through `binaries/train.py`: each round's epsilon is
+dp-accounting's for the rounds run, --target_epsilon stops the run before the round that
+would pass it (and a resumed run stays stopped), and without --dp_noise_multiplier the noise
+multiplier is the one whose rounds reach the target."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import dp_accounting as dpa
+import pytest
+from conftest import run_binary
+from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+TRAIN = "binaries/train.py"
+# digits: 40 clients; Poisson sampling of 10 a round, q = 1/4
+RUN = [
+    "--algorithm=fedavg",
+    "--dataset=digits",
+    "--clients_per_round=10",
+    "--execution=in_process",
+    "--aggregator=dp",
+    "--client_sampling=poisson",
+    "--eval_every=100",
+]
+Q = 10 / 40
+
+
+def poisson_epsilon(z: float, rounds: int, delta: float = 1e-5) -> float:
+    accountant = rdp.RdpAccountant()
+    event = dpa.PoissonSampledDpEvent(Q, dpa.GaussianDpEvent(z))
+    return accountant.compose(dpa.SelfComposedDpEvent(event, rounds)).get_epsilon(delta)
+
+
+def finished(folder: str) -> tuple[list[dict], dict]:
+    with open(os.path.join(folder, "metrics.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    with open(os.path.join(folder, "summary.json")) as f:
+        return rows, json.load(f)
+
+
+def test_a_run_stops_before_the_round_that_would_pass_the_target_epsilon(
+    tmp_path: object,
+) -> None:
+    out = str(tmp_path / "stopped")
+    flags = [*RUN, "--rounds=40", "--dp_noise_multiplier=1.0", "--target_epsilon=10"]
+    done = run_binary([TRAIN, *flags, f"--output_dir={out}"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows, summary = finished(out)
+    last = int(rows[-1]["round"])
+    assert 1 < last < 40, last  # stopped early, after some rounds
+    for row in rows[1:]:  # each round's epsilon is dp-accounting's for the rounds so far
+        assert float(row["epsilon"]) == pytest.approx(poisson_epsilon(1.0, int(row["round"])))
+    assert float(rows[-1]["epsilon"]) <= 10 < poisson_epsilon(1.0, last + 1)
+    assert rows[-1]["accuracy"] != ""  # the last round run is evaluated
+    privacy = summary["privacy"]
+    assert privacy["stopped_at_target_epsilon"] is True
+    assert privacy["epsilon"] == pytest.approx(float(rows[-1]["epsilon"]), rel=1e-5)
+    assert privacy["neighboring_relation"] == "ADD_OR_REMOVE_ONE"
+    assert f"stopped after round {last}/40" in done.stderr + done.stdout
+    # a resumed run is already where the target stops it: nothing more is trained
+    again = run_binary([TRAIN, *flags, "--resume", f"--output_dir={out}"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [r["round"] for r in finished(out)[0]] == [r["round"] for r in rows]
+
+
+def test_without_a_noise_multiplier_the_target_sets_it(tmp_path: object) -> None:
+    out = str(tmp_path / "calibrated")
+    done = run_binary([TRAIN, *RUN, "--rounds=6", "--target_epsilon=8", f"--output_dir={out}"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows, summary = finished(out)
+    z = summary["privacy"]["noise_multiplier"]
+    assert int(rows[-1]["round"]) == 6  # every round fits in the target
+    assert summary["privacy"]["stopped_at_target_epsilon"] is False
+    assert 0.97 * 8 <= poisson_epsilon(z, 6) <= 8  # the least z that keeps 6 rounds within 8
+    assert float(rows[-1]["epsilon"]) == pytest.approx(poisson_epsilon(z, 6))
+
+
+def test_dp_needs_a_noise_multiplier_or_a_target(tmp_path: object) -> None:
+    done = run_binary([TRAIN, *RUN, "--rounds=2", f"--output_dir={tmp_path}"])
+    assert done.returncode != 0
+    assert "--dp_noise_multiplier" in done.stderr and "--target_epsilon" in done.stderr
