@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -17,7 +17,10 @@ from tff_clustered.client_store import ClientModels
 
 @dataclasses.dataclass
 class RunState:
-    """Everything a checkpoint must hold to continue a run."""
+    """Everything a checkpoint must hold to continue a run. Its assignment changes through
+    `assign` only, which keeps the clients assigned to each cluster counted (`cluster_sizes`:
+    derived, not a field, so a checkpoint does not hold it; counted again when a state is made
+    or loaded)."""
 
     round_num: int = 0
     cluster_models: Optional[np.ndarray] = None  # (num_clusters, D) flat models
@@ -32,9 +35,39 @@ class RunState:
     # The server optimizer's state, stacked per cluster (None: none kept, FedAvg's finalizer).
     server_optimizer_state: Optional[dict[str, np.ndarray]] = None
 
+    def __post_init__(self) -> None:
+        self._counts = cluster_counts(self.assignment.values(), len(self.assignment))
+
     @property
     def num_clusters(self) -> int:
         return 0 if self.cluster_models is None else len(self.cluster_models)
+
+    @property
+    def cluster_sizes(self) -> np.ndarray:
+        """Assigned clients per cluster: the assignment's clusters (unassigned, -1, left out)
+        counted as `np.bincount(..., minlength=num_clusters)` counts them, without reading
+        every client. A copy."""
+        held = np.flatnonzero(self._counts)
+        length = max(self.num_clusters, int(held[-1]) + 1 if len(held) else 0)
+        sizes = np.zeros(length, np.int64)
+        kept = min(length, len(self._counts))
+        sizes[:kept] = self._counts[:kept]
+        return sizes
+
+    def assign(self, clusters: Mapping[str, int]) -> dict[str, int]:
+        """Sets the clients' clusters (-1: unassigned) and counts the change; returns the
+        clusters they had before (-1: none)."""
+        before = {c: self.assignment.get(c, -1) for c in clusters}
+        after = {c: int(k) for c, k in clusters.items()}
+        self.assignment.update(after)
+        added = cluster_counts(after.values(), len(after))
+        removed = cluster_counts(before.values(), len(before))
+        counts = np.zeros(max(len(self._counts), len(added)), np.int64)
+        counts[: len(self._counts)] = self._counts
+        counts[: len(added)] += added
+        counts[: len(removed)] -= removed  # each of these clients counted in `_counts`
+        self._counts = counts
+        return before
 
     def view(self) -> ServerView:
         """What an algorithm reads of the state: read-only, the assignment a view of the run's
@@ -53,6 +86,12 @@ class RunState:
         return [c for c in client_ids if self.assignment.get(c, -1) >= 0]
 
 
+def cluster_counts(clusters: Iterable[int], count: int) -> np.ndarray:
+    """Clients per cluster of `count` clusters (-1, unassigned, left out)."""
+    held = np.fromiter(clusters, np.int64, count)
+    return np.bincount(held[held >= 0])
+
+
 def apply_decision(
     state: RunState, decision: Decision, algorithm: str, anchor_tensors: Sequence[int]
 ) -> dict[str, int]:
@@ -61,8 +100,7 @@ def apply_decision(
     its own state and the similarity it clustered on. Returns the clusters the clients it
     assigned had before (-1: none), so that moves are counted without scanning every client."""
     model_size = state.cluster_models.shape[1]
-    before = {c: state.assignment.get(c, -1) for c in decision.assignment}
-    state.assignment.update({c: int(k) for c, k in decision.assignment.items()})
+    before = state.assign(decision.assignment)
     if decision.cluster_models is not None:
         models = np.asarray(decision.cluster_models, np.float32)
         if models.ndim != 2 or models.shape[1] != model_size:
