@@ -368,6 +368,8 @@ def test_cluster_sizes_equal_a_recount_after_every_decision_and_a_checkpoint(
     # Clients left in a cluster past the last one are counted, as a recount counts them.
     state.cluster_models = state.cluster_models[:1]
     assert state.cluster_sizes.tolist() == recounted(state)
+    with pytest.raises(TypeError, match="a client's cluster is not a cluster number"):
+        RunState(assignment={"a": 0, "b": "one"})  # a damaged checkpoint's: refused on load
 
 
 class Reshuffle(Algorithm):

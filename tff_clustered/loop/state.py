@@ -44,14 +44,13 @@ class RunState:
 
     @property
     def cluster_sizes(self) -> np.ndarray:
-        """Assigned clients per cluster: the assignment's clusters (unassigned, -1, left out)
-        counted as `np.bincount(..., minlength=num_clusters)` counts them, without reading
-        every client. A copy."""
-        held = np.flatnonzero(self._counts)
-        length = max(self.num_clusters, int(held[-1]) + 1 if len(held) else 0)
-        sizes = np.zeros(length, np.int64)
-        kept = min(length, len(self._counts))
-        sizes[:kept] = self._counts[:kept]
+        """Assigned clients per cluster, as `np.bincount(..., minlength=num_clusters)` counts
+        the assignment's clusters (unassigned, -1, left out), without reading every client."""
+        clusters = np.fromiter(self._counts, np.int64, len(self._counts))
+        counts = np.fromiter(self._counts.values(), np.int64, len(self._counts))
+        held = clusters[counts > 0]
+        sizes = np.zeros(max(self.num_clusters, held.max(initial=-1) + 1), np.int64)
+        sizes[held] = counts[counts > 0]
         return sizes
 
     def assign(self, clusters: Mapping[str, int]) -> dict[str, int]:
@@ -60,13 +59,10 @@ class RunState:
         before = {c: self.assignment.get(c, -1) for c in clusters}
         after = {c: int(k) for c, k in clusters.items()}
         self.assignment.update(after)
-        added = cluster_counts(after.values(), len(after))
-        removed = cluster_counts(before.values(), len(before))
-        counts = np.zeros(max(len(self._counts), len(added)), np.int64)
-        counts[: len(self._counts)] = self._counts
-        counts[: len(added)] += added
-        counts[: len(removed)] -= removed  # each of these clients counted in `_counts`
-        self._counts = counts
+        for k, n in cluster_counts(before.values(), len(before)).items():
+            self._counts[k] -= n
+        for k, n in cluster_counts(after.values(), len(after)).items():
+            self._counts[k] = self._counts.get(k, 0) + n
         return before
 
     def view(self) -> ServerView:
@@ -86,10 +82,15 @@ class RunState:
         return [c for c in client_ids if self.assignment.get(c, -1) >= 0]
 
 
-def cluster_counts(clusters: Iterable[int], count: int) -> np.ndarray:
-    """Clients per cluster of `count` clusters (-1, unassigned, left out)."""
-    held = np.fromiter(clusters, np.int64, count)
-    return np.bincount(held[held >= 0])
+def cluster_counts(clusters: Iterable[int], count: int) -> dict[int, int]:
+    """Clients per cluster among `count` clients' `clusters` (-1, unassigned, left out); a
+    TypeError for a cluster that is not a whole number (a damaged checkpoint's)."""
+    try:
+        held = np.fromiter(clusters, np.int64, count)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise TypeError(f"a client's cluster is not a cluster number: {e}") from None
+    found, sizes = np.unique(held[held >= 0], return_counts=True)
+    return dict(zip(found.tolist(), sizes.tolist()))
 
 
 def apply_decision(
