@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import EXECUTION
+from conftest import EXECUTION, checkpoint_round_trip
 
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.algorithms.base import (
@@ -23,7 +23,7 @@ from tff_clustered.federated import client_work
 from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.privacy import sampled_positions
-from tff_clustered.loop.state import DivergenceError, check_finite
+from tff_clustered.loop.state import DivergenceError, RunState, apply_decision, check_finite
 from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment
 
@@ -301,7 +301,7 @@ def test_a_round_counts_the_net_moves_of_the_clients_its_decisions_assigned() ->
     """`clients_changed_cluster` from the clients the round's decisions touched (no scan of
     every client): a client moved and moved back has not moved, a first assignment is no move."""
     from tff_clustered.algorithms.base import Decision
-    from tff_clustered.loop.state import RunState, apply_decision, clients_moved
+    from tff_clustered.loop.state import clients_moved
 
     state = RunState(
         cluster_models=np.zeros((3, 2), np.float32), assignment={"a": 0, "b": 1, "c": -1, "d": 2}
@@ -313,3 +313,90 @@ def test_a_round_counts_the_net_moves_of_the_clients_its_decisions_assigned() ->
     assert state.view().assignment["b"] == 2
     with pytest.raises(TypeError):
         state.view().assignment["b"] = 0  # type: ignore[index]  # an algorithm only reads
+
+
+def recounted(state: RunState) -> list[int]:
+    """Clients per cluster counted afresh from every client's cluster."""
+    held = np.array(list(state.assignment.values()), np.int64)
+    return np.bincount(held[held >= 0], minlength=state.num_clusters).tolist()
+
+
+def random_decision(state: RunState, rng: np.random.Generator, step: int) -> Decision:
+    """A decision that creates clusters (clients moved into the new ones), removes one (its
+    clients moved or unassigned, the later clusters renumbered) or moves and unassigns
+    clients, in turn."""
+    num, clients = state.num_clusters, list(state.assignment)
+    chosen = [str(c) for c in rng.choice(clients, 8, replace=False)]
+    if step % 3 == 0:
+        new_num = num + int(rng.integers(1, 3))
+        changes = {c: int(rng.integers(num, new_num)) for c in chosen}
+    elif step % 3 == 1 and num > 1:
+        removed, new_num = int(rng.integers(num)), num - 1
+        changes = {
+            c: (int(rng.integers(-1, new_num)) if k == removed else k - (k > removed))
+            for c, k in state.assignment.items()
+            if k >= removed
+        }
+    else:
+        new_num = num
+        changes = {c: int(rng.integers(-1, num)) for c in chosen}
+    return Decision(assignment=changes, cluster_models=np.zeros((new_num, 3), np.float32))
+
+
+def test_cluster_sizes_equal_a_recount_after_every_decision_and_a_checkpoint(
+    tmp_path: object,
+) -> None:
+    """The counts the state keeps (`RunState.cluster_sizes`, what evaluation reports) are what
+    counting every client gives, after decisions that move and unassign clients, create and
+    remove clusters, and after a checkpoint's round trip (counted again on load)."""
+    rng = np.random.default_rng(0)
+    clients = [f"c{i}" for i in range(40)]
+    state = RunState(cluster_models=np.zeros((2, 3), np.float32))
+    apply_decision(state, Decision(assignment={c: -1 for c in clients[:30]}), "init", ())
+    assert state.cluster_sizes.tolist() == [0, 0]
+    apply_decision(state, Decision(assignment={c: i % 2 for i, c in enumerate(clients)}), "a", ())
+    assert state.cluster_sizes.tolist() == [20, 20] == recounted(state)
+    sizes_seen = set()
+    for step in range(60):
+        apply_decision(state, random_decision(state, rng, step), "random", ())
+        assert state.cluster_sizes.tolist() == recounted(state), step
+        sizes_seen.add(state.num_clusters)
+        if step % 10 == 9:
+            state = checkpoint_round_trip(state, tmp_path)
+            assert state.cluster_sizes.tolist() == recounted(state), step
+    assert len(sizes_seen) > 3  # clusters were created and removed
+    # Clients left in a cluster past the last one are counted, as a recount counts them.
+    state.cluster_models = state.cluster_models[:1]
+    assert state.cluster_sizes.tolist() == recounted(state)
+    with pytest.raises(TypeError, match="a client's cluster is not a cluster number"):
+        RunState(assignment={"a": 0, "b": "one"})  # a damaged checkpoint's: refused on load
+
+
+class Reshuffle(Algorithm):
+    """Moves the sampled clients to random clusters of a count that changes every round
+    (1, 2 or 3 clusters), the clients of removed clusters to cluster 0."""
+
+    name = "reshuffle"
+
+    def after_round(
+        self, run: RunInfo, view: ServerView, result: RoundResult, queries: Queries
+    ) -> Decision:
+        rng = np.random.default_rng(result.round_num)
+        num = 1 + result.round_num % 3
+        changes = {c: 0 for c, k in view.assignment.items() if k >= num}
+        changes.update({c: int(rng.integers(num)) for c in result.client_ids})
+        models = np.resize(view.cluster_models, (num, view.cluster_models.shape[1]))
+        return Decision(assignment=changes, cluster_models=models)
+
+
+def test_evaluation_reports_cluster_sizes_that_equal_a_recount() -> None:
+    data = load_digits_clusters(num_clients=12, num_groups=2, seed=5)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
+    config = TrainingConfig(rounds=4, clients_per_round=6, learning_rate=0.1, seed=5)
+    experiment = Experiment(data, model, Reshuffle(), config, execution=EXECUTION)
+    experiment.start()
+    for row in experiment.rounds():
+        sizes = [row[f"cluster_size_{k}"] for k in range(experiment.num_clusters)]
+        assert sizes == recounted(experiment.state), row["round"]
+        assert f"cluster_size_{experiment.num_clusters}" not in row
+    assert sum(sizes) == 12

@@ -227,6 +227,11 @@ class DiskClientStore(ClientStore):
             self.mapping = mmap.mmap(fd, expected)
         finally:
             os.close(fd)
+        # Rows are touched at random: a fault maps its own page only. The kernel's default
+        # reads ahead around a faulting page (the device's read-ahead, up to megabytes, holes
+        # zero-filled page by page), which made a row's first write or read cost milliseconds
+        # and filled memory with rows no round asked for.
+        self.mapping.madvise(mmap.MADV_RANDOM)
         self.rows = np.frombuffer(self.mapping, np.float32).reshape(self.shape)
 
     def model(self, client_id: str) -> Variables:

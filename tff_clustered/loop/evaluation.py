@@ -129,9 +129,7 @@ class Evaluator:
         row["eval_assign_seconds"] = assigning.seconds
         for kind in kinds:
             row.update(pooled(results[kind], f"_{kind}"))
-        clusters_held = np.fromiter(state.assignment.values(), np.int64, len(state.assignment))
-        sizes = np.bincount(clusters_held[clusters_held >= 0], minlength=state.num_clusters)
-        row.update({f"cluster_size_{k}": int(n) for k, n in enumerate(sizes)})
+        row.update({f"cluster_size_{k}": int(n) for k, n in enumerate(state.cluster_sizes)})
         for k in sorted(set(cluster_of.values())):
             members = {c: r for c, r in main.items() if cluster_of[c] == k}
             row[f"cluster_accuracy_{k}"] = pooled(members, "")["accuracy"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -18,7 +18,10 @@ from tff_clustered.loop.privacy import PrivacyLedger
 
 @dataclasses.dataclass
 class RunState:
-    """Everything a checkpoint must hold to continue a run."""
+    """Everything a checkpoint must hold to continue a run. Its assignment changes through
+    `assign` only, which keeps the clients assigned to each cluster counted (`cluster_sizes`:
+    derived, not a field, so a checkpoint does not hold it; counted again when a state is made
+    or loaded)."""
 
     round_num: int = 0
     cluster_models: Optional[np.ndarray] = None  # (num_clusters, D) flat models
@@ -38,9 +41,35 @@ class RunState:
     # A private aggregator's account of every client's privacy loss (`loop.accounting`).
     privacy: Optional[PrivacyLedger] = None
 
+    def __post_init__(self) -> None:
+        self._counts = cluster_counts(self.assignment.values(), len(self.assignment))
+
     @property
     def num_clusters(self) -> int:
         return 0 if self.cluster_models is None else len(self.cluster_models)
+
+    @property
+    def cluster_sizes(self) -> np.ndarray:
+        """Assigned clients per cluster, as `np.bincount(..., minlength=num_clusters)` counts
+        the assignment's clusters (unassigned, -1, left out), without reading every client."""
+        clusters = np.fromiter(self._counts, np.int64, len(self._counts))
+        counts = np.fromiter(self._counts.values(), np.int64, len(self._counts))
+        held = clusters[counts > 0]
+        sizes = np.zeros(max(self.num_clusters, held.max(initial=-1) + 1), np.int64)
+        sizes[held] = counts[counts > 0]
+        return sizes
+
+    def assign(self, clusters: Mapping[str, int]) -> dict[str, int]:
+        """Sets the clients' clusters (-1: unassigned) and counts the change; returns the
+        clusters they had before (-1: none)."""
+        before = {c: self.assignment.get(c, -1) for c in clusters}
+        after = {c: int(k) for c, k in clusters.items()}
+        self.assignment.update(after)
+        for k, n in cluster_counts(before.values(), len(before)).items():
+            self._counts[k] -= n
+        for k, n in cluster_counts(after.values(), len(after)).items():
+            self._counts[k] = self._counts.get(k, 0) + n
+        return before
 
     def view(self) -> ServerView:
         """What an algorithm reads of the state: read-only, the assignment a view of the run's
@@ -59,6 +88,17 @@ class RunState:
         return [c for c in client_ids if self.assignment.get(c, -1) >= 0]
 
 
+def cluster_counts(clusters: Iterable[int], count: int) -> dict[int, int]:
+    """Clients per cluster among `count` clients' `clusters` (-1, unassigned, left out); a
+    TypeError for a cluster that is not a whole number (a damaged checkpoint's)."""
+    try:
+        held = np.fromiter(clusters, np.int64, count)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise TypeError(f"a client's cluster is not a cluster number: {e}") from None
+    found, sizes = np.unique(held[held >= 0], return_counts=True)
+    return dict(zip(found.tolist(), sizes.tolist()))
+
+
 def apply_decision(
     state: RunState, decision: Decision, algorithm: str, anchor_tensors: Sequence[int]
 ) -> dict[str, int]:
@@ -67,8 +107,7 @@ def apply_decision(
     its own state and the similarity it clustered on. Returns the clusters the clients it
     assigned had before (-1: none), so that moves are counted without scanning every client."""
     model_size = state.cluster_models.shape[1]
-    before = {c: state.assignment.get(c, -1) for c in decision.assignment}
-    state.assignment.update({c: int(k) for c, k in decision.assignment.items()})
+    before = state.assign(decision.assignment)
     if decision.cluster_models is not None:
         models = np.asarray(decision.cluster_models, np.float32)
         if models.ndim != 2 or models.shape[1] != model_size:
