@@ -316,7 +316,7 @@ class Experiment:
         moved = clients_moved(self.state.assignment, before, after)
         row = self.training_row(request, outcome, decision, server_seconds, moved)
         if self.account is not None:
-            row.update(self.account.after_round(self.state, eligible, self.run.client_ids))
+            row.update(self.account.record_round(self.state, eligible, self.run.client_ids))
         return row
 
     def train_request(

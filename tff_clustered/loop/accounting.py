@@ -116,29 +116,31 @@ class PrivacyAccount:
                 self.eligible_positions(eligible, everyone), self.round_event(len(eligible))
             )
 
-    def after_round(
+    def record_round(
         self, state: RunState, eligible: Sequence[str], everyone: Sequence[str]
     ) -> dict[str, float]:
         """Records the round just run (its clients sampled from `eligible`) in `state`'s
         ledger; the round's epsilon columns."""
         assert state.privacy is not None
         self.record(state.privacy, eligible, everyone)
-        return self.columns(state.privacy, state.assignment, state.num_clusters)
+        return self.columns(
+            state.privacy, state.assignment, state.cluster_sizes, state.num_clusters
+        )
 
     def columns(
-        self, ledger: PrivacyLedger, assignment: Mapping[str, int], num_clusters: int
+        self,
+        ledger: PrivacyLedger,
+        assignment: Mapping[str, int],
+        sizes: np.ndarray,
+        num_clusters: int,
     ) -> dict[str, float]:
         """The round's `epsilon` (the largest client's) and `epsilon_cluster_k` (the largest of
-        cluster k's clients; NaN for a cluster without clients). One class of clients (the
-        usual case: every client always eligible) gives every cluster the run's epsilon without
-        reading the assignment."""
+        cluster k's clients; NaN for a cluster without clients, by `sizes`, the clients per
+        cluster). One class of clients (the usual case: every client always eligible) gives
+        every cluster the run's epsilon without reading the assignment."""
         epsilon = ledger.epsilon(self.delta)
         if len(ledger.classes) == 1:
-            sizes = np.zeros(num_clusters, np.int64)
-            for k in assignment.values():
-                if 0 <= k < num_clusters:
-                    sizes[k] += 1
-            per_cluster = np.where(sizes > 0, epsilon, np.nan)
+            per_cluster = np.where(sizes[:num_clusters] > 0, epsilon, np.nan)
         else:
             clusters = np.full(len(self.client_index), -1, np.int64)
             for client, k in assignment.items():
