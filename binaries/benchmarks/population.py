@@ -254,7 +254,7 @@ def goal_checks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             evaluation = ratio(figure(size, case, "eval_s"), figure(size, case, "round_s"))
             check(f"s/evaluation / s/round at {size:,}", case, evaluation, 1.0)
             assign, whole = figure(size, case, "eval_assign_s"), figure(size, case, "eval_s")
-            if assign and whole is not None:  # the scoring alone, without the cold start
+            if assign and whole and assign >= 0.1 * whole:  # scoring alone, without cold start
                 scoring = ratio(whole - assign, figure(size, case, "round_s"))
                 check(f"s/scoring / s/round at {size:,}", case, scoring, 1.0)
     return checks
