@@ -20,7 +20,7 @@ from conftest import ROOT, run_binary
 from tff_clustered.data import population
 
 sys.path.insert(0, os.path.join(ROOT, "binaries"))
-from benchmarks.population import goal_checks  # noqa: E402
+from benchmarks.population_goals import goal_checks  # noqa: E402
 
 SPEC = population.PopulationSpec(30, seed=3)
 ELEMENT_SPEC = collections.OrderedDict(

@@ -75,7 +75,8 @@ BENCHMARK_HELP_FLAGS = (
     "madc_max_clients memory_execution memory_rounds memory_warmup model num_classes "
     "population_algorithms population_dir population_dry_run population_executions "
     "population_plot population_rounds population_sizes rounds "
-    "scaling_clients scaling_epochs scaling_rounds scratch_dir seed tf_logs tsdp_rounds "
+    "scaling_clients scaling_epochs scaling_rounds scoring_builds scoring_clients "
+    "scoring_examples scratch_dir seed tf_logs tsdp_rounds "
     "tsdp_trigger uapdfl_neighbours unequal_sizes"
 ).split()
 
