@@ -82,3 +82,46 @@ def test_dp_needs_a_noise_multiplier_or_a_target(tmp_path: object) -> None:
     done = run_binary([TRAIN, *RUN, "--rounds=2", f"--output_dir={tmp_path}"])
     assert done.returncode != 0
     assert "--dp_noise_multiplier" in done.stderr and "--target_epsilon" in done.stderr
+
+
+def test_clipping_only_runs_without_an_account(tmp_path: object) -> None:
+    """z = 0 under the default fixed sampling: clipping, no noise, no epsilon claimed (the
+    accountant has none to give), and the run finishes."""
+    out = str(tmp_path / "clipped")
+    flags = [f for f in RUN if f != "--client_sampling=poisson"]
+    done = run_binary(
+        [TRAIN, *flags, "--rounds=2", "--dp_noise_multiplier=0", f"--output_dir={out}"]
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows, summary = finished(out)
+    assert "epsilon" not in rows[-1] and "privacy" not in summary
+    assert summary["config"]["client_weighting"] == "uniform"
+
+
+def test_settings_that_would_do_nothing_are_refused() -> None:
+    from tff_clustered.loop.config import AggregatorConfig
+
+    with pytest.raises(ValueError, match="--dp_target_quantile set with --dp_clipping=fixed"):
+        AggregatorConfig("dp", noise_multiplier=1.0, target_quantile=0.7)
+    with pytest.raises(ValueError, match="without noise no epsilon holds"):
+        AggregatorConfig("dp", noise_multiplier=0.0, target_epsilon=4.0)
+    AggregatorConfig("dp", noise_multiplier=1.0, clipping="adaptive", target_quantile=0.7)
+
+
+def test_calibrating_adaptive_clipping_with_a_given_count_noise() -> None:
+    """The target's z is calibrated as a Gaussian round (what an adaptive round costs), then
+    checked against the count noise once: a count noise that allows it gives a run, one that
+    does not is refused naming the calibrated z."""
+    from tff_clustered.loop.accounting import calibrated
+    from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
+
+    def config(count_stddev: float) -> TrainingConfig:
+        dp = AggregatorConfig(
+            "dp", clipping="adaptive", count_stddev=count_stddev, target_epsilon=4.0
+        )
+        return TrainingConfig(rounds=10, clients_per_round=10, aggregator=dp)
+
+    tuned, z = calibrated(config(5.0), 1000)
+    assert z is not None and tuned.aggregator.noise_multiplier == z < 10.0
+    with pytest.raises(ValueError, match="count"):
+        calibrated(config(0.05), 1000)

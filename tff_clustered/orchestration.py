@@ -289,7 +289,8 @@ class Experiment:
         eligible = self.eligible_clients(round_num)
         client_ids = self.sample_clients(round_num, eligible)
         if not client_ids:  # possible with Poisson sampling: nothing trains, nothing changes
-            return empty_round_row(self.config.learning_rate_at(round_num), self.num_clusters)
+            empty = empty_round_row(self.config.learning_rate_at(round_num), self.num_clusters)
+            return self.accounted(empty, eligible)
         aggregator = aggregation.aggregator_round(  # from the assignment before the plan
             self.aggregator, self.state, self.config, round_num, eligible
         )
@@ -298,23 +299,21 @@ class Experiment:
             before = self.apply(plan.decision)
         request = self.train_request(round_num, client_ids, plan, aggregator)
         outcome = self.round_step.run(request, self.store)
-        self.state.cluster_models = outcome.cluster_models
+        self.state.cluster_models = models = outcome.cluster_models
         self.state.server_optimizer_state = outcome.optimizer_state
         self.state.aggregator_state = outcome.aggregator_state
         with Stopwatch() as deciding:
             result = outcome.result
             decision = self.algorithm.after_round(self.run, self.view(), result, self.queries)
             after = self.apply(decision)
-        check_finite(
-            self.state.cluster_models,
-            round_num,
-            self.algorithm.name,
-            result.clusters,
-            result.client_ids,
-        )
+        check_finite(models, round_num, self.algorithm.name, result.clusters, result.client_ids)
         server_seconds = planning.seconds + deciding.seconds
         moved = clients_moved(self.state.assignment, before, after)
         row = self.training_row(request, outcome, decision, server_seconds, moved)
+        return self.accounted(row, eligible)
+
+    def accounted(self, row: dict[str, Any], eligible: Sequence[str]) -> dict[str, Any]:
+        """`row` with the round recorded in a private run's account (its epsilon columns)."""
         if self.account is not None:
             row.update(self.account.record_round(self.state, eligible, self.run.client_ids))
         return row

@@ -39,6 +39,8 @@ def account_for(
     """The run's privacy account: None unless its aggregator is private."""
     if not (aggregator.private and isinstance(aggregator, ClusterDP)):
         return None
+    if aggregator.noise_multiplier == 0:  # clipping only: no epsilon to account
+        return None
     return PrivacyAccount(aggregator, config, client_index)
 
 
@@ -50,9 +52,8 @@ def calibrated(config: TrainingConfig, population: int) -> tuple[TrainingConfig,
     if settings.name != "dp" or settings.noise_multiplier is not None:
         return config, None
 
-    def round_event(z: float) -> Any:
-        return settings.with_noise_multiplier(z).build().round_event()
-
+    # A round of adaptive clipping (TFF's split of the noise) costs exactly a Gaussian round of
+    # the noise multiplier z, calibrated as one; the split is checked when z is set.
     z = calibrated_noise_multiplier(
         settings.target_epsilon,
         settings.delta,
@@ -60,7 +61,6 @@ def calibrated(config: TrainingConfig, population: int) -> tuple[TrainingConfig,
         config.client_sampling,
         population,
         min(config.clients_per_round, population),
-        round_event,
     )
     chosen = settings.with_noise_multiplier(z)
     return dataclasses.replace(config, aggregator=chosen), z
@@ -135,12 +135,14 @@ class PrivacyAccount:
         num_clusters: int,
     ) -> dict[str, float]:
         """The round's `epsilon` (the largest client's) and `epsilon_cluster_k` (the largest of
-        cluster k's clients; NaN for a cluster without clients, by `sizes`, the clients per
-        cluster). One class of clients (the usual case: every client always eligible) gives
-        every cluster the run's epsilon without reading the assignment."""
+        cluster k's clients, a client without a cluster counting in every cluster, as one that
+        picks its cluster in the round may join any; NaN for a cluster no client can be in;
+        `sizes`: the clients per cluster). One class of clients (the usual case: every client
+        always eligible) gives every cluster the run's epsilon without reading the assignment."""
         epsilon = ledger.epsilon(self.delta)
-        if len(ledger.classes) == 1:
-            per_cluster = np.where(sizes[:num_clusters] > 0, epsilon, np.nan)
+        if len(ledger.classes) == 1:  # a client without a cluster counts in every cluster
+            unassigned = len(self.client_index) > int(sizes.sum())
+            per_cluster = np.where((sizes[:num_clusters] > 0) | unassigned, epsilon, np.nan)
         else:
             clusters = np.full(len(self.client_index), -1, np.int64)
             for client, k in assignment.items():

@@ -68,6 +68,19 @@ class AggregatorConfig:
                 "over the clip norm; 0: clipping only, no privacy) or --target_epsilon (the "
                 "noise multiplier whose rounds reach it)"
             )
+        if self.clipping == "fixed":
+            adaptive_only = ("target_quantile", "clip_learning_rate", "count_stddev")
+            given = [f"--dp_{n}" for n in adaptive_only if getattr(self, n) != FIELD_DEFAULTS[n]]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} set with --dp_clipping=fixed, which does not use them: "
+                    "add --dp_clipping=adaptive, or leave them unset"
+                )
+        if self.noise_multiplier == 0 and self.target_epsilon > 0:
+            raise ValueError(
+                "--target_epsilon with --dp_noise_multiplier=0: without noise no epsilon holds; "
+                "give a noise multiplier above 0, or leave it unset to calibrate one"
+            )
         if not 0 < self.delta < 1:
             raise ValueError(f"--dp_delta must be in (0, 1), got {self.delta}")
         if self.target_epsilon < 0:
@@ -108,6 +121,9 @@ class AggregatorConfig:
         raise TypeError(
             f"aggregator must be ClusterMean() or ClusterDP(...), got {type(aggregator).__name__}"
         )
+
+
+FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AggregatorConfig)}
 
 
 @dataclasses.dataclass(frozen=True)
