@@ -167,3 +167,26 @@ def test_a_worker_lost_after_a_signal_reports_the_signal(
     assert "stopped answering" not in stopped.stderr and "Traceback" not in stopped.stderr
     lost = run_binary(["-c", WORKER_LOST_AFTER_A_SIGNAL])  # no signal: the worker's failure
     assert lost.returncode == 3 and "error: TFF worker localhost:1 stopped answering" in lost.stderr
+
+
+def test_a_signal_swallowed_where_python_ignores_exceptions_still_stops_with_its_line() -> None:
+    """A signal's exception raised inside a garbage-collection callback is ignored by Python
+    ("Exception ignored in ..."): the work must still end with the signal's line and code,
+    not exit 0 as if nothing had arrived."""
+    script = (
+        "import gc, os, signal\n"
+        "from tff_clustered import cli\n"
+        "cli.stop_at_once_on_signals('probe.py')\n"
+        "def main(argv):\n"
+        "    def collected(phase, info):\n"
+        "        if phase == 'start':\n"
+        "            gc.callbacks.remove(collected)\n"
+        "            os.kill(os.getpid(), signal.SIGHUP)\n"
+        "    gc.callbacks.append(collected)\n"
+        "    gc.collect()\n"
+        "    print('finished')\n"
+        "cli.run_main('probe.py', main)\n"
+    )
+    done = run_binary(["-c", script])
+    assert done.returncode == 129, done.stderr
+    assert done.stderr.strip().endswith("probe.py: hung up"), done.stderr

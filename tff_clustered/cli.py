@@ -129,6 +129,9 @@ def one_line_on_signals(before: str, after: str) -> Iterator[None]:
     stop_cleanly_on_signals()
     try:
         yield
+        # A signal whose exception was swallowed (raised inside a garbage-collection callback
+        # or a `__del__`, where Python ignores exceptions) still ends the work with its line.
+        reraise_received_signal()
     except KeyboardInterrupt:
         exit_at_once(f"{before}interrupted{after}", 130)
     except Terminated as e:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from tff_clustered import checkpoint, figures, reporting
+from tff_clustered import checkpoint, cli, figures, reporting
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_dataset
 from tff_clustered.data.federated_data import FederatedData
@@ -195,6 +195,7 @@ def _run_in_folder(
         progress = reporting.Progress(rounds, initial=experiment.state.round_num)
     try:
         for row, step in timer.timed("rounds", experiment.rounds()):
+            cli.reraise_received_signal()  # one swallowed where Python ignores exceptions
             count_round(timer, row, step.seconds)
             row["checkpoint_seconds"] = 0.0  # set below on a round that writes a checkpoint
             with timer.phase("outputs"):
