@@ -214,7 +214,8 @@ class Experiment:
             row = {"round": 0, **self.evaluate(round_num=0)}
             self.state.history.append(row)
             yield row
-        while self.state.round_num < self.config.rounds and not self.passes_target(1):
+        self.passes_target(1)  # after each round, `passes_target(2)` asks of the next one
+        while self.state.round_num < self.config.rounds and not self.stopped_at_target:
             round_num = self.state.round_num + 1
             started = time.perf_counter()
             row = {"round": round_num, **self.train_round(round_num)}
