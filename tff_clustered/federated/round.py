@@ -68,6 +68,7 @@ from tff_clustered.federated.clustered_mean import ClusteredMeanFactory, Cluster
 from tff_clustered.federated.round_functions import RoundFunctions, round_functions
 from tff_clustered.federated.round_inputs import WorkerData
 from tff_clustered.federated.signature import ModelLayout, RoundIO, RoundSignature
+from tff_clustered.federated.tff_factory_aggregator import factory_round_part
 from tff_clustered.models.functional import FunctionalModel
 
 to_type = tff.types.tensorflow_to_type  # TF specs -> TFF types (0.87's tff.to_type rejects them)
@@ -222,10 +223,12 @@ def tff_round_parts(fns: RoundFunctions, worker_data: Optional[WorkerData] = Non
         )
     key_of = tff.tensorflow.computation(client_type)(lambda client: client["key"])
 
-    # The aggregator: the mean's own factory, or another aggregator's TF functions
+    # The aggregator: the mean's own factory, a `tff.aggregators` factory per cluster
+    # (`tff_factory_aggregator.py`), or another aggregator's TF functions
     # (`cluster_aggregators.py`): its clients' statistics summed beside their updates, its
     # finalizer from the sums (`finalizers.finalize_aggregate`), its state in the server state.
     is_mean = fns.aggregator.is_mean
+    factory_part = factory_round_part(fns, client_update.type_signature.result[2])
     if is_mean:
         aggregator = ClusteredMeanFactory(k).create(
             to_type(fns.shared_spec), tff.TensorType(np.float32, [k])
@@ -236,6 +239,8 @@ def tff_round_parts(fns: RoundFunctions, worker_data: Optional[WorkerData] = Non
     finalize_round = (
         finalizers.mean_finalizer(fns, fns.finalize)
         if is_mean
+        else None
+        if factory_part
         else finalizers.aggregate_finalizer(fns)
     )
 
@@ -256,7 +261,11 @@ def tff_round_parts(fns: RoundFunctions, worker_data: Optional[WorkerData] = Non
             server_constant(fns.initial_cluster_models),
             server_constant(fns.initial_anchor) if has_anchor else None,
             server_constant(fns.initial_optimizer_state) if has_optimizer else None,
-            aggregator.initialize() if is_mean else server_constant(fns.aggregator.initial_slot(k)),
+            aggregator.initialize()
+            if is_mean
+            else factory_part.initial_slot()
+            if factory_part
+            else server_constant(fns.aggregator.initial_slot(k)),
         )
 
     state_type = initialize.type_signature.result
@@ -323,11 +332,14 @@ def tff_round_parts(fns: RoundFunctions, worker_data: Optional[WorkerData] = Non
         state: object, shared_delta: object, cluster_weight: object, outputs: object, stats: object
     ) -> object:
         """Aggregator and finalizer of an aggregator other than the mean: the whole round."""
-        total, total_weight, stats_total = client_sums(shared_delta, cluster_weight, stats)
-        inputs = [state.cluster_models, total, total_weight, stats_total, state.aggregator]
-        if has_optimizer:
-            inputs.append(state.optimizer)
-        finalized = tff.federated_map(finalize_round, tuple(inputs))
+        if factory_part:  # each cluster's process on the clients, masked
+            finalized = factory_part.aggregate(state, shared_delta, cluster_weight, outputs)
+        else:
+            total, total_weight, stats_total = client_sums(shared_delta, cluster_weight, stats)
+            inputs = [state.cluster_models, total, total_weight, stats_total, state.aggregator]
+            if has_optimizer:
+                inputs.append(state.optimizer)
+            finalized = tff.federated_map(finalize_round, tuple(inputs))
         optimizer = finalized.optimizer if has_optimizer else None
         anchor = state.anchor if has_anchor else None
         new_state = server_state(finalized.cluster_models, anchor, optimizer, finalized.aggregator)
