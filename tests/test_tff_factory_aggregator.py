@@ -18,7 +18,11 @@ from tff_clustered.federated.round import tff_round_parts
 from tff_clustered.federated.round_functions import round_functions
 from tff_clustered.federated.round_inputs import client_seed, round_clients, round_hparams
 from tff_clustered.federated.signature import RoundSignature
-from tff_clustered.federated.tff_factory_aggregator import TffFactoryPerCluster
+from tff_clustered.federated.tff_factory_aggregator import (
+    TffFactoryPerCluster,
+    flat_leaves,
+    leaf_types,
+)
 from tff_clustered.models import initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
 from tff_clustered.weights import unflatten
@@ -93,3 +97,71 @@ def test_mean_factory_per_cluster_is_the_default_mean(mean_round: tuple) -> None
         assert np.array_equal(ours[2], start[2])  # no client: kept
         assert not np.array_equal(ours[0], start[0])
     np.testing.assert_array_equal(factory_measured["cluster_weight"], measured["cluster_weight"])
+
+
+def clipping(adaptive: bool) -> tff.aggregators.WeightedAggregationFactory:
+    """A clip of the updates' global norm before TFF's weighted mean: fixed at 0.05, or
+    adaptive from 0.05 toward the median norm (no noise)."""
+    norm = 0.05
+    if adaptive:
+        norm = tff.aggregators.PrivateQuantileEstimationProcess.no_noise(
+            initial_estimate=0.05, target_quantile=0.5, learning_rate=0.5
+        )
+    return tff.aggregators.clipping_factory(norm, tff.aggregators.MeanFactory())
+
+
+@pytest.mark.usefixtures("tff_context")
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_clipping_per_cluster_against_the_factory_on_each_clusters_own_clients(
+    adaptive: bool,
+) -> None:
+    """Two rounds. A fixed clip: each cluster's new model is its old one plus the factory's
+    result on its own clients alone, and its clipped count theirs. An adaptive clip: the
+    first round's result is the same, but the norm estimate then differs from its own
+    clients' alone: the masked clients' zero updates count as below it (it moves as the
+    factory run on the round's every client, the others with zero updates and weights)."""
+    factory = clipping(adaptive)
+    fed_round = built_round(TffFactoryPerCluster(factory))
+    value_type = tff.types.tensorflow_to_type(tuple(tf.TensorSpec(s, tf.float32) for s in SHAPES))
+    process = factory.create(value_type, tff.TensorType(np.float32))
+    alone = [process.initialize() for _ in range(2)]  # each cluster's own clients only
+    masked = [process.initialize() for _ in range(2)]  # the round's clients, others zeros
+    server = fed_round.initialize()
+    for round_num in range(2):
+        before = [np.asarray(m) for m in server["cluster_models"]]
+        hparams = round_hparams(0.5, 3, aggregator_params={})
+        server, outputs, measured = fed_round.next(server, clients(round_num), hparams)
+        weights = [np.float32(o["num_examples"]) for o in outputs]
+        for k in range(2):
+            own = own_updates(outputs, k)
+            own_weights = [w for w, key in zip(weights, KEYS) if key == k]
+            output = process.next(alone[k], own, own_weights)
+            zeros = tuple(np.zeros(s, np.float32) for s in SHAPES)
+            every = [own.pop(0) if key == k else zeros for key in KEYS]
+            masked_weights = [w if key == k else np.float32(0) for w, key in zip(weights, KEYS)]
+            masked_output = process.next(masked[k], every, masked_weights)
+            alone[k], masked[k] = output.state, masked_output.state
+            expected = masked_output.result if adaptive else output.result
+            for got, old, mean in zip(server["cluster_models"], before, expected):
+                np.testing.assert_allclose(got[k], old[k] + mean, rtol=0, atol=1e-6)
+            if round_num == 0 or not adaptive:
+                for got, old, mean in zip(server["cluster_models"], before, output.result):
+                    np.testing.assert_allclose(got[k], old[k] + mean, rtol=0, atol=1e-6)
+            assert measured["clipped_count"][k] == output.measurements["clipped_count"]
+            assert measured["clipping_norm"][k] == pytest.approx(
+                float(masked_output.measurements["clipping_norm"])
+            )
+        for old, new in zip(before, server["cluster_models"]):
+            assert np.array_equal(old[2], new[2])  # no client of cluster 2
+    state = server["aggregator"]["state"]
+    if not adaptive:
+        assert len(state) == 0  # a fixed norm keeps no state
+        return
+    path = "clipping_norm/0/current_estimate"
+    estimate = state[path]
+    paths = [p for p, _ in leaf_types(process.initialize.type_signature.result.member)]
+    for k in range(2):
+        mine, theirs = (dict(zip(paths, flat_leaves(s)))[path] for s in (masked[k], alone[k]))
+        assert estimate[k] == pytest.approx(float(mine), rel=1e-6)
+        assert float(mine) < float(theirs)  # the masked zeros pulled it down
+    assert estimate[2] == pytest.approx(0.05)  # cluster 2 had no client: its initial state

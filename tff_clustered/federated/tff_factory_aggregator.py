@@ -151,7 +151,7 @@ def scalar_measurements(measurement_type: tff.types.Type) -> list[tuple[int, str
     return [
         (i, path)
         for i, (path, leaf) in enumerate(leaf_types(measurement_type))
-        if leaf.shape.rank == 0 and np.dtype(leaf.dtype).kind in "biuf"
+        if len(leaf.shape) == 0 and np.dtype(leaf.dtype).kind in "biuf"
     ]
 
 
