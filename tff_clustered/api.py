@@ -40,6 +40,7 @@ from tff_clustered.data.given_clients import federated_data
 from tff_clustered.data.registry import load_dataset, source_fingerprint
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
+from tff_clustered.federated.tff_factory_aggregator import FACTORY_TYPES, TffFactoryPerCluster
 from tff_clustered.loop.aggregation import check_aggregator
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.state import RunState
@@ -185,7 +186,7 @@ def run(
     client_store: str = "auto",
     model_name: str = "custom",
     log: Callable[[str], None] = print,
-    aggregator: Union[str, ClusterAggregator, AggregatorConfig, None] = None,
+    aggregator: Union[str, ClusterAggregator, AggregatorConfig, Any, None] = None,
     **data_args: Any,
 ) -> RunResult:
     """Runs `algorithm` (a name of `tff_clustered.algorithms.ALGORITHMS`) on `train` (and
@@ -198,7 +199,9 @@ def run(
     `output_dir`) or "auto" (disk for many clients); the results agree. `aggregator`: what
     each cluster does with its clients' updates, "mean" (their weighted mean) or
     `tff_clustered.ClusterDP(noise_multiplier=..., clip=...)` (DP-FedAvg per cluster, clients
-    weighted uniformly), or an `AggregatorConfig`; None: `training.aggregator` (the mean).
+    weighted uniformly), any `tff.aggregators` factory (weighted or unweighted, one instance
+    per cluster: `TffFactoryPerCluster`, on execution "tff" only), or an `AggregatorConfig`;
+    None: `training.aggregator` (the mean).
 
     Every argument is checked before any TensorFlow work, as `binaries/train.py` checks its
     flags: a wrong one is a ValueError or TypeError of one line naming it and the fix."""
@@ -227,6 +230,7 @@ def run(
         )
     training = with_aggregator(training, aggregator)
     check_aggregator(cls, training.aggregator.build())
+    training.aggregator.build().check_execution(execution)
     if options is None or isinstance(options, Mapping):
         names = [key for key in (options or {}) if not isinstance(key, str)]
         if names:
@@ -307,12 +311,15 @@ def run(
 
 
 def with_aggregator(
-    training: TrainingConfig, aggregator: Union[str, ClusterAggregator, AggregatorConfig, None]
+    training: TrainingConfig, aggregator: Union[str, ClusterAggregator, AggregatorConfig, Any, None]
 ) -> TrainingConfig:
-    """`training` with `run`'s `aggregator` argument as its aggregator (None: its own); an
-    argument that contradicts a non-default `training.aggregator` is refused."""
+    """`training` with `run`'s `aggregator` argument as its aggregator (None: its own; a
+    `tff.aggregators` factory: one instance per cluster, `TffFactoryPerCluster`); an argument
+    that contradicts a non-default `training.aggregator` is refused."""
     if aggregator is None:
         return training
+    if isinstance(aggregator, FACTORY_TYPES):
+        aggregator = TffFactoryPerCluster(aggregator)
     if isinstance(aggregator, str):
         if aggregator != "mean":
             raise ValueError(
@@ -326,7 +333,8 @@ def with_aggregator(
         config = aggregator
     else:
         raise TypeError(
-            f"aggregator must be 'mean', a ClusterDP or an AggregatorConfig, got "
+            "aggregator must be 'mean', a ClusterDP, a tff.aggregators factory (e.g. "
+            "tff.aggregators.MeanFactory()) or an AggregatorConfig, got "
             f"{described(aggregator)}"
         )
     if training.aggregator not in (AggregatorConfig(), config):
@@ -360,7 +368,7 @@ def run_settings(
     return {
         "algorithm": algorithm,
         "algorithm_options": dataclasses.asdict(options),
-        "training": dataclasses.asdict(training),
+        "training": training.settings(),
         "data": {"name": data.name, "fingerprint": fingerprint(data)},
         "model": model_name,
     }

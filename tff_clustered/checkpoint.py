@@ -25,7 +25,6 @@ refused, naming the first file that changed.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import fcntl
 import io
@@ -207,7 +206,7 @@ ADDED_SETTINGS = {
     "training.client_sampling": "fixed",
     **{
         f"training.aggregator.{name}": value
-        for name, value in dataclasses.asdict(AggregatorConfig()).items()
+        for name, value in AggregatorConfig().settings().items()
     },
 }
 

@@ -98,7 +98,8 @@ class Experiment:
         self.server_optimizer = algorithm.server_optimizer(config.server_optimizer)
         algorithm.distribution.check_server_optimizer(algorithm.name, self.server_optimizer)
         config, _ = accounting.calibrated(config, len(data.client_ids))  # --target_epsilon's z
-        self.aggregator = aggregation.checked_aggregator(config, algorithm, bool(round_metrics))
+        metrics = bool(round_metrics)
+        self.aggregator = aggregation.checked_aggregator(config, algorithm, metrics, execution)
         self.account = accounting.account_for(self.aggregator, config, data.client_index)
         self.stopped_at_target = False  # the next round would pass --target_epsilon
         self.client_weighting = (  # a private mean counts every client once

@@ -78,5 +78,5 @@ class RunSpec:
             **dataclasses.asdict(self.data),
             **dataclasses.asdict(self.model_choice),
             "algorithm_options": dataclasses.asdict(self.algorithm_options),
-            "training": dataclasses.asdict(self.training),
+            "training": self.training.settings(),
         }

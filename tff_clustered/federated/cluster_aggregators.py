@@ -52,6 +52,27 @@ class ClusterAggregator:
     # It gives differential privacy to what comes out of it (`round_event`), which an
     # algorithm that reads individual clients' updates would void (`Algorithm.dp_compatible`).
     private: ClassVar[bool] = False
+    # It runs only as one TFF computation over all of a round's clients (a `tff.aggregators`
+    # factory: `tff_factory_aggregator.py`), not as TF functions in process or over shares.
+    tff_computation_only: ClassVar[bool] = False
+
+    def check_execution(self, execution: str, num_workers: int = 1) -> None:
+        """Refuses an execution that cannot run this aggregator (`tff_computation_only`): the
+        in-process one, or a TFF round split over `num_workers` > 1 workers."""
+        if not self.tff_computation_only:
+            return
+        if execution != "tff":
+            raise ValueError(
+                f"the {self.name} aggregator (a tff.aggregators factory) runs only as a TFF "
+                f"computation: execution={execution!r} cannot run it; use execution='tff' "
+                "(the Python API's execution argument)"
+            )
+        if num_workers > 1:
+            raise ValueError(
+                f"the {self.name} aggregator (a tff.aggregators factory) runs each cluster's "
+                f"process over all of a round's clients in one computation, which a round "
+                f"split over {num_workers} workers cannot: run it on one worker (no --workers)"
+            )
 
     @property
     def stats_width(self) -> int:

@@ -102,6 +102,7 @@ class RoundCache:
     def get(self, signature: RoundSignature) -> FederatedRound:
         if signature not in self._built:
             started = time.perf_counter()
+            signature.aggregator.check_execution(self.execution)
             fns = round_functions(self.model, self.input_spec, signature, self.initial_variables)
             if self.execution == "tff":
                 self._built[signature] = sharded.sharded_round(

@@ -108,6 +108,7 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
         workers = runtime.worker_contexts()
         if len(workers) <= 1 or len(clients) <= 1:
             return parts.next(state, clients, hparams)
+        fns.aggregator.check_execution("tff", len(workers))  # a factory: one computation
         partial_next, finalize = parts.partial_next, parts.finalize  # built here, not per thread
         shares = run_shards(
             lambda share: partial_next(state, share, hparams),

@@ -191,7 +191,8 @@ class FactoryRoundPart:
         )
         inputs = self.aggregator.initial_slot(k)["inputs"]
         return collections.OrderedDict(
-            state=state, inputs=tf.nest.map_structure(lambda v: tf.TensorSpec(v.shape, v.dtype), inputs)
+            state=state,
+            inputs=tf.nest.map_structure(lambda v: tf.TensorSpec(v.shape, v.dtype), inputs),
         )
 
     def initial_slot(self) -> object:
@@ -209,9 +210,7 @@ class FactoryRoundPart:
 
         return tff.federated_map(replicated, self.process.initialize())
 
-    def aggregate(
-        self, state: Any, shared_delta: Any, cluster_weight: Any, outputs: Any
-    ) -> object:
+    def aggregate(self, state: Any, shared_delta: Any, cluster_weight: Any, outputs: Any) -> object:
         """Each cluster's process on its masked clients, then the finalizer (federated)."""
         fns, k, process = self.fns, self.num_clusters, self.process
         weighted = self.aggregator.weighted
@@ -220,16 +219,16 @@ class FactoryRoundPart:
         clusters = tff.federated_map(cluster_of, outputs)
         members = tff.federated_sum(
             tff.federated_map(
-                tff.tensorflow.computation(tf.int32)(
-                    lambda c: tf.one_hot(c, k, dtype=tf.float32)
-                ),
+                tff.tensorflow.computation(tf.int32)(lambda c: tf.one_hot(c, k, dtype=tf.float32)),
                 clusters,
             )
         )
         results, states, measurements = [], [], []
         for cluster in range(k):
             row_state = tff.federated_map(self.row_state(cluster), state.aggregator.state)
-            value = tff.federated_map(self.masked_value(cluster, value_type), (shared_delta, clusters))
+            value = tff.federated_map(
+                self.masked_value(cluster, value_type), (shared_delta, clusters)
+            )
             if weighted:
                 weight = tff.federated_map(self.weight_in(cluster), cluster_weight)
                 step = process.next(row_state, value, weight)
@@ -318,9 +317,7 @@ class FactoryRoundPart:
                 where_rows(updated, tf.stack([row[i] for row in rows]), 0)
                 for i in range(len(rows[0]))
             )
-            new_models, new_optimizer = fns.apply_means(
-                tuple(models), means, updated, optimizer
-            )
+            new_models, new_optimizer = fns.apply_means(tuple(models), means, updated, optimizer)
             new_leaves = [flat_leaves(states[c]) for c in range(k)]
             new_state = collections.OrderedDict(
                 (path, where_rows(updated, tf.stack([row[i] for row in new_leaves]), old))
@@ -363,4 +360,3 @@ def factory_round_part(
     if not isinstance(aggregator, TffFactoryPerCluster):
         return None
     return FactoryRoundPart(fns, aggregator.process(to_type(fns.shared_spec)), outputs_type)
-

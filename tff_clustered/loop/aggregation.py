@@ -16,10 +16,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
+from tff_clustered import runtime
 from tff_clustered.algorithms.base import Algorithm
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.loop.config import TrainingConfig
@@ -30,9 +31,11 @@ from tff_clustered.seeds import DP_NOISE, derived_seed
 @dataclasses.dataclass(frozen=True)
 class AggregatorRound:
     """What one round of an aggregator other than the mean takes: its `state` and the
-    round's `inputs` (`ClusterAggregator.round_inputs`), one row per real cluster."""
+    round's `inputs` (`ClusterAggregator.round_inputs`), one row per real cluster; `state`
+    None: the built round's initial state (a `tff.aggregators` factory's, which depends on
+    the update's type)."""
 
-    state: Mapping[str, np.ndarray]
+    state: Optional[Mapping[str, np.ndarray]]
     inputs: Mapping[str, np.ndarray]
 
 
@@ -57,13 +60,15 @@ def check_aggregator(algorithm: type[Algorithm], aggregator: ClusterAggregator) 
 
 
 def checked_aggregator(
-    config: TrainingConfig, algorithm: Algorithm, round_metrics: bool
+    config: TrainingConfig, algorithm: Algorithm, round_metrics: bool, execution: str = "tff"
 ) -> ClusterAggregator:
     """The run's aggregator, refused where the algorithm cannot use it
-    (`check_aggregator`) or where round metrics would read each client's update,
-    which an aggregator other than the mean keeps inside its per-cluster sums."""
+    (`check_aggregator`), where `execution` (and the started runtime's workers) cannot run it
+    (`ClusterAggregator.check_execution`) or where round metrics would read each client's
+    update, which an aggregator other than the mean keeps inside its per-cluster sums."""
     aggregator = config.aggregator.build()
     check_aggregator(type(algorithm), aggregator)
+    aggregator.check_execution(execution, len(runtime.worker_contexts()))
     if round_metrics and not aggregator.is_mean:
         raise ValueError(
             f"round metrics read each client's own update, which the {aggregator.name} "
@@ -138,11 +143,14 @@ def server_slot(
     request: Optional[AggregatorRound],
     num_clusters: int,
     capacity: int,
+    round_initial: Callable[[], Mapping[str, np.ndarray]],
 ) -> tuple[Any, Optional[collections.OrderedDict]]:
     """The server state's `aggregator` entry of a round of `num_clusters` clusters and what
     its clients read of it (`client_params`, in the round's hyperparameters), its rows padded
-    to the built round's `capacity` (a padding cluster's expected count is 0: not in use);
-    `((), None)` for the mean."""
+    to the built round's `capacity` with the rows of its initial state (`round_initial()`, of
+    `capacity` rows; a padding cluster's expected count is 0: not in use); a state that is
+    None or does not fit the built round (other entries or row shapes: a factory's state
+    for another update type) starts from that initial state; `((), None)` for the mean."""
     if aggregator.is_mean:
         return (), None
     if request is None:
@@ -153,10 +161,28 @@ def server_slot(
             f"{len(request.inputs['denominator'])}: the algorithm's plan changed the number of "
             "clusters, which an aggregator other than the mean cannot follow; use the mean"
         )
-    state = {key: padded(value, capacity) for key, value in request.state.items()}
+    initial = round_initial()
+    state = request.state
+    if state is None or not fits(state, initial):
+        state = {key: np.asarray(value)[:num_clusters] for key, value in initial.items()}
+    state = {  # in the round's order, padded with its initial rows
+        key: np.concatenate([np.asarray(state[key]), value[len(state[key]) : capacity]])
+        for key, value in initial.items()
+    }
     inputs = dict(request.inputs, denominator=padded(request.inputs["denominator"], capacity))
     inputs = aggregator.round_inputs(inputs["seed"], inputs["denominator"])
     return aggregator.server_slot(state, inputs), aggregator.client_params(state)
+
+
+def fits(state: Mapping[str, Any], initial: Mapping[str, np.ndarray]) -> bool:
+    """Whether `state` has `initial`'s entries, each of its rows' shape and dtype."""
+    if set(state) != set(initial):
+        return False
+    return all(
+        np.shape(value)[1:] == np.shape(initial[key])[1:]
+        and np.asarray(value).dtype.kind == initial[key].dtype.kind
+        for key, value in state.items()
+    )
 
 
 def state_after(
@@ -167,6 +193,12 @@ def state_after(
     if aggregator.is_mean:
         return None
     return {
-        key: np.asarray(value)[:num_clusters]
+        key: plain_array(value)[:num_clusters]
         for key, value in server_state["aggregator"]["state"].items()
     }
+
+
+def plain_array(value: Any) -> np.ndarray:
+    """`value` as an array a checkpoint holds: TFF's strings (objects) as bytes."""
+    array = np.asarray(value)
+    return array.astype(bytes) if array.dtype == object else array

@@ -6,17 +6,20 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator, ClusterMean
 from tff_clustered.federated.cluster_dp import ClusterDP
 from tff_clustered.federated.server_optimizers import ServerOptimizer
+from tff_clustered.federated.tff_factory_aggregator import TffFactoryPerCluster
 from tff_clustered.loop.privacy import SAMPLINGS
 from tff_clustered.options import checked_fields
 from tff_clustered.seeds import EVAL_SAMPLE, rng_for
 
 LR_SCHEDULES = ("constant", "exponential", "cosine")
-AGGREGATORS = ("mean", "dp")
+AGGREGATORS = ("mean", "dp")  # the flags' (--aggregator)
+# A `tff.aggregators` factory per cluster: a Python object, so the Python API's only.
+FACTORY_AGGREGATOR = TffFactoryPerCluster.name
 DP_CLIPPINGS = ("fixed", "adaptive")
 
 
@@ -32,7 +35,9 @@ class AggregatorConfig:
     (None: the noise multiplier). `delta`: the delta every epsilon is stated at;
     `target_epsilon` (> 0): the run stops before a round that would take a client's epsilon
     past it, and sets the noise multiplier when none is given (`loop.accounting.calibrated`).
-    The dp settings keep their defaults with the mean."""
+    The dp settings keep their defaults with the mean. `name` "tff_factory" (the Python API's
+    only: a factory is a Python object, no flag) runs `factory`, a `TffFactoryPerCluster`:
+    one instance of a `tff.aggregators` factory per cluster."""
 
     name: str = "mean"
     noise_multiplier: Optional[float] = None
@@ -43,24 +48,36 @@ class AggregatorConfig:
     count_stddev: Optional[float] = None
     delta: float = 1e-5
     target_epsilon: float = 0.0
+    factory: Optional[TffFactoryPerCluster] = None
 
     def __post_init__(self) -> None:
         for name, value in checked_fields(self, "AggregatorConfig").items():
             object.__setattr__(self, name, value)
-        if self.name not in AGGREGATORS:
+        if self.name not in (*AGGREGATORS, FACTORY_AGGREGATOR):
             raise ValueError(f"aggregator must be one of {AGGREGATORS}, got {self.name!r}")
+        if (self.name == FACTORY_AGGREGATOR) != (self.factory is not None):
+            raise ValueError(
+                f"aggregator {self.name!r} with factory={self.factory!r}: a tff.aggregators "
+                f"factory goes with name {FACTORY_AGGREGATOR!r} only; give it to "
+                "tff_clustered.run as aggregator=<the factory>"
+            )
         if self.clipping not in DP_CLIPPINGS:
             raise ValueError(f"dp_clipping must be one of {DP_CLIPPINGS}, got {self.clipping!r}")
-        if self.name == "mean":
+        if self.name != "dp":
             changed = [
                 f"--dp_{f.name}"
                 for f in dataclasses.fields(self)
-                if f.name != "name" and getattr(self, f.name) != f.default
+                if f.name not in ("name", "factory") and getattr(self, f.name) != f.default
             ]
-            if changed:
+            if changed and self.name == "mean":
                 raise ValueError(
                     f"{', '.join(changed)} set with --aggregator=mean, which adds no noise and "
                     "clips nothing: add --aggregator=dp, or leave them unset"
+                )
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)} set with a tff.aggregators factory, which clips and "
+                    "noises as it was built to: leave them unset"
                 )
         elif self.noise_multiplier is None and not self.target_epsilon > 0:
             raise ValueError(
@@ -94,6 +111,8 @@ class AggregatorConfig:
         """The aggregator these settings describe."""
         if self.name == "mean":
             return ClusterMean()
+        if self.factory is not None:
+            return self.factory
         return ClusterDP(
             noise_multiplier=float(self.noise_multiplier or 0.0),
             clip=self.clip,
@@ -105,7 +124,10 @@ class AggregatorConfig:
 
     @classmethod
     def of(cls, aggregator: ClusterAggregator) -> AggregatorConfig:
-        """The settings of a built aggregator (`ClusterMean` or `ClusterDP`)."""
+        """The settings of a built aggregator (`ClusterMean`, `ClusterDP` or
+        `TffFactoryPerCluster`)."""
+        if isinstance(aggregator, TffFactoryPerCluster):
+            return cls(FACTORY_AGGREGATOR, factory=aggregator)
         if isinstance(aggregator, ClusterDP):
             return cls(
                 "dp",
@@ -119,8 +141,16 @@ class AggregatorConfig:
         if isinstance(aggregator, ClusterMean):
             return cls()
         raise TypeError(
-            f"aggregator must be ClusterMean() or ClusterDP(...), got {type(aggregator).__name__}"
+            "aggregator must be ClusterMean(), ClusterDP(...) or a tff.aggregators factory, got "
+            f"{type(aggregator).__name__}"
         )
+
+    def settings(self) -> dict[str, Any]:
+        """What a run records of these settings (summary.json, checkpoints): the fields, a
+        factory as its description (a Python object is not a value a file holds)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values["factory"] = None if self.factory is None else self.factory.description
+        return values
 
 
 FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AggregatorConfig)}
@@ -188,6 +218,20 @@ class TrainingConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+
+    def settings(self) -> dict[str, Any]:
+        """`dataclasses.asdict` of these settings, the aggregator's as it records them
+        (`AggregatorConfig.settings`): what a run's summary.json and checkpoints hold."""
+        values = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, AggregatorConfig):
+                values[field.name] = value.settings()
+            elif dataclasses.is_dataclass(value):
+                values[field.name] = dataclasses.asdict(value)
+            else:
+                values[field.name] = value
+        return values
 
     def evaluation_sample(self, client_ids: Sequence[str]) -> list[str]:
         """The clients every evaluation of the run scores, in the order of `client_ids`: all of

@@ -26,7 +26,12 @@ from tff_clustered.federated.round_inputs import (
     round_hparams,
 )
 from tff_clustered.federated.signature import ModelLayout, RoundSignature
-from tff_clustered.loop.aggregation import AggregatorRound, server_slot, state_after
+from tff_clustered.loop.aggregation import (
+    AggregatorRound,
+    plain_array,
+    server_slot,
+    state_after,
+)
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.pooled import PooledRows, PooledSplit
 from tff_clustered.loop.state import cluster_capacity, padded
@@ -117,6 +122,17 @@ class RoundCalls:
         self._predict: Optional[Callable] = None
         self._pooled_scores: Optional[Callable] = None
         self._pooled_splits: dict[str, Optional[PooledSplit]] = {}
+        self._initial_aggregator_states: dict[RoundSignature, dict[str, np.ndarray]] = {}
+
+    def initial_aggregator_state(self, fed_round: FederatedRound) -> dict[str, np.ndarray]:
+        """The aggregator state of the built round's initial server state (once per round)."""
+        signature = fed_round.signature
+        if signature not in self._initial_aggregator_states:
+            slot = fed_round.initialize()["aggregator"]
+            self._initial_aggregator_states[signature] = {
+                key: plain_array(value) for key, value in slot["state"].items()
+            }
+        return self._initial_aggregator_states[signature]
 
     def seeds(self, round_num: int, client_ids: Sequence[str], stream: int = SHUFFLE) -> list:
         """Each client's seeds of a round: its batches' shuffle (from seed stream `stream`)
@@ -144,7 +160,11 @@ class RoundCalls:
         if request.optimizer_state is not None:
             optimizer = {k: padded(v, capacity) for k, v in request.optimizer_state.items()}
         aggregator_slot, aggregator_params = server_slot(
-            signature.aggregator, request.aggregator, len(request.cluster_models), capacity
+            signature.aggregator,
+            request.aggregator,
+            len(request.cluster_models),
+            capacity,
+            lambda: self.initial_aggregator_state(fed_round),
         )
         server_state = python_server_state(
             flat.matrix_to_stacked(padded(request.cluster_models, capacity), shapes),
