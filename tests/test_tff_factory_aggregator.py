@@ -13,6 +13,9 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+import tff_clustered
+from tff_clustered import checkpoint, reporting
+from tff_clustered.data import DataSpec
 from tff_clustered.federated import client_work
 from tff_clustered.federated.round import tff_round_parts
 from tff_clustered.federated.round_functions import round_functions
@@ -23,8 +26,12 @@ from tff_clustered.federated.tff_factory_aggregator import (
     flat_leaves,
     leaf_types,
 )
+from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
+from tff_clustered.run_folder import RunFolder
+from tff_clustered.run_spec import ModelChoice
+from tff_clustered.state_encoding import decode_tree
 from tff_clustered.weights import unflatten
 
 SPEC = model_spec("mlp", (5,), 3, hidden_units=4)
@@ -165,3 +172,66 @@ def test_clipping_per_cluster_against_the_factory_on_each_clusters_own_clients(
         assert estimate[k] == pytest.approx(float(mine), rel=1e-6)
         assert float(mine) < float(theirs)  # the masked zeros pulled it down
     assert estimate[2] == pytest.approx(0.05)  # cluster 2 had no client: its initial state
+
+
+def saved_state(folder: str) -> object:
+    """The run state in `folder`'s checkpoint."""
+    meta, arrays = checkpoint._read(RunFolder(folder).checkpoint)
+    return decode_tree(meta["state"], arrays)
+
+
+def without_seconds(history: list) -> list:
+    """Rows without their timings (NaN as None, so that rows compare with ==)."""
+    return [
+        {
+            k: None if isinstance(v, float) and np.isnan(v) else v
+            for k, v in row.items()
+            if not k.endswith("_seconds")
+        }
+        for row in history
+    ]
+
+
+class Interrupted(Exception):
+    """Stands for a run killed after a round's checkpoint."""
+
+
+def test_an_interrupted_api_run_resumes_to_the_uninterrupted_run(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """IFCA on the embedded digits with TFF's robust aggregator (adaptive clipping) per
+    cluster through the Python API: the factory's states are in the checkpoint, so a run
+    stopped after round 2 and resumed ends as the run left alone (models, every row, the
+    clipping norms' state), and each cluster's scalar measurements are metrics columns."""
+    kwargs = dict(
+        train=DataSpec("digits", num_clients=6),
+        model_fn=ModelChoice("mlp", hidden_units=8),
+        options={"num_clusters": 2},
+        training=TrainingConfig(rounds=3, clients_per_round=4, eval_every=3),
+        aggregator=tff.learning.robust_aggregator(zeroing=False),
+        checkpoint_every=1,
+        log=lambda _: None,
+    )
+    whole = tff_clustered.run("ifca", output_dir=str(tmp_path / "whole"), **kwargs)
+    update = reporting.Progress.update
+
+    def interrupted(progress: object, row: dict) -> None:
+        if row["round"] == 3:  # after round 2's checkpoint, before round 3's
+            raise Interrupted
+        update(progress, row)
+
+    monkeypatch.setattr(reporting.Progress, "update", interrupted)
+    with pytest.raises(Interrupted):
+        tff_clustered.run("ifca", output_dir=str(tmp_path / "cut"), **kwargs)
+    monkeypatch.undo()
+    resumed = tff_clustered.run("ifca", output_dir=str(tmp_path / "cut"), resume=True, **kwargs)
+    np.testing.assert_array_equal(resumed.cluster_models, whole.cluster_models)
+    assert without_seconds(resumed.history) == without_seconds(whole.history)
+    states = [saved_state(str(tmp_path / name)).aggregator_state for name in ("whole", "cut")]
+    norms = [row["clipping_norm_cluster_0"] for row in whole.history[1:]]
+    assert len(set(norms)) > 1  # adaptive: the norm moved
+    for key, value in states[0].items():
+        np.testing.assert_array_equal(states[1][key], value)
+    assert states[0]["clipping_norm/0/current_estimate"].shape == (2,)
+    factory = whole.summary["config"]["training"]["aggregator"]
+    assert factory["name"] == "tff_factory" and "Factory" in factory["factory"]
