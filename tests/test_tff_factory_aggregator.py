@@ -15,6 +15,7 @@ import tensorflow_federated as tff
 
 import tff_clustered
 from tff_clustered import checkpoint, reporting
+from tff_clustered.api import with_aggregator
 from tff_clustered.data import DataSpec
 from tff_clustered.federated import client_work
 from tff_clustered.federated.round import tff_round_parts
@@ -26,11 +27,11 @@ from tff_clustered.federated.tff_factory_aggregator import (
     flat_leaves,
     leaf_types,
 )
-from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.models import initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
 from tff_clustered.run_folder import RunFolder
-from tff_clustered.run_spec import ModelChoice
+from tff_clustered.run_spec import ModelChoice, RunSpec
 from tff_clustered.state_encoding import decode_tree
 from tff_clustered.weights import unflatten
 
@@ -235,3 +236,40 @@ def test_an_interrupted_api_run_resumes_to_the_uninterrupted_run(
     assert states[0]["clipping_norm/0/current_estimate"].shape == (2,)
     factory = whole.summary["config"]["training"]["aggregator"]
     assert factory["name"] == "tff_factory" and "Factory" in factory["factory"]
+
+
+def test_the_api_takes_a_bare_factory_and_refuses_what_cannot_run_it(tmp_path: object) -> None:
+    """A bare factory given to `run` becomes a `TffFactoryPerCluster` in the training
+    settings, recorded by its description; the in-process execution, several workers, a
+    non-factory and dp settings beside a factory are refused with the fix, before any data
+    is read."""
+    factory = tff.aggregators.MeanFactory()
+    training = with_aggregator(TrainingConfig(), factory)
+    assert training.aggregator == AggregatorConfig(
+        "tff_factory", factory=TffFactoryPerCluster(factory)
+    )
+    assert training.aggregator.build().factory is factory
+    described = training.settings()["aggregator"]["factory"]
+    assert described.endswith("MeanFactory")
+    assert TrainingConfig().settings() == dataclasses.asdict(TrainingConfig())  # the mean's
+    assert not checkpoint.same_settings(
+        RunSpec("fedavg").settings(),
+        dict(RunSpec("fedavg").settings(), training=training.settings()),
+    )
+    with pytest.raises(ValueError, match="use execution='tff'"):
+        tff_clustered.run(
+            "fedavg",
+            train={},
+            model_fn=lambda: None,
+            output_dir=str(tmp_path),
+            aggregator=factory,
+            execution="in_process",
+        )
+    with pytest.raises(ValueError, match="run it on one worker"):
+        TffFactoryPerCluster(factory).check_execution("tff", num_workers=2)
+    with pytest.raises(TypeError, match="takes a tff.aggregators.WeightedAggregationFactory"):
+        TffFactoryPerCluster(tff.learning.optimizers.build_sgdm())
+    with pytest.raises(ValueError, match="goes with name 'tff_factory' only"):
+        AggregatorConfig("tff_factory")
+    with pytest.raises(ValueError, match="--dp_clip set with a tff.aggregators factory"):
+        AggregatorConfig("tff_factory", clip=2.0, factory=TffFactoryPerCluster(factory))
