@@ -273,3 +273,21 @@ def test_the_api_takes_a_bare_factory_and_refuses_what_cannot_run_it(tmp_path: o
         AggregatorConfig("tff_factory")
     with pytest.raises(ValueError, match="--dp_clip set with a tff.aggregators factory"):
         AggregatorConfig("tff_factory", clip=2.0, factory=TffFactoryPerCluster(factory))
+
+
+@pytest.mark.usefixtures("tff_context")
+def test_an_unweighted_mean_per_cluster_divides_by_the_rounds_every_client() -> None:
+    """`UnweightedMeanFactory()` per cluster: the masked clients count, so each cluster's
+    update is the sum of its own clients' updates over all 5 clients of the round (not its
+    own 2 or 3); cluster 2, with no client, is left as it was."""
+    fed_round = built_round(TffFactoryPerCluster(tff.aggregators.UnweightedMeanFactory()))
+    server = fed_round.initialize()
+    before = [np.asarray(m) for m in server["cluster_models"]]
+    hparams = round_hparams(0.5, 3, aggregator_params={})
+    server, outputs, _ = fed_round.next(server, clients(0), hparams)
+    for k in range(2):
+        total = [sum(parts) for parts in zip(*own_updates(outputs, k))]
+        for got, old, summed in zip(server["cluster_models"], before, total):
+            np.testing.assert_allclose(got[k], old[k] + summed / len(KEYS), rtol=0, atol=1e-6)
+    for got, old in zip(server["cluster_models"], before):
+        assert np.array_equal(got[2], old[2])
