@@ -32,6 +32,7 @@ _API = {
     "AggregatorConfig": "tff_clustered.loop.config",
     "ClusterDP": "tff_clustered.federated.cluster_dp",
     "ClusterMean": "tff_clustered.federated.cluster_aggregators",
+    "TffFactoryPerCluster": "tff_clustered.federated.tff_factory_aggregator",
     "ALGORITHMS": "tff_clustered.algorithms",
 }
 
