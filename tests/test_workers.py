@@ -16,12 +16,14 @@ from collections.abc import Iterator
 import numpy as np
 import portpicker
 import pytest
+import tensorflow_federated as tff
 from conftest import ROOT, run_binary
 
 from tff_clustered.data.population import PopulationSpec, write_population_sql
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.federated import sharded
 from tff_clustered.federated.server_optimizers import ServerOptimizer
+from tff_clustered.federated.tff_factory_aggregator import TffFactoryPerCluster
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.evaluation import server_models
 from tff_clustered.run_spec import RunSpec
@@ -357,3 +359,17 @@ def test_a_worker_listens_on_loopback_only(two_workers: list) -> None:
 def read_csv(path: str) -> list[dict]:
     with open(path) as f:
         return list(csv.DictReader(f))
+
+
+def test_a_tff_factory_per_cluster_is_refused_on_two_workers(two_workers: list) -> None:
+    """A `tff.aggregators` factory per cluster runs each cluster's process over all of a
+    round's clients in one computation: a run over two workers is refused when it is built,
+    before any training, naming the fix."""
+    factory = TffFactoryPerCluster(tff.aggregators.MeanFactory())
+    spec = RunSpec(
+        algorithm="fedavg",
+        training=TrainingConfig(rounds=1, aggregator=AggregatorConfig.of(factory)),
+    )
+    with tff_runtime(RuntimeConfig(workers=tuple(address(s) for s in two_workers))):
+        with pytest.raises(ValueError, match="split over 2 workers.*run it on one worker"):
+            build_experiment(spec)
