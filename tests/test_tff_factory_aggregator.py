@@ -159,6 +159,7 @@ def test_clipping_per_cluster_against_the_factory_on_each_clusters_own_clients(
             assert measured["clipping_norm"][k] == pytest.approx(
                 float(masked_output.measurements["clipping_norm"])
             )
+        assert measured["clipped_count"][:2].sum() > 0  # the clip bites
         for old, new in zip(before, server["cluster_models"]):
             assert np.array_equal(old[2], new[2])  # no client of cluster 2
     state = server["aggregator"]["state"]
