@@ -196,9 +196,12 @@ def run(
     `Options`. `execution`: "tff" (TFF's runtime, a local worker) or "in_process" (on a GPU if
     TF sees one); `client_store`: "memory", "disk" (the clients' models in a file of
     `output_dir`) or "auto" (disk for many clients); the results agree. `aggregator`: what
-    each cluster does with its clients' updates, "mean" (their weighted mean) or
-    `tff_clustered.ClusterDP(noise_multiplier=..., clip=...)` (DP-FedAvg per cluster, clients
-    weighted uniformly), or an `AggregatorConfig`; None: `training.aggregator` (the mean).
+    each cluster does with its clients' updates, "mean" (their weighted mean), "robust",
+    "compression" or "secure" (TFF's robust, compressed and secure aggregators per cluster, at
+    TFF's defaults; `tff_clustered.ClusterRobust(...)`, `ClusterCompression(...)`,
+    `ClusterSecure(...)` to set them), `tff_clustered.ClusterDP(noise_multiplier=..., clip=...)`
+    (DP-FedAvg per cluster, clients weighted uniformly), or an `AggregatorConfig`; None:
+    `training.aggregator` (the mean).
 
     Every argument is checked before any TensorFlow work, as `binaries/train.py` checks its
     flags: a wrong one is a ValueError or TypeError of one line naming it and the fix."""
@@ -306,6 +309,10 @@ def run(
     )
 
 
+# The aggregators `run` takes by name (their settings at their defaults).
+NAMED_AGGREGATORS = ("mean", "robust", "compression", "secure")
+
+
 def with_aggregator(
     training: TrainingConfig, aggregator: Union[str, ClusterAggregator, AggregatorConfig, None]
 ) -> TrainingConfig:
@@ -314,19 +321,21 @@ def with_aggregator(
     if aggregator is None:
         return training
     if isinstance(aggregator, str):
-        if aggregator != "mean":
+        if aggregator not in NAMED_AGGREGATORS:
             raise ValueError(
-                f"aggregator={aggregator!r}: give 'mean', or the aggregator itself, e.g. "
+                f"aggregator={aggregator!r}: give one of {', '.join(map(repr, NAMED_AGGREGATORS))}"
+                ", or the aggregator itself, e.g. "
                 "aggregator=tff_clustered.ClusterDP(noise_multiplier=1.0, clip=0.1)"
             )
-        config = AggregatorConfig()
+        config = AggregatorConfig(aggregator)
     elif isinstance(aggregator, ClusterAggregator):
         config = AggregatorConfig.of(aggregator)
     elif isinstance(aggregator, AggregatorConfig):
         config = aggregator
     else:
         raise TypeError(
-            f"aggregator must be 'mean', a ClusterDP or an AggregatorConfig, got "
+            f"aggregator must be a name ({', '.join(NAMED_AGGREGATORS)}), a ClusterAggregator "
+            "(ClusterDP, ClusterRobust, ...) or an AggregatorConfig, got "
             f"{described(aggregator)}"
         )
     if training.aggregator not in (AggregatorConfig(), config):
