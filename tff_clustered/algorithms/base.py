@@ -311,13 +311,25 @@ class Algorithm:
 
     # -- reporting ------------------------------------------------------------------------------
     def values_sent_per_round(
-        self, num_sampled: int, shared_values: int, num_clusters: int, anchor_values: int = 0
+        self,
+        num_sampled: int,
+        shared_values: int,
+        num_clusters: int,
+        anchor_values: int = 0,
+        value_bits: int = 1,
+        upload_bits: Optional[int] = None,
     ) -> int:
         """Model values communicated in one round: each sampled client downloads its model
         (IFCA: all cluster models) and the anchor, if any, and uploads its update; personal
-        tensors never travel."""
+        tensors never travel. Counted in values (`value_bits` 1), or in bits with `value_bits`
+        32 (float32) and `upload_bits` the bits of one client's upload as its aggregator
+        encodes it (`ClusterAggregator.upload_bits`; None: `value_bits` a value)."""
         downloads = self.distribution.models_downloaded(num_clusters)
-        return num_sampled * (shared_values * (downloads + 1) + anchor_values)
+        if upload_bits is None:
+            upload_bits = shared_values * value_bits
+        return num_sampled * (
+            (shared_values * downloads + anchor_values) * value_bits + upload_bits
+        )
 
     def describe(self) -> dict[str, Any]:
         return dict(algorithm=self.name, **dataclasses.asdict(self.options))
