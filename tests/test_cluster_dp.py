@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Optional
 
 import dp_accounting
 import numpy as np
@@ -23,7 +24,7 @@ from tff_clustered import checkpoint
 from tff_clustered.algorithms import ALGORITHMS, make_algorithm
 from tff_clustered.api import with_aggregator
 from tff_clustered.federated import client_work
-from tff_clustered.federated.cluster_aggregators import ClusterMean
+from tff_clustered.federated.cluster_aggregators import ClusterAggregator, ClusterMean
 from tff_clustered.federated.cluster_dp import ClusterDP
 from tff_clustered.federated.clustered_mean import add_to_cluster
 from tff_clustered.federated.distributions import Neighbours
@@ -43,25 +44,32 @@ ROUND_SEED = np.array([7, 0], np.int64)
 
 
 def run_aggregator(
-    aggregator: ClusterDP,
+    aggregator: ClusterAggregator,
     updates: list,
     clusters: list,
     state: dict,
     denominator: np.ndarray,
     seed: np.ndarray = ROUND_SEED,
+    weights: Optional[list] = None,
 ) -> tuple:
     """One round of `aggregator` as the rounds run it: each client's update preprocessed with
-    its cluster's parameters and added into its cluster's row (`add_to_cluster`, in client
-    order), its statistics into its row, then `finalize` -> (means, updated, state,
-    measurements) as NumPy values."""
+    its cluster's parameters, its weight (`weights`, 1 each by default) and its seed
+    `[i, 0]`, and added into its cluster's row (`add_to_cluster`, in client order), its
+    statistics into its row, then `finalize` -> (means, updated, state, measurements) as NumPy
+    values."""
     k = len(denominator)
     params = aggregator.client_params(state)
     sums = tuple(tf.zeros([k, *s]) for s in SHAPES)
     total_weight = tf.zeros([k])
     statistics = tf.zeros([k, aggregator.stats_width])
-    for update, cluster in zip(updates, clusters):
+    weights = [1.0] * len(updates) if weights is None else weights
+    for i, (update, cluster) in enumerate(zip(updates, clusters)):
         delta, weight, row = aggregator.preprocess(
-            params, tuple(tf.constant(t) for t in update), tf.constant(cluster), 1.0, [0, 0]
+            params,
+            tuple(tf.constant(t) for t in update),
+            tf.constant(cluster),
+            tf.constant(weights[i], tf.float32),
+            tf.constant([i, 0], tf.int32),
         )
         one_hot = tf.one_hot(cluster, k)
         sums = add_to_cluster(sums, delta, one_hot * weight)
