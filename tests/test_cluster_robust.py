@@ -152,8 +152,8 @@ def test_the_quantizer_is_unbiased() -> None:
 def test_compression_quantizes_only_the_tensors_above_the_threshold() -> None:
     """Threshold 5 with tensors of 4 and 6 values: the 4-value tensor is the robust
     aggregator's weighted value bit for bit, the 6-value one is quantized (at 1 bit: two
-    levels); at threshold 6 both pass unchanged. The same client seed draws the same
-    rounding, another seed another."""
+    levels, the same again from the same client seed); at threshold 6 both pass unchanged
+    through the whole aggregation."""
     rng = np.random.default_rng(6)
     updates = [random_update(rng, 0.5) for _ in range(3)]
     robust = run_aggregator(
@@ -192,3 +192,125 @@ def test_compression_quantizes_only_the_tensors_above_the_threshold() -> None:
             )
             for ours, theirs in zip(compressed[0], robust[0]):
                 np.testing.assert_array_equal(ours, theirs)
+
+
+def test_the_secure_sum_is_tffs_integer_sum_within_its_quantization_error() -> None:
+    """20 clients' values within a bound B = 3, and two beyond it: each client's integers are
+    those of TFF's own client encoding; the sum of what the clients send (each decoded here)
+    is TFF's decoding of the integer sum within float32 rounding, and the plain sum of the
+    values clipped to [-B, B] within 20 half steps of 2B / (2^32 - 1) plus float32 rounding;
+    the values beyond B are clipped to it."""
+    rng = np.random.default_rng(7)
+    bound = tf.constant(3.0)
+    values = rng.uniform(-3, 3, size=(20, 50)).astype(np.float32)
+    values[3, 7], values[11, 0] = 40.0, -7.5
+    integers = [secure_integers(tf.constant(v), -bound, bound) for v in values]
+    for v, ours in zip(values, integers):
+        theirs = primitives._client_tensor_shift_for_secure_sum(tf.constant(v), -bound, bound)
+        np.testing.assert_array_equal(ours, theirs)
+    integer_sum = tf.add_n(integers)
+    decoded = primitives._server_tensor_shift_for_secure_sum(
+        tf.constant(20), integer_sum, -bound, bound, tf.float32
+    ).numpy()
+    sent = np.stack([secure_round_trip(tf.constant(v), -bound, bound).numpy() for v in values])
+    float_rounding = 20 * 3.0 * np.finfo(np.float32).eps
+    np.testing.assert_allclose(sent.sum(axis=0), decoded, rtol=0, atol=float_rounding)
+    clipped = np.clip(values.astype(np.float64), -3.0, 3.0)
+    half_step = 6.0 / SECURE_MAX / 2
+    np.testing.assert_allclose(
+        decoded, clipped.sum(axis=0), rtol=0, atol=20 * half_step + float_rounding
+    )
+    assert sent[3, 7] == pytest.approx(3.0, abs=1e-6) and sent[11, 0] == pytest.approx(
+        -3.0, abs=1e-6
+    )
+
+
+def test_secure_clips_to_each_clusters_adaptive_bound() -> None:
+    """Two clusters, weighted values about 1 and about 400 (beyond the first bound 2 x 50):
+    cluster 1's clients are clipped to the bound and counted, its mean is bounded by it, and
+    its bound's estimate rises toward its values (none below: by exp(0.95)); cluster 0's
+    are within it and its mean is the robust aggregator's within the secure sum's error."""
+    rng = np.random.default_rng(8)
+    aggregator = ClusterSecure(zeroing=False, clipping=False)
+    updates = [random_update(rng, 1.0) for _ in range(3)] + [
+        tuple(np.full(s, 400.0, np.float32) for s in SHAPES) for _ in range(2)
+    ]
+    clusters, weights = [0, 0, 0, 1, 1], [1.0, 2.0, 3.0, 1.0, 1.0]
+    state = aggregator.initial_state(2)
+    means, _, new_state, measured = run_aggregator(
+        aggregator, updates, clusters, state, np.zeros(2), weights=weights
+    )
+    assert measured["secure_bound"].tolist() == [100.0, 100.0]
+    assert measured["secure_clipped_count"].tolist() == [0.0, 2.0]
+    assert all(np.all(m[1] == pytest.approx(100.0, rel=1e-6)) for m in means)
+    assert new_state["secure_quantile"][1] == pytest.approx(50.0 * math.exp(0.95), rel=1e-6)
+    plain = run_aggregator(
+        ClusterRobust(zeroing=False, clipping=False),
+        updates,
+        clusters,
+        {},
+        np.zeros(2),
+        weights=weights,
+    )[0]
+    for ours, theirs in zip(means, plain):
+        np.testing.assert_allclose(ours[0], theirs[0], rtol=0, atol=1e-6)
+
+
+def test_the_bits_one_client_uploads() -> None:
+    """float32 for the mean, dp, robust and secure (32-bit integers); compression: a tensor
+    above the threshold as bits-per-value packed into 28-bit words of 32 bits, plus its min and
+    max; the round's bits count downloads at 32 a value (IFCA downloads every cluster)."""
+    sizes = [50000, 20000, 10]
+    floats = 32 * sum(sizes)
+    for aggregator in (ClusterMean(), ClusterDP(1.0), ClusterRobust(), ClusterSecure()):
+        assert aggregator.upload_bits(sizes) == floats
+    compression = ClusterCompression()
+    assert compression.upload_bits(sizes) == 32 * math.ceil(50000 * 8 / 28) + 64 + 32 * 20010
+    assert ClusterCompression(quantization_threshold=0).upload_bits(sizes) == sum(
+        32 * math.ceil(n * 8 / 28) + 64 for n in sizes
+    )
+    assert 3.4 < floats / ClusterCompression(quantization_threshold=0).upload_bits(sizes) < 3.5
+    fedavg, ifca = FedAvg(), ALGORITHMS["ifca"]()
+    assert fedavg.values_sent_per_round(5, 100, 1) == 5 * 200
+    assert fedavg.values_sent_per_round(5, 100, 1, value_bits=32, upload_bits=800) == 5 * (
+        3200 + 800
+    )
+    assert ifca.values_sent_per_round(5, 100, 3, value_bits=32, upload_bits=800) == 5 * (
+        3 * 3200 + 800
+    )
+
+
+def test_settings_of_another_aggregator_are_refused_and_built_ones_map_back() -> None:
+    """One-line errors naming the flag and the aggregator that uses it; each built aggregator
+    maps back to its settings (the Python API's instances and names); not private, so every
+    server-aggregating algorithm takes them, decentralized ones refuse them."""
+    with pytest.raises(
+        ValueError,
+        match="--quantization_bits set with --aggregator=robust.*add --aggregator=compression",
+    ):
+        AggregatorConfig("robust", quantization_bits=4)
+    with pytest.raises(
+        ValueError, match="--robust_zeroing set with --aggregator=mean.*--aggregator=robust or"
+    ):
+        AggregatorConfig(robust_zeroing=False)
+    with pytest.raises(ValueError, match="--dp_noise_multiplier set with --aggregator=secure"):
+        AggregatorConfig("secure", noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="quantization_bits must be in \\[1, 16\\]"):
+        AggregatorConfig("compression", quantization_bits=17)
+    built = [
+        ClusterRobust(zeroing=False),
+        ClusterCompression(clipping=False, quantization_bits=4, quantization_threshold=100),
+        ClusterSecure(),
+    ]
+    for aggregator in built:
+        config = AggregatorConfig.of(aggregator)
+        assert config.name == aggregator.name and config.build() == aggregator
+        assert with_aggregator(TrainingConfig(), aggregator).aggregator == config
+    assert with_aggregator(TrainingConfig(), "secure").aggregator.build() == ClusterSecure()
+    for cls in ALGORITHMS.values():
+        for aggregator in built:
+            if cls.distribution.decentralized:
+                with pytest.raises(ValueError, match="is decentralized"):
+                    check_aggregator(cls, aggregator)
+            else:
+                check_aggregator(cls, aggregator)

@@ -50,7 +50,7 @@ SECURE_BITWIDTH = 32
 SECURE_MAX = 2**SECURE_BITWIDTH - 1
 # TFF's `secure_aggregator`: the weights' bounds, and the bound's quantile estimate.
 SECURE_WEIGHT_BOUND = float(2**20 - 1)
-SECURE_BOUND = NormEstimate(50.0, 0.95, 1.0, multiplier=2.0)
+SECURE_BOUND = NormEstimate(50.0, 0.95, 1.0, multiplier=2.0, reports="bound")
 
 
 @dataclasses.dataclass(frozen=True)

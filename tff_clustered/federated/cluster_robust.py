@@ -61,6 +61,7 @@ class NormEstimate:
     learning_rate: float
     multiplier: float = 1.0
     increment: float = 0.0
+    reports: str = "norm"  # what the reported value is: a metrics.csv column `<name>_<reports>`
 
     def reported(self, estimate: tf.Tensor) -> tf.Tensor:
         """The norm the clients use: the affine map of the estimate (TFF's `_affine_transform`)."""
@@ -87,7 +88,7 @@ class ClusterRobust(ClusterAggregator):
     # -- what a subclass changes: how the weighted value is sent, what it estimates -----------
     def estimates(self) -> dict[str, NormEstimate]:
         """Each quantile estimate the aggregator keeps per cluster, by the name of its state
-        entry (`<what>_quantile`) and of its reported norm (`<what>_norm`)."""
+        entry (`<what>_quantile`) and of its reported value (`<what>_norm`, as it `reports`)."""
         estimates = {}
         if self.zeroing:
             estimates["zeroing"] = ZEROING
@@ -192,7 +193,7 @@ class ClusterRobust(ClusterAggregator):
         measurements = collections.OrderedDict()
         for column, (name, estimate) in enumerate(self.estimates().items(), start=1):
             current = state[f"{name}_quantile"]
-            measurements[f"{name}_norm"] = estimate.reported(current)
+            measurements[f"{name}_{estimate.reports}"] = estimate.reported(current)
             new_state[f"{name}_quantile"], _ = geometric_quantile_step(
                 current,
                 stats[:, column],
