@@ -163,13 +163,13 @@ class ClusterRobust(ClusterAggregator):
             value = tuple(tf.where(clipped, t / (norm / clip), t) for t in value)
             below["clipping"] = tf.cast(norm <= clip, tf.float32) - 0.5
             counts["clipped_count"] = tf.cast(clipped, tf.float32)
-        weight = self.encoded_weight(tf.cast(weight, tf.float32))
+        weight = tf.cast(weight, tf.float32)
         weighted = tuple(t * weight for t in value)  # TFF's MeanFactory, at the client
         encoded, encoding_below, encoding_counts = self.encode(params, weighted, cluster, seed)
         below.update(encoding_below)
         counts.update(encoding_counts)
         taking_part = tf.cast(weight > 0, tf.float32)
-        columns = [weight]
+        columns = [self.encoded_weight(weight)]
         columns += [below[name] * taking_part for name in self.estimates()]
         columns += [counts[name] * taking_part for name in self.count_names()]
         return encoded, taking_part, tf.stack(columns)
