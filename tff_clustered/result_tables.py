@@ -61,12 +61,16 @@ def _mean(values: Sequence[float]) -> Optional[float]:
 def diagnostics(history: Sequence[Mapping[str, Any]], method: type[Algorithm]) -> dict[str, Any]:
     """What a run's clustering did: clusters in use at the end (clients assigned to them; None
     for decentralized peers, which each keep their own model) and their sizes, largest first
-    (`70+28+5`), then the algorithm's own figures (`Algorithm.run_figures`: FedTSDP's
-    triggers, UA-PDFL's regimes, ...)."""
+    (`70+28+5`), a private run's final epsilon and the rounds it trained (it stops at a target
+    epsilon), then the algorithm's own figures (`Algorithm.run_figures`: FedTSDP's triggers,
+    UA-PDFL's regimes, ...)."""
     trained = [r for r in history if r["round"] > 0]
     sizes = _last(history, "cluster_size_")
     decentralized = method.distribution.decentralized
+    epsilons = [r["epsilon"] for r in trained if not math.isnan(r.get("epsilon", math.nan))]
     return {
+        "epsilon": epsilons[-1] if epsilons else None,
+        "rounds_trained": trained[-1]["round"] if epsilons else None,
         "clusters": None if decentralized or not sizes else sum(v > 0 for v in sizes.values()),
         "cluster_sizes": None
         if decentralized or not sizes
@@ -137,9 +141,12 @@ def _groups(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], list[Map
 
 def diagnostics_text(runs: Sequence[Mapping[str, Any]]) -> str:
     """Per-seed diagnostics of one table cell, e.g. `clusters 3/3/2; triggers 2/3/2; sizes
-    9+6+5 / 10+6+4 / 12+8`: the clusters formed, the algorithm's own (`figures_text`), then
-    the sizes where some seed formed more than one cluster."""
+    9+6+5 / 10+6+4 / 12+8`: the clusters formed, a private run's epsilon and rounds, the
+    algorithm's own (`figures_text`), then the sizes where some seed formed more than one
+    cluster."""
     parts = per_seed_text(runs, "clusters", "clusters", "{:.0f}")
+    parts += per_seed_text(runs, "epsilon", "epsilon", "{:.2f}")
+    parts += per_seed_text(runs, "rounds_trained", "rounds", "{:.0f}")
     if runs and runs[0].get("method"):
         parts += algorithm_class(str(runs[0]["method"])).figures_text(runs)
     sizes = [str(r.get("cluster_sizes") or "-") for r in runs]
