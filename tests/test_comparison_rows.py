@@ -32,6 +32,22 @@ def test_privacy_levels_set_each_rows_aggregator() -> None:
     assert parse_setting("epsilon:4")(spec).data == spec.data
 
 
+def test_robust_aggregator_rows() -> None:
+    spec = RunSpec("fesem")  # robust aggregation reads no privacy claim: every algorithm takes it
+    compression = parse_setting("compression:4:1000")(spec).training.aggregator
+    assert (compression.name, compression.quantization_bits) == ("compression", 4)
+    assert compression.quantization_threshold == 1000
+    default = parse_setting("compression")(spec).training.aggregator
+    assert (default.quantization_bits, default.quantization_threshold) == (8, 20000)
+    assert parse_setting("secure")(spec).training.aggregator == AggregatorConfig("secure")
+    # The command line's settings of the row's own aggregator are kept.
+    given = AggregatorConfig("robust", robust_zeroing=False)
+    spec = RunSpec("fesem", training=TrainingConfig(aggregator=given))
+    assert parse_setting("robust")(spec).training.aggregator == given
+    with pytest.raises(ValueError, match="compression:17.*quantization_bits"):
+        parse_setting("compression:17")(spec)
+
+
 def test_partition_settings_change_the_data_only() -> None:
     spec = RunSpec("fedavg", data=DataSpec(dataset="digits_dirichlet"))
     changed = parse_setting("dirichlet:0.3")(spec)
@@ -44,7 +60,11 @@ def test_partition_settings_change_the_data_only() -> None:
     "setting, message",
     [
         ("epsilon", "use one of"),
-        ("epsilon:x", "E must be a number"),
+        ("epsilon:x", "must be numbers"),
+        ("epsilon:1:2", "use one of"),
+        ("compression:4:10:3", "use one of"),
+        ("compression:4.5", "whole numbers"),
+        ("robust:1", "use one of"),
         ("epsilon:0", "E must be > 0"),
         ("clip:3", "use one of"),
         ("mean:1", "use one of"),
