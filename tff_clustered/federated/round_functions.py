@@ -242,7 +242,7 @@ def round_functions(
         return scores.loss_sum / tf.maximum(scores.num_examples, 1.0)
 
     distributor = signature.distribution.distributor(
-        io.shared, shared_spec, k, mean_loss, model.features
+        io.shared, shared_spec, k, mean_loss, model.features, len(signature.shared)
     )
 
     def padded_client_update(
@@ -264,8 +264,8 @@ def round_functions(
             hparams["max_steps"],
             size=size,
         )
-        received = distributor.receive(ClientSide(distributed, stored, data, key, hparams, size))
-        cluster = received.cluster
+        side = ClientSide(distributed, stored, data, key, hparams, size)
+        received = distributor.receive(side)
         weights, state, own_weights, own_state = join(received.selected, stored)
         result = work(
             forward,
@@ -294,8 +294,14 @@ def round_functions(
             [tf.math.is_finite(result.loss_sum)]
             + [tf.reduce_all(tf.math.is_finite(t)) for t in trained + kept]
         )
+        # The cluster the update counts in and the row it is taken against: where it started,
+        # unless the distributor settles it after training (FeSEM's client-side E-step); a
+        # diverged client stays where it started.
+        settled = distributor.settle(side, received, tuple(trained[i] for i in io.shared))
+        cluster = tf.where(finite, settled.cluster, received.cluster)
         shared_delta = tuple(
-            tf.where(finite, trained[i] - start[i], tf.zeros_like(start[i])) for i in io.shared
+            tf.where(finite, trained[i] - row, tf.zeros_like(row))
+            for i, row in zip(io.shared, settled.selected)
         )
         weight = result.num_examples if signature.client_weighting == "num_examples" else 1.0
         if not aggregator.is_mean:
