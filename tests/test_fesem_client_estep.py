@@ -10,6 +10,7 @@ import pytest
 from conftest import ari_with_plant, mlp_experiment
 from sklearn.metrics import adjusted_rand_score
 
+from tff_clustered import checkpoint
 from tff_clustered.algorithms import make_algorithm, make_options
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated.distributions import NearestCentreAfterTraining, OwnCluster
@@ -95,3 +96,13 @@ def test_only_the_client_estep_takes_a_private_aggregator() -> None:
     assert weighted.client_weighting == "num_examples"
     with pytest.raises(ValueError, match="fesem_estep=both is not one of server, client"):
         make_algorithm("fesem", fesem_estep="both")
+
+
+def test_a_fesem_checkpoint_older_than_the_option_resumes_with_the_server_estep() -> None:
+    """FeSEM's settings from before `--fesem_estep` existed are the server-side E-step's."""
+    now = RunSpec("fesem").settings()
+    before = dict(now, algorithm_options=dict(now["algorithm_options"]))
+    del before["algorithm_options"]["fesem_estep"]
+    assert checkpoint.same_settings(before, now)
+    client = RunSpec("fesem", algorithm_options=make_options("fesem", fesem_estep="client"))
+    assert not checkpoint.same_settings(before, client.settings())

@@ -60,7 +60,8 @@ class RoundFunctions:
     * `distributor` (`distributors.py`): its `select_shared(cluster_models, key)` is
       federated_select's select function (peers' rows; the per-client evaluation), its
       `every_cluster_shared(cluster_models)` what is broadcast to a client that takes its
-      cluster's row or picks one, its `receive` the client's side of both;
+      cluster's row or picks one, its `receive` the client's side of both, its `settle`
+      the cluster the update counts in and the row it is taken against, after the work;
     * `padded_client_update(distributed, stored, data, key, client_scalar, seed, hparams,
       anchor, size)`: one client's work -> `(shared_delta, cluster_weight, outputs)`, and
       its statistics row for the aggregator (`[K, stats_width]`) last unless the aggregator
