@@ -168,6 +168,18 @@ class OwnClusterDistributor(Distributor):
         return Received(self.first_row(client.selection), cluster)
 
 
+def least_in_use(every: tuple, scores: list, hparams: dict) -> Received:
+    """The row of `every` (each shared variable stacked by cluster) of least score among the
+    clusters in use (`hparams["num_clusters"]`: the padding ones are never picked; ties: the
+    lowest index), as what the client's update counts in."""
+    in_use = [
+        tf.where(float(j) < hparams["num_clusters"], score, np.inf)
+        for j, score in enumerate(scores)
+    ]
+    cluster = tf.argmin(tf.stack(in_use), output_type=tf.int32)
+    return Received(tuple(tf.gather(t, cluster) for t in every), cluster)
+
+
 @dataclasses.dataclass(frozen=True)
 class LowestLossDistributor(Distributor):
     """`num_clusters` clusters in the built round (the padding ones never picked: the round's
@@ -183,15 +195,10 @@ class LowestLossDistributor(Distributor):
         every = client.selection
         batches = ArrayBatches(client.data, client.hparams["eval_batch_size"], size=client.size)
         losses = [
-            tf.where(
-                float(j) < client.hparams["num_clusters"],
-                self.mean_loss(tuple(t[j] for t in every), client.stored, batches),
-                np.inf,
-            )
+            self.mean_loss(tuple(t[j] for t in every), client.stored, batches)
             for j in range(self.num_clusters)
         ]
-        cluster = tf.argmin(tf.stack(losses), output_type=tf.int32)
-        return Received(tuple(tf.gather(t, cluster) for t in every), cluster)
+        return least_in_use(every, losses, client.hparams)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,21 +222,13 @@ class NearestCentreDistributor(Distributor):
         lowest index); the update is then taken against that row."""
         every = client.selection
         distances = [
-            tf.where(
-                float(j) < client.hparams["num_clusters"],
-                tf.add_n(
-                    [tf.constant(0.0)]
-                    + [
-                        tf.reduce_sum(tf.square(trained[i] - every[i][j]))
-                        for i in range(self.trainable)
-                    ]
-                ),
-                np.inf,
+            sum(
+                (tf.reduce_sum(tf.square(trained[i] - every[i][j])) for i in range(self.trainable)),
+                tf.constant(0.0),
             )
             for j in range(self.num_clusters)
         ]
-        cluster = tf.argmin(tf.stack(distances), output_type=tf.int32)
-        return Received(tuple(tf.gather(t, cluster) for t in every), cluster)
+        return least_in_use(every, distances, client.hparams)
 
 
 @dataclasses.dataclass(frozen=True)

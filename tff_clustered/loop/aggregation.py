@@ -48,9 +48,8 @@ def check_aggregator(algorithm: Algorithm, aggregator: ClusterAggregator) -> Non
             f"--aggregator={aggregator.name} has nothing to aggregate; leave --aggregator unset"
         )
     if aggregator.private and not algorithm.dp_compatible:
-        private_mode = f"{algorithm.private_mode} (its private mode), " * bool(
-            algorithm.private_mode
-        )
+        mode = algorithm.private_mode
+        private_mode = f"{mode} (its private mode), " if mode else ""
         raise ValueError(
             f"--aggregator={aggregator.name}: {algorithm.name} reads individual clients' models "
             "or updates to set its cluster models, outside the private per-cluster aggregate, "
