@@ -229,7 +229,6 @@ def run(
             "write training=tff_clustered.TrainingConfig(rounds=..., ...)"
         )
     training = with_aggregator(training, aggregator)
-    check_aggregator(cls, training.aggregator.build())
     if options is None or isinstance(options, Mapping):
         names = [key for key in (options or {}) if not isinstance(key, str)]
         if names:
@@ -246,6 +245,7 @@ def run(
             f"{described(options)}"
         )
     built = make_algorithm(algorithm, options)  # its range checks, before any work
+    check_aggregator(built, training.aggregator.build())
     unknown = sorted(set(data_args) - set(DATA_ARGUMENTS))
     if unknown:
         raise TypeError(

@@ -209,12 +209,14 @@ class Algorithm:
         "mu": "it has no proximal term; use --algorithm=fedprox for --mu > 0",
         "personal_layers": "it keeps no personal layers; use --algorithm=fedper",
     }
-    # How clients are weighted in each cluster's mean: "num_examples" or "uniform".
-    client_weighting: ClassVar[str] = "num_examples"
+    # How clients are weighted in each cluster's mean: "num_examples" or "uniform" (an
+    # algorithm may set its own from its options, as it may `needs_model_deltas`,
+    # `distribution` and `dp_compatible`).
+    client_weighting: str = "num_examples"
     # Clients keep their whole trained model in the store (stateful clients).
     keep_client_models: ClassVar[bool] = False
     # Each client's flat model update is needed on the server after a round.
-    needs_model_deltas: ClassVar[bool] = False
+    needs_model_deltas: bool = False
     # The model kinds evaluated (`MODEL_KINDS`), the one the paper reports first.
     model_kinds: ClassVar[tuple[str, ...]] = ("global",)
     # How each sampled client receives its model (`federated.distributions`): its own cluster's,
@@ -224,7 +226,9 @@ class Algorithm:
     # does to them after is post-processing), so a private aggregator (`--aggregator=dp`)
     # protects them; false for an algorithm that reads individual clients' models or updates
     # to set models (a split, an M-step, a regrouping): `loop.aggregation.check_aggregator`.
-    dp_compatible: ClassVar[bool] = True
+    dp_compatible: bool = True
+    # Where it is not, the options that would make it so, for the refusal's message.
+    private_mode: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """An algorithm that declares its own `Options` gets them type-checked where they are
