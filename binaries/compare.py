@@ -58,6 +58,13 @@ logs.quiet_tensorflow(sys.argv)
 from tff_clustered import checkpoint, figures, result_tables, run_flags, runner  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS  # noqa: E402
 from tff_clustered.algorithms.fedgroup import discrepancy  # noqa: E402
+from tff_clustered.comparison_rows import SETTINGS_HELP, parse_setting  # noqa: E402
+from tff_clustered.comparison_tables import (  # noqa: E402
+    PROTOCOLS,
+    SETTING_TABLES,
+    TABLES,
+    Defaults,
+)
 from tff_clustered.run_folder import (  # noqa: E402
     COMPARISON_CSV,
     COMPARISON_MD,
@@ -70,263 +77,6 @@ from tff_clustered.runtime import RuntimeConfig, tff_runtime  # noqa: E402
 logs.quiet_python_logs(sys.argv)
 
 
-class Defaults(NamedTuple):
-    """Values of a table's flags on the datasets whose names start with one of `datasets`
-    (every dataset when empty), and where they come from (`source`): the values a table took
-    are printed and written in its header with their source."""
-
-    source: str
-    values: dict[str, Any]
-    datasets: tuple[str, ...] = ()
-
-    def applies_to(self, dataset: str) -> bool:
-        return not self.datasets or dataset.startswith(self.datasets)
-
-
-# The embedded digits (1,797 images): a whole table in minutes on 2 cores.
-DIGITS = ("digits",)
-# Each table's defaults for the flags not given on the command line: its columns, the paper's
-# protocol, this project's choices where the paper gives none, and the values that replace
-# them on some datasets; a later group wins over an earlier one on the datasets both cover.
-TABLES: dict[str, list[Defaults]] = {
-    "fedgroup": [
-        Defaults(
-            "the table's columns",
-            dict(
-                algorithms=[
-                    "fedavg",
-                    "fedprox",
-                    "ifca",
-                    "fesem",
-                    "fedgroup_rcc",
-                    "fedgroup_rac",
-                    "fedgroup",
-                    "fedgrouprox",
-                    "fedgroup_madc",
-                    "fedgrouprox_madc",
-                ],
-            ),
-        ),
-        Defaults(
-            "FedGroup's Table III setup",
-            dict(
-                local_epochs=20,
-                clients_per_round=20,
-                batch_size=10,
-                pretrain_scale=20,
-                pretrain_epochs=1,
-                mu=1.0,
-            ),
-        ),
-        Defaults(
-            "this project's (FedGroup gives no rounds for Table III; its code runs 200)",
-            dict(rounds=200),
-        ),
-        Defaults(
-            "FedGroup's MNIST setup",
-            dict(num_clusters=3, learning_rate=0.03),
-            ("mnist",),
-        ),
-        Defaults(
-            "FedGroup's FEMNIST setup",
-            dict(num_clusters=5, learning_rate=0.003),
-            ("femnist",),
-        ),
-        Defaults(
-            "FedGroup's Synthetic(1,1) setup",
-            dict(num_clusters=5, learning_rate=0.01),
-            ("synthetic",),
-        ),
-        Defaults(
-            "FedGroup's Sent140 setup",
-            dict(num_clusters=5, learning_rate=0.3, mu=0.01),
-            ("sent140",),
-        ),
-        # alpha = 5 so that 20 clients cluster and 20 are newcomers (alpha*m >= 40 would
-        # cluster everyone and make RAC identical to FedGroup).
-        Defaults(
-            "the embedded digits' scale (4 planted groups in 40 clients; alpha = 5: 20 cluster)",
-            dict(
-                num_clusters=4,
-                rounds=30,
-                local_epochs=3,
-                clients_per_round=10,
-                learning_rate=0.1,
-                pretrain_scale=5,
-                pretrain_epochs=3,
-            ),
-            DIGITS,
-        ),
-    ],
-    # FeSEM's baselines as ours: NoFed = Local, FedCluster = CFL, HypoCluster(3) = IFCA with 3
-    # clusters. Micro accuracy is the pooled one, macro the unweighted mean over clients.
-    "fesem": [
-        Defaults(
-            "the table's columns (FeSEM's Table 2)",
-            dict(
-                algorithms=[
-                    "local",
-                    "fedavg",
-                    "fedprox",
-                    "cfl",
-                    "ifca:3",
-                    "fesem:2",
-                    "fesem:3",
-                    "fesem:4",
-                ],
-            ),
-        ),
-        Defaults(
-            "FeSEM's experiments (batch 10 from its code; it trains every device each round: set "
-            "--clients_per_round to their number)",
-            dict(local_epochs=5, mu=0.1, rounds=100, batch_size=10),
-        ),
-        Defaults("FeSEM's FEMNIST setup", dict(learning_rate=0.003), ("femnist",)),
-        Defaults(
-            "the embedded digits' scale (all 40 clients each round; FeSEM's lr 0.003 is its CNN's)",
-            dict(clients_per_round=40, rounds=30, learning_rate=0.1),
-            DIGITS,
-        ),
-    ],
-    "fedtsdp": [
-        Defaults(
-            "the table's columns and rows (FedTSDP's Tables 3-5)",
-            dict(
-                algorithms=["fedavg", "fedprox", "ditto", "fedper", "cfl", "fedtsdp"],
-                dataset="digits_dirichlet",
-                model="tsdp_cnn",
-                settings=["dirichlet:0.5", "dirichlet:0.2"],
-            ),
-        ),
-        Defaults(
-            "FedTSDP Sec. 4.1.4 (the same for every method)",
-            dict(
-                num_clients=20,
-                clients_per_round=20,
-                rounds=200,
-                local_epochs=2,
-                batch_size=50,
-                learning_rate=0.05,
-                lr_schedule="exponential",
-                lr_decay=0.95,
-                momentum=0.5,
-            ),
-        ),
-        Defaults("this project's (FedTSDP gives FedProx no mu)", dict(mu=0.01)),
-        # With the paper's 20 clients each holds ~54 training images and the client models
-        # disagree enough on IID data for H to wander across 0.65; 10 clients of ~108 images
-        # behave as the paper's IID runs do (H stays below h_th).
-        Defaults(
-            "the embedded digits' scale (10 clients of ~108 images: H stays below h_th on IID)",
-            dict(
-                num_clients=10,
-                clients_per_round=10,
-                rounds=20,
-                batch_size=10,
-                lr_decay=0.99,
-                settings=["iid", "dirichlet:0.5", "dirichlet:0.2", "pathological"],
-            ),
-            DIGITS,
-        ),
-    ],
-    "fedac": [
-        Defaults(
-            "the table's columns and rows (FedAC's Table 1)",
-            dict(
-                algorithms=[
-                    "fedavg",
-                    "fedper",
-                    "fesem",
-                    "fedgroup",
-                    "flhc",
-                    "cgpfl",
-                    "ifca",
-                    "fedac",
-                ],
-                dataset="digits_dirichlet",
-                model="mlp",
-                settings=["dirichlet:0.1", "pathological"],
-            ),
-        ),
-        Defaults(
-            "FedAC Sec. 5.1",
-            dict(
-                num_clients=100,
-                clients_per_round=25,
-                rounds=1000,
-                local_steps=5,
-                batch_size=32,
-                classes_per_client=3,
-            ),
-        ),
-        Defaults("FedAC Sec. 5.1 on CIFAR-100", dict(classes_per_client=8), ("cifar100",)),
-        Defaults(
-            "this project's (FedAC has lr 0.01 and gives no initial K)",
-            dict(learning_rate=0.05, num_clusters=4),
-        ),
-        Defaults(
-            "the embedded digits' scale",
-            dict(num_clients=20, clients_per_round=5, rounds=40),
-            DIGITS,
-        ),
-    ],
-    "uapdfl": [
-        Defaults(
-            "the table's columns and rows (UA-PDFL's Tables 1-2)",
-            dict(
-                algorithms=[
-                    "local_dfl",
-                    "fedavg_dfl",
-                    "criticalfl_dfl",
-                    "fedper_dfl",
-                    "dispfl",
-                    "dfedavgm",
-                    "uapdfl",
-                ],
-                dataset="digits_dirichlet",
-                model="mlp",
-                settings=["dirichlet:0.5", "dirichlet:5"],
-            ),
-        ),
-        Defaults(
-            "UA-PDFL Sec. 5.1",
-            dict(
-                num_clients=30,
-                clients_per_round=30,
-                num_neighbours=5,
-                rounds=150,
-                batch_size=50,
-                learning_rate=0.05,
-                lr_schedule="exponential",
-                lr_decay=0.95,
-                momentum=0.5,
-            ),
-        ),
-        Defaults(
-            "FedTSDP Sec. 4.1.4, by the same authors (UA-PDFL gives no E)", dict(local_epochs=2)
-        ),
-        Defaults(
-            "the embedded digits' scale",
-            dict(
-                num_clients=10,
-                clients_per_round=10,
-                num_neighbours=3,
-                rounds=20,
-                batch_size=10,
-                lr_decay=0.99,
-            ),
-            DIGITS,
-        ),
-    ],
-}
-# Tables whose rows are partition settings, and whether the paper reports the unweighted mean
-# over clients (FedAC's A9 reading, UA-PDFL) rather than the pooled accuracy.
-SETTING_TABLES = {"fedtsdp": False, "fedac": True, "uapdfl": True}
-# Baselines run as the table's paper ran them, relative to the table's own settings: UA-PDFL
-# (Sec. 5.1) gives DFedAvgM twice the local iterations and half the rounds.
-PROTOCOLS: dict[str, dict[str, dict[str, float]]] = {
-    "uapdfl": {"dfedavgm": {"local_work": 2, "rounds": 0.5}},
-}
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("table", "fedgroup", list(TABLES), "Which paper's comparison to produce.")
 flags.DEFINE_list(
@@ -338,9 +88,8 @@ flags.DEFINE_list(
 flags.DEFINE_list(
     "settings",
     None,
-    "Rows of the fedtsdp, fedac and uapdfl tables: partitions (iid, dirichlet:BETA, "
-    "pathological, shards, fedac_dirichlet[:BETA], fedac_pathological) or natural (the "
-    "dataset's own clients, e.g. mnist_writers).",
+    "Rows of the fedtsdp, fedac, uapdfl and privacy tables: a partition or a privacy level "
+    f"({SETTINGS_HELP}); natural keeps the dataset's own clients (e.g. mnist_writers).",
 )
 flags.DEFINE_float("target_accuracy", 0.9, "Accuracy for the rounds-to-target column.")
 flags.DEFINE_list(
@@ -429,16 +178,14 @@ def plan_runs(
 ) -> list[PlannedRun]:
     """Every run of the table, seed by seed (so that an early stop leaves whole tables), each
     as its paper's protocol runs that algorithm (`table_protocol`)."""
-    partitions = {s: parse_setting(s) for s in settings if s is not None}
+    changes = {s: parse_setting(s) for s in settings if s is not None}
     planned = []
     for seed in seeds:
         for setting in settings:
             for column in columns:
                 spec = table_protocol(FLAGS.table, column_spec(column))
                 if setting is not None:
-                    spec = dataclasses.replace(
-                        spec, data=dataclasses.replace(spec.data, **partitions[setting])
-                    )
+                    spec = changes[setting](spec)
                 spec = dataclasses.replace(
                     spec, training=dataclasses.replace(spec.training, seed=seed)
                 )
@@ -494,38 +241,6 @@ def flag_text(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-# Settings (the rows of a table with partition rows): the partition, and whether it needs a
-# Dirichlet concentration (`dirichlet:BETA`), takes one (`fedac_dirichlet`, FedAC's 0.1
-# unset) or has none. `natural` keeps a dataset's own clients (writers, LEAF users).
-SETTING_PARTITIONS = {
-    "iid": "none",
-    "pathological": "none",
-    "shards": "none",
-    "dirichlet": "required",
-    "fedac_dirichlet": "optional",
-    "fedac_pathological": "none",
-    "natural": "none",
-}
-
-
-def parse_setting(setting: str) -> dict[str, Any]:
-    """`iid`, `pathological`, `shards`, `dirichlet:BETA`, `fedac_dirichlet[:BETA]`,
-    `fedac_pathological` or `natural` -> partition flags."""
-    name, _, beta = setting.partition(":")
-    takes = SETTING_PARTITIONS.get(name)
-    if takes is None or (takes == "required" and not beta) or (takes == "none" and beta):
-        raise ValueError(
-            f"setting {setting!r}: use one of iid, pathological, shards, dirichlet:BETA, "
-            "fedac_dirichlet[:BETA], fedac_pathological, natural (e.g. dirichlet:0.5)"
-        )
-    if name == "natural":
-        return {}
-    try:
-        return dict(partition=name, dirichlet_beta=float(beta) if beta else None)
-    except ValueError:
-        raise ValueError(f"setting {setting!r}: BETA must be a number") from None
-
-
 def table_protocol(table: str, spec: RunSpec) -> RunSpec:
     """A baseline run as the table's paper ran it (`PROTOCOLS`): UA-PDFL gives DFedAvgM twice
     the local iterations and half the rounds of the others."""
@@ -549,7 +264,9 @@ def run_one(spec: RunSpec, output_dir: str, runtime: RuntimeConfig) -> dict[str,
         checkpoint_every=FLAGS.checkpoint_every,
         resume=True,
         log=lambda message: None,
-        round_metrics=[discrepancy],
+        # Eq. 4's discrepancy reads each client's own update, which any aggregator but the
+        # mean keeps inside its per-cluster sums.
+        round_metrics=[discrepancy] if spec.training.aggregator.name == "mean" else [],
         execution=runtime.execution,
         device=runtime.device,
     )

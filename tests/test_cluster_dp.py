@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Optional
 
 import dp_accounting
 import numpy as np
@@ -23,7 +24,7 @@ from tff_clustered import checkpoint
 from tff_clustered.algorithms import ALGORITHMS, make_algorithm
 from tff_clustered.api import with_aggregator
 from tff_clustered.federated import client_work
-from tff_clustered.federated.cluster_aggregators import ClusterMean
+from tff_clustered.federated.cluster_aggregators import ClusterAggregator, ClusterMean
 from tff_clustered.federated.cluster_dp import ClusterDP
 from tff_clustered.federated.clustered_mean import add_to_cluster
 from tff_clustered.federated.distributions import Neighbours
@@ -43,25 +44,32 @@ ROUND_SEED = np.array([7, 0], np.int64)
 
 
 def run_aggregator(
-    aggregator: ClusterDP,
+    aggregator: ClusterAggregator,
     updates: list,
     clusters: list,
     state: dict,
     denominator: np.ndarray,
     seed: np.ndarray = ROUND_SEED,
+    weights: Optional[list] = None,
 ) -> tuple:
     """One round of `aggregator` as the rounds run it: each client's update preprocessed with
-    its cluster's parameters and added into its cluster's row (`add_to_cluster`, in client
-    order), its statistics into its row, then `finalize` -> (means, updated, state,
-    measurements) as NumPy values."""
+    its cluster's parameters, its weight (`weights`, 1 each by default) and its seed
+    `[i, 0]`, and added into its cluster's row (`add_to_cluster`, in client order), its
+    statistics into its row, then `finalize` -> (means, updated, state, measurements) as NumPy
+    values."""
     k = len(denominator)
     params = aggregator.client_params(state)
     sums = tuple(tf.zeros([k, *s]) for s in SHAPES)
     total_weight = tf.zeros([k])
     statistics = tf.zeros([k, aggregator.stats_width])
-    for update, cluster in zip(updates, clusters):
+    weights = [1.0] * len(updates) if weights is None else weights
+    for i, (update, cluster) in enumerate(zip(updates, clusters)):
         delta, weight, row = aggregator.preprocess(
-            params, tuple(tf.constant(t) for t in update), tf.constant(cluster), 1.0, [0, 0]
+            params,
+            tuple(tf.constant(t) for t in update),
+            tf.constant(cluster),
+            tf.constant(weights[i], tf.float32),
+            tf.constant([i, 0], tf.int32),
         )
         one_hot = tf.one_hot(cluster, k)
         sums = add_to_cluster(sums, delta, one_hot * weight)
@@ -379,17 +387,18 @@ def test_settings_and_algorithms_a_private_aggregator_refuses() -> None:
         )
     dp = AggregatorConfig("dp", noise_multiplier=1.0)
     refused = {"cfl", "fesem", "fedac", "cgpfl", "flhc", "fedtsdp"}
-    for name, cls in ALGORITHMS.items():
-        if cls.distribution.decentralized:
+    for name in ALGORITHMS:
+        algorithm = make_algorithm(name)
+        if algorithm.distribution.decentralized:
             with pytest.raises(ValueError, match="is decentralized.*leave --aggregator unset"):
-                check_aggregator(cls, dp.build())
+                check_aggregator(algorithm, dp.build())
         elif name in refused:
             with pytest.raises(ValueError, match=f"{name} reads individual clients'"):
                 RunSpec(name, training=TrainingConfig(aggregator=dp))
         else:
-            check_aggregator(cls, dp.build())
-        check_aggregator(cls, ClusterMean())
-    assert {n for n, c in ALGORITHMS.items() if not c.dp_compatible} == refused
+            check_aggregator(algorithm, dp.build())
+        check_aggregator(algorithm, ClusterMean())
+    assert {n for n in ALGORITHMS if not make_algorithm(n).dp_compatible} == refused
 
 
 def test_a_checkpoint_older_than_the_aggregator_settings_resumes_as_the_mean() -> None:
@@ -440,7 +449,7 @@ def test_the_python_api_takes_the_aggregator_and_refuses_it_where_the_flags_do(
     assert with_aggregator(training, None) is training
     with pytest.raises(ValueError, match="contradicts training.aggregator"):
         with_aggregator(training, ClusterDP(2.0))
-    with pytest.raises(ValueError, match="give 'mean', or the aggregator itself"):
+    with pytest.raises(ValueError, match="give one of 'mean'.*or the aggregator itself"):
         with_aggregator(TrainingConfig(), "dp")
     with pytest.raises(ValueError, match="cfl reads individual clients'"):
         tff_clustered.run(

@@ -272,7 +272,7 @@ def test_the_api_takes_a_bare_factory_and_refuses_what_cannot_run_it(tmp_path: o
         TffFactoryPerCluster(tff.learning.optimizers.build_sgdm())
     with pytest.raises(ValueError, match="goes with name 'tff_factory' only"):
         AggregatorConfig("tff_factory")
-    with pytest.raises(ValueError, match="--dp_clip set with a tff.aggregators factory"):
+    with pytest.raises(ValueError, match="--dp_clip set with --aggregator=tff_factory"):
         AggregatorConfig("tff_factory", clip=2.0, factory=TffFactoryPerCluster(factory))
 
 

@@ -19,6 +19,7 @@ import pytest
 import tensorflow_federated as tff
 from conftest import ROOT, run_binary
 
+from tff_clustered.algorithms import make_options
 from tff_clustered.data.population import PopulationSpec, write_population_sql
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.federated import sharded
@@ -135,15 +136,19 @@ def test_two_workers_give_the_one_worker_result(two_workers: list, monkeypatch: 
                 assert a[key] == pytest.approx(b[key], abs=1e-6, nan_ok=True), key
 
 
+@pytest.mark.parametrize("algorithm", ["ifca", "fesem"])
 def test_two_workers_give_the_one_worker_result_with_dp(
-    two_workers: list, monkeypatch: object
+    algorithm: str, two_workers: list, monkeypatch: object
 ) -> None:
     """--aggregator=dp with adaptive clipping and noise: each worker sums its share of the
     clipped updates and below-clip counts, the shares are merged, and the one finalizer adds
-    the seeded noise once, so two workers give the one-worker run."""
+    the seeded noise once, so two workers give the one-worker run; the clients pick their
+    cluster in the round (IFCA's lowest loss, FeSEM's client-side E-step)."""
     private = AggregatorConfig("dp", noise_multiplier=0.5, clip=0.5, clipping="adaptive")
+    options = {"fesem": make_options("fesem", fesem_estep="client")}.get(algorithm)
     spec = RunSpec(
-        algorithm="ifca",
+        algorithm=algorithm,
+        algorithm_options=options,
         training=TrainingConfig(
             rounds=2, clients_per_round=8, local_epochs=1, learning_rate=0.1, aggregator=private
         ),

@@ -32,6 +32,9 @@ _API = {
     "AggregatorConfig": "tff_clustered.loop.config",
     "ClusterDP": "tff_clustered.federated.cluster_dp",
     "ClusterMean": "tff_clustered.federated.cluster_aggregators",
+    "ClusterRobust": "tff_clustered.federated.cluster_robust",
+    "ClusterCompression": "tff_clustered.federated.cluster_encodings",
+    "ClusterSecure": "tff_clustered.federated.cluster_encodings",
     "TffFactoryPerCluster": "tff_clustered.federated.tff_factory_aggregator",
     "ALGORITHMS": "tff_clustered.algorithms",
 }

@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered import checkpoint, runner, weights
+from tff_clustered.aggregator_argument import with_aggregator
 from tff_clustered.algorithms import algorithm_class, make_algorithm, make_options
 from tff_clustered.client_store import checked_store_choice
 from tff_clustered.data.federated_data import Clients, FederatedData, first_line
@@ -40,7 +41,6 @@ from tff_clustered.data.given_clients import federated_data
 from tff_clustered.data.registry import load_dataset, source_fingerprint
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
-from tff_clustered.federated.tff_factory_aggregator import FACTORY_TYPES, TffFactoryPerCluster
 from tff_clustered.loop.aggregation import check_aggregator
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.state import RunState
@@ -197,11 +197,13 @@ def run(
     `Options`. `execution`: "tff" (TFF's runtime, a local worker) or "in_process" (on a GPU if
     TF sees one); `client_store`: "memory", "disk" (the clients' models in a file of
     `output_dir`) or "auto" (disk for many clients); the results agree. `aggregator`: what
-    each cluster does with its clients' updates, "mean" (their weighted mean) or
-    `tff_clustered.ClusterDP(noise_multiplier=..., clip=...)` (DP-FedAvg per cluster, clients
-    weighted uniformly), any `tff.aggregators` factory (weighted or unweighted, one instance
-    per cluster: `TffFactoryPerCluster`, on execution "tff" only), or an `AggregatorConfig`;
-    None: `training.aggregator` (the mean).
+    each cluster does with its clients' updates, "mean" (their weighted mean), "robust",
+    "compression" or "secure" (TFF's robust, compressed and secure aggregators per cluster, at
+    TFF's defaults; `tff_clustered.ClusterRobust(...)`, `ClusterCompression(...)`,
+    `ClusterSecure(...)` to set them), `tff_clustered.ClusterDP(noise_multiplier=..., clip=...)`
+    (DP-FedAvg per cluster, clients weighted uniformly), any `tff.aggregators` factory
+    (weighted or unweighted, one instance per cluster: `TffFactoryPerCluster`, on execution
+    "tff" only), or an `AggregatorConfig`; None: `training.aggregator` (the mean).
 
     Every argument is checked before any TensorFlow work, as `binaries/train.py` checks its
     flags: a wrong one is a ValueError or TypeError of one line naming it and the fix."""
@@ -229,7 +231,6 @@ def run(
             "write training=tff_clustered.TrainingConfig(rounds=..., ...)"
         )
     training = with_aggregator(training, aggregator)
-    check_aggregator(cls, training.aggregator.build())
     training.aggregator.build().check_execution(execution)
     if options is None or isinstance(options, Mapping):
         names = [key for key in (options or {}) if not isinstance(key, str)]
@@ -247,6 +248,7 @@ def run(
             f"{described(options)}"
         )
     built = make_algorithm(algorithm, options)  # its range checks, before any work
+    check_aggregator(built, training.aggregator.build())
     unknown = sorted(set(data_args) - set(DATA_ARGUMENTS))
     if unknown:
         raise TypeError(
@@ -308,41 +310,6 @@ def run(
         output_dir=output_dir,
         model_fn=model_fn,
     )
-
-
-def with_aggregator(
-    training: TrainingConfig, aggregator: Union[str, ClusterAggregator, AggregatorConfig, Any, None]
-) -> TrainingConfig:
-    """`training` with `run`'s `aggregator` argument as its aggregator (None: its own; a
-    `tff.aggregators` factory: one instance per cluster, `TffFactoryPerCluster`); an argument
-    that contradicts a non-default `training.aggregator` is refused."""
-    if aggregator is None:
-        return training
-    if isinstance(aggregator, FACTORY_TYPES):
-        aggregator = TffFactoryPerCluster(aggregator)
-    if isinstance(aggregator, str):
-        if aggregator != "mean":
-            raise ValueError(
-                f"aggregator={aggregator!r}: give 'mean', or the aggregator itself, e.g. "
-                "aggregator=tff_clustered.ClusterDP(noise_multiplier=1.0, clip=0.1)"
-            )
-        config = AggregatorConfig()
-    elif isinstance(aggregator, ClusterAggregator):
-        config = AggregatorConfig.of(aggregator)
-    elif isinstance(aggregator, AggregatorConfig):
-        config = aggregator
-    else:
-        raise TypeError(
-            "aggregator must be 'mean', a ClusterDP, a tff.aggregators factory (e.g. "
-            "tff.aggregators.MeanFactory()) or an AggregatorConfig, got "
-            f"{described(aggregator)}"
-        )
-    if training.aggregator not in (AggregatorConfig(), config):
-        raise ValueError(
-            f"aggregator={aggregator!r} contradicts training.aggregator="
-            f"{training.aggregator!r}; give it in one place"
-        )
-    return dataclasses.replace(training, aggregator=config)
 
 
 def given_data(

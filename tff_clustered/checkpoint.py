@@ -204,6 +204,7 @@ def load(
 ADDED_SETTINGS = {
     "training.eval_clients": 0,
     "training.client_sampling": "fixed",
+    "algorithm_options.fesem_estep": "server",  # FeSEM's E-step, on the server before
     **{
         f"training.aggregator.{name}": value
         for name, value in AggregatorConfig().settings().items()

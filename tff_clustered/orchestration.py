@@ -50,6 +50,7 @@ from tff_clustered.loop.state import (
     clients_moved,
     cluster_capacity,
 )
+from tff_clustered.loop.training_row import training_row
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec, initial_weights
 from tff_clustered.models.split import classifier_layers, trainable_layer_sizes
@@ -365,36 +366,18 @@ class Experiment:
         server_seconds: float,
         clients_changed_cluster: int,
     ) -> dict[str, Any]:
-        """The round's row: its training loss, clients and seconds (the clients' training: the
-        federated round; the algorithm's own work before and after it; evaluation and
-        checkpoints have their own columns), the values sent, the round metrics and the
-        algorithm's own, the clients that changed cluster and the sampled ones per cluster."""
-        result, signature = outcome.result, request.fed_round.signature
-        num_before = len(request.cluster_models)
-        num_examples = result.num_examples.sum()
-        row: dict[str, Any] = {
-            "learning_rate": request.training.learning_rate,
-            "train_loss": float(result.loss_sums.sum() / max(num_examples, 1.0)),
-            "num_sampled": outcome.num_sampled,
-            "dropped_clients": outcome.num_dropped,
-            "train_seconds": outcome.seconds,
-            "server_seconds": server_seconds,
-            "floats_communicated": self.algorithm.values_sent_per_round(
-                outcome.num_sampled,
-                self.values_of(signature.shared),
-                num_before,
-                self.values_of(signature.anchor),
-            ),
-        }
-        for metric in self.round_metrics:
-            row.update(metric(self.run, self.view(), result))
-        row.update(decision.metrics)
-        row.update(self.aggregator.measurement_columns(outcome.measurements, num_before))
-        row["clients_changed_cluster"] = clients_changed_cluster
-        sampled = np.bincount(result.clusters, minlength=num_before)
-        row.update({f"sampled_cluster_{k}": int(n) for k, n in enumerate(sampled)})
-        return row
-
-    def values_of(self, tensors: Sequence[int]) -> int:
-        """Values in trainable tensors `tensors`."""
-        return sum(self.run.tensor_sizes[i] for i in tensors)
+        """The round's row (`loop.training_row`), with the round metrics' columns."""
+        metric_rows = [
+            metric(self.run, self.view(), outcome.result) for metric in self.round_metrics
+        ]
+        return training_row(
+            self.algorithm,
+            self.aggregator,
+            self.run.tensor_sizes,
+            request,
+            outcome,
+            decision,
+            metric_rows,
+            server_seconds,
+            clients_changed_cluster,
+        )

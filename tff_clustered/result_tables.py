@@ -61,12 +61,16 @@ def _mean(values: Sequence[float]) -> Optional[float]:
 def diagnostics(history: Sequence[Mapping[str, Any]], method: type[Algorithm]) -> dict[str, Any]:
     """What a run's clustering did: clusters in use at the end (clients assigned to them; None
     for decentralized peers, which each keep their own model) and their sizes, largest first
-    (`70+28+5`), then the algorithm's own figures (`Algorithm.run_figures`: FedTSDP's
-    triggers, UA-PDFL's regimes, ...)."""
+    (`70+28+5`), a private run's final epsilon and the rounds it trained (it stops at a target
+    epsilon), then the algorithm's own figures (`Algorithm.run_figures`: FedTSDP's triggers,
+    UA-PDFL's regimes, ...)."""
     trained = [r for r in history if r["round"] > 0]
     sizes = _last(history, "cluster_size_")
     decentralized = method.distribution.decentralized
+    epsilons = [r["epsilon"] for r in trained if not math.isnan(r.get("epsilon", math.nan))]
     return {
+        "epsilon": epsilons[-1] if epsilons else None,
+        "rounds_trained": trained[-1]["round"] if epsilons else None,
         "clusters": None if decentralized or not sizes else sum(v > 0 for v in sizes.values()),
         "cluster_sizes": None
         if decentralized or not sizes
@@ -108,13 +112,21 @@ def run_row(
         final_client_mean_accuracy=evaluated[-1]["client_accuracy_mean"] if evaluated else math.nan,
         rounds_to_target=reached[0] if reached else None,
         mean_discrepancy=_mean(discrepancy),
-        floats_per_round=sum(r["floats_communicated"] for r in trained) / max(len(trained), 1),
+        floats_per_round=_mean_of(trained, "floats_communicated"),
+        bits_per_round=_mean_of(trained, "bits_communicated"),
         train_seconds=results.get("total_train_seconds", 0.0),
         server_seconds=results.get("total_server_seconds", 0.0),
         eval_seconds=results.get("total_eval_seconds", 0.0),
         checkpoint_seconds=results.get("total_checkpoint_seconds", 0.0),
         **diagnostics(history, method),
     )
+
+
+def _mean_of(rows: Sequence[Mapping[str, Any]], key: str) -> float:
+    """The mean of `key` over `rows` (0 without rows; a run written before `key` existed: NaN)."""
+    if not rows:
+        return 0.0
+    return sum(float(r.get(key, math.nan)) for r in rows) / len(rows)
 
 
 def mean_std(values: Sequence[Optional[float]], scale: float = 1.0, digits: int = 2) -> str:
@@ -137,15 +149,27 @@ def _groups(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], list[Map
 
 def diagnostics_text(runs: Sequence[Mapping[str, Any]]) -> str:
     """Per-seed diagnostics of one table cell, e.g. `clusters 3/3/2; triggers 2/3/2; sizes
-    9+6+5 / 10+6+4 / 12+8`: the clusters formed, the algorithm's own (`figures_text`), then
-    the sizes where some seed formed more than one cluster."""
+    9+6+5 / 10+6+4 / 12+8`: the clusters formed, a private run's epsilon and rounds, the
+    algorithm's own (`figures_text`), then the sizes where some seed formed more than one
+    cluster."""
     parts = per_seed_text(runs, "clusters", "clusters", "{:.0f}")
+    parts += per_seed_text(runs, "epsilon", "epsilon", "{:.2f}")
+    parts += per_seed_text(runs, "rounds_trained", "rounds", "{:.0f}")
+    if any(compressed(r) for r in runs):
+        megabits = [dict(megabits=float(r["bits_per_round"]) / 1e6) for r in runs]
+        parts += per_seed_text(megabits, "megabits", "Mbit/round", "{:.2f}")
     if runs and runs[0].get("method"):
         parts += algorithm_class(str(runs[0]["method"])).figures_text(runs)
     sizes = [str(r.get("cluster_sizes") or "-") for r in runs]
     if any("+" in size for size in sizes):  # some seed formed more than one cluster
         parts.append(f"sizes {' / '.join(sizes)}")
     return "; ".join(parts)
+
+
+def compressed(run: Mapping[str, Any]) -> bool:
+    """Whether a run sent fewer bits than 32 a value (its aggregator quantized)."""
+    bits = float(run.get("bits_per_round", math.nan))
+    return bits < 32 * float(run.get("floats_per_round", math.nan))
 
 
 def _header(

@@ -13,20 +13,14 @@ from typing import TypeVar
 
 from absl import flags
 
-from tff_clustered import cli, logs
+from tff_clustered import aggregator_flags, cli, logs
 from tff_clustered import options as options_lib
 from tff_clustered.algorithms import ALGORITHMS, algorithm_class, define_all_flags
 from tff_clustered.checkpoint import CheckpointError
 from tff_clustered.client_store import CLIENT_STORES
 from tff_clustered.data import DATASET_NAMES, DataError, DataSpec
 from tff_clustered.federated.server_optimizers import SERVER_OPTIMIZERS, ServerOptimizer
-from tff_clustered.loop.config import (
-    AGGREGATORS,
-    DP_CLIPPINGS,
-    LR_SCHEDULES,
-    AggregatorConfig,
-    TrainingConfig,
-)
+from tff_clustered.loop.config import LR_SCHEDULES, TrainingConfig
 from tff_clustered.loop.privacy import SAMPLINGS
 from tff_clustered.models import MODEL_NAMES
 from tff_clustered.run_spec import ModelChoice, RunSpec
@@ -107,59 +101,6 @@ flags.DEFINE_float(
 flags.DEFINE_float("server_momentum", 0.9, "Server momentum of --server_optimizer=sgdm.")
 flags.DEFINE_float(
     "server_epsilon", 1e-3, "Adaptivity tau of --server_optimizer=adam (FedAdam's 1e-3)."
-)
-flags.DEFINE_enum(
-    "aggregator",
-    "mean",
-    list(AGGREGATORS),
-    "What each cluster does with its clients' updates: mean (their weighted mean) or dp "
-    "(DP-FedAvg per cluster: each update clipped to --dp_clip, Gaussian noise of "
-    "--dp_noise_multiplier times the clip on every cluster's sum, divided by the cluster's "
-    "expected number of clients; clients weigh uniformly). Not for decentralized algorithms, "
-    "nor dp for those that read individual clients' updates (cfl, fesem, fedac, cgpfl, flhc, "
-    "fedtsdp).",
-)
-flags.DEFINE_float(
-    "dp_noise_multiplier",
-    None,
-    "--aggregator=dp: the noise's standard deviation over the clip norm (0: clipping only).",
-    lower_bound=0.0,
-)
-flags.DEFINE_float(
-    "dp_clip", 1.0, "--aggregator=dp: the clip norm (the start of each cluster's, adaptive)."
-)
-flags.DEFINE_enum(
-    "dp_clipping",
-    "fixed",
-    list(DP_CLIPPINGS),
-    "--aggregator=dp: a fixed clip norm, or adaptive: each cluster's moved toward the "
-    "--dp_target_quantile of its clients' update norms (Andrew et al. 2021).",
-)
-flags.DEFINE_float(
-    "dp_target_quantile", 0.5, "--dp_clipping=adaptive: the quantile of update norms aimed at."
-)
-flags.DEFINE_float(
-    "dp_clip_learning_rate", 0.2, "--dp_clipping=adaptive: the clip's geometric learning rate."
-)
-flags.DEFINE_float(
-    "dp_count_stddev",
-    None,
-    "--dp_clipping=adaptive: the noise on each cluster's below-clip count (unset: the noise "
-    "multiplier; it must exceed half of it).",
-    lower_bound=0.0,
-)
-flags.DEFINE_float(
-    "dp_delta",
-    1e-5,
-    "--aggregator=dp: the delta every epsilon is stated at (epsilon columns of metrics.csv, "
-    "summary.json's privacy).",
-)
-flags.DEFINE_float(
-    "target_epsilon",
-    0.0,
-    "--aggregator=dp: stop before a round that would take a client's epsilon past this (0: "
-    "never); without --dp_noise_multiplier, the noise multiplier whose --rounds rounds reach it.",
-    lower_bound=0.0,
 )
 flags.DEFINE_enum(
     "partition",
@@ -293,17 +234,7 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
                 momentum=FLAGS.server_momentum,
                 epsilon=FLAGS.server_epsilon,
             ),
-            aggregator=AggregatorConfig(
-                FLAGS.aggregator,
-                noise_multiplier=FLAGS.dp_noise_multiplier,
-                clip=FLAGS.dp_clip,
-                clipping=FLAGS.dp_clipping,
-                target_quantile=FLAGS.dp_target_quantile,
-                clip_learning_rate=FLAGS.dp_clip_learning_rate,
-                count_stddev=FLAGS.dp_count_stddev,
-                delta=FLAGS.dp_delta,
-                target_epsilon=FLAGS.target_epsilon,
-            ),
+            aggregator=aggregator_flags.aggregator_config_from_flags(),
         ),
     )
 

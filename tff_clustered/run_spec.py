@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tff_clustered.algorithms import algorithm_class, make_options
+from tff_clustered.algorithms import make_algorithm, make_options
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.loop.aggregation import check_aggregator
@@ -68,7 +68,10 @@ class RunSpec:
         if self.algorithm_options is None:
             object.__setattr__(self, "algorithm_options", make_options(self.algorithm))
         # An aggregator the algorithm cannot use, refused before any data is loaded.
-        check_aggregator(algorithm_class(self.algorithm), self.training.aggregator.build())
+        check_aggregator(
+            make_algorithm(self.algorithm, self.algorithm_options),
+            self.training.aggregator.build(),
+        )
 
     def settings(self) -> dict[str, Any]:
         """The run's settings as its checkpoints and summary.json record them: the dataset's

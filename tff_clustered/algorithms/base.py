@@ -209,12 +209,14 @@ class Algorithm:
         "mu": "it has no proximal term; use --algorithm=fedprox for --mu > 0",
         "personal_layers": "it keeps no personal layers; use --algorithm=fedper",
     }
-    # How clients are weighted in each cluster's mean: "num_examples" or "uniform".
-    client_weighting: ClassVar[str] = "num_examples"
+    # How clients are weighted in each cluster's mean: "num_examples" or "uniform" (an
+    # algorithm may set its own from its options, as it may `needs_model_deltas`,
+    # `distribution` and `dp_compatible`).
+    client_weighting: str = "num_examples"
     # Clients keep their whole trained model in the store (stateful clients).
     keep_client_models: ClassVar[bool] = False
     # Each client's flat model update is needed on the server after a round.
-    needs_model_deltas: ClassVar[bool] = False
+    needs_model_deltas: bool = False
     # The model kinds evaluated (`MODEL_KINDS`), the one the paper reports first.
     model_kinds: ClassVar[tuple[str, ...]] = ("global",)
     # How each sampled client receives its model (`federated.distributions`): its own cluster's,
@@ -224,7 +226,9 @@ class Algorithm:
     # does to them after is post-processing), so a private aggregator (`--aggregator=dp`)
     # protects them; false for an algorithm that reads individual clients' models or updates
     # to set models (a split, an M-step, a regrouping): `loop.aggregation.check_aggregator`.
-    dp_compatible: ClassVar[bool] = True
+    dp_compatible: bool = True
+    # Where it is not, the options that would make it so, for the refusal's message.
+    private_mode: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """An algorithm that declares its own `Options` gets them type-checked where they are
@@ -311,13 +315,25 @@ class Algorithm:
 
     # -- reporting ------------------------------------------------------------------------------
     def values_sent_per_round(
-        self, num_sampled: int, shared_values: int, num_clusters: int, anchor_values: int = 0
+        self,
+        num_sampled: int,
+        shared_values: int,
+        num_clusters: int,
+        anchor_values: int = 0,
+        value_bits: int = 1,
+        upload_bits: Optional[int] = None,
     ) -> int:
         """Model values communicated in one round: each sampled client downloads its model
         (IFCA: all cluster models) and the anchor, if any, and uploads its update; personal
-        tensors never travel."""
+        tensors never travel. Counted in values (`value_bits` 1), or in bits with `value_bits`
+        32 (float32) and `upload_bits` the bits of one client's upload as its aggregator
+        encodes it (`ClusterAggregator.upload_bits`; None: `value_bits` a value)."""
         downloads = self.distribution.models_downloaded(num_clusters)
-        return num_sampled * (shared_values * (downloads + 1) + anchor_values)
+        if upload_bits is None:
+            upload_bits = shared_values * value_bits
+        return num_sampled * (
+            (shared_values * downloads + anchor_values) * value_bits + upload_bits
+        )
 
     def describe(self) -> dict[str, Any]:
         return dict(algorithm=self.name, **dataclasses.asdict(self.options))

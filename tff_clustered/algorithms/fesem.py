@@ -18,7 +18,17 @@ sampled clients:
   the paper (`--fesem_weighting=uniform`), or weighted by n_i as the authors' code ran it
   (`num_examples`). A center without members this round is kept.
 
-With all clients taking part this is exactly Alg. 1. The Eq. 7 distance term, off by default,
+With all clients taking part this is exactly Alg. 1.
+
+`--fesem_estep=client` (for `--aggregator=dp`) moves the E-step onto the client: each sampled
+client is sent every center, trains from its own, joins the center nearest its new W_i and
+sends W_i - W~^(k*) into cluster k*'s sum (`NearestCentreAfterTraining`); each center adds its
+cluster's mean update through the round's own aggregate (clipped and noised with a private
+aggregator). With the plain mean this is Eq. 9, W~^(k) + mean_i (W_i - W~^(k)) = mean_i W_i,
+and no individual model reaches the server, only each client's pick k*. The initialization
+stays on the server.
+
+The Eq. 7 distance term, off by default,
 adds (mu_i/2)||W - W~^(k)||^2 to the local loss: `--fesem_reg=constant` uses mu_i =
 --fesem_mu for all clients; `--fesem_reg=paper` uses mu_i = 2 lambda n_avg / n_i
 (`--fesem_lambda`), Eq. 7 divided by alpha_i."""
@@ -45,6 +55,7 @@ from tff_clustered.algorithms.base import (
 )
 from tff_clustered.algorithms.cold_starts import clusters_of_local_models
 from tff_clustered.algorithms.ifca import DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP
+from tff_clustered.federated.distributions import NearestCentreAfterTraining
 from tff_clustered.federated.signature import CLIENT_WEIGHTINGS
 from tff_clustered.options import option
 
@@ -53,7 +64,10 @@ class FeSEM(Algorithm):
     """K-means of locally trained models, then each round: local update, E-step, M-step."""
 
     name = "fesem"
-    dp_compatible = False  # its M-step replaces the aggregate with a mean of individual updates
+    # The server-side E and M steps replace the aggregate with a mean of individual models;
+    # the client-side E-step (`--fesem_estep=client`) leaves the centers to the aggregate.
+    dp_compatible = False
+    private_mode = "--fesem_estep=client"
     model_kinds = ("cluster", "global")
     paper = "Long et al., Multi-Center Federated Learning, World Wide Web 2023"
     needs_model_deltas = True  # the new W_i = its center + its update, the E-step's input
@@ -73,6 +87,12 @@ class FeSEM(Algorithm):
             "FeSEM M-step mean: uniform (Eq. 9) or by training examples (the authors' code).",
             CLIENT_WEIGHTINGS,
         )
+        fesem_estep: str = option(
+            "server",
+            "FeSEM E-step (Eq. 8): on the server from every client's model, or on the client, "
+            "its update sent into its nearest center's aggregate (for --aggregator=dp).",
+            ("server", "client"),
+        )
         fesem_restarts: int = option(20, "FeSEM: K-means restarts of the initial clustering.")
         fesem_init_epochs: int = option(
             1, "FeSEM: local epochs of every client's initial update from w0."
@@ -89,6 +109,16 @@ class FeSEM(Algorithm):
                 (self.options.fesem_init_epochs >= 1, "fesem_init_epochs must be >= 1"),
             ]
         )
+        if self.client_estep:  # the round's aggregate is the M-step, weighted as asked
+            self.distribution = NearestCentreAfterTraining()
+            self.dp_compatible = True
+            self.needs_model_deltas = False
+            self.client_weighting = self.options.fesem_weighting
+
+    @property
+    def client_estep(self) -> bool:
+        """Whether the E-step runs on the clients (`--fesem_estep=client`)."""
+        return self.options.fesem_estep == "client"
 
     @property
     def num_clusters(self) -> int:
@@ -131,7 +161,11 @@ class FeSEM(Algorithm):
         self, run: RunInfo, view: ServerView, result: RoundResult, queries: Queries
     ) -> Decision:
         """E-step (Eq. 8) on the new W_i against the centers they trained from, then M-step
-        (Eq. 9) over the new assignment; replaces the round's own per-cluster mean."""
+        (Eq. 9) over the new assignment; replaces the round's own per-cluster mean. With the
+        E-step on the clients, their picks are the assignment and the round's aggregate
+        already moved the centers."""
+        if self.client_estep:
+            return Decision(assignment=dict(zip(result.client_ids, result.clusters.tolist())))
         centers = result.cluster_models_before
         models = centers[result.clusters] + result.model_deltas
         width = run.num_trainable_values

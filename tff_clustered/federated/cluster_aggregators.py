@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Optional
 
 import numpy as np
@@ -140,6 +140,11 @@ class ClusterAggregator:
             for k in range(num_clusters)
         }
 
+    def upload_bits(self, tensor_sizes: Sequence[int]) -> int:
+        """Bits one client's upload of its shared update takes, its tensors of `tensor_sizes`
+        values each: 32 a value (float32) unless the aggregator encodes them otherwise."""
+        return 32 * sum(int(n) for n in tensor_sizes)
+
     def round_event(self) -> Any:
         """The round's privacy mechanism before client sampling (a `dp_accounting.DpEvent`
         with every cluster's row noised: a client touches one row), None when it gives no
@@ -201,3 +206,24 @@ def divide_rows(total: tf.Tensor, denominator: tf.Tensor) -> tf.Tensor:
 def add_to_row(stack: tf.Tensor, row: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
     """`values` added into row `row` of `stack` only."""
     return tf.tensor_scatter_nd_add(stack, tf.reshape(row, [1, 1]), values[None])
+
+
+def geometric_quantile_step(
+    estimate: tf.Tensor,
+    centred_below: tf.Tensor,
+    count: tf.Tensor,
+    target_quantile: float,
+    learning_rate: float,
+    in_use: tf.Tensor,
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """One geometric update of each cluster's quantile estimate (Andrew, Thakkar, McMahan and
+    Ramaswamy, "Differentially Private Learning with Adaptive Clipping", NeurIPS 2021,
+    Algorithm 1; Tensorflow Privacy's `QuantileEstimatorQuery.get_noised_result` step for
+    step): from the sum of its clients' centred indicators `[norm <= estimate] - 1/2` (noised
+    or not) over `count`, the fraction below `b = clamp(sum / count + 1/2, 0, 1)` moves the
+    estimate to `estimate * exp(-learning_rate * (b - target_quantile))` on the rows `in_use`
+    says (the others keep theirs). Returns `(new estimates, b)`, each `[K]`."""
+    below = divide_rows(centred_below, count) + 0.5
+    below = tf.minimum(1.0, tf.maximum(0.0, below))
+    update = learning_rate * (below - target_quantile)
+    return tf.where(in_use, estimate * tf.math.exp(-update), estimate), below

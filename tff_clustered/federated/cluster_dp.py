@@ -48,7 +48,11 @@ from typing import Any, ClassVar, Optional
 import numpy as np
 import tensorflow as tf
 
-from tff_clustered.federated.cluster_aggregators import ClusterAggregator, divide_rows
+from tff_clustered.federated.cluster_aggregators import (
+    ClusterAggregator,
+    divide_rows,
+    geometric_quantile_step,
+)
 
 # The fold of a cluster's seed that draws its below-clip count's noise (tensor folds are the
 # tensor indices, far below it).
@@ -218,11 +222,14 @@ class ClusterDP(ClusterAggregator):
                     ]
                 )
             noised = stats[:, 0] + count_noise * self.effective_count_stddev
-            # Tensorflow Privacy's QuantileEstimatorQuery, step for step (the same float ops).
-            below = divide_rows(noised, denominator) + 0.5
-            below = tf.minimum(1.0, tf.maximum(0.0, below))
-            update = self.clip_learning_rate * (below - self.target_quantile)
-            new_clip = tf.where(in_use, clip * tf.math.exp(-update), clip)
+            new_clip, below = geometric_quantile_step(
+                clip,
+                noised,
+                denominator,
+                self.target_quantile,
+                self.clip_learning_rate,
+                in_use,
+            )
             measurements["dp_unclipped_fraction"] = tf.where(in_use, below, 0.0)
         state = collections.OrderedDict(clip=new_clip)
         return tuple(means), in_use, state, measurements

@@ -5,6 +5,9 @@ sends, reads back, evaluates and reports.
 * `OwnCluster`: the server picks each client's cluster (FedAvg, FedGroup, FeSEM, ...);
 * `LowestLossCluster`: every cluster's model goes to each client, which joins the one of lowest
   loss on its training data (IFCA, Ghosh et al. 2020, Alg. 2);
+* `NearestCentreAfterTraining`: every cluster's model goes to each client, which trains from
+  the one its plan names and then joins the one nearest its trained model (FeSEM's E-step on
+  the client, Long et al. 2023, Eq. 8), its update taken against that one;
 * `Neighbours`: decentralized peers (DisPFL, UA-PDFL): the server state is a mailbox of every
   peer's published model; a peer is sent its own row and `num_neighbours` others, and nothing
   is aggregated.
@@ -45,8 +48,10 @@ class Distribution:
         num_clusters: int,
         mean_loss: distributors.MeanLoss,
         features: Any,
+        num_trainable_shared: int,
     ) -> distributors.Distributor:
-        """The round's TF side: what the server sends and what the client makes of it."""
+        """The round's TF side: what the server sends and what the client makes of it
+        (`num_trainable_shared`: the trainable variables, leading `shared`)."""
         raise NotImplementedError
 
     def keys(
@@ -105,12 +110,25 @@ class OwnCluster(Distribution):
         num_clusters: int,
         mean_loss: distributors.MeanLoss,
         features: Any,
+        num_trainable_shared: int,
     ) -> distributors.Distributor:
         return distributors.OwnClusterDistributor(shared, shared_spec, num_clusters)
 
 
 @dataclasses.dataclass(frozen=True)
-class LowestLossCluster(Distribution):
+class ClientPicksCluster(Distribution):
+    """Base: each client is sent every cluster's model and picks in the round the cluster its
+    update counts in, which it reports (`outputs["cluster"]`)."""
+
+    def clusters(self, keys: np.ndarray, outputs: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        return np.array([int(o["cluster"]) for o in outputs], np.int32)
+
+    def models_downloaded(self, num_clusters: int) -> int:
+        return num_clusters
+
+
+@dataclasses.dataclass(frozen=True)
+class LowestLossCluster(ClientPicksCluster):
     """Each client is sent every cluster's model and joins the one of lowest loss on its
     training data (IFCA's cluster estimate, Ghosh et al. 2020, Alg. 2 line 6)."""
 
@@ -121,6 +139,7 @@ class LowestLossCluster(Distribution):
         num_clusters: int,
         mean_loss: distributors.MeanLoss,
         features: Any,
+        num_trainable_shared: int,
     ) -> distributors.Distributor:
         return distributors.LowestLossDistributor(shared, shared_spec, num_clusters, mean_loss)
 
@@ -138,11 +157,27 @@ class LowestLossCluster(Distribution):
             )
         return np.zeros(num_clients, np.int32)
 
-    def clusters(self, keys: np.ndarray, outputs: Sequence[Mapping[str, Any]]) -> np.ndarray:
-        return np.array([int(o["cluster"]) for o in outputs], np.int32)
 
-    def models_downloaded(self, num_clusters: int) -> int:
-        return num_clusters
+@dataclasses.dataclass(frozen=True)
+class NearestCentreAfterTraining(ClientPicksCluster):
+    """Each client is sent every cluster's model, trains from the one its plan names, then
+    joins the one nearest (squared L2 over the trainable shared values) its trained model and
+    sends its update against it: FeSEM's E-step (Long et al. 2023, Eq. 8) made on the client,
+    so that the round's per-cluster aggregate is the M-step (Eq. 9) and no individual model
+    leaves it. The server learns each client's pick, as IFCA's."""
+
+    def distributor(
+        self,
+        shared: tuple[int, ...],
+        shared_spec: tuple,
+        num_clusters: int,
+        mean_loss: distributors.MeanLoss,
+        features: Any,
+        num_trainable_shared: int,
+    ) -> distributors.Distributor:
+        return distributors.NearestCentreDistributor(
+            shared, shared_spec, num_clusters, num_trainable_shared
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +203,7 @@ class Neighbours(Distribution):
         num_clusters: int,
         mean_loss: distributors.MeanLoss,
         features: Any,
+        num_trainable_shared: int,
     ) -> distributors.Distributor:
         return distributors.NeighboursDistributor(shared, shared_spec, self.key_width, features)
 

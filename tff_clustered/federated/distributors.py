@@ -12,6 +12,10 @@ signature's `Distribution` (`distributions.py`):
 * `LowestLossDistributor`: every cluster's shared variables are broadcast and the client joins
   the one of lowest loss on its training data (IFCA, Ghosh et al. 2020, Alg. 2), reporting its
   pick;
+* `NearestCentreDistributor`: every cluster's shared variables are broadcast; the client trains
+  from its key's row, then joins the row nearest its trained model and sends its update
+  against that row (FeSEM's E-step, Long et al. 2023, Eq. 8, on the client), reporting its
+  pick;
 * `NeighboursDistributor`: the server state is a mailbox of every peer's published model; a
   client is sent the rows its key names, its own first, and reads the others as its inbox
   (decentralized peers: DisPFL, UA-PDFL). The server only routes: nothing is aggregated
@@ -121,6 +125,12 @@ class Distributor:
     def receive(self, client: ClientSide) -> Received:
         raise NotImplementedError
 
+    def settle(self, client: ClientSide, received: Received, trained: tuple) -> Received:
+        """After the client's work: the cluster its update counts in and the shared variables
+        the update is taken against, from what it `received` and its `trained` shared
+        variables (in `shared`'s order). By default what it received: its start."""
+        return received
+
     def same_for_every_client(self, num_clusters: int) -> bool:
         """Whether every client of a round of `num_clusters` cluster models is sent the same
         selection (`select_shared` with key 0). Where the TFF round selects by key (the
@@ -158,6 +168,18 @@ class OwnClusterDistributor(Distributor):
         return Received(self.first_row(client.selection), cluster)
 
 
+def least_in_use(every: tuple, scores: list, hparams: dict) -> Received:
+    """The row of `every` (each shared variable stacked by cluster) of least score among the
+    clusters in use (`hparams["num_clusters"]`: the padding ones are never picked; ties: the
+    lowest index), as what the client's update counts in."""
+    in_use = [
+        tf.where(float(j) < hparams["num_clusters"], score, np.inf)
+        for j, score in enumerate(scores)
+    ]
+    cluster = tf.argmin(tf.stack(in_use), output_type=tf.int32)
+    return Received(tuple(tf.gather(t, cluster) for t in every), cluster)
+
+
 @dataclasses.dataclass(frozen=True)
 class LowestLossDistributor(Distributor):
     """`num_clusters` clusters in the built round (the padding ones never picked: the round's
@@ -173,15 +195,40 @@ class LowestLossDistributor(Distributor):
         every = client.selection
         batches = ArrayBatches(client.data, client.hparams["eval_batch_size"], size=client.size)
         losses = [
-            tf.where(
-                float(j) < client.hparams["num_clusters"],
-                self.mean_loss(tuple(t[j] for t in every), client.stored, batches),
-                np.inf,
+            self.mean_loss(tuple(t[j] for t in every), client.stored, batches)
+            for j in range(self.num_clusters)
+        ]
+        return least_in_use(every, losses, client.hparams)
+
+
+@dataclasses.dataclass(frozen=True)
+class NearestCentreDistributor(Distributor):
+    """`num_clusters` clusters in the built round (the padding ones never picked: the round's
+    `hparams["num_clusters"]` says how many are in use); `trainable`: how many of `shared`
+    are trainable (the distance's variables: they lead `shared`)."""
+
+    num_clusters: int = 1
+    trainable: int = 0
+    sends_every_cluster: ClassVar[bool] = True
+
+    def receive(self, client: ClientSide) -> Received:
+        """The row of the cluster the client's key names: the centre it trains from."""
+        cluster = client.key[0]
+        return Received(tuple(tf.gather(t, cluster) for t in client.selection), cluster)
+
+    def settle(self, client: ClientSide, received: Received, trained: tuple) -> Received:
+        """FeSEM's E-step (Long et al. 2023, Eq. 8) on the client: the in-use row at least
+        squared L2 distance from the trained model over the trainable shared values (ties: the
+        lowest index); the update is then taken against that row."""
+        every = client.selection
+        distances = [
+            sum(
+                (tf.reduce_sum(tf.square(trained[i] - every[i][j])) for i in range(self.trainable)),
+                tf.constant(0.0),
             )
             for j in range(self.num_clusters)
         ]
-        cluster = tf.argmin(tf.stack(losses), output_type=tf.int32)
-        return Received(tuple(tf.gather(t, cluster) for t in every), cluster)
+        return least_in_use(every, distances, client.hparams)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,7 +60,8 @@ class RoundFunctions:
     * `distributor` (`distributors.py`): its `select_shared(cluster_models, key)` is
       federated_select's select function (peers' rows; the per-client evaluation), its
       `every_cluster_shared(cluster_models)` what is broadcast to a client that takes its
-      cluster's row or picks one, its `receive` the client's side of both;
+      cluster's row or picks one, its `receive` the client's side of both, its `settle`
+      the cluster the update counts in and the row it is taken against, after the work;
     * `padded_client_update(distributed, stored, data, key, client_scalar, seed, hparams,
       anchor, size)`: one client's work -> `(shared_delta, cluster_weight, outputs)`, and
       its statistics row for the aggregator (`[K, stats_width]`) last unless the aggregator
@@ -242,7 +243,7 @@ def round_functions(
         return scores.loss_sum / tf.maximum(scores.num_examples, 1.0)
 
     distributor = signature.distribution.distributor(
-        io.shared, shared_spec, k, mean_loss, model.features
+        io.shared, shared_spec, k, mean_loss, model.features, len(signature.shared)
     )
 
     def padded_client_update(
@@ -264,8 +265,8 @@ def round_functions(
             hparams["max_steps"],
             size=size,
         )
-        received = distributor.receive(ClientSide(distributed, stored, data, key, hparams, size))
-        cluster = received.cluster
+        side = ClientSide(distributed, stored, data, key, hparams, size)
+        received = distributor.receive(side)
         weights, state, own_weights, own_state = join(received.selected, stored)
         result = work(
             forward,
@@ -294,8 +295,14 @@ def round_functions(
             [tf.math.is_finite(result.loss_sum)]
             + [tf.reduce_all(tf.math.is_finite(t)) for t in trained + kept]
         )
+        # The cluster the update counts in and the row it is taken against: where it started,
+        # unless the distributor settles it after training (FeSEM's client-side E-step); a
+        # diverged client stays where it started.
+        settled = distributor.settle(side, received, tuple(trained[i] for i in io.shared))
+        cluster = tf.where(finite, settled.cluster, received.cluster)
         shared_delta = tuple(
-            tf.where(finite, trained[i] - start[i], tf.zeros_like(start[i])) for i in io.shared
+            tf.where(finite, trained[i] - row, tf.zeros_like(row))
+            for i, row in zip(io.shared, settled.selected)
         )
         weight = result.num_examples if signature.client_weighting == "num_examples" else 1.0
         if not aggregator.is_mean:

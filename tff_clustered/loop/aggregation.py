@@ -39,10 +39,10 @@ class AggregatorRound:
     inputs: Mapping[str, np.ndarray]
 
 
-def check_aggregator(algorithm: type[Algorithm], aggregator: ClusterAggregator) -> None:
-    """Refuses an aggregator `algorithm`'s rounds cannot use: any but the mean for
-    decentralized peers (no server aggregates), a private one for an algorithm that is not
-    `dp_compatible`."""
+def check_aggregator(algorithm: Algorithm, aggregator: ClusterAggregator) -> None:
+    """Refuses an aggregator `algorithm`'s rounds cannot use (as its options set them): any
+    but the mean for decentralized peers (no server aggregates), a private one for an
+    algorithm that is not `dp_compatible`."""
     if aggregator.is_mean:
         return
     if algorithm.distribution.decentralized:
@@ -51,11 +51,13 @@ def check_aggregator(algorithm: type[Algorithm], aggregator: ClusterAggregator) 
             f"--aggregator={aggregator.name} has nothing to aggregate; leave --aggregator unset"
         )
     if aggregator.private and not algorithm.dp_compatible:
+        mode = algorithm.private_mode
+        private_mode = f"{mode} (its private mode), " if mode else ""
         raise ValueError(
             f"--aggregator={aggregator.name}: {algorithm.name} reads individual clients' models "
             "or updates to set its cluster models, outside the private per-cluster aggregate, "
-            "so no privacy would hold; use --aggregator=mean, or an algorithm whose models come "
-            "from the aggregate only (fedavg, fedper, ifca, fedgroup, ...)"
+            f"so no privacy would hold; use --aggregator=mean, {private_mode}or an algorithm "
+            "whose models come from the aggregate only (fedavg, fedper, ifca, fedgroup, ...)"
         )
 
 
@@ -67,7 +69,7 @@ def checked_aggregator(
     (`ClusterAggregator.check_execution`) or where round metrics would read each client's
     update, which an aggregator other than the mean keeps inside its per-cluster sums."""
     aggregator = config.aggregator.build()
-    check_aggregator(type(algorithm), aggregator)
+    check_aggregator(algorithm, aggregator)
     aggregator.check_execution(execution, len(runtime.worker_contexts()))
     if round_metrics and not aggregator.is_mean:
         raise ValueError(

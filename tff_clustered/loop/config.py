@@ -10,6 +10,8 @@ from typing import Any, Optional
 
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator, ClusterMean
 from tff_clustered.federated.cluster_dp import ClusterDP
+from tff_clustered.federated.cluster_encodings import ClusterCompression, ClusterSecure
+from tff_clustered.federated.cluster_robust import ClusterRobust
 from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.federated.tff_factory_aggregator import TffFactoryPerCluster
 from tff_clustered.loop.privacy import SAMPLINGS
@@ -17,7 +19,8 @@ from tff_clustered.options import checked_fields
 from tff_clustered.seeds import EVAL_SAMPLE, rng_for
 
 LR_SCHEDULES = ("constant", "exponential", "cosine")
-AGGREGATORS = ("mean", "dp")  # the flags' (--aggregator)
+AGGREGATORS = ("mean", "dp", "robust", "compression", "secure")  # the flags' (--aggregator)
+ROBUST_AGGREGATORS = ("robust", "compression", "secure")
 # A `tff.aggregators` factory per cluster: a Python object, so the Python API's only.
 FACTORY_AGGREGATOR = TffFactoryPerCluster.name
 DP_CLIPPINGS = ("fixed", "adaptive")
@@ -27,17 +30,26 @@ DP_CLIPPINGS = ("fixed", "adaptive")
 class AggregatorConfig:
     """What the round does with each client's update between its training and its cluster's
     mean (`federated.cluster_aggregators`), as the flags name it: `name` "mean" (the weighted
-    mean per cluster) or "dp" (DP-FedAvg per cluster, `federated.cluster_dp.ClusterDP`: each
+    mean per cluster), "dp" (DP-FedAvg per cluster, `federated.cluster_dp.ClusterDP`: each
     update clipped, Gaussian noise of `noise_multiplier` times the clip norm on every cluster's
-    sum, uniform client weights). `clip` is the clip norm (the start of each cluster's with
-    `clipping="adaptive"`, which moves it toward the `target_quantile` of its clients' update
-    norms at `clip_learning_rate`); `count_stddev`: the noise on the adaptive clip's counts
-    (None: the noise multiplier). `delta`: the delta every epsilon is stated at;
-    `target_epsilon` (> 0): the run stops before a round that would take a client's epsilon
-    past it, and sets the noise multiplier when none is given (`loop.accounting.calibrated`).
-    The dp settings keep their defaults with the mean. `name` "tff_factory" (the Python API's
-    only: a factory is a Python object, no flag) runs `factory`, a `TffFactoryPerCluster`:
-    one instance of a `tff.aggregators` factory per cluster."""
+    sum, uniform client weights), or one of TFF's robust aggregators per cluster: "robust"
+    (`federated.cluster_robust.ClusterRobust`: adaptive zeroing and clipping, then the weighted
+    mean), "compression" (robust, then the large tensors quantized,
+    `federated.cluster_encodings.ClusterCompression`) or "secure" (robust, then a bounded
+    integer sum, `ClusterSecure`). "tff_factory" (the Python API's only: a factory is a Python
+    object, no flag) runs `factory`, a `TffFactoryPerCluster`: one instance of any
+    `tff.aggregators` factory per cluster.
+
+    dp: `clip` is the clip norm (the start of each cluster's with `clipping="adaptive"`, which
+    moves it toward the `target_quantile` of its clients' update norms at
+    `clip_learning_rate`); `count_stddev`: the noise on the adaptive clip's counts (None: the
+    noise multiplier). `delta`: the delta every epsilon is stated at; `target_epsilon` (> 0):
+    the run stops before a round that would take a client's epsilon past it, and sets the noise
+    multiplier when none is given (`loop.accounting.calibrated`). robust, compression, secure:
+    `robust_zeroing` and `robust_clipping` turn the adaptive zeroing and clipping on or off;
+    compression: `quantization_bits` per value of the tensors of more than
+    `quantization_threshold` values. A setting keeps its default with an aggregator that does
+    not use it (`FIELD_USERS`)."""
 
     name: str = "mean"
     noise_multiplier: Optional[float] = None
@@ -48,6 +60,10 @@ class AggregatorConfig:
     count_stddev: Optional[float] = None
     delta: float = 1e-5
     target_epsilon: float = 0.0
+    robust_zeroing: bool = True
+    robust_clipping: bool = True
+    quantization_bits: int = 8
+    quantization_threshold: int = 20000
     factory: Optional[TffFactoryPerCluster] = None
 
     def __post_init__(self) -> None:
@@ -63,23 +79,8 @@ class AggregatorConfig:
             )
         if self.clipping not in DP_CLIPPINGS:
             raise ValueError(f"dp_clipping must be one of {DP_CLIPPINGS}, got {self.clipping!r}")
-        if self.name != "dp":
-            changed = [
-                f"--dp_{f.name}"
-                for f in dataclasses.fields(self)
-                if f.name not in ("name", "factory") and getattr(self, f.name) != f.default
-            ]
-            if changed and self.name == "mean":
-                raise ValueError(
-                    f"{', '.join(changed)} set with --aggregator=mean, which adds no noise and "
-                    "clips nothing: add --aggregator=dp, or leave them unset"
-                )
-            if changed:
-                raise ValueError(
-                    f"{', '.join(changed)} set with a tff.aggregators factory, which clips and "
-                    "noises as it was built to: leave them unset"
-                )
-        elif self.noise_multiplier is None and not self.target_epsilon > 0:
+        self.refuse_unused_settings()
+        if self.name == "dp" and self.noise_multiplier is None and not self.target_epsilon > 0:
             raise ValueError(
                 "--aggregator=dp needs --dp_noise_multiplier (the noise's standard deviation "
                 "over the clip norm; 0: clipping only, no privacy) or --target_epsilon (the "
@@ -104,11 +105,41 @@ class AggregatorConfig:
             raise ValueError(f"--target_epsilon must be >= 0 (0: none), got {self.target_epsilon}")
         self.build()  # the mechanism's own checks, here where the settings are made
 
+    def refuse_unused_settings(self) -> None:
+        """A setting changed from its default that `name`'s aggregator does not use is refused,
+        naming its flag and the aggregators that use it."""
+        unused = [
+            field
+            for field, (_, users) in FIELD_USERS.items()
+            if self.name not in users and getattr(self, field) != FIELD_DEFAULTS[field]
+        ]
+        if not unused:
+            return
+        flags = ", ".join(f"--{FIELD_USERS[field][0]}" for field in unused)
+        users = FIELD_USERS[unused[0]][1]
+        fix = " or ".join(f"--aggregator={name}" for name in users)
+        does = "adds no noise and clips nothing" if self.name == "mean" else "does not use them"
+        raise ValueError(
+            f"{flags} set with --aggregator={self.name}, which {does}: add {fix}, or leave "
+            "them unset"
+        )
+
     def with_noise_multiplier(self, noise_multiplier: float) -> AggregatorConfig:
         return dataclasses.replace(self, noise_multiplier=noise_multiplier)
 
     def build(self) -> ClusterAggregator:
         """The aggregator these settings describe."""
+        robust = dict(zeroing=self.robust_zeroing, clipping=self.robust_clipping)
+        if self.name == "robust":
+            return ClusterRobust(**robust)
+        if self.name == "compression":
+            return ClusterCompression(
+                **robust,
+                quantization_bits=self.quantization_bits,
+                quantization_threshold=self.quantization_threshold,
+            )
+        if self.name == "secure":
+            return ClusterSecure(**robust)
         if self.name == "mean":
             return ClusterMean()
         if self.factory is not None:
@@ -124,8 +155,8 @@ class AggregatorConfig:
 
     @classmethod
     def of(cls, aggregator: ClusterAggregator) -> AggregatorConfig:
-        """The settings of a built aggregator (`ClusterMean`, `ClusterDP` or
-        `TffFactoryPerCluster`)."""
+        """The settings of a built aggregator (`ClusterMean`, `ClusterDP`, `ClusterRobust`,
+        `ClusterCompression`, `ClusterSecure` or `TffFactoryPerCluster`)."""
         if isinstance(aggregator, TffFactoryPerCluster):
             return cls(FACTORY_AGGREGATOR, factory=aggregator)
         if isinstance(aggregator, ClusterDP):
@@ -138,10 +169,24 @@ class AggregatorConfig:
                 clip_learning_rate=aggregator.clip_learning_rate,
                 count_stddev=aggregator.count_stddev,
             )
+        if isinstance(aggregator, ClusterRobust):
+            quantization = {}
+            if isinstance(aggregator, ClusterCompression):
+                quantization = dict(
+                    quantization_bits=aggregator.quantization_bits,
+                    quantization_threshold=aggregator.quantization_threshold,
+                )
+            return cls(
+                aggregator.name,
+                robust_zeroing=aggregator.zeroing,
+                robust_clipping=aggregator.clipping,
+                **quantization,
+            )
         if isinstance(aggregator, ClusterMean):
             return cls()
         raise TypeError(
-            "aggregator must be ClusterMean(), ClusterDP(...) or a tff.aggregators factory, got "
+            "aggregator must be ClusterMean(), ClusterDP(...), ClusterRobust(...), "
+            "ClusterCompression(...), ClusterSecure(...) or a tff.aggregators factory, got "
             f"{type(aggregator).__name__}"
         )
 
@@ -154,6 +199,19 @@ class AggregatorConfig:
 
 
 FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AggregatorConfig)}
+# Each setting's flag and the aggregators that use it.
+FIELD_USERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    **{
+        name: (f"dp_{name}", ("dp",))
+        for name in ("noise_multiplier", "clip", "clipping", "target_quantile")
+        + ("clip_learning_rate", "count_stddev", "delta")
+    },
+    "target_epsilon": ("target_epsilon", ("dp",)),
+    "robust_zeroing": ("robust_zeroing", ROBUST_AGGREGATORS),
+    "robust_clipping": ("robust_clipping", ROBUST_AGGREGATORS),
+    "quantization_bits": ("quantization_bits", ("compression",)),
+    "quantization_threshold": ("quantization_threshold", ("compression",)),
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -103,6 +103,7 @@ def empty_round_row(learning_rate: float, num_clusters: int) -> dict[str, Any]:
         "train_seconds": 0.0,
         "server_seconds": 0.0,
         "floats_communicated": 0,
+        "bits_communicated": 0,
         "clients_changed_cluster": 0,
         **{f"sampled_cluster_{k}": 0 for k in range(num_clusters)},
     }
