@@ -282,8 +282,9 @@ def test_the_bits_one_client_uploads() -> None:
 
 def test_settings_of_another_aggregator_are_refused_and_built_ones_map_back() -> None:
     """One-line errors naming the flag and the aggregator that uses it; each built aggregator
-    maps back to its settings (the Python API's instances and names); not private, so every
-    server-aggregating algorithm takes them, decentralized ones refuse them."""
+    maps back to its settings (the Python API's instances and names); every algorithm whose
+    models come from the aggregate takes them; decentralized ones, and those that read
+    individual updates beside the aggregate, refuse them."""
     with pytest.raises(
         ValueError,
         match="--quantization_bits set with --aggregator=robust.*add --aggregator=compression",
@@ -311,6 +312,9 @@ def test_settings_of_another_aggregator_are_refused_and_built_ones_map_back() ->
         for aggregator in built:
             if cls.distribution.decentralized:
                 with pytest.raises(ValueError, match="is decentralized"):
+                    check_aggregator(cls, aggregator)
+            elif not cls.dp_compatible:  # individual updates sent whole beside the aggregate
+                with pytest.raises(ValueError, match="neither bound, shrink nor hide"):
                     check_aggregator(cls, aggregator)
             else:
                 check_aggregator(cls, aggregator)

@@ -33,7 +33,7 @@ def test_privacy_levels_set_each_rows_aggregator() -> None:
 
 
 def test_robust_aggregator_rows() -> None:
-    spec = RunSpec("fesem")  # robust aggregation reads no privacy claim: every algorithm takes it
+    spec = RunSpec("ifca")
     compression = parse_setting("compression:4:1000")(spec).training.aggregator
     assert (compression.name, compression.quantization_bits) == ("compression", 4)
     assert compression.quantization_threshold == 1000
@@ -42,7 +42,7 @@ def test_robust_aggregator_rows() -> None:
     assert parse_setting("secure")(spec).training.aggregator == AggregatorConfig("secure")
     # The command line's settings of the row's own aggregator are kept.
     given = AggregatorConfig("robust", robust_zeroing=False)
-    spec = RunSpec("fesem", training=TrainingConfig(aggregator=given))
+    spec = RunSpec("ifca", training=TrainingConfig(aggregator=given))
     assert parse_setting("robust")(spec).training.aggregator == given
     with pytest.raises(ValueError, match="compression:17.*quantization_bits"):
         parse_setting("compression:17")(spec)

@@ -320,6 +320,11 @@ TABLES: dict[str, list[Defaults]] = {
             ),
         ),
         FEDGROUP_MNIST_SETUP,
+        Defaults(
+            "this project's (FeSEM's E-step on the client: its models then come from the "
+            "aggregate)",
+            dict(fesem_estep="client"),
+        ),
         DIGITS_SCALE,
     ],
 }

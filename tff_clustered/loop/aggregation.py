@@ -41,8 +41,10 @@ class AggregatorRound:
 
 def check_aggregator(algorithm: Algorithm, aggregator: ClusterAggregator) -> None:
     """Refuses an aggregator `algorithm`'s rounds cannot use (as its options set them): any
-    but the mean for decentralized peers (no server aggregates), a private one for an
-    algorithm that is not `dp_compatible`."""
+    but the mean for decentralized peers (no server aggregates) and for an algorithm that is
+    not `dp_compatible` (it reads individual clients' models or updates beside the aggregate:
+    no privacy would hold, and its clients would still send those whole, so a robust,
+    compressed or secure aggregate would neither bound, shrink nor hide what they send)."""
     if aggregator.is_mean:
         return
     if algorithm.distribution.decentralized:
@@ -50,15 +52,22 @@ def check_aggregator(algorithm: Algorithm, aggregator: ClusterAggregator) -> Non
             f"{algorithm.name} is decentralized: no server aggregates its peers' updates, so "
             f"--aggregator={aggregator.name} has nothing to aggregate; leave --aggregator unset"
         )
-    if aggregator.private and not algorithm.dp_compatible:
-        mode = algorithm.private_mode
-        private_mode = f"{mode} (its private mode), " if mode else ""
-        raise ValueError(
-            f"--aggregator={aggregator.name}: {algorithm.name} reads individual clients' models "
-            "or updates to set its cluster models, outside the private per-cluster aggregate, "
-            f"so no privacy would hold; use --aggregator=mean, {private_mode}or an algorithm "
-            "whose models come from the aggregate only (fedavg, fedper, ifca, fedgroup, ...)"
-        )
+    if algorithm.dp_compatible:
+        return
+    mode = algorithm.private_mode
+    own_mode = f"{mode} (its models then come from the aggregate), " if mode else ""
+    voided = (
+        "no privacy would hold"
+        if aggregator.private
+        else "they would still be sent whole beside the aggregate, which the "
+        f"{aggregator.name} aggregator would neither bound, shrink nor hide"
+    )
+    raise ValueError(
+        f"--aggregator={aggregator.name}: {algorithm.name} reads individual clients' models "
+        "or updates to set its cluster models, outside the per-cluster aggregate, so "
+        f"{voided}; use --aggregator=mean, {own_mode}or an algorithm whose models come from "
+        "the aggregate only (fedavg, fedper, ifca, fedgroup, ...)"
+    )
 
 
 def checked_aggregator(
