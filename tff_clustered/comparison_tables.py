@@ -295,7 +295,7 @@ TABLES: dict[str, list[Defaults]] = {
                 algorithms=["fedavg", "ifca", "fedgroup", "fesem", "fedper"],
                 dataset="mnist",
                 model="mclr",
-                settings=["mean", "clip", "epsilon:8", "epsilon:4", "epsilon:1"],
+                settings=["mean", "epsilon:8", "epsilon:4", "epsilon:1"],
             ),
         ),
         FEDGROUP_MNIST_SETUP,
