@@ -6,6 +6,8 @@ comparison table: comparison.md, comparison.csv, comparison.png.
   python binaries/compare.py --table=fedtsdp       # FedTSDP's Tables 3-5 shape on digits
   python binaries/compare.py --table=fedac         # FedAC's Table 1 shape on digits
   python binaries/compare.py --table=uapdfl        # UA-PDFL's Tables 1-2 shape on digits
+  python binaries/compare.py --table=privacy --dataset=mnist --data_dir=DIR   # privacy-utility
+  python binaries/compare.py --table=aggregation --dataset=mnist --data_dir=DIR
   python binaries/compare.py --table=fedtsdp --dataset=cifar10 --data_dir=~/data \
       --model=tsdp_cnn --settings=dirichlet:0.5,dirichlet:0.2 --rounds=200
 
@@ -14,11 +16,15 @@ accuracy, rounds to a target, the Eq. 4 discrepancy and the values sent per roun
 `--table=fesem` (FeSEM, Table 2) has the same shape; its columns include `fesem:2`,
 `fesem:3`, `fesem:4` (`ALGORITHM:K`: the algorithm with K clusters).
 
+`--table=privacy` and `--table=aggregation`: one row per aggregator each cluster's updates go
+through (`mean`, `clip`, `epsilon:E`; `robust`, `compression[:BITS[:THRESHOLD]]`, `secure`:
+`tff_clustered/comparison_rows.py`), one column per algorithm, in FedGroup's MNIST setup.
+
 `--table=fedtsdp` (FedTSDP, Tables 3-5): one row per partition setting (`iid`,
 `dirichlet:BETA`, `pathological`), one column per algorithm, final test accuracy (%).
 
-Each table's defaults (`TABLES`) say which datasets they are for: its columns and rows, its
-paper's protocol (FedTSDP: 20 clients all taking part, E = 2, batch 50,
+Each table's defaults (`comparison_tables.TABLES`) say which datasets they are for: its
+columns and rows, its paper's protocol (FedTSDP: 20 clients all taking part, E = 2, batch 50,
 eta_r = 0.05 * 0.95^(r-1), momentum 0.5) and this project's values where the paper gives none,
 on every dataset; and, on the embedded digits (1,797 images), a smaller scale that runs the
 whole table in minutes on 2 cores (FedTSDP's: 10 clients, batch 10, decay 0.99, 20 rounds).
