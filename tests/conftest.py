@@ -92,14 +92,23 @@ def worker_pids_with_tag(tag: str) -> list[int]:
 EXECUTION = "in_process"
 
 
-def mlp_experiment(algorithm: str, data: object, config: object, **options: object) -> object:
+def mlp_experiment(
+    algorithm: str, data: object, config: object, round_metrics: tuple = (), **options: object
+) -> object:
     """`algorithm` with `options` on `data` with a 16-unit MLP, started (no round run yet)."""
     from tff_clustered.algorithms import make_algorithm
     from tff_clustered.models import model_spec
     from tff_clustered.orchestration import Experiment
 
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
-    exp = Experiment(data, model, make_algorithm(algorithm, **options), config, execution=EXECUTION)
+    exp = Experiment(
+        data,
+        model,
+        make_algorithm(algorithm, **options),
+        config,
+        execution=EXECUTION,
+        round_metrics=list(round_metrics),
+    )
     exp.start()
     return exp
 

@@ -12,6 +12,8 @@ from sklearn.metrics import adjusted_rand_score
 
 from tff_clustered import checkpoint
 from tff_clustered.algorithms import make_algorithm, make_options
+from tff_clustered.algorithms.base import RoundResult
+from tff_clustered.algorithms.fedgroup import discrepancy
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated.distributions import NearestCentreAfterTraining, OwnCluster
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
@@ -22,12 +24,13 @@ pytestmark = pytest.mark.usefixtures("tff_context")
 CONFIG = TrainingConfig(rounds=3, clients_per_round=8, local_epochs=3, learning_rate=0.1, seed=2)
 
 
-def fesem(estep: str, weighting: str = "uniform") -> Experiment:
+def fesem(estep: str, weighting: str = "uniform", round_metrics: tuple = ()) -> Experiment:
     data = load_digits_clusters(num_clients=12, num_groups=3, seed=CONFIG.seed)
     return mlp_experiment(
         "fesem",
         data,
         CONFIG,
+        round_metrics,
         num_clusters=3,
         fesem_init_epochs=3,
         fesem_estep=estep,
@@ -40,8 +43,16 @@ def test_the_client_estep_gives_the_server_steps_centres_and_assignments(weighti
     """One round from a state where the clients must move: every sampled client starts from
     centre 0, set to the untrained w0, the other two centres K-means'. With the mean, centre_k
     + mean(W_i - centre_k) over the clients nearest it is the server's M-step over the same
-    E-step, weighted as asked; and the picks recover the planted groups."""
-    runs = {estep: fesem(estep, weighting) for estep in ("server", "client")}
+    E-step, weighted as asked; and the picks recover the planted groups. Each client's model
+    delta is taken against the centre it is reported in (its pick), so Eq. 4's discrepancy
+    reads its trained model."""
+    results = {}
+
+    def keep(run: object, view: object, result: RoundResult) -> dict[str, float]:
+        results[len(results)] = result
+        return discrepancy(run, view, result)
+
+    runs = {estep: fesem(estep, weighting, (keep,)) for estep in ("server", "client")}
     sampled = runs["server"].sample_clients(1)
     rows = {}
     for estep, exp in runs.items():
@@ -59,6 +70,16 @@ def test_the_client_estep_gives_the_server_steps_centres_and_assignments(weighti
     assert len(set(picks)) == 3, picks
     truth = [runs["client"].data.true_clusters[c] for c in sampled]
     assert adjusted_rand_score(truth, picks) == 1.0
+    # The trained models W_i: the server's from centre 0, the client's from its pick.
+    on_server, on_client = results[0], results[1]
+    trained = on_server.cluster_models_before[0] + on_server.model_deltas
+    np.testing.assert_allclose(
+        on_client.cluster_models_before[on_client.clusters] + on_client.model_deltas,
+        trained,
+        atol=1e-5,
+    )
+    gaps = np.linalg.norm(trained - client.cluster_models[on_client.clusters], axis=1)
+    assert rows["client"]["discrepancy"] == pytest.approx(gaps.mean(), rel=1e-4)
 
 
 def test_client_estep_rounds_keep_the_planted_clusters() -> None:

@@ -5,8 +5,7 @@ finalizer (each cluster's mean update added to its shared variables) and a clien
 The aggregator between them is `clustered_mean.py` for the mean, or the signature's
 `ClusterAggregator`'s TF functions (`cluster_aggregators.py`, `finalizers.py`).
 `round.tff_round_parts` makes these TFF computations; `in_process.in_process_round` runs the
-very same functions in this process.
-"""
+very same functions in this process."""
 
 from __future__ import annotations
 
@@ -296,8 +295,7 @@ def round_functions(
             + [tf.reduce_all(tf.math.is_finite(t)) for t in trained + kept]
         )
         # The cluster the update counts in and the row it is taken against: where it started,
-        # unless the distributor settles it after training (FeSEM's client-side E-step); a
-        # diverged client stays where it started.
+        # unless settled after training (FeSEM's client E-step); a diverged client stays.
         settled = distributor.settle(side, received, tuple(trained[i] for i in io.shared))
         cluster = tf.where(finite, settled.cluster, received.cluster)
         shared_delta = tuple(
@@ -324,8 +322,10 @@ def round_functions(
         )
         if result.metrics:
             outputs["metrics"] = result.metrics
-        if signature.return_model_deltas:
-            outputs["model_delta"] = local_training.flatten([t - s for t, s in zip(trained, start)])
+        if signature.return_model_deltas:  # the shared rows: those the update is taken against
+            against = dict(zip(io.shared, settled.selected))
+            deltas = [t - against.get(i, s) for i, (t, s) in enumerate(zip(trained, start))]
+            outputs["model_delta"] = local_training.flatten(deltas)
         if aggregator.is_mean:
             return shared_delta, cluster_weight, outputs
         row = tf.one_hot(cluster, k, dtype=tf.float32)[:, None]
