@@ -94,8 +94,8 @@ flags.DEFINE_list(
 flags.DEFINE_list(
     "settings",
     None,
-    "Rows of the fedtsdp, fedac, uapdfl and privacy tables: a partition or a privacy level "
-    f"({SETTINGS_HELP}); natural keeps the dataset's own clients (e.g. mnist_writers).",
+    "Rows of the fedtsdp, fedac, uapdfl, privacy and aggregation tables: a partition or an "
+    f"aggregator ({SETTINGS_HELP}); natural keeps the dataset's own clients (e.g. mnist_writers).",
 )
 flags.DEFINE_float("target_accuracy", 0.9, "Accuracy for the rounds-to-target column.")
 flags.DEFINE_list(

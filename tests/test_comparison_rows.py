@@ -60,7 +60,12 @@ def test_partition_settings_change_the_data_only() -> None:
     "setting, message",
     [
         ("epsilon", "use one of"),
-        ("epsilon:x", "must be numbers"),
+        ("epsilon:x", "must be finite numbers"),
+        ("epsilon:inf", "must be finite numbers"),
+        ("compression:8:inf", "must be finite numbers"),
+        ("compression:nan", "must be finite numbers"),
+        ("secure:", "a value after ':'"),
+        ("iid:", "a value after ':'"),
         ("epsilon:1:2", "use one of"),
         ("compression:4:10:3", "use one of"),
         ("compression:4.5", "whole numbers"),
@@ -81,3 +86,8 @@ def test_bad_settings_are_named(setting: str, message: str) -> None:
 def test_a_private_row_for_an_algorithm_that_cannot_be_private_is_refused() -> None:
     with pytest.raises(ValueError, match="cfl reads individual clients"):
         parse_setting("epsilon:8")(RunSpec("cfl"))
+
+
+def test_an_infinite_target_epsilon_is_refused() -> None:
+    with pytest.raises(ValueError, match="--target_epsilon must be finite"):
+        AggregatorConfig("dp", target_epsilon=float("inf"))

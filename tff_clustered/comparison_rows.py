@@ -20,6 +20,7 @@ each setting is a change to every run of its row.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable
 
 from tff_clustered.loop.config import AggregatorConfig
@@ -49,7 +50,11 @@ SpecChange = Callable[[RunSpec], RunSpec]
 def parse_setting(setting: str) -> SpecChange:
     """The change `setting` makes to each run of its row; an unknown setting, or a value where
     none belongs (or none where one must be), is an error naming the choices."""
-    name, _, value = setting.partition(":")
+    name, colon, value = setting.partition(":")
+    if colon and not value:
+        raise ValueError(
+            f"setting {setting!r}: a value after ':', or no ':'; use one of {SETTINGS_HELP}"
+        )
     if name in AGGREGATOR_ROWS:
         return aggregator_change(setting, name, value)
     partition = parse_partition(setting, name, value)
@@ -84,10 +89,10 @@ def aggregator_change(setting: str, name: str, value: str) -> SpecChange:
     elif name == "epsilon":
         changes = dict(noise_multiplier=None, target_epsilon=numbers[0])
     elif name == "compression":
+        if any(number != round(number) for number in numbers):
+            raise ValueError(f"setting {setting!r}: BITS and THRESHOLD must be whole numbers")
         fields = ("quantization_bits", "quantization_threshold")
         changes = {field: int(number) for field, number in zip(fields, numbers)}
-        if any(number != int(number) for number in numbers):
-            raise ValueError(f"setting {setting!r}: BITS and THRESHOLD must be whole numbers")
 
     def change(spec: RunSpec) -> RunSpec:
         given = spec.training.aggregator
@@ -111,6 +116,9 @@ def parse_numbers(setting: str, value: str) -> list[float]:
     if not value:
         return []
     try:
-        return [float(part) for part in value.split(":")]
+        numbers = [float(part) for part in value.split(":")]
     except ValueError:
-        raise ValueError(f"setting {setting!r}: its values must be numbers") from None
+        numbers = [math.nan]
+    if not all(math.isfinite(number) for number in numbers):
+        raise ValueError(f"setting {setting!r}: its values must be finite numbers")
+    return numbers

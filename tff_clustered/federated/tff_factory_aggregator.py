@@ -215,7 +215,10 @@ class FactoryRoundPart:
         fns, k, process = self.fns, self.num_clusters, self.process
         weighted = self.aggregator.weighted
         value_type = to_type(fns.shared_spec)
-        cluster_of = tff.tensorflow.computation(self.outputs_type)(lambda o: o["cluster"])
+        # A diverged client (its update zeroed) is in no cluster: masked in every process.
+        cluster_of = tff.tensorflow.computation(self.outputs_type)(
+            lambda o: tf.where(o["finite"], o["cluster"], -1)
+        )
         clusters = tff.federated_map(cluster_of, outputs)
         members = tff.federated_sum(
             tff.federated_map(

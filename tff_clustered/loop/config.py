@@ -101,6 +101,8 @@ class AggregatorConfig:
             )
         if not 0 < self.delta < 1:
             raise ValueError(f"--dp_delta must be in (0, 1), got {self.delta}")
+        if not math.isfinite(self.target_epsilon):
+            raise ValueError(f"--target_epsilon must be finite, got {self.target_epsilon}")
         if self.target_epsilon < 0:
             raise ValueError(f"--target_epsilon must be >= 0 (0: none), got {self.target_epsilon}")
         self.build()  # the mechanism's own checks, here where the settings are made
