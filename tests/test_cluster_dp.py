@@ -398,7 +398,7 @@ def test_settings_and_algorithms_a_private_aggregator_refuses() -> None:
         else:
             check_aggregator(algorithm, dp.build())
         check_aggregator(algorithm, ClusterMean())
-    assert {n for n in ALGORITHMS if not make_algorithm(n).dp_compatible} == refused
+    assert {n for n in ALGORITHMS if not make_algorithm(n).models_from_aggregate} == refused
 
 
 def test_a_checkpoint_older_than_the_aggregator_settings_resumes_as_the_mean() -> None:

@@ -313,7 +313,9 @@ def test_settings_of_another_aggregator_are_refused_and_built_ones_map_back() ->
             if cls.distribution.decentralized:
                 with pytest.raises(ValueError, match="is decentralized"):
                     check_aggregator(cls, aggregator)
-            elif not cls.dp_compatible:  # individual updates sent whole beside the aggregate
+            elif (
+                not cls.models_from_aggregate
+            ):  # individual updates sent whole beside the aggregate
                 with pytest.raises(ValueError, match="neither bound, shrink nor hide"):
                     check_aggregator(cls, aggregator)
             else:

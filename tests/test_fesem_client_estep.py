@@ -102,12 +102,12 @@ def test_only_the_client_estep_takes_a_private_aggregator() -> None:
         RunSpec("fesem", training=dp)
     RunSpec("fesem", algorithm_options=make_options("fesem", fesem_estep="client"), training=dp)
     server, client = make_algorithm("fesem"), make_algorithm("fesem", fesem_estep="client")
-    assert (server.distribution, server.dp_compatible, server.needs_model_deltas) == (
+    assert (server.distribution, server.models_from_aggregate, server.needs_model_deltas) == (
         OwnCluster(),
         False,
         True,
     )
-    assert (client.distribution, client.dp_compatible, client.needs_model_deltas) == (
+    assert (client.distribution, client.models_from_aggregate, client.needs_model_deltas) == (
         NearestCentreAfterTraining(),
         True,
         False,

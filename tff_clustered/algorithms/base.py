@@ -211,7 +211,7 @@ class Algorithm:
     }
     # How clients are weighted in each cluster's mean: "num_examples" or "uniform" (an
     # algorithm may set its own from its options, as it may `needs_model_deltas`,
-    # `distribution` and `dp_compatible`).
+    # `distribution` and `models_from_aggregate`).
     client_weighting: str = "num_examples"
     # Clients keep their whole trained model in the store (stateful clients).
     keep_client_models: ClassVar[bool] = False
@@ -224,9 +224,10 @@ class Algorithm:
     distribution: Distribution = OwnCluster()
     # Its cluster models come from the round's per-cluster aggregate only (what the server
     # does to them after is post-processing), so a private aggregator (`--aggregator=dp`)
-    # protects them; false for an algorithm that reads individual clients' models or updates
-    # to set models (a split, an M-step, a regrouping): `loop.aggregation.check_aggregator`.
-    dp_compatible: bool = True
+    # protects them and a robust or compressed one shapes all its clients send; false for an
+    # algorithm that reads individual clients' models or updates to set models (a split, an
+    # M-step, a regrouping), which then takes the mean only: `loop.aggregation.check_aggregator`.
+    models_from_aggregate: bool = True
     # Where it is not, the options that would make it so, for the refusal's message.
     private_mode: ClassVar[str] = ""
 

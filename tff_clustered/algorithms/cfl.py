@@ -122,7 +122,7 @@ class CFL(Algorithm):
     """One cluster, split recursively by the optimal bipartition of update cosines."""
 
     name = "cfl"
-    dp_compatible = False  # it splits a cluster by its clients' individual updates
+    models_from_aggregate = False  # it splits a cluster by its clients' individual updates
     model_kinds = ("cluster", "global")
     paper = (
         "Sattler et al., Clustered Federated Learning: Model-Agnostic Distributed Multitask "

@@ -67,7 +67,7 @@ class CGPFL(Algorithm):
     """Personal models pulled toward the nearest of K context models (K-means at the start)."""
 
     name = "cgpfl"
-    dp_compatible = False  # its contexts move by the clients' individual personal models
+    models_from_aggregate = False  # its contexts move by the clients' individual personal models
     model_kinds = ("personal", "cluster")
     paper = (
         "Tang, Guo, Guo, Personalized Federated Learning with Contextualized Generalization, "

@@ -146,7 +146,9 @@ class FedAC(Algorithm):
     """Own models pulled to their cluster centre; LrCos clustering, cluster number tuning."""
 
     name = "fedac"
-    dp_compatible = False  # it clusters every client's stored model, and its M-step averages them
+    models_from_aggregate = (
+        False  # it clusters every client's stored model, and its M-step averages them
+    )
     model_kinds = ("personal", "cluster")
     paper = (
         "Zhang et al., FedAC: A Adaptive Clustered Federated Learning Framework for "

@@ -67,7 +67,7 @@ class FedTSDP(Algorithm):
     """Two-stage DBSCAN re-clustering when Hopkins' H passes its threshold; shared layers shrink."""
 
     name = "fedtsdp"
-    dp_compatible = False  # it reads the sampled clients' whole models and regroups by them
+    models_from_aggregate = False  # it reads the sampled clients' whole models and regroups by them
     model_kinds = ("personal",)  # its cluster's shared layers with the client's own deeper ones
     paper = (
         "Zhu et al., Federated Two Stage Decoupling With Adaptive Personalization Layers, "

@@ -66,7 +66,7 @@ class FeSEM(Algorithm):
     name = "fesem"
     # The server-side E and M steps replace the aggregate with a mean of individual models;
     # the client-side E-step (`--fesem_estep=client`) leaves the centers to the aggregate.
-    dp_compatible = False
+    models_from_aggregate = False
     private_mode = "--fesem_estep=client"
     model_kinds = ("cluster", "global")
     paper = "Long et al., Multi-Center Federated Learning, World Wide Web 2023"
@@ -111,7 +111,7 @@ class FeSEM(Algorithm):
         )
         if self.client_estep:  # the round's aggregate is the M-step, weighted as asked
             self.distribution = NearestCentreAfterTraining()
-            self.dp_compatible = True
+            self.models_from_aggregate = True
             self.needs_model_deltas = False
             self.client_weighting = self.options.fesem_weighting
 

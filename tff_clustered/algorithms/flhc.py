@@ -49,7 +49,7 @@ class FLHC(Algorithm):
     """FedAvg, one hierarchical clustering of local updates, then FedAvg per cluster."""
 
     name = "flhc"
-    dp_compatible = False  # it clusters every client's individual local update
+    models_from_aggregate = False  # it clusters every client's individual local update
     model_kinds = ("cluster", "global")
     paper = (
         "Briggs, Fan, Andras, Federated learning with hierarchical clustering of local updates "

@@ -50,7 +50,8 @@ class ClusterAggregator:
     # the round's signature must then weigh clients uniformly.
     uniform_weights: ClassVar[bool] = False
     # It gives differential privacy to what comes out of it (`round_event`), which an
-    # algorithm that reads individual clients' updates would void (`Algorithm.dp_compatible`).
+    # algorithm that reads individual clients' updates would void
+    # (`Algorithm.models_from_aggregate`).
     private: ClassVar[bool] = False
     # It runs only as one TFF computation over all of a round's clients (a `tff.aggregators`
     # factory: `tff_factory_aggregator.py`), not as TF functions in process or over shares.

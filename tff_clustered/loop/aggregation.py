@@ -42,9 +42,9 @@ class AggregatorRound:
 def check_aggregator(algorithm: Algorithm, aggregator: ClusterAggregator) -> None:
     """Refuses an aggregator `algorithm`'s rounds cannot use (as its options set them): any
     but the mean for decentralized peers (no server aggregates) and for an algorithm that is
-    not `dp_compatible` (it reads individual clients' models or updates beside the aggregate:
-    no privacy would hold, and its clients would still send those whole, so a robust,
-    compressed or secure aggregate would neither bound, shrink nor hide what they send)."""
+    not `models_from_aggregate` (it reads individual clients' models or updates beside the
+    aggregate: no privacy would hold, and its clients would still send those whole, so a
+    robust, compressed or secure aggregate would neither bound, shrink nor hide them)."""
     if aggregator.is_mean:
         return
     if algorithm.distribution.decentralized:
@@ -52,7 +52,7 @@ def check_aggregator(algorithm: Algorithm, aggregator: ClusterAggregator) -> Non
             f"{algorithm.name} is decentralized: no server aggregates its peers' updates, so "
             f"--aggregator={aggregator.name} has nothing to aggregate; leave --aggregator unset"
         )
-    if algorithm.dp_compatible:
+    if algorithm.models_from_aggregate:
         return
     mode = algorithm.private_mode
     own_mode = f"{mode} (its models then come from the aggregate), " if mode else ""
