@@ -63,35 +63,38 @@ export UV_PYTHON_BIN_DIR="${UV_PYTHON_BIN_DIR:-$BOOTSTRAP_DIR/bin}"
 LOG="$BOOTSTRAP_DIR/uv.log"
 : > "$LOG"
 
+find_311() {
+  "$UV" python find --system --no-project 3.11 2>>"$LOG"
+}
+
 if command -v uv >/dev/null 2>&1; then
   UV=$(command -v uv)
-  uv_download=""
-elif [ -x "$BOOTSTRAP_DIR/uv/bin/uv" ]; then
-  UV="$BOOTSTRAP_DIR/uv/bin/uv"
-  uv_download=""
 else
   UV="$BOOTSTRAP_DIR/uv/bin/uv"
-  uv_download="uv from PyPI (about 18 MB) and "
 fi
-echo "[bootstrap] no Python 3.9-3.11 on PATH (${found:-no python3 at all}); setting one up with uv: downloading ${uv_download}Python 3.11 (python-build-standalone, a few tens of MB) into ${UV_PYTHON_INSTALL_DIR}, unless uv already has it" >&2
-
-if [ -n "$uv_download" ]; then
-  pip_python=""
-  for candidate in python3 python; do
-    command -v "$candidate" >/dev/null 2>&1 || continue
-    "$candidate" -c 'import sys, pip; sys.exit(0 if sys.version_info >= (3, 8) else 1)' 2>/dev/null || continue
-    pip_python="$candidate"; break
-  done
-  [ -n "$pip_python" ] || fail "no Python 3.9-3.11 on PATH, no uv on PATH, and no Python 3.8+ with pip to install uv from PyPI; fix: $MANUAL_FIX (or install uv: https://docs.astral.sh/uv/getting-started/installation/)."
-  "$pip_python" -m pip install --quiet --disable-pip-version-check --target "$BOOTSTRAP_DIR/uv" "$UV_PIN" >>"$LOG" 2>&1 \
-    || fail "no Python 3.9-3.11 on PATH, and '$pip_python -m pip install $UV_PIN' failed (offline? details in $LOG); fix: $MANUAL_FIX."
-fi
-
-if ! PY=$("$UV" python find --system --no-project 3.11 2>>"$LOG"); then
-  "$UV" python install 3.11 >>"$LOG" 2>&1 \
-    || fail "no Python 3.9-3.11 on PATH, and '$UV python install 3.11' could not fetch one (offline? details in $LOG); fix: $MANUAL_FIX."
-  PY=$("$UV" python find --system --no-project 3.11 2>>"$LOG") \
-    || fail "'$UV python install 3.11' succeeded but 'uv python find 3.11' finds no interpreter (details in $LOG); fix: $MANUAL_FIX."
+if [ -x "$UV" ] && PY=$(find_311); then
+  echo "[bootstrap] no Python 3.9-3.11 on PATH (${found:-no python3 at all}); using the Python 3.11 that uv already has" >&2
+else
+  uv_download=""
+  [ -x "$UV" ] || uv_download="uv from PyPI (about 18 MB) and "
+  echo "[bootstrap] no Python 3.9-3.11 on PATH (${found:-no python3 at all}); setting one up with uv: downloading ${uv_download}Python 3.11 (python-build-standalone, a few tens of MB) into ${UV_PYTHON_INSTALL_DIR}" >&2
+  if [ -n "$uv_download" ]; then
+    pip_python=""
+    for candidate in python3 python; do
+      command -v "$candidate" >/dev/null 2>&1 || continue
+      "$candidate" -c 'import sys, pip; sys.exit(0 if sys.version_info >= (3, 8) else 1)' 2>/dev/null || continue
+      pip_python="$candidate"; break
+    done
+    [ -n "$pip_python" ] || fail "no Python 3.9-3.11 on PATH, no uv on PATH, and no Python 3.8+ with pip to install uv from PyPI; fix: $MANUAL_FIX (or install uv: https://docs.astral.sh/uv/getting-started/installation/)."
+    "$pip_python" -m pip install --quiet --disable-pip-version-check --target "$BOOTSTRAP_DIR/uv" "$UV_PIN" >>"$LOG" 2>&1 \
+      || fail "no Python 3.9-3.11 on PATH, and '$pip_python -m pip install $UV_PIN' failed (offline? details in $LOG); fix: $MANUAL_FIX."
+  fi
+  if [ -z "$uv_download" ] || ! PY=$(find_311); then
+    "$UV" python install 3.11 >>"$LOG" 2>&1 \
+      || fail "no Python 3.9-3.11 on PATH, and '$UV python install 3.11' could not fetch one (offline? details in $LOG); fix: $MANUAL_FIX."
+    PY=$(find_311) \
+      || fail "'$UV python install 3.11' succeeded but 'uv python find 3.11' finds no interpreter (details in $LOG); fix: $MANUAL_FIX."
+  fi
 fi
 supported "$PY" || fail "uv gave $PY, which is Python $(version_of "$PY"), not 3.9-3.11 (details in $LOG); fix: $MANUAL_FIX."
 has_venv "$PY" || fail "uv's $PY has no 'venv'/'ensurepip' module (details in $LOG); fix: $MANUAL_FIX."

@@ -114,6 +114,8 @@ def test_a_python_uv_already_has_is_reused_without_a_download(sandbox: pathlib.P
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == sys.executable
     assert _uv_calls(sandbox) == ["python find --system --no-project 3.11"]
+    assert "using the Python 3.11 that uv already has" in result.stderr
+    assert "downloading" not in result.stderr
 
 
 def test_uv_that_cannot_fetch_an_interpreter_is_a_one_line_error(sandbox: pathlib.Path) -> None:
