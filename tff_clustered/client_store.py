@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import errno
 import mmap
 import os
 import shutil
@@ -150,8 +151,11 @@ class DiskClientStore(ClientStore):
     folder, removed with the store, when None): row `s * n + i` is slot `s` of client
     `client_ids[i]` (of n), or of the client a given index `client_ids` maps to i. The file
     has its whole size from its first write, as a sparse file: never-trained clients' rows are
-    holes, and it never grows. Memory holds the rows touched since the last checkpoint: it
-    writes them to disk and drops them from the process (they are read again when needed).
+    holes, and it never grows. The disk blocks of a row are reserved (`reserve`) before it is
+    written: a full disk is then an `OSError` naming the file and the fix, not a write into the
+    mapping that the kernel cannot back (SIGBUS, which kills the process). Memory holds the
+    rows touched since the last checkpoint: it writes them to disk and drops them from the
+    process (they are read again when needed).
     `saved` (a checkpoint's `StoreIndex`): the slots it names are the clients' models, and the
     file must hold them."""
 
@@ -182,6 +186,7 @@ class DiskClientStore(ClientStore):
         self.current = self.saved.copy()  # the slots of the clients' latest models
         self.mapping: Optional[mmap.mmap] = None
         self.rows: Optional[np.ndarray] = None  # (SLOTS * clients, values), on `mapping`
+        self.fd: Optional[int] = None  # the file, open while the store is: `reserve`
         if (self.saved != NO_MODEL).any():
             self.open_rows(create=False)
 
@@ -225,8 +230,11 @@ class DiskClientStore(ClientStore):
             if create:
                 os.ftruncate(fd, expected)
             self.mapping = mmap.mmap(fd, expected)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        self.fd = fd
+        weakref.finalize(self, os.close, fd)
         # Rows are touched at random: a fault maps its own page only. The kernel's default
         # reads ahead around a faulting page (the device's read-ahead, up to megabytes, holes
         # zero-filled page by page), which made a row's first write or read cost milliseconds
@@ -257,8 +265,37 @@ class DiskClientStore(ClientStore):
             slot = 0 if self.saved[i] == NO_MODEL else 1 - self.saved[i]
         if self.rows is None:
             self.open_rows(create=True)  # no checkpoint names a row of an older file
-        self.rows[self.row(i, slot)] = flat_model(model)
+        row = int(self.row(i, slot))
+        self.reserve(row, client_id)
+        self.rows[row] = flat_model(model)
         self.current[i] = slot
+
+    def reserve(self, row: int, client_id: str) -> None:
+        """Allocates the disk blocks of the file's row `row` (whole pages: the mapping writes
+        pages) with `posix_fallocate`, a no-op for blocks already allocated. A full disk (or
+        quota): an `OSError` naming the file, the space and the fix. Where the file system
+        cannot reserve (no `posix_fallocate`, EOPNOTSUPP), the row is written unreserved."""
+        if self.fd is None or not hasattr(os, "posix_fallocate"):
+            return
+        row_bytes = self.num_values * np.dtype(np.float32).itemsize
+        start = row * row_bytes // mmap.PAGESIZE * mmap.PAGESIZE
+        end = -(-(row + 1) * row_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        try:
+            os.posix_fallocate(self.fd, start, end - start)
+        except OSError as e:
+            if e.errno == errno.EOPNOTSUPP:
+                return
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            whole = int(np.prod(self.shape)) * np.dtype(np.float32).itemsize
+            raise OSError(
+                e.errno,
+                f"no space left on its disk for client {client_id}'s model ({end - start:,} "
+                f"bytes now; the file takes up to {whole:,} bytes as clients train): free "
+                "space, choose an --output_dir on another disk, or keep the clients' models in "
+                "memory with --client_store=memory",
+                self.path,
+            ) from None
 
     def trained(self) -> Iterator[tuple[str, Variables]]:
         for client_id, i in self.row_of.items():
