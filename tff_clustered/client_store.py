@@ -14,7 +14,8 @@ Two stores hold the same models and give the same runs:
   A checkpoint holds only which slot has each client's model (`StoreIndex`, one byte per
   client), never the models: a model written after a checkpoint goes to the slot the
   checkpoint does not name, so a run killed at any point resumes from the rows its last
-  checkpoint names, untouched since.
+  checkpoint names, untouched since. The index also holds each named row's CRC-32, so a
+  resume refuses a file that does not hold those rows (damaged, zero-filled, another run's).
 
 `--client_store=auto` (`store_kind`) takes the disk store when the file would exceed
 `MEMORY_BUDGET_BYTES`, i.e. when every client's model held in memory could not be afforded.
@@ -30,6 +31,7 @@ import os
 import shutil
 import tempfile
 import weakref
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Optional, Union
 
@@ -68,11 +70,14 @@ def store_kind(choice: str, num_clients: int, num_values: int) -> str:
 @dataclasses.dataclass
 class StoreIndex:
     """What a checkpoint holds of a `DiskClientStore`: per client, in the run's client order,
-    the slot of its file holding its model (`NO_MODEL`: the initial one), and the model's size
-    in values (checked against the file on resume)."""
+    the slot of its file holding its model (`NO_MODEL`: the initial one), the model's size in
+    values (checked against the file on resume) and the CRC-32 (`zlib.crc32`) of the row the
+    slot names (0 for `NO_MODEL`), which a resume checks against the file. `checksums` is None
+    in a checkpoint made before they were recorded: its rows are taken as they are."""
 
     slots: np.ndarray  # (num_clients,) int8
     num_values: int
+    checksums: Optional[np.ndarray] = None  # (num_clients,) uint32
 
 
 # A checkpoint's client models: the memory store's dict or the disk store's index.
@@ -184,11 +189,21 @@ class DiskClientStore(ClientStore):
         self.initial_flat = flat_model(self.initial)
         self.saved = self.checked_slots(saved)  # the slots the last checkpoint names
         self.current = self.saved.copy()  # the slots of the clients' latest models
+        # The CRC-32 of each client's row that `saved` names (0: none).
+        self.checksums = np.zeros(len(self.row_of), np.uint32)
         self.mapping: Optional[mmap.mmap] = None
         self.rows: Optional[np.ndarray] = None  # (SLOTS * clients, values), on `mapping`
         self.fd: Optional[int] = None  # the file, open while the store is: `reserve`
         if (self.saved != NO_MODEL).any():
             self.open_rows(create=False)
+            named = np.flatnonzero(self.saved != NO_MODEL)
+            # Read once in the file's order (with read-ahead), then dropped from memory.
+            self.mapping.madvise(mmap.MADV_SEQUENTIAL)
+            self.checksums[named] = self.row_checksums(named, self.saved[named])
+            self.mapping.madvise(mmap.MADV_DONTNEED)
+            self.mapping.madvise(mmap.MADV_RANDOM)
+            if saved is not None and saved.checksums is not None:
+                self.refuse_other_rows(np.asarray(saved.checksums, np.uint32))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -211,6 +226,32 @@ class DiskClientStore(ClientStore):
                 "--output_dir"
             )
         return slots.astype(np.int8)
+
+    def row_checksums(self, clients: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """The CRC-32 of the rows of `slots` of client numbers `clients`, as the file holds
+        them (read in order of the file)."""
+        rows = self.row(clients, slots)
+        out = np.zeros(len(rows), np.uint32)
+        for k in np.argsort(rows, kind="stable"):
+            out[k] = zlib.crc32(self.rows[rows[k]])
+        return out
+
+    def refuse_other_rows(self, recorded: np.ndarray) -> None:
+        """ValueError naming the file and the fix when the rows the checkpoint names do not
+        have the checksums it `recorded` (the file damaged or replaced since)."""
+        if recorded.shape == self.checksums.shape and (recorded == self.checksums).all():
+            return
+        if recorded.shape != self.checksums.shape:
+            differ = np.arange(len(self.checksums))
+        else:
+            differ = np.flatnonzero(recorded != self.checksums)
+        first = next(c for c, i in self.row_of.items() if i == differ[0])
+        raise ValueError(
+            f"{self.path} does not hold the client models the checkpoint names: "
+            f"{len(differ):,} of {int((self.saved != NO_MODEL).sum()):,} clients' rows differ "
+            f"from their checksums (the first: client {first}); the file is damaged or another "
+            "run's: put back this run's own file, or start over in a new --output_dir"
+        )
 
     def open_rows(self, create: bool) -> None:
         """Maps the file's rows: a file made afresh (`create`: sparse, its whole size) or the
@@ -278,8 +319,9 @@ class DiskClientStore(ClientStore):
         if self.fd is None or not hasattr(os, "posix_fallocate"):
             return
         row_bytes = self.num_values * np.dtype(np.float32).itemsize
+        whole = int(np.prod(self.shape)) * np.dtype(np.float32).itemsize
         start = row * row_bytes // mmap.PAGESIZE * mmap.PAGESIZE
-        end = -(-(row + 1) * row_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = min(-(-(row + 1) * row_bytes // mmap.PAGESIZE) * mmap.PAGESIZE, whole)  # not past
         try:
             os.posix_fallocate(self.fd, start, end - start)
         except OSError as e:
@@ -287,7 +329,6 @@ class DiskClientStore(ClientStore):
                 return
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            whole = int(np.prod(self.shape)) * np.dtype(np.float32).itemsize
             raise OSError(
                 e.errno,
                 f"no space left on its disk for client {client_id}'s model ({end - start:,} "
@@ -305,11 +346,16 @@ class DiskClientStore(ClientStore):
     def record(self) -> StoreIndex:
         """The index of the rows written so far, once they are on disk; from now on a write
         leaves these rows alone (each client's next model goes to its other slot)."""
+        written = np.flatnonzero(self.current != self.saved)  # rows new since the last one
+        if len(written):
+            self.checksums[written] = self.row_checksums(written, self.current[written])
         if self.mapping is not None:
             self.mapping.flush()  # msync: the rows reach the disk before the checkpoint names them
             self.mapping.madvise(mmap.MADV_DONTNEED)  # clean now: dropped, read again if needed
         self.saved = self.current.copy()
-        return StoreIndex(slots=self.saved.copy(), num_values=self.num_values)
+        return StoreIndex(
+            slots=self.saved.copy(), num_values=self.num_values, checksums=self.checksums.copy()
+        )
 
     def flat(self, client_ids: Sequence[str], num_values: int) -> np.ndarray:
         """`ClientStore.flat`, read as rows of the file."""
