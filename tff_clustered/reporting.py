@@ -199,10 +199,10 @@ ACCURACY_UNDEFINED = "accuracy_undefined_reason"
 NO_ROUND_TRAINED = "no round was trained (the run stopped before round 1), so no model to score"
 NO_ASSIGNED_CLIENT = (
     "no evaluated client had a cluster assignment in any evaluated round: the paper's figure "
-    "scores assigned clients only (a client is assigned once it trains, IFCA's and FedGroup's "
-    "newcomers included), and none of the evaluated clients (the --eval_clients sample) has "
-    "trained yet; all_clients_KIND scores every evaluated client with the cluster its "
-    "algorithm gives it"
+    "scores assigned clients only, the algorithm assigns a client once it is sampled (IFCA: "
+    "the cluster it picked in its last round), and none of the evaluated clients (the "
+    "--eval_clients sample) has been sampled yet; all_clients_KIND scores every evaluated "
+    "client with the cluster its algorithm's rule gives it"
 )
 
 
