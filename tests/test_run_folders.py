@@ -181,6 +181,7 @@ def test_the_api_refuses_a_folder_holding_a_run_as_the_command_line(tmp_path: ob
     def model() -> tf.keras.Model:
         return tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
 
+    quick = tff_clustered.TrainingConfig(rounds=1, clients_per_round=3, local_epochs=1)
     for given, error, message in [
         ({}, checkpoint.CheckpointError, "already holds a run"),
         ({"resume": True}, checkpoint.CheckpointError, "no checkpoint.npz to resume"),
@@ -188,7 +189,9 @@ def test_the_api_refuses_a_folder_holding_a_run_as_the_command_line(tmp_path: ob
         ({"overwrite": "yes"}, TypeError, "overwrite"),
     ]:
         with pytest.raises(error, match=message):
-            tff_clustered.run("fedavg", clients, model, output_dir=folder.path, **given)
+            tff_clustered.run(
+                "fedavg", clients, model, output_dir=folder.path, training=quick, **given
+            )
     assert open(folder.summary_json).read() == "{}"
 
 
