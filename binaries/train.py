@@ -34,8 +34,10 @@ logs.quiet_tensorflow(sys.argv)
 from tff_clustered import checkpoint, run_flags, runner  # noqa: E402
 from tff_clustered import options as options_lib  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS, algorithm_class  # noqa: E402
+from tff_clustered.reporting import ACCURACY_UNDEFINED  # noqa: E402
 from tff_clustered.run_folder import (  # noqa: E402
     CHECKPOINT_NAME,
+    CLIENT_STORE_NAME,
     CLIENTS_CSV,
     METRICS_CSV,
     SUMMARY_JSON,
@@ -49,9 +51,18 @@ TIMER = PhaseTimer(started=STARTED)  # the first run's; a baseline's starts when
 TIMER.add("imports", time.perf_counter() - STARTED)
 
 FLAGS = flags.FLAGS
+# The files the last line names when the run folder holds them, in this order.
+OUTPUTS_LISTED = (METRICS_CSV, CLIENTS_CSV, SUMMARY_JSON, CHECKPOINT_NAME, CLIENT_STORE_NAME)
 flags.DEFINE_enum("algorithm", "fedper", list(ALGORITHMS), "Federated algorithm.")
 flags.DEFINE_string("output_dir", None, "Where outputs go (default runs/DATASET-ALGORITHM-sSEED).")
 flags.DEFINE_bool("resume", False, "Continue the run in --output_dir from its checkpoint.")
+flags.DEFINE_bool(
+    "overwrite",
+    False,
+    "Delete the run in --output_dir (its checkpoint, summary, CSVs, client store, pictures and "
+    "TensorBoard events) and start a new one there; without it (or --resume) a folder holding "
+    "a run is refused.",
+)
 flags.DEFINE_enum(
     "baseline",
     "",
@@ -72,7 +83,8 @@ def main(argv: list[str]) -> int:
             output_dir = FLAGS.output_dir or os.path.join(
                 "runs", f"{spec.data.dataset}-{spec.algorithm}-s{spec.training.seed}"
             )
-            checkpoint.refuse_held_run_folder(output_dir)  # before a worker writes its log there
+            # Before a worker writes its log there, and before any data is loaded.
+            checkpoint.refuse_held_run_folder(output_dir, FLAGS.resume, FLAGS.overwrite)
             runtime_config = run_flags.runtime_config_from_flags(output_dir)
         with contextlib.ExitStack() as running:
             with TIMER.phase("runtime"):
@@ -97,12 +109,21 @@ def main(argv: list[str]) -> int:
             f"{ours['max_accuracy'] - theirs['max_accuracy']:+.4f} ({baseline}'s outputs in "
             f"{baseline_dir})"
         )
-    pictures = RunFolder(output_dir).pictures_written()
-    print(
-        f"outputs in {output_dir}: {METRICS_CSV}, {CLIENTS_CSV}, {SUMMARY_JSON}, TensorBoard "
-        f"events, {CHECKPOINT_NAME}; pictures {', '.join(pictures)}"
-    )
+    print(outputs_line(RunFolder(output_dir)))
     return 0
+
+
+def outputs_line(folder: RunFolder) -> str:
+    """The last line: the run's files that the folder holds (a file the run did not write,
+    such as clients.csv without an evaluation, is not named)."""
+    files = [name for name in OUTPUTS_LISTED if os.path.exists(folder.file(name))]
+    if folder.event_files():
+        files.append("TensorBoard events")
+    pictures = folder.pictures_written()
+    shown = ", ".join(files) if files else "no files"
+    return f"outputs in {folder.path}: {shown}" + (
+        f"; pictures {', '.join(pictures)}" if pictures else ""
+    )
 
 
 def run(spec: RunSpec, output_dir: str, timer: PhaseTimer) -> dict[str, Any]:
@@ -115,19 +136,24 @@ def run(spec: RunSpec, output_dir: str, timer: PhaseTimer) -> dict[str, Any]:
         device=FLAGS.device,
         timer=timer,
         client_store=FLAGS.client_store,
+        overwrite=FLAGS.overwrite,
     )
 
 
 def print_results(spec: RunSpec, results: dict[str, Any]) -> None:
     """The run's accuracy, each model kind's on the scored clients, and its clusters: sizes and,
     on data with planted groups, the adjusted Rand index against them."""
-    print(
-        f"{spec.algorithm} on {spec.data.dataset}/{spec.model_choice.model}: final accuracy "
-        f"{results['final_accuracy']:.4f}, max {results['max_accuracy']:.4f} "
-        f"(round {results['max_accuracy_round']}), mean per-client accuracy "
-        f"{results['final_client_accuracy_mean']:.4f}; {results['total_train_seconds']:.1f}s "
-        f"of training (assigned clients, the paper's figure)"
-    )
+    run = f"{spec.algorithm} on {spec.data.dataset}/{spec.model_choice.model}"
+    if ACCURACY_UNDEFINED in results:
+        print(f"{run}: no final accuracy: {results[ACCURACY_UNDEFINED]}")
+    else:
+        print(
+            f"{run}: final accuracy {results['final_accuracy']:.4f}, max "
+            f"{results['max_accuracy']:.4f} (round {results['max_accuracy_round']}), mean "
+            f"per-client accuracy {results['final_client_accuracy_mean']:.4f}; "
+            f"{results['total_train_seconds']:.1f}s of training (assigned clients, the "
+            "paper's figure)"
+        )
     sample = spec.training.eval_clients
     scored = f"{sample:,} sampled clients (--eval_clients)" if sample else "all clients"
     for key, kind in results.items():

@@ -4,8 +4,10 @@ and runs that are the same with either store, killed (kill -9) and resumed or no
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import mmap
 import os
 import signal
 import subprocess
@@ -17,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import EXECUTION, ROOT, checkpoint_round_trip, history_rows
 
-from tff_clustered import checkpoint, runner
+from tff_clustered import checkpoint, run_flags, runner
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.client_store import (
     MEMORY_BUDGET_BYTES,
@@ -119,7 +121,68 @@ def test_the_file_never_grows_and_a_checkpoint_holds_no_model(tmp_path: Path) ->
         checkpoints.append(os.path.getsize(RunFolder(str(tmp_path)).checkpoint))
     assert sizes == [len(clients) * 2 * 2048 * 4] * 4
     assert os.stat(disk.path).st_blocks * 512 < sizes[0] / 4  # untouched clients' rows: holes
-    assert max(checkpoints) < 4000 + len(clients)  # the index: a byte a client, no model
+    # the index: a byte and a checksum of 4 a client, no model (a row: 8 KiB)
+    assert max(checkpoints) < 4000 + 5 * len(clients)
+
+
+@pytest.mark.parametrize("replaced_by", ["zeros", "another run's store"])
+def test_a_damaged_or_foreign_store_is_refused_on_resume(tmp_path: Path, replaced_by: str) -> None:
+    """The probe: a zero-filled `client_store.bin`, or another run's of the same size, was
+    used by `--resume` without a word. The checkpoint's index holds each named row's CRC-32."""
+    rng = np.random.default_rng(5)
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.mkdir(), theirs.mkdir()
+    disk = DiskClientStore(INITIAL, CLIENTS, str(ours))
+    other = DiskClientStore(INITIAL, CLIENTS, str(theirs))
+    for client in CLIENTS[:4]:
+        disk.put(client, random_model(rng))
+        other.put(client, random_model(rng))
+    index = checkpoint_round_trip(RunState(client_models=disk.record()), ours).client_models
+    other.record()
+    assert_same_models(DiskClientStore(INITIAL, CLIENTS, str(ours), index), disk)  # as left
+    size = os.path.getsize(disk.path)
+    if replaced_by == "zeros":
+        with open(disk.path, "wb") as f:
+            f.write(bytes(size))
+    else:
+        os.replace(other.path, disk.path)
+    with pytest.raises(ValueError) as refused:
+        DiskClientStore(INITIAL, CLIENTS, str(ours), index)
+    said = str(refused.value)
+    assert "\n" not in said
+    assert said.startswith(f"{disk.path} does not hold the client models the checkpoint names")
+    assert "4 of 4 clients' rows differ" in said and "start over in a new --output_dir" in said
+    assert os.path.getsize(disk.path) == size  # the size check alone passes
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The probe's full disk killed the run with SIGBUS: a write into the mapping that the
+    file system could not back. Each row's blocks are reserved before it is written, so a full
+    disk is the reservation's ENOSPC (faked here), refused before the write."""
+    rng = np.random.default_rng(4)
+    disk = DiskClientStore(INITIAL, CLIENTS, str(tmp_path))
+    disk.put("c0", random_model(rng))  # the real reservation
+    reserved = []
+
+    def full(fd: int, offset: int, length: int) -> None:
+        reserved.append((offset, length))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(SystemExit) as stopped:
+        with run_flags.reported_errors("the last checkpoint is kept, continue with --resume"):
+            disk.put("c1", random_model(rng))
+    assert stopped.value.code == 2
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and said.startswith(f"error: {disk.path}: no space left"), said
+    assert "--client_store=memory" in said and "another disk" in said
+    assert disk.current[1] == NO_MODEL  # nothing written
+    (offset, length) = reserved[0]  # c1's slot 0 is row 1: its whole pages
+    row_bytes = 10 * 4
+    assert offset <= row_bytes and 2 * row_bytes <= offset + length and offset % mmap.PAGESIZE == 0
+    assert offset + length <= os.path.getsize(disk.path)  # never past the end: it never grows
 
 
 def test_a_run_resumes_with_the_other_store(tmp_path: Path) -> None:

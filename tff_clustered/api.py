@@ -180,6 +180,7 @@ def run(
     options: Union[Mapping[str, Any], Any, None] = None,
     training: Optional[TrainingConfig] = None,
     resume: bool = False,
+    overwrite: bool = False,
     checkpoint_every: int = 5,
     execution: str = "tff",
     device: Optional[str] = None,
@@ -204,6 +205,8 @@ def run(
     (DP-FedAvg per cluster, clients weighted uniformly), any `tff.aggregators` factory
     (weighted or unweighted, one instance per cluster: `TffFactoryPerCluster`, on execution
     "tff" only), or an `AggregatorConfig`; None: `training.aggregator` (the mean).
+    `output_dir` holding a run is refused unless `resume=True` continues it or `overwrite=True`
+    deletes it and starts anew, as `binaries/train.py`'s `--resume` and `--overwrite`.
 
     Every argument is checked before any TensorFlow work, as `binaries/train.py` checks its
     flags: a wrong one is a ValueError or TypeError of one line naming it and the fix."""
@@ -214,6 +217,7 @@ def run(
         raise TypeError(f"output_dir must be a folder path, got {described(output_dir)}")
     output_dir = os.fspath(output_dir)
     resume = checked_value("run", "resume", resume, bool)
+    overwrite = checked_value("run", "overwrite", overwrite, bool)
     checkpoint_every = checked_value("run", "checkpoint_every", checkpoint_every, int)
     if checkpoint_every < 0:
         raise ValueError("checkpoint_every must be >= 0 (0 = only at the end)")
@@ -275,7 +279,8 @@ def run(
         else:
             model, values = keras_model_spec_and_values(model_fn, data, model_name)
         settings = settings or run_settings(algorithm, options, training, data, model_name)
-        checkpoint.refuse_held_run_folder(output_dir)  # before a worker writes its log there
+        # Before a worker writes its log there: another run's folder, or one not to write over.
+        checkpoint.refuse_held_run_folder(output_dir, resume, overwrite)
         saved = None
         if resume:  # refuses other settings or data first
             saved = checkpoint.load(RunFolder(output_dir).checkpoint, settings, source)
@@ -300,6 +305,7 @@ def run(
             data_source=lambda: SourceFingerprint() if source is None else source,
             timer=timer,
             read_checkpoint=lambda: saved,
+            overwrite=overwrite,
         )
     history = summary.pop("history")
     return RunResult(

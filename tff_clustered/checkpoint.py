@@ -40,7 +40,7 @@ from tff_clustered.atomic_files import atomic_write_bytes, remove_orphan_temp_fi
 from tff_clustered.data.fingerprint import SourceFingerprint
 from tff_clustered.loop.config import AggregatorConfig
 from tff_clustered.loop.state import RunState
-from tff_clustered.run_folder import RunFolder
+from tff_clustered.run_folder import CHECKPOINT_NAME, SUMMARY_JSON, RunFolder
 from tff_clustered.state_encoding import StateDecodeError, decode_tree, encode_tree
 
 FORMAT_VERSION = 3  # npz + JSON; format 2, a pickle, is refused
@@ -80,12 +80,41 @@ def hold_run_folder(output_dir: str) -> Iterator[None]:
         os.close(fd)  # closing drops the lock
 
 
-def refuse_held_run_folder(output_dir: str) -> None:
-    """Makes `output_dir` and refuses it at once (`CheckpointError`) if another run holds it:
-    before a TFF worker is started and writes its log there. The run then holds the folder
-    itself with `hold_run_folder`."""
+def refuse_held_run_folder(output_dir: str, resume: bool = False, overwrite: bool = False) -> None:
+    """Makes `output_dir` and refuses it at once (`CheckpointError`) if another run holds it or
+    a run this one may not write over is in it (`refuse_overwriting`): before the data is
+    loaded and a TFF worker is started and writes its log there. The run then holds the folder
+    itself with `hold_run_folder` and checks again."""
     with hold_run_folder(output_dir):
-        pass
+        refuse_overwriting(output_dir, resume, overwrite)
+
+
+def refuse_overwriting(output_dir: str, resume: bool, overwrite: bool) -> None:
+    """Refuses a run that would write over the run in `output_dir` unasked: a `CheckpointError`
+    when the folder holds a run's outputs (`RunFolder.run_outputs`: checkpoint, summary.json,
+    metrics.csv, clients.csv, client store) and neither `resume` (continue it) nor `overwrite`
+    (replace it) is given, or when `resume` is given for a finished run (its summary.json)
+    without a checkpoint to continue from. A run that stopped before its first checkpoint and
+    left no summary has nothing finished to keep: `resume` starts it over from round 0, which
+    ends where it would have. `resume` and `overwrite` together: a ValueError."""
+    if resume and overwrite:
+        raise ValueError(
+            "--resume continues the run in --output_dir and --overwrite replaces it: pass one"
+        )
+    held = RunFolder(output_dir).run_outputs()
+    if overwrite or not held or (resume and exists(output_dir)):
+        return
+    if not resume:
+        raise CheckpointError(
+            f"{output_dir} already holds a run ({', '.join(held)}); pass --resume to continue "
+            "it, --overwrite to replace it, or choose a new --output_dir"
+        )
+    if SUMMARY_JSON in held:
+        raise CheckpointError(
+            f"{output_dir} holds a finished run ({SUMMARY_JSON}) but no {CHECKPOINT_NAME} to "
+            "resume from; pass --overwrite instead of --resume to replace it, or choose a new "
+            "--output_dir"
+        )
 
 
 def make_output_folder(output_dir: str) -> None:

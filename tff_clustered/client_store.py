@@ -14,7 +14,8 @@ Two stores hold the same models and give the same runs:
   A checkpoint holds only which slot has each client's model (`StoreIndex`, one byte per
   client), never the models: a model written after a checkpoint goes to the slot the
   checkpoint does not name, so a run killed at any point resumes from the rows its last
-  checkpoint names, untouched since.
+  checkpoint names, untouched since. The index also holds each named row's CRC-32, so a
+  resume refuses a file that does not hold those rows (damaged, zero-filled, another run's).
 
 `--client_store=auto` (`store_kind`) takes the disk store when the file would exceed
 `MEMORY_BUDGET_BYTES`, i.e. when every client's model held in memory could not be afforded.
@@ -24,11 +25,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import errno
 import mmap
 import os
 import shutil
 import tempfile
 import weakref
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Optional, Union
 
@@ -67,11 +70,14 @@ def store_kind(choice: str, num_clients: int, num_values: int) -> str:
 @dataclasses.dataclass
 class StoreIndex:
     """What a checkpoint holds of a `DiskClientStore`: per client, in the run's client order,
-    the slot of its file holding its model (`NO_MODEL`: the initial one), and the model's size
-    in values (checked against the file on resume)."""
+    the slot of its file holding its model (`NO_MODEL`: the initial one), the model's size in
+    values (checked against the file on resume) and the CRC-32 (`zlib.crc32`) of the row the
+    slot names (0 for `NO_MODEL`), which a resume checks against the file. `checksums` is None
+    in a checkpoint made before they were recorded: its rows are taken as they are."""
 
     slots: np.ndarray  # (num_clients,) int8
     num_values: int
+    checksums: Optional[np.ndarray] = None  # (num_clients,) uint32
 
 
 # A checkpoint's client models: the memory store's dict or the disk store's index.
@@ -150,8 +156,11 @@ class DiskClientStore(ClientStore):
     folder, removed with the store, when None): row `s * n + i` is slot `s` of client
     `client_ids[i]` (of n), or of the client a given index `client_ids` maps to i. The file
     has its whole size from its first write, as a sparse file: never-trained clients' rows are
-    holes, and it never grows. Memory holds the rows touched since the last checkpoint: it
-    writes them to disk and drops them from the process (they are read again when needed).
+    holes, and it never grows. The disk blocks of a row are reserved (`reserve`) before it is
+    written: a full disk is then an `OSError` naming the file and the fix, not a write into the
+    mapping that the kernel cannot back (SIGBUS, which kills the process). Memory holds the
+    rows touched since the last checkpoint: it writes them to disk and drops them from the
+    process (they are read again when needed).
     `saved` (a checkpoint's `StoreIndex`): the slots it names are the clients' models, and the
     file must hold them."""
 
@@ -180,10 +189,21 @@ class DiskClientStore(ClientStore):
         self.initial_flat = flat_model(self.initial)
         self.saved = self.checked_slots(saved)  # the slots the last checkpoint names
         self.current = self.saved.copy()  # the slots of the clients' latest models
+        # The CRC-32 of each client's row that `saved` names (0: none).
+        self.checksums = np.zeros(len(self.row_of), np.uint32)
         self.mapping: Optional[mmap.mmap] = None
         self.rows: Optional[np.ndarray] = None  # (SLOTS * clients, values), on `mapping`
+        self.fd: Optional[int] = None  # the file, open while the store is: `reserve`
         if (self.saved != NO_MODEL).any():
             self.open_rows(create=False)
+            named = np.flatnonzero(self.saved != NO_MODEL)
+            # Read once in the file's order (with read-ahead), then dropped from memory.
+            self.mapping.madvise(mmap.MADV_SEQUENTIAL)
+            self.checksums[named] = self.row_checksums(named, self.saved[named])
+            self.mapping.madvise(mmap.MADV_DONTNEED)
+            self.mapping.madvise(mmap.MADV_RANDOM)
+            if saved is not None and saved.checksums is not None:
+                self.refuse_other_rows(np.asarray(saved.checksums, np.uint32))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -207,6 +227,32 @@ class DiskClientStore(ClientStore):
             )
         return slots.astype(np.int8)
 
+    def row_checksums(self, clients: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """The CRC-32 of the rows of `slots` of client numbers `clients`, as the file holds
+        them (read in order of the file)."""
+        rows = self.row(clients, slots)
+        out = np.zeros(len(rows), np.uint32)
+        for k in np.argsort(rows, kind="stable"):
+            out[k] = zlib.crc32(self.rows[rows[k]])
+        return out
+
+    def refuse_other_rows(self, recorded: np.ndarray) -> None:
+        """ValueError naming the file and the fix when the rows the checkpoint names do not
+        have the checksums it `recorded` (the file damaged or replaced since)."""
+        if recorded.shape == self.checksums.shape and (recorded == self.checksums).all():
+            return
+        if recorded.shape != self.checksums.shape:
+            differ = np.arange(len(self.checksums))
+        else:
+            differ = np.flatnonzero(recorded != self.checksums)
+        first = next(c for c, i in self.row_of.items() if i == differ[0])
+        raise ValueError(
+            f"{self.path} does not hold the client models the checkpoint names: "
+            f"{len(differ):,} of {int((self.saved != NO_MODEL).sum()):,} clients' rows differ "
+            f"from their checksums (the first: client {first}); the file is damaged or another "
+            "run's: put back this run's own file, or start over in a new --output_dir"
+        )
+
     def open_rows(self, create: bool) -> None:
         """Maps the file's rows: a file made afresh (`create`: sparse, its whole size) or the
         existing one, refused when missing or of another size."""
@@ -225,8 +271,11 @@ class DiskClientStore(ClientStore):
             if create:
                 os.ftruncate(fd, expected)
             self.mapping = mmap.mmap(fd, expected)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        self.fd = fd
+        weakref.finalize(self, os.close, fd)
         # Rows are touched at random: a fault maps its own page only. The kernel's default
         # reads ahead around a faulting page (the device's read-ahead, up to megabytes, holes
         # zero-filled page by page), which made a row's first write or read cost milliseconds
@@ -257,8 +306,37 @@ class DiskClientStore(ClientStore):
             slot = 0 if self.saved[i] == NO_MODEL else 1 - self.saved[i]
         if self.rows is None:
             self.open_rows(create=True)  # no checkpoint names a row of an older file
-        self.rows[self.row(i, slot)] = flat_model(model)
+        row = int(self.row(i, slot))
+        self.reserve(row, client_id)
+        self.rows[row] = flat_model(model)
         self.current[i] = slot
+
+    def reserve(self, row: int, client_id: str) -> None:
+        """Allocates the disk blocks of the file's row `row` (whole pages: the mapping writes
+        pages) with `posix_fallocate`, a no-op for blocks already allocated. A full disk (or
+        quota): an `OSError` naming the file, the space and the fix. Where the file system
+        cannot reserve (no `posix_fallocate`, EOPNOTSUPP), the row is written unreserved."""
+        if self.fd is None or not hasattr(os, "posix_fallocate"):
+            return
+        row_bytes = self.num_values * np.dtype(np.float32).itemsize
+        whole = int(np.prod(self.shape)) * np.dtype(np.float32).itemsize
+        start = row * row_bytes // mmap.PAGESIZE * mmap.PAGESIZE
+        end = min(-(-(row + 1) * row_bytes // mmap.PAGESIZE) * mmap.PAGESIZE, whole)  # not past
+        try:
+            os.posix_fallocate(self.fd, start, end - start)
+        except OSError as e:
+            if e.errno == errno.EOPNOTSUPP:
+                return
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise OSError(
+                e.errno,
+                f"no space left on its disk for client {client_id}'s model ({end - start:,} "
+                f"bytes now; the file takes up to {whole:,} bytes as clients train): free "
+                "space, choose an --output_dir on another disk, or keep the clients' models in "
+                "memory with --client_store=memory",
+                self.path,
+            ) from None
 
     def trained(self) -> Iterator[tuple[str, Variables]]:
         for client_id, i in self.row_of.items():
@@ -268,11 +346,16 @@ class DiskClientStore(ClientStore):
     def record(self) -> StoreIndex:
         """The index of the rows written so far, once they are on disk; from now on a write
         leaves these rows alone (each client's next model goes to its other slot)."""
+        written = np.flatnonzero(self.current != self.saved)  # rows new since the last one
+        if len(written):
+            self.checksums[written] = self.row_checksums(written, self.current[written])
         if self.mapping is not None:
             self.mapping.flush()  # msync: the rows reach the disk before the checkpoint names them
             self.mapping.madvise(mmap.MADV_DONTNEED)  # clean now: dropped, read again if needed
         self.saved = self.current.copy()
-        return StoreIndex(slots=self.saved.copy(), num_values=self.num_values)
+        return StoreIndex(
+            slots=self.saved.copy(), num_values=self.num_values, checksums=self.checksums.copy()
+        )
 
     def flat(self, client_ids: Sequence[str], num_values: int) -> np.ndarray:
         """`ClientStore.flat`, read as rows of the file."""

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.atomic_files import atomic_write_bytes
+from tff_clustered.run_folder import RunFolder
 
 
 def write_metrics_csv(path: str, history: Sequence[dict[str, Any]]) -> None:
@@ -152,10 +153,7 @@ class TensorBoardLog:
 
 def event_files(folder: str) -> list[str]:
     """The TensorBoard event files in `folder`, by name."""
-    if not os.path.isdir(folder):
-        return []
-    names = sorted(n for n in os.listdir(folder) if n.startswith("events.out.tfevents."))
-    return [os.path.join(folder, n) for n in names]
+    return RunFolder(folder).event_files()
 
 
 def count_records(path: str) -> int:
@@ -195,30 +193,37 @@ def csv_cell(value: Any) -> Any:
     return f"{value:.6g}" if isinstance(value, float) else value
 
 
+# summary.json's `results[ACCURACY_UNDEFINED]`: why its `final_accuracy` is NaN (absent when
+# it is a number).
+ACCURACY_UNDEFINED = "accuracy_undefined_reason"
+NO_ROUND_TRAINED = "no round was trained (the run stopped before round 1), so no model to score"
+NO_ASSIGNED_CLIENT = (
+    "no evaluated client had a cluster assignment in any evaluated round: the paper's figure "
+    "scores assigned clients only, the algorithm assigns a client once it is sampled (IFCA: "
+    "the cluster it picked in its last round), and none of the evaluated clients (the "
+    "--eval_clients sample) has been sampled yet; all_clients_KIND scores every evaluated "
+    "client with the cluster its algorithm's rule gives it"
+)
+
+
 def summarize(history: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Final and best test accuracy (FedGroup's Table III reports the max over rounds) of the
     paper's figure (`accuracy`: assigned clients), and the same for each model kind over all
-    clients (`accuracy_KIND`), each with the round of its best."""
-    evaluated = [r for r in history if not math.isnan(r.get("accuracy", math.nan))]
-    results: dict[str, Any] = {}
-    if evaluated:
-        best = max(evaluated, key=lambda r: r["accuracy"])
-        last = evaluated[-1]
-        results.update(
-            final_round=last["round"],
-            final_accuracy=last["accuracy"],
-            final_loss=last["loss"],
-            final_client_accuracy_mean=last["client_accuracy_mean"],
-            max_accuracy=best["accuracy"],
-            max_accuracy_round=best["round"],
-        )
+    clients (`accuracy_KIND`), each with the round of its best.
+
+    `final_accuracy` (and the paper's figure's other finals and bests) is always there: NaN,
+    with the reason under `ACCURACY_UNDEFINED`, when no trained round scored an assigned client
+    (`NO_ROUND_TRAINED`: the run trained no round, so round 0's scores of the untrained model
+    are no result; `NO_ASSIGNED_CLIENT`). A model kind is reported once a trained round scored
+    it."""
+    results: dict[str, Any] = dict(paper_figure(history))
     kinds = [
         k[len("accuracy_") :] for k in (history[-1] if history else {}) if k.startswith("accuracy_")
     ]
     for kind in kinds:
         column = f"accuracy_{kind}"
         scored = [r for r in history if not math.isnan(r.get(column, math.nan))]
-        if scored:
+        if any(r["round"] > 0 for r in scored):
             best = max(scored, key=lambda r: r[column])
             results[f"all_clients_{kind}"] = dict(
                 final_accuracy=scored[-1][column],
@@ -226,16 +231,42 @@ def summarize(history: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 max_accuracy=best[column],
                 max_accuracy_round=best["round"],
             )
-    if results:
-        # Seconds summed over rounds: training (the clients' local work in the federated
-        # round), the algorithm's server-side work, evaluation, checkpoints, and whole rounds
-        # (training, server work and evaluation). A history whose rows have no `train_seconds`
-        # has only whole rounds: its training total is theirs.
-        for part in ("train", "server", "eval", "checkpoint", "round"):
-            results[f"total_{part}_seconds"] = sum(r.get(f"{part}_seconds", 0.0) for r in history)
-        if not any("train_seconds" in r for r in history):
-            results["total_train_seconds"] = results["total_round_seconds"]
+    # Seconds summed over rounds: training (the clients' local work in the federated round),
+    # the algorithm's server-side work, evaluation, checkpoints, and whole rounds (training,
+    # server work and evaluation). A history whose rows have no `train_seconds` has only whole
+    # rounds: its training total is theirs.
+    for part in ("train", "server", "eval", "checkpoint", "round"):
+        results[f"total_{part}_seconds"] = sum(r.get(f"{part}_seconds", 0.0) for r in history)
+    if not any("train_seconds" in r for r in history):
+        results["total_train_seconds"] = results["total_round_seconds"]
     return results
+
+
+def paper_figure(history: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """`summarize`'s finals and bests of `accuracy` (the assigned evaluated clients), or NaN
+    with the reason when no trained round has it."""
+    evaluated = [r for r in history if not math.isnan(r.get("accuracy", math.nan))]
+    if any(r["round"] > 0 for r in evaluated):
+        best = max(evaluated, key=lambda r: r["accuracy"])
+        last = evaluated[-1]
+        return dict(
+            final_round=last["round"],
+            final_accuracy=last["accuracy"],
+            final_loss=last["loss"],
+            final_client_accuracy_mean=last["client_accuracy_mean"],
+            max_accuracy=best["accuracy"],
+            max_accuracy_round=best["round"],
+        )
+    trained = any(r["round"] > 0 for r in history)
+    return {
+        "final_round": None,
+        "final_accuracy": math.nan,
+        "final_loss": math.nan,
+        "final_client_accuracy_mean": math.nan,
+        "max_accuracy": math.nan,
+        "max_accuracy_round": None,
+        ACCURACY_UNDEFINED: NO_ASSIGNED_CLIENT if trained else NO_ROUND_TRAINED,
+    }
 
 
 def cluster_recovery(

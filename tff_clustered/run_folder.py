@@ -27,6 +27,17 @@ CHECKPOINT_NAME = "checkpoint.npz"
 CLIENT_STORE_NAME = "client_store.bin"  # the disk client store's rows, named by the checkpoint
 LEGACY_CHECKPOINT_NAMES = ("checkpoint.pkl",)  # pickles of older versions: refused, never read
 LOCK_NAME = ".lock"
+EVENT_FILE_PREFIX = "events.out.tfevents."  # TensorBoard's event files
+# The files that show a folder holds a run: a run never writes over them unless told to
+# (`--resume` continues it, `--overwrite` replaces it).
+RUN_OUTPUTS = (
+    CHECKPOINT_NAME,
+    *LEGACY_CHECKPOINT_NAMES,
+    SUMMARY_JSON,
+    METRICS_CSV,
+    CLIENTS_CSV,
+    CLIENT_STORE_NAME,
+)
 # The pictures a run can leave, in the order a finished run lists them.
 PICTURES = (
     MEMBERSHIP_PNG,
@@ -120,6 +131,26 @@ class RunFolder:
     def pictures_written(self) -> list[str]:
         """The names of the `PICTURES` this folder holds."""
         return [name for name in PICTURES if os.path.exists(self.file(name))]
+
+    def run_outputs(self) -> list[str]:
+        """The names of the `RUN_OUTPUTS` this folder holds (none: it holds no run)."""
+        return [name for name in RUN_OUTPUTS if os.path.exists(self.file(name))]
+
+    def event_files(self) -> list[str]:
+        """The paths of the TensorBoard event files in this folder, by name."""
+        if not os.path.isdir(self.path):
+            return []
+        names = sorted(n for n in os.listdir(self.path) if n.startswith(EVENT_FILE_PREFIX))
+        return [self.file(n) for n in names]
+
+    def remove_run(self) -> None:
+        """Deletes the files a run writes here (`RUN_OUTPUTS`, the pictures, the TensorBoard
+        events): what `--overwrite` does before its new run. Other files, the lock and
+        subfolders (a `--baseline` run's) are left alone."""
+        names = [*RUN_OUTPUTS, *PICTURES]
+        for path in [self.file(n) for n in names] + self.event_files():
+            if os.path.isfile(path):
+                os.unlink(path)
 
     def baseline(self, algorithm: str) -> RunFolder:
         """The folder of `algorithm`'s run on the same clients (`train.py --baseline`)."""

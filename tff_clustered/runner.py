@@ -70,11 +70,12 @@ def run(
     device: Optional[str] = None,
     timer: Optional[PhaseTimer] = None,
     client_store: str = "auto",
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Runs (or resumes) `spec`, writing metrics.csv, clients.csv, TensorBoard events,
     summary.json, curves.png, checkpoints. `execution`/`device`: how rounds run (`Experiment`);
     `client_store`: where the clients' models live (a disk store's file in `output_dir`); a run
-    may resume under another execution or store. `timer`: see `run_experiment`.
+    may resume under another execution or store. `timer`, `overwrite`: see `run_experiment`.
 
     Returns the summary, with the per-round rows under `history`."""
     summary, _ = run_experiment(
@@ -88,6 +89,7 @@ def run(
         log,
         data_source=lambda: source_fingerprint(spec.data),
         timer=timer,
+        overwrite=overwrite,
     )
     return summary
 
@@ -102,6 +104,7 @@ def run_experiment(
     data_source: Callable[[], SourceFingerprint] = SourceFingerprint,
     timer: Optional[PhaseTimer] = None,
     read_checkpoint: Optional[Callable[[], Optional[RunState]]] = None,
+    overwrite: bool = False,
 ) -> tuple[dict[str, Any], Experiment]:
     """Runs (or resumes) the experiment `build(timer)` makes, with `run`'s outputs and checkpoints,
     holding `output_dir`. `settings` define its results: a checkpoint made under other settings
@@ -115,7 +118,11 @@ def run_experiment(
     are this session's: the rounds done before it are not counted again.
 
     `read_checkpoint` (on a resume): the checkpoint in `output_dir` as the caller has read it
-    with `checkpoint.load` for these settings and this data (default: read it here)."""
+    with `checkpoint.load` for these settings and this data (default: read it here).
+
+    A folder holding a run's outputs (`RunFolder.run_outputs`) is never written over unless
+    `resume` (continue it) or `overwrite` (delete its outputs, then start a new run) says so
+    (`checkpoint.refuse_overwriting`)."""
     timer = PhaseTimer() if timer is None else timer
     if checkpoint_every < 0:
         raise ValueError("checkpoint_every must be >= 0 (0 = only at the end)")
@@ -130,6 +137,7 @@ def run_experiment(
             data_source,
             timer,
             read_checkpoint,
+            overwrite,
         )
 
 
@@ -143,16 +151,15 @@ def _run_in_folder(
     data_source: Callable[[], SourceFingerprint],
     timer: PhaseTimer,
     read_checkpoint: Optional[Callable[[], Optional[RunState]]],
+    overwrite: bool,
 ) -> tuple[dict[str, Any], Experiment]:
     """`run_experiment`, once the output folder is held. A checkpoint is checked against the
     settings and the data's files before the data is loaded; a new run fingerprints its data
     once `build` has loaded (and so checked) it."""
     folder = RunFolder(output_dir)
-    if checkpoint.exists(output_dir) and not resume:
-        raise checkpoint.CheckpointError(
-            f"{output_dir} already holds a run; pass --resume to continue it, or choose a new "
-            "--output_dir"
-        )
+    checkpoint.refuse_overwriting(output_dir, resume, overwrite)
+    if overwrite:
+        folder.remove_run()
     resuming = resume and checkpoint.exists(output_dir)
     source, saved = None, None
     if resuming:
@@ -175,7 +182,7 @@ def _run_in_folder(
         log(f"resuming {output_dir} after round {saved.round_num}/{rounds}")
     else:
         if resume:
-            log(f"no checkpoint in {output_dir}; starting a new run")
+            log(f"no checkpoint in {output_dir}; starting the run from round 0")
         experiment.start()
         with timer.phase("outputs"):
             shown = experiment.data.client_ids[: figures.MAX_CLIENTS_SHOWN]
@@ -193,6 +200,7 @@ def _run_in_folder(
         )
         tensorboard = reporting.TensorBoardLog(output_dir)
         progress = reporting.Progress(rounds, initial=experiment.state.round_num)
+    checkpointed = saved.round_num if saved is not None else None  # the round of the last one
     try:
         for row, step in timer.timed("rounds", experiment.rounds()):
             cli.reraise_received_signal()  # one swallowed where Python ignores exceptions
@@ -211,6 +219,13 @@ def _run_in_folder(
                     checkpoint.save(folder.checkpoint, experiment.snapshot(), settings, source)
                     tensorboard.flush()
                 row["checkpoint_seconds"] = saving.seconds
+                checkpointed = done
+        if checkpointed != experiment.state.round_num:
+            # Stopped before the round that writes one (--target_epsilon before round 1): the
+            # folder still holds a checkpoint of where it ended, which --resume continues.
+            with timer.phase("checkpoints"):
+                checkpoint.save(folder.checkpoint, experiment.snapshot(), settings, source)
+                tensorboard.flush()
         if experiment.stopped_at_target:
             log(
                 f"stopped after round {experiment.state.round_num}/{rounds}: the next round would "
