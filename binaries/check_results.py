@@ -30,8 +30,8 @@ of a test image or two is then expected (docs/reproducibility.md, "On another ma
 Exit code 1 when a table is malformed or a cell drifted, failed or is not portable, 0
 otherwise; 2 for bad flags (a --tolerance above MAX_TOLERANCE among them), for --with_data
 without a data root or with one that lacks a dataset folder some table needs (checked before
-any table runs), and when no cell was rerun (a missing --results folder, or every table
-skipped or malformed), since a check that compared nothing must not pass.
+any table runs), and when no cell was rerun and none failed (a missing --results folder, or
+every table skipped), since a check that compared nothing must not pass.
 """
 
 from __future__ import annotations
@@ -577,9 +577,10 @@ def main(argv: list[str]) -> int:
     rerun = [c.rerun for c in checks if c.rerun is not None]
     if tables:
         print(sample_summary(len(tables), rerun, FLAGS.all_seeds), flush=True)
-    if not rerun:
+    failed = any(c.status in FAILURES for c in checks)
+    if not rerun and not failed:
         raise cli.usage_error(nothing_checked_message(FLAGS.results, len(tables)))
-    return 1 if any(c.status in FAILURES for c in checks) else 0
+    return 1 if failed else 0
 
 
 def sample_summary(tables: int, rerun: Sequence[Cell], all_seeds: bool) -> str:
@@ -599,8 +600,8 @@ def nothing_checked_message(results: str, tables: int) -> str:
             "written by binaries/compare.py"
         )
     return (
-        f"no cell rerun: all {tables} tables under {results} were skipped or malformed "
-        "(above), so nothing was compared; pass --with_data (and --data_root=DIR) where their "
+        f"no cell rerun: all {tables} tables under {results} were skipped (above), so "
+        "nothing was compared; pass --with_data (and --data_root=DIR) where their "
         "data is, or --results=DIR of tables with a sound .csv and a compare.py command"
     )
 
