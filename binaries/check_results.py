@@ -22,10 +22,12 @@ fails the check, since it reruns on that machine only.
 
 A table whose cell moved ("DRIFT") no longer comes from its command with today's code on this
 machine: rerun it, or withdraw it (docs/changelog.md). TensorFlow's CPU kernels round
-differently by CPU and numerics setting, so each rerun line is followed by the committed
-table's CPU and TensorFlow numerics settings (`- cpu:` / `- numerics:` in its header; "not
-recorded" in tables written before they were) where they differ from this machine's: a drift
-of a test image or two is then expected (docs/reproducibility.md, "On another machine").
+differently by CPU and numerics setting. A cell is rerun with TensorFlow's numerics variables
+(TF_ENABLE_ONEDNN_OPTS, the thread counts) as the committed table's `- numerics:` header line
+records them, and each rerun line is followed by the committed table's CPU and numerics
+settings (`- cpu:` / `- numerics:`; "not recorded" in tables written before they were) where
+they differ from this machine's: a drift of a test image or two is then expected
+(docs/reproducibility.md, "On another machine").
 
 Exit code 1 when a table is malformed or a cell drifted, failed or is not portable, 0
 otherwise; 2 for bad flags (a --tolerance above MAX_TOLERANCE among them), for --with_data
@@ -56,7 +58,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads (t
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from tff_clustered import cli  # noqa: E402 - light (absl only)
-from tff_clustered.numerics import MACHINE_FIELDS, machine_fields  # noqa: E402 - no TensorFlow
+from tff_clustered.numerics import (  # noqa: E402 - no TensorFlow
+    MACHINE_FIELDS,
+    machine_fields,
+    recorded_variables,
+)
 from tff_clustered.run_folder import (  # noqa: E402 - the standard library only
     COMPARISON_CSV,
     ComparisonFolder,
@@ -476,6 +482,20 @@ def machine_notes(committed: str, rerun: str) -> tuple[str, ...]:
     )
 
 
+def rerun_environment(committed: str) -> dict[str, str]:
+    """This process's environment with TensorFlow's numerics variables (oneDNN on or off,
+    thread counts) set or unset as the committed table's `- numerics:` line records them (as
+    they are here when it records none): the rerun uses the kernels the table was written
+    with, on this CPU."""
+    environment = dict(os.environ)
+    for name, value in recorded_variables(machine_fields(committed).get("numerics", "")).items():
+        if value is None:
+            environment.pop(name, None)
+        else:
+            environment[name] = value
+    return environment
+
+
 def check_table(
     markdown_path: str, data_root: Optional[str], tolerance: float, all_seeds: bool = False
 ) -> TableCheck:
@@ -518,6 +538,7 @@ def check_table(
             capture_output=True,
             text=True,
             stdin=subprocess.DEVNULL,
+            env=rerun_environment(markdown),
         )
         if done.returncode != 0:
             last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "no output"

@@ -4,9 +4,10 @@ FedRep, seeds 0 and 1, the `tsdp_cnn` CNN) once per setting, one run at a time, 
 process: oneDNN on (TensorFlow's default on x86) or off (`TF_ENABLE_ONEDNN_OPTS=0`), TF's own
 thread counts or 1 or 2 intra-/inter-op threads (`TF_NUM_INTRAOP_THREADS`,
 `TF_NUM_INTEROP_THREADS`), or one CPU (`taskset -c 0`); the first two settings twice, to show
-run-to-run determinism. Prints each run's final and max accuracy per cell and the largest
-absolute difference of its final model weights (every array of its `checkpoint.npz`) from the
-first run's (docs/reproducibility.md, "On another machine").
+run-to-run determinism. Prints, per setting, each cell's final/max accuracy and in
+parentheses the largest absolute difference of its final model weights (every array of its
+`checkpoint.npz`: the shared model and the clients' own) from the first setting's
+(docs/reproducibility.md, "On another machine"). About 75 s a setting on 2 cores.
 
   .venv/bin/python scripts/measure_numerics_drift.py --output_dir=/tmp/numerics_drift
 """
@@ -73,12 +74,30 @@ def weights(run_dir: str) -> dict[str, dict[str, np.ndarray]]:
     return found
 
 
-def largest_difference(
+def largest_differences(
     a: dict[str, dict[str, np.ndarray]], b: dict[str, dict[str, np.ndarray]]
-) -> float:
-    return max(
-        float(np.max(np.abs(a[run][k].astype(np.float64) - b[run][k]))) for run in a for k in a[run]
-    )
+) -> dict[str, float]:
+    """Per run folder (`s1/iid/fedavg`), the largest absolute difference between its arrays
+    in `a` and in `b`."""
+    return {
+        run: max(float(np.max(np.abs(a[run][k].astype(np.float64) - b[run][k]))) for k in a[run])
+        for run in a
+    }
+
+
+def report_line(name: str, run_dir: str, first: dict[str, dict[str, np.ndarray]]) -> str:
+    """One setting's runs: each cell's final/max accuracy and its weights' largest
+    difference from the same cell of the first setting's run."""
+    with open(os.path.join(run_dir, "comparison.csv")) as f:
+        accuracies = {
+            f"s{r['seed']}/{r['setting']}/{r['algorithm']}": (
+                f"{float(r['final_accuracy']):.6f}/{float(r['max_accuracy']):.6f}"
+            )
+            for r in csv.DictReader(f)
+        }
+    differences = largest_differences(weights(run_dir), first)
+    cells = [f"{run} {accuracies[run]} ({differences[run]:.2g})" for run in sorted(accuracies)]
+    return f"{name:24} {'  '.join(cells)}"
 
 
 def main() -> int:
@@ -104,19 +123,8 @@ def main() -> int:
         if done.returncode:
             print(f"{name}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
             return 1
-        with open(os.path.join(run_dir, "comparison.csv")) as f:
-            cells = [
-                f"{r['algorithm']} s{r['seed']} {float(r['final_accuracy']):.6f}/"
-                f"{float(r['max_accuracy']):.6f}"
-                for r in csv.DictReader(f)
-            ]
-        now = weights(run_dir)
-        first = first or now
-        print(
-            f"{name:24} final/max: {'  '.join(cells)}  weights vs first: "
-            f"{largest_difference(now, first):.3g}",
-            flush=True,
-        )
+        first = first or weights(run_dir)
+        print(report_line(name, run_dir, first), flush=True)
     return 0
 
 

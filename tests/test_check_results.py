@@ -330,9 +330,12 @@ def test_the_sampled_cell_is_the_first_rows_lowest_seed_or_all_its_seeds() -> No
     assert str(check_results.Cell("iid", "ifca", (1, 2))) == "iid / ifca / seeds 1, 2"
 
 
-def test_a_rerun_on_another_cpu_or_numerics_setting_is_named() -> None:
+def test_a_rerun_on_another_cpu_or_numerics_setting_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The committed table's `- cpu:` / `- numerics:` header lines against the rerun's: a field
-    that differs, or that the committed table does not record, is named with both values."""
+    that differs, or that the committed table does not record, is named with both values. The
+    rerun runs under the numerics variables the committed table records (set or unset)."""
     here = "# t\n\n- cpu: X (x86_64); avx2\n- numerics: TensorFlow 2.14.1, oneDNN on\n\n| a |\n"
     assert check_results.machine_notes(here, here) == ()
     other = here.replace("oneDNN on", "oneDNN off")
@@ -343,3 +346,15 @@ def test_a_rerun_on_another_cpu_or_numerics_setting_is_named() -> None:
         "cpu: committed not recorded; here X (x86_64); avx2",
         "numerics: committed not recorded; here TensorFlow 2.14.1, oneDNN on",
     )
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "2")
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")
+    recorded = (
+        "# t\n\n- numerics: TensorFlow 2.14.1, oneDNN off (TF_ENABLE_ONEDNN_OPTS=0, "
+        "TF_NUM_INTRAOP_THREADS unset, TF_NUM_INTEROP_THREADS=1); 2 CPUs usable\n"
+    )
+    environment = check_results.rerun_environment(recorded)
+    assert (
+        environment["TF_ENABLE_ONEDNN_OPTS"] == "0" and "TF_NUM_INTRAOP_THREADS" not in environment
+    )
+    assert environment["TF_NUM_INTEROP_THREADS"] == "1"
+    assert check_results.rerun_environment("# old\n")["TF_ENABLE_ONEDNN_OPTS"] == "1"

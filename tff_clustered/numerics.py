@@ -41,6 +41,8 @@ NUMERICS_VARIABLES = ("TF_ENABLE_ONEDNN_OPTS", "TF_NUM_INTRAOP_THREADS", "TF_NUM
 # The header fields: `- cpu: ...` and `- numerics: ...`.
 MACHINE_FIELDS = ("cpu", "numerics")
 _FIELD = re.compile(r"^- (cpu|numerics): (.*?)\s*$", re.MULTILINE)
+# `TF_ENABLE_ONEDNN_OPTS=0` or `TF_NUM_INTRAOP_THREADS unset` in a `- numerics:` line.
+_VARIABLE = re.compile(r"\b(TF_[A-Z_]+)(?:=([^,)\s]*)| unset\b)")
 
 
 def cpu_text(cpuinfo: Optional[str] = None) -> str:
@@ -94,3 +96,13 @@ def machine_fields(markdown: str) -> dict[str, str]:
     were recorded)."""
     header = markdown.split("\n|", 1)[0]  # the lines before the first table
     return {m.group(1): m.group(2) for m in _FIELD.finditer(header)}
+
+
+def recorded_variables(numerics: str) -> dict[str, Optional[str]]:
+    """The `NUMERICS_VARIABLES` a `- numerics:` line records, each with its value (None:
+    unset), so that a rerun can run under the settings the table was written with."""
+    return {
+        m.group(1): m.group(2)
+        for m in _VARIABLE.finditer(numerics)
+        if m.group(1) in NUMERICS_VARIABLES
+    }
