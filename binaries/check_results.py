@@ -458,28 +458,37 @@ def accuracy(text: object) -> float:
 class TableCheck(NamedTuple):
     """One table's outcome: its status (ok, DRIFT, FAILED, NOT PORTABLE, MALFORMED, or
     skipped with the reason), the detail printed after it, the cell rerun (None when none
-    was) and what differs between the committed table's machine and this one's
-    (`machine_notes`)."""
+    was), what differs between the committed table's machine and this one's
+    (`machine_notes`), and this machine's `MACHINE_FIELDS` as the rerun recorded them."""
 
     status: str
     detail: str
     rerun: Optional[Cell] = None
     notes: tuple[str, ...] = ()
+    here: tuple[str, ...] = ()
 
 
 FAILURES = ("DRIFT", "FAILED", "NOT PORTABLE", "MALFORMED")
 
 
 def machine_notes(committed: str, rerun: str) -> tuple[str, ...]:
-    """Each `MACHINE_FIELDS` header line of the committed table's .md that differs from the
-    rerun's (this machine's), or that it does not record: a cell may then drift by a test image
-    or two without any change of the code (docs/reproducibility.md)."""
+    """The `MACHINE_FIELDS` header lines the committed table's .md does not record, and each
+    it records that differs from the rerun's (this machine's), with both values: a cell may
+    then drift by a test image or two without any change of the code
+    (docs/reproducibility.md)."""
     then, now = machine_fields(committed), machine_fields(rerun)
-    return tuple(
-        f"{field}: committed {then.get(field, 'not recorded')}; here {now.get(field, 'not known')}"
+    missing = [field for field in MACHINE_FIELDS if field not in then]
+    notes = [f"{' and '.join(missing)} not recorded in the committed table"] if missing else []
+    return tuple(notes) + tuple(
+        f"{field}: committed {then[field]}; here {now.get(field, 'not known')}"
         for field in MACHINE_FIELDS
-        if then.get(field) != now.get(field)
+        if field in then and then[field] != now.get(field)
     )
+
+
+def machine_text(markdown: str) -> tuple[str, ...]:
+    """A table's `MACHINE_FIELDS` header lines, as `field: value`."""
+    return tuple(f"{field}: {value}" for field, value in machine_fields(markdown).items())
 
 
 def rerun_environment(committed: str) -> dict[str, str]:
@@ -549,7 +558,8 @@ def check_table(
         with open(folder.comparison_csv) as f:
             rerun_rows, _ = read_csv(f.read())
         with open(folder.comparison_md) as f:
-            notes = machine_notes(markdown, f.read())
+            rerun_markdown = f.read()
+    notes, here = machine_notes(markdown, rerun_markdown), machine_text(rerun_markdown)
     moved = []
     for seed in cell.seeds:
         key = (cell.setting, cell.algorithm, str(seed))
@@ -561,8 +571,8 @@ def check_table(
         elif changed := compare_cell(committed, now[0], tolerance):
             moved.append(prefix + "; ".join(changed))
     if moved:
-        return TableCheck("DRIFT", f"{cell}: {' | '.join(moved)}", cell, notes)
-    return TableCheck("ok", f"{cell} ({sound})", cell, notes)
+        return TableCheck("DRIFT", f"{cell}: {' | '.join(moved)}", cell, notes, here)
+    return TableCheck("ok", f"{cell} ({sound})", cell, notes, here)
 
 
 def main(argv: list[str]) -> int:
@@ -598,6 +608,8 @@ def main(argv: list[str]) -> int:
     rerun = [c.rerun for c in checks if c.rerun is not None]
     if tables:
         print(sample_summary(len(tables), rerun, FLAGS.all_seeds), flush=True)
+    for line in next((c.here for c in checks if c.here), ()):
+        print(f"this machine's {line}", flush=True)
     failed = any(c.status in FAILURES for c in checks)
     if not rerun and not failed:
         raise cli.usage_error(nothing_checked_message(FLAGS.results, len(tables)))

@@ -99,9 +99,10 @@ def test_a_table_that_no_longer_reproduces_is_reported_and_exits_1(tmp_path: Pat
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert "DRIFT" in done.stdout and "digits / fedavg / seeds 0, 1: seed 0: " in done.stdout
     assert "| seed 1: final_accuracy 0.123000 -> " in done.stdout
-    assert "cpu: committed not recorded; here " in done.stdout
-    assert "numerics: committed not recorded; here TensorFlow " in done.stdout
+    assert "cpu and numerics not recorded in the committed table: a drift" in done.stdout
     assert "reran 1 cells (2 runs)" in done.stdout
+    assert "\nthis machine's cpu: " in done.stdout
+    assert "\nthis machine's numerics: TensorFlow " in done.stdout
 
 
 def test_a_check_that_checks_nothing_or_cannot_fail_is_refused(tmp_path: Path) -> None:
@@ -343,8 +344,11 @@ def test_a_rerun_on_another_cpu_or_numerics_setting_is_named(
         "numerics: committed TensorFlow 2.14.1, oneDNN off; here TensorFlow 2.14.1, oneDNN on",
     )
     assert check_results.machine_notes("# old\n", here) == (
-        "cpu: committed not recorded; here X (x86_64); avx2",
-        "numerics: committed not recorded; here TensorFlow 2.14.1, oneDNN on",
+        "cpu and numerics not recorded in the committed table",
+    )
+    assert check_results.machine_text(here) == (
+        "cpu: X (x86_64); avx2",
+        "numerics: TensorFlow 2.14.1, oneDNN on",
     )
     monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "2")
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")
