@@ -84,11 +84,11 @@ flags.DEFINE_bool(
     "Rerun every seed committed for each table's sampled cell (its first row's setting and "
     "algorithm), not only its lowest.",
 )
-# The largest accuracy difference --tolerance may count as the same: 0.01 (one point), about
-# twice the largest drift measured between CPUs and numerics settings for the committed
-# tables (0.0058, a LeNet cell on Fashion-MNIST; 0.0037, one test image, on the digits CNN:
-# docs/reproducibility.md, "On another machine"), and below the gaps the tables draw their
-# conclusions from. A larger one would pass a cell that moved by more than any rounding does.
+# The largest accuracy difference --tolerance may count as the same: 0.01 (one point), above
+# the largest drift measured between CPUs or oneDNN settings in the committed tables' cells
+# (0.0074: two digits test images of a CNN's best round; 0.0058: a LeNet cell on
+# Fashion-MNIST; docs/reproducibility.md, "On another machine"). A cell that moved by more
+# than that did not move by rounding, and a larger tolerance would pass it.
 MAX_TOLERANCE = 0.01
 # A finite number in [0, MAX_TOLERANCE] (`cli.parse_flags` refuses nan and inf, absl the
 # negative ones, `main` the larger): a nan tolerance would pass every cell, a negative one fail
@@ -241,8 +241,15 @@ def markdown_tables(markdown: str) -> Iterator[tuple[str, list[list[str]]]]:
 def summary_cells(markdown: str) -> Iterator[tuple[str, str, str, int, str]]:
     """(setting, algorithm, .csv column, decimals, text) of every summary cell of a table's
     .md: the table with a row per setting and a column per algorithm, or the one with a row
-    per algorithm and a column per figure (`SUMMARY_COLUMNS`)."""
+    per algorithm and a column per figure (`SUMMARY_COLUMNS`). A ValueError names a row
+    whose number of cells is not its header's."""
     for above, (header, *rows) in markdown_tables(markdown):
+        for row in rows:
+            if header[0] == "setting" and len(row) != len(header):
+                raise ValueError(
+                    f"the .md's table row {' | '.join(row)!r} has {len(row)} cells, its header "
+                    f"{len(header)}"
+                )
         if header[:2] == ["setting", "algorithm"]:
             for j, title in enumerate(header):
                 if title in SUMMARY_COLUMNS:
@@ -307,7 +314,10 @@ def committed_problems(csv_text: str, markdown: str) -> tuple[list[dict[str, str
         seen.setdefault(key, line)
     if not problems:
         problems += seeds_problems(rows, markdown)
-        problems += summary_problems(rows, markdown)
+        try:
+            problems += summary_problems(rows, markdown)
+        except ValueError as error:
+            problems.append(str(error))
     return rows, problems
 
 
@@ -582,7 +592,8 @@ def main(argv: list[str]) -> int:
         raise cli.usage_error(
             f"--tolerance={FLAGS.tolerance:g} would count cells that moved by more than "
             f"{MAX_TOLERANCE} (one point) as the same; give at most {MAX_TOLERANCE}, the "
-            "drift between CPUs measured is below 0.006 (docs/reproducibility.md)"
+            "largest drift measured between CPUs or oneDNN settings is 0.0074 "
+            "(docs/reproducibility.md)"
         )
     if not os.path.isdir(FLAGS.results):
         raise cli.usage_error(

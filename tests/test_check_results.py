@@ -282,6 +282,10 @@ def test_committed_rows_that_compare_nothing_or_were_altered_are_named() -> None
     for csv_text, message in altered.items():
         found = problems(csv_text, header + SUMMARY)[1]
         assert any(message in p for p in found), (message, found)
+    short_row = SUMMARY.replace("| digits | **85.00 ± 5.00** |", "| digits |")
+    assert problems(SOUND, short_row)[1] == [
+        "the .md's table row 'digits' has 1 cells, its header 2"
+    ]
     # A rerun value that is no number compares nothing: it counts as moved.
     nan = check_results.compare_cell(
         {"final_accuracy": "0.5", "max_accuracy": "0.5"},
