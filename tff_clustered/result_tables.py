@@ -173,16 +173,10 @@ def compressed(run: Mapping[str, Any]) -> bool:
 
 
 def _header(
-    title: str,
-    command: str,
-    date: str,
-    seeds: Sequence[int],
-    defaults_taken: Sequence[str],
-    machine: Sequence[str],
+    title: str, command: str, date: str, seeds: Sequence[int], defaults_taken: Sequence[str]
 ) -> list[str]:
-    """The title, the command, the date, the seeds, the machine's lines (`numerics.
-    machine_lines`: its CPU and TensorFlow's numerics settings) and, when the command left
-    some of the table's flags to its defaults, those values with where each came from."""
+    """The title, the command, the date, the seeds and, when the command left some of the
+    table's flags to its defaults, those values with where each came from."""
     taken = ["- defaults of the flags not given:", *(f"  - {line}" for line in defaults_taken)]
     return [
         f"# {title}",
@@ -190,7 +184,6 @@ def _header(
         f"- command: `{command}`",
         f"- date: {date}",
         f"- seeds: {', '.join(str(s) for s in seeds)} (cells: mean ± sample std over seeds)",
-        *machine,
         *(taken if defaults_taken else []),
         "",
     ]
@@ -348,7 +341,7 @@ def write_tables(
 ) -> str:
     """comparison.md (the table, then each cell's diagnostics per seed) and comparison.csv
     (every run in long form). `defaults_taken`: the table's defaults the command took, one
-    line per source (written under the command); `machine`: the header lines saying what the
+    line per source (written under the command); `machine`: the header's last lines, what the
     numbers depend on besides the command (`numerics.machine_lines`). Returns the markdown."""
     seeds = sorted({int(r["seed"]) for r in rows})
     # the generic columns, then every algorithm figure (`run_figures`) some row has
@@ -363,7 +356,7 @@ def write_tables(
     folder = ComparisonFolder(output_dir)
     atomic_write_bytes(folder.comparison_csv, buffer.getvalue().encode())
     key = "final_client_mean_accuracy" if client_mean else "final_accuracy"
-    lines = _header(title, command, date, seeds, defaults_taken, machine)
+    lines = [*_header(title, command, date, seeds, defaults_taken)[:-1], *machine, ""]
     if by_setting:
         lines += [
             "Final test accuracy (%), each client with the model it uses, "
