@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_binary
 
+from tff_clustered import committed_tables
+
 sys.path.insert(0, os.path.join(ROOT, "binaries"))
 import check_results  # noqa: E402
 
@@ -264,8 +266,8 @@ def test_committed_rows_that_compare_nothing_or_were_altered_are_named() -> None
     """Every committed row is checked, not only the one rerun: a NaN or out-of-range accuracy,
     a max below the final, a seed's row missing or twice, and seeds 1-2 set to 0 (the .md's
     mean ± std no longer that of the rows) are each named; a sound table has no problem."""
-    problems = check_results.committed_problems
-    assert problems(SOUND, SUMMARY) == (check_results.read_csv(SOUND)[0], [])
+    problems = committed_tables.committed_problems
+    assert problems(SOUND, SUMMARY) == (committed_tables.read_csv(SOUND)[0], [])
     altered = {
         SOUND.replace("0,0.9,0.8", "0,nan,nan"): "final_accuracy is nan, not a finite accuracy",
         SOUND.replace("0,0.9,0.8", "0,0.9,1.5"): "final_accuracy 1.5 is not in [0, 1]",
@@ -326,7 +328,7 @@ def test_malformed_tables_are_failures_that_do_not_stop_the_others(tmp_path: Pat
 def test_the_sampled_cell_is_the_first_rows_lowest_seed_or_all_its_seeds() -> None:
     """A table without a seed-0 row reruns its lowest seed; --all_seeds every seed committed
     for the first row's setting and algorithm."""
-    rows, problems = check_results.read_csv(
+    rows, problems = committed_tables.read_csv(
         HEADER + "iid,ifca,2,0.9,0.9\niid,fedavg,1,0.9,0.9\niid,ifca,1,0.9,0.9\n"
     )
     assert not problems

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
 
-from tff_clustered import numerics, result_tables
+from tff_clustered import committed_tables, numerics, result_tables
 from tff_clustered.algorithms.dfl import FedAvgDFL
 from tff_clustered.algorithms.fedtsdp import FedTSDP
 from tff_clustered.algorithms.uapdfl import UAPDFL
-
-sys.path.insert(0, os.path.join(ROOT, "binaries"))
-import check_results  # noqa: E402
 
 
 def rows(sizes: list[int], clustered: list[int]) -> list[dict]:
@@ -148,7 +142,8 @@ def test_a_table_records_its_cpu_and_numerics_settings_and_passes_the_checker(
 ) -> None:
     """The header names the CPU's numerics-relevant instruction sets and TensorFlow's oneDNN
     and thread settings (`numerics.machine_lines`), which `binaries/check_results.py` reads
-    back; the rows a table is written from pass the checker's committed-row checks."""
+    back; the rows a table is written from pass the checker's committed-row checks
+    (`committed_tables`)."""
     cpuinfo = (
         "processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: fpu sse4_2 avx avx2 fma avx512f "
         "avx512_bf16 amx_tile\n\nprocessor\t: 1\nmodel name\t: Test CPU\n"
@@ -186,5 +181,5 @@ def test_a_table_records_its_cpu_and_numerics_settings_and_passes_the_checker(
             "numerics": machine[1][len("- numerics: ") :],
         }
         csv_text = (tmp_path / "comparison.csv").read_text()
-        assert check_results.committed_problems(csv_text, markdown)[1] == []
-        assert list(check_results.summary_cells(markdown))  # the summary is checked
+        assert committed_tables.committed_problems(csv_text, markdown)[1] == []
+        assert list(committed_tables.summary_cells(markdown))  # the summary is checked
