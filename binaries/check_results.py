@@ -1,8 +1,17 @@
-"""Do the committed result tables still reproduce? Reruns one cell of each table under
-`results/` (its first row's algorithm and setting, seed 0) with the command written in the
-table's .md file, and compares the final and max accuracy with the committed .csv.
+"""Do the committed result tables still hold? Two checks of every table under `results/`:
+
+1. its committed values, every row: the .csv has the columns compared, each run's
+   `final_accuracy` and `max_accuracy` are finite numbers in [0, 1] (the max not below the
+   final), each (setting, algorithm) has one row for each seed the header lists, and the .md's
+   summary cells (mean ± std over seeds) are those of the .csv's rows. A table that fails is
+   reported MALFORMED, naming the file and what is wrong, and the other tables are checked;
+2. a sample of its cells rerun with the command written in its .md file, comparing the final
+   and max accuracy with the committed .csv: its first row's algorithm and setting, the lowest
+   seed committed for it, or with --all_seeds every seed committed for it (one compare.py run).
+   Each line says which cell and seeds were rerun.
 
   python binaries/check_results.py                  # the tables that need no data (digits)
+  python binaries/check_results.py --all_seeds      # every seed of each sampled cell
   python binaries/check_results.py --with_data --data_root=DIR   # also the real-data tables
 
 A table's command names its data as `--data_dir=DATA/mnist` (likewise --tfds_dir and
@@ -11,25 +20,34 @@ A table's command names its data as `--data_dir=DATA/mnist` (likewise --tfds_dir
 it exists). A command with a machine's own absolute data path is reported (NOT PORTABLE) and
 fails the check, since it reruns on that machine only.
 
-A table whose cell moved ("DRIFT") no longer comes from its command with today's code: rerun
-it, or withdraw it (docs/changelog.md). Exit code 1 when a cell drifted, failed or is not
-portable, 0 otherwise; 2 for bad flags, for --with_data without a data root or with one that
-lacks a dataset folder some table needs (checked before any table runs), and when no table was
-checked (a missing --results folder, or every table skipped), since a check that compared
-nothing must not pass.
+A table whose cell moved ("DRIFT") no longer comes from its command with today's code on this
+machine: rerun it, or withdraw it (docs/changelog.md). TensorFlow's CPU kernels round
+differently by CPU and numerics setting. A cell is rerun with TensorFlow's numerics variables
+(TF_ENABLE_ONEDNN_OPTS, the thread counts) as the committed table's `- numerics:` header line
+records them, and each rerun line is followed by the committed table's CPU and numerics
+settings (`- cpu:` / `- numerics:`; "not recorded" in tables written before they were) where
+they differ from this machine's: a drift of a test image or two is then expected
+(docs/reproducibility.md, "On another machine").
+
+Exit code 1 when a table is malformed or a cell drifted, failed or is not portable, 0
+otherwise; 2 for bad flags (a --tolerance above MAX_TOLERANCE among them), for --with_data
+without a data root or with one that lacks a dataset folder some table needs (checked before
+any table runs), and when no cell was rerun and none failed (a missing --results folder, or
+every table skipped), since a check that compared nothing must not pass.
 """
 
 from __future__ import annotations
 
-import csv
 import glob
+import math
 import os
 import re
 import shlex
 import subprocess
 import sys
 import tempfile
-from typing import Optional
+from collections.abc import Sequence
+from typing import NamedTuple, Optional
 
 from absl import app, flags
 
@@ -37,7 +55,21 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads (t
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from tff_clustered import cli  # noqa: E402 - light (absl only)
-from tff_clustered.run_folder import ComparisonFolder  # noqa: E402 - the standard library only
+from tff_clustered.committed_tables import (  # noqa: E402 - the standard library only
+    COMPARED,
+    committed_problems,
+    problems_text,
+    read_csv,
+)
+from tff_clustered.numerics import (  # noqa: E402 - no TensorFlow
+    MACHINE_FIELDS,
+    machine_fields,
+    recorded_variables,
+)
+from tff_clustered.run_folder import (  # noqa: E402 - the standard library only
+    COMPARISON_CSV,
+    ComparisonFolder,
+)
 
 cli.stop_at_once_on_signals("check_results.py")
 FLAGS = flags.FLAGS
@@ -49,13 +81,28 @@ flags.DEFINE_string(
     "--with_data; default $TFF_CLUSTERED_DATA, else ../shared/data next to the repository.",
 )
 flags.DEFINE_string("results", os.path.join(ROOT, "results"), "The folder of result tables.")
-# A finite number >= 0 (`cli.parse_flags` refuses nan and inf, absl the negative ones): a nan
-# tolerance would pass every cell, a negative one fail every cell.
+flags.DEFINE_bool(
+    "all_seeds",
+    False,
+    "Rerun every seed committed for each table's sampled cell (its first row's setting and "
+    "algorithm), not only its lowest.",
+)
+# The largest accuracy difference --tolerance may count as the same: 0.01 (one point), above
+# the largest drift measured between CPUs or oneDNN settings in the committed tables' cells
+# (0.0074: two digits test images of a CNN's best round; 0.0058: a LeNet cell on
+# Fashion-MNIST; docs/reproducibility.md, "On another machine"). A cell that moved by more
+# than that did not move by rounding, and a larger tolerance would pass it.
+MAX_TOLERANCE = 0.01
+# A finite number in [0, MAX_TOLERANCE] (`cli.parse_flags` refuses nan and inf, absl the
+# negative ones, `main` the larger): a nan tolerance would pass every cell, a negative one fail
+# every cell.
 flags.DEFINE_float(
-    "tolerance", 1e-6, "Largest accuracy difference counted as the same.", lower_bound=0.0
+    "tolerance",
+    1e-6,
+    f"Largest accuracy difference counted as the same, at most {MAX_TOLERANCE}.",
+    lower_bound=0.0,
 )
 COMMAND = re.compile(r"^- command: `python binaries/compare\.py (.*)`\s*$", re.MULTILINE)
-COMPARED = ("final_accuracy", "max_accuracy")
 # A recorded data path's stand-in for the folder of datasets (`--data_dir=DATA/mnist`), and
 # the compare.py flags that carry a data path.
 DATA = "DATA"
@@ -74,9 +121,31 @@ def table_command(markdown: str) -> Optional[list[str]]:
     return [a for a in command if not a.startswith("--output_dir=")]
 
 
-def first_cell(rows: list[dict]) -> dict:
-    """The committed row the check reruns: the first of seed 0."""
-    return next(r for r in rows if r["seed"] == "0")
+class Cell(NamedTuple):
+    """One (setting, algorithm) of a table and the seeds rerun of it."""
+
+    setting: str
+    algorithm: str
+    seeds: tuple[int, ...]
+
+    def __str__(self) -> str:
+        seeds = ", ".join(map(str, self.seeds))
+        return (
+            f"{self.setting} / {self.algorithm} / seed{'s' if len(self.seeds) > 1 else ''} {seeds}"
+        )
+
+
+def sampled_cell(rows: Sequence[dict[str, str]], all_seeds: bool) -> Cell:
+    """The cell the check reruns: the first row's setting and algorithm, with the lowest seed
+    committed for it, or every one (`all_seeds`). `rows`: a table that passed
+    `committed_problems`."""
+    first = rows[0]
+    seeds = sorted(
+        int(r["seed"])
+        for r in rows
+        if (r["setting"], r["algorithm"]) == (first["setting"], first["algorithm"])
+    )
+    return Cell(first["setting"], first["algorithm"], tuple(seeds if all_seeds else seeds[:1]))
 
 
 def expand_flagfiles(command: list[str]) -> list[str]:
@@ -97,25 +166,25 @@ def expand_flagfiles(command: list[str]) -> list[str]:
         os.chdir(here)
 
 
-def rerun_arguments(command: list[str], cell: dict) -> list[str]:
+def rerun_arguments(command: list[str], cell: Cell) -> list[str]:
     """`command` (flagfiles expanded: `table_command`) narrowed to `cell`: its
     algorithm (without the other algorithms' options, which its run never reads and
     compare.py refuses for it), its setting when the table has setting rows (the setting is
-    then a partition, not the dataset's name), seed 0."""
+    then a partition, not the dataset's name), its seeds."""
     from tff_clustered import options as options_lib
     from tff_clustered.algorithms import ALGORITHMS, algorithm_class
 
     every_option = set().union(*(options_lib.names(c.Options) for c in ALGORITHMS.values()))
-    own = options_lib.names(algorithm_class(cell["algorithm"].split(":")[0]).Options)
+    own = options_lib.names(algorithm_class(cell.algorithm.split(":")[0]).Options)
 
     def kept(argument: str) -> bool:
         name = argument[2:].split("=", 1)[0]
         return not argument.startswith("--") or name not in every_option or name in own
 
     narrowed = [a for a in command if kept(a)]
-    narrowed += [f"--algorithms={cell['algorithm']}", "--seeds=0"]
-    if any(a.startswith("--settings=") for a in command) or ":" in cell["setting"]:
-        narrowed.append(f"--settings={cell['setting']}")
+    narrowed += [f"--algorithms={cell.algorithm}", f"--seeds={','.join(map(str, cell.seeds))}"]
+    if any(a.startswith("--settings=") for a in command) or ":" in cell.setting:
+        narrowed.append(f"--settings={cell.setting}")
     return narrowed
 
 
@@ -199,37 +268,108 @@ def missing_data(tables: list[str], data_root: str) -> list[tuple[str, str, str]
 
 
 def compare_cell(committed: dict, now: dict, tolerance: float) -> list[str]:
-    """The compared values that moved, as `name committed -> now`."""
+    """The compared values that moved, as `name committed -> now`; a value that is not a
+    finite number on either side counts as moved (it compares nothing)."""
     moved = []
     for name in COMPARED:
-        a, b = float(committed[name]), float(now[name])
-        if abs(a - b) > tolerance:
+        a, b = accuracy(committed.get(name)), accuracy(now.get(name))
+        if not (math.isfinite(a) and math.isfinite(b) and abs(a - b) <= tolerance):
             moved.append(f"{name} {a:.6f} -> {b:.6f}")
     return moved
 
 
-def check_table(markdown_path: str, data_root: Optional[str], tolerance: float) -> tuple[str, str]:
-    """(status, detail) for one table: ok, DRIFT, FAILED, NOT PORTABLE (a data path of one
-    machine), or skipped with the reason (no `data_root`: the tables that read data)."""
+def accuracy(text: object) -> float:
+    """A .csv cell as a number (nan when it is none)."""
+    try:
+        return float(text)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+
+
+class TableCheck(NamedTuple):
+    """One table's outcome: its status (ok, DRIFT, FAILED, NOT PORTABLE, MALFORMED, or
+    skipped with the reason), the detail printed after it, the cell rerun (None when none
+    was), what differs between the committed table's machine and this one's
+    (`machine_notes`), and this machine's `MACHINE_FIELDS` as the rerun recorded them."""
+
+    status: str
+    detail: str
+    rerun: Optional[Cell] = None
+    notes: tuple[str, ...] = ()
+    here: tuple[str, ...] = ()
+
+
+FAILURES = ("DRIFT", "FAILED", "NOT PORTABLE", "MALFORMED")
+
+
+def machine_notes(committed: str, rerun: str) -> tuple[str, ...]:
+    """The `MACHINE_FIELDS` header lines the committed table's .md does not record, and each
+    it records that differs from the rerun's (this machine's), with both values: a cell may
+    then drift by a test image or two without any change of the code
+    (docs/reproducibility.md)."""
+    then, now = machine_fields(committed), machine_fields(rerun)
+    missing = [field for field in MACHINE_FIELDS if field not in then]
+    notes = [f"{' and '.join(missing)} not recorded in the committed table"] if missing else []
+    return tuple(notes) + tuple(
+        f"{field}: committed {then[field]}; here {now.get(field, 'not known')}"
+        for field in MACHINE_FIELDS
+        if field in then and then[field] != now.get(field)
+    )
+
+
+def machine_text(markdown: str) -> tuple[str, ...]:
+    """A table's `MACHINE_FIELDS` header lines, as `field: value`."""
+    return tuple(f"{field}: {value}" for field, value in machine_fields(markdown).items())
+
+
+def rerun_environment(committed: str) -> dict[str, str]:
+    """This process's environment with TensorFlow's numerics variables (oneDNN on or off,
+    thread counts) set or unset as the committed table's `- numerics:` line records them (as
+    they are here when it records none): the rerun uses the kernels the table was written
+    with, on this CPU."""
+    environment = dict(os.environ)
+    for name, value in recorded_variables(machine_fields(committed).get("numerics", "")).items():
+        if value is None:
+            environment.pop(name, None)
+        else:
+            environment[name] = value
+    return environment
+
+
+def check_table(
+    markdown_path: str, data_root: Optional[str], tolerance: float, all_seeds: bool = False
+) -> TableCheck:
+    """One table: its committed rows (`committed_problems`: MALFORMED when any), then its
+    sampled cell (`sampled_cell`) rerun: ok, DRIFT, FAILED, NOT PORTABLE (a data path of one
+    machine), or skipped with the reason (no .csv or command; no `data_root` for the tables
+    that read data)."""
     csv_path = markdown_path[: -len(".md")] + ".csv"
     if not os.path.exists(csv_path):
-        return "skipped", "no .csv beside it"
-    with open(markdown_path) as f:
-        command = table_command(f.read())
+        return TableCheck("skipped", "no .csv beside it")
+    with open(markdown_path, errors="replace") as f:
+        markdown = f.read()
+    try:
+        with open(csv_path, encoding="utf-8") as f:
+            rows, problems = committed_problems(f.read(), markdown)
+    except UnicodeDecodeError as error:
+        rows, problems = [], [f"not UTF-8 text ({error.reason} at byte {error.start})"]
+    if problems:
+        return TableCheck("MALFORMED", f"{os.path.basename(csv_path)}: {problems_text(problems)}")
+    sound = f"its {len(rows)} committed rows sound"
+    command = table_command(markdown)
     if command is None:
-        return "skipped", "no compare.py command in it"
+        return TableCheck("skipped", f"no compare.py command in it ({sound})")
     recorded = data_paths(command)
     try:
         for path in recorded:
             resolve_data_path(path, data_root)
     except ValueError as error:
-        return "NOT PORTABLE", str(error)
+        return TableCheck("NOT PORTABLE", str(error))
     if recorded and data_root is None:
-        return "skipped", f"needs {', '.join(recorded)} (--with_data)"
+        return TableCheck("skipped", f"needs {', '.join(recorded)} (--with_data); {sound}")
     if data_root is not None:
         command = with_data_root(command, data_root)
-    with open(csv_path) as f:
-        cell = first_cell(list(csv.DictReader(f)))
+    cell = sampled_cell(rows, all_seeds)
     with tempfile.TemporaryDirectory() as output_dir:
         arguments = [*rerun_arguments(command, cell), f"--output_dir={output_dir}"]
         done = subprocess.run(
@@ -238,20 +378,44 @@ def check_table(markdown_path: str, data_root: Optional[str], tolerance: float) 
             capture_output=True,
             text=True,
             stdin=subprocess.DEVNULL,
+            env=rerun_environment(markdown),
         )
         if done.returncode != 0:
-            return "FAILED", done.stderr.strip().splitlines()[-1] if done.stderr else "no output"
-        (now_csv,) = glob.glob(ComparisonFolder(output_dir).comparison_csv)
-        with open(now_csv) as f:
-            now = first_cell(list(csv.DictReader(f)))
-    where = f"{cell['setting']} / {cell['algorithm']} / seed 0"
-    moved = compare_cell(cell, now, tolerance)
-    return ("DRIFT", f"{where}: {'; '.join(moved)}") if moved else ("ok", where)
+            last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "no output"
+            return TableCheck("FAILED", f"{cell}: {last}", cell)
+        folder = ComparisonFolder(output_dir)
+        if not os.path.exists(folder.comparison_csv):
+            return TableCheck("FAILED", f"{cell}: the rerun wrote no {COMPARISON_CSV}", cell)
+        with open(folder.comparison_csv) as f:
+            rerun_rows, _ = read_csv(f.read())
+        with open(folder.comparison_md) as f:
+            rerun_markdown = f.read()
+    notes, here = machine_notes(markdown, rerun_markdown), machine_text(rerun_markdown)
+    moved = []
+    for seed in cell.seeds:
+        key = (cell.setting, cell.algorithm, str(seed))
+        committed = next(r for r in rows if (r["setting"], r["algorithm"], r["seed"]) == key)
+        now = [r for r in rerun_rows if (r["setting"], r["algorithm"], r["seed"]) == key]
+        prefix = f"seed {seed}: " if len(cell.seeds) > 1 else ""
+        if not now:
+            moved.append(f"{prefix}the rerun wrote no row of it")
+        elif changed := compare_cell(committed, now[0], tolerance):
+            moved.append(prefix + "; ".join(changed))
+    if moved:
+        return TableCheck("DRIFT", f"{cell}: {' | '.join(moved)}", cell, notes, here)
+    return TableCheck("ok", f"{cell} ({sound})", cell, notes, here)
 
 
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if FLAGS.tolerance > MAX_TOLERANCE:
+        raise cli.usage_error(
+            f"--tolerance={FLAGS.tolerance:g} would count cells that moved by more than "
+            f"{MAX_TOLERANCE} (one point) as the same; give at most {MAX_TOLERANCE}, the "
+            "largest drift measured between CPUs or oneDNN settings is 0.0074 "
+            "(docs/reproducibility.md)"
+        )
     if not os.path.isdir(FLAGS.results):
         raise cli.usage_error(
             f"--results={FLAGS.results} is not a folder; pass the folder of result tables "
@@ -266,28 +430,44 @@ def main(argv: list[str]) -> int:
             f"({os.path.relpath(table, ROOT)} names {recorded}); pass --data_root=DIR holding "
             "the tables' dataset folders, or --results=DIR of the tables whose data is there"
         )
-    drifted, checked = False, 0
+    checks = []
     for path in tables:
-        status, detail = check_table(path, data_root, FLAGS.tolerance)
-        drifted = drifted or status not in ("ok", "skipped")
-        checked += status != "skipped"
-        print(f"{status:8} {os.path.relpath(path, ROOT)}: {detail}", flush=True)
-    if not checked:
+        check = check_table(path, data_root, FLAGS.tolerance, FLAGS.all_seeds)
+        checks.append(check)
+        print(f"{check.status:8} {os.path.relpath(path, ROOT)}: {check.detail}", flush=True)
+        for note in check.notes:
+            print(f"{'':8} {note}: a drift of a test image or two is expected", flush=True)
+    rerun = [c.rerun for c in checks if c.rerun is not None]
+    if tables:
+        print(sample_summary(len(tables), rerun, FLAGS.all_seeds), flush=True)
+    for line in next((c.here for c in checks if c.here), ()):
+        print(f"this machine's {line}", flush=True)
+    failed = any(c.status in FAILURES for c in checks)
+    if not rerun and not failed:
         raise cli.usage_error(nothing_checked_message(FLAGS.results, len(tables)))
-    return 1 if drifted else 0
+    return 1 if failed else 0
+
+
+def sample_summary(tables: int, rerun: Sequence[Cell], all_seeds: bool) -> str:
+    """What was checked: every table's committed rows, and the cells and seeds rerun."""
+    seeds = "every seed committed for it" if all_seeds else "its lowest seed (--all_seeds: all)"
+    return (
+        f"checked the committed rows of {tables} tables; reran {len(rerun)} cells "
+        f"({sum(len(c.seeds) for c in rerun)} runs): each table's first cell, {seeds}"
+    )
 
 
 def nothing_checked_message(results: str, tables: int) -> str:
-    """Why no table was checked, and what to pass."""
+    """Why no cell was rerun, and what to pass."""
     if not tables:
         return (
             f"no table checked: {results} holds no .md table; pass --results=DIR of tables "
             "written by binaries/compare.py"
         )
     return (
-        f"no table checked: all {tables} tables under {results} were skipped (above); pass "
-        "--with_data (and --data_root=DIR) where their data is, or --results=DIR of tables "
-        "with a .csv and a compare.py command"
+        f"no cell rerun: all {tables} tables under {results} were skipped (above), so "
+        "nothing was compared; pass --with_data (and --data_root=DIR) where their "
+        "data is, or --results=DIR of tables with a sound .csv and a compare.py command"
     )
 
 

@@ -61,7 +61,14 @@ from tff_clustered import cli, logs  # noqa: E402 - light: before TensorFlow's i
 
 cli.stop_at_once_on_signals("compare.py")
 logs.quiet_tensorflow(sys.argv)
-from tff_clustered import checkpoint, figures, result_tables, run_flags, runner  # noqa: E402
+from tff_clustered import (  # noqa: E402
+    checkpoint,
+    figures,
+    numerics,
+    result_tables,
+    run_flags,
+    runner,
+)
 from tff_clustered.algorithms import ALGORITHMS  # noqa: E402
 from tff_clustered.algorithms.fedgroup import discrepancy  # noqa: E402
 from tff_clustered.comparison_rows import SETTINGS_HELP, parse_setting  # noqa: E402
@@ -366,8 +373,9 @@ def write_outputs(
     output_dir: str,
     defaults_taken: list[str],
 ) -> None:
-    """comparison.md / .csv / .png in `output_dir`, with the command, the date and the table's
-    defaults it took (`apply_table_defaults`)."""
+    """comparison.md / .csv / .png in `output_dir`, with the command, the date, the table's
+    defaults it took (`apply_table_defaults`) and this machine's CPU and TensorFlow numerics
+    settings (`numerics.machine_lines`)."""
     title = (
         f"{FLAGS.table} table: {base.data.dataset} / {base.model_choice.model}, "
         f"{base.training.rounds} rounds, {base.training.clients_per_round} clients per round"
@@ -383,6 +391,7 @@ def write_outputs(
         command=shlex.join(["python", *sys.argv]),
         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         defaults_taken=defaults_taken,
+        machine=numerics.machine_lines(),
     )
     figures.write_comparison_png(
         ComparisonFolder(output_dir).comparison_png,

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_binary
 
+from tff_clustered import committed_tables
+
 sys.path.insert(0, os.path.join(ROOT, "binaries"))
 import check_results  # noqa: E402
 
@@ -25,13 +27,16 @@ def test_the_command_is_narrowed_to_one_cell_without_other_algorithms_options() 
     markdown = f"# t\n\n- command: `python binaries/compare.py {COMMAND} --output_dir=x`\n"
     command = check_results.table_command(markdown)
     assert command is not None and "--output_dir=x" not in command
-    cell = {"setting": "digits", "algorithm": "fedavg", "seed": "0"}
+    cell = check_results.Cell("digits", "fedavg", (0,))
     narrowed = check_results.rerun_arguments(command, cell)
     assert "--num_clusters=2" not in narrowed  # fedgroup's, which fedavg refuses
     assert narrowed[-2:] == ["--algorithms=fedavg", "--seeds=0"]
-    setting = {"setting": "dirichlet:0.5", "algorithm": "fedgroup", "seed": "0"}
+    setting = check_results.Cell("dirichlet:0.5", "fedgroup", (1, 2))
     narrowed = check_results.rerun_arguments(command, setting)
-    assert "--num_clusters=2" in narrowed and narrowed[-1] == "--settings=dirichlet:0.5"
+    assert "--num_clusters=2" in narrowed and narrowed[-2:] == [
+        "--seeds=1,2",
+        "--settings=dirichlet:0.5",
+    ]
     moved = check_results.compare_cell(
         {"final_accuracy": "0.5", "max_accuracy": "0.6"},
         {"final_accuracy": "0.5", "max_accuracy": "0.7"},
@@ -62,12 +67,12 @@ def test_options_in_a_flagfile_are_narrowed_like_the_command_lines(
         "--algorithms=fedavg,fedgroup",
         "--seeds=0,1",
     ]
-    baseline = {"setting": "digits", "algorithm": "fedavg", "seed": "0"}
+    baseline = check_results.Cell("digits", "fedavg", (0,))
     expanded = check_results.expand_flagfiles(command)
     narrowed = check_results.rerun_arguments(expanded, baseline)
     assert not any(a.startswith(("--num_clusters", "--flagfile")) for a in narrowed)
     assert narrowed[:3] == ["--rounds=1", "--table=fedgroup", "--rounds=2"]
-    clustered = {"setting": "digits", "algorithm": "fedgroup", "seed": "0"}
+    clustered = check_results.Cell("digits", "fedgroup", (0,))
     assert "--num_clusters=3" in check_results.rerun_arguments(expanded, clustered)
     missing = tmp_path / "missing.flags"
     with pytest.raises(SystemExit) as stopped:
@@ -78,19 +83,28 @@ def test_options_in_a_flagfile_are_narrowed_like_the_command_lines(
 
 
 def test_a_table_that_no_longer_reproduces_is_reported_and_exits_1(tmp_path: Path) -> None:
-    """A one-round FedAvg table, its committed final accuracy altered: DRIFT, exit 1."""
+    """A one-round FedAvg table, its committed final accuracy altered in seeds 0 and 1: with
+    --all_seeds both are rerun (one compare.py run) and reported as DRIFT, exit 1; the
+    committed table records no CPU or numerics settings, which the report says, with this
+    machine's."""
     table = tmp_path / "t" / "comparison.md"
     table.parent.mkdir()
     table.write_text(f"# t\n\n- command: `python binaries/compare.py {COMMAND}`\n")
     (table.parent / "comparison.csv").write_text(
-        "setting,algorithm,seed,max_accuracy,final_accuracy\ndigits,fedavg,0,0.123,0.123\n"
+        "setting,algorithm,seed,max_accuracy,final_accuracy\n"
+        "digits,fedavg,0,0.123,0.123\ndigits,fedavg,1,0.123,0.123\n"
     )
     done = run_binary(
-        [os.path.join("binaries", "check_results.py"), f"--results={tmp_path}"], timeout=600
+        [os.path.join("binaries", "check_results.py"), f"--results={tmp_path}", "--all_seeds"],
+        timeout=600,
     )
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
-    assert "DRIFT" in done.stdout and "digits / fedavg / seed 0" in done.stdout
-    assert "final_accuracy 0.123000 -> " in done.stdout
+    assert "DRIFT" in done.stdout and "digits / fedavg / seeds 0, 1: seed 0: " in done.stdout
+    assert "| seed 1: final_accuracy 0.123000 -> " in done.stdout
+    assert "cpu and numerics not recorded in the committed table: a drift" in done.stdout
+    assert "reran 1 cells (2 runs)" in done.stdout
+    assert "\nthis machine's cpu: " in done.stdout
+    assert "\nthis machine's numerics: TensorFlow " in done.stdout
 
 
 def test_a_check_that_checks_nothing_or_cannot_fail_is_refused(tmp_path: Path) -> None:
@@ -109,6 +123,8 @@ def test_a_check_that_checks_nothing_or_cannot_fail_is_refused(tmp_path: Path) -
         "--tolerance=nan": "give a finite number",
         "--tolerance=inf": "give a finite number",
         "--tolerance=-1": "not a non-negative number",
+        "--tolerance=1": "give at most 0.01",
+        "--tolerance=0.0101": "give at most 0.01",
         "--no_such_flag": "Unknown command line flag",
     }
     for argument, message in refused.items():
@@ -225,3 +241,130 @@ def test_a_table_naming_data_reruns_on_the_data_under_the_data_root(tmp_path: Pa
     )
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert "DRIFT" in done.stdout and "fashion_mnist / fedavg / seed 0" in done.stdout
+
+
+def table_files(folder: Path, csv_text: str, markdown: str = "") -> None:
+    """A committed table: `markdown` under a header naming a digits command and seeds 0-2,
+    `csv_text` beside it."""
+    folder.mkdir(parents=True)
+    (folder / "comparison.md").write_text(
+        f"# t\n\n- command: `python binaries/compare.py {COMMAND}`\n"
+        f"- seeds: 0, 1, 2 (cells: mean ± sample std over seeds)\n\n{markdown}"
+    )
+    (folder / "comparison.csv").write_text(csv_text)
+
+
+HEADER = "setting,algorithm,seed,max_accuracy,final_accuracy\n"
+SOUND = HEADER + "".join(f"digits,fedavg,{s},0.9,{a}\n" for s, a in enumerate((0.8, 0.85, 0.9)))
+SUMMARY = (
+    "Final test accuracy (%), each client with the model it uses, pooled over clients.\n\n"
+    "| setting | fedavg |\n|---|---|\n| digits | **85.00 ± 5.00** |\n"
+)
+
+
+def test_committed_rows_that_compare_nothing_or_were_altered_are_named() -> None:
+    """Every committed row is checked, not only the one rerun: a NaN or out-of-range accuracy,
+    a max below the final, a seed's row missing or twice, and seeds 1-2 set to 0 (the .md's
+    mean ± std no longer that of the rows) are each named; a sound table has no problem."""
+    problems = committed_tables.committed_problems
+    assert problems(SOUND, SUMMARY) == (committed_tables.read_csv(SOUND)[0], [])
+    altered = {
+        SOUND.replace("0,0.9,0.8", "0,nan,nan"): "final_accuracy is nan, not a finite accuracy",
+        SOUND.replace("0,0.9,0.8", "0,0.9,1.5"): "final_accuracy 1.5 is not in [0, 1]",
+        SOUND.replace("0,0.9,0.8", "0,0.7,0.8"): "max_accuracy 0.7 is below final_accuracy 0.8",
+        SOUND.replace("1,0.9,0.85", "1,0.0,0.0").replace("2,0.9,0.9", "2,0.0,0.0"): (
+            "the .md says 85.00 ± 5.00 for digits / fedavg (final_accuracy, %), its .csv rows "
+            "give 26.67 ± 46.19"
+        ),
+        SOUND.replace("digits,fedavg,2,", "digits,fedavg,1,"): "seed 1 is on lines 3 and 4",
+        HEADER + "digits,fedavg,0,0.9,0.8\n": "has rows of seeds 0; the header lists 0, 1, 2",
+        SOUND.replace("0,0.9,0.8", "x,0.9,0.8"): "the seed is not a whole number",
+    }
+    header = "- seeds: 0, 1, 2 (cells: mean ± sample std over seeds)\n\n"
+    for csv_text, message in altered.items():
+        found = problems(csv_text, header + SUMMARY)[1]
+        assert any(message in p for p in found), (message, found)
+    short_row = SUMMARY.replace("| digits | **85.00 ± 5.00** |", "| digits |")
+    assert problems(SOUND, short_row)[1] == [
+        "the .md's table row 'digits' has 1 cells, its header 2"
+    ]
+    # A rerun value that is no number compares nothing: it counts as moved.
+    nan = check_results.compare_cell(
+        {"final_accuracy": "0.5", "max_accuracy": "0.5"},
+        {"final_accuracy": "nan", "max_accuracy": "0.5"},
+        1e-6,
+    )
+    assert nan == ["final_accuracy 0.500000 -> nan"]
+
+
+def test_malformed_tables_are_failures_that_do_not_stop_the_others(tmp_path: Path) -> None:
+    """Header only, no final_accuracy column, a NaN committed value, seeds 1-2 set to 0: each
+    is reported MALFORMED on its own line naming the file and what is wrong, and every table
+    is reported, and the check exits 1 saying no cell was rerun. No TensorFlow starts (a
+    fraction of a second)."""
+    table_files(tmp_path / "header_only", HEADER, SUMMARY)
+    table_files(tmp_path / "no_final", "setting,algorithm,seed,max_accuracy\ndigits,fedavg,0,0.9\n")
+    table_files(tmp_path / "nan", SOUND.replace("0,0.9,0.8", "0,nan,nan"), SUMMARY)
+    table_files(
+        tmp_path / "zeroed",
+        SOUND.replace("1,0.9,0.85", "1,0,0").replace("2,0.9,0.9", "2,0,0"),
+        SUMMARY,
+    )
+    done = run_binary([os.path.join("binaries", "check_results.py"), f"--results={tmp_path}"])
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    expected = {
+        "header_only": "comparison.csv: a header and no rows",
+        "no_final": "comparison.csv: no final_accuracy column",
+        "nan": "final_accuracy is nan",
+        "zeroed": "the .md says 85.00 ± 5.00 for digits / fedavg",
+    }
+    lines = done.stdout.splitlines()
+    for folder, message in expected.items():
+        (line,) = [x for x in lines if f"/{folder}/comparison.md" in x]
+        assert line.startswith("MALFORMED") and message in line, line
+    assert lines[-1].startswith("checked the committed rows of 4 tables; reran 0 cells (0 runs)")
+
+
+def test_the_sampled_cell_is_the_first_rows_lowest_seed_or_all_its_seeds() -> None:
+    """A table without a seed-0 row reruns its lowest seed; --all_seeds every seed committed
+    for the first row's setting and algorithm."""
+    rows, problems = committed_tables.read_csv(
+        HEADER + "iid,ifca,2,0.9,0.9\niid,fedavg,1,0.9,0.9\niid,ifca,1,0.9,0.9\n"
+    )
+    assert not problems
+    assert check_results.sampled_cell(rows, all_seeds=False) == ("iid", "ifca", (1,))
+    assert check_results.sampled_cell(rows, all_seeds=True) == ("iid", "ifca", (1, 2))
+    assert str(check_results.Cell("iid", "ifca", (1, 2))) == "iid / ifca / seeds 1, 2"
+
+
+def test_a_rerun_on_another_cpu_or_numerics_setting_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The committed table's `- cpu:` / `- numerics:` header lines against the rerun's: a field
+    that differs, or that the committed table does not record, is named with both values. The
+    rerun runs under the numerics variables the committed table records (set or unset)."""
+    here = "# t\n\n- cpu: X (x86_64); avx2\n- numerics: TensorFlow 2.14.1, oneDNN on\n\n| a |\n"
+    assert check_results.machine_notes(here, here) == ()
+    other = here.replace("oneDNN on", "oneDNN off")
+    assert check_results.machine_notes(other, here) == (
+        "numerics: committed TensorFlow 2.14.1, oneDNN off; here TensorFlow 2.14.1, oneDNN on",
+    )
+    assert check_results.machine_notes("# old\n", here) == (
+        "cpu and numerics not recorded in the committed table",
+    )
+    assert check_results.machine_text(here) == (
+        "cpu: X (x86_64); avx2",
+        "numerics: TensorFlow 2.14.1, oneDNN on",
+    )
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "2")
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")
+    recorded = (
+        "# t\n\n- numerics: TensorFlow 2.14.1, oneDNN off (TF_ENABLE_ONEDNN_OPTS=0, "
+        "TF_NUM_INTRAOP_THREADS unset, TF_NUM_INTEROP_THREADS=1); 2 CPUs usable\n"
+    )
+    environment = check_results.rerun_environment(recorded)
+    assert (
+        environment["TF_ENABLE_ONEDNN_OPTS"] == "0" and "TF_NUM_INTRAOP_THREADS" not in environment
+    )
+    assert environment["TF_NUM_INTEROP_THREADS"] == "1"
+    assert check_results.rerun_environment("# old\n")["TF_ENABLE_ONEDNN_OPTS"] == "1"

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from tff_clustered import result_tables
+from pathlib import Path
+
+import pytest
+
+from tff_clustered import committed_tables, numerics, result_tables
 from tff_clustered.algorithms.dfl import FedAvgDFL
 from tff_clustered.algorithms.fedtsdp import FedTSDP
 from tff_clustered.algorithms.uapdfl import UAPDFL
@@ -131,3 +135,51 @@ def test_the_header_lists_the_table_defaults_a_command_took_and_the_regimes_per_
         "| iid | uapdfl | neighbours 3.0/3.0; regimes dropout+partial+head (%) 25+50+25 / 0+67+33 |"
         in lines
     ), lines
+
+
+def test_a_table_records_its_cpu_and_numerics_settings_and_passes_the_checker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The header names the CPU's numerics-relevant instruction sets and TensorFlow's oneDNN
+    and thread settings (`numerics.machine_lines`), which `binaries/check_results.py` reads
+    back; the rows a table is written from pass the checker's committed-row checks
+    (`committed_tables`)."""
+    cpuinfo = (
+        "processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: fpu sse4_2 avx avx2 fma avx512f "
+        "avx512_bf16 amx_tile\n\nprocessor\t: 1\nmodel name\t: Test CPU\n"
+    )
+    cpu = numerics.cpu_text(cpuinfo)
+    assert cpu.startswith("Test CPU (") and cpu.endswith(
+        "); sse4_2 avx avx2 fma avx512f avx512_bf16 amx_tile"
+    )
+    assert numerics.cpu_text("model name : Other\n").endswith("); flags not known")
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "1")
+    monkeypatch.delenv("TF_NUM_INTEROP_THREADS", raising=False)
+    assert numerics.numerics_text("2.14.1", False).startswith(
+        "TensorFlow 2.14.1, oneDNN off (TF_ENABLE_ONEDNN_OPTS=0, TF_NUM_INTRAOP_THREADS=1, "
+        "TF_NUM_INTEROP_THREADS unset); "
+    )
+    machine = numerics.machine_lines()
+    assert machine[0].startswith("- cpu: ") and machine[1].startswith("- numerics: TensorFlow ")
+    history = [{"round": 0}] + [
+        {"round": r, "accuracy": a, "loss": 1.0, "client_accuracy_mean": a}
+        for r, a in enumerate([0.5, 0.75, 0.7], start=1)
+    ]
+    rows = [
+        result_tables.run_row("iid", name, seed, history, 0.9, FedTSDP)
+        for name in ("fedavg", "fedtsdp")
+        for seed in (0, 1)
+    ]
+    for by_setting in (True, False):
+        markdown = result_tables.write_tables(
+            str(tmp_path), rows, "t", by_setting=by_setting, client_mean=False,
+            target_accuracy=0.9, command="c", date="d", machine=machine,
+        )  # fmt: skip
+        assert numerics.machine_fields(markdown) == {
+            "cpu": machine[0][len("- cpu: ") :],
+            "numerics": machine[1][len("- numerics: ") :],
+        }
+        csv_text = (tmp_path / "comparison.csv").read_text()
+        assert committed_tables.committed_problems(csv_text, markdown)[1] == []
+        assert list(committed_tables.summary_cells(markdown))  # the summary is checked

@@ -337,10 +337,12 @@ def write_tables(
     command: str,
     date: str,
     defaults_taken: Sequence[str] = (),
+    machine: Sequence[str] = (),
 ) -> str:
     """comparison.md (the table, then each cell's diagnostics per seed) and comparison.csv
     (every run in long form). `defaults_taken`: the table's defaults the command took, one
-    line per source (written under the command). Returns the markdown."""
+    line per source (written under the command); `machine`: the header's last lines, what the
+    numbers depend on besides the command (`numerics.machine_lines`). Returns the markdown."""
     seeds = sorted({int(r["seed"]) for r in rows})
     # the generic columns, then every algorithm figure (`run_figures`) some row has
     columns = list(RUN_COLUMNS) + list(
@@ -354,7 +356,7 @@ def write_tables(
     folder = ComparisonFolder(output_dir)
     atomic_write_bytes(folder.comparison_csv, buffer.getvalue().encode())
     key = "final_client_mean_accuracy" if client_mean else "final_accuracy"
-    lines = _header(title, command, date, seeds, defaults_taken)
+    lines = [*_header(title, command, date, seeds, defaults_taken)[:-1], *machine, ""]
     if by_setting:
         lines += [
             "Final test accuracy (%), each client with the model it uses, "
