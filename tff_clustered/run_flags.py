@@ -48,7 +48,7 @@ flags.DEFINE_integer(
     None,
     "Clients to generate or deal to (unset: the dataset's default); mnist_writers: writers kept, "
     "a seeded random choice (unset: all 539); tff_emnist, tff_cifar100, tff_shakespeare, "
-    "tff_stackoverflow: a seeded random choice of the file's clients (unset: all; "
+    "tff_stackoverflow, tff_sql: a seeded random choice of the file's clients (unset: all; "
     "tff_stackoverflow then reads each client when a round first needs it, and needs TFF's "
     "stackoverflow.word_count and stackoverflow.tag_count beside the database).",
     lower_bound=1,

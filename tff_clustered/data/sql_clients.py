@@ -14,6 +14,12 @@ statement that adds it.
 `save_to_sql_client_data` writes each client into one split, so a population whose clients
 have a train and a test split is written by `save_population` (TFF's writer for each split,
 then the two merged into one file): split names "train" and "test", the same client ids.
+
+Every reader, here and on TFF's workers (`WorkerReader`), opens the file read-only
+(`read_only_uri`), so that reading a database in WAL mode never checkpoints it nor deletes its
+`-wal` file, as the last read-write connection to close does (while another process opens it,
+that gives "database is locked"). A file another process holds locked (a writer, or
+`BEGIN EXCLUSIVE`) is `DatabaseLocked`, one line naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Callable, Optional
 
 import numpy as np
@@ -36,8 +44,15 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_clustered.data.client_source import ClientCounts, LazyClients, federated_data
-from tff_clustered.data.federated_data import ClientArrays, DataError, FederatedData, from_arrays
+from tff_clustered.data.federated_data import (
+    ClientArrays,
+    DataError,
+    FederatedData,
+    chosen_clients,
+    from_arrays,
+)
 from tff_clustered.data.fingerprint import sampled_digest
+from tff_clustered.seeds import DataStream, data_rng
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +72,47 @@ IDS_PER_QUERY = 500  # SQLite before 3.32 binds at most 999 parameters to a stat
 RecordParser = Callable[[list[bytes]], ClientArrays]
 
 
+# SQLite's messages for a database another connection holds (SQLITE_BUSY, SQLITE_LOCKED).
+LOCKED_MESSAGES = ("database is locked", "database table is locked")
+
+
+class DatabaseLocked(DataError):
+    """A SQLite file another process holds locked: `locked_database`'s one line."""
+
+
+def locked_database(path: str) -> DatabaseLocked:
+    return DatabaseLocked(
+        f"{path} is locked by another process (database is locked: a program is writing it or "
+        "holds it with BEGIN EXCLUSIVE); let that program commit or close the file, then run "
+        "again (--resume continues a run it stopped)"
+    )
+
+
+def is_locked(message: str) -> bool:
+    """Whether SQLite's error `message` says another connection holds the database."""
+    return any(m in message for m in LOCKED_MESSAGES)
+
+
+@contextlib.contextmanager
+def locks_named(path: str) -> Iterator[None]:
+    """SQLite's "database is locked" on `path` as `locked_database`; other errors as they came."""
+    try:
+        yield
+    except sqlite3.OperationalError as error:
+        if is_locked(str(error)):
+            raise locked_database(path) from None
+        raise
+
+
+def read_only_uri(path: str) -> str:
+    """`path` as a SQLite URI opened read-only (https://www.sqlite.org/uri.html, "mode=ro";
+    the path quoted: a `?` or `#` in it is a file name's)."""
+    return f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
+
+
 def connect(path: str) -> sqlite3.Connection:
-    """The database opened read-only."""
-    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    """The database opened read-only (`read_only_uri`)."""
+    return sqlite3.connect(read_only_uri(path), uri=True)
 
 
 def has_client_index(db: sqlite3.Connection) -> bool:
@@ -89,7 +142,12 @@ class SqlClients:
     def sizes(self) -> dict[str, ClientCounts]:
         """Each split's clients and their number of examples, from `client_metadata` in one
         query (a cheap check that the file is TFF's format: both tables exist), as compact
-        counts over one index of the clients in sorted order."""
+        counts over one index of the clients in sorted order. A count below 0 is refused,
+        naming its client."""
+        with locks_named(self.path):
+            return self._sizes()
+
+    def _sizes(self) -> dict[str, ClientCounts]:
         db = self.connection()
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
         if not {"examples", "client_metadata"} <= tables:
@@ -111,6 +169,15 @@ class SqlClients:
                     ids.append(client)
                 rows[ours[name]].append(index[client])
                 counts[ours[name]].append(int(count))
+        for split, listed in counts.items():
+            negative = np.flatnonzero(np.frombuffer(listed, np.int64) < 0)
+            if negative.size:
+                client = ids[rows[split][negative[0]]]
+                raise DataError(
+                    f"{self.path}: client_metadata lists {listed[negative[0]]} examples for client "
+                    f"{client!r} ({self.splits[split]}); a number of examples is >= 0: regenerate "
+                    "the file or correct that row"
+                )
         if any(a > b for a, b in zip(ids, ids[1:])):  # SQLite's order of ids not stored as text
             order = sorted(range(len(ids)), key=ids.__getitem__)
             ids = [ids[i] for i in order]
@@ -141,8 +208,9 @@ class SqlClients:
 
     def records(self, split: str, client: str) -> list[bytes]:
         """The client's serialized records of `split`, in the order of their rows."""
-        rows = self.connection().execute(CLIENT_QUERY, (client, self.splits[split]))
-        return [row[0] for row in rows]
+        with locks_named(self.path):
+            rows = self.connection().execute(CLIENT_QUERY, (client, self.splits[split]))
+            return [row[0] for row in rows]
 
     def read(self, split: str, client: str) -> ClientArrays:
         """The client's raw `(x, y)` of `split`, parsed from its records."""
@@ -155,11 +223,12 @@ class SqlClients:
         their rows. Raises when any record cannot be parsed."""
         records: dict[str, list[bytes]] = {c: [] for c in clients}
         unique = list(records)
-        for begin in range(0, len(unique), IDS_PER_QUERY):
-            ids = unique[begin : begin + IDS_PER_QUERY]
-            query = CLIENTS_QUERY.format(", ".join("?" * len(ids)))
-            for client, blob in self.connection().execute(query, (self.splits[split], *ids)):
-                records[str(client)].append(blob)
+        with locks_named(self.path):
+            for begin in range(0, len(unique), IDS_PER_QUERY):
+                ids = unique[begin : begin + IDS_PER_QUERY]
+                query = CLIENTS_QUERY.format(", ".join("?" * len(ids)))
+                for client, blob in self.connection().execute(query, (self.splits[split], *ids)):
+                    records[str(client)].append(blob)
         x, y = self.parse([blob for c in clients for blob in records[c]])
         ends = np.cumsum([len(records[c]) for c in clients])
         if len(y) != (ends[-1] if len(ends) else 0):  # a parser that drops or adds examples
@@ -179,9 +248,11 @@ class SqlClients:
         num_classes: int,
         clients: Optional[Sequence[str]] = None,
         vocabulary_size: Optional[int] = None,
+        sizes: Optional[Mapping[str, Mapping[str, int]]] = None,
     ) -> LazyClients:
-        """The file's clients (or `clients` of them) read when first needed."""
-        sizes: Mapping[str, Mapping[str, int]] = self.sizes()
+        """The file's clients (or `clients` of them) read when first needed; `sizes`: the
+        file's `sizes()` when already read."""
+        sizes = self.sizes() if sizes is None else sizes
         if clients is not None:
             sizes = {s: {c: sizes[s][c] for c in clients if c in sizes[s]} for s in sizes}
         return LazyClients(
@@ -233,26 +304,44 @@ def tff_sql_path(data_dir: Optional[str]) -> str:
 
 
 def load_tff_sql(
-    data_dir: Optional[str], num_classes: Optional[int], lazy: bool = True
+    data_dir: Optional[str],
+    num_classes: Optional[int],
+    lazy: bool = True,
+    num_clients: Optional[int] = None,
+    seed: int = 0,
 ) -> FederatedData:
     """A population of `x`/`y` examples in TFF's SQL format (see the module docstring): every
-    client of split "train" (each must be in "test" too), read when first needed (`lazy`) or
-    all at start. `num_classes`: as given (`--num_classes`), else the file's largest label
-    + 1 (a scan of every record: give --num_classes to start without one)."""
+    client of split "train" (each must be in "test" too), or `num_clients` of them drawn
+    without replacement from `DataStream.TFF_CLIENTS` of `seed` (as the tff_* datasets draw
+    theirs), read when first needed (`lazy`) or all at start. `num_classes`: as given
+    (`--num_classes`), else the file's largest label + 1 (a scan of every record: give
+    --num_classes to start without one)."""
     path = tff_sql_path(data_dir)
     reader = SqlClients(path, vector_records, {"train": "train", "test": "test"})
     try:
-        if num_classes is None:
-            num_classes = largest_label(reader) + 1
-        source = reader.lazy(num_classes)
-        if lazy:
-            return federated_data("tff_sql", source)
-        return from_arrays(
-            "tff_sql",
-            *({c: reader.read(s, c) for c in source.sizes[s]} for s in ("train", "test")),
-            num_classes,
-            source=path,
-        )
+        with locks_named(path):
+            sizes = reader.sizes()
+            clients = None
+            if num_clients is not None:
+                listed = list(sizes["train"])
+                drawn = chosen_clients(
+                    len(listed),
+                    num_clients,
+                    data_rng(seed, DataStream.TFF_CLIENTS),
+                    f"{path} has {len(listed):,} clients",
+                )
+                clients = [listed[i] for i in drawn]
+            if num_classes is None:
+                num_classes = largest_label(reader) + 1
+            source = reader.lazy(num_classes, clients, sizes=sizes)
+            if lazy:
+                return federated_data("tff_sql", source)
+            return from_arrays(
+                "tff_sql",
+                *({c: reader.read(s, c) for c in source.sizes[s]} for s in ("train", "test")),
+                num_classes,
+                source=path,
+            )
     except sqlite3.DatabaseError as e:
         raise DataError(
             f"{path} is not a readable SQLite file ({e}); write it with "
@@ -303,6 +392,11 @@ def save_population(
             db.commit()
 
 
+# A failed check of a client's examples read on the worker (`WorkerReader.read`), as TF's
+# Assert prints its data: "assertion failed: [client '...' (split) in path: ] [problem]".
+WORKER_DATA_CHECK = re.compile(r"assertion failed: \[(client '.*?:) \] \[(.*?)\]")
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerReader:
     """Reads one client's examples of split `split_name` from TFF's SQLite file `path` inside a
@@ -336,7 +430,10 @@ class WorkerReader:
         )
 
     def read(self, reference: Mapping[str, tf.Tensor]) -> dict:
-        """The client's OrderedDict(x=float32[n, *input_shape], y=int32[n]) (TF ops)."""
+        """The client's OrderedDict(x=float32[n, *input_shape], y=int32[n]) (TF ops). The file
+        is opened read-only (`read_only_uri`). A record that cannot be parsed fails the checks
+        (not the parser, whose error would quote the record's bytes): one assertion naming the
+        first check that failed (`failure` reads it)."""
         client = reference["client_id"]
         query = tf.strings.join(
             [
@@ -345,34 +442,71 @@ class WorkerReader:
                 f"' AND split_name = '{self.split_name}' ORDER BY rowid",
             ]
         )
-        rows = tf.data.experimental.SqlDataset("sqlite", self.path, query, (tf.string,))
-        (blobs,) = rows.batch(np.iinfo(np.int32).max).get_single_element()
-        parsed = tf.io.parse_example(
-            blobs,
-            {
-                "x": tf.io.FixedLenFeature(list(self.input_shape), tf.float32),
-                "y": tf.io.FixedLenFeature([], tf.int64),
-            },
+        rows = tf.data.experimental.SqlDataset(
+            "sqlite", read_only_uri(self.path), query, (tf.string,)
         )
-        x, y = parsed["x"], parsed["y"]
+        (blobs,) = rows.batch(np.iinfo(np.int32).max).get_single_element()
+        features = {
+            "x": tf.io.FixedLenFeature(list(self.input_shape), tf.float32),
+            "y": tf.io.FixedLenFeature([], tf.int64),
+        }
+
+        def parsed_records(records: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            parsed = tf.io.parse_example(records, features)
+            return parsed["x"], parsed["y"], tf.constant(True)
+
+        unparsed = (
+            tf.zeros([0, *self.input_shape], tf.float32),
+            tf.zeros([0], tf.int64),
+            tf.constant(False),
+        )
+        x, y, parsed = (
+            tf.data.Dataset.from_tensors(blobs)
+            .map(parsed_records)
+            .ignore_errors()
+            .concatenate(tf.data.Dataset.from_tensors(unparsed))
+            .take(1)
+            .get_single_element()
+        )
         where = tf.strings.join(["client '", client, f"' ({self.split_name}) in {self.path}: "])
-        checks = [
-            tf.debugging.Assert(holds, [where, problem])
-            for holds, problem in (
-                (
-                    tf.equal(tf.size(y, tf.int64), reference["num_examples"]),
-                    "not as many examples as client_metadata lists; regenerate the file",
-                ),
-                (tf.reduce_all(tf.math.is_finite(x)), "inputs contain NaN or infinity"),
-                (
-                    tf.reduce_all((y >= 0) & (y < self.num_classes)),
-                    "a label is outside "
-                    f"0..{self.num_classes - 1}; fix the labels or raise --num_classes",
-                ),
-            )
-        ]
-        with tf.control_dependencies(checks):
+        checks = (
+            (parsed, self.unparsed_problem),
+            (
+                tf.equal(tf.size(y, tf.int64), reference["num_examples"]),
+                "not as many examples as client_metadata lists; regenerate the file",
+            ),
+            (tf.reduce_all(tf.math.is_finite(x)), "inputs contain NaN or infinity"),
+            (
+                tf.reduce_all((y >= 0) & (y < self.num_classes)),
+                f"a label is outside 0..{self.num_classes - 1}; fix the labels or raise "
+                "--num_classes",
+            ),
+        )
+        holds = tf.stack([h for h, _ in checks])
+        first_failed = tf.argmin(tf.cast(holds, tf.int32))
+        problem = tf.gather(tf.constant([p for _, p in checks]), first_failed)
+        check = tf.debugging.Assert(tf.reduce_all(holds), [where, problem])
+        with tf.control_dependencies([check]):
             return collections.OrderedDict(x=tf.identity(x), y=tf.cast(y, tf.int32))
+
+    @property
+    def unparsed_problem(self) -> str:
+        shape = "x".join(str(d) for d in self.input_shape)
+        return (
+            f"a record is not a tf.train.Example of x ({shape} floats) and y (an int64 label); "
+            "regenerate the file"
+        )
+
+    def failure(self, message: str) -> Optional[str]:
+        """The one-line error of a TFF worker's failed read of this file, from the worker's
+        error `message`: a client that failed `read`'s checks (its assertion), or the file
+        locked by another process (`locked_database`); None for any other error."""
+        found = WORKER_DATA_CHECK.search(message.replace("\\'", "'"))  # Assert escapes quotes
+        if found is not None:
+            return f"{found[1]} {found[2]}"
+        if is_locked(message):
+            return str(locked_database(self.path))
+        return None
 
 
 def worker_reader(data: FederatedData, split: str = "train") -> Optional[WorkerReader]:

@@ -141,6 +141,8 @@ class TffRoundParts:
     next: tff.Computation
     functions: RoundFunctions
     builders: Mapping[str, Callable[[], tff.Computation]]
+    # Where the workers read each client's examples themselves; None: they are sent.
+    worker_data: Optional[WorkerData] = None
 
     @functools.cached_property
     def partial_next(self) -> tff.Computation:
@@ -397,4 +399,5 @@ def tff_round_parts(fns: RoundFunctions, worker_data: Optional[WorkerData] = Non
             ),
             "evaluate": build_evaluate,
         },
+        worker_data=worker_data,
     )

@@ -28,6 +28,8 @@ class WorkerData(Protocol):
 
     def read(self, reference: Any) -> dict: ...
 
+    def failure(self, message: str) -> Optional[str]: ...
+
 
 def client_examples(data: dict) -> int:
     """Examples of one client's input `data`: its arrays' length, or the number a reference
