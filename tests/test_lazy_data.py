@@ -12,13 +12,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
+from conftest import held_exclusively
 
 import tff_clustered
 from tff_clustered.data import DataError, FederatedData, load_dataset, sql_clients
 from tff_clustered.data.client_source import LazyClients
+from tff_clustered.data.federated_data import chosen_clients
 from tff_clustered.data.given_clients import federated_data
 from tff_clustered.data.registry import source_fingerprint
 from tff_clustered.data.tff_datasets import emnist_parsing
+from tff_clustered.seeds import DataStream, data_rng
 
 NUM_CLIENTS = 30
 CLASSES = 3
@@ -156,6 +159,64 @@ def test_bad_files_are_one_line(tmp_path: object) -> None:
         db.execute("CREATE TABLE t (a)")
     with pytest.raises(DataError, match="not a SQLite file of TFF's SqlClientData format"):
         load_dataset("tff_sql", data_dir=other, num_classes=2)
+
+
+def test_a_negative_count_is_named_with_its_client(population_file: str, tmp_path: object) -> None:
+    copy = damaged_copy(
+        population_file,
+        str(tmp_path),
+        "UPDATE client_metadata SET num_examples = -3 WHERE "
+        "client_id = 'c06' AND split_name = 'test'",
+    )
+    with pytest.raises(DataError) as refused:
+        load_dataset("tff_sql", data_dir=copy, num_classes=CLASSES)
+    assert str(refused.value) == (
+        f"{copy}: client_metadata lists -3 examples for client 'c06' (test); a number of "
+        "examples is >= 0: regenerate the file or correct that row"
+    )
+
+
+def test_a_locked_file_is_named_as_locked_with_the_fix(
+    population_file: str, tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file another process holds (`BEGIN EXCLUSIVE`): at start, and at a client's read
+    once the run has started, one line naming the file as locked (not as unreadable or
+    damaged) and the fix."""
+    monkeypatch.setattr(sql_clients, "BUSY_TIMEOUT_SECONDS", 0.05)
+    copy = str(tmp_path / "held.sqlite")
+    shutil.copy(population_file, copy)
+    locked = f"{copy} is locked by another process (database is locked: a program is writing"
+    with held_exclusively(copy):
+        with pytest.raises(DataError) as at_start:
+            load_dataset("tff_sql", data_dir=copy, num_classes=CLASSES)
+    assert str(at_start.value).startswith(locked) and "run again" in str(at_start.value)
+    data = load_dataset("tff_sql", data_dir=copy, num_classes=CLASSES)
+    with held_exclusively(copy):
+        with pytest.raises(DataError) as at_read:
+            data.arrays_of("train", ["c03", "c04"])
+    assert str(at_read.value).startswith(locked) and "\n" not in str(at_read.value)
+
+
+def test_num_clients_keeps_a_seeded_choice_of_the_files_clients(population_file: str) -> None:
+    """`--num_clients` on tff_sql, as on TFF's own files: a choice drawn from the run's seed
+    (`DataStream.TFF_CLIENTS`), the same read lazily or whole; out of range, one line."""
+    every = load_dataset("tff_sql", data_dir=population_file, num_classes=CLASSES).client_ids
+    drawn = load_dataset(
+        "tff_sql", data_dir=population_file, num_classes=CLASSES, num_clients=5, seed=3
+    )
+    expected = [
+        every[i] for i in chosen_clients(NUM_CLIENTS, 5, data_rng(3, DataStream.TFF_CLIENTS), "")
+    ]
+    assert drawn.client_ids == expected and len(set(expected)) == 5
+    assert set(drawn.train_sizes) == set(drawn.test_sizes) == set(expected)
+    other_seed = load_dataset(
+        "tff_sql", data_dir=population_file, num_classes=CLASSES, num_clients=5, seed=4
+    )
+    assert other_seed.client_ids != expected
+    whole = sql_clients.load_tff_sql(population_file, CLASSES, lazy=False, num_clients=5, seed=3)
+    assert_same_clients(drawn, whole)
+    with pytest.raises(DataError, match="has 30 clients; use --num_clients between 1 and 30"):
+        load_dataset("tff_sql", data_dir=population_file, num_classes=CLASSES, num_clients=31)
 
 
 def test_the_fingerprint_samples_the_file_and_sees_a_changed_row(

@@ -110,9 +110,14 @@ def read_only_uri(path: str) -> str:
     return f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
 
 
+# How long a read waits for another process's lock on the file before `locked_database`
+# (Python's sqlite3 default).
+BUSY_TIMEOUT_SECONDS = 5.0
+
+
 def connect(path: str) -> sqlite3.Connection:
     """The database opened read-only (`read_only_uri`)."""
-    return sqlite3.connect(read_only_uri(path), uri=True)
+    return sqlite3.connect(read_only_uri(path), timeout=BUSY_TIMEOUT_SECONDS, uri=True)
 
 
 def has_client_index(db: sqlite3.Connection) -> bool:
