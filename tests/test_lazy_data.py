@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
-from conftest import held_exclusively
+from conftest import held_exclusively, run_binary
 
 import tff_clustered
 from tff_clustered.data import DataError, FederatedData, load_dataset, sql_clients
@@ -217,6 +217,33 @@ def test_num_clients_keeps_a_seeded_choice_of_the_files_clients(population_file:
     assert_same_clients(drawn, whole)
     with pytest.raises(DataError, match="has 30 clients; use --num_clients between 1 and 30"):
         load_dataset("tff_sql", data_dir=population_file, num_classes=CLASSES, num_clients=31)
+
+
+# A binary's logging (`logs.quiet_python_logs` after its imports, then absl's `app.run`)
+# around a tff_sql load: the warnings the user sees on stderr.
+LOAD_AS_A_BINARY = """
+import sys
+from absl import app
+from tff_clustered import logs
+from tff_clustered.data import load_dataset
+logs.quiet_python_logs(sys.argv)
+load = lambda argv: load_dataset("tff_sql", data_dir=argv[1], num_classes=3)
+app.run(lambda argv: print(len(load(argv).client_ids)))
+"""
+
+
+def test_the_missing_index_warning_reaches_the_user_of_a_binary(
+    population_file: str, tmp_path: object
+) -> None:
+    copy = damaged_copy(population_file, str(tmp_path), "DROP INDEX examples_by_client")
+    done = run_binary(["-c", LOAD_AS_A_BINARY, copy])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(NUM_CLIENTS)
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        f"warning: {copy} has no index of examples on client_id: each client read scans the "
+        f"table; add one with: sqlite3 {copy} '{sql_clients.CLIENT_INDEX}'"
+    ]
 
 
 def test_the_fingerprint_samples_the_file_and_sees_a_changed_row(
