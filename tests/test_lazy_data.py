@@ -149,6 +149,29 @@ def test_a_damaged_client_is_one_line_naming_it_at_its_first_read(
         data.arrays("train", "c01")
 
 
+@pytest.mark.parametrize("record", [0, 2])
+def test_an_undecodable_record_is_named_with_its_client(
+    population_file: str, tmp_path: object, record: int
+) -> None:
+    """A record of bytes that are neither an Example nor UTF-8, first or later among its
+    client's, read alone or with other clients: one line naming the client, the file and what
+    the record is not (the parser's own error would quote the bytes, and fail to)."""
+    copy = damaged_copy(
+        population_file,
+        str(tmp_path),
+        "UPDATE examples SET serialized_example_proto = x'0a03ffffff' WHERE rowid = (SELECT "
+        f"min(rowid) + {record} FROM examples WHERE client_id = 'c05' AND split_name = 'train')",
+    )
+    data = load_dataset("tff_sql", data_dir=copy, num_classes=CLASSES)
+    with pytest.raises(DataError) as error:
+        data.arrays_of("train", data.client_ids)
+    floats = "4 floats" if record else "floats"
+    assert str(error.value) == (
+        f"client 'c05' (train) in {copy}: its examples cannot be read (ValueError: a record is "
+        f"not a tf.train.Example of x ({floats}) and y (an int64 label)); regenerate the file"
+    )
+
+
 def test_bad_files_are_one_line(tmp_path: object) -> None:
     with pytest.raises(DataError, match="needs --data_dir"):
         load_dataset("tff_sql")
