@@ -15,7 +15,7 @@ import tensorflow_federated as tff
 from conftest import held_exclusively, run_binary
 
 import tff_clustered
-from tff_clustered.data import DataError, FederatedData, load_dataset, sql_clients
+from tff_clustered.data import DataError, FederatedData, load_dataset, sql_clients, sqlite_files
 from tff_clustered.data.client_source import LazyClients
 from tff_clustered.data.federated_data import chosen_clients
 from tff_clustered.data.given_clients import federated_data
@@ -205,7 +205,7 @@ def test_a_locked_file_is_named_as_locked_with_the_fix(
     """A file another process holds (`BEGIN EXCLUSIVE`): at start, and at a client's read
     once the run has started, one line naming the file as locked (not as unreadable or
     damaged) and the fix."""
-    monkeypatch.setattr(sql_clients, "BUSY_TIMEOUT_SECONDS", 0.05)
+    monkeypatch.setattr(sqlite_files, "BUSY_TIMEOUT_SECONDS", 0.05)
     copy = str(tmp_path / "held.sqlite")
     shutil.copy(population_file, copy)
     locked = f"{copy} is locked by another process (database is locked: a program is writing"

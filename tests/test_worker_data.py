@@ -17,10 +17,12 @@ import pytest
 import tensorflow as tf
 from conftest import held_exclusively
 
-from tff_clustered.data import load_dataset, sql_clients
+from tff_clustered.data import load_dataset, sql_clients, sqlite_files
 from tff_clustered.data.fingerprint import file_digest
 from tff_clustered.data.population import PopulationSpec, write_population_sql
 from tff_clustered.data.spec import DataSpec
+from tff_clustered.data.sqlite_files import locked_database
+from tff_clustered.data.worker_reader import WorkerReader, worker_reader
 from tff_clustered.federated import executions, sharded
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.run_spec import RunSpec
@@ -102,7 +104,7 @@ def test_a_run_reading_on_the_worker_equals_the_run_sending_arrays(
 
 def test_auto_reads_on_the_worker_what_was_measured_faster(population_file: str) -> None:
     data = load_dataset("tff_sql", data_dir=population_file, num_classes=POPULATION.num_classes)
-    reader = sql_clients.worker_reader(data)
+    reader = worker_reader(data)
     assert reader is not None and reader.held_here
     assert reader.mean_values == POPULATION.train_examples * POPULATION.num_features
     assert not executions.reads_on_worker("auto", reader)  # small clients, held here
@@ -113,8 +115,8 @@ def test_auto_reads_on_the_worker_what_was_measured_faster(population_file: str)
     population = dataclasses.replace(reader, held_here=False)  # read from the file here anyway
     assert executions.reads_on_worker("auto", population)
     held = sql_clients.load_tff_sql(population_file, POPULATION.num_classes, lazy=False)
-    assert sql_clients.worker_reader(held) is None  # no file to read: sent
-    assert sql_clients.worker_reader(load_dataset("digits")) is None
+    assert worker_reader(held) is None  # no file to read: sent
+    assert worker_reader(load_dataset("digits")) is None
 
 
 def test_reading_on_the_worker_data_that_is_not_a_tff_sql_file_is_one_line() -> None:
@@ -152,7 +154,7 @@ def test_a_read_failing_on_the_worker_is_one_line_naming_it(
     as `client_metadata` lists, or whose record is not an Example (its bytes are not UTF-8),
     stops the round with a one-line error naming it and the file; a file another process
     locked after the start, one line naming the file as locked and the fix."""
-    monkeypatch.setattr(sql_clients, "BUSY_TIMEOUT_SECONDS", 0.05)  # a read here: at once
+    monkeypatch.setattr(sqlite_files, "BUSY_TIMEOUT_SECONDS", 0.05)  # a read here: at once
     population = PopulationSpec(num_clients=4, train_examples=5, test_examples=2, num_features=3)
     path = str(tmp_path / population.file_name)
     write_population_sql(population, path)
@@ -175,7 +177,7 @@ def test_a_read_failing_on_the_worker_is_one_line_naming_it(
     # The worker read the training examples, not this process (beyond the first client's).
     assert [c for split, c in experiment.data.source._cache if split == "train"] == ["c0000000"]
     if damage == "locked":
-        assert str(raised.value) == str(sql_clients.locked_database(path))
+        assert str(raised.value) == str(locked_database(path))
     else:
         assert (
             str(raised.value)
@@ -220,7 +222,7 @@ def test_reading_on_the_worker_leaves_a_wal_mode_file_as_it_was(tmp_path: Any) -
     wal = path + "-wal"
     assert os.path.getsize(wal) > 0
     before = {p: file_digest(p) for p in (path, wal)}
-    reader = sql_clients.WorkerReader(path, "train", (3,), population.num_classes)
+    reader = WorkerReader(path, "train", (3,), population.num_classes)
     read = reader.read(reader.reference("c0000001", population.train_examples))
     assert int(read["y"][0]) == labels[0]  # the write still in the -wal file
     assert {p: file_digest(p) for p in (path, wal)} == before

@@ -52,7 +52,8 @@ from tff_clustered.data.federated_data import (
 from tff_clustered.data.given_clients import client_arrays
 from tff_clustered.data.images import standardise
 from tff_clustered.data.partitions import HOLDOUT_FRACTION, holdout_split
-from tff_clustered.data.sql_clients import SqlClients, is_locked, locked_database
+from tff_clustered.data.sql_clients import SqlClients
+from tff_clustered.data.sqlite_files import is_locked, locked_database
 from tff_clustered.seeds import DataStream, data_rng
 
 EMNIST_FILE = "emnist_all.sqlite"

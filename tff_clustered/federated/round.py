@@ -113,11 +113,8 @@ def build_round(
     initial_variables: Sequence[np.ndarray],
 ) -> FederatedRound:
     """Builds `initialize`/`next` and `evaluate` as TFF computations for one model and
-    signature.
-
-    `initial_variables` (one model's trainable tensors then its state) initialise every cluster
-    in `initialize`; the orchestration passes its own server state to `next`.
-    """
+    signature. `initial_variables` (one model's trainable tensors then its state) initialise
+    every cluster in `initialize`; the orchestration passes its own server state to `next`."""
     return tff_round(round_functions(model, input_spec, signature, initial_variables))
 
 
