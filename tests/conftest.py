@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -39,6 +40,34 @@ def run_binary(
         timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
+
+
+# Another process holding a SQLite file locked (`BEGIN EXCLUSIVE`) until its stdin closes.
+HOLD_EXCLUSIVELY = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN EXCLUSIVE")
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def held_exclusively(path: str) -> Iterator[None]:
+    """While inside, another process holds the SQLite file `path` with `BEGIN EXCLUSIVE`."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLD_EXCLUSIVELY, path],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "held\n"
+        yield
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        process.wait(timeout=60)
 
 
 # The start of a `python -c` script that runs train.py's main in this one process, as `app.run`

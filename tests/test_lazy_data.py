@@ -12,13 +12,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
+from conftest import held_exclusively, run_binary
 
 import tff_clustered
-from tff_clustered.data import DataError, FederatedData, load_dataset, sql_clients
+from tff_clustered.data import DataError, FederatedData, load_dataset, sql_clients, sqlite_files
 from tff_clustered.data.client_source import LazyClients
+from tff_clustered.data.federated_data import chosen_clients
 from tff_clustered.data.given_clients import federated_data
 from tff_clustered.data.registry import source_fingerprint
 from tff_clustered.data.tff_datasets import emnist_parsing
+from tff_clustered.seeds import DataStream, data_rng
 
 NUM_CLIENTS = 30
 CLASSES = 3
@@ -146,6 +149,29 @@ def test_a_damaged_client_is_one_line_naming_it_at_its_first_read(
         data.arrays("train", "c01")
 
 
+@pytest.mark.parametrize("record", [0, 2])
+def test_an_undecodable_record_is_named_with_its_client(
+    population_file: str, tmp_path: object, record: int
+) -> None:
+    """A record of bytes that are neither an Example nor UTF-8, first or later among its
+    client's, read alone or with other clients: one line naming the client, the file and what
+    the record is not (the parser's own error would quote the bytes, and fail to)."""
+    copy = damaged_copy(
+        population_file,
+        str(tmp_path),
+        "UPDATE examples SET serialized_example_proto = x'0a03ffffff' WHERE rowid = (SELECT "
+        f"min(rowid) + {record} FROM examples WHERE client_id = 'c05' AND split_name = 'train')",
+    )
+    data = load_dataset("tff_sql", data_dir=copy, num_classes=CLASSES)
+    with pytest.raises(DataError) as error:
+        data.arrays_of("train", data.client_ids)
+    floats = "4 floats" if record else "floats"
+    assert str(error.value) == (
+        f"client 'c05' (train) in {copy}: its examples cannot be read (ValueError: a record is "
+        f"not a tf.train.Example of x ({floats}) and y (an int64 label)); regenerate the file"
+    )
+
+
 def test_bad_files_are_one_line(tmp_path: object) -> None:
     with pytest.raises(DataError, match="needs --data_dir"):
         load_dataset("tff_sql")
@@ -156,6 +182,91 @@ def test_bad_files_are_one_line(tmp_path: object) -> None:
         db.execute("CREATE TABLE t (a)")
     with pytest.raises(DataError, match="not a SQLite file of TFF's SqlClientData format"):
         load_dataset("tff_sql", data_dir=other, num_classes=2)
+
+
+def test_a_negative_count_is_named_with_its_client(population_file: str, tmp_path: object) -> None:
+    copy = damaged_copy(
+        population_file,
+        str(tmp_path),
+        "UPDATE client_metadata SET num_examples = -3 WHERE "
+        "client_id = 'c06' AND split_name = 'test'",
+    )
+    with pytest.raises(DataError) as refused:
+        load_dataset("tff_sql", data_dir=copy, num_classes=CLASSES)
+    assert str(refused.value) == (
+        f"{copy}: client_metadata lists -3 examples for client 'c06' (test); a number of "
+        "examples is >= 0: regenerate the file or correct that row"
+    )
+
+
+def test_a_locked_file_is_named_as_locked_with_the_fix(
+    population_file: str, tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file another process holds (`BEGIN EXCLUSIVE`): at start, and at a client's read
+    once the run has started, one line naming the file as locked (not as unreadable or
+    damaged) and the fix."""
+    monkeypatch.setattr(sqlite_files, "BUSY_TIMEOUT_SECONDS", 0.05)
+    copy = str(tmp_path / "held.sqlite")
+    shutil.copy(population_file, copy)
+    locked = f"{copy} is locked by another process (database is locked: a program is writing"
+    with held_exclusively(copy):
+        with pytest.raises(DataError) as at_start:
+            load_dataset("tff_sql", data_dir=copy, num_classes=CLASSES)
+    assert str(at_start.value).startswith(locked) and "run again" in str(at_start.value)
+    data = load_dataset("tff_sql", data_dir=copy, num_classes=CLASSES)
+    with held_exclusively(copy):
+        with pytest.raises(DataError) as at_read:
+            data.arrays_of("train", ["c03", "c04"])
+    assert str(at_read.value).startswith(locked) and "\n" not in str(at_read.value)
+
+
+def test_num_clients_keeps_a_seeded_choice_of_the_files_clients(population_file: str) -> None:
+    """`--num_clients` on tff_sql, as on TFF's own files: a choice drawn from the run's seed
+    (`DataStream.TFF_CLIENTS`), the same read lazily or whole; out of range, one line."""
+    every = load_dataset("tff_sql", data_dir=population_file, num_classes=CLASSES).client_ids
+    drawn = load_dataset(
+        "tff_sql", data_dir=population_file, num_classes=CLASSES, num_clients=5, seed=3
+    )
+    expected = [
+        every[i] for i in chosen_clients(NUM_CLIENTS, 5, data_rng(3, DataStream.TFF_CLIENTS), "")
+    ]
+    assert drawn.client_ids == expected and len(set(expected)) == 5
+    assert set(drawn.train_sizes) == set(drawn.test_sizes) == set(expected)
+    other_seed = load_dataset(
+        "tff_sql", data_dir=population_file, num_classes=CLASSES, num_clients=5, seed=4
+    )
+    assert other_seed.client_ids != expected
+    whole = sql_clients.load_tff_sql(population_file, CLASSES, lazy=False, num_clients=5, seed=3)
+    assert_same_clients(drawn, whole)
+    with pytest.raises(DataError, match="has 30 clients; use --num_clients between 1 and 30"):
+        load_dataset("tff_sql", data_dir=population_file, num_classes=CLASSES, num_clients=31)
+
+
+# A binary's logging (`logs.quiet_python_logs` after its imports, then absl's `app.run`)
+# around a tff_sql load: the warnings the user sees on stderr.
+LOAD_AS_A_BINARY = """
+import sys
+from absl import app
+from tff_clustered import logs
+from tff_clustered.data import load_dataset
+logs.quiet_python_logs(sys.argv)
+load = lambda argv: load_dataset("tff_sql", data_dir=argv[1], num_classes=3)
+app.run(lambda argv: print(len(load(argv).client_ids)))
+"""
+
+
+def test_the_missing_index_warning_reaches_the_user_of_a_binary(
+    population_file: str, tmp_path: object
+) -> None:
+    copy = damaged_copy(population_file, str(tmp_path), "DROP INDEX examples_by_client")
+    done = run_binary(["-c", LOAD_AS_A_BINARY, copy])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(NUM_CLIENTS)
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        f"warning: {copy} has no index of examples on client_id: each client read scans the "
+        f"table; add one with: sqlite3 {copy} '{sql_clients.CLIENT_INDEX}'"
+    ]
 
 
 def test_the_fingerprint_samples_the_file_and_sees_a_changed_row(

@@ -6,13 +6,17 @@ and prints the runs' commands (the runs themselves are the benchmark's, not the 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import sqlite3
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 from conftest import ROOT, run_binary
@@ -85,6 +89,83 @@ def test_population_file_reads_back_through_tff(tmp_path: Path) -> None:
         split_names_by_client_id={cid: "train" for cid in ids},
     )
     assert stored_protos(by_tff, "train") == stored_protos(Path(path), "train")
+
+
+@pytest.mark.parametrize("finishing_first", ["second", "first"])
+def test_two_writers_of_one_population_file_never_report_a_file_they_did_not_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, finishing_first: str
+) -> None:
+    """Two writers of the same population file at once (threads here, processes alike), each
+    paused mid-write while the other runs: whichever finishes first writes the file and says
+    so, the other keeps it and says it did not write it; both end without an error, and the
+    folder holds the whole file and no temporary file. `finishing_first`: the writer that
+    started second (it runs to the end while the first is paused), or the first (resumed
+    while the second is paused mid-write)."""
+    spec = population.PopulationSpec(6, train_examples=2, test_examples=1, num_features=4)
+    monkeypatch.setattr(population, "CLIENTS_PER_BATCH", 2)  # three batches: a middle to pause at
+    paused = {name: threading.Event() for name in ("first", "second")}
+    resumed = {name: threading.Event() for name in ("first", "second")}
+    rows = population.client_rows
+
+    def pausing_rows(*args: object) -> object:
+        name = threading.current_thread().name
+        if name in paused and args[1].start == 2:  # type: ignore[attr-defined]
+            paused[name].set()
+            assert resumed[name].wait(60)
+        return rows(*args)
+
+    monkeypatch.setattr(population, "client_rows", pausing_rows)
+    results: dict[str, object] = {}
+
+    def write(name: str) -> threading.Thread:
+        def target() -> None:
+            try:
+                results[name] = population.population_file(spec, str(tmp_path))
+            except Exception as error:  # the test reports it, not the thread
+                results[name] = error
+
+        thread = threading.Thread(target=target, name=name)
+        thread.start()
+        return thread
+
+    first = write("first")
+    assert paused["first"].wait(60)
+    second = write("second")
+    if finishing_first == "second":
+        resumed["second"].set()
+        second.join(60)
+        resumed["first"].set()
+    else:
+        assert paused["second"].wait(60)
+        resumed["first"].set()
+        first.join(60)
+        resumed["second"].set()
+    first.join(60)
+    second.join(60)
+    path = str(tmp_path / spec.file_name)
+    later = "first" if finishing_first == "second" else "second"
+    assert results == {finishing_first: (path, True), later: (path, False)}
+    assert os.listdir(tmp_path) == [spec.file_name]
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert db.execute("SELECT count(*) FROM client_metadata").fetchone() == (12,)
+        assert db.execute("SELECT count(*) FROM examples").fetchone() == (18,)
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_writer(tmp_path: Path) -> None:
+    spec = population.PopulationSpec(3, train_examples=2, test_examples=1, num_features=4)
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    dead = f"{spec.file_name}.{done.stdout.strip()}-abcd1234{population.PARTIAL_SUFFIX}"
+    alive = f"{spec.file_name}.{os.getpid()}-abcd1234{population.PARTIAL_SUFFIX}"
+    for name in (dead, alive):
+        (tmp_path / name).write_bytes(b"partial")
+    assert population.population_file(spec, str(tmp_path)) == (str(tmp_path / spec.file_name), True)
+    assert sorted(os.listdir(tmp_path)) == sorted([spec.file_name, alive])
 
 
 def test_population_dry_run_writes_the_population_and_prints_the_runs(tmp_path: Path) -> None:

@@ -4,22 +4,26 @@ orphan temporary files are removed by the next run that holds it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import sqlite3
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from conftest import TESTDATA, TRAIN_IN_ONE_PROCESS, run_binary
 
 from tff_clustered import atomic_files, checkpoint
 from tff_clustered.checkpoint import CheckpointError
 from tff_clustered.data import fingerprint
-from tff_clustered.data.fingerprint import SourceFingerprint, file_digest
+from tff_clustered.data.fingerprint import SourceFingerprint, file_digest, sampled_digest
+from tff_clustered.data.population import PopulationSpec, write_population_sql
 from tff_clustered.data.registry import data_files, load_dataset, source_fingerprint
 from tff_clustered.data.spec import DATASET_NAMES
 from tff_clustered.loop.state import RunState
@@ -137,6 +141,111 @@ def test_a_file_above_the_limit_is_hashed_by_sampled_blocks(
     assert file_digest(str(tmp_path / "none")) == fingerprint.ABSENT
 
 
+# -- SQLite databases in every journal mode -------------------------------------------------------
+
+JOURNAL_MODES = ("DELETE", "TRUNCATE", "PERSIST", "MEMORY", "WAL", "OFF")
+# A modification time well before any change a test makes: the database was written before the
+# run (a change within the same clock tick as its writing would keep the time).
+WRITTEN_EARLIER_NS = 10**18
+
+
+@pytest.fixture(scope="module")
+def population_db(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A small population of TFF's SQL format (DELETE mode, the default)."""
+    spec = PopulationSpec(num_clients=60, train_examples=4, test_examples=3, num_features=8)
+    path = str(tmp_path_factory.mktemp("population") / "population.sqlite")
+    write_population_sql(spec, path)
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("PRAGMA journal_mode=DELETE")
+    return path
+
+
+def database_in_mode(source: str, folder: Path, mode: str) -> str:
+    """A copy of `source` switched to journal mode `mode`, written "earlier"."""
+    copy = str(folder / "population.sqlite")
+    shutil.copy(source, copy)
+    with contextlib.closing(sqlite3.connect(copy)) as db:
+        assert db.execute(f"PRAGMA journal_mode={mode}").fetchone()[0] == mode.lower()
+    os.utime(copy, ns=(WRITTEN_EARLIER_NS, WRITTEN_EARLIER_NS))
+    return copy
+
+
+def relabel_a_test_example(db: sqlite3.Connection) -> None:
+    """Commits a new label for the middle test example (a row far from the file's ends)."""
+    (middle,) = db.execute(
+        "SELECT rowid FROM examples WHERE split_name = 'test' ORDER BY rowid LIMIT 1 OFFSET 90"
+    ).fetchone()
+    (blob,) = db.execute(
+        "SELECT serialized_example_proto FROM examples WHERE rowid = ?", (middle,)
+    ).fetchone()
+    example = tf.train.Example.FromString(blob)
+    labels = example.features.feature["y"].int64_list.value
+    labels[0] = (labels[0] + 1) % 10
+    db.execute(
+        "UPDATE examples SET serialized_example_proto = ? WHERE rowid = ?",
+        (example.SerializeToString(), middle),
+    )
+    db.commit()
+
+
+@pytest.fixture
+def header_only_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sampled_digest` reads only the first and the last page: the changed row's page is not
+    sampled, so only what SQLite changes on every write can show the change."""
+    monkeypatch.setattr(fingerprint, "EDGE_BYTES", 4096)
+    monkeypatch.setattr(fingerprint, "PAGE_SAMPLES", 2)
+    monkeypatch.setattr(fingerprint, "PAGE_SAMPLE", 4096)
+
+
+@pytest.mark.parametrize("mode", JOURNAL_MODES)
+@pytest.mark.parametrize("digest", [sampled_digest, file_digest])
+@pytest.mark.usefixtures("header_only_samples")
+def test_a_changed_label_changes_the_fingerprint_in_every_journal_mode(
+    population_db: str, tmp_path: Path, mode: str, digest: Callable[[str], str]
+) -> None:
+    """The probe: a database in WAL mode, a test label changed by UPDATE and checkpointed into
+    the file (`wal_checkpoint(TRUNCATE)`), the fingerprint unchanged; and in every other
+    journal mode SQLite has."""
+    path = database_in_mode(population_db, tmp_path, mode)
+    before = digest(path)
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        relabel_a_test_example(db)
+        if mode == "WAL":
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert digest(path) != before
+
+
+@pytest.mark.parametrize("digest", [sampled_digest, file_digest])
+@pytest.mark.usefixtures("header_only_samples")
+def test_a_change_still_in_the_wal_file_changes_the_fingerprint(
+    population_db: str, tmp_path: Path, digest: Callable[[str], str]
+) -> None:
+    """WAL mode, the change committed but not checkpointed (its writer still open): the
+    database file is as it was, SQLite reads the change from the -wal file."""
+    path = database_in_mode(population_db, tmp_path, "WAL")
+    before = digest(path)
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        relabel_a_test_example(db)
+        assert os.path.getsize(path + "-wal") > 0
+        pending = digest(path)
+    assert pending != before
+    assert not os.path.exists(path + "-wal")  # the last connection checkpointed it
+    assert digest(path) != before
+
+
+@pytest.mark.parametrize("mode", JOURNAL_MODES)
+def test_reading_a_database_keeps_its_fingerprint(
+    population_db: str, tmp_path: Path, mode: str
+) -> None:
+    """A run reads its data read-only (in WAL mode that leaves an empty -wal file): the
+    fingerprint a resume computes is the one its checkpoint holds."""
+    path = database_in_mode(population_db, tmp_path, mode)
+    before = source_fingerprint("tff_sql", data_dir=path)
+    data = load_dataset("tff_sql", data_dir=path, num_classes=10)
+    data.arrays("test", data.client_ids[-1])
+    assert source_fingerprint("tff_sql", data_dir=path).change_since(before) is None
+
+
 # Each file-based loader on its fixture: load_dataset's keyword arguments.
 FIXTURE_LOADS = {
     "leaf": {"data_dir": "leaf_tiny"},
@@ -249,6 +358,25 @@ def test_a_checkpoint_refuses_changed_data_and_resumes_the_same(leaf_copy: Path)
     assert f"the data under {leaf_copy} changed since the checkpoint" in message
     assert f"{LEAF_TRAIN_0} differs" in message and "new --output_dir" in message
     assert "\n" not in message
+
+
+@pytest.mark.usefixtures("header_only_samples")
+def test_a_checkpoint_refuses_a_wal_mode_database_changed_since(
+    population_db: str, tmp_path: Path
+) -> None:
+    """The probe's resume: a run on a WAL-mode database checkpointed, a test label changed by
+    UPDATE and checkpointed into the file (on a page the sample does not read, as in a large
+    population): the resume is refused, naming the file."""
+    path = database_in_mode(population_db, tmp_path, "WAL")
+    saved = str(tmp_path / CHECKPOINT_NAME)
+    checkpoint.save(saved, small_state(), SETTINGS, source_fingerprint("tff_sql", data_dir=path))
+    load_dataset("tff_sql", data_dir=path, num_classes=10).arrays("test", "c0000001")
+    assert checkpoint.load(saved, SETTINGS, source_fingerprint("tff_sql", data_dir=path))
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        relabel_a_test_example(db)
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    with pytest.raises(CheckpointError, match="population.sqlite differs; restore the data"):
+        checkpoint.load(saved, SETTINGS, source_fingerprint("tff_sql", data_dir=path))
 
 
 def test_a_checkpoint_without_a_data_fingerprint_resumes_with_a_warning(leaf_copy: Path) -> None:

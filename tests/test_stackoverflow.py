@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 from conftest import ROOT, run_binary
 
+from tff_clustered import run_flags
 from tff_clustered.data import DataError, load_dataset
 from tff_clustered.data.federated_data import chosen_clients
 from tff_clustered.data.registry import data_files, source_fingerprint
@@ -161,6 +162,18 @@ def test_missing_or_foreign_files_are_one_line_data_errors(tmp_path: Path) -> No
     shutil.copy(os.path.join(TINY, "stackoverflow.tag_count"), tmp_path)
     assert "--num_classes=13: " in error(num_clients=2, num_classes=13)
     assert "--num_classes=0: " in error(num_clients=2, num_classes=0)  # no tag: every post dropped
+
+
+def test_the_num_classes_range_a_refusal_names_is_the_range_accepted() -> None:
+    """The refusal's range is what the loader and --num_classes accept: from 2 (a classifier
+    tells two classes apart; the flag's lower bound) to the fixture's 12 tags."""
+    for refused in (1, 13):
+        with pytest.raises(DataError) as raised:
+            load_tff_stackoverflow(TINY, None, num_classes=refused)
+        assert str(raised.value).endswith("gives 12 tags; use --num_classes between 2 and 12")
+    for accepted in (2, 12):
+        assert load_tff_stackoverflow(TINY, None, num_classes=accepted).num_classes == accepted
+    assert run_flags.FLAGS["num_classes"].parser.lower_bound == 2
 
 
 def test_without_the_vocabulary_files_the_drawn_clients_train_posts_give_them(

@@ -4,16 +4,25 @@ file of TFF's SQL format, and a run equals the run whose clients are sent as arr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import sqlite3
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
 import pytest
+import tensorflow as tf
+from conftest import held_exclusively
 
-from tff_clustered.data import load_dataset, sql_clients
+from tff_clustered.data import load_dataset, sql_clients, sqlite_files
+from tff_clustered.data.fingerprint import file_digest
 from tff_clustered.data.population import PopulationSpec, write_population_sql
 from tff_clustered.data.spec import DataSpec
+from tff_clustered.data.sqlite_files import locked_database
+from tff_clustered.data.worker_reader import WorkerReader, worker_reader
 from tff_clustered.federated import executions, sharded
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.run_spec import RunSpec
@@ -95,7 +104,7 @@ def test_a_run_reading_on_the_worker_equals_the_run_sending_arrays(
 
 def test_auto_reads_on_the_worker_what_was_measured_faster(population_file: str) -> None:
     data = load_dataset("tff_sql", data_dir=population_file, num_classes=POPULATION.num_classes)
-    reader = sql_clients.worker_reader(data)
+    reader = worker_reader(data)
     assert reader is not None and reader.held_here
     assert reader.mean_values == POPULATION.train_examples * POPULATION.num_features
     assert not executions.reads_on_worker("auto", reader)  # small clients, held here
@@ -106,8 +115,8 @@ def test_auto_reads_on_the_worker_what_was_measured_faster(population_file: str)
     population = dataclasses.replace(reader, held_here=False)  # read from the file here anyway
     assert executions.reads_on_worker("auto", population)
     held = sql_clients.load_tff_sql(population_file, POPULATION.num_classes, lazy=False)
-    assert sql_clients.worker_reader(held) is None  # no file to read: sent
-    assert sql_clients.worker_reader(load_dataset("digits")) is None
+    assert worker_reader(held) is None  # no file to read: sent
+    assert worker_reader(load_dataset("digits")) is None
 
 
 def test_reading_on_the_worker_data_that_is_not_a_tff_sql_file_is_one_line() -> None:
@@ -121,17 +130,38 @@ def test_reading_on_the_worker_data_that_is_not_a_tff_sql_file_is_one_line() -> 
         RuntimeConfig(client_data="lazy")
 
 
-def test_a_client_failing_its_checks_on_the_worker_is_one_line_naming_it(tmp_path: Any) -> None:
+# A client's rows damaged in the file: the UPDATE, and the one-line error's problem.
+DAMAGED_CLIENT = {
+    "count": (
+        "UPDATE client_metadata SET num_examples = 9 "
+        "WHERE client_id = 'c0000002' AND split_name = 'train'",
+        "not as many examples as client_metadata lists; regenerate the file",
+    ),
+    "undecodable": (
+        "UPDATE examples SET serialized_example_proto = x'0a03ffffff' WHERE rowid = (SELECT "
+        "min(rowid) FROM examples WHERE client_id = 'c0000002' AND split_name = 'train')",
+        "a record is not a tf.train.Example of x (3 floats) and y (an int64 label); "
+        "regenerate the file",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", ["count", "undecodable", "locked"])
+def test_a_read_failing_on_the_worker_is_one_line_naming_it(
+    tmp_path: Any, damage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The checks of a first read here run on the worker: a client whose rows are not as many
-    as `client_metadata` lists stops the round with a one-line error naming it and the file."""
+    as `client_metadata` lists, or whose record is not an Example (its bytes are not UTF-8),
+    stops the round with a one-line error naming it and the file; a file another process
+    locked after the start, one line naming the file as locked and the fix."""
+    monkeypatch.setattr(sqlite_files, "BUSY_TIMEOUT_SECONDS", 0.05)  # a read here: at once
     population = PopulationSpec(num_clients=4, train_examples=5, test_examples=2, num_features=3)
     path = str(tmp_path / population.file_name)
     write_population_sql(population, path)
-    with sqlite3.connect(path) as db:
-        db.execute(
-            "UPDATE client_metadata SET num_examples = 9 "
-            "WHERE client_id = 'c0000002' AND split_name = 'train'"
-        )
+    if damage in DAMAGED_CLIENT:
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            db.execute(DAMAGED_CLIENT[damage][0])
+            db.commit()
     spec = RunSpec(
         algorithm="fedavg",
         data=DataSpec(dataset="tff_sql", data_dir=path, num_classes=population.num_classes),
@@ -140,9 +170,59 @@ def test_a_client_failing_its_checks_on_the_worker_is_one_line_naming_it(tmp_pat
     with tff_runtime(RuntimeConfig(client_data="read_on_worker")):
         experiment = build_experiment(spec)
         experiment.start()
-        with pytest.raises(ValueError) as raised:
+        experiment.data.arrays_of("test", experiment.data.client_ids)  # scored here: read now
+        held = held_exclusively(path) if damage == "locked" else contextlib.nullcontext()
+        with held, pytest.raises(ValueError) as raised:
             list(experiment.rounds())
-    assert str(raised.value) == (
-        f"client 'c0000002' (train) in {path}: not as many examples as client_metadata lists; "
-        "regenerate the file"
+    # The worker read the training examples, not this process (beyond the first client's).
+    assert [c for split, c in experiment.data.source._cache if split == "train"] == ["c0000000"]
+    if damage == "locked":
+        assert str(raised.value) == str(locked_database(path))
+    else:
+        assert (
+            str(raised.value)
+            == f"client 'c0000002' (train) in {path}: " + (DAMAGED_CLIENT[damage][1])
+        )
+
+
+# A writer killed after its commit: its writes stay in the -wal file, not checkpointed.
+WRITE_TO_WAL_AND_DIE = """
+import os, sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+db.execute("PRAGMA journal_mode=WAL")
+db.execute(
+    "UPDATE examples SET serialized_example_proto = ? WHERE rowid = ?",
+    (bytes.fromhex(sys.argv[2]), int(sys.argv[3])),
+)
+db.commit()
+os._exit(0)
+"""
+
+
+def test_reading_on_the_worker_leaves_a_wal_mode_file_as_it_was(tmp_path: Any) -> None:
+    """The worker opens the file read-only: it reads a WAL-mode file's writes still in the
+    -wal file, and leaves the file and its -wal file as they were (a read-write connection
+    closing last would checkpoint the writes into the file and delete the -wal file, which
+    another worker opening it at that moment sees as "database is locked")."""
+    population = PopulationSpec(num_clients=4, train_examples=5, test_examples=2, num_features=3)
+    path = str(tmp_path / population.file_name)
+    write_population_sql(population, path)
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        (row, blob) = db.execute(
+            "SELECT rowid, serialized_example_proto FROM examples WHERE client_id = 'c0000001' "
+            "AND split_name = 'train' ORDER BY rowid LIMIT 1"
+        ).fetchone()
+    example = tf.train.Example.FromString(blob)
+    labels = example.features.feature["y"].int64_list.value
+    labels[0] = (labels[0] + 1) % population.num_classes
+    relabelled = example.SerializeToString()
+    subprocess.run(
+        [sys.executable, "-c", WRITE_TO_WAL_AND_DIE, path, relabelled.hex(), str(row)], check=True
     )
+    wal = path + "-wal"
+    assert os.path.getsize(wal) > 0
+    before = {p: file_digest(p) for p in (path, wal)}
+    reader = WorkerReader(path, "train", (3,), population.num_classes)
+    read = reader.read(reader.reference("c0000001", population.train_examples))
+    assert int(read["y"][0]) == labels[0]  # the write still in the -wal file
+    assert {p: file_digest(p) for p in (path, wal)} == before

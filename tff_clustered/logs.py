@@ -2,6 +2,8 @@
 (CUDA factory registration, oneDNN, TensorRT, CPU features, grappler sessions) and Python
 warnings (AutoGraph) that say nothing about a run. Binaries call `quiet_tensorflow` before
 TensorFlow is imported; `--tf_logs` (or an explicit TF_CPP_MIN_LOG_LEVEL) shows them again.
+This project's own warnings (its `logging` loggers, e.g. a SQLite file without an index)
+always reach the user, as `warning: ...` lines on stderr (`show_package_warnings`).
 
 This module imports nothing heavy, so it can run first.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Sequence
 
 from absl import logging as absl_logging
@@ -41,8 +44,32 @@ def quiet_tensorflow(argv: Sequence[str]) -> None:
 
 
 def quiet_python_logs(argv: Sequence[str]) -> None:
-    """TensorFlow's Python logger (AutoGraph's "could not transform" notes) to errors only."""
+    """TensorFlow's Python logger (AutoGraph's "could not transform" notes) to errors only;
+    this project's warnings shown (`show_package_warnings`)."""
+    show_package_warnings()
     if wants_tf_logs(argv):
         return
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
     absl_logging.set_verbosity(absl_logging.ERROR)
+
+
+PACKAGE = "tff_clustered"
+
+
+class WarningLines(logging.Handler):
+    """A record as one `warning: message` line on the stderr of the moment (a binary run
+    inside a test writes to the stream the test captures)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"warning: {record.getMessage()}", file=sys.stderr)
+
+
+def show_package_warnings() -> None:
+    """This project's loggers (`tff_clustered.*`) print their warnings and errors as
+    `WarningLines`, whatever absl does to the root logger (`set_verbosity(ERROR)` above hides
+    every warning that reaches it)."""
+    logger = logging.getLogger(PACKAGE)
+    if not any(isinstance(h, WarningLines) for h in logger.handlers):
+        logger.addHandler(WarningLines(logging.WARNING))
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False

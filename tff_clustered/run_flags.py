@@ -19,6 +19,7 @@ from tff_clustered.algorithms import ALGORITHMS, algorithm_class, define_all_fla
 from tff_clustered.checkpoint import CheckpointError
 from tff_clustered.client_store import CLIENT_STORES
 from tff_clustered.data import DATASET_NAMES, DataError, DataSpec
+from tff_clustered.data.spec import MIN_CLASSES
 from tff_clustered.federated.server_optimizers import SERVER_OPTIMIZERS, ServerOptimizer
 from tff_clustered.loop.config import LR_SCHEDULES, TrainingConfig
 from tff_clustered.loop.privacy import SAMPLINGS
@@ -48,7 +49,7 @@ flags.DEFINE_integer(
     None,
     "Clients to generate or deal to (unset: the dataset's default); mnist_writers: writers kept, "
     "a seeded random choice (unset: all 539); tff_emnist, tff_cifar100, tff_shakespeare, "
-    "tff_stackoverflow: a seeded random choice of the file's clients (unset: all; "
+    "tff_stackoverflow, tff_sql: a seeded random choice of the file's clients (unset: all; "
     "tff_stackoverflow then reads each client when a round first needs it, and needs TFF's "
     "stackoverflow.word_count and stackoverflow.tag_count beside the database).",
     lower_bound=1,
@@ -58,7 +59,7 @@ flags.DEFINE_integer(
     None,
     "Classes (LEAF; tff_emnist: 10 or 62; tff_cifar100: 100 fine or 20 coarse; "
     "tff_stackoverflow: its most frequent tags, default 500; default: from the labels).",
-    lower_bound=2,
+    lower_bound=MIN_CLASSES,
 )
 flags.DEFINE_integer("rounds", 50, "Communication rounds.", lower_bound=1)
 flags.DEFINE_integer("clients_per_round", 10, "Clients sampled per round.", lower_bound=1)

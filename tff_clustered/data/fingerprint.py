@@ -10,6 +10,17 @@ Two kinds of data, one rule (a digest that changes when an example changes):
   one large file (10^6 clients in a SQLite file) gets the same bounded cost.
   A file read lazily (`--dataset=tff_sql`, `tff_stackoverflow` without `--num_clients`) gets
   `sampled_digest`: its size and sampled pages.
+* a SQLite database (https://www.sqlite.org/fileformat2.html) changes in ways a sample of its
+  pages may miss, so its digests add what SQLite changes on every committed write. In the
+  rollback-journal modes (DELETE, TRUNCATE, PERSIST, MEMORY, OFF) that is the header's file
+  change counter (offset 24), which every digest reads. WAL mode does not increment it: a
+  write is appended to the `-wal` file beside the database and copied into the database by a
+  checkpoint. So a database in WAL mode (header bytes 18-19 = 2) adds its `-wal` file's digest
+  (writes not yet checkpointed; an absent or empty `-wal` file holds none) and, when sampled,
+  its modification time (a checkpoint rewrites the changed pages in place, nothing else).
+  Readers (this project opens databases read-only) change neither. A copy of a WAL-mode
+  database that does not keep its modification time (`cp -p` and `rsync -a` keep it) is
+  taken for changed data: a resume on it is refused.
 * data held in memory (the Python API's arrays): `arrays_digest`, every client's examples;
   the API's lazily read `ClientData` their source's fingerprint (`ClientSource.fingerprint`).
 
@@ -19,6 +30,7 @@ parameters and seed are in the run's settings, which a checkpoint already pins.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -41,12 +53,21 @@ ABSENT = "absent"
 EDGE_BYTES = 1 << 20
 PAGE_SAMPLES = 64
 PAGE_SAMPLE = 1 << 16
+# A SQLite database's first bytes (its header string), where its header keeps the file format
+# versions (bytes 18 and 19: 1 rollback journal, 2 WAL), and the file of its writes not yet
+# checkpointed in WAL mode (https://www.sqlite.org/fileformat2.html, https://www.sqlite.org/wal.html).
+SQLITE_MAGIC = b"SQLite format 3\x00"
+SQLITE_FORMAT_VERSIONS = slice(18, 20)
+HEAD_BYTES = SQLITE_FORMAT_VERSIONS.stop
+WAL_MODE = b"\x02\x02"
+WAL_SUFFIX = "-wal"
 
 
 def file_digest(path: str) -> str:
     """`size:sha256` of the file's bytes (first 16 hex digits), or for a file above
     `FULL_HASH_LIMIT` `size:mtime_ns:sampled-sha256` of `SAMPLED_BLOCKS` evenly spaced blocks;
-    `ABSENT` when there is no such file."""
+    a SQLite database in WAL mode adds its `-wal` file's (`wal_witness`); `ABSENT` when there
+    is no such file."""
     try:
         stat = os.stat(path)
     except FileNotFoundError:
@@ -54,33 +75,64 @@ def file_digest(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         if stat.st_size <= FULL_HASH_LIMIT:
+            head = f.read(HEAD_BYTES)
+            digest.update(head)
             for chunk in iter(lambda: f.read(READ_CHUNK), b""):
                 digest.update(chunk)
-            return f"{stat.st_size}:{digest.hexdigest()[:16]}"
+            whole = f"{stat.st_size}:{digest.hexdigest()[:16]}"
+            return whole + wal_witness(path, head, stat, with_time=False)
+        head = f.read(HEAD_BYTES)
         last = stat.st_size - SAMPLE_BLOCK
         for i in range(SAMPLED_BLOCKS):
             f.seek(last * i // (SAMPLED_BLOCKS - 1))
             digest.update(f.read(SAMPLE_BLOCK))
-    return f"{stat.st_size}:{stat.st_mtime_ns}:sampled-{digest.hexdigest()[:16]}"
+    sampled = f"{stat.st_size}:{stat.st_mtime_ns}:sampled-{digest.hexdigest()[:16]}"
+    return sampled + wal_witness(path, head, stat, with_time=False)
 
 
 def sampled_digest(path: str) -> str:
     """`size:sampled-sha256` (16 hex digits) of the file's first and last `EDGE_BYTES` and
     `PAGE_SAMPLES` evenly spaced blocks: a bounded read whatever the population (a lazily read
-    file is never read whole); `ABSENT` when there is no such file."""
+    file is never read whole); a SQLite database in WAL mode adds its modification time and
+    its `-wal` file's digest (`wal_witness`); `ABSENT` when there is no such file."""
     try:
-        size = os.path.getsize(path)
+        stat = os.stat(path)
     except FileNotFoundError:
         return ABSENT
+    size = stat.st_size
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        digest.update(f.read(EDGE_BYTES))
+        head = f.read(EDGE_BYTES)
+        digest.update(head)
         for i in range(PAGE_SAMPLES):
             f.seek(max(size - PAGE_SAMPLE, 0) * i // (PAGE_SAMPLES - 1))
             digest.update(f.read(PAGE_SAMPLE))
         f.seek(max(size - EDGE_BYTES, 0))
         digest.update(f.read(EDGE_BYTES))
-    return f"{size}:sampled-{digest.hexdigest()[:16]}"
+    sampled = f"{size}:sampled-{digest.hexdigest()[:16]}"
+    return sampled + wal_witness(path, head, stat, with_time=True)
+
+
+def in_wal_mode(head: bytes) -> bool:
+    """Whether a file starting with `head` is a SQLite database in WAL mode."""
+    return head.startswith(SQLITE_MAGIC) and head[SQLITE_FORMAT_VERSIONS] == WAL_MODE
+
+
+def wal_witness(path: str, head: bytes, stat: os.stat_result, with_time: bool) -> str:
+    """What a digest of `path` (a file starting with `head`, of `stat`) adds for a SQLite
+    database in WAL mode (see the module docstring): its `-wal` file's `file_digest` (a
+    `-wal` file is small: SQLite copies it into the database every 1,000 pages by default)
+    when that holds writes (neither absent nor empty: readers leave an empty one) and,
+    `with_time` (a digest that does not read every page), its modification time; "" for any
+    other file."""
+    if not in_wal_mode(head):
+        return ""
+    witness = f":mtime-{stat.st_mtime_ns}" if with_time else ""
+    wal = path + WAL_SUFFIX
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.getsize(wal) > 0:
+            witness += f":wal-{file_digest(wal)}"
+    return witness
 
 
 def folder_files(folder: str) -> list[str]:

@@ -101,8 +101,9 @@ def load_dataset(
     tag prediction as single-label over the `num_classes` (default 500) most frequent tags, a
     bag of words over 10,000 words),
     `tff_sql` (any population of `x`/`y` examples in TFF's SqlClientData format, `data_dir`
-    the file or its folder: every client, each read when a round first needs it;
-    `num_classes` as given, else the file's largest label + 1).
+    the file or its folder: every client, or a seeded choice of `num_clients` of them, each
+    read when a round first needs it; `num_classes` as given, else the file's largest label
+    + 1).
     `train_examples` (the five image federations only): deal that many training images, a
     seeded uniform choice, instead of all."""
     spec = data_spec(spec, *fields, **named)
@@ -149,7 +150,7 @@ def load_dataset(
     if name == "tff_stackoverflow":
         return load_tff_stackoverflow(data_dir, num_clients, num_classes, seed)
     if name == "tff_sql":
-        return load_tff_sql(data_dir, num_classes)
+        return load_tff_sql(data_dir, num_classes, num_clients=num_clients, seed=seed)
     if name == "synthetic":
         return load_synthetic(num_clients=num_clients or 100, seed=seed)
     if name == "mnist":

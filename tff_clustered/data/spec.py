@@ -38,6 +38,9 @@ DATASET_NAMES = (
 IMAGE_DATASETS = ("cifar10", "cifar100", "svhn", "fashion_mnist", "mnist_partitioned")
 # The fields of a `DataSpec` that name files or folders.
 PATH_FIELDS = ("data_dir", "glove_path", "tfds_dir")
+# The fewest classes a `--num_classes` may give: a classifier tells at least two apart (one
+# class is every example's label, nothing to learn).
+MIN_CLASSES = 2
 
 
 @dataclasses.dataclass(frozen=True)

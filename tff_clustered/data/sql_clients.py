@@ -14,14 +14,15 @@ statement that adds it.
 `save_to_sql_client_data` writes each client into one split, so a population whose clients
 have a train and a test split is written by `save_population` (TFF's writer for each split,
 then the two merged into one file): split names "train" and "test", the same client ids.
+
+The file is opened read-only, and a file another process holds locked is one line naming it
+(`sqlite_files`); a TFF worker reads the same rows itself with `worker_reader.WorkerReader`.
 """
 
 from __future__ import annotations
 
 import array
-import collections
 import contextlib
-import dataclasses
 import logging
 import os
 import shutil
@@ -34,10 +35,19 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+from google.protobuf.message import DecodeError
 
 from tff_clustered.data.client_source import ClientCounts, LazyClients, federated_data
-from tff_clustered.data.federated_data import ClientArrays, DataError, FederatedData, from_arrays
+from tff_clustered.data.federated_data import (
+    ClientArrays,
+    DataError,
+    FederatedData,
+    chosen_clients,
+    from_arrays,
+)
 from tff_clustered.data.fingerprint import sampled_digest
+from tff_clustered.data.sqlite_files import connect, locks_named
+from tff_clustered.seeds import DataStream, data_rng
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +65,6 @@ CLIENTS_QUERY = (
 IDS_PER_QUERY = 500  # SQLite before 3.32 binds at most 999 parameters to a statement
 # Parses one client's serialized records into raw (x, y).
 RecordParser = Callable[[list[bytes]], ClientArrays]
-
-
-def connect(path: str) -> sqlite3.Connection:
-    """The database opened read-only."""
-    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
 
 
 def has_client_index(db: sqlite3.Connection) -> bool:
@@ -89,7 +94,12 @@ class SqlClients:
     def sizes(self) -> dict[str, ClientCounts]:
         """Each split's clients and their number of examples, from `client_metadata` in one
         query (a cheap check that the file is TFF's format: both tables exist), as compact
-        counts over one index of the clients in sorted order."""
+        counts over one index of the clients in sorted order. A count below 0 is refused,
+        naming its client."""
+        with locks_named(self.path):
+            return self._sizes()
+
+    def _sizes(self) -> dict[str, ClientCounts]:
         db = self.connection()
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
         if not {"examples", "client_metadata"} <= tables:
@@ -111,6 +121,15 @@ class SqlClients:
                     ids.append(client)
                 rows[ours[name]].append(index[client])
                 counts[ours[name]].append(int(count))
+        for split, listed in counts.items():
+            negative = np.flatnonzero(np.frombuffer(listed, np.int64) < 0)
+            if negative.size:
+                client = ids[rows[split][negative[0]]]
+                raise DataError(
+                    f"{self.path}: client_metadata lists {listed[negative[0]]} examples for client "
+                    f"{client!r} ({self.splits[split]}); a number of examples is >= 0: regenerate "
+                    "the file or correct that row"
+                )
         if any(a > b for a, b in zip(ids, ids[1:])):  # SQLite's order of ids not stored as text
             order = sorted(range(len(ids)), key=ids.__getitem__)
             ids = [ids[i] for i in order]
@@ -141,8 +160,9 @@ class SqlClients:
 
     def records(self, split: str, client: str) -> list[bytes]:
         """The client's serialized records of `split`, in the order of their rows."""
-        rows = self.connection().execute(CLIENT_QUERY, (client, self.splits[split]))
-        return [row[0] for row in rows]
+        with locks_named(self.path):
+            rows = self.connection().execute(CLIENT_QUERY, (client, self.splits[split]))
+            return [row[0] for row in rows]
 
     def read(self, split: str, client: str) -> ClientArrays:
         """The client's raw `(x, y)` of `split`, parsed from its records."""
@@ -155,11 +175,12 @@ class SqlClients:
         their rows. Raises when any record cannot be parsed."""
         records: dict[str, list[bytes]] = {c: [] for c in clients}
         unique = list(records)
-        for begin in range(0, len(unique), IDS_PER_QUERY):
-            ids = unique[begin : begin + IDS_PER_QUERY]
-            query = CLIENTS_QUERY.format(", ".join("?" * len(ids)))
-            for client, blob in self.connection().execute(query, (self.splits[split], *ids)):
-                records[str(client)].append(blob)
+        with locks_named(self.path):
+            for begin in range(0, len(unique), IDS_PER_QUERY):
+                ids = unique[begin : begin + IDS_PER_QUERY]
+                query = CLIENTS_QUERY.format(", ".join("?" * len(ids)))
+                for client, blob in self.connection().execute(query, (self.splits[split], *ids)):
+                    records[str(client)].append(blob)
         x, y = self.parse([blob for c in clients for blob in records[c]])
         ends = np.cumsum([len(records[c]) for c in clients])
         if len(y) != (ends[-1] if len(ends) else 0):  # a parser that drops or adds examples
@@ -179,9 +200,11 @@ class SqlClients:
         num_classes: int,
         clients: Optional[Sequence[str]] = None,
         vocabulary_size: Optional[int] = None,
+        sizes: Optional[Mapping[str, Mapping[str, int]]] = None,
     ) -> LazyClients:
-        """The file's clients (or `clients` of them) read when first needed."""
-        sizes: Mapping[str, Mapping[str, int]] = self.sizes()
+        """The file's clients (or `clients` of them) read when first needed; `sizes`: the
+        file's `sizes()` when already read."""
+        sizes = self.sizes() if sizes is None else sizes
         if clients is not None:
             sizes = {s: {c: sizes[s][c] for c in clients if c in sizes[s]} for s in sizes}
         return LazyClients(
@@ -196,19 +219,34 @@ class SqlClients:
         )
 
 
+def not_vector_examples(shape: Sequence[int] = ()) -> str:
+    """What a record that `vector_records` cannot parse is not (`shape`: its `x`'s, if known)."""
+    floats = f"{'x'.join(str(d) for d in shape)} floats" if len(shape) else "floats"
+    return f"a record is not a tf.train.Example of x ({floats}) and y (an int64 label)"
+
+
 def vector_records(blobs: list[bytes]) -> ClientArrays:
     """`x` (a float vector) and `y` (an int label) of serialized `tf.train.Example`s, the
-    records `save_to_sql_client_data` writes for elements OrderedDict(x=float32[d], y=int64)."""
+    records `save_to_sql_client_data` writes for elements OrderedDict(x=float32[d], y=int64).
+    A record that cannot be parsed: ValueError (`not_vector_examples`), not the parser's error,
+    which quotes the record's bytes (and fails to, when they are not UTF-8)."""
     if not blobs:
         return np.zeros((0, 1), np.float32), np.zeros((0,), np.int64)
-    first = tf.train.Example.FromString(blobs[0]).features.feature
+    try:
+        first = tf.train.Example.FromString(blobs[0]).features.feature
+    except DecodeError:
+        raise ValueError(not_vector_examples()) from None
     if "x" not in first or "y" not in first:
         raise DataError(f"records have features {sorted(first)}, not x and y")
+    width = len(first["x"].float_list.value)
     features = {
-        "x": tf.io.FixedLenFeature([len(first["x"].float_list.value)], tf.float32),
+        "x": tf.io.FixedLenFeature([width], tf.float32),
         "y": tf.io.FixedLenFeature([], tf.int64),
     }
-    parsed = tf.io.parse_example(tf.constant(blobs), features)
+    try:
+        parsed = tf.io.parse_example(tf.constant(blobs), features)
+    except (tf.errors.InvalidArgumentError, UnicodeDecodeError):
+        raise ValueError(not_vector_examples([width])) from None
     return parsed["x"].numpy(), parsed["y"].numpy()
 
 
@@ -233,26 +271,44 @@ def tff_sql_path(data_dir: Optional[str]) -> str:
 
 
 def load_tff_sql(
-    data_dir: Optional[str], num_classes: Optional[int], lazy: bool = True
+    data_dir: Optional[str],
+    num_classes: Optional[int],
+    lazy: bool = True,
+    num_clients: Optional[int] = None,
+    seed: int = 0,
 ) -> FederatedData:
     """A population of `x`/`y` examples in TFF's SQL format (see the module docstring): every
-    client of split "train" (each must be in "test" too), read when first needed (`lazy`) or
-    all at start. `num_classes`: as given (`--num_classes`), else the file's largest label
-    + 1 (a scan of every record: give --num_classes to start without one)."""
+    client of split "train" (each must be in "test" too), or `num_clients` of them drawn
+    without replacement from `DataStream.TFF_CLIENTS` of `seed` (as the tff_* datasets draw
+    theirs), read when first needed (`lazy`) or all at start. `num_classes`: as given
+    (`--num_classes`), else the file's largest label + 1 (a scan of every record: give
+    --num_classes to start without one)."""
     path = tff_sql_path(data_dir)
     reader = SqlClients(path, vector_records, {"train": "train", "test": "test"})
     try:
-        if num_classes is None:
-            num_classes = largest_label(reader) + 1
-        source = reader.lazy(num_classes)
-        if lazy:
-            return federated_data("tff_sql", source)
-        return from_arrays(
-            "tff_sql",
-            *({c: reader.read(s, c) for c in source.sizes[s]} for s in ("train", "test")),
-            num_classes,
-            source=path,
-        )
+        with locks_named(path):
+            sizes = reader.sizes()
+            clients = None
+            if num_clients is not None:
+                listed = list(sizes["train"])
+                drawn = chosen_clients(
+                    len(listed),
+                    num_clients,
+                    data_rng(seed, DataStream.TFF_CLIENTS),
+                    f"{path} has {len(listed):,} clients",
+                )
+                clients = [listed[i] for i in drawn]
+            if num_classes is None:
+                num_classes = largest_label(reader) + 1
+            source = reader.lazy(num_classes, clients, sizes=sizes)
+            if lazy:
+                return federated_data("tff_sql", source)
+            return from_arrays(
+                "tff_sql",
+                *({c: reader.read(s, c) for c in source.sizes[s]} for s in ("train", "test")),
+                num_classes,
+                source=path,
+            )
     except sqlite3.DatabaseError as e:
         raise DataError(
             f"{path} is not a readable SQLite file ({e}); write it with "
@@ -301,96 +357,3 @@ def save_population(
             db.execute("DETACH DATABASE part")
             db.execute(CLIENT_INDEX)
             db.commit()
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkerReader:
-    """Reads one client's examples of split `split_name` from TFF's SQLite file `path` inside a
-    TF computation (`tf.data.experimental.SqlDataset`), so that a TFF worker that can open the
-    same path builds the client's arrays itself from a `reference` (its id and its number of
-    examples) instead of being sent them. The rows come in the order `SqlClients.records` reads
-    them (`ORDER BY rowid`) and are parsed as `vector_records` parses them, so the arrays are
-    the ones the orchestrator would have sent. The checks of a read at the orchestrator run as
-    assertions on the worker: the listed number of examples, finite inputs, labels
-    0..num_classes-1. `mean_values`: float values of a client's examples on average;
-    `held_here`: whether this process keeps every client's examples of the split once read
-    (they fit the source's cache), so that sending them costs no read of the file."""
-
-    path: str
-    split_name: str
-    input_shape: tuple[int, ...]
-    num_classes: int
-    mean_values: float = 0.0
-    held_here: bool = False
-
-    @property
-    def reference_spec(self) -> dict:
-        """A client's `reference`, as TF specs (what a round's client input carries)."""
-        return collections.OrderedDict(
-            client_id=tf.TensorSpec([], tf.string), num_examples=tf.TensorSpec([], tf.int64)
-        )
-
-    def reference(self, client_id: str, num_examples: int) -> dict:
-        return collections.OrderedDict(
-            client_id=np.array(client_id, dtype=object), num_examples=np.int64(num_examples)
-        )
-
-    def read(self, reference: Mapping[str, tf.Tensor]) -> dict:
-        """The client's OrderedDict(x=float32[n, *input_shape], y=int32[n]) (TF ops)."""
-        client = reference["client_id"]
-        query = tf.strings.join(
-            [
-                "SELECT serialized_example_proto FROM examples WHERE client_id = '",
-                tf.strings.regex_replace(client, "'", "''"),
-                f"' AND split_name = '{self.split_name}' ORDER BY rowid",
-            ]
-        )
-        rows = tf.data.experimental.SqlDataset("sqlite", self.path, query, (tf.string,))
-        (blobs,) = rows.batch(np.iinfo(np.int32).max).get_single_element()
-        parsed = tf.io.parse_example(
-            blobs,
-            {
-                "x": tf.io.FixedLenFeature(list(self.input_shape), tf.float32),
-                "y": tf.io.FixedLenFeature([], tf.int64),
-            },
-        )
-        x, y = parsed["x"], parsed["y"]
-        where = tf.strings.join(["client '", client, f"' ({self.split_name}) in {self.path}: "])
-        checks = [
-            tf.debugging.Assert(holds, [where, problem])
-            for holds, problem in (
-                (
-                    tf.equal(tf.size(y, tf.int64), reference["num_examples"]),
-                    "not as many examples as client_metadata lists; regenerate the file",
-                ),
-                (tf.reduce_all(tf.math.is_finite(x)), "inputs contain NaN or infinity"),
-                (
-                    tf.reduce_all((y >= 0) & (y < self.num_classes)),
-                    "a label is outside "
-                    f"0..{self.num_classes - 1}; fix the labels or raise --num_classes",
-                ),
-            )
-        ]
-        with tf.control_dependencies(checks):
-            return collections.OrderedDict(x=tf.identity(x), y=tf.cast(y, tf.int32))
-
-
-def worker_reader(data: FederatedData, split: str = "train") -> Optional[WorkerReader]:
-    """A `WorkerReader` of `split` when `data` is read lazily from a file of TFF's SQL format
-    with `x`/`y` records (`load_tff_sql`), else None (its clients can only be sent)."""
-    read = getattr(data.source, "read", None)
-    reader = getattr(read, "__self__", None)
-    if not isinstance(reader, SqlClients) or reader.parse is not vector_records:
-        return None
-    sizes = data.train_sizes if split == "train" else data.test_sizes
-    examples, values = sum(sizes.values()), int(np.prod(data.input_shape))
-    source = data.source
-    return WorkerReader(
-        os.path.abspath(reader.path),
-        reader.splits[split],
-        data.input_shape,
-        data.num_classes,
-        mean_values=examples * values / max(len(sizes), 1),
-        held_here=len(sizes) <= source.cache_clients
-        and examples * 4 * (values + 1) <= source.cache_bytes,
-    )

@@ -57,7 +57,8 @@ from tff_clustered.data.federated_data import (
     from_arrays,
 )
 from tff_clustered.data.fingerprint import file_digest, sampled_digest
-from tff_clustered.data.sql_clients import CLIENT_INDEX, SqlClients, connect, has_client_index
+from tff_clustered.data.sql_clients import CLIENT_INDEX, SqlClients, has_client_index
+from tff_clustered.data.sqlite_files import connect
 from tff_clustered.data.stackoverflow_task import (
     STACKOVERFLOW_FILE,
     WORD_VOCABULARY_SIZE,

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.data.federated_data import ClientArrays, DataError
+from tff_clustered.data.spec import MIN_CLASSES
 from tff_clustered.data.tff_datasets import reason
 
 STACKOVERFLOW_FILE = "stackoverflow.sqlite"  # the database, which the vocabularies sit beside
@@ -194,9 +195,13 @@ def task_vocabularies(
         tags = tag_counts_file(tags_path)
     else:
         tags = counted_vocabulary(("|".join(p["tags"]).split("|") for p in posts), classes)
-    if num_classes is not None and not 1 <= num_classes <= len(tags):
-        raise DataError(
-            f"--num_classes={num_classes}: {tags_path if os.path.isfile(tags_path) else database} "
-            f"gives {len(tags)} tags; use --num_classes between 1 and {len(tags)}"
+    if num_classes is not None and not MIN_CLASSES <= num_classes <= len(tags):
+        given = tags_path if os.path.isfile(tags_path) else database
+        fix = (
+            f"use --num_classes between {MIN_CLASSES} and {len(tags)}"
+            if len(tags) >= MIN_CLASSES
+            else f"a classifier needs at least {MIN_CLASSES}: give TFF's {TAG_COUNT_FILE} (or "
+            "draw more clients with --num_clients)"
         )
+        raise DataError(f"--num_classes={num_classes}: {given} gives {len(tags)} tags; {fix}")
     return TagPrediction(words, tags[:classes])

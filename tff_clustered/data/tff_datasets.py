@@ -53,6 +53,7 @@ from tff_clustered.data.given_clients import client_arrays
 from tff_clustered.data.images import standardise
 from tff_clustered.data.partitions import HOLDOUT_FRACTION, holdout_split
 from tff_clustered.data.sql_clients import SqlClients
+from tff_clustered.data.sqlite_files import is_locked, locked_database
 from tff_clustered.seeds import DataStream, data_rng
 
 EMNIST_FILE = "emnist_all.sqlite"
@@ -72,7 +73,8 @@ def tff_database(
 ) -> tuple[str, Callable[[str], DataError]]:
     """The path of TFF's database `file_name` in `data_dir` (a clear `DataError` naming the
     file and where to get it when it is absent), and the error for a file that is not that
-    database (`title`, e.g. "federated CIFAR-100"), given the detail found."""
+    database (`title`, e.g. "federated CIFAR-100"), given the detail found (or the file
+    locked by another process, when the detail says so)."""
     module = dataset.removeprefix("tff_")
     path = os.path.join(data_dir or "", file_name)
     fetch = (
@@ -88,6 +90,8 @@ def tff_database(
         )
 
     def not_ours(detail: str) -> DataError:
+        if is_locked(detail):  # TFF's database, held by another process
+            return locked_database(path)
         return DataError(
             f"{path} is not TFF's {title} database ({detail}); get a fresh copy: {fetch}"
         )

@@ -113,11 +113,8 @@ def build_round(
     initial_variables: Sequence[np.ndarray],
 ) -> FederatedRound:
     """Builds `initialize`/`next` and `evaluate` as TFF computations for one model and
-    signature.
-
-    `initial_variables` (one model's trainable tensors then its state) initialise every cluster
-    in `initialize`; the orchestration passes its own server state to `next`.
-    """
+    signature. `initial_variables` (one model's trainable tensors then its state) initialise
+    every cluster in `initialize`; the orchestration passes its own server state to `next`."""
     return tff_round(round_functions(model, input_spec, signature, initial_variables))
 
 
@@ -141,6 +138,8 @@ class TffRoundParts:
     next: tff.Computation
     functions: RoundFunctions
     builders: Mapping[str, Callable[[], tff.Computation]]
+    # Where the workers read each client's examples themselves; None: they are sent.
+    worker_data: Optional[WorkerData] = None
 
     @functools.cached_property
     def partial_next(self) -> tff.Computation:
@@ -397,4 +396,5 @@ def tff_round_parts(fns: RoundFunctions, worker_data: Optional[WorkerData] = Non
             ),
             "evaluate": build_evaluate,
         },
+        worker_data=worker_data,
     )

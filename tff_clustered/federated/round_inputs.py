@@ -12,10 +12,10 @@ import numpy as np
 
 
 class WorkerData(Protocol):
-    """Where a worker reads a client's examples itself (`sql_clients.WorkerReader`): a round
+    """Where a worker reads a client's examples itself (`worker_reader.WorkerReader`): a round
     built with one takes each client's `reference(client_id, num_examples)` as its input's
     `data` (of `reference_spec`) and turns it into the client's arrays with `read` (TF ops)
-    before the client work. `mean_values` and `held_here` (`sql_clients.WorkerReader`) are
+    before the client work. `mean_values` and `held_here` (`worker_reader.WorkerReader`) are
     what `executions.reads_on_worker` decides by."""
 
     mean_values: float
@@ -27,6 +27,8 @@ class WorkerData(Protocol):
     def reference(self, client_id: str, num_examples: int) -> dict: ...
 
     def read(self, reference: Any) -> dict: ...
+
+    def failure(self, message: str) -> Optional[str]: ...
 
 
 def client_examples(data: dict) -> int:

@@ -18,9 +18,8 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import re
 from collections.abc import Iterator, Sequence
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow_federated as tff
@@ -31,7 +30,7 @@ from tff_clustered.federated.round import (
     TffRoundParts,
 )
 from tff_clustered.federated.round_functions import example_count, python_server_state
-from tff_clustered.federated.round_inputs import client_examples
+from tff_clustered.federated.round_inputs import WorkerData, client_examples
 
 
 def split_clients(sizes: Sequence[int], num_shards: int) -> list[slice]:
@@ -53,24 +52,26 @@ def split_clients(sizes: Sequence[int], num_shards: int) -> list[slice]:
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-# A failed check of a client's examples read on the worker (`sql_clients.WorkerReader.read`), as
-# TF's Assert prints its data: "assertion failed: [client '...' (split) in path: ] [problem]".
-WORKER_DATA_CHECK = re.compile(r"assertion failed: \[(client '.*?:) \] \[(.*?)\]")
-
-
 @contextlib.contextmanager
-def named_data_errors() -> Iterator[None]:
-    """A client's examples that failed their checks on the worker as a one-line ValueError
-    naming the client, the file and the fix; any other error as it came."""
+def named_data_errors(worker_data: Optional[WorkerData]) -> Iterator[None]:
+    """A worker's failed read of the clients' examples (`worker_data` given) as the one-line
+    ValueError `worker_data.failure` names (a client that failed its checks, the file locked);
+    any other error as it came."""
     try:
         yield
     except Exception as error:
-        details = getattr(error, "details", None)  # gRPC's error: the worker's own message
-        text = details() if callable(details) else str(error)
-        found = WORKER_DATA_CHECK.search(text.replace("\\'", "'"))  # Assert escapes quotes
-        if found is None:
+        problem = None if worker_data is None else worker_data.failure(worker_message(error))
+        if problem is None:
             raise
-        raise ValueError(f"{found[1]} {found[2]}") from None
+        raise ValueError(problem) from None
+
+
+def worker_message(error: BaseException) -> str:
+    """The worker's own message of `error` (gRPC's `details()`), else the error's text. gRPC
+    gives the bytes it could not decode as UTF-8 undecoded: decoded here, bad bytes replaced."""
+    details = getattr(error, "details", None)
+    text = details() if callable(details) else str(error)
+    return text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
 
 
 def _call_on(context: object, computation: Callable[..., Any], *args: object) -> Any:
@@ -101,7 +102,7 @@ def sharded_round(parts: TffRoundParts) -> FederatedRound:
 
     def next_fn(state: dict, clients: Sequence[dict], hparams: dict) -> tuple:
         """`parts.next` with the same arguments and results."""
-        with named_data_errors():
+        with named_data_errors(parts.worker_data):
             return shared_next(state, clients, hparams)
 
     def shared_next(state: dict, clients: Sequence[dict], hparams: dict) -> tuple:

@@ -14,7 +14,7 @@ import numpy as np
 from tff_clustered import weights as flat
 from tff_clustered.client_store import ClientStore
 from tff_clustered.data.federated_data import FederatedData
-from tff_clustered.data.sql_clients import worker_reader
+from tff_clustered.data.worker_reader import worker_reader
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round import FederatedRound
 from tff_clustered.federated.round_functions import python_server_state
