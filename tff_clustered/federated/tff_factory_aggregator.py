@@ -80,8 +80,7 @@ class TffFactoryPerCluster(ClusterAggregator):
                 f"UnweightedAggregationFactory, got {type(self.factory).__name__}; give e.g. "
                 "tff.aggregators.MeanFactory() or tff.learning.robust_aggregator()"
             )
-        if not isinstance(self.description, str):
-            raise TypeError(f"description must be a string, got {self.description!r}")
+        super().__post_init__()  # description a string
         if not self.description:
             kind = type(self.factory)
             object.__setattr__(self, "description", f"{kind.__module__}.{kind.__qualname__}")

@@ -159,7 +159,15 @@ def event_rdp(key: str) -> np.ndarray:
     event = event_of_key(key)
     relation = relation_of_key(key) or Relation.REPLACE_ONE
     accountant = rdp.RdpAccountant(neighboring_relation=relation)
-    vector = np.array(accountant.compose(event).rdp, np.float64)
+    # A very large noise multiplier takes logs of 0 on the way (numpy warns; the result is
+    # right), and its tiny RDP can come out below 0 by rounding (seen down to -3e-12 with
+    # Poisson sampling), which `compute_epsilon` refuses (Renyi divergences are >= 0): such
+    # values are clamped to 0.
+    with np.errstate(divide="ignore", over="ignore", under="ignore"):
+        vector = np.array(accountant.compose(event).rdp, np.float64)
+    if np.isnan(vector).any() or vector.min() < -1e-9:
+        raise ValueError(f"the privacy accountant cannot account {key}: RDP {vector.min()}")
+    vector = np.maximum(vector, 0.0)
     vector.setflags(write=False)
     return vector
 
@@ -168,7 +176,8 @@ def epsilon_of_rdp(rdp_vector: np.ndarray, delta: float) -> float:
     """dp_accounting's conversion of an RDP vector at `ORDERS` to epsilon at `delta`."""
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
-    return float(rdp.compute_epsilon(ORDERS, rdp_vector, delta)[0])
+    with np.errstate(divide="ignore", over="ignore", under="ignore"):
+        return float(rdp.compute_epsilon(ORDERS, rdp_vector, delta)[0])
 
 
 # -- the ledger --------------------------------------------------------------------------------
