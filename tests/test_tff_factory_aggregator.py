@@ -276,6 +276,22 @@ def test_the_api_takes_a_bare_factory_and_refuses_what_cannot_run_it(tmp_path: o
         AggregatorConfig("tff_factory", clip=2.0, factory=TffFactoryPerCluster(factory))
 
 
+def test_a_factory_with_a_secure_sum_is_refused_before_any_data_is_read(tmp_path: object) -> None:
+    """TFF 0.87's C++ worker has no secure intrinsic: `tff.learning.secure_aggregator()` failed
+    in round 1 with gRPC's "Cannot embed a federated value" (issue 49, item 9). A secure sum
+    nested anywhere is found; the fix named is the project's own secure aggregator."""
+    nested = tff.aggregators.MeanFactory(value_sum_factory=tff.aggregators.SecureSumFactory(1.0))
+    for factory in (tff.learning.secure_aggregator(), nested):
+        with pytest.raises(ValueError, match='sums securely .*; use aggregator="secure"'):
+            tff_clustered.run(
+                "fedavg", train={}, model_fn=lambda: None, output_dir=str(tmp_path), aggregator=factory
+            )
+    assert TffFactoryPerCluster(nested).secure_intrinsics == ("federated_secure_sum_bitwidth",)
+    for plain in (tff.learning.robust_aggregator(), tff.learning.dp_aggregator(1.0, 50)):
+        assert TffFactoryPerCluster(plain).secure_intrinsics == ()
+        TffFactoryPerCluster(plain).check_execution("tff")
+
+
 @pytest.mark.usefixtures("tff_context")
 def test_an_unweighted_mean_per_cluster_divides_by_the_rounds_every_client() -> None:
     """`UnweightedMeanFactory()` per cluster: the masked clients count, so each cluster's

@@ -37,13 +37,15 @@ as it keeps any aggregator's (`loop.aggregation`). Each process's scalar measure
 
 A factory runs only as a TFF computation on one worker: the in-process execution and a round
 split over several workers (whose partial sums a factory's state update cannot be cut into)
-refuse it before any training (`loop.aggregation.check_execution`).
+refuse it before any training (`loop.aggregation.check_execution`), and so is a factory with a
+secure sum (`tff.learning.secure_aggregator()`), which TFF 0.87's C++ worker cannot run.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Optional
 
@@ -59,6 +61,9 @@ FACTORY_TYPES = (
     tff.aggregators.WeightedAggregationFactory,
     tff.aggregators.UnweightedAggregationFactory,
 )
+# TFF's secure-sum intrinsics (`federated_secure_sum`, `_bitwidth`, `federated_secure_modular_
+# sum`...), which TFF 0.87's C++ worker cannot execute.
+SECURE_PREFIX = "federated_secure"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +93,40 @@ class TffFactoryPerCluster(ClusterAggregator):
     @property
     def weighted(self) -> bool:
         return isinstance(self.factory, tff.aggregators.WeightedAggregationFactory)
+
+    def check_execution(self, execution: str, num_workers: int = 1) -> None:
+        """Also refuses a factory with a secure sum (`tff.learning.secure_aggregator()`,
+        `tff.aggregators.SecureSumFactory`...): TFF 0.87's C++ worker has no secure intrinsic
+        and would fail in round 1 ("Cannot embed a federated value")."""
+        super().check_execution(execution, num_workers)
+        if self.secure_intrinsics:
+            raise ValueError(
+                f"the tff.aggregators factory {self.description} sums securely "
+                f"({', '.join(self.secure_intrinsics)}), which TFF's C++ worker cannot run; "
+                'use aggregator="secure" (or tff_clustered.ClusterSecure(...)): the robust '
+                "aggregator with TFF's secure sum's arithmetic, per cluster"
+            )
+
+    @functools.cached_property
+    def secure_intrinsics(self) -> tuple[str, ...]:
+        """The secure-sum intrinsics (`federated_secure_sum_bitwidth`, ...) the factory's
+        process calls, found in its computations built for a small value: a factory nesting
+        one anywhere (as an inner factory or a process it made) is seen. Empty when the
+        process cannot be built for that value (the run's own build names its error)."""
+        try:
+            process = self.process(tff.TensorType(np.float32, [2]))
+        except Exception:  # the factory's own error comes with the real type
+            return ()
+        found: set[str] = set()
+
+        def record(comp: Any) -> tuple[Any, bool]:
+            if isinstance(comp, tff.framework.Intrinsic) and comp.uri.startswith(SECURE_PREFIX):
+                found.add(comp.uri)
+            return comp, False
+
+        for computation in (process.initialize, process.next):
+            tff.framework.transform_postorder(computation.to_building_block(), record)
+        return tuple(sorted(found))
 
     def process(self, value_type: tff.types.Type) -> tff.templates.AggregationProcess:
         """The factory's process for one cluster's values of `value_type`."""
