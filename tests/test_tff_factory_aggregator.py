@@ -284,7 +284,11 @@ def test_a_factory_with_a_secure_sum_is_refused_before_any_data_is_read(tmp_path
     for factory in (tff.learning.secure_aggregator(), nested):
         with pytest.raises(ValueError, match='sums securely .*; use aggregator="secure"'):
             tff_clustered.run(
-                "fedavg", train={}, model_fn=lambda: None, output_dir=str(tmp_path), aggregator=factory
+                "fedavg",
+                train={},
+                model_fn=lambda: None,
+                output_dir=str(tmp_path),
+                aggregator=factory,
             )
     assert TffFactoryPerCluster(nested).secure_intrinsics == ("federated_secure_sum_bitwidth",)
     for plain in (tff.learning.robust_aggregator(), tff.learning.dp_aggregator(1.0, 50)):

@@ -128,8 +128,7 @@ class ClusterDP(ClusterAggregator):
         for ok, name, valid in checks:
             if not ok:  # NaN fails every comparison, infinity every bound
                 raise ValueError(
-                    f"ClusterDP: {name} (--dp_{name}) must be {valid}, got "
-                    f"{getattr(self, name)}"
+                    f"ClusterDP: {name} (--dp_{name}) must be {valid}, got {getattr(self, name)}"
                 )
         sigma = self.effective_count_stddev
         if self.adaptive and z > 0 and z >= 2 * sigma:
