@@ -45,6 +45,7 @@ from tff_clustered.loop.aggregation import check_aggregator
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.state import RunState
 from tff_clustered.models.keras_models import ModelSpec
+from tff_clustered.models.functional import functional_model
 from tff_clustered.models.memory import refuse_too_large
 from tff_clustered.options import checked, checked_value, described
 from tff_clustered.orchestration import Experiment
@@ -96,15 +97,17 @@ def keras_model_spec_and_values(
 ) -> tuple[ModelSpec, int]:
     """`keras_model_spec` and the number of values its model holds (`model_values`: a resumed
     checkpoint's models must have as many), from the one model the check builds."""
-    values = model_values(checked_model(model_fn, data))
-    return ModelSpec(name, tuple(data.input_shape), data.num_classes, model_fn), values
+    model = checked_model(model_fn, data)
+    spec = ModelSpec(name, tuple(data.input_shape), data.num_classes, model_fn)
+    functional_model(model, spec.input_spec())  # refuses a model no round can train
+    return spec, model_values(model)
 
 
 def checked_model(model_fn: Callable[[], tf.keras.Model], data: FederatedData) -> tf.keras.Model:
-    """A model from `model_fn`, checked: a Keras model with trainable weights that takes the
-    clients' inputs and returns one logit per class, not probabilities (it must not end in a
-    softmax or a sigmoid, as an activation or a layer: the loss applies the softmax, and would
-    train probabilities as logits)."""
+    """A model from `model_fn`, checked: a Keras model with trainable weights, all finite, that
+    takes the clients' inputs and returns one logit per class, not probabilities (it must not
+    end in a softmax or a sigmoid, as an activation or a layer: the loss applies the softmax,
+    and would train probabilities as logits)."""
     if not callable(model_fn) or isinstance(model_fn, tf.keras.Model):
         raise TypeError(
             f"model_fn must be a function that builds a Keras model, got {described(model_fn)}; "
@@ -141,6 +144,12 @@ def checked_model(model_fn: Callable[[], tf.keras.Model], data: FederatedData) -
         )
     if not model.trainable_weights:
         raise ValueError("model_fn's model has no trainable weights; give it a layer to train")
+    for variable in model.trainable_weights + model.non_trainable_weights:
+        if not np.isfinite(variable.numpy()).all():
+            raise ValueError(
+                f"model_fn's model starts with NaN or infinite weights ({variable.name}); "
+                "initialise every weight with finite values"
+            )
     return model
 
 
