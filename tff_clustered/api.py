@@ -41,11 +41,12 @@ from tff_clustered.data.given_clients import federated_data
 from tff_clustered.data.registry import load_dataset, source_fingerprint
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
+from tff_clustered.federated.factory_inspection import unread_warning
 from tff_clustered.loop.aggregation import check_aggregator
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.state import RunState
-from tff_clustered.models.keras_models import ModelSpec
 from tff_clustered.models.functional import functional_model
+from tff_clustered.models.keras_models import ModelSpec
 from tff_clustered.models.memory import refuse_too_large
 from tff_clustered.options import checked, checked_value, described
 from tff_clustered.orchestration import Experiment
@@ -289,6 +290,11 @@ def run(
         if resume:  # refuses other settings or data first
             saved = checkpoint.load(RunFolder(output_dir).checkpoint, settings, source)
             refuse_another_model(output_dir, saved, values)
+            factory = training.aggregator.factory
+            if saved is not None and factory is not None:
+                warning = unread_warning(factory.description, factory.parameters)
+                if warning:
+                    log(warning)
 
     def build(timer: PhaseTimer) -> Experiment:
         with timer.phase("building"):

@@ -53,6 +53,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_clustered.federated import factory_inspection
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.federated.round_functions import RoundFunctions
 
@@ -61,16 +62,14 @@ FACTORY_TYPES = (
     tff.aggregators.WeightedAggregationFactory,
     tff.aggregators.UnweightedAggregationFactory,
 )
-# TFF's secure-sum intrinsics (`federated_secure_sum`, `_bitwidth`, `federated_secure_modular_
-# sum`...), which TFF 0.87's C++ worker cannot execute.
-SECURE_PREFIX = "federated_secure"
 
 
 @dataclasses.dataclass(frozen=True)
 class TffFactoryPerCluster(ClusterAggregator):
     """One instance of the `tff.aggregators` factory `factory` per cluster (see the module
     docstring). `description` names it in the run's settings (summary.json, checkpoints; a
-    resumed run must give the same): default, the factory's class."""
+    resumed run must give the same): default, the factory's class. The settings also record
+    its `parameters`, so a resumed run with other ones is refused."""
 
     factory: Any
     description: str = ""
@@ -109,24 +108,19 @@ class TffFactoryPerCluster(ClusterAggregator):
 
     @functools.cached_property
     def secure_intrinsics(self) -> tuple[str, ...]:
-        """The secure-sum intrinsics (`federated_secure_sum_bitwidth`, ...) the factory's
-        process calls, found in its computations built for a small value: a factory nesting
-        one anywhere (as an inner factory or a process it made) is seen. Empty when the
-        process cannot be built for that value (the run's own build names its error)."""
+        """The secure-sum intrinsics the factory's process calls (built for a small value: a
+        secure sum nested anywhere is seen); none when the process cannot be built for that
+        value (the run's own build names the factory's error)."""
         try:
             process = self.process(tff.TensorType(np.float32, [2]))
         except Exception:  # the factory's own error comes with the real type
             return ()
-        found: set[str] = set()
+        return factory_inspection.secure_intrinsics(process)
 
-        def record(comp: Any) -> tuple[Any, bool]:
-            if isinstance(comp, tff.framework.Intrinsic) and comp.uri.startswith(SECURE_PREFIX):
-                found.add(comp.uri)
-            return comp, False
-
-        for computation in (process.initialize, process.next):
-            tff.framework.transform_postorder(computation.to_building_block(), record)
-        return tuple(sorted(found))
+    @functools.cached_property
+    def parameters(self) -> factory_inspection.FactoryParameters:
+        """The factory's parameters the run's settings record (`factory_inspection`)."""
+        return factory_inspection.factory_parameters(self.factory)
 
     def process(self, value_type: tff.types.Type) -> tff.templates.AggregationProcess:
         """The factory's process for one cluster's values of `value_type`."""

@@ -203,9 +203,15 @@ class AggregatorConfig:
 
     def settings(self) -> dict[str, Any]:
         """What a run records of these settings (summary.json, checkpoints): the fields, a
-        factory as its description (a Python object is not a value a file holds)."""
+        factory as its description (a Python object is not a value a file holds) and, beside
+        it, its parameters (`factory_inspection.factory_parameters`): the readable ones by
+        path, and the paths of those inside TFF computations, which cannot be read."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values["factory"] = None if self.factory is None else self.factory.description
+        if self.factory is not None:
+            parameters = self.factory.parameters
+            values["factory_parameters"] = dict(parameters.values)
+            values["factory_parameters_unread"] = list(parameters.unread)
         return values
 
 

@@ -156,16 +156,12 @@ def relation_of_key(key: str) -> Optional[Relation]:
 def event_rdp(key: str) -> np.ndarray:
     """The RDP at `ORDERS` of the event named `key`, by `RdpAccountant` (cached: a fixed-size
     sampling event takes about half a second)."""
-    event = event_of_key(key)
     relation = relation_of_key(key) or Relation.REPLACE_ONE
     accountant = rdp.RdpAccountant(neighboring_relation=relation)
-    # A very large noise multiplier takes logs of 0 on the way (numpy warns; the result is
-    # right), and its tiny RDP can come out below 0 by rounding (seen down to -3e-12 with
-    # Poisson sampling), which `compute_epsilon` refuses (Renyi divergences are >= 0): such
-    # values are clamped to 0.
+    # Huge noise: logs of 0 (numpy warns, rightly computed), RDP rounded below 0 (to -3e-12).
     with np.errstate(divide="ignore", over="ignore", under="ignore"):
-        vector = np.array(accountant.compose(event).rdp, np.float64)
-    if np.isnan(vector).any() or vector.min() < -1e-9:
+        vector = np.array(accountant.compose(event_of_key(key)).rdp, np.float64)
+    if not vector.min() > -1e-9:  # NaN, or more than rounding
         raise ValueError(f"the privacy accountant cannot account {key}: RDP {vector.min()}")
     vector = np.maximum(vector, 0.0)
     vector.setflags(write=False)
