@@ -526,7 +526,6 @@ def test_a_model_made_non_finite_by_dp_noise_names_the_dp_settings() -> None:
     from tff_clustered.loop.state import DivergenceError
     from tff_clustered.orchestration import Experiment
 
-    assert ClusterDP(1.0, clip=0.1).divergence_hint() == ""  # ordinary noise: not blamed
     data = load_dataset("digits_dirichlet", seed=0, num_clients=4, dirichlet_beta=0.5)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=4)
     noisy = TrainingConfig(
@@ -539,3 +538,4 @@ def test_a_model_made_non_finite_by_dp_noise_names_the_dp_settings() -> None:
     message = str(raised.value)
     assert "the DP settings likely caused it" in message, message
     assert "standard deviation 1e+20" in message and "lower --dp_noise_multiplier" in message
+    assert ClusterDP(1.0, clip=0.1).divergence_hint() == ""  # ordinary noise: not blamed

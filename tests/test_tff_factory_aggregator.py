@@ -18,7 +18,6 @@ from tff_clustered import checkpoint, reporting
 from tff_clustered.api import with_aggregator
 from tff_clustered.data import DataSpec
 from tff_clustered.federated import client_work
-from tff_clustered.federated.factory_inspection import unread_warning
 from tff_clustered.federated.round import tff_round_parts
 from tff_clustered.federated.round_functions import round_functions
 from tff_clustered.federated.round_inputs import client_seed, round_clients, round_hparams
@@ -314,6 +313,8 @@ def test_a_factory_resumed_with_another_parameter_is_refused_naming_it(tmp_path:
     assert checkpoint.load(path, settings(0.01)) is not None
     with pytest.raises(checkpoint.CheckpointError, match=r"_stddev: checkpoint 0\.01, now 50\.0"):
         checkpoint.load(path, settings(50.0))
+    from tff_clustered.federated.factory_inspection import unread_warning
+
     robust, private = (
         TffFactoryPerCluster(tff.learning.robust_aggregator()),
         TffFactoryPerCluster(
