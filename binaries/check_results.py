@@ -41,7 +41,6 @@ from tff_clustered.run_folder import ComparisonFolder  # noqa: E402 - the standa
 cli.stop_at_once_on_signals("check_results.py")
 logs.quiet_tensorflow(sys.argv)  # the algorithms' options load TensorFlow (`rerun_arguments`)
 FLAGS = flags.FLAGS
-flags.DEFINE_bool(logs.FLAG, False, logs.FLAG_HELP)
 flags.DEFINE_bool("with_data", False, "Also the tables that read data (DATA/... in --data_root).")
 flags.DEFINE_string(
     "data_root",
