@@ -51,10 +51,9 @@ from typing import NamedTuple, Optional
 
 from absl import app, flags
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads (the registry)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from tff_clustered import cli  # noqa: E402 - light (absl only)
+from tff_clustered import cli, logs  # noqa: E402 - light; quiets TensorFlow before its import
 from tff_clustered.committed_tables import (  # noqa: E402 - the standard library only
     COMPARED,
     committed_problems,
@@ -72,6 +71,7 @@ from tff_clustered.run_folder import (  # noqa: E402 - the standard library only
 )
 
 cli.stop_at_once_on_signals("check_results.py")
+logs.quiet_tensorflow(sys.argv)  # the algorithms' options load TensorFlow (`rerun_arguments`)
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("with_data", False, "Also the tables that read data (DATA/... in --data_root).")
 flags.DEFINE_string(

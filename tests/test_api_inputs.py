@@ -344,6 +344,21 @@ MODELS_THAT_DO_NOT_FIT: list[tuple[Callable[[], Any], str]] = [
     (lambda: tf.keras.Sequential([tf.keras.layers.Reshape((7,))]), "cannot take"),
     (lambda: [dense_model()], "not a tf.keras.Model"),
     (lambda: tf.keras.Sequential([tf.keras.layers.Flatten()]), "must return 2 logits"),
+    # issue 49, item 10: TFF's builder takes an LSTM with dropout, then fails in round 1
+    (
+        lambda: tf.keras.Sequential(
+            [
+                tf.keras.layers.InputLayer(input_shape=(FEATURES,)),
+                tf.keras.layers.Reshape((FEATURES, 1)),
+                tf.keras.layers.LSTM(4, dropout=0.2),
+                tf.keras.layers.Dense(2),
+            ]
+        ),
+        "dropout not supported",
+    ),
+    # issue 49, item 14: NaN initial weights are bad input, not a learning rate too high
+    (lambda: dense_model(2, kernel_initializer=tf.keras.initializers.Constant(np.nan)), "NaN"),
+    (lambda: dense_model(2, bias_initializer=tf.keras.initializers.Constant(np.inf)), "NaN"),
 ]
 
 

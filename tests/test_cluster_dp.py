@@ -455,3 +455,87 @@ def test_the_python_api_takes_the_aggregator_and_refuses_it_where_the_flags_do(
         tff_clustered.run(
             "cfl", train={}, model_fn=lambda: None, output_dir=str(tmp_path), aggregator=private
         )
+
+
+# Issue 49 (items 5, 11, 15, 18): every DP number, as the Python API and the flags give it, in
+# its meaningful range, and of its type: (arguments, the argument the one-line error names).
+BAD_DP_SETTINGS = [
+    (dict(noise_multiplier=1.0, adaptive=True, clip_learning_rate=np.inf), "clip_learning_rate"),
+    (dict(noise_multiplier=1.0, adaptive=True, clip_learning_rate=1e6), "clip_learning_rate"),
+    (dict(noise_multiplier=1.0, adaptive=True, count_stddev=np.inf), "count_stddev"),
+    (dict(noise_multiplier=1.0, adaptive=True, count_stddev=np.nan), "count_stddev"),
+    (dict(noise_multiplier=1e-300), "noise_multiplier"),  # the accountant divided by 0
+    (dict(noise_multiplier=1e-20), "noise_multiplier"),  # epsilon beyond float32
+    (dict(noise_multiplier=1e300), "noise_multiplier"),
+    (dict(noise_multiplier=1.0, clip=1e300), "clip"),
+    (dict(noise_multiplier=1.0, adaptive=True, target_quantile=np.nan), "target_quantile"),
+]
+
+
+@pytest.mark.parametrize("arguments, named", BAD_DP_SETTINGS)
+def test_dp_settings_outside_their_range_are_refused_naming_the_argument(
+    arguments: dict, named: str
+) -> None:
+    with pytest.raises(ValueError, match=rf"^ClusterDP: {named} \(--dp_{named}\) must be"):
+        ClusterDP(**arguments)
+    adaptive = arguments.pop("adaptive", False)
+    config = {"clipping": "adaptive"} if adaptive else {}
+    with pytest.raises(ValueError, match=rf"--dp_{named}\) must be"):  # the flags' path
+        AggregatorConfig("dp", **config, **arguments)
+
+
+def test_dp_settings_at_their_bounds_are_taken() -> None:
+    ClusterDP(noise_multiplier=1e-6)
+    ClusterDP(noise_multiplier=0.0, clip=float(np.finfo(np.float32).max))
+    ClusterDP(noise_multiplier=1.0, adaptive=True, clip_learning_rate=88.0, count_stddev=1e30)
+    AggregatorConfig("dp", target_epsilon=1e6)
+
+
+def test_an_absurd_target_epsilon_is_refused_with_the_range() -> None:
+    with pytest.raises(ValueError, match=r"--target_epsilon must be in \[0, 1e\+06\]"):
+        AggregatorConfig("dp", target_epsilon=1e300)
+
+
+@pytest.mark.parametrize(
+    "make, named, fix",
+    [
+        (lambda: ClusterDP(noise_multiplier="1"), "ClusterDP: noise_multiplier", "write 1.0"),
+        (lambda: ClusterDP(1.0, clip=[1.0]), "ClusterDP: clip", "give a number"),
+        (lambda: ClusterDP(1.0, adaptive="yes"), "ClusterDP: adaptive", "True or False"),
+        (lambda: ClusterDP(1.0, count_stddev="2"), "ClusterDP: count_stddev", "write 2.0"),
+        (lambda: tff_clustered.ClusterRobust(zeroing="no"), "ClusterRobust: zeroing", "True"),
+        (
+            lambda: tff_clustered.ClusterCompression(quantization_bits=8.0),
+            "ClusterCompression: quantization_bits",
+            "write 8",
+        ),
+        (lambda: tff_clustered.ClusterSecure(clipping=1), "ClusterSecure: clipping", "True"),
+    ],
+)
+def test_an_aggregator_argument_of_a_wrong_type_is_named_with_its_type(
+    make: object, named: str, fix: str
+) -> None:
+    with pytest.raises(TypeError, match=f"^{named} must be .*{fix}"):
+        make()
+
+
+def test_a_model_made_non_finite_by_dp_noise_names_the_dp_settings() -> None:
+    """Noise of 1e20 per value: the round after it diverges, and the message names the noise
+    and the clip, not the learning rate alone."""
+    from tff_clustered.data import load_dataset
+    from tff_clustered.loop.state import DivergenceError
+    from tff_clustered.orchestration import Experiment
+
+    data = load_dataset("digits_dirichlet", seed=0, num_clients=4, dirichlet_beta=0.5)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=4)
+    noisy = TrainingConfig(
+        rounds=3, clients_per_round=2, aggregator=AggregatorConfig("dp", noise_multiplier=1e20)
+    )
+    experiment = Experiment(data, model, make_algorithm("fedavg"), noisy, execution="in_process")
+    experiment.start()
+    with pytest.raises(DivergenceError) as raised:
+        list(experiment.rounds())
+    message = str(raised.value)
+    assert "the DP settings likely caused it" in message, message
+    assert "standard deviation 1e+20" in message and "lower --dp_noise_multiplier" in message
+    assert ClusterDP(1.0, clip=0.1).divergence_hint() == ""  # ordinary noise: not blamed

@@ -28,6 +28,7 @@ from tff_clustered.federated.tff_factory_aggregator import (
     leaf_types,
 )
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
+from tff_clustered.loop.state import RunState
 from tff_clustered.models import initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
 from tff_clustered.run_folder import RunFolder
@@ -274,6 +275,58 @@ def test_the_api_takes_a_bare_factory_and_refuses_what_cannot_run_it(tmp_path: o
         AggregatorConfig("tff_factory")
     with pytest.raises(ValueError, match="--dp_clip set with --aggregator=tff_factory"):
         AggregatorConfig("tff_factory", clip=2.0, factory=TffFactoryPerCluster(factory))
+
+
+def test_a_factory_with_a_secure_sum_is_refused_before_any_data_is_read(tmp_path: object) -> None:
+    """TFF 0.87's C++ worker has no secure intrinsic: `tff.learning.secure_aggregator()` failed
+    in round 1 with gRPC's "Cannot embed a federated value" (issue 49, item 9). A secure sum
+    nested anywhere is found; the fix named is the project's own secure aggregator."""
+    nested = tff.aggregators.MeanFactory(value_sum_factory=tff.aggregators.SecureSumFactory(1.0))
+    for factory in (tff.learning.secure_aggregator(), nested):
+        with pytest.raises(ValueError, match='sums securely .*; use aggregator="secure"'):
+            tff_clustered.run(
+                "fedavg",
+                train={},
+                model_fn=lambda: None,
+                output_dir=str(tmp_path),
+                aggregator=factory,
+            )
+    assert TffFactoryPerCluster(nested).secure_intrinsics == ("federated_secure_sum_bitwidth",)
+    for plain in (tff.learning.robust_aggregator(), tff.learning.dp_aggregator(1.0, 50)):
+        assert TffFactoryPerCluster(plain).secure_intrinsics == ()
+        TffFactoryPerCluster(plain).check_execution("tff")
+
+
+def test_a_factory_resumed_with_another_parameter_is_refused_naming_it(tmp_path: object) -> None:
+    """The settings record the factory's parameters (issue 49, item 5): its noise changed from
+    0.01 to 50 on resume is refused, naming it; the same factory made again resumes. A
+    factory with parts inside TFF computations (robust's norm processes) is compared where it
+    can be read, and its resume warns that the rest could not be."""
+
+    def settings(noise: float) -> dict:
+        factory = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(noise, 5, 1.0)
+        return RunSpec("fedavg", training=with_aggregator(TrainingConfig(), factory)).settings()
+
+    path = str(tmp_path / "checkpoint.npz")
+    state = RunState(round_num=1, cluster_models=np.zeros((1, 3), np.float32))
+    checkpoint.save(path, state, settings(0.01))
+    assert checkpoint.load(path, settings(0.01)) is not None
+    with pytest.raises(checkpoint.CheckpointError, match=r"_stddev: checkpoint 0\.01, now 50\.0"):
+        checkpoint.load(path, settings(50.0))
+    from tff_clustered.federated.factory_inspection import unread_warning
+
+    robust, private = (
+        TffFactoryPerCluster(tff.learning.robust_aggregator()),
+        TffFactoryPerCluster(
+            tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(1.0, 5, 1.0)
+        ),
+    )
+    assert "were not compared" in unread_warning(robust.description, robust.parameters)
+    assert unread_warning(private.description, private.parameters) == ""
+    recorded = with_aggregator(TrainingConfig(), robust).settings()["aggregator"]
+    assert recorded["factory_parameters"]["init_fn_impl/clipping_norm_process/class"].endswith(
+        "Process"
+    )
 
 
 @pytest.mark.usefixtures("tff_context")

@@ -363,6 +363,11 @@ BAD_FLAGS = [
     (["--baseline=fedfoo"], "--baseline=fedfoo: value should be one of"),
     (["--algorithm=criticalfl_dfl", "--criticalfl_threshold=nan"], "give a finite number"),
     (["--workers=127.0.0.1:99999"], "port 99999 is not a TCP port"),
+    # DP numbers outside the accountant's and float32's range (issue 49, items 11, 14, 15)
+    (["--aggregator=dp", "--dp_noise_multiplier=1e-300"], "(--dp_noise_multiplier) must be 0"),
+    (["--aggregator=dp", "--dp_noise_multiplier=1e-20"], "(--dp_noise_multiplier) must be 0"),
+    (["--aggregator=dp", "--target_epsilon=1e300"], "--target_epsilon must be in [0, 1e+06]"),
+    (["--aggregator=dp", "--dp_noise_multiplier=1", "--dp_clip=1e300"], "(--dp_clip) must be"),
 ]
 
 # Runs train.py's main once per case in one process (importing TensorFlow once, not per case),

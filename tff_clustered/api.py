@@ -41,9 +41,11 @@ from tff_clustered.data.given_clients import federated_data
 from tff_clustered.data.registry import load_dataset, source_fingerprint
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
+from tff_clustered.federated.factory_inspection import unread_warning
 from tff_clustered.loop.aggregation import check_aggregator
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.state import RunState
+from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec
 from tff_clustered.models.memory import refuse_too_large
 from tff_clustered.options import checked, checked_value, described
@@ -96,15 +98,17 @@ def keras_model_spec_and_values(
 ) -> tuple[ModelSpec, int]:
     """`keras_model_spec` and the number of values its model holds (`model_values`: a resumed
     checkpoint's models must have as many), from the one model the check builds."""
-    values = model_values(checked_model(model_fn, data))
-    return ModelSpec(name, tuple(data.input_shape), data.num_classes, model_fn), values
+    model = checked_model(model_fn, data)
+    spec = ModelSpec(name, tuple(data.input_shape), data.num_classes, model_fn)
+    functional_model(model, spec.input_spec())  # refuses a model no round can train
+    return spec, model_values(model)
 
 
 def checked_model(model_fn: Callable[[], tf.keras.Model], data: FederatedData) -> tf.keras.Model:
-    """A model from `model_fn`, checked: a Keras model with trainable weights that takes the
-    clients' inputs and returns one logit per class, not probabilities (it must not end in a
-    softmax or a sigmoid, as an activation or a layer: the loss applies the softmax, and would
-    train probabilities as logits)."""
+    """A model from `model_fn`, checked: a Keras model with trainable weights, all finite, that
+    takes the clients' inputs and returns one logit per class, not probabilities (it must not
+    end in a softmax or a sigmoid, as an activation or a layer: the loss applies the softmax,
+    and would train probabilities as logits)."""
     if not callable(model_fn) or isinstance(model_fn, tf.keras.Model):
         raise TypeError(
             f"model_fn must be a function that builds a Keras model, got {described(model_fn)}; "
@@ -141,6 +145,12 @@ def checked_model(model_fn: Callable[[], tf.keras.Model], data: FederatedData) -
         )
     if not model.trainable_weights:
         raise ValueError("model_fn's model has no trainable weights; give it a layer to train")
+    for variable in model.trainable_weights + model.non_trainable_weights:
+        if not np.isfinite(variable.numpy()).all():
+            raise ValueError(
+                f"model_fn's model starts with NaN or infinite weights ({variable.name}); "
+                "initialise every weight with finite values"
+            )
     return model
 
 
@@ -285,6 +295,11 @@ def run(
         if resume:  # refuses other settings or data first
             saved = checkpoint.load(RunFolder(output_dir).checkpoint, settings, source)
             refuse_another_model(output_dir, saved, values)
+            factory = training.aggregator.factory
+            if saved is not None and factory is not None:
+                warning = unread_warning(factory.description, factory.parameters)
+                if warning:
+                    log(warning)
 
     def build(timer: PhaseTimer) -> Experiment:
         with timer.phase("building"):

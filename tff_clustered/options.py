@@ -48,6 +48,8 @@ def checked_value(owner: str, name: str, value: Any, annotation: Any) -> Any:
     rounded: 2.7 would be), a string of digits is not a number. An int is a float; NaN and
     ranges are the owner's checks."""
     kind = base_type(annotation)
+    if kind is Any:  # any value (e.g. a Python object the owner checks itself)
+        return value
     optional = type(None) in typing.get_args(annotation)
     where = f"{owner}: {name}"
     if value is None:

@@ -150,6 +150,7 @@ class Experiment:
             algorithm.distribution,
             config.max_diverged_fraction,
             algorithm.needs_model_deltas or bool(self.round_metrics),
+            self.aggregator.divergence_hint(),
         )
         self.evaluator = Evaluator(data, algorithm, self.run, self.calls, config.fine_tune_steps)
         self.state = RunState()
@@ -309,7 +310,14 @@ class Experiment:
             result = outcome.result
             decision = self.algorithm.after_round(self.run, self.view(), result, self.queries)
             after = self.apply(decision)
-        check_finite(models, round_num, self.algorithm.name, result.clusters, result.client_ids)
+        check_finite(
+            models,
+            round_num,
+            self.algorithm.name,
+            result.clusters,
+            result.client_ids,
+            self.aggregator.divergence_hint(),
+        )
         server_seconds = planning.seconds + deciding.seconds
         moved = clients_moved(self.state.assignment, before, after)
         row = self.training_row(request, outcome, decision, server_seconds, moved)

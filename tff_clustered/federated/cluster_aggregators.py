@@ -34,6 +34,8 @@ from typing import Any, ClassVar, Optional
 import numpy as np
 import tensorflow as tf
 
+from tff_clustered.options import checked_fields
+
 AggregatorState = dict[str, np.ndarray]  # each entry one row per cluster
 
 
@@ -56,6 +58,20 @@ class ClusterAggregator:
     # It runs only as one TFF computation over all of a round's clients (a `tff.aggregators`
     # factory: `tff_factory_aggregator.py`), not as TF functions in process or over shares.
     tff_computation_only: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        """Every field of its declared type, as the command line's flag parser gives it: a
+        wrong type is a TypeError naming the field and what to write (`options.checked_value`:
+        `ClusterDP(noise_multiplier="1")` is refused with "write 1.0"); NumPy scalars become
+        Python values. A subclass's own range checks follow, in its `__post_init__`."""
+        for name, value in checked_fields(self, type(self).__name__).items():
+            object.__setattr__(self, name, value)
+
+    def divergence_hint(self) -> str:
+        """What of this aggregator's settings may have made a model non-finite, and the fix,
+        for the message that stops such a run ("" when nothing of it can: the learning rate
+        is then the cause named)."""
+        return ""
 
     def check_execution(self, execution: str, num_workers: int = 1) -> None:
         """Refuses an execution that cannot run this aggregator (`tff_computation_only`): the

@@ -57,6 +57,21 @@ from tff_clustered.federated.cluster_aggregators import (
 # The fold of a cluster's seed that draws its below-clip count's noise (tensor folds are the
 # tensor indices, far below it).
 COUNT_NOISE_FOLD = 1 << 20
+# The settings' bounds. The round computes in float32: a clip, a noise standard deviation or a
+# count's noise beyond its largest value is infinite.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+# The least noise multiplier above 0: one Gaussian round of multiplier z has Renyi DP
+# alpha / (2 z^2) at order alpha (Mironov, CSF 2017, Proposition 7), an epsilon of about 4/z^2
+# (Poisson sampling: about 0.55/z^2), so below 1e-6 one round's epsilon passes 1e12, which
+# bounds nothing; near z = 1e-16 a run's epsilon leaves float32 (its metrics and TensorBoard
+# scalars), and below 1e-154 z^2 underflows to 0 in the accountant (a division by zero).
+MIN_NOISE_MULTIPLIER = 1e-6
+# The adaptive clip's step multiplies it by exp(-rate (b - q)), |b - q| <= 1: above
+# ln(FLOAT32_MAX) one step can take the clip to 0 or infinity.
+MAX_CLIP_LEARNING_RATE = math.log(FLOAT32_MAX)
+# Noise of this standard deviation per value (or more) on a cluster's sum is at least a
+# model's usual weights (|w| well below 1): a model made non-finite is then blamed on it.
+BLAMED_NOISE_STDDEV = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,38 +95,71 @@ class ClusterDP(ClusterAggregator):
     private: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the types first: ClusterDP(noise_multiplier="1") is refused
+        z, clip, rate = self.noise_multiplier, self.clip, self.clip_learning_rate
         checks = [
             (
-                math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0,
-                f"dp_noise_multiplier must be >= 0, got {self.noise_multiplier}",
+                z == 0 or MIN_NOISE_MULTIPLIER <= z <= FLOAT32_MAX,
+                "noise_multiplier",
+                f"0 (clipping only, no noise) or in [{MIN_NOISE_MULTIPLIER:g}, "
+                f"{FLOAT32_MAX:.4g}] (below {MIN_NOISE_MULTIPLIER:g} one round's epsilon "
+                "passes 1e12, which bounds nothing, and smaller ones overflow the accountant; "
+                "give 0 for clipping without noise)",
             ),
             (
-                math.isfinite(self.clip) and self.clip > 0,
-                f"dp_clip must be > 0, got {self.clip}",
+                0 < clip <= FLOAT32_MAX,
+                "clip",
+                f"in (0, {FLOAT32_MAX:.4g}] (the clip norm is a float32)",
+            ),
+            (0 <= self.target_quantile <= 1, "target_quantile", "in [0, 1]"),
+            (
+                0 <= rate <= MAX_CLIP_LEARNING_RATE,
+                "clip_learning_rate",
+                f"in [0, {MAX_CLIP_LEARNING_RATE:.4g}] (a step multiplies the clip by up to "
+                "exp(rate), which overflows float32 above ln(3.4e38) = 88.72; Andrew et al. "
+                "use 0.2)",
             ),
             (
-                0 <= self.target_quantile <= 1,
-                f"dp_target_quantile must be in [0, 1], got {self.target_quantile}",
-            ),
-            (
-                self.clip_learning_rate >= 0,
-                f"dp_clip_learning_rate must be >= 0, got {self.clip_learning_rate}",
-            ),
-            (
-                self.count_stddev is None or self.count_stddev >= 0,
-                f"dp_count_stddev must be >= 0, got {self.count_stddev}",
+                self.count_stddev is None or 0 <= self.count_stddev <= FLOAT32_MAX,
+                "count_stddev",
+                f"in [0, {FLOAT32_MAX:.4g}] or unset",
             ),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-        z, sigma = self.noise_multiplier, self.effective_count_stddev
+        for ok, name, valid in checks:
+            if not ok:  # NaN fails every comparison, infinity every bound
+                raise ValueError(
+                    f"ClusterDP: {name} (--dp_{name}) must be {valid}, got {getattr(self, name)}"
+                )
+        sigma = self.effective_count_stddev
         if self.adaptive and z > 0 and z >= 2 * sigma:
             raise ValueError(
                 f"dp_count_stddev={sigma:g} is too small for dp_noise_multiplier={z:g}: the "
                 "below-clip counts take part of the noise budget, which needs "
                 f"dp_count_stddev > {z / 2:g}; raise --dp_count_stddev (unset: {z:g})"
             )
+        if self.value_noise_multiplier * clip > FLOAT32_MAX:
+            raise ValueError(
+                f"ClusterDP: the noise's standard deviation on a cluster's sum, "
+                f"{self.value_noise_multiplier:.4g} x clip {clip:g}, overflows float32 "
+                f"({FLOAT32_MAX:.4g}); lower --dp_noise_multiplier or --dp_clip"
+            )
+
+    def divergence_hint(self) -> str:
+        """The DP settings when they may have made a model non-finite: noise of a standard
+        deviation per value on a cluster's sum (at the clip the run started with) of at least
+        `BLAMED_NOISE_STDDEV`, or an adaptive clip moving by more than e per round."""
+        std = self.value_noise_multiplier * self.clip
+        fast_clip = self.adaptive and self.clip_learning_rate > 1
+        if std < BLAMED_NOISE_STDDEV and not fast_clip:
+            return ""
+        fixes = ["--dp_noise_multiplier", "--dp_clip"] + ["--dp_clip_learning_rate"] * fast_clip
+        return (
+            f"the DP settings likely caused it: noise of standard deviation {std:.3g} per value "
+            f"on each cluster's sum (--dp_noise_multiplier={self.noise_multiplier:g} x "
+            f"--dp_clip={self.clip:g})"
+            + (f", an adaptive clip of rate {self.clip_learning_rate:g}" if fast_clip else "")
+            + f": lower {' or '.join(fixes)}"
+        )
 
     # -- what the accountant reads ------------------------------------------------------------
     @property

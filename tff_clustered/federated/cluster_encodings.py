@@ -64,6 +64,7 @@ class ClusterCompression(ClusterRobust):
     name: ClassVar[str] = "compression"
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the types first
         if not 1 <= self.quantization_bits <= 16:
             raise ValueError(
                 f"quantization_bits must be in [1, 16] (TFF's uniform quantization), got "

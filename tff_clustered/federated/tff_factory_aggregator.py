@@ -37,13 +37,15 @@ as it keeps any aggregator's (`loop.aggregation`). Each process's scalar measure
 
 A factory runs only as a TFF computation on one worker: the in-process execution and a round
 split over several workers (whose partial sums a factory's state update cannot be cut into)
-refuse it before any training (`loop.aggregation.check_execution`).
+refuse it before any training (`loop.aggregation.check_execution`), and so is a factory with a
+secure sum (`tff.learning.secure_aggregator()`), which TFF 0.87's C++ worker cannot run.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Optional
 
@@ -51,6 +53,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_clustered.federated import factory_inspection
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.federated.round_functions import RoundFunctions
 
@@ -65,7 +68,8 @@ FACTORY_TYPES = (
 class TffFactoryPerCluster(ClusterAggregator):
     """One instance of the `tff.aggregators` factory `factory` per cluster (see the module
     docstring). `description` names it in the run's settings (summary.json, checkpoints; a
-    resumed run must give the same): default, the factory's class."""
+    resumed run must give the same): default, the factory's class. The settings also record
+    its `parameters`, so a resumed run with other ones is refused."""
 
     factory: Any
     description: str = ""
@@ -80,8 +84,7 @@ class TffFactoryPerCluster(ClusterAggregator):
                 f"UnweightedAggregationFactory, got {type(self.factory).__name__}; give e.g. "
                 "tff.aggregators.MeanFactory() or tff.learning.robust_aggregator()"
             )
-        if not isinstance(self.description, str):
-            raise TypeError(f"description must be a string, got {self.description!r}")
+        super().__post_init__()  # description a string
         if not self.description:
             kind = type(self.factory)
             object.__setattr__(self, "description", f"{kind.__module__}.{kind.__qualname__}")
@@ -89,6 +92,35 @@ class TffFactoryPerCluster(ClusterAggregator):
     @property
     def weighted(self) -> bool:
         return isinstance(self.factory, tff.aggregators.WeightedAggregationFactory)
+
+    def check_execution(self, execution: str, num_workers: int = 1) -> None:
+        """Also refuses a factory with a secure sum (`tff.learning.secure_aggregator()`,
+        `tff.aggregators.SecureSumFactory`...): TFF 0.87's C++ worker has no secure intrinsic
+        and would fail in round 1 ("Cannot embed a federated value")."""
+        super().check_execution(execution, num_workers)
+        if self.secure_intrinsics:
+            raise ValueError(
+                f"the tff.aggregators factory {self.description} sums securely "
+                f"({', '.join(self.secure_intrinsics)}), which TFF's C++ worker cannot run; "
+                'use aggregator="secure" (or tff_clustered.ClusterSecure(...)): the robust '
+                "aggregator with TFF's secure sum's arithmetic, per cluster"
+            )
+
+    @functools.cached_property
+    def secure_intrinsics(self) -> tuple[str, ...]:
+        """The secure-sum intrinsics the factory's process calls (built for a small value: a
+        secure sum nested anywhere is seen); none when the process cannot be built for that
+        value (the run's own build names the factory's error)."""
+        try:
+            process = self.process(tff.TensorType(np.float32, [2]))
+        except Exception:  # the factory's own error comes with the real type
+            return ()
+        return factory_inspection.secure_intrinsics(process)
+
+    @functools.cached_property
+    def parameters(self) -> factory_inspection.FactoryParameters:
+        """The factory's parameters the run's settings record (`factory_inspection`)."""
+        return factory_inspection.factory_parameters(self.factory)
 
     def process(self, value_type: tff.types.Type) -> tff.templates.AggregationProcess:
         """The factory's process for one cluster's values of `value_type`."""

@@ -24,6 +24,10 @@ ROBUST_AGGREGATORS = ("robust", "compression", "secure")
 # A `tff.aggregators` factory per cluster: a Python object, so the Python API's only.
 FACTORY_AGGREGATOR = TffFactoryPerCluster.name
 DP_CLIPPINGS = ("fixed", "adaptive")
+# The largest --target_epsilon: beyond it an epsilon bounds nothing, and the noise multiplier
+# calibrated to it would fall toward `cluster_dp.MIN_NOISE_MULTIPLIER` (1e-6, whose one round
+# already passes an epsilon of 1e12).
+MAX_TARGET_EPSILON = 1e6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +107,13 @@ class AggregatorConfig:
             raise ValueError(f"--dp_delta must be in (0, 1), got {self.delta}")
         if not math.isfinite(self.target_epsilon):
             raise ValueError(f"--target_epsilon must be finite, got {self.target_epsilon}")
-        if self.target_epsilon < 0:
-            raise ValueError(f"--target_epsilon must be >= 0 (0: none), got {self.target_epsilon}")
+        if not 0 <= self.target_epsilon <= MAX_TARGET_EPSILON:
+            raise ValueError(
+                f"--target_epsilon must be in [0, {MAX_TARGET_EPSILON:g}] (0: none), got "
+                f"{self.target_epsilon:g}: an epsilon above {MAX_TARGET_EPSILON:g} bounds "
+                f"nothing (a likelihood ratio of e^{MAX_TARGET_EPSILON:g}); give a target of "
+                "at most that, or 0 for none"
+            )
         self.build()  # the mechanism's own checks, here where the settings are made
 
     def refuse_unused_settings(self) -> None:
@@ -194,9 +203,15 @@ class AggregatorConfig:
 
     def settings(self) -> dict[str, Any]:
         """What a run records of these settings (summary.json, checkpoints): the fields, a
-        factory as its description (a Python object is not a value a file holds)."""
+        factory as its description (a Python object is not a value a file holds) and, beside
+        it, its parameters (`factory_inspection.factory_parameters`): the readable ones by
+        path, and the paths of those inside TFF computations, which cannot be read."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values["factory"] = None if self.factory is None else self.factory.description
+        if self.factory is not None:
+            parameters = self.factory.parameters
+            values["factory_parameters"] = dict(parameters.values)
+            values["factory_parameters_unread"] = list(parameters.unread)
         return values
 
 

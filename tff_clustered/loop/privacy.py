@@ -156,10 +156,14 @@ def relation_of_key(key: str) -> Optional[Relation]:
 def event_rdp(key: str) -> np.ndarray:
     """The RDP at `ORDERS` of the event named `key`, by `RdpAccountant` (cached: a fixed-size
     sampling event takes about half a second)."""
-    event = event_of_key(key)
     relation = relation_of_key(key) or Relation.REPLACE_ONE
     accountant = rdp.RdpAccountant(neighboring_relation=relation)
-    vector = np.array(accountant.compose(event).rdp, np.float64)
+    # Huge noise: logs of 0 (numpy warns, rightly computed), RDP rounded below 0 (to -3e-12).
+    with np.errstate(divide="ignore", over="ignore", under="ignore"):
+        vector = np.array(accountant.compose(event_of_key(key)).rdp, np.float64)
+    if not vector.min() > -1e-9:  # NaN, or more than rounding
+        raise ValueError(f"the privacy accountant cannot account {key}: RDP {vector.min()}")
+    vector = np.maximum(vector, 0.0)
     vector.setflags(write=False)
     return vector
 
@@ -168,7 +172,8 @@ def epsilon_of_rdp(rdp_vector: np.ndarray, delta: float) -> float:
     """dp_accounting's conversion of an RDP vector at `ORDERS` to epsilon at `delta`."""
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
-    return float(rdp.compute_epsilon(ORDERS, rdp_vector, delta)[0])
+    with np.errstate(divide="ignore", over="ignore", under="ignore"):
+        return float(rdp.compute_epsilon(ORDERS, rdp_vector, delta)[0])
 
 
 # -- the ledger --------------------------------------------------------------------------------

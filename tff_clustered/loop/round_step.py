@@ -50,6 +50,8 @@ class RoundStep:
     distribution: Distribution
     max_diverged_fraction: float
     with_deltas: bool
+    # What of the aggregator's settings may make a model non-finite (its `divergence_hint`).
+    divergence_hint: str = ""
 
     def run(self, request: TrainRequest, store: ClientStore) -> RoundOutcome:
         started = time.perf_counter()
@@ -65,10 +67,18 @@ class RoundStep:
             request.round_num,
             request.training.learning_rate,
             self.max_diverged_fraction,
+            self.divergence_hint,
         )
         outputs = [outputs[i] for i in kept]
         client_ids, clusters = [request.client_ids[i] for i in kept], clusters[kept]
-        check_finite(trained.cluster_models, request.round_num, "aggregation", clusters, client_ids)
+        check_finite(
+            trained.cluster_models,
+            request.round_num,
+            "aggregation",
+            clusters,
+            client_ids,
+            self.divergence_hint,
+        )
         store_out = request.fed_round.io.store_out
         for client, output in zip(client_ids, outputs):
             store.update(client, store_out, output["stored"])

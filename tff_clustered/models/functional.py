@@ -147,18 +147,32 @@ def functional_model(
                 f"model {model.name} goes through TFF's functional_model_from_keras, which "
                 f"needs input_spec: the interpreter does not run it ({refusal})"
             ) from None
-        return tff_built(model, input_spec)
+        return tff_built(model, input_spec, str(refusal))
 
 
-def tff_built(model: tf.keras.Model, input_spec: dict) -> FunctionalModel:
+def tff_built(model: tf.keras.Model, input_spec: dict, refusal: str = "") -> FunctionalModel:
     """`model` through TFF's `functional_model_from_keras`, for the layers the interpreter does
     not run (a Conv1D, a GRU, a nested model, a model without `tf.keras.Input`): no
-    state, no `features` (TFF's builder exposes no intermediate values)."""
+    state, no `features` (TFF's builder exposes no intermediate values). TFF's builder takes
+    some models it cannot run (an LSTM with `dropout` captures a Keras placeholder, which
+    fails in round 1 in TFF's worker): one trial step in a graph, as TFF runs it, refuses
+    them here with the interpreter's `refusal` (the layer) and TFF's error."""
     functional = tff.learning.models.functional_model_from_keras(
         model,
         loss_fn=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         input_spec=collections.OrderedDict(input_spec),
     )
+    try:
+        trial_step(functional, input_spec)
+    except Exception as e:  # TF's errors: what TFF's worker would fail with
+        lines = [line.strip() for line in getattr(e, "message", str(e)).splitlines()]
+        reason = next((line for line in lines if line and not line.endswith(":")), "")
+        raise ValueError(
+            f"model {model.name} cannot be trained: the interpreter does not run it "
+            f"({refusal.rstrip('.')}) and TFF's functional_model_from_keras, which runs the "
+            f"other models, fails on it ({type(e).__name__}: {reason}); change that layer "
+            "(an LSTM's dropout: a Dropout layer after the LSTM)"
+        ) from None
     non_trainable = tuple(functional.initial_weights[1])
 
     def apply(
@@ -181,6 +195,23 @@ def tff_built(model: tf.keras.Model, input_spec: dict) -> FunctionalModel:
         features=None,
         rows_independent=True,
     )
+
+
+def trial_step(functional: tff.learning.models.FunctionalModel, input_spec: dict) -> None:
+    """`functional`'s logits (training and inference) and gradients on one batch of zeros of
+    `input_spec`'s `x` (its unknown sizes 1), run in a graph as TFF's computations run them."""
+    spec = input_spec["x"]
+    shape = [1 if size is None else size for size in spec.shape]
+    with tf.Graph().as_default() as graph:
+        trainable, state = (
+            tuple(tf.constant(np.asarray(w)) for w in weights)
+            for weights in functional.initial_weights
+        )
+        x = tf.zeros(shape, spec.dtype)
+        logits = [functional.predict_on_batch((trainable, state), x, t) for t in (False, True)]
+        gradients = tf.gradients(tf.reduce_sum(logits[1]), trainable)
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run([logits, [g for g in gradients if g is not None]])
 
 
 def interpreted(model: tf.keras.Model, bn_momentum: Optional[float] = None) -> FunctionalModel:
