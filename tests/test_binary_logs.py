@@ -6,6 +6,8 @@ TF_CPP_MIN_LOG_LEVEL the user set shows them again; tests/test_train_binary.py).
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,26 +19,44 @@ WITHOUT_TENSORFLOW = {"worker.py"}
 
 
 def imports_before_quieting(path: Path) -> list[str]:
-    """What `path` imports from the package (and of TensorFlow) before its
-    `logs.quiet_tensorflow(...)` call (all of it, and a note, when it makes none)."""
+    """The modules of the package (and of TensorFlow) that `path` imports before its
+    `logs.quiet_tensorflow(...)` call (all of them, and a note, when it makes none)."""
     imported = []
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Expr) and "logs.quiet_tensorflow" in ast.unparse(node):
             return imported
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tff_clustered"):
-            imported += [f"{node.module}.{alias.name}" for alias in node.names]
+            imported += [
+                node.module if node.module != "tff_clustered" else f"tff_clustered.{alias.name}"
+                for alias in node.names
+            ]
         if isinstance(node, (ast.Import, ast.ImportFrom)) and "tensorflow" in ast.unparse(node):
             imported.append(ast.unparse(node))
     return [*imported, "(no logs.quiet_tensorflow call)"]
 
 
-# The package's modules a binary may import before quieting: they import no TensorFlow.
+# The package's modules a binary may import before quieting: they import no TensorFlow
+# (checked below).
 LIGHT = {
     "tff_clustered.cli",
     "tff_clustered.logs",
-    "tff_clustered.phases.PhaseTimer",
-    "tff_clustered.run_folder.ComparisonFolder",
+    "tff_clustered.phases",
+    "tff_clustered.run_folder",
+    "tff_clustered.committed_tables",
+    "tff_clustered.numerics",
 }
+
+
+def test_the_modules_imported_before_quieting_import_no_tensorflow() -> None:
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+        + "; ".join(f"import {module}" for module in sorted(LIGHT))
+        + "; print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("path", BINARIES, ids=lambda p: p.name)
