@@ -4,7 +4,8 @@
    `final_accuracy` and `max_accuracy` are finite numbers in [0, 1] (the max not below the
    final), each (setting, algorithm) has one row for each seed the header lists, and the .md's
    summary cells (mean ± std over seeds) are those of the .csv's rows. A table that fails is
-   reported MALFORMED, naming the file and what is wrong, and the other tables are checked;
+   reported MALFORMED, naming the file and what is wrong, and the other tables are checked
+   (a compare.py table whose .csv is missing too);
 2. a sample of its cells rerun with the command written in its .md file, comparing the final
    and max accuracy with the committed .csv: its first row's algorithm and setting, the lowest
    seed committed for it, or with --all_seeds every seed committed for it (one compare.py run).
@@ -342,12 +343,19 @@ def check_table(
     """One table: its committed rows (`committed_problems`: MALFORMED when any), then its
     sampled cell (`sampled_cell`) rerun: ok, DRIFT, FAILED, NOT PORTABLE (a data path of one
     machine), or skipped with the reason (no .csv or command; no `data_root` for the tables
-    that read data)."""
+    that read data). A table written by compare.py (its .md names the command) whose .csv is
+    missing is MALFORMED: its rows cannot be checked; another .md without one is skipped."""
     csv_path = markdown_path[: -len(".md")] + ".csv"
-    if not os.path.exists(csv_path):
-        return TableCheck("skipped", "no .csv beside it")
     with open(markdown_path, errors="replace") as f:
         markdown = f.read()
+    if not os.path.exists(csv_path):
+        if table_command(markdown) is None:
+            return TableCheck("skipped", "no .csv beside it")
+        return TableCheck(
+            "MALFORMED",
+            f"{os.path.basename(csv_path)}, the rows of this compare.py table, is missing: "
+            "restore it, or remove the table",
+        )
     try:
         with open(csv_path, encoding="utf-8") as f:
             rows, problems = committed_problems(f.read(), markdown)

@@ -134,6 +134,20 @@ def test_a_check_that_checks_nothing_or_cannot_fail_is_refused(tmp_path: Path) -
     assert run_binary([binary, "--help"], timeout=60).returncode == 0
 
 
+def test_a_compare_table_without_its_csv_is_malformed(tmp_path: Path) -> None:
+    """A table compare.py wrote (its .md names the command) whose .csv was deleted has rows
+    that cannot be checked: MALFORMED (a failure), not skipped beside other tables that pass;
+    a .md that is not such a table is still skipped."""
+    table = tmp_path / "comparison.md"
+    table.write_text(f"# t\n\n- command: `python binaries/compare.py {COMMAND}`\n")
+    check = check_results.check_table(str(table), None, 1e-6)
+    assert check.status == "MALFORMED" and check.status in check_results.FAILURES
+    assert check.detail.startswith("comparison.csv, the rows of this compare.py table, is missing")
+    notes = tmp_path / "notes.md"
+    notes.write_text("# notes beside the tables\n")
+    assert check_results.check_table(str(notes), None, 1e-6).status == "skipped"
+
+
 def test_a_recorded_data_path_names_the_data_folder_as_data() -> None:
     """DATA in --data_dir / --tfds_dir / --glove_path is the data root; a path relative to the
     repository stays there; a machine's own absolute path (or `~`) is refused. Every committed

@@ -539,3 +539,22 @@ def test_a_model_made_non_finite_by_dp_noise_names_the_dp_settings() -> None:
     assert "the DP settings likely caused it" in message, message
     assert "standard deviation 1e+20" in message and "lower --dp_noise_multiplier" in message
     assert ClusterDP(1.0, clip=0.1).divergence_hint() == ""  # ordinary noise: not blamed
+
+
+def test_clients_diverging_in_round_1_are_not_blamed_on_the_dp_settings() -> None:
+    """Round 1's clients train from the initial model, which no aggregation (no DP noise, no
+    clip) has touched: their NaN updates (--learning_rate=1e30) name the learning rate only.
+    From round 2 on the model they start from was aggregated, and the DP settings are named
+    first."""
+    from tff_clustered.loop.state import DivergenceError, check_diverged_clients
+
+    hint = ClusterDP(1.0).divergence_hint()  # --dp_clip's default 1: a standard deviation of 1
+    assert hint
+    for round_num, blamed in ((1, False), (2, True)):
+        with pytest.raises(DivergenceError) as raised:
+            check_diverged_clients(
+                np.array([False, False]), ["a", "b"], round_num, 1e30, 0.25, hint
+            )
+        message = str(raised.value)
+        assert ("the DP settings likely caused it" in message) == blamed, message
+        assert "learning rate 1e+30 may be too high" in message

@@ -172,6 +172,27 @@ def test_an_undecodable_record_is_named_with_its_client(
     )
 
 
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_an_undecodable_record_found_by_the_label_scan_is_named_with_its_client(
+    population_file: str, tmp_path: object, split: str
+) -> None:
+    """Without --num_classes the file's labels are scanned at start: a record that cannot be
+    parsed there is named as a client's read names it (with its client, split and file), not
+    as the parser's bare error."""
+    copy = damaged_copy(
+        population_file,
+        str(tmp_path),
+        "UPDATE examples SET serialized_example_proto = x'0a03ffffff' WHERE rowid = (SELECT "
+        f"min(rowid) + 1 FROM examples WHERE client_id = 'c07' AND split_name = '{split}')",
+    )
+    with pytest.raises(DataError) as error:
+        load_dataset("tff_sql", data_dir=copy)
+    assert str(error.value) == (
+        f"client 'c07' ({split}) in {copy}: its examples cannot be read (ValueError: a record "
+        "is not a tf.train.Example of x (4 floats) and y (an int64 label)); regenerate the file"
+    )
+
+
 def test_bad_files_are_one_line(tmp_path: object) -> None:
     with pytest.raises(DataError, match="needs --data_dir"):
         load_dataset("tff_sql")

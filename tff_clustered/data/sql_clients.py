@@ -317,14 +317,40 @@ def load_tff_sql(
 
 
 def largest_label(reader: SqlClients) -> int:
-    """The largest label of any train or test record, parsed in batches of rows."""
+    """The largest label of any train or test record, parsed in batches of rows. A batch that
+    cannot be parsed is named as a client's read names it (`unreadable_client`)."""
     largest = 0
     rows = reader.connection().execute(
-        "SELECT serialized_example_proto FROM examples WHERE split_name IN ('train', 'test')"
+        "SELECT client_id, split_name, serialized_example_proto FROM examples "
+        "WHERE split_name IN ('train', 'test') ORDER BY rowid"
     )
-    while batch := [row[0] for row in rows.fetchmany(1 << 16)]:
-        largest = max(largest, int(np.max(vector_records(batch)[1])))
+    while batch := rows.fetchmany(1 << 16):
+        try:
+            labels = vector_records([row[2] for row in batch])[1]
+        except ValueError as e:
+            unnamed = DataError(f"{reader.path}: {e}; regenerate the file")
+            raise unreadable_client(reader.path, batch) or unnamed from None
+        largest = max(largest, int(np.max(labels)))
     return largest
+
+
+def unreadable_client(path: str, rows: Sequence[tuple[str, str, bytes]]) -> Optional[DataError]:
+    """The error naming the first client of `rows` ((client, split, record) of the file
+    `path`) whose own records cannot be parsed, as `LazyClients.arrays` words it; None when
+    each client's records parse alone (records of different widths across clients: the
+    caller names the file)."""
+    records: dict[tuple[str, str], list[bytes]] = {}
+    for client, split, blob in rows:
+        records.setdefault((str(client), str(split)), []).append(blob)
+    for (client, split), blobs in records.items():
+        try:
+            vector_records(blobs)
+        except ValueError as e:
+            return DataError(
+                f"client {client!r} ({split}) in {path}: its examples cannot be read "
+                f"({type(e).__name__}: {e}); regenerate the file"
+            )
+    return None
 
 
 def save_population(

@@ -203,7 +203,10 @@ def check_diverged_clients(
 ) -> list[int]:
     """The indices of the clients whose update is finite; stops the run when none is, or when
     more than `max_fraction` of them are not, naming the likely cause (`check_finite`). A
-    round of no client has not diverged."""
+    round of no client has not diverged. In round 1 the clients trained from the initial
+    model, which no aggregation has touched: the aggregator's settings are not named then."""
+    if round_num <= 1:
+        aggregator_hint = ""
     dropped = [c for c, ok in zip(client_ids, finite) if not ok]
     if len(finite) and (not finite.any() or len(dropped) > max_fraction * len(finite)):
         learning_rate_fix = (
