@@ -178,6 +178,7 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_fix(
     said = capsys.readouterr().err
     assert said.count("\n") == 1 and said.startswith(f"error: {disk.path}: no space left"), said
     assert "--client_store=memory" in said and "another disk" in said
+    assert "fix the folder" not in said  # the store's own fix, said once
     assert disk.current[1] == NO_MODEL  # nothing written
     (offset, length) = reserved[0]  # c1's slot 0 is row 1: its whole pages
     row_bytes = 10 * 4

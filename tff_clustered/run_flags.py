@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
@@ -323,8 +324,7 @@ def _exit_codes_of_errors(on_interrupt: str) -> Iterator[None]:
         # A write that failed mid-run (disk full, a folder made read-only): the atomic
         # writers left the previous files whole.
         where = e.filename or "the output folder"
-        print(
-            f"error: {where}: {e.strerror}; free space or fix the folder ({on_interrupt})",
-            file=sys.stderr,
-        )
+        # The system's own text gets the general fix; a message of ours names its own.
+        fix = "free space or fix the folder; " if e.strerror == os.strerror(e.errno) else ""
+        print(f"error: {where}: {e.strerror}; {fix}({on_interrupt})", file=sys.stderr)
         raise SystemExit(2) from None
