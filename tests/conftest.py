@@ -42,6 +42,17 @@ def run_binary(
     )
 
 
+# digits (40 clients) under DP-FedAvg with Poisson sampling of 10 a round (q = 1/4), in process.
+DP_POISSON_DIGITS = [
+    "--algorithm=fedavg",
+    "--dataset=digits",
+    "--clients_per_round=10",
+    "--execution=in_process",
+    "--aggregator=dp",
+    "--client_sampling=poisson",
+]
+
+
 # Another process holding a SQLite file locked (`BEGIN EXCLUSIVE`) until its stdin closes.
 HOLD_EXCLUSIVELY = """
 import sqlite3, sys

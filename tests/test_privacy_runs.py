@@ -11,20 +11,11 @@ import os
 
 import dp_accounting as dpa
 import pytest
-from conftest import run_binary
+from conftest import DP_POISSON_DIGITS, run_binary
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
 TRAIN = "binaries/train.py"
-# digits: 40 clients; Poisson sampling of 10 a round, q = 1/4
-RUN = [
-    "--algorithm=fedavg",
-    "--dataset=digits",
-    "--clients_per_round=10",
-    "--execution=in_process",
-    "--aggregator=dp",
-    "--client_sampling=poisson",
-    "--eval_every=100",
-]
+RUN = [*DP_POISSON_DIGITS, "--eval_every=100"]
 Q = 10 / 40
 
 

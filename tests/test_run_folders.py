@@ -10,7 +10,7 @@ import math
 import os
 
 import pytest
-from conftest import TRAIN_IN_ONE_PROCESS, run_binary
+from conftest import DP_POISSON_DIGITS, TRAIN_IN_ONE_PROCESS, run_binary
 
 from tff_clustered import checkpoint, reporting
 from tff_clustered.run_folder import RUN_OUTPUTS, RunFolder
@@ -18,12 +18,7 @@ from tff_clustered.run_folder import RUN_OUTPUTS, RunFolder
 # digits (40 clients), Poisson sampling of 10 a round with noise 1: one round already takes a
 # client's epsilon past 0.1, so the run stops before round 1.
 STOPPED_BEFORE_ROUND_1 = [
-    "--algorithm=fedavg",
-    "--dataset=digits",
-    "--clients_per_round=10",
-    "--execution=in_process",
-    "--aggregator=dp",
-    "--client_sampling=poisson",
+    *DP_POISSON_DIGITS,
     "--rounds=3",
     "--dp_noise_multiplier=1.0",
     "--target_epsilon=0.1",

@@ -89,6 +89,19 @@ def mean_round(tff_context: object) -> tuple:
     return (before, *fed_round.next(before, clients(0), round_hparams(0.5, 3)))
 
 
+def run_without_data(tmp_path: object, factory: object, **options: object) -> None:
+    """`tff_clustered.run` of FedAvg with `factory`, given no data and no model: only a refusal
+    made before the data is read can end it other than in the data's own refusal."""
+    tff_clustered.run(
+        "fedavg",
+        train={},
+        model_fn=lambda: None,
+        output_dir=str(tmp_path),
+        aggregator=factory,
+        **options,
+    )
+
+
 @pytest.mark.usefixtures("tff_context")
 def test_mean_factory_per_cluster_is_the_default_mean(mean_round: tuple) -> None:
     """`MeanFactory()` per cluster gives the default mean's cluster models (to float
@@ -259,14 +272,7 @@ def test_the_api_takes_a_bare_factory_and_refuses_what_cannot_run_it(tmp_path: o
         dict(RunSpec("fedavg").settings(), training=training.settings()),
     )
     with pytest.raises(ValueError, match="use execution='tff'"):
-        tff_clustered.run(
-            "fedavg",
-            train={},
-            model_fn=lambda: None,
-            output_dir=str(tmp_path),
-            aggregator=factory,
-            execution="in_process",
-        )
+        run_without_data(tmp_path, factory, execution="in_process")
     with pytest.raises(ValueError, match="run it on one worker"):
         TffFactoryPerCluster(factory).check_execution("tff", num_workers=2)
     with pytest.raises(TypeError, match="takes a tff.aggregators.WeightedAggregationFactory"):
@@ -284,13 +290,7 @@ def test_a_factory_with_a_secure_sum_is_refused_before_any_data_is_read(tmp_path
     nested = tff.aggregators.MeanFactory(value_sum_factory=tff.aggregators.SecureSumFactory(1.0))
     for factory in (tff.learning.secure_aggregator(), nested):
         with pytest.raises(ValueError, match='sums securely .*; use aggregator="secure"'):
-            tff_clustered.run(
-                "fedavg",
-                train={},
-                model_fn=lambda: None,
-                output_dir=str(tmp_path),
-                aggregator=factory,
-            )
+            run_without_data(tmp_path, factory)
     assert TffFactoryPerCluster(nested).secure_intrinsics == ("federated_secure_sum_bitwidth",)
     for plain in (tff.learning.robust_aggregator(), tff.learning.dp_aggregator(1.0, 50)):
         assert TffFactoryPerCluster(plain).secure_intrinsics == ()
