@@ -82,13 +82,14 @@ def test_tensorboard_events_that_did_not_reach_the_disk_are_an_error(
     import tensorflow as tf
 
     from tff_clustered import reporting
+    from tff_clustered.run_folder import RunFolder
 
     folder = str(tmp_path / "run")
     os.makedirs(folder)
     log = reporting.TensorBoardLog(folder)
     log.add({"round": 1, "accuracy": 0.5, "loss": 1.0, "converged": True})
     log.flush()  # the file's version event and two scalars
-    (events,) = reporting.event_files(folder)
+    (events,) = RunFolder(folder).event_files()
     assert reporting.count_records(events) == 3
     with open(events, "r+b") as f:  # what a full disk left: the last record cut short
         f.truncate(os.path.getsize(events) - 5)

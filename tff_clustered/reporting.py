@@ -97,7 +97,7 @@ class TensorBoardLog:
 
     def __init__(self, output_dir: str) -> None:
         self.output_dir = output_dir
-        self.earlier_files = set(event_files(output_dir))
+        self.earlier_files = set(RunFolder(output_dir).event_files())
         self.writer = tf.summary.create_file_writer(output_dir)
         self.pending: list[dict[str, Any]] = []
         self.events_written = 1  # the writer's own first event (the file's version)
@@ -135,7 +135,7 @@ class TensorBoardLog:
 
     def check_written(self) -> None:
         """Raises `OSError` unless this writer's file holds every event written so far."""
-        ours = [f for f in event_files(self.output_dir) if f not in self.earlier_files]
+        ours = [f for f in RunFolder(self.output_dir).event_files() if f not in self.earlier_files]
         found = count_records(ours[0]) if len(ours) == 1 else 0
         if found != self.events_written:
             where = ours[0] if len(ours) == 1 else os.path.join(self.output_dir, "events.out.*")
@@ -149,11 +149,6 @@ class TensorBoardLog:
     def close(self) -> None:
         with output_errors(self.output_dir):
             self.writer.close()
-
-
-def event_files(folder: str) -> list[str]:
-    """The TensorBoard event files in `folder`, by name."""
-    return RunFolder(folder).event_files()
 
 
 def count_records(path: str) -> int:

@@ -74,20 +74,19 @@ def file_digest(path: str) -> str:
         return ABSENT
     digest = hashlib.sha256()
     with open(path, "rb") as f:
+        head = f.read(HEAD_BYTES)
         if stat.st_size <= FULL_HASH_LIMIT:
-            head = f.read(HEAD_BYTES)
             digest.update(head)
             for chunk in iter(lambda: f.read(READ_CHUNK), b""):
                 digest.update(chunk)
-            whole = f"{stat.st_size}:{digest.hexdigest()[:16]}"
-            return whole + wal_witness(path, head, stat, with_time=False)
-        head = f.read(HEAD_BYTES)
-        last = stat.st_size - SAMPLE_BLOCK
-        for i in range(SAMPLED_BLOCKS):
-            f.seek(last * i // (SAMPLED_BLOCKS - 1))
-            digest.update(f.read(SAMPLE_BLOCK))
-    sampled = f"{stat.st_size}:{stat.st_mtime_ns}:sampled-{digest.hexdigest()[:16]}"
-    return sampled + wal_witness(path, head, stat, with_time=False)
+            text = f"{stat.st_size}:{digest.hexdigest()[:16]}"
+        else:
+            last = stat.st_size - SAMPLE_BLOCK
+            for i in range(SAMPLED_BLOCKS):
+                f.seek(last * i // (SAMPLED_BLOCKS - 1))
+                digest.update(f.read(SAMPLE_BLOCK))
+            text = f"{stat.st_size}:{stat.st_mtime_ns}:sampled-{digest.hexdigest()[:16]}"
+    return text + wal_witness(path, head, stat, with_time=False)
 
 
 def sampled_digest(path: str) -> str:
