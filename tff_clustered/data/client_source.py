@@ -31,7 +31,7 @@ from tff_clustered.data.federated_data import (
     FederatedData,
     checked_client,
     example_arrays,
-    first_line,
+    unreadable_examples,
 )
 
 # The cache's bounds: this many clients' splits, and this many bytes of their arrays.
@@ -84,10 +84,7 @@ class LazyClients:
         except DataError:
             raise
         except Exception as e:  # a damaged row or page: sqlite3, TF's parser
-            raise DataError(
-                f"{self._context(split, client_id)}: its examples cannot be read "
-                f"({type(e).__name__}: {first_line(e)[:200]}); regenerate the file"
-            ) from None
+            raise unreadable_examples(self._context(split, client_id), e) from None
         return self._keep(split, client_id, x, y)
 
     def arrays_of(self, split: str, client_ids: Sequence[str]) -> list[ClientArrayDict]:

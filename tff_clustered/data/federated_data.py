@@ -35,6 +35,15 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text.strip() else type(error).__name__
 
 
+def unreadable_examples(client: str, error: BaseException) -> DataError:
+    """The error of a client (`client`: who and where, e.g. "client 'c1' (train) in FILE")
+    whose stored examples cannot be read: a damaged row or page, an undecodable record."""
+    return DataError(
+        f"{client}: its examples cannot be read ({type(error).__name__}: "
+        f"{first_line(error)[:200]}); regenerate the file"
+    )
+
+
 class ClientSource(Protocol):
     """Clients whose examples are read when first needed (`client_source.LazyClients`)."""
 

@@ -44,6 +44,7 @@ from tff_clustered.data.federated_data import (
     FederatedData,
     chosen_clients,
     from_arrays,
+    unreadable_examples,
 )
 from tff_clustered.data.fingerprint import sampled_digest
 from tff_clustered.data.sqlite_files import connect, locks_named
@@ -346,10 +347,7 @@ def unreadable_client(path: str, rows: Sequence[tuple[str, str, bytes]]) -> Opti
         try:
             vector_records(blobs)
         except ValueError as e:
-            return DataError(
-                f"client {client!r} ({split}) in {path}: its examples cannot be read "
-                f"({type(e).__name__}: {e}); regenerate the file"
-            )
+            return unreadable_examples(f"client {client!r} ({split}) in {path}", e)
     return None
 
 
