@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import array
 import contextlib
+import itertools
 import logging
 import os
 import shutil
 import sqlite3
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Callable, Optional
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -97,12 +98,10 @@ class SqlClients:
         query (a cheap check that the file is TFF's format: both tables exist), as compact
         counts over one index of the clients in sorted order. A count below 0 is refused,
         naming its client."""
-        with locks_named(self.path):
-            return self._sizes()
+        return self._sizes()
 
     def _sizes(self) -> dict[str, ClientCounts]:
-        db = self.connection()
-        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+        tables = {row[0] for row in self.rows("SELECT name FROM sqlite_master")}
         if not {"examples", "client_metadata"} <= tables:
             raise DataError(
                 f"{self.path} is not a SQLite file of TFF's SqlClientData format (tables: "
@@ -114,7 +113,7 @@ class SqlClients:
         index: dict[str, int] = {}
         rows = {split: array.array("q") for split in self.splits}
         counts = {split: array.array("q") for split in self.splits}
-        for client, name, count in db.execute(METADATA_QUERY + " ORDER BY client_id"):
+        for client, name, count in self.rows(METADATA_QUERY + " ORDER BY client_id"):
             if name in ours:
                 client = str(client)
                 if client not in index:
@@ -157,13 +156,18 @@ class SqlClients:
         return sizes
 
     def has_client_index(self) -> bool:
-        return has_client_index(self.connection())
+        with locks_named(self.path):
+            return has_client_index(self.connection())
+
+    def rows(self, query: str, parameters: Sequence[Any] = ()) -> Iterator[tuple]:
+        """The rows of `query` on this thread's connection, streamed; the file locked by
+        another process is one line naming it (`locks_named`), wherever the rows are read."""
+        with locks_named(self.path):
+            yield from self.connection().execute(query, parameters)
 
     def records(self, split: str, client: str) -> list[bytes]:
         """The client's serialized records of `split`, in the order of their rows."""
-        with locks_named(self.path):
-            rows = self.connection().execute(CLIENT_QUERY, (client, self.splits[split]))
-            return [row[0] for row in rows]
+        return [row[0] for row in self.rows(CLIENT_QUERY, (client, self.splits[split]))]
 
     def read(self, split: str, client: str) -> ClientArrays:
         """The client's raw `(x, y)` of `split`, parsed from its records."""
@@ -176,12 +180,11 @@ class SqlClients:
         their rows. Raises when any record cannot be parsed."""
         records: dict[str, list[bytes]] = {c: [] for c in clients}
         unique = list(records)
-        with locks_named(self.path):
-            for begin in range(0, len(unique), IDS_PER_QUERY):
-                ids = unique[begin : begin + IDS_PER_QUERY]
-                query = CLIENTS_QUERY.format(", ".join("?" * len(ids)))
-                for client, blob in self.connection().execute(query, (self.splits[split], *ids)):
-                    records[str(client)].append(blob)
+        for begin in range(0, len(unique), IDS_PER_QUERY):
+            ids = unique[begin : begin + IDS_PER_QUERY]
+            query = CLIENTS_QUERY.format(", ".join("?" * len(ids)))
+            for client, blob in self.rows(query, (self.splits[split], *ids)):
+                records[str(client)].append(blob)
         x, y = self.parse([blob for c in clients for blob in records[c]])
         ends = np.cumsum([len(records[c]) for c in clients])
         if len(y) != (ends[-1] if len(ends) else 0):  # a parser that drops or adds examples
@@ -287,29 +290,28 @@ def load_tff_sql(
     path = tff_sql_path(data_dir)
     reader = SqlClients(path, vector_records, {"train": "train", "test": "test"})
     try:
-        with locks_named(path):
-            sizes = reader.sizes()
-            clients = None
-            if num_clients is not None:
-                listed = list(sizes["train"])
-                drawn = chosen_clients(
-                    len(listed),
-                    num_clients,
-                    data_rng(seed, DataStream.TFF_CLIENTS),
-                    f"{path} has {len(listed):,} clients",
-                )
-                clients = [listed[i] for i in drawn]
-            if num_classes is None:
-                num_classes = largest_label(reader) + 1
-            source = reader.lazy(num_classes, clients, sizes=sizes)
-            if lazy:
-                return federated_data("tff_sql", source)
-            return from_arrays(
-                "tff_sql",
-                *({c: reader.read(s, c) for c in source.sizes[s]} for s in ("train", "test")),
-                num_classes,
-                source=path,
+        sizes = reader.sizes()
+        clients = None
+        if num_clients is not None:
+            listed = list(sizes["train"])
+            drawn = chosen_clients(
+                len(listed),
+                num_clients,
+                data_rng(seed, DataStream.TFF_CLIENTS),
+                f"{path} has {len(listed):,} clients",
             )
+            clients = [listed[i] for i in drawn]
+        if num_classes is None:
+            num_classes = largest_label(reader) + 1
+        source = reader.lazy(num_classes, clients, sizes=sizes)
+        if lazy:
+            return federated_data("tff_sql", source)
+        return from_arrays(
+            "tff_sql",
+            *({c: reader.read(s, c) for c in source.sizes[s]} for s in ("train", "test")),
+            num_classes,
+            source=path,
+        )
     except sqlite3.DatabaseError as e:
         raise DataError(
             f"{path} is not a readable SQLite file ({e}); write it with "
@@ -321,11 +323,11 @@ def largest_label(reader: SqlClients) -> int:
     """The largest label of any train or test record, parsed in batches of rows. A batch that
     cannot be parsed is named as a client's read names it (`unreadable_client`)."""
     largest = 0
-    rows = reader.connection().execute(
+    rows = reader.rows(
         "SELECT client_id, split_name, serialized_example_proto FROM examples "
         "WHERE split_name IN ('train', 'test') ORDER BY rowid"
     )
-    while batch := rows.fetchmany(1 << 16):
+    while batch := list(itertools.islice(rows, 1 << 16)):
         try:
             labels = vector_records([row[2] for row in batch])[1]
         except ValueError as e:
