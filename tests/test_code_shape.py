@@ -1,0 +1,378 @@
+"""The code's shape, read from its source with `ast` (no TF): function size, concern, nesting.
+
+Three rules say what a line count of files did not:
+
+- a function or method is at most `MAX_FUNCTION_LINES` lines (its `def` to its last line,
+  docstring included), or the line above its `def` (above its decorators, if any) is a comment
+  `# Long: <reason>` saying why the long form is the clearest (a table, a paper's algorithm
+  written step by step);
+- a module's docstring states its concern in its first line: one sentence, ending the line,
+  then a blank line or the docstring's end;
+- a function defines at most `MAX_NESTED_DEFS` functions inside it (at any depth). Four is the
+  largest set of closures one TFF computation takes: `tff.federated_aggregate`'s zero,
+  accumulate, merge and report. A function holding more is building a round (or a pipeline) of
+  nested blocks, where named module-level parts that compose belong.
+
+Code other parts of the redesign are rewriting still breaks the rules; each such place is
+listed below by name. The lists only shrink: a listed place that keeps its rule now (or no
+longer exists) fails the test as surely as a new offender does, so each list says exactly
+what is left to do.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKED = ("tff_clustered", "binaries", "scripts")
+MAX_FUNCTION_LINES = 60
+MAX_NESTED_DEFS = 4
+LONG_REASON = re.compile(r"^\s*# Long: (\S+\s+){3,}\S")  # a reason of four words or more
+# A sentence's end inside a line: ". A", "? The" (an abbreviation before a digit or a
+# lower-case word, "Alg. 3", "et al. (", is not one).
+SENTENCE_BREAK = re.compile(r"[.?!]\s+[A-Z]")
+
+# Shrinking: functions over MAX_FUNCTION_LINES lines without a `# Long:` reason, in code the
+# round, layout and aggregator parts of the redesign are rewriting. Emptied at their merge.
+LONG_FUNCTIONS_BEING_REWRITTEN = {
+    "binaries/benchmarks/fedtsdp_vs_fedavg.py:fedtsdp_vs_fedavg",
+    "binaries/benchmarks/scoring_ways.py:scoring_ways",
+    "binaries/benchmarks/unequal_clients.py:unequal_clients",
+    "binaries/check_results.py:check_table",
+    "tff_clustered/algorithms/fedac.py:FedAC.after_round",
+    "tff_clustered/algorithms/uapdfl.py:UAPDFLPeerStep.__call__",
+    "tff_clustered/api.py:run",
+    "tff_clustered/clustering/cluster_number.py:tune_cluster_number",
+    "tff_clustered/data/digits.py:load_digits_clusters",
+    "tff_clustered/data/federated_data.py:from_checked_arrays",
+    "tff_clustered/data/given_clients.py:federated_data",
+    "tff_clustered/data/images.py:load_image_federation",
+    "tff_clustered/data/leaf.py:read_leaf_examples",
+    "tff_clustered/data/registry.py:load_dataset",
+    "tff_clustered/data/stackoverflow.py:load_tff_stackoverflow",
+    "tff_clustered/data/tff_datasets.py:load_tff_cifar100",
+    "tff_clustered/data/tff_datasets.py:load_tff_shakespeare",
+    "tff_clustered/federated/in_process.py:in_process_round",
+    "tff_clustered/federated/in_process.py:in_process_round.next_fn",
+    "tff_clustered/federated/local_training.py:train_client",
+    "tff_clustered/federated/round.py:tff_round_parts",
+    "tff_clustered/federated/round_functions.py:round_functions",
+    "tff_clustered/federated/round_functions.py:round_functions.padded_client_update",
+    "tff_clustered/federated/sharded.py:sharded_round",
+    "tff_clustered/federated/tff_factory_aggregator.py:FactoryRoundPart.finalizer",
+    "tff_clustered/loop/evaluation.py:Evaluator.evaluate",
+    "tff_clustered/loop/round_calls.py:RoundCalls.train",
+    "tff_clustered/models/functional.py:interpreted",
+    "tff_clustered/orchestration.py:Experiment.__init__",
+    "tff_clustered/result_tables.py:write_tables",
+    "tff_clustered/runner.py:_run_in_folder",
+}
+# Shrinking: functions defining more than MAX_NESTED_DEFS functions, in code the round part
+# of the redesign is rewriting (and two benchmarks timing the rounds it replaces).
+NESTED_BLOCKS_BEING_REWRITTEN = {
+    "binaries/benchmarks/round_floors.py:floor_round_fns",
+    "binaries/benchmarks/tff_client_costs.py:model_paths",
+    "tff_clustered/federated/in_process.py:in_process_round",
+    "tff_clustered/federated/round.py:tff_round_parts",
+    "tff_clustered/federated/round_functions.py:round_functions",
+    "tff_clustered/federated/sharded.py:sharded_round",
+}
+# Shrinking: modules whose docstring does not yet state their concern in a one-sentence first
+# line, owned by the other parts of the redesign. Emptied at their merge.
+MODULES_WITHOUT_A_ONE_LINE_CONCERN = {
+    "binaries/benchmark.py",
+    "binaries/benchmarks/__init__.py",
+    "binaries/benchmarks/client_data.py",
+    "binaries/benchmarks/client_scaling.py",
+    "binaries/benchmarks/clustering.py",
+    "binaries/benchmarks/common.py",
+    "binaries/benchmarks/evaluation.py",
+    "binaries/benchmarks/fedavg_vs_tff.py",
+    "binaries/benchmarks/fedgroup_vs_fedavg.py",
+    "binaries/benchmarks/fedtsdp_vs_fedavg.py",
+    "binaries/benchmarks/memory.py",
+    "binaries/benchmarks/population.py",
+    "binaries/benchmarks/population_goals.py",
+    "binaries/benchmarks/registry.py",
+    "binaries/benchmarks/round_floors.py",
+    "binaries/benchmarks/scoring_ways.py",
+    "binaries/benchmarks/tff_client_costs.py",
+    "binaries/benchmarks/uapdfl_vs_fedavg.py",
+    "binaries/benchmarks/unequal_clients.py",
+    "binaries/check_results.py",
+    "binaries/client_store_cost.py",
+    "binaries/compare.py",
+    "binaries/docs_tables.py",
+    "scripts/cfl_split_summary.py",
+    "scripts/make_image_fixtures.py",
+    "scripts/make_leaf_text_fixtures.py",
+    "scripts/make_stackoverflow_fixture.py",
+    "scripts/make_tff_fixtures.py",
+    "scripts/measure_numerics_drift.py",
+    "scripts/time_cfl_statistics.py",
+    "scripts/time_lazy_start.py",
+    "scripts/time_stackoverflow_start.py",
+    "tff_clustered/aggregator_argument.py",
+    "tff_clustered/aggregator_flags.py",
+    "tff_clustered/algorithms/__init__.py",
+    "tff_clustered/algorithms/cfl.py",
+    "tff_clustered/algorithms/cgpfl.py",
+    "tff_clustered/algorithms/cold_starts.py",
+    "tff_clustered/algorithms/criticalfl.py",
+    "tff_clustered/algorithms/dfl.py",
+    "tff_clustered/algorithms/dispfl.py",
+    "tff_clustered/algorithms/ditto.py",
+    "tff_clustered/algorithms/fedac.py",
+    "tff_clustered/algorithms/fedadam.py",
+    "tff_clustered/algorithms/fedgroup.py",
+    "tff_clustered/algorithms/fedrep.py",
+    "tff_clustered/algorithms/fedtsdp.py",
+    "tff_clustered/algorithms/fesem.py",
+    "tff_clustered/algorithms/flhc.py",
+    "tff_clustered/algorithms/ifca.py",
+    "tff_clustered/algorithms/lg_fedavg.py",
+    "tff_clustered/algorithms/uapdfl.py",
+    "tff_clustered/cli.py",
+    "tff_clustered/client_store.py",
+    "tff_clustered/clustering/bipartition.py",
+    "tff_clustered/clustering/cluster_number.py",
+    "tff_clustered/clustering/cnt_settings.py",
+    "tff_clustered/clustering/cnt_statistics.py",
+    "tff_clustered/clustering/cnt_steps.py",
+    "tff_clustered/clustering/common.py",
+    "tff_clustered/clustering/density.py",
+    "tff_clustered/clustering/fedac.py",
+    "tff_clustered/clustering/hierarchical.py",
+    "tff_clustered/clustering/hopkins.py",
+    "tff_clustered/clustering/low_rank_cosine.py",
+    "tff_clustered/committed_tables.py",
+    "tff_clustered/comparison_rows.py",
+    "tff_clustered/comparison_tables.py",
+    "tff_clustered/data/fedac_partitions.py",
+    "tff_clustered/data/given_clients.py",
+    "tff_clustered/data/image_formats.py",
+    "tff_clustered/data/images.py",
+    "tff_clustered/data/leaf.py",
+    "tff_clustered/data/leaf_examples.py",
+    "tff_clustered/data/medmnist.py",
+    "tff_clustered/data/mnist.py",
+    "tff_clustered/data/mnist_writers.py",
+    "tff_clustered/data/partitions.py",
+    "tff_clustered/data/population.py",
+    "tff_clustered/data/registry.py",
+    "tff_clustered/data/shard_partitions.py",
+    "tff_clustered/data/spec.py",
+    "tff_clustered/data/sql_clients.py",
+    "tff_clustered/data/stackoverflow.py",
+    "tff_clustered/data/stackoverflow_task.py",
+    "tff_clustered/data/tff_datasets.py",
+    "tff_clustered/data/tweets.py",
+    "tff_clustered/data/worker_reader.py",
+    "tff_clustered/federated/__init__.py",
+    "tff_clustered/federated/batching.py",
+    "tff_clustered/federated/cluster_aggregators.py",
+    "tff_clustered/federated/cluster_dp.py",
+    "tff_clustered/federated/cluster_encodings.py",
+    "tff_clustered/federated/cluster_robust.py",
+    "tff_clustered/federated/distributions.py",
+    "tff_clustered/federated/distributors.py",
+    "tff_clustered/federated/executions.py",
+    "tff_clustered/federated/factory_inspection.py",
+    "tff_clustered/federated/finalizers.py",
+    "tff_clustered/federated/graphs.py",
+    "tff_clustered/federated/grouping.py",
+    "tff_clustered/federated/in_process_scoring.py",
+    "tff_clustered/federated/local_training.py",
+    "tff_clustered/federated/placement.py",
+    "tff_clustered/federated/round_functions.py",
+    "tff_clustered/federated/round_inputs.py",
+    "tff_clustered/federated/scoring.py",
+    "tff_clustered/federated/server_optimizers.py",
+    "tff_clustered/federated/signature.py",
+    "tff_clustered/logs.py",
+    "tff_clustered/loop/__init__.py",
+    "tff_clustered/loop/accounting.py",
+    "tff_clustered/loop/aggregation.py",
+    "tff_clustered/loop/config.py",
+    "tff_clustered/loop/evaluation.py",
+    "tff_clustered/loop/pooled.py",
+    "tff_clustered/loop/privacy.py",
+    "tff_clustered/loop/queries.py",
+    "tff_clustered/loop/round_calls.py",
+    "tff_clustered/loop/round_step.py",
+    "tff_clustered/loop/state.py",
+    "tff_clustered/loop/training_row.py",
+    "tff_clustered/models/functional.py",
+    "tff_clustered/models/keras_models.py",
+    "tff_clustered/models/layer_ops.py",
+    "tff_clustered/models/memory.py",
+    "tff_clustered/models/split.py",
+    "tff_clustered/numerics.py",
+    "tff_clustered/orchestration.py",
+    "tff_clustered/reporting.py",
+    "tff_clustered/run_flags.py",
+    "tff_clustered/run_spec.py",
+    "tff_clustered/worker_connection.py",
+}
+
+
+def sources() -> Iterator[Path]:
+    for folder in CHECKED:
+        yield from sorted((ROOT / folder).rglob("*.py"))
+
+
+def relative(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.FunctionDef]]:
+    """Every function and method of `tree` with its qualified name (`Class.method`,
+    `outer.inner`), nested ones included."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield prefix + node.name, node
+            yield from functions(node, f"{prefix}{node.name}.")
+        elif isinstance(node, ast.ClassDef):
+            yield from functions(node, f"{prefix}{node.name}.")
+        else:
+            yield from functions(node, prefix)
+
+
+def length(node: ast.FunctionDef) -> int:
+    return node.end_lineno - node.lineno + 1
+
+
+def has_long_reason(node: ast.FunctionDef, lines: list[str]) -> bool:
+    """Whether the line above the function's first line (its first decorator's, if any) is a
+    `# Long: <reason>` comment."""
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    return first >= 2 and bool(LONG_REASON.match(lines[first - 2]))
+
+
+def nested_defs(node: ast.FunctionDef) -> int:
+    return sum(
+        isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not node
+        for n in ast.walk(node)
+    )
+
+
+def long_functions() -> set[str]:
+    found = set()
+    for path in sources():
+        text = path.read_text()
+        lines = text.splitlines()
+        for name, node in functions(ast.parse(text)):
+            if length(node) > MAX_FUNCTION_LINES and not has_long_reason(node, lines):
+                found.add(f"{relative(path)}:{name}")
+    return found
+
+
+def outermost_functions(tree: ast.AST) -> Iterator[tuple[str, ast.FunctionDef]]:
+    """The functions and methods of `tree` not inside another function."""
+    inner = {id(n) for _, f in functions(tree) for n in ast.walk(f) if n is not f}
+    return ((name, node) for name, node in functions(tree) if id(node) not in inner)
+
+
+def nested_blocks() -> set[str]:
+    found = set()
+    for path in sources():
+        for name, node in outermost_functions(ast.parse(path.read_text())):
+            if nested_defs(node) > MAX_NESTED_DEFS:
+                found.add(f"{relative(path)}:{name}")
+    return found
+
+
+def concern_problem(source: str) -> str:
+    """What is wrong with the module's statement of its concern ("" when nothing is)."""
+    docstring = ast.get_docstring(ast.parse(source), clean=False)
+    if not docstring:
+        return "no docstring"
+    first, _, rest = docstring.partition("\n")
+    first = first.strip()
+    if not first:
+        return "the docstring's first line is empty"
+    if not first.endswith((".", "?", "!")):
+        return "the first line is not a whole sentence (it runs on)"
+    if SENTENCE_BREAK.search(first):
+        return "the first line holds more than one sentence"
+    if rest.strip() and rest.split("\n")[0].strip():
+        return "the first line is not followed by a blank line"
+    return ""
+
+
+def modules_without_a_concern() -> dict[str, str]:
+    return {
+        relative(path): problem
+        for path in sources()
+        if (problem := concern_problem(path.read_text()))
+    }
+
+
+def check_listed(found: set[str], listed: set[str], rule: str) -> None:
+    new = sorted(found - listed)
+    assert not new, f"{rule}: {new}"
+    done = sorted(listed - found)
+    assert not done, f"these keep the rule now (or are gone): take them off the list: {done}"
+
+
+def test_no_function_is_over_60_lines_without_a_reason() -> None:
+    check_listed(
+        long_functions(),
+        LONG_FUNCTIONS_BEING_REWRITTEN,
+        f"over {MAX_FUNCTION_LINES} lines: cut at a real sub-step, or say '# Long: <why>' "
+        "on the line above the def",
+    )
+
+
+def test_no_function_builds_a_block_of_nested_functions() -> None:
+    check_listed(
+        nested_blocks(),
+        NESTED_BLOCKS_BEING_REWRITTEN,
+        f"more than {MAX_NESTED_DEFS} nested functions: make them module-level parts",
+    )
+
+
+def test_every_module_states_its_concern_in_its_first_line() -> None:
+    found = modules_without_a_concern()
+    new = {path: found[path] for path in sorted(set(found) - MODULES_WITHOUT_A_ONE_LINE_CONCERN)}
+    assert not new, f"state the module's concern in one sentence on its first line: {new}"
+    done = sorted(MODULES_WITHOUT_A_ONE_LINE_CONCERN - set(found))
+    assert not done, f"these state their concern now (or are gone): take them off: {done}"
+
+
+def test_the_rules_find_what_they_are_for() -> None:
+    """Each rule, on a small made-up module: it catches its case, and lets its exception by."""
+    source = "\n".join(
+        [
+            '"""A module. Two sentences."""',
+            "def short():",
+            "    pass",
+            "# Long: a table of the paper's cases, one line each",
+            "def tabled():",
+            *["    pass"] * 61,
+            "def long():",
+            *["    pass"] * 61,
+            "def nests():",
+            *[f"    def f{i}():\n        pass" for i in range(5)],
+        ]
+    )
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    named = dict(functions(tree))
+    assert [length(named[n]) > MAX_FUNCTION_LINES for n in ("short", "tabled", "long")] == [
+        False,
+        True,
+        True,
+    ]
+    assert [has_long_reason(named[n], lines) for n in ("tabled", "long")] == [True, False]
+    assert nested_defs(named["nests"]) == 5
+    assert [name for name, _ in outermost_functions(tree)] == ["short", "tabled", "long", "nests"]
+    assert concern_problem(source) == "the first line holds more than one sentence"
+    cited = '"""CNT (Alg. 3 of Zhang et al., arXiv:2403.16460).\n\nMore."""'
+    assert concern_problem(cited) == ""
+    assert concern_problem('"""Runs on\nto the next line."""').endswith("(it runs on)")
+    assert concern_problem('"""One line.\nThen more."""').endswith("by a blank line")
+    assert concern_problem("x = 1") == "no docstring"
