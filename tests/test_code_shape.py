@@ -199,7 +199,6 @@ MODULES_WITHOUT_A_ONE_LINE_CONCERN = {
     "tff_clustered/loop/config.py",
     "tff_clustered/loop/evaluation.py",
     "tff_clustered/loop/pooled.py",
-    "tff_clustered/loop/privacy.py",
     "tff_clustered/loop/queries.py",
     "tff_clustered/loop/round_calls.py",
     "tff_clustered/loop/round_step.py",

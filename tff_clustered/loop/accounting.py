@@ -1,10 +1,10 @@
 """A private run's privacy account: after every round of a private aggregator
 (`federated.cluster_dp.ClusterDP`), the round's event (its noise, as the run's client sampling
-amplifies it: `loop.privacy.sampling_event`) is recorded for the clients that were eligible,
+amplifies it: `loop.dp_events.sampling_event`) is recorded for the clients that were eligible,
 and every cluster's epsilon at the run's delta is read off the ledger (`PrivacyLedger`: a
 cluster's epsilon is the largest of the clients assigned to it). A target epsilon stops the
 run before the round that would pass it, and, when no noise multiplier is given, sets the
-noise multiplier whose rounds reach it (`privacy.calibrated_noise_multiplier`).
+noise multiplier whose rounds reach it (`noise_calibration.calibrated_noise_multiplier`).
 
 Every in-use cluster's sum is noised in every round, and a client adds into one cluster's sum
 only, so one round is one Gaussian mechanism on the stack of cluster sums, whichever cluster a
@@ -24,12 +24,10 @@ from tff_clustered.algorithms.base import RunInfo
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.federated.cluster_dp import ClusterDP
 from tff_clustered.loop.config import TrainingConfig
-from tff_clustered.loop.privacy import (
-    PrivacyLedger,
-    calibrated_noise_multiplier,
-    describe_sampling,
-    sampling_event,
-)
+from tff_clustered.loop.dp_events import sampling_event
+from tff_clustered.loop.noise_calibration import calibrated_noise_multiplier
+from tff_clustered.loop.privacy_ledger import PrivacyLedger
+from tff_clustered.loop.sampling import describe_sampling
 from tff_clustered.loop.state import RunState
 
 

@@ -14,7 +14,7 @@ from tff_clustered.federated.cluster_encodings import ClusterCompression, Cluste
 from tff_clustered.federated.cluster_robust import ClusterRobust
 from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.federated.tff_factory_aggregator import TffFactoryPerCluster
-from tff_clustered.loop.privacy import SAMPLINGS
+from tff_clustered.loop.sampling import SAMPLINGS
 from tff_clustered.options import checked_fields
 from tff_clustered.seeds import EVAL_SAMPLE, rng_for
 
@@ -258,7 +258,7 @@ class TrainingConfig:
     # What the server does with each cluster's mean update (`federated.server_optimizers`):
     # add it (FedAvg), or an optimizer step with it as the negative gradient (FedAvgM, FedAdam).
     server_optimizer: ServerOptimizer = ServerOptimizer()
-    # How each round's clients are drawn from the eligible ones (`loop.privacy`): "fixed",
+    # How each round's clients are drawn from the eligible ones (`loop.sampling`): "fixed",
     # exactly `clients_per_round` without replacement; "poisson", each independently with
     # probability clients_per_round / eligible (a round may then have none).
     client_sampling: str = "fixed"

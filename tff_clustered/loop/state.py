@@ -13,7 +13,7 @@ import numpy as np
 
 from tff_clustered.algorithms.base import UNCHANGED, Decision, ServerView, Similarity
 from tff_clustered.client_store import ClientModels
-from tff_clustered.loop.privacy import PrivacyLedger
+from tff_clustered.loop.privacy_ledger import PrivacyLedger
 
 
 @dataclasses.dataclass
