@@ -21,7 +21,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tff_clustered.data.sql_clients import CLIENT_INDEX, load_tff_sql
+from tff_clustered.data.sql_clients import CLIENT_INDEX
+from tff_clustered.data.tff_sql import load_tff_sql
 
 FEATURES, TRAIN, TEST, GROUPS, CLASSES = 32, 16, 4, 4, 10
 TABLES = (

@@ -165,7 +165,6 @@ MODULES_WITHOUT_A_ONE_LINE_CONCERN = {
     "tff_clustered/data/registry.py",
     "tff_clustered/data/shard_partitions.py",
     "tff_clustered/data/spec.py",
-    "tff_clustered/data/sql_clients.py",
     "tff_clustered/data/stackoverflow.py",
     "tff_clustered/data/stackoverflow_task.py",
     "tff_clustered/data/tff_datasets.py",

@@ -16,7 +16,6 @@ from tff_clustered.data.mnist import MNIST, load_mnist, mnist_paths
 from tff_clustered.data.mnist_writers import WRITERS_FILE, load_mnist_writers
 from tff_clustered.data.sent140 import load_sent140
 from tff_clustered.data.spec import IMAGE_DATASETS, DataSpec, data_spec
-from tff_clustered.data.sql_clients import load_tff_sql, tff_sql_path
 from tff_clustered.data.stackoverflow import load_tff_stackoverflow, stackoverflow_files
 from tff_clustered.data.synthetic import load_synthetic
 from tff_clustered.data.tff_datasets import (
@@ -27,6 +26,7 @@ from tff_clustered.data.tff_datasets import (
     load_tff_emnist,
     load_tff_shakespeare,
 )
+from tff_clustered.data.tff_sql import load_tff_sql, tff_sql_path
 
 # FEMNIST: FedProx/FedGroup subset (200 writers, 10 letters, 26-way head: Table II counts) or
 # the full LEAF FEMNIST (62 classes by writer).

@@ -18,8 +18,9 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.data.federated_data import FederatedData
-from tff_clustered.data.sql_clients import SqlClients, not_vector_examples, vector_records
+from tff_clustered.data.sql_clients import SqlClients
 from tff_clustered.data.sqlite_files import is_locked, locked_database, read_only_uri
+from tff_clustered.data.vector_records import not_vector_examples, vector_records
 
 # A failed check of a client's examples read on the worker (`WorkerReader.read`), as TF's
 # Assert prints its data: "assertion failed: [client '...' (split) in path: ] [problem]".
