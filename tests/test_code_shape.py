@@ -122,7 +122,6 @@ MODULES_WITHOUT_A_ONE_LINE_CONCERN = {
     "tff_clustered/algorithms/cgpfl.py",
     "tff_clustered/algorithms/cold_starts.py",
     "tff_clustered/algorithms/criticalfl.py",
-    "tff_clustered/algorithms/dfl.py",
     "tff_clustered/algorithms/dispfl.py",
     "tff_clustered/algorithms/ditto.py",
     "tff_clustered/algorithms/fedac.py",

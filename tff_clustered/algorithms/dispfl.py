@@ -48,8 +48,9 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.algorithms.base import Decision, Queries, RunInfo, check
-from tff_clustered.algorithms.dfl import Decentralized, received_rows, train_mixed
+from tff_clustered.algorithms.dfl import Decentralized
 from tff_clustered.federated import client_work, local_training
+from tff_clustered.federated.peer_work import received_rows, train_mixed
 from tff_clustered.options import option
 from tff_clustered.seeds import ALGORITHM, derived_seed
 

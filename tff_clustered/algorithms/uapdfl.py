@@ -63,8 +63,9 @@ from tff_clustered.algorithms.base import (
     ServerView,
     check,
 )
-from tff_clustered.algorithms.dfl import Decentralized, Inbox, train_mixed
+from tff_clustered.algorithms.dfl import Decentralized
 from tff_clustered.federated import client_work, local_training
+from tff_clustered.federated.peer_work import Inbox, train_mixed
 from tff_clustered.options import option
 
 ABLATIONS = ("full", "without_cd", "without_lp")
