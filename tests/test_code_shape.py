@@ -65,7 +65,6 @@ LONG_FUNCTIONS_BEING_REWRITTEN = {
     "tff_clustered/federated/tff_factory_aggregator.py:FactoryRoundPart.finalizer",
     "tff_clustered/loop/evaluation.py:Evaluator.evaluate",
     "tff_clustered/loop/round_calls.py:RoundCalls.train",
-    "tff_clustered/models/functional.py:interpreted",
     "tff_clustered/orchestration.py:Experiment.__init__",
     "tff_clustered/result_tables.py:write_tables",
     "tff_clustered/runner.py:_run_in_folder",
