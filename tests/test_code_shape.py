@@ -238,10 +238,14 @@ def length(node: ast.FunctionDef) -> int:
 
 
 def has_long_reason(node: ast.FunctionDef, lines: list[str]) -> bool:
-    """Whether the line above the function's first line (its first decorator's, if any) is a
-    `# Long: <reason>` comment."""
-    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-    return first >= 2 and bool(LONG_REASON.match(lines[first - 2]))
+    """Whether the comment above the function's first line (its first decorator's, if any)
+    is a `# Long: <reason>` (the reason may go on over the comment's next lines)."""
+    above = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 2
+    while (
+        above >= 1 and lines[above].lstrip().startswith("#") and not LONG_REASON.match(lines[above])
+    ):
+        above -= 1
+    return above >= 0 and bool(LONG_REASON.match(lines[above]))
 
 
 def nested_defs(node: ast.FunctionDef) -> int:
@@ -342,7 +346,8 @@ def test_the_rules_find_what_they_are_for() -> None:
             '"""A module. Two sentences."""',
             "def short():",
             "    pass",
-            "# Long: a table of the paper's cases, one line each",
+            "# Long: a table of the paper's cases,",
+            "# one line each",
             "def tabled():",
             *["    pass"] * 61,
             "def long():",
