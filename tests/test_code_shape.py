@@ -42,8 +42,6 @@ LONG_FUNCTIONS_BEING_REWRITTEN = {
     "binaries/benchmarks/scoring_ways.py:scoring_ways",
     "binaries/benchmarks/unequal_clients.py:unequal_clients",
     "binaries/check_results.py:check_table",
-    "tff_clustered/algorithms/fedac.py:FedAC.after_round",
-    "tff_clustered/algorithms/uapdfl.py:UAPDFLPeerStep.__call__",
     "tff_clustered/api.py:run",
     "tff_clustered/clustering/cluster_number.py:tune_cluster_number",
     "tff_clustered/federated/in_process.py:in_process_round",

@@ -130,6 +130,8 @@ class UAPDFLPeerStep:
     reads_own_model: ClassVar[bool] = False  # its own published model is the first row
     reads_features: ClassVar[bool] = True  # I^Aux and Eq. 12 read g's output
 
+    # Long: Alg. 2 lines 7-19 written step by step under their line numbers, the form
+    # docs/uapdfl.md's table cites line by line; its sub-steps share most of their tensors.
     def __call__(
         self, forward: local_training.ForwardFn, inputs: client_work.ClientInputs
     ) -> client_work.ClientOutputs:
