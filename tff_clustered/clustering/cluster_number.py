@@ -140,6 +140,8 @@ def _result(
     )
 
 
+# Long: Alg. 3 in its order (checks, merges, splits, the record), and a docstring that states
+# each choice the paper leaves open; the steps themselves are the functions it calls.
 def tune_cluster_number(
     models: np.ndarray,
     centers: np.ndarray,
