@@ -1,4 +1,6 @@
-"""CriticalFL made decentralized, as UA-PDFL's comparison runs it (Yan, Wang, Li, "CriticalFL:
+"""CriticalFL made decentralized: peers pull more neighbours in a critical learning period.
+
+CriticalFL made decentralized, as UA-PDFL's comparison runs it (Yan, Wang, Li, "CriticalFL:
 A Critical Learning Periods Augmented Client Selection Framework for Efficient Federated
 Learning", KDD 2023): FedAvg-DFL whose peers each vary how many neighbours they pull from,
 more during a detected critical learning period (CLP), fewer otherwise.

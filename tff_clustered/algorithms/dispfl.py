@@ -1,4 +1,6 @@
-"""DisPFL (Dai, Shen, He, Tian, Tao, "DisPFL: Towards Communication-Efficient Personalized
+"""DisPFL: decentralized peers with personalized sparse masks (Dai et al., ICML 2022).
+
+DisPFL (Dai, Shen, He, Tian, Tao, "DisPFL: Towards Communication-Efficient Personalized
 Federated Learning via Decentralized Sparse Training", ICML 2022), on the decentralized loop of
 `dfl.py`: each peer keeps a personalized sparse mask m_i and a sparse model w_i = w_i * m_i.
 

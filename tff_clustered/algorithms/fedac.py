@@ -1,4 +1,6 @@
-"""FedAC (Zhang et al., "FedAC: A Adaptive Clustered Federated Learning Framework for
+"""FedAC: clustering over every client's stored model, with cluster number tuning (Alg. 1).
+
+FedAC (Zhang et al., "FedAC: A Adaptive Clustered Federated Learning Framework for
 Heterogeneous Data", arXiv:2403.16460), Algorithm 1.
 
 Every client keeps its own model omega_i = (phi_i, h_i): the embedding phi (every layer but the

@@ -1,4 +1,6 @@
-"""UA-PDFL (Zhu, Fan, Xie, "UA-PDFL: A Personalized Approach for Decentralized Federated
+"""UA-PDFL: decentralized peers that compare unit representations, then copy or mix.
+
+UA-PDFL (Zhu, Fan, Xie, "UA-PDFL: A Personalized Approach for Decentralized Federated
 Learning"), Algorithm 2, on the decentralized loop of `dfl.py` (peers are TFF clients; the
 server only routes their published models).
 

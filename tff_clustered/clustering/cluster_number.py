@@ -1,4 +1,6 @@
-"""FedAC's cluster number tuning (CNT, Alg. 3 of Zhang et al., "FedAC: A Adaptive Clustered
+"""FedAC's cluster number tuning (CNT, Alg. 3): clusters merged into the nearest, or split.
+
+FedAC's cluster number tuning (CNT, Alg. 3 of Zhang et al., "FedAC: A Adaptive Clustered
 Federated Learning Framework for Heterogeneous Data", arXiv:2403.16460), NumPy only: merge
 clusters into their nearest, split clusters in two, by one of two rules (a cnt_steps.CntRule):
 

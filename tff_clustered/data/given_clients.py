@@ -1,6 +1,9 @@
-"""The clients a user gives the Python API (`tff_clustered.api`): TFF's `ClientData`, or a
-mapping of client ids to `(x, y)` or to mappings of arrays, turned into per-client arrays with
-one-line errors naming the client and the fix."""
+"""The clients a user gives the Python API, as checked per-client arrays.
+
+The Python API (`tff_clustered.api`) takes TFF's `ClientData`, or a mapping of client ids to
+`(x, y)` or to mappings of arrays; they are turned into per-client arrays with one-line errors
+naming the client and the fix.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""CIFAR-10, CIFAR-100, SVHN, Fashion-MNIST and MNIST from files the user already has (nothing
+"""Image datasets from files the user has, dealt to clients as FedTSDP deals them.
+
+CIFAR-10, CIFAR-100, SVHN, Fashion-MNIST and MNIST from files the user already has (nothing
 is downloaded), dealt to clients as in FedTSDP (Zhu et al., "Federated Two Stage Decoupling With
 Adaptive Personalization Layers", 2023): a partition (IID, Dirichlet(beta), pathological,
 shards), each client's share split 80/20 into train and test, and the official test split

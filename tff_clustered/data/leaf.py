@@ -1,4 +1,6 @@
-"""Reader for LEAF / FedProx JSON: `{"users": [...], "num_samples": [...],
+"""Reader for LEAF / FedProx JSON files: each user's examples, the files' bookkeeping checked.
+
+Reader for LEAF / FedProx JSON: `{"users": [...], "num_samples": [...],
 "user_data": {user: {"x": [...], "y": [...]}}}`, one or many files per split.
 
 LEAF writes `data/train/*.json` and `data/test/*.json`; a user's examples may be spread over

@@ -1,5 +1,7 @@
-"""Datasets by name (a `DataSpec`: what `--dataset` and the data flags select), their loaders
-and the files they read."""
+"""Datasets by name: the loader of each `DataSpec`, and the files it reads.
+
+A `DataSpec` is what `--dataset` and the data flags select.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""TFF's federated Stack Overflow (`tff.simulation.datasets.stackoverflow`) as TFF's tag
+"""TFF's federated Stack Overflow as TFF's tag prediction frames it, read client by client.
+
+TFF's federated Stack Overflow (`tff.simulation.datasets.stackoverflow`) as TFF's tag
 prediction baseline frames it (`stackoverflow_task`: a post's bag of words and its most
 frequent top tag), read client by client from the SQLite file TFF keeps in its cache folder;
 nothing is downloaded.

@@ -1,4 +1,6 @@
-"""TFF's own federated EMNIST (`tff.simulation.datasets.emnist`), CIFAR-100
+"""TFF's own federated EMNIST, CIFAR-100 and Shakespeare, read from TFF's SQLite files.
+
+TFF's own federated EMNIST (`tff.simulation.datasets.emnist`), CIFAR-100
 (`tff.simulation.datasets.cifar100`) and Shakespeare (`tff.simulation.datasets.shakespeare`),
 read from the SQLite files TFF keeps in its cache folder; nothing is downloaded.
 

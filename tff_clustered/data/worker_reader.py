@@ -1,4 +1,6 @@
-"""A TFF worker reading a client's examples itself from a population file in TFF's SQL format
+"""A TFF worker reading a client's examples itself from a population file of TFF's SQL format.
+
+A TFF worker reading a client's examples itself from a population file in TFF's SQL format
 (`--client_data=read_on_worker`): `WorkerReader` builds the client's arrays inside a TF
 computation from the client's id and listed size, as `sql_clients.SqlClients` reads them here,
 and names the worker's failed reads (`WorkerReader.failure`); `worker_reader` makes one for a

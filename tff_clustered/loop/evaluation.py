@@ -1,4 +1,6 @@
-"""Scoring the evaluated clients (every client, or the run's seeded `--eval_clients` sample)
+"""Scoring the evaluated clients with each model kind: the round's row and the clients' rows.
+
+Scoring the evaluated clients (every client, or the run's seeded `--eval_clients` sample)
 with each model kind an algorithm has: the evaluation row of a round and each client's row
 (clients.csv). Whole server models are scored pooled, one call per model (and chunk of
 clients); a personal model that joins each client's stored tensors, client by client."""

@@ -1,4 +1,6 @@
-"""A Keras model as a pure function of explicit tensors, for local training inside TFF
+"""A Keras model as a pure function of explicit tensors, for local training inside TFF.
+
+A Keras model as a pure function of explicit tensors, for local training inside TFF
 computations: `apply(trainable, state, x, training, seed) -> (logits, new_state)`.
 
 `trainable` are the model's trainable tensors (`model.trainable_weights` order), `state` its
