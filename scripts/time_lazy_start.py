@@ -1,4 +1,6 @@
-"""Start-up of `--dataset=tff_sql` on a synthetic population: seconds of `load_tff_sql` and
+"""Start-up of `--dataset=tff_sql` on a synthetic population: seconds and peak memory.
+
+Start-up of `--dataset=tff_sql` on a synthetic population: seconds of `load_tff_sql` and
 peak memory, read lazily or whole (docs/data.md's table).
 
     python scripts/time_lazy_start.py write /tmp/pop1e5.sqlite 100000
