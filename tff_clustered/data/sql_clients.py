@@ -37,10 +37,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_clustered.data.client_source import ClientCounts, LazyClients
-from tff_clustered.data.federated_data import (
-    ClientArrays,
-    DataError,
-)
+from tff_clustered.data.federated_data import ClientArrays, DataError
 from tff_clustered.data.fingerprint import sampled_digest
 from tff_clustered.data.sqlite_files import connect, locks_named
 

@@ -12,10 +12,7 @@ import numpy as np
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 
-from tff_clustered.data.federated_data import (
-    ClientArrays,
-    DataError,
-)
+from tff_clustered.data.federated_data import ClientArrays, DataError
 
 
 def not_vector_examples(shape: Sequence[int] = ()) -> str:
