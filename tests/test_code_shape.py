@@ -22,6 +22,7 @@ what is left to do.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,6 +145,13 @@ def sources() -> Iterator[Path]:
         yield from sorted((ROOT / folder).rglob("*.py"))
 
 
+@functools.cache
+def parsed(path: Path) -> tuple[list[str], ast.Module]:
+    """The file's lines and syntax tree, read once for the three rules."""
+    text = path.read_text()
+    return text.splitlines(), ast.parse(text)
+
+
 def relative(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
@@ -186,32 +194,36 @@ def nested_defs(node: ast.FunctionDef) -> int:
 def long_functions() -> set[str]:
     found = set()
     for path in sources():
-        text = path.read_text()
-        lines = text.splitlines()
-        for name, node in functions(ast.parse(text)):
+        lines, tree = parsed(path)
+        for name, node in functions(tree):
             if length(node) > MAX_FUNCTION_LINES and not has_long_reason(node, lines):
                 found.add(f"{relative(path)}:{name}")
     return found
 
 
-def outermost_functions(tree: ast.AST) -> Iterator[tuple[str, ast.FunctionDef]]:
+def outermost_functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, ast.FunctionDef]]:
     """The functions and methods of `tree` not inside another function."""
-    inner = {id(n) for _, f in functions(tree) for n in ast.walk(f) if n is not f}
-    return ((name, node) for name, node in functions(tree) if id(node) not in inner)
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield prefix + node.name, node
+        elif isinstance(node, ast.ClassDef):
+            yield from outermost_functions(node, f"{prefix}{node.name}.")
+        else:
+            yield from outermost_functions(node, prefix)
 
 
 def nested_blocks() -> set[str]:
     found = set()
     for path in sources():
-        for name, node in outermost_functions(ast.parse(path.read_text())):
+        for name, node in outermost_functions(parsed(path)[1]):
             if nested_defs(node) > MAX_NESTED_DEFS:
                 found.add(f"{relative(path)}:{name}")
     return found
 
 
-def concern_problem(source: str) -> str:
+def concern_problem(tree: ast.Module) -> str:
     """What is wrong with the module's statement of its concern ("" when nothing is)."""
-    docstring = ast.get_docstring(ast.parse(source), clean=False)
+    docstring = ast.get_docstring(tree, clean=False)
     if not docstring:
         return "no docstring"
     first, _, rest = docstring.partition("\n")
@@ -231,7 +243,7 @@ def modules_without_a_concern() -> dict[str, str]:
     return {
         relative(path): problem
         for path in sources()
-        if (problem := concern_problem(path.read_text()))
+        if (problem := concern_problem(parsed(path)[1]))
     }
 
 
@@ -295,9 +307,9 @@ def test_the_rules_find_what_they_are_for() -> None:
     assert [has_long_reason(named[n], lines) for n in ("tabled", "long")] == [True, False]
     assert nested_defs(named["nests"]) == 5
     assert [name for name, _ in outermost_functions(tree)] == ["short", "tabled", "long", "nests"]
-    assert concern_problem(source) == "the first line holds more than one sentence"
+    assert concern_problem(tree) == "the first line holds more than one sentence"
     cited = '"""CNT (Alg. 3 of Zhang et al., arXiv:2403.16460).\n\nMore."""'
-    assert concern_problem(cited) == ""
-    assert concern_problem('"""Runs on\nto the next line."""').endswith("(it runs on)")
-    assert concern_problem('"""One line.\nThen more."""').endswith("by a blank line")
-    assert concern_problem("x = 1") == "no docstring"
+    assert concern_problem(ast.parse(cited)) == ""
+    assert concern_problem(ast.parse('"""Runs on\nto the next line."""')).endswith("(it runs on)")
+    assert concern_problem(ast.parse('"""One line.\nThen more."""')).endswith("by a blank line")
+    assert concern_problem(ast.parse("x = 1")) == "no docstring"
