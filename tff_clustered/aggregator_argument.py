@@ -1,18 +1,32 @@
-"""The Python API's `aggregator` argument (`tff_clustered.run`): a name, an aggregator, a
-`tff.aggregators` factory or an `AggregatorConfig`, as the training's aggregator settings."""
+"""The Python API's `aggregator` argument (`tff_clustered.run`): a name, an aggregator (a
+user's own `ClusterAggregator` subclass too), a `tff.aggregators` factory or an
+`AggregatorConfig`, as the training's aggregator settings."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Union
 
+from tff_clustered.federated.aggregators import NAMED
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.federated.tff_factory_aggregator import FACTORY_TYPES, TffFactoryPerCluster
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.options import described
 
-# The aggregators `run` takes by name (their settings at their defaults).
-NAMED_AGGREGATORS = ("mean", "robust", "compression", "secure")
+
+@functools.cache
+def named_at_defaults() -> tuple[str, ...]:
+    """The aggregators `run` takes by name: those whose settings' defaults build one (dp needs
+    a noise multiplier or a target epsilon)."""
+    names = []
+    for name in NAMED:
+        try:
+            AggregatorConfig(name)
+        except ValueError:
+            continue
+        names.append(name)
+    return tuple(names)
 
 
 def with_aggregator(
@@ -25,11 +39,12 @@ def with_aggregator(
         return training
     if isinstance(aggregator, FACTORY_TYPES):
         aggregator = TffFactoryPerCluster(aggregator)
+    named = named_at_defaults()
     if isinstance(aggregator, str):
-        if aggregator not in NAMED_AGGREGATORS:
+        if aggregator not in named:
             raise ValueError(
-                f"aggregator={aggregator!r}: give one of {', '.join(map(repr, NAMED_AGGREGATORS))}"
-                ", or the aggregator itself, e.g. "
+                f"aggregator={aggregator!r}: give one of {', '.join(map(repr, named))}, or the "
+                "aggregator itself, e.g. "
                 "aggregator=tff_clustered.ClusterDP(noise_multiplier=1.0, clip=0.1)"
             )
         config = AggregatorConfig(aggregator)
@@ -39,8 +54,8 @@ def with_aggregator(
         config = aggregator
     else:
         raise TypeError(
-            f"aggregator must be a name ({', '.join(NAMED_AGGREGATORS)}), a ClusterAggregator "
-            "(ClusterDP, ClusterRobust, ...), a tff.aggregators factory (e.g. "
+            f"aggregator must be a name ({', '.join(named)}), a ClusterAggregator "
+            "(ClusterDP, ClusterRobust, your own subclass, ...), a tff.aggregators factory (e.g. "
             "tff.aggregators.MeanFactory()) or an AggregatorConfig, got "
             f"{described(aggregator)}"
         )

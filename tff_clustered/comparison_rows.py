@@ -100,7 +100,7 @@ def aggregator_change(setting: str, name: str, value: str) -> SpecChange:
             own = dict(noise_multiplier=0.0, clipping="adaptive") if config == "dp" else {}
             given = AggregatorConfig(config, **own)
         try:
-            aggregator = dataclasses.replace(given, **changes)
+            aggregator = given.with_settings(**changes)
         except ValueError as e:
             raise ValueError(f"setting {setting!r}: {e}") from None
         return dataclasses.replace(
