@@ -266,7 +266,7 @@ class ClusterMean(ClusterAggregator):
 
     name: ClassVar[str] = "mean"
     is_mean: ClassVar[bool] = True
-    summary: ClassVar[str] = "their weighted mean"
+    summary: ClassVar[str] = "the weighted mean of the cluster's clients' updates"
     voided_by_individual_updates: ClassVar[bool] = False
 
 
