@@ -29,8 +29,13 @@ def aggregator_help() -> str:
     )
 
 
-flags.DEFINE_enum("aggregator", "mean", list(NAMED), aggregator_help())
-options_lib.define_flags(options_classes(), owners_prefix="--aggregator=")
+def define_aggregator_flags(flag_values: flags.FlagValues = FLAGS) -> None:
+    """`--aggregator` and every setting the named aggregators declare, as flags."""
+    flags.DEFINE_enum("aggregator", "mean", list(NAMED), aggregator_help(), flag_values=flag_values)
+    options_lib.define_flags(options_classes(), flag_values, owners_prefix="--aggregator=")
+
+
+define_aggregator_flags()
 
 
 def aggregator_config_from_flags(flag_values: flags.FlagValues = FLAGS) -> AggregatorConfig:
