@@ -5,28 +5,12 @@ user's own `ClusterAggregator` subclass too), a `tff.aggregators` factory or an
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Union
 
-from tff_clustered.federated.aggregators import NAMED
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.federated.tff_factory_aggregator import FACTORY_TYPES, TffFactoryPerCluster
-from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
+from tff_clustered.loop.config import AggregatorConfig, TrainingConfig, named_at_defaults
 from tff_clustered.options import described
-
-
-@functools.cache
-def named_at_defaults() -> tuple[str, ...]:
-    """The aggregators `run` takes by name: those whose settings' defaults build one (dp needs
-    a noise multiplier or a target epsilon)."""
-    names = []
-    for name in NAMED:
-        try:
-            AggregatorConfig(name)
-        except ValueError:
-            continue
-        names.append(name)
-    return tuple(names)
 
 
 def with_aggregator(

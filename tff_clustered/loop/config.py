@@ -4,12 +4,14 @@ schedule, evaluation, the divergence policy, the server optimizer and the aggreg
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, Optional
 
 from tff_clustered.federated.aggregators import (
     AGGREGATORS,
+    NAMED,
     aggregator_class,
     declared_options,
 )
@@ -109,6 +111,21 @@ class AggregatorConfig:
 
     def __repr__(self) -> str:
         return f"AggregatorConfig({self.name!r}, {self.options!r})"
+
+
+@functools.cache
+def named_at_defaults() -> tuple[str, ...]:
+    """The aggregators taken by name alone (`run(aggregator="robust")`, a comparison table's
+    row): those whose settings' defaults build one (dp needs a noise multiplier or a target
+    epsilon)."""
+    names = []
+    for name in NAMED:
+        try:
+            AggregatorConfig(name)
+        except ValueError:
+            continue
+        names.append(name)
+    return tuple(names)
 
 
 def refuse_unused_settings(kind: type[ClusterAggregator], settings: dict[str, Any]) -> None:
