@@ -1,5 +1,7 @@
-"""A per-cluster aggregator of your own, in one file: each cluster's weighted mean over its
-clients whose update is within an L2 norm bound, each client beyond it dropped.
+"""A per-cluster aggregator of your own, in one file: a norm-bounded mean.
+
+Each cluster's weighted mean over its clients whose update is within an L2 norm bound, each
+client beyond it dropped.
 
     .venv/bin/python examples/norm_bounded_mean.py [--max_norm=0.5] [--output_dir=runs/nbm]
 

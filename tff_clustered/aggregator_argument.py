@@ -1,6 +1,7 @@
-"""The Python API's `aggregator` argument (`tff_clustered.run`): a name, an aggregator (a
-user's own `ClusterAggregator` subclass too), a `tff.aggregators` factory or an
-`AggregatorConfig`, as the training's aggregator settings."""
+"""The Python API's `aggregator` argument (`tff_clustered.run`) as the training's settings.
+
+It is a name, an aggregator (a user's own `ClusterAggregator` subclass too), a
+`tff.aggregators` factory or an `AggregatorConfig`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""The command line's aggregator flags, from the aggregators' declarations: `--aggregator`
-(the named ones, `federated.aggregators.NAMED`) and each setting they declare (`--dp_clip`,
-`--robust_zeroing`, ...), and the `AggregatorConfig` they describe."""
+"""The command line's aggregator flags and the settings they give, from the declarations.
+
+`--aggregator` (the named aggregators, `federated.aggregators.NAMED`) and each setting they
+declare (`--dp_clip`, `--robust_zeroing`, ...: `options.define_flags`), and the
+`AggregatorConfig` they describe."""
 
 from __future__ import annotations
 
