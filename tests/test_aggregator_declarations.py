@@ -1,6 +1,8 @@
-"""What each aggregator declares is what users and the loop see: the flags (names, defaults,
-bounds) and `AggregatorConfig` come from the declared settings, a flag of another aggregator
-is refused naming it, and the loop's questions are the declarations' answers."""
+"""What each aggregator declares is what users and the loop see.
+
+The flags (names, defaults, bounds) and `AggregatorConfig` come from the declared settings, a
+flag of another aggregator is refused naming it, and the loop's questions are the
+declarations' answers."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""A user's own per-cluster aggregator (`examples/norm_bounded_mean.py`, one file) through
-`tff_clustered.run`: it drops each client whose update's norm exceeds its bound, records its
-settings, and resumes only with them."""
+"""A user's own per-cluster aggregator, one file, through `tff_clustered.run`.
+
+`examples/norm_bounded_mean.py` drops each client whose update's norm exceeds its bound,
+records its settings, and resumes only with them."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""Differentially private FedAvg per cluster (DP-FedAvg: McMahan, Ramage, Talwar and Zhang,
-"Learning Differentially Private Recurrent Language Models", ICLR 2018; adaptive clipping:
-Andrew, Thakkar, McMahan and Ramaswamy, "Differentially Private Learning with Adaptive
-Clipping", NeurIPS 2021), as a `cluster_aggregators.ClusterAggregator`.
+"""Differentially private FedAvg per cluster, its settings and what its accountant reads.
+
+DP-FedAvg: McMahan, Ramage, Talwar and Zhang, "Learning Differentially Private Recurrent
+Language Models", ICLR 2018; adaptive clipping: Andrew, Thakkar, McMahan and Ramaswamy,
+"Differentially Private Learning with Adaptive Clipping", NeurIPS 2021, as a
+`cluster_aggregators.ClusterAggregator`.
 
 Client: its shared update Delta_i (every shared tensor, the BatchNorm statistics they own
 included) is clipped to its cluster's norm C_k in global L2 norm,

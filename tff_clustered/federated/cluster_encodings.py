@@ -1,5 +1,7 @@
-"""The robust aggregator per cluster (`cluster_robust.ClusterRobust`) with its clients' weighted
-updates encoded for the upload: TFF's compressed and secure aggregators, per cluster.
+"""TFF's compressed and secure aggregators per cluster, and their settings.
+
+The robust aggregator per cluster (`cluster_robust.ClusterRobust`) with its clients' weighted
+updates encoded for the upload.
 
 `ClusterCompression` (`tff.learning.compression_aggregator`; Suresh, Yu, Kumar and McMahan,
 "Distributed Mean Estimation with Limited Communication", ICML 2017): after zeroing, clipping

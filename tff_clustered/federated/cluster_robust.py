@@ -1,7 +1,9 @@
-"""TFF's robust aggregator per cluster (`tff.learning.robust_aggregator(zeroing=True,
-clipping=True, weighted=True)`), as a `cluster_aggregators.ClusterAggregator`, and the base
-of the compressed and secure ones (`cluster_encodings.py`: `tff.learning.
-compression_aggregator`, `tff.learning.secure_aggregator`).
+"""TFF's robust aggregator per cluster, and its settings.
+
+`tff.learning.robust_aggregator(zeroing=True, clipping=True, weighted=True)`, as a
+`cluster_aggregators.ClusterAggregator`, and the base of the compressed and secure ones
+(`cluster_encodings.py`: `tff.learning.compression_aggregator`,
+`tff.learning.secure_aggregator`).
 
 Client i of cluster k, its shared update Delta_i and weight w_i (the weight the algorithm's
 mean uses: its examples, or 1):

@@ -1,11 +1,13 @@
-"""A private run's privacy account: after every round of an aggregator that adds noise (its
-`round_event`, e.g. `federated.cluster_dp.ClusterDP`'s), the round's event (its noise, as the
-run's client sampling amplifies it: `loop.privacy.sampling_event`) is recorded for the clients
-that were eligible, and every cluster's epsilon at the run's delta is read off the ledger
-(`PrivacyLedger`: a cluster's epsilon is the largest of the clients assigned to it). A target
-epsilon stops the run before the round that would pass it, and, when no noise multiplier is
-given, sets the noise multiplier whose rounds reach it (`privacy.calibrated_noise_multiplier`);
-the delta and the target are the aggregator's settings' (`privacy_budget`).
+"""A private run's privacy account, from what its aggregator declares.
+
+After every round of an aggregator that adds noise (its `round_event`, e.g.
+`federated.cluster_dp.ClusterDP`'s), the round's event (its noise, as the run's client sampling
+amplifies it: `loop.privacy.sampling_event`) is recorded for the clients that were eligible,
+and every cluster's epsilon at the run's delta is read off the ledger (`PrivacyLedger`: a
+cluster's epsilon is the largest of the clients assigned to it). A target epsilon stops the run
+before the round that would pass it, and, when no noise multiplier is given, sets the noise
+multiplier whose rounds reach it (`privacy.calibrated_noise_multiplier`); the delta and the
+target are the aggregator's settings' (`privacy_budget`).
 
 Every in-use cluster's sum is noised in every round, and a client adds into one cluster's sum
 only, so one round is one Gaussian mechanism on the stack of cluster sums, whichever cluster a

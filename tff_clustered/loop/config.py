@@ -1,5 +1,7 @@
-"""A run's training settings: rounds, client sampling, local training, learning-rate
-schedule, evaluation, the divergence policy, the server optimizer and the aggregator."""
+"""A run's training settings and its aggregator's settings.
+
+Rounds, client sampling, local training, learning-rate schedule, evaluation, the divergence
+policy, the server optimizer and the aggregator (`AggregatorConfig`)."""
 
 from __future__ import annotations
 
