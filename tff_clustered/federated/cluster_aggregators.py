@@ -264,10 +264,10 @@ class ClusterAggregator:
 class ClusterMean(ClusterAggregator):
     """The weighted mean per cluster (`clustered_mean.py`): the round runs its own code path."""
 
+    summary: ClassVar[str] = "the weighted mean of the cluster's clients' updates"
+    voided_by_individual_updates: ClassVar[bool] = False  # it sends each update as it is
     name: ClassVar[str] = "mean"
     is_mean: ClassVar[bool] = True
-    summary: ClassVar[str] = "the weighted mean of the cluster's clients' updates"
-    voided_by_individual_updates: ClassVar[bool] = False
 
 
 @dataclasses.dataclass(frozen=True)
