@@ -23,16 +23,17 @@ from absl import flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tff_clustered import cli, logs  # noqa: E402 - light; quiets TensorFlow before its import
+from tff_clustered.cli import exits, logs  # noqa: E402 - light; quiets TensorFlow before its import
+from tff_clustered.runtime import signals  # noqa: E402 - light; quiets TensorFlow before its import
 
-cli.stop_at_once_on_signals("benchmark.py")
+signals.stop_at_once_on_signals("benchmark.py")
 
 logs.quiet_tensorflow(sys.argv)
 # The benchmark modules import TensorFlow and define their flags here, before absl parses
 # flags: with TensorFlow imported inside `main`, Keras' Flatten layer fails to build (TF 2.14 /
 # absl 1.4).
 from binaries.benchmarks import common, registry  # noqa: E402
-from tff_clustered.runtime import tff_runtime  # noqa: E402
+from tff_clustered.runtime.context import tff_runtime  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
 
@@ -101,4 +102,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    cli.run_main("benchmark.py", main)
+    exits.run_main("benchmark.py", main)

@@ -54,14 +54,14 @@ from absl import app, flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from tff_clustered import cli, logs  # noqa: E402 - light; quiets TensorFlow before its import
-from tff_clustered.committed_tables import (  # noqa: E402 - the standard library only
+from tff_clustered.cli import exits, logs  # noqa: E402 - light; quiets TensorFlow before its import
+from tff_clustered.comparison.committed_tables import (  # noqa: E402 - the standard library only
     COMPARED,
     committed_problems,
     problems_text,
     read_csv,
 )
-from tff_clustered.numerics import (  # noqa: E402 - no TensorFlow
+from tff_clustered.comparison.numerics import (  # noqa: E402 - no TensorFlow
     MACHINE_FIELDS,
     machine_fields,
     recorded_variables,
@@ -70,8 +70,9 @@ from tff_clustered.run_folder import (  # noqa: E402 - the standard library only
     COMPARISON_CSV,
     ComparisonFolder,
 )
+from tff_clustered.runtime import signals  # noqa: E402 - light; quiets TensorFlow before its import
 
-cli.stop_at_once_on_signals("check_results.py")
+signals.stop_at_once_on_signals("check_results.py")
 logs.quiet_tensorflow(sys.argv)  # the algorithms' options load TensorFlow (`rerun_arguments`)
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("with_data", False, "Also the tables that read data (DATA/... in --data_root).")
@@ -94,7 +95,7 @@ flags.DEFINE_bool(
 # Fashion-MNIST; docs/reproducibility.md, "On another machine"). A cell that moved by more
 # than that did not move by rounding, and a larger tolerance would pass it.
 MAX_TOLERANCE = 0.01
-# A finite number in [0, MAX_TOLERANCE] (`cli.parse_flags` refuses nan and inf, absl the
+# A finite number in [0, MAX_TOLERANCE] (`exits.parse_flags` refuses nan and inf, absl the
 # negative ones, `main` the larger): a nan tolerance would pass every cell, a negative one fail
 # every cell.
 flags.DEFINE_float(
@@ -159,7 +160,7 @@ def expand_flagfiles(command: list[str]) -> list[str]:
     try:
         return flags.FlagValues().read_flags_from_files(command, force_gnu=True)
     except flags.CantOpenFlagFileError as error:
-        raise cli.usage_error(
+        raise exits.usage_error(
             f"a table's command reads a flagfile that cannot be opened ({error}); restore the "
             "file or withdraw the table"
         ) from None
@@ -231,20 +232,20 @@ def data_root_of_flags(with_data: bool, data_root: Optional[str]) -> Optional[st
     is none or the one named is not a folder."""
     if not with_data:
         if data_root is not None:
-            raise cli.usage_error("--data_root is read with --with_data only; add --with_data")
+            raise exits.usage_error("--data_root is read with --with_data only; add --with_data")
         return None
     named = data_root or os.environ.get(DATA_ROOT_VARIABLE)
     if named:
         source = f"--data_root={named}" if data_root else f"${DATA_ROOT_VARIABLE}={named}"
         if not os.path.isdir(os.path.expanduser(named)):
-            raise cli.usage_error(
+            raise exits.usage_error(
                 f"{source} is not a folder; pass --data_root=DIR, the folder holding the "
                 f"dataset folders the tables name as {DATA}/<folder>"
             )
         return os.path.abspath(os.path.expanduser(named))
     if os.path.isdir(SHARED_DATA):
         return SHARED_DATA
-    raise cli.usage_error(
+    raise exits.usage_error(
         f"--with_data needs the folder {DATA} stands for in the tables' commands "
         f"(--data_dir={DATA}/mnist): pass --data_root=DIR (or set ${DATA_ROOT_VARIABLE}); "
         f"there is no {SHARED_DATA}"
@@ -418,14 +419,14 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if FLAGS.tolerance > MAX_TOLERANCE:
-        raise cli.usage_error(
+        raise exits.usage_error(
             f"--tolerance={FLAGS.tolerance:g} would count cells that moved by more than "
             f"{MAX_TOLERANCE} (one point) as the same; give at most {MAX_TOLERANCE}, the "
             "largest drift measured between CPUs or oneDNN settings is 0.0074 "
             "(docs/reproducibility.md)"
         )
     if not os.path.isdir(FLAGS.results):
-        raise cli.usage_error(
+        raise exits.usage_error(
             f"--results={FLAGS.results} is not a folder; pass the folder of result tables "
             f"(default {os.path.join(ROOT, 'results')})"
         )
@@ -433,7 +434,7 @@ def main(argv: list[str]) -> int:
     tables = sorted(glob.glob(os.path.join(FLAGS.results, "**", "*.md"), recursive=True))
     if data_root is not None and (missing := missing_data(tables, data_root)):
         _, recorded, table = missing[0]
-        raise cli.usage_error(
+        raise exits.usage_error(
             f"no dataset folder {', '.join(dict.fromkeys(m[0] for m in missing))} "
             f"({os.path.relpath(table, ROOT)} names {recorded}); pass --data_root=DIR holding "
             "the tables' dataset folders, or --results=DIR of the tables whose data is there"
@@ -452,7 +453,7 @@ def main(argv: list[str]) -> int:
         print(f"this machine's {line}", flush=True)
     failed = any(c.status in FAILURES for c in checks)
     if not rerun and not failed:
-        raise cli.usage_error(nothing_checked_message(FLAGS.results, len(tables)))
+        raise exits.usage_error(nothing_checked_message(FLAGS.results, len(tables)))
     return 1 if failed else 0
 
 
@@ -480,4 +481,4 @@ def nothing_checked_message(results: str, tables: int) -> str:
 
 
 if __name__ == "__main__":
-    cli.run_main("check_results.py", main)
+    exits.run_main("check_results.py", main)

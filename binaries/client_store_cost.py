@@ -17,17 +17,17 @@ import time
 
 import numpy as np
 
-from tff_clustered import logs  # light: quiets TensorFlow before its import
+from tff_clustered.cli import logs  # light: quiets TensorFlow before its import
 
 logs.quiet_tensorflow(sys.argv)
-from tff_clustered import checkpoint  # noqa: E402
-from tff_clustered.client_store import (  # noqa: E402
+from tff_clustered.loop.client_store import (  # noqa: E402
     ClientStore,
     DiskClientStore,
     MemoryClientStore,
 )
 from tff_clustered.loop.state import RunState  # noqa: E402
 from tff_clustered.run_folder import CLIENT_STORE_NAME, RunFolder  # noqa: E402
+from tff_clustered.runs import checkpoint  # noqa: E402
 
 # The MLP 32-16-10's variables: kernel and bias of each layer.
 SHAPES = ((32, 16), (16,), (16, 10), (10,))

@@ -18,7 +18,7 @@ accuracy, rounds to a target, the Eq. 4 discrepancy and the values sent per roun
 
 `--table=privacy` and `--table=aggregation`: one row per aggregator each cluster's updates go
 through (`mean`, `clip`, `epsilon:E`; `robust`, `compression[:BITS[:THRESHOLD]]`, `secure`:
-`tff_clustered/comparison_rows.py`), one column per algorithm, in FedGroup's MNIST setup.
+`tff_clustered/comparison/comparison_rows.py`), one column per algorithm, in FedGroup's MNIST setup.
 
 `--table=fedtsdp` (FedTSDP, Tables 3-5): one row per partition setting (`iid`,
 `dirichlet:BETA`, `pathological`), one column per algorithm, final test accuracy (%).
@@ -57,35 +57,32 @@ from absl import app, flags
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 # TensorFlow is imported (through these) before absl parses flags (see train.py).
-from tff_clustered import cli, logs  # noqa: E402 - light: before TensorFlow's import
+from tff_clustered.cli import exits, logs  # noqa: E402 - light: before TensorFlow's import
+from tff_clustered.runtime import signals  # noqa: E402 - light: before TensorFlow's import
 
-cli.stop_at_once_on_signals("compare.py")
+signals.stop_at_once_on_signals("compare.py")
 logs.quiet_tensorflow(sys.argv)
-from tff_clustered import (  # noqa: E402
-    checkpoint,
-    figures,
-    numerics,
-    result_tables,
-    run_flags,
-    runner,
-)
 from tff_clustered.algorithms import ALGORITHMS  # noqa: E402
 from tff_clustered.algorithms.fedgroup import discrepancy  # noqa: E402
-from tff_clustered.comparison_rows import SETTINGS_HELP, parse_setting  # noqa: E402
-from tff_clustered.comparison_tables import (  # noqa: E402
+from tff_clustered.cli import run_flags  # noqa: E402
+from tff_clustered.comparison import numerics, result_tables  # noqa: E402
+from tff_clustered.comparison.comparison_rows import SETTINGS_HELP, parse_setting  # noqa: E402
+from tff_clustered.comparison.comparison_tables import (  # noqa: E402
     PROTOCOLS,
     SETTING_TABLES,
     TABLES,
     Defaults,
 )
+from tff_clustered.report import figures  # noqa: E402
 from tff_clustered.run_folder import (  # noqa: E402
     COMPARISON_CSV,
     COMPARISON_MD,
     COMPARISON_PNG,
     ComparisonFolder,
 )
-from tff_clustered.run_spec import RunSpec  # noqa: E402
-from tff_clustered.runtime import RuntimeConfig, tff_runtime  # noqa: E402
+from tff_clustered.runs import checkpoint, runner  # noqa: E402
+from tff_clustered.runs.run_spec import RunSpec  # noqa: E402
+from tff_clustered.runtime.context import RuntimeConfig, tff_runtime  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
 
@@ -404,4 +401,4 @@ def write_outputs(
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=exits.parse_flags)

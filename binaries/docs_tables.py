@@ -28,7 +28,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tff_clustered import logs  # noqa: E402 - light: before TensorFlow's import
+from tff_clustered.cli import logs  # noqa: E402 - light: before TensorFlow's import
 
 logs.quiet_tensorflow(sys.argv)
 from tff_clustered import options as options_lib  # noqa: E402

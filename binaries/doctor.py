@@ -23,9 +23,10 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tff_clustered import cli, logs  # noqa: E402 - light; quiets TensorFlow before its import
+from tff_clustered.cli import exits, logs  # noqa: E402 - light; quiets TensorFlow before its import
+from tff_clustered.runtime import signals  # noqa: E402 - light; quiets TensorFlow before its import
 
-cli.stop_at_once_on_signals("doctor.py")
+signals.stop_at_once_on_signals("doctor.py")
 
 logs.quiet_tensorflow(sys.argv)
 import numpy as np  # noqa: E402
@@ -35,7 +36,7 @@ import tensorflow_federated as tff  # noqa: E402
 from tff_clustered.data.medmnist import pathmnist_path  # noqa: E402
 from tff_clustered.data.mnist import FASHION_MNIST, MNIST  # noqa: E402
 from tff_clustered.data.mnist_writers import WRITERS_FILE  # noqa: E402
-from tff_clustered.runtime import tff_runtime, worker_binary_path  # noqa: E402
+from tff_clustered.runtime.context import tff_runtime, worker_binary_path  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
 
@@ -239,4 +240,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    cli.run_main("doctor.py", main)
+    exits.run_main("doctor.py", main)

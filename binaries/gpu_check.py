@@ -41,9 +41,10 @@ from absl import flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tff_clustered import cli, logs  # noqa: E402 - light; quiets TensorFlow before its import
+from tff_clustered.cli import exits, logs  # noqa: E402 - light; quiets TensorFlow before its import
+from tff_clustered.runtime import signals  # noqa: E402 - light; quiets TensorFlow before its import
 
-cli.stop_at_once_on_signals("gpu_check.py")
+signals.stop_at_once_on_signals("gpu_check.py")
 
 logs.quiet_tensorflow(sys.argv)
 import numpy as np  # noqa: E402
@@ -234,7 +235,7 @@ def choose_accelerator(gpus: list[str]) -> Optional[str]:
         seen = [d.name for d in tf.config.list_logical_devices()]
         name = FLAGS.accelerator.strip("/").upper()
         if f"/DEVICE:{name}" not in {d.upper() for d in seen}:
-            raise cli.usage_error(
+            raise exits.usage_error(
                 f"--accelerator={FLAGS.accelerator} is not a device TensorFlow sees "
                 f"({', '.join(sorted(seen))}); "
                 "name one of those, or leave the flag out"
@@ -264,7 +265,7 @@ def main(argv: list[str]) -> int:
     split_cpu(FLAGS.logical_cpus)
     unknown = sorted(set(FLAGS.workloads) - set(WORKLOADS))
     if unknown:
-        raise cli.usage_error(
+        raise exits.usage_error(
             f"--workloads: unknown {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}"
         )
     if FLAGS.child_device:
@@ -272,7 +273,7 @@ def main(argv: list[str]) -> int:
             print(json.dumps(result), flush=True)
         return 0
     if len(argv) > 1:
-        raise cli.usage_error(f"unexpected arguments: {' '.join(argv[1:])}")
+        raise exits.usage_error(f"unexpected arguments: {' '.join(argv[1:])}")
     accelerator = choose_accelerator(describe_tensorflow())
     devices = ["/CPU:0"] + ([accelerator] if accelerator else [])
     medians: dict[tuple[str, str], float] = {}
@@ -319,4 +320,4 @@ def summary(
 
 
 if __name__ == "__main__":
-    cli.run_main("gpu_check.py", main)
+    exits.run_main("gpu_check.py", main)

@@ -29,9 +29,10 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tff_clustered import cli, logs  # noqa: E402 - light; quiets TensorFlow before its import
+from tff_clustered.cli import exits, logs  # noqa: E402 - light; quiets TensorFlow before its import
+from tff_clustered.runtime import signals  # noqa: E402 - light; quiets TensorFlow before its import
 
-cli.stop_at_once_on_signals("model_matrix.py")
+signals.stop_at_once_on_signals("model_matrix.py")
 
 logs.quiet_tensorflow(sys.argv)
 from tff_clustered.algorithms import ALGORITHMS, make_options  # noqa: E402
@@ -39,9 +40,9 @@ from tff_clustered.algorithms.dfl import Decentralized  # noqa: E402
 from tff_clustered.data.spec import DataSpec  # noqa: E402
 from tff_clustered.loop.config import TrainingConfig  # noqa: E402
 from tff_clustered.models import MODEL_NAMES  # noqa: E402
-from tff_clustered.run_spec import ModelChoice, RunSpec  # noqa: E402
-from tff_clustered.runner import build_experiment  # noqa: E402
-from tff_clustered.runtime import RuntimeConfig, tff_runtime  # noqa: E402
+from tff_clustered.runs.run_spec import ModelChoice, RunSpec  # noqa: E402
+from tff_clustered.runs.runner import build_experiment  # noqa: E402
+from tff_clustered.runtime.context import RuntimeConfig, tff_runtime  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
 
@@ -142,4 +143,4 @@ def run_cell(algorithm: str, model: str, execution: str) -> tuple[str, str]:
 
 
 if __name__ == "__main__":
-    cli.run_main("model_matrix.py", main)
+    exits.run_main("model_matrix.py", main)

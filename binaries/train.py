@@ -5,7 +5,7 @@
 With no flags it runs FedPer on the embedded digits data (40 clients in 4 label-permutation
 groups). `make run` runs `configs/default_run.flags`: FedGroup on the same data, then FedAvg
 on the same clients (`--baseline`), and prints the clusters found against the planted groups.
-The dataset, model, training and algorithm flags are in `tff_clustered/run_flags.py`.
+The dataset, model, training and algorithm flags are in `tff_clustered/cli/run_flags.py`.
 """
 
 from __future__ import annotations
@@ -26,15 +26,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 # TensorFlow is imported (through these) before absl parses flags: imported inside `main`,
 # Keras' Flatten layer fails to build (seen with TF 2.14 / absl 1.4).
-from tff_clustered import cli, logs  # noqa: E402 - light: before TensorFlow's import
-from tff_clustered.phases import PhaseTimer  # noqa: E402 - the standard library only
+from tff_clustered.cli import exits, logs  # noqa: E402 - light: before TensorFlow's import
+from tff_clustered.loop.phases import PhaseTimer  # noqa: E402 - the standard library only
+from tff_clustered.runtime import signals  # noqa: E402 - light: before TensorFlow's import
 
-cli.stop_at_once_on_signals("train.py")
+signals.stop_at_once_on_signals("train.py")
 logs.quiet_tensorflow(sys.argv)
-from tff_clustered import checkpoint, run_flags, runner  # noqa: E402
 from tff_clustered import options as options_lib  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS, algorithm_class  # noqa: E402
-from tff_clustered.reporting import ACCURACY_UNDEFINED  # noqa: E402
+from tff_clustered.cli import run_flags  # noqa: E402
+from tff_clustered.report.reporting import ACCURACY_UNDEFINED  # noqa: E402
 from tff_clustered.run_folder import (  # noqa: E402
     CHECKPOINT_NAME,
     CLIENT_STORE_NAME,
@@ -43,8 +44,9 @@ from tff_clustered.run_folder import (  # noqa: E402
     SUMMARY_JSON,
     RunFolder,
 )
-from tff_clustered.run_spec import RunSpec  # noqa: E402
-from tff_clustered.runtime import tff_runtime  # noqa: E402
+from tff_clustered.runs import checkpoint, runner  # noqa: E402
+from tff_clustered.runs.run_spec import RunSpec  # noqa: E402
+from tff_clustered.runtime.context import tff_runtime  # noqa: E402
 
 logs.quiet_python_logs(sys.argv)
 TIMER = PhaseTimer(started=STARTED)  # the first run's; a baseline's starts when it does
@@ -180,4 +182,4 @@ def print_results(spec: RunSpec, results: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=exits.parse_flags)

@@ -24,7 +24,8 @@ from absl import app, flags
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 # No TensorFlow here: the private network namespace must be entered while single-threaded.
-from tff_clustered import cli, worker_service  # noqa: E402
+from tff_clustered.cli import exits  # noqa: E402
+from tff_clustered.runtime import worker_service  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("port", None, "Port to listen on.", lower_bound=1, upper_bound=65535)
@@ -64,4 +65,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    app.run(main, flags_parser=exits.parse_flags)

@@ -27,7 +27,9 @@ def imports_before_quieting(path: Path) -> list[str]:
             return imported
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tff_clustered"):
             imported += [
-                node.module if node.module != "tff_clustered" else f"tff_clustered.{alias.name}"
+                f"{node.module}.{alias.name}"
+                if Path(ROOT, *node.module.split("."), f"{alias.name}.py").exists()
+                else node.module
                 for alias in node.names
             ]
         if isinstance(node, (ast.Import, ast.ImportFrom)) and "tensorflow" in ast.unparse(node):
@@ -38,12 +40,13 @@ def imports_before_quieting(path: Path) -> list[str]:
 # The package's modules a binary may import before quieting: they import no TensorFlow
 # (checked below).
 LIGHT = {
-    "tff_clustered.cli",
-    "tff_clustered.logs",
-    "tff_clustered.phases",
+    "tff_clustered.cli.exits",
+    "tff_clustered.cli.logs",
+    "tff_clustered.runtime.signals",
+    "tff_clustered.loop.phases",
     "tff_clustered.run_folder",
-    "tff_clustered.committed_tables",
-    "tff_clustered.numerics",
+    "tff_clustered.comparison.committed_tables",
+    "tff_clustered.comparison.numerics",
 }
 
 

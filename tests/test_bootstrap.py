@@ -80,7 +80,11 @@ def _run(sandbox: pathlib.Path, **extra: str) -> subprocess.CompletedProcess[str
         **extra,
     }
     return subprocess.run(
-        ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60,
+        ["bash", str(SCRIPT)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
         executable=shutil.which("bash"),
     )
 
@@ -173,8 +177,23 @@ def test_the_bootstrap_builds_the_venv_from_the_interpreter_the_script_chose() -
 
 
 DOCKER_INSTRUCTIONS = {
-    "FROM", "RUN", "CMD", "WORKDIR", "COPY", "ADD", "ENV", "ARG", "LABEL", "EXPOSE",
-    "ENTRYPOINT", "USER", "VOLUME", "SHELL", "HEALTHCHECK", "STOPSIGNAL", "ONBUILD",
+    "FROM",
+    "RUN",
+    "CMD",
+    "WORKDIR",
+    "COPY",
+    "ADD",
+    "ENV",
+    "ARG",
+    "LABEL",
+    "EXPOSE",
+    "ENTRYPOINT",
+    "USER",
+    "VOLUME",
+    "SHELL",
+    "HEALTHCHECK",
+    "STOPSIGNAL",
+    "ONBUILD",
 }
 
 

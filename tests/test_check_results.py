@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_binary
 
-from tff_clustered import committed_tables
+from tff_clustered.comparison import committed_tables
 
 sys.path.insert(0, os.path.join(ROOT, "binaries"))
 import check_results  # noqa: E402

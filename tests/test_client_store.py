@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 from conftest import EXECUTION, ROOT, checkpoint_round_trip, history_rows
 
-from tff_clustered import checkpoint, run_flags, runner
 from tff_clustered.algorithms import make_algorithm
-from tff_clustered.client_store import (
+from tff_clustered.cli import run_flags
+from tff_clustered.data import DataSpec, load_digits_clusters
+from tff_clustered.loop.client_store import (
     MEMORY_BUDGET_BYTES,
     NO_MODEL,
     DiskClientStore,
@@ -31,13 +32,13 @@ from tff_clustered.client_store import (
     open_store,
     store_kind,
 )
-from tff_clustered.data import DataSpec, load_digits_clusters
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.loop.state import RunState
 from tff_clustered.models import model_spec
-from tff_clustered.orchestration import Experiment
 from tff_clustered.run_folder import CLIENT_STORE_NAME, RunFolder
-from tff_clustered.run_spec import ModelChoice, RunSpec
+from tff_clustered.runs import checkpoint, runner
+from tff_clustered.runs.run_spec import ModelChoice, RunSpec
 
 INITIAL = (np.zeros((3, 2), np.float32), np.ones(4, np.float32))
 CLIENTS = tuple(f"c{i}" for i in range(6))
@@ -240,7 +241,7 @@ def test_the_disk_store_gives_the_memory_stores_run(algorithm: str, tmp_path: Pa
 KILLED_AT = 3
 KILLED_RUN = """
 import json, os, signal, sys
-from tff_clustered import runner
+from tff_clustered.runs import runner
 from tff_clustered.loop import round_step
 from test_client_store import store_run_spec
 ARGUMENT = json.loads(sys.argv[1])

@@ -11,8 +11,8 @@ import uuid
 import pytest
 from conftest import ROOT, run_binary, worker_pids_with_tag
 
-from tff_clustered import checkpoint
 from tff_clustered.run_folder import LOCK_NAME
+from tff_clustered.runs import checkpoint
 
 
 def test_compare_writes_table_iii_and_clustered_methods_beat_fedavg(tmp_path: object) -> None:

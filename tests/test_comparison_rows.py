@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tff_clustered.comparison_rows import parse_setting
+from tff_clustered.comparison.comparison_rows import parse_setting
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
-from tff_clustered.run_spec import RunSpec
+from tff_clustered.runs.run_spec import RunSpec
 
 
 def test_privacy_levels_set_each_rows_aggregator() -> None:

@@ -17,8 +17,8 @@ from scipy import stats
 
 from tff_clustered.loop import privacy
 from tff_clustered.loop.privacy import PrivacyLedger, sampled_positions, sampling_event
+from tff_clustered.runs.state_encoding import decode_tree, encode_tree
 from tff_clustered.seeds import SAMPLING, derived_seed
-from tff_clustered.state_encoding import decode_tree, encode_tree
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "privacy.md"
 DELTA = 1e-5

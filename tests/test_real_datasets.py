@@ -28,8 +28,8 @@ from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import count_trainable_parameters, model_spec, trainable_layer_sizes
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.split import classifier_layers
-from tff_clustered.run_spec import ModelChoice, RunSpec
-from tff_clustered.runner import build_experiment
+from tff_clustered.runs.run_spec import ModelChoice, RunSpec
+from tff_clustered.runs.runner import build_experiment
 
 SHARED_MNIST = os.path.join(ROOT, "..", "shared", "data", "mnist")
 # 90 test images per class: FedAC's local test sets need up to 0.25 * 350 of one class.

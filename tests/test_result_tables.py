@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tff_clustered import committed_tables, numerics, result_tables
 from tff_clustered.algorithms.dfl import FedAvgDFL
 from tff_clustered.algorithms.fedtsdp import FedTSDP
 from tff_clustered.algorithms.uapdfl import UAPDFL
+from tff_clustered.comparison import committed_tables, numerics, result_tables
 
 
 def rows(sizes: list[int], clustered: list[int]) -> list[dict]:
@@ -54,7 +54,7 @@ def test_uapdfl_reports_its_regimes_as_shares_of_peer_rounds_after_the_first() -
 
 
 def test_cluster_recovery_scores_the_partition_up_to_renaming() -> None:
-    from tff_clustered import reporting
+    from tff_clustered.report import reporting
 
     planted = {"a": 0, "b": 0, "c": 1, "d": 1, "e": 2}
     renamed = reporting.cluster_recovery({"a": 2, "b": 2, "c": 0, "d": 0, "e": 1}, planted)

@@ -25,9 +25,9 @@ from tff_clustered.data.sqlite_files import locked_database
 from tff_clustered.data.worker_reader import WorkerReader, worker_reader
 from tff_clustered.federated import executions, sharded
 from tff_clustered.loop.config import TrainingConfig
-from tff_clustered.run_spec import RunSpec
-from tff_clustered.runner import build_experiment
-from tff_clustered.runtime import RuntimeConfig, tff_runtime
+from tff_clustered.runs.run_spec import RunSpec
+from tff_clustered.runs.runner import build_experiment
+from tff_clustered.runtime.context import RuntimeConfig, tff_runtime
 
 SHARDED_ROUND = sharded.sharded_round
 POPULATION = PopulationSpec(num_clients=12, train_examples=7, test_examples=5, num_features=6)

@@ -27,9 +27,9 @@ from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.federated.tff_factory_aggregator import TffFactoryPerCluster
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.evaluation import server_models
-from tff_clustered.run_spec import RunSpec
-from tff_clustered.runner import build_experiment
-from tff_clustered.runtime import RuntimeConfig, WorkerLostError, tff_runtime
+from tff_clustered.runs.run_spec import RunSpec
+from tff_clustered.runs.runner import build_experiment
+from tff_clustered.runtime.context import RuntimeConfig, WorkerLostError, tff_runtime
 
 WORKER = os.path.join("binaries", "worker.py")
 TRAIN = os.path.join("binaries", "train.py")

@@ -18,9 +18,9 @@ from tff_clustered.data import FederatedData, load_dataset
 from tff_clustered.federated.executions import RoundCache, repeated_round
 from tff_clustered.federated.round_inputs import round_hparams
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import ModelSpec, initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
-from tff_clustered.orchestration import Experiment
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rounds", 8, "Timed rounds per implementation.", lower_bound=1)

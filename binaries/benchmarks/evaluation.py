@@ -17,8 +17,8 @@ from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import FederatedData, from_arrays
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.evaluation import server_models
+from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import model_spec
-from tff_clustered.orchestration import Experiment
 
 flags.DEFINE_integer("eval_clients", 1000, "Clients scored (evaluation).", lower_bound=1)
 flags.DEFINE_integer("eval_rounds", 3, "Timed repetitions of evaluation.", lower_bound=1)

@@ -28,7 +28,7 @@ from binaries.benchmarks.common import (
 from tff_clustered import clustering
 from tff_clustered.algorithms import fedtsdp as fedtsdp_algorithm
 from tff_clustered.algorithms import make_algorithm
-from tff_clustered.orchestration import Experiment
+from tff_clustered.loop.orchestration import Experiment
 
 flags.DEFINE_enum(
     "tsdp_trigger",

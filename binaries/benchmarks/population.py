@@ -24,8 +24,8 @@ from absl import flags
 
 from binaries.benchmarks.common import FLAGS, Benchmark, Setup
 from binaries.benchmarks.population_goals import goal_checks
-from tff_clustered import figures
 from tff_clustered.data.population import PopulationSpec, population_file
+from tff_clustered.report import figures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_PY = os.path.join(ROOT, "binaries", "train.py")

@@ -17,7 +17,7 @@ from binaries.benchmarks.common import (
     whole_round_fns,
 )
 from tff_clustered.algorithms import make_algorithm
-from tff_clustered.orchestration import Experiment
+from tff_clustered.loop.orchestration import Experiment
 
 flags.DEFINE_list("uapdfl_neighbours", ["1", "3", "5", "9"], "N_com values (uapdfl_vs_fedavg).")
 flags.DEFINE_integer("dfl_rounds", 4, "Timed rounds of uapdfl_vs_fedavg.", lower_bound=1)

@@ -1,4 +1,4 @@
-"""The clients a user gives the Python API (`tff_clustered.api`): TFF's `ClientData`, or a
+"""The clients a user gives the Python API (`tff_clustered.runs.api`): TFF's `ClientData`, or a
 mapping of client ids to `(x, y)` or to mappings of arrays, turned into per-client arrays with
 one-line errors naming the client and the fix."""
 

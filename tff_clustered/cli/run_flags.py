@@ -14,19 +14,21 @@ from typing import TypeVar
 
 from absl import flags
 
-from tff_clustered import aggregator_flags, cli, logs
+from tff_clustered import aggregator_flags
 from tff_clustered import options as options_lib
 from tff_clustered.algorithms import ALGORITHMS, algorithm_class, define_all_flags
-from tff_clustered.checkpoint import CheckpointError
-from tff_clustered.client_store import CLIENT_STORES
+from tff_clustered.cli import exits, logs
 from tff_clustered.data import DATASET_NAMES, DataError, DataSpec
 from tff_clustered.data.spec import MIN_CLASSES
 from tff_clustered.federated.server_optimizers import SERVER_OPTIMIZERS, ServerOptimizer
+from tff_clustered.loop.client_store import CLIENT_STORES
 from tff_clustered.loop.config import LR_SCHEDULES, TrainingConfig
 from tff_clustered.loop.privacy import SAMPLINGS
 from tff_clustered.models import MODEL_NAMES
-from tff_clustered.run_spec import ModelChoice, RunSpec
-from tff_clustered.runtime import CLIENT_DATA, RuntimeConfig, WorkerLostError
+from tff_clustered.runs.checkpoint import CheckpointError
+from tff_clustered.runs.run_spec import ModelChoice, RunSpec
+from tff_clustered.runtime import signals
+from tff_clustered.runtime.context import CLIENT_DATA, RuntimeConfig, WorkerLostError
 
 Record = TypeVar("Record")
 
@@ -300,7 +302,7 @@ def reported_errors(on_interrupt: str) -> Iterator[None]:
     exit 3 (the message names it); a file the outputs cannot be written to: exit 2 with the
     file and the reason; Ctrl-C or SIGTERM: `on_interrupt`, exit 130 or 143.
     The runtime's own context manager has stopped the TFF worker by then."""
-    with cli.one_line_on_signals("", f"; {on_interrupt}"), _exit_codes_of_errors(on_interrupt):
+    with exits.one_line_on_signals("", f"; {on_interrupt}"), _exit_codes_of_errors(on_interrupt):
         yield
 
 
@@ -312,12 +314,12 @@ def _exit_codes_of_errors(on_interrupt: str) -> Iterator[None]:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     except WorkerLostError as e:
-        cli.reraise_received_signal()  # the worker was stopped by a signal's handler
+        signals.reraise_received_signal()  # the worker was stopped by a signal's handler
         # The worker is named at once, and the process ends without the interpreter's
         # shutdown: after a lost connection, TensorFlow's and gRPC's native teardown waits on
         # the lost worker. The runtime has stopped and every file was written atomically by
         # then.
-        cli.exit_at_once(f"error: {e}", 3)
+        exits.exit_at_once(f"error: {e}", 3)
     except OSError as e:
         if e.errno not in OUTPUT_ERRNOS:
             raise

@@ -7,7 +7,10 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from tff_clustered import checkpoint, cli, figures, reporting
+from tff_clustered.cli import exits
+from tff_clustered.report import figures, reporting
+from tff_clustered.runs import checkpoint
+from tff_clustered.runtime import signals
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_dataset
 from tff_clustered.data.federated_data import FederatedData
@@ -16,10 +19,10 @@ from tff_clustered.data.registry import source_fingerprint
 from tff_clustered.loop import accounting
 from tff_clustered.loop.state import RunState
 from tff_clustered.models.memory import refuse_too_large
-from tff_clustered.orchestration import Experiment, RoundMetric
-from tff_clustered.phases import PhaseTimer, phases_line
+from tff_clustered.loop.orchestration import Experiment, RoundMetric
+from tff_clustered.loop.phases import PhaseTimer, phases_line
 from tff_clustered.run_folder import RunFolder
-from tff_clustered.run_spec import RunSpec
+from tff_clustered.runs.run_spec import RunSpec
 
 # Copies of the model a round holds beside the cluster models: a client's model, its gradient
 # and its update, and the per-cluster sums.
@@ -203,7 +206,7 @@ def _run_in_folder(
     checkpointed = saved.round_num if saved is not None else None  # the round of the last one
     try:
         for row, step in timer.timed("rounds", experiment.rounds()):
-            cli.reraise_received_signal()  # one swallowed where Python ignores exceptions
+            signals.reraise_received_signal()  # one swallowed where Python ignores exceptions
             count_round(timer, row, step.seconds)
             row["checkpoint_seconds"] = 0.0  # set below on a round that writes a checkpoint
             with timer.phase("outputs"):

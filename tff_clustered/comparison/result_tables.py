@@ -21,7 +21,7 @@ import numpy as np
 from tff_clustered.algorithms import algorithm_class
 from tff_clustered.algorithms.base import Algorithm, per_seed_text
 from tff_clustered.atomic_files import atomic_write_bytes
-from tff_clustered.reporting import csv_cell, summarize
+from tff_clustered.report.reporting import csv_cell, summarize
 from tff_clustered.run_folder import ComparisonFolder
 
 RUN_COLUMNS = (

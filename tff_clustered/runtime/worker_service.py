@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Optional
 
-from tff_clustered.runtime import die_with_parent, stop_process, worker_binary_path
+from tff_clustered.runtime.context import die_with_parent, stop_process, worker_binary_path
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000

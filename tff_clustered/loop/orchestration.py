@@ -30,15 +30,16 @@ from tff_clustered.algorithms.base import (
     RunInfo,
     ServerView,
 )
-from tff_clustered.client_store import ClientModels, ClientStore, open_store, store_kind
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round import FederatedRound
 from tff_clustered.federated.signature import ModelLayout, RoundSignature
 from tff_clustered.loop import accounting, aggregation
 from tff_clustered.loop.aggregation import AggregatorRound
+from tff_clustered.loop.client_store import ClientModels, ClientStore, open_store, store_kind
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.evaluation import Evaluator
+from tff_clustered.loop.phases import PhaseTimer, Stopwatch
 from tff_clustered.loop.privacy import sampled_positions
 from tff_clustered.loop.queries import ServerQueries
 from tff_clustered.loop.round_calls import LocalTraining, RoundCalls, TrainRequest
@@ -54,7 +55,6 @@ from tff_clustered.loop.training_row import training_row
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec, initial_weights
 from tff_clustered.models.split import classifier_layers, trainable_layer_sizes
-from tff_clustered.phases import PhaseTimer, Stopwatch
 from tff_clustered.seeds import derived_seed
 
 # A function of the run, the server after a round and the round's result -> extra metrics.

@@ -3,12 +3,12 @@
 A checkpoint is one `.npz` file (NumPy's zip of arrays, read with `allow_pickle=False`): every
 array of the state is an entry, and one entry holds the rest as JSON text (format version,
 the run's settings, and the state's structure, whose arrays are referenced by entry name:
-`tff_clustered.state_encoding`). Pickle checkpoints of older versions (`checkpoint.pkl`) are
+`tff_clustered.runs.state_encoding`). Pickle checkpoints of older versions (`checkpoint.pkl`) are
 refused, never loaded.
 
 It is written atomically (`tff_clustered.atomic_files`), so a crash leaves either the previous
 or the new checkpoint, never a torn one. Resuming with other settings is refused. With the disk
-client store (`tff_clustered.client_store.DiskClientStore`) it holds the store's index, not the
+client store (`tff_clustered.loop.client_store.DiskClientStore`) it holds the store's index, not the
 clients' models: the rows it names are on disk before it is written and untouched after.
 
 A run holds an exclusive lock on its output folder (`hold_run_folder`: `flock` on `.lock`)
@@ -41,7 +41,7 @@ from tff_clustered.data.fingerprint import SourceFingerprint
 from tff_clustered.loop.config import AggregatorConfig
 from tff_clustered.loop.state import RunState
 from tff_clustered.run_folder import CHECKPOINT_NAME, SUMMARY_JSON, RunFolder
-from tff_clustered.state_encoding import StateDecodeError, decode_tree, encode_tree
+from tff_clustered.runs.state_encoding import StateDecodeError, decode_tree, encode_tree
 
 FORMAT_VERSION = 3  # npz + JSON; format 2, a pickle, is refused
 META_ENTRY = "meta.json"

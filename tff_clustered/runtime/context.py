@@ -41,8 +41,12 @@ import tempfile
 from collections.abc import Iterator
 from typing import Optional
 
-from tff_clustered.cli import raise_terminated
-from tff_clustered.worker_connection import WorkerConnection, WorkerLostError, wait_until_ready
+from tff_clustered.runtime.signals import raise_terminated
+from tff_clustered.runtime.worker_connection import (
+    WorkerConnection,
+    WorkerLostError,
+    wait_until_ready,
+)
 
 __all__ = ["WorkerLostError"]  # raised by a run's calls; importers catch it from here
 

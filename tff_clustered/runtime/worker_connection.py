@@ -112,7 +112,8 @@ class FailFastStub:
                 raise self._lost
             raise RuntimeError(
                 f"the TFF runtime that reached worker {self._target} was stopped; run TFF "
-                "computations under a running one (`with tff_clustered.runtime.tff_runtime():`)"
+                "computations under a running one "
+                "(`with tff_clustered.runtime.context.tff_runtime():`)"
             )
         # TFF's stub method `create_value` is the gRPC method `CreateValue`, and so on.
         rpc = getattr(self._calls, "".join(word.title() for word in name.split("_")))

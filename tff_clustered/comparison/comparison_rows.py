@@ -24,7 +24,7 @@ import math
 from typing import Any, Callable
 
 from tff_clustered.loop.config import AggregatorConfig
-from tff_clustered.run_spec import RunSpec
+from tff_clustered.runs.run_spec import RunSpec
 
 # A partition setting: whether it needs a Dirichlet concentration (`dirichlet:BETA`), takes
 # one (`fedac_dirichlet`, FedAC's 0.1 unset) or has none. `natural` keeps a dataset's own
