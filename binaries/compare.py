@@ -18,12 +18,12 @@ accuracy, rounds to a target, the Eq. 4 discrepancy and the values sent per roun
 
 `--table=privacy` and `--table=aggregation`: one row per aggregator each cluster's updates go
 through (`mean`, `clip`, `epsilon:E`; `robust`, `compression[:BITS[:THRESHOLD]]`, `secure`:
-`tff_clustered/comparison/comparison_rows.py`), one column per algorithm, in FedGroup's MNIST setup.
+`tff_clustered/comparison/setting_rows.py`), one column per algorithm, in FedGroup's MNIST setup.
 
 `--table=fedtsdp` (FedTSDP, Tables 3-5): one row per partition setting (`iid`,
 `dirichlet:BETA`, `pathological`), one column per algorithm, final test accuracy (%).
 
-Each table's defaults (`comparison_tables.TABLES`) say which datasets they are for: its
+Each table's defaults (`table_defaults.TABLES`) say which datasets they are for: its
 columns and rows, its paper's protocol (FedTSDP: 20 clients all taking part, E = 2, batch 50,
 eta_r = 0.05 * 0.95^(r-1), momentum 0.5) and this project's values where the paper gives none,
 on every dataset; and, on the embedded digits (1,797 images), a smaller scale that runs the
@@ -65,9 +65,9 @@ logs.quiet_tensorflow(sys.argv)
 from tff_clustered.algorithms import ALGORITHMS  # noqa: E402
 from tff_clustered.algorithms.fedgroup import discrepancy  # noqa: E402
 from tff_clustered.cli import run_flags  # noqa: E402
-from tff_clustered.comparison import numerics, result_tables  # noqa: E402
-from tff_clustered.comparison.comparison_rows import SETTINGS_HELP, parse_setting  # noqa: E402
-from tff_clustered.comparison.comparison_tables import (  # noqa: E402
+from tff_clustered.comparison import numerics, run_rows, table_writer  # noqa: E402
+from tff_clustered.comparison.setting_rows import SETTINGS_HELP, parse_setting  # noqa: E402
+from tff_clustered.comparison.table_defaults import (  # noqa: E402
     PROTOCOLS,
     SETTING_TABLES,
     TABLES,
@@ -344,7 +344,7 @@ def run_planned(
     with tff_runtime(runtime_config):
         for seed, setting, column, spec, folder in planned:
             history = run_one(spec, folder, runtime_config)["history"]
-            row = result_tables.run_row(
+            row = run_rows.run_row(
                 setting or dataset,
                 column,
                 seed,
@@ -378,7 +378,7 @@ def write_outputs(
         f"{base.training.rounds} rounds, {base.training.clients_per_round} clients per round"
     )
     client_mean = SETTING_TABLES.get(FLAGS.table, False)
-    markdown = result_tables.write_tables(
+    markdown = table_writer.write_tables(
         output_dir,
         rows,
         title,

@@ -1,4 +1,4 @@
-"""The committed values of a comparison table (`result_tables.write_tables`: comparison.csv
+"""The committed values of a comparison table (`table_writer.write_tables`: comparison.csv
 and comparison.md), checked without rerunning anything (`binaries/check_results.py`): the
 .csv has the columns compared, each run's `final_accuracy` and `max_accuracy` is a finite
 number in [0, 1] with the max not below the final, each (setting, algorithm) has one row per
@@ -12,22 +12,16 @@ from __future__ import annotations
 import csv
 import io
 import math
-import re
 import statistics
 from collections.abc import Iterator, Sequence
 
-SEEDS = re.compile(r"^- seeds: ([0-9, ]+?)\s*(\(|$)", re.MULTILINE)
+from tff_clustered.comparison.table_format import CLIENT_MEAN, SEEDS, SUMMARY_COLUMNS
+
 COMPARED = ("final_accuracy", "max_accuracy")
 REQUIRED_COLUMNS = ("setting", "algorithm", "seed", *COMPARED)
-# The .md summary tables' columns (FedGroup's Table III shape, one decimal) and the .csv column
-# each shows in %; the tables with a row per setting show `final_accuracy`, or
+# The .md's summary cells: the table with a row per algorithm shows `SUMMARY_COLUMNS` (one
+# decimal); the tables with a row per setting show `final_accuracy`, or
 # `final_client_mean_accuracy` when their caption says CLIENT_MEAN (two decimals).
-SUMMARY_COLUMNS = {
-    "max accuracy (%)": "max_accuracy",
-    "final accuracy (%)": "final_accuracy",
-    "client mean (%)": "final_client_mean_accuracy",
-}
-CLIENT_MEAN = "unweighted mean over clients"
 # How many of a table's problems `problems_text` names (then "and N more").
 PROBLEMS_SHOWN = 3
 

@@ -1,7 +1,7 @@
 """The comparison tables `binaries/compare.py` writes: each table's defaults for the flags not
 given on the command line (its columns, its paper's protocol, this project's values where the
 paper gives none, and smaller scales on the embedded digits), which tables have a row per
-setting (`comparison_rows.py`), and the baselines a paper ran differently."""
+setting (`setting_rows.py`), and the baselines a paper ran differently."""
 
 from __future__ import annotations
 
@@ -319,7 +319,7 @@ TABLES: dict[str, list[Defaults]] = {
         DIGITS_SCALE,
     ],
 }
-# Tables whose rows are settings (partitions, privacy levels: `comparison_rows.py`), and
+# Tables whose rows are settings (partitions, privacy levels: `setting_rows.py`), and
 # whether the paper reports the unweighted mean over clients (FedAC's A9 reading, UA-PDFL)
 # rather than the pooled accuracy.
 SETTING_TABLES = {

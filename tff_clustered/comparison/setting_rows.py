@@ -1,4 +1,4 @@
-"""The rows of a comparison table with a row per setting (`comparison_tables.SETTING_TABLES`):
+"""The rows of a comparison table with a row per setting (`table_defaults.SETTING_TABLES`):
 each setting is a change to every run of its row.
 
 * A partition (`iid`, `pathological`, `shards`, `dirichlet:BETA`, `fedac_dirichlet[:BETA]`,

@@ -9,7 +9,7 @@ import pytest
 from tff_clustered.algorithms.dfl import FedAvgDFL
 from tff_clustered.algorithms.fedtsdp import FedTSDP
 from tff_clustered.algorithms.uapdfl import UAPDFL
-from tff_clustered.comparison import committed_tables, numerics, result_tables
+from tff_clustered.comparison import committed_tables, numerics, run_rows, standings, table_writer
 
 
 def rows(sizes: list[int], clustered: list[int]) -> list[dict]:
@@ -22,22 +22,22 @@ def rows(sizes: list[int], clustered: list[int]) -> list[dict]:
 
 
 def test_diagnostics_give_clusters_in_use_with_their_sizes_largest_first() -> None:
-    d = result_tables.diagnostics(rows([5, 0, 28, 70], [0, 1, 0]), FedTSDP)
+    d = run_rows.diagnostics(rows([5, 0, 28, 70], [0, 1, 0]), FedTSDP)
     assert d["clusters"] == 3 and d["cluster_sizes"] == "70+28+5" and d["triggers"] == 1
-    peers = result_tables.diagnostics(rows([5, 5], [0]), FedAvgDFL)
+    peers = run_rows.diagnostics(rows([5, 5], [0]), FedAvgDFL)
     assert peers["clusters"] is None and peers["cluster_sizes"] is None
     assert "triggers" not in peers  # an algorithm's own figures come from its class only
 
 
 def test_sizes_are_shown_only_where_some_seed_formed_clusters() -> None:
     clustered = [
-        {"method": "fedtsdp", **result_tables.diagnostics(rows(s, [0]), FedTSDP)}
+        {"method": "fedtsdp", **run_rows.diagnostics(rows(s, [0]), FedTSDP)}
         for s in ([10, 10], [20, 0], [12, 7, 1])
     ]
-    text = result_tables.diagnostics_text(clustered)
+    text = table_writer.diagnostics_text(clustered)
     assert "clusters 2/1/3" in text and "sizes 10+10 / 20 / 12+7+1" in text
-    one = [{"method": "fedtsdp", **result_tables.diagnostics(rows([20], [0]), FedTSDP)}] * 3
-    assert result_tables.diagnostics_text(one) == "clusters 1/1/1; triggers 0/0/0"
+    one = [{"method": "fedtsdp", **run_rows.diagnostics(rows([20], [0]), FedTSDP)}] * 3
+    assert table_writer.diagnostics_text(one) == "clusters 1/1/1; triggers 0/0/0"
 
 
 def test_uapdfl_reports_its_regimes_as_shares_of_peer_rounds_after_the_first() -> None:
@@ -46,10 +46,10 @@ def test_uapdfl_reports_its_regimes_as_shares_of_peer_rounds_after_the_first() -
          "peers_personal_head": h}
         for r, (d, p, h) in enumerate([(9, 9, 9), (1, 2, 1), (3, 0, 1)], start=1)
     ]  # fmt: skip
-    figures = result_tables.diagnostics(history, UAPDFL)
+    figures = run_rows.diagnostics(history, UAPDFL)
     assert figures["regime_dropout"] == 0.5 and figures["regime_partial"] == 0.25
     assert figures["neighbours_mean"] == 2.0 and figures["clusters"] is None
-    text = result_tables.diagnostics_text([{"method": "uapdfl", **figures}] * 2)
+    text = table_writer.diagnostics_text([{"method": "uapdfl", **figures}] * 2)
     assert text == "neighbours 2.0/2.0; regimes dropout+partial+head (%) 50+25+25 / 50+25+25"
 
 
@@ -86,19 +86,19 @@ def test_standings_measure_a_paper_method_against_the_better_baseline_and_fedavg
         + accuracy_rows("b", "fedper", [0.84, 0.85, 0.86])
         + accuracy_rows("b", "fedtsdp", [0.84, 0.84, 0.84])
     )
-    found = {s.setting: s for s in result_tables.standings(rows, "final_accuracy")}
+    found = {s.setting: s for s in standings.standings(rows, "final_accuracy")}
     assert set(found) == {"a", "b"} and found["a"].best_reference == "fedper"
     assert round(found["a"].gap_to_best, 6) == -2.0 and round(found["a"].std_best, 6) == 1.0
     assert not found["a"].level_with_best and found["a"].above_single
     assert found["b"].level_with_best and found["b"].above_single
-    table = "\n".join(result_tables.standing_table(list(found.values())))
+    table = "\n".join(standings.standing_table(list(found.values())))
     assert "-2.00 vs fedper (1.00): **below by more than one std**" in table
     # Decentralized tables compare with their own baselines; a table without FedAvg gives none.
     dfl = accuracy_rows("a", "fedavg_dfl", [0.9, 0.9]) + accuracy_rows("a", "uapdfl", [0.9, 0.91])
-    (uapdfl,) = result_tables.standings(dfl, "final_accuracy")
+    (uapdfl,) = standings.standings(dfl, "final_accuracy")
     assert uapdfl.best_reference == "fedavg_dfl" and uapdfl.level_with_best
     assert not uapdfl.above_single
-    assert result_tables.standings(accuracy_rows("a", "fedac", [0.9]), "final_accuracy") == []
+    assert standings.standings(accuracy_rows("a", "fedac", [0.9]), "final_accuracy") == []
 
 
 def test_the_header_lists_the_table_defaults_a_command_took_and_the_regimes_per_seed(
@@ -114,11 +114,11 @@ def test_the_header_lists_the_table_defaults_a_command_took_and_the_regimes_per_
     ]  # fmt: skip
     other_seed = [dict(r, peers_dropout=0) if r["round"] == 2 else r for r in history]
     rows = [
-        result_tables.run_row("iid", "uapdfl", seed, h, 0.9, UAPDFL)
+        run_rows.run_row("iid", "uapdfl", seed, h, 0.9, UAPDFL)
         for seed, h in enumerate([history, other_seed])
     ]
     taken = ["UA-PDFL Sec. 5.1: learning_rate=0.05", "the embedded digits' scale: rounds=20"]
-    markdown = result_tables.write_tables(
+    markdown = table_writer.write_tables(
         str(tmp_path), rows, "t", by_setting=True, client_mean=True, target_accuracy=0.9,
         command="python binaries/compare.py --table=uapdfl", date="d", defaults_taken=taken,
     )  # fmt: skip
@@ -167,12 +167,12 @@ def test_a_table_records_its_cpu_and_numerics_settings_and_passes_the_checker(
         for r, a in enumerate([0.5, 0.75, 0.7], start=1)
     ]
     rows = [
-        result_tables.run_row("iid", name, seed, history, 0.9, FedTSDP)
+        run_rows.run_row("iid", name, seed, history, 0.9, FedTSDP)
         for name in ("fedavg", "fedtsdp")
         for seed in (0, 1)
     ]
     for by_setting in (True, False):
-        markdown = result_tables.write_tables(
+        markdown = table_writer.write_tables(
             str(tmp_path), rows, "t", by_setting=by_setting, client_mean=False,
             target_accuracy=0.9, command="c", date="d", machine=machine,
         )  # fmt: skip

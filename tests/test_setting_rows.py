@@ -1,10 +1,10 @@
-"""The rows of a comparison table: partitions and privacy levels (`comparison_rows.py`)."""
+"""The rows of a comparison table: partitions and privacy levels (`setting_rows.py`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tff_clustered.comparison.comparison_rows import parse_setting
+from tff_clustered.comparison.setting_rows import parse_setting
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.runs.run_spec import RunSpec
