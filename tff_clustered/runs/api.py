@@ -32,10 +32,8 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered import weights
-from tff_clustered.runs import checkpoint, runner
 from tff_clustered.aggregator_argument import with_aggregator
 from tff_clustered.algorithms import algorithm_class, make_algorithm, make_options
-from tff_clustered.loop.client_store import checked_store_choice
 from tff_clustered.data.federated_data import Clients, FederatedData, first_line
 from tff_clustered.data.fingerprint import SourceFingerprint, arrays_digest
 from tff_clustered.data.given_clients import federated_data
@@ -44,15 +42,17 @@ from tff_clustered.data.spec import DataSpec
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.federated.factory_inspection import unread_warning
 from tff_clustered.loop.aggregation import check_aggregator
+from tff_clustered.loop.client_store import checked_store_choice
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
+from tff_clustered.loop.orchestration import Experiment
+from tff_clustered.loop.phases import PhaseTimer
 from tff_clustered.loop.state import RunState
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec
 from tff_clustered.models.memory import refuse_too_large
 from tff_clustered.options import checked, checked_value, described
-from tff_clustered.loop.orchestration import Experiment
-from tff_clustered.loop.phases import PhaseTimer
 from tff_clustered.run_folder import RunFolder
+from tff_clustered.runs import checkpoint, runner
 from tff_clustered.runs.run_spec import ModelChoice, RunSpec
 from tff_clustered.runtime.context import RuntimeConfig, tff_runtime
 

@@ -7,22 +7,21 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from tff_clustered.cli import exits
-from tff_clustered.report import figures, reporting
-from tff_clustered.runs import checkpoint
-from tff_clustered.runtime import signals
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_dataset
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.data.fingerprint import SourceFingerprint
 from tff_clustered.data.registry import source_fingerprint
 from tff_clustered.loop import accounting
-from tff_clustered.loop.state import RunState
-from tff_clustered.models.memory import refuse_too_large
 from tff_clustered.loop.orchestration import Experiment, RoundMetric
 from tff_clustered.loop.phases import PhaseTimer, phases_line
+from tff_clustered.loop.state import RunState
+from tff_clustered.models.memory import refuse_too_large
+from tff_clustered.report import figures, reporting
 from tff_clustered.run_folder import RunFolder
+from tff_clustered.runs import checkpoint
 from tff_clustered.runs.run_spec import RunSpec
+from tff_clustered.runtime import signals
 
 # Copies of the model a round holds beside the cluster models: a client's model, its gradient
 # and its update, and the per-cluster sums.
