@@ -88,8 +88,8 @@ TRAIN_IN_ONE_PROCESS = """
 import contextlib, io, json, sys
 ARGUMENT = json.loads(sys.argv[1])
 sys.argv = ["train.py"]
-sys.path.insert(0, "binaries")
-import train
+from tff_clustered.cli import launch
+train = launch.imported("train")
 from absl import app, flags
 from tff_clustered.cli import exits
 from tff_clustered.runtime import signals

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import glob
 import os
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, run_binary
 
+from tff_clustered.cli import check_results
 from tff_clustered.comparison import committed_tables
-
-sys.path.insert(0, os.path.join(ROOT, "binaries"))
-import check_results  # noqa: E402
 
 COMMAND = (
     "--table=fedgroup --algorithms=fedavg,fedgroup --num_clusters=2 --rounds=1 "

@@ -88,8 +88,8 @@ def test_benchmark_refuses_a_selection_that_measures_nothing() -> None:
     script = (
         "import sys\n"
         "sys.argv = ['benchmark.py']\n"
-        "sys.path.insert(0, 'binaries')\n"
-        "import benchmark\n"
+        "from tff_clustered.cli import launch\n"
+        "benchmark = launch.imported('benchmark')\n"
         "from tff_clustered.cli import exits\n"
         "for given in ('--benchmarks=no_such_benchmark', '--benchmarks=', "
         "'--benchmarks=clustering,nope'):\n"

@@ -1,5 +1,5 @@
 """A synthetic population of any size in TFF's SQL format, written client by client: the data
-of the population benchmark (`binaries/benchmarks/population.py`) and of tests that need a
+of the population benchmark (`tff_clustered/cli/benchmarks/population.py`) and of tests that need a
 population file.
 
 Each client holds `train_examples` and `test_examples` examples of `num_features` standard

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import numpy as np
 from absl import flags
 
-from binaries.benchmarks.common import FLAGS, Benchmark, Setup, alternate, seconds_row
 from tff_clustered.algorithms import make_algorithm
+from tff_clustered.cli.benchmarks.common import FLAGS, Benchmark, Setup, alternate, seconds_row
 from tff_clustered.data import FederatedData, from_arrays
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.evaluation import server_models

@@ -9,8 +9,8 @@ import os
 import numpy as np
 from absl import flags
 
-from binaries.benchmarks.common import FLAGS, Benchmark, Setup
 from tff_clustered.algorithms import make_algorithm
+from tff_clustered.cli.benchmarks.common import FLAGS, Benchmark, Setup
 from tff_clustered.data import load_dataset
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.orchestration import Experiment

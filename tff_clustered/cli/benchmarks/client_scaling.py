@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from absl import flags
 
-from binaries.benchmarks.common import (
+from tff_clustered.cli.benchmarks.common import (
     FLAGS,
     Benchmark,
     Setup,

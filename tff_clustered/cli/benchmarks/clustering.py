@@ -14,8 +14,8 @@ import numpy as np
 from absl import flags
 from sklearn.metrics import adjusted_rand_score
 
-from binaries.benchmarks.common import FLAGS, Benchmark, Setup
 from tff_clustered import clustering
+from tff_clustered.cli.benchmarks.common import FLAGS, Benchmark, Setup
 
 flags.DEFINE_list("cluster_sizes", ["2000", "5000", "10000"], "Clients clustered (clustering).")
 flags.DEFINE_integer("madc_max_clients", 2000, "Largest P MADC is timed at (O(P^3)).")

@@ -18,16 +18,16 @@ from unittest import mock
 import numpy as np
 from absl import flags
 
-from binaries.benchmarks.common import (
+from tff_clustered import clustering
+from tff_clustered.algorithms import fedtsdp as fedtsdp_algorithm
+from tff_clustered.algorithms import make_algorithm
+from tff_clustered.cli.benchmarks.common import (
     FLAGS,
     Benchmark,
     Setup,
     digits_rounds_setup,
     whole_round_fns,
 )
-from tff_clustered import clustering
-from tff_clustered.algorithms import fedtsdp as fedtsdp_algorithm
-from tff_clustered.algorithms import make_algorithm
 from tff_clustered.loop.orchestration import Experiment
 
 flags.DEFINE_enum(

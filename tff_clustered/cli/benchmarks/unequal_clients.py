@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from absl import flags
 
-from binaries.benchmarks.common import FLAGS, Benchmark, Setup, alternate, seconds_row
+from tff_clustered.cli.benchmarks.common import FLAGS, Benchmark, Setup, alternate, seconds_row
 from tff_clustered.federated import grouping, in_process
 from tff_clustered.federated.round_functions import round_functions
 from tff_clustered.federated.round_inputs import client_input, client_seed, round_hparams

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from absl import flags
 
-from binaries.benchmarks.common import FLAGS, Benchmark, Setup, alternate, seconds_row
+from tff_clustered.cli.benchmarks.common import FLAGS, Benchmark, Setup, alternate, seconds_row
 from tff_clustered.data.population import PopulationSpec, write_population_sql
 from tff_clustered.data.sql_clients import load_tff_sql
 from tff_clustered.data.worker_reader import worker_reader

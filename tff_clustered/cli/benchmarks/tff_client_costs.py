@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from binaries.benchmarks.common import FLAGS, Benchmark, Setup, alternate, client_data
+from tff_clustered.cli.benchmarks.common import FLAGS, Benchmark, Setup, alternate, client_data
 from tff_clustered.models import initial_weights
 
 

@@ -3,7 +3,7 @@ the same clients (goal <= 1.3)."""
 
 from __future__ import annotations
 
-from binaries.benchmarks.common import FLAGS, Benchmark, Setup, alternate, our_round_fn
+from tff_clustered.cli.benchmarks.common import FLAGS, Benchmark, Setup, alternate, our_round_fn
 
 
 def fedgroup_vs_fedavg(setup: Setup) -> dict:

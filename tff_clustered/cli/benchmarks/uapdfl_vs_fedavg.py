@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 from absl import flags
 
-from binaries.benchmarks.common import (
+from tff_clustered.algorithms import make_algorithm
+from tff_clustered.cli.benchmarks.common import (
     FLAGS,
     Benchmark,
     Setup,
@@ -16,7 +17,6 @@ from binaries.benchmarks.common import (
     digits_rounds_setup,
     whole_round_fns,
 )
-from tff_clustered.algorithms import make_algorithm
 from tff_clustered.loop.orchestration import Experiment
 
 flags.DEFINE_list("uapdfl_neighbours", ["1", "3", "5", "9"], "N_com values (uapdfl_vs_fedavg).")

@@ -22,12 +22,13 @@ from typing import Any, Optional
 
 from absl import flags
 
-from binaries.benchmarks.common import FLAGS, Benchmark, Setup
-from binaries.benchmarks.population_goals import goal_checks
+from tff_clustered.cli.benchmarks.common import FLAGS, Benchmark, Setup
+from tff_clustered.cli.benchmarks.population_goals import goal_checks
+from tff_clustered.cli.launch import REPOSITORY
 from tff_clustered.data.population import PopulationSpec, population_file
 from tff_clustered.report import figures
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = REPOSITORY
 TRAIN_PY = os.path.join(ROOT, "binaries", "train.py")
 
 flags.DEFINE_list(

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 from absl import flags
 
-from binaries.benchmarks.common import FLAGS, Benchmark, Setup, alternate, seconds_row
+from tff_clustered.cli.benchmarks.common import FLAGS, Benchmark, Setup, alternate, seconds_row
 from tff_clustered.federated import client_work, in_process_scoring
 from tff_clustered.federated.round_functions import round_functions
 from tff_clustered.federated.round_inputs import evaluation_input

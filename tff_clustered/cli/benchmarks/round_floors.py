@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from binaries.benchmarks.common import (
+from tff_clustered.cli.benchmarks.common import (
     FLAGS,
     Benchmark,
     Setup,

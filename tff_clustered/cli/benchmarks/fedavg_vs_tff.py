@@ -9,7 +9,7 @@ from collections.abc import Callable
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from binaries.benchmarks.common import FLAGS, Benchmark, Setup, alternate, our_round_fn
+from tff_clustered.cli.benchmarks.common import FLAGS, Benchmark, Setup, alternate, our_round_fn
 from tff_clustered.models import ModelSpec
 
 

@@ -3,7 +3,7 @@ name here, in `MODULES` and in `RUN_ORDER`."""
 
 from __future__ import annotations
 
-from binaries.benchmarks import (
+from tff_clustered.cli.benchmarks import (
     client_data,
     client_scaling,
     clustering,
@@ -19,7 +19,7 @@ from binaries.benchmarks import (
     uapdfl_vs_fedavg,
     unequal_clients,
 )
-from binaries.benchmarks.common import Benchmark
+from tff_clustered.cli.benchmarks.common import Benchmark
 
 # Name -> module, in the order `--benchmarks` lists them.
 MODULES = {
