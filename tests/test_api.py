@@ -167,6 +167,7 @@ def test_the_api_runs_a_dataset_and_model_by_their_records_as_the_runner_does(
     model, typed once."""
     from tff_clustered.data import DataSpec
     from tff_clustered.runs import runner
+    from tff_clustered.runs.execution import RunExecution
     from tff_clustered.runs.run_spec import ModelChoice, RunSpec
 
     data = DataSpec("digits", num_clients=6)
@@ -183,7 +184,7 @@ def test_the_api_runs_a_dataset_and_model_by_their_records_as_the_runner_does(
     )
     spec = RunSpec("fedper", data, model, training=training)
     by_runner = runner.run(
-        spec, str(tmp_path / "runner"), log=lambda _: None, execution="in_process"
+        spec, str(tmp_path / "runner"), RunExecution.of("in_process"), log=lambda _: None
     )
     assert len(by_api.history) == len(by_runner["history"]) == 3  # rounds 0-2
     for mine, theirs in zip(by_api.history, by_runner["history"]):

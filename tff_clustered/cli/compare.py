@@ -67,6 +67,7 @@ from tff_clustered.comparison.table_defaults import (
     TABLES,
     Defaults,
 )
+from tff_clustered.loop.phases import PhaseTimer
 from tff_clustered.report import figures
 from tff_clustered.run_folder import (
     COMPARISON_CSV,
@@ -75,8 +76,9 @@ from tff_clustered.run_folder import (
     ComparisonFolder,
 )
 from tff_clustered.runs import checkpoint, runner
+from tff_clustered.runs.execution import RunExecution
 from tff_clustered.runs.run_spec import RunSpec
-from tff_clustered.runtime.context import RuntimeConfig, tff_runtime
+from tff_clustered.runtime.context import tff_runtime
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("table", "fedgroup", list(TABLES), "Which paper's comparison to produce.")
@@ -258,18 +260,17 @@ def table_protocol(table: str, spec: RunSpec) -> RunSpec:
     return dataclasses.replace(spec, training=training)
 
 
-def run_one(spec: RunSpec, output_dir: str, runtime: RuntimeConfig) -> dict[str, Any]:
+def run_one(spec: RunSpec, output_dir: str, execution: RunExecution) -> dict[str, Any]:
     summary = runner.run(
         spec,
         output_dir,
+        execution,
         checkpoint_every=FLAGS.checkpoint_every,
         resume=True,
         log=lambda message: None,
         # Eq. 4's discrepancy reads each client's own update, which any aggregator but the
         # mean keeps inside its per-cluster sums.
         round_metrics=[discrepancy] if spec.training.aggregator.name == "mean" else [],
-        execution=runtime.execution,
-        device=runtime.device,
     )
     return summary
 
@@ -331,10 +332,10 @@ def run_planned(
     rows and each (setting, algorithm)'s histories."""
     rows: list[dict[str, Any]] = []
     histories: dict[tuple[str, str], list] = {}
-    runtime_config = run_flags.runtime_config_from_flags(output_dir)
-    with tff_runtime(runtime_config):
+    execution = run_flags.execution_from_flags(output_dir, PhaseTimer())
+    with tff_runtime(execution.runtime):
         for seed, setting, column, spec, folder in planned:
-            history = run_one(spec, folder, runtime_config)["history"]
+            history = run_one(spec, folder, execution.timed_anew())["history"]
             row = run_rows.run_row(
                 setting or dataset,
                 column,

@@ -34,8 +34,9 @@ from tff_clustered.cli.launch import REPOSITORY
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import MODEL_NAMES
+from tff_clustered.runs.execution import RunExecution
 from tff_clustered.runs.run_spec import ModelChoice, RunSpec
-from tff_clustered.runs.runner import build_experiment
+from tff_clustered.runs.runner import spec_experiment
 from tff_clustered.runtime.context import RuntimeConfig, tff_runtime
 
 TESTDATA = os.path.join(REPOSITORY, "testdata")
@@ -121,7 +122,7 @@ def run_cell(algorithm: str, model: str, execution: str) -> tuple[str, str]:
     """("ok", accuracy), ("refused", why: a pair that cannot work, refused before any
     training as train.py would) or ("FAIL", the error)."""
     try:
-        experiment = build_experiment(cell_spec(algorithm, model), execution=execution)
+        experiment = spec_experiment(cell_spec(algorithm, model), RunExecution.of(execution))
         experiment.start()
     except ValueError as e:
         return "refused", str(e).splitlines()[0][:200]

@@ -23,9 +23,11 @@ from tff_clustered.data.spec import MIN_CLASSES
 from tff_clustered.federated.server_optimizers import SERVER_OPTIMIZERS, ServerOptimizer
 from tff_clustered.loop.client_store import CLIENT_STORES
 from tff_clustered.loop.config import LR_SCHEDULES, TrainingConfig
+from tff_clustered.loop.phases import PhaseTimer
 from tff_clustered.loop.privacy import SAMPLINGS
 from tff_clustered.models import MODEL_NAMES
 from tff_clustered.runs.checkpoint import CheckpointError
+from tff_clustered.runs.execution import RunExecution
 from tff_clustered.runs.run_spec import ModelChoice, RunSpec
 from tff_clustered.runtime import signals
 from tff_clustered.runtime.context import CLIENT_DATA, RuntimeConfig, WorkerLostError
@@ -279,16 +281,19 @@ def flagfiles_given(args: Sequence[str]) -> list[str]:
     return files
 
 
-def runtime_config_from_flags(log_dir: str) -> RuntimeConfig:
-    return RuntimeConfig(
+def execution_from_flags(output_dir: str, timer: PhaseTimer) -> RunExecution:
+    """How the runs of this command execute (the runtime's flags, its worker's log in
+    `output_dir`; `--client_store`), their phases timed by `timer`."""
+    runtime = RuntimeConfig(
         execution=FLAGS.execution,
         device=FLAGS.device,
         workers=tuple(FLAGS.workers),
         client_data=FLAGS.client_data,
         max_concurrent_computation_calls=FLAGS.max_concurrent_computation_calls,
-        log_dir=log_dir,
+        log_dir=output_dir,
         worker_timeout_s=FLAGS.worker_timeout,
     )
+    return RunExecution(runtime, timer, FLAGS.client_store, output_dir)
 
 
 # File-system errors that are the user's to fix, not bugs: no space, quota, read-only, denied,

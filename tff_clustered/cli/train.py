@@ -35,6 +35,7 @@ from tff_clustered.run_folder import (
     RunFolder,
 )
 from tff_clustered.runs import checkpoint, runner
+from tff_clustered.runs.execution import RunExecution
 from tff_clustered.runs.run_spec import RunSpec
 from tff_clustered.runtime.context import tff_runtime
 
@@ -78,11 +79,11 @@ def main(argv: list[str]) -> int:
             )
             # Before a worker writes its log there, and before any data is loaded.
             checkpoint.refuse_held_run_folder(output_dir, FLAGS.resume, FLAGS.overwrite)
-            runtime_config = run_flags.runtime_config_from_flags(output_dir)
+            execution = run_flags.execution_from_flags(output_dir, TIMER)
         with contextlib.ExitStack() as running:
             with TIMER.phase("runtime"):
-                running.enter_context(tff_runtime(runtime_config))
-            summary = run(spec, output_dir, TIMER)
+                running.enter_context(tff_runtime(execution.runtime))
+            summary = run(spec, output_dir, execution)
             print_results(spec, summary["results"])
             if baseline:
                 baseline_spec = dataclasses.replace(
@@ -92,7 +93,7 @@ def main(argv: list[str]) -> int:
                 )
                 baseline_dir = RunFolder(output_dir).baseline(baseline).path
                 print(f"{baseline} on the same clients, seed and training flags:")
-                baseline_summary = run(baseline_spec, baseline_dir, PhaseTimer())
+                baseline_summary = run(baseline_spec, baseline_dir, execution.timed_anew())
     if baseline:
         print_results(baseline_spec, baseline_summary["results"])
         ours, theirs = summary["results"], baseline_summary["results"]
@@ -119,16 +120,13 @@ def outputs_line(folder: RunFolder) -> str:
     )
 
 
-def run(spec: RunSpec, output_dir: str, timer: PhaseTimer) -> dict[str, Any]:
+def run(spec: RunSpec, output_dir: str, execution: RunExecution) -> dict[str, Any]:
     return runner.run(
         spec,
         output_dir,
+        execution,
         checkpoint_every=FLAGS.checkpoint_every,
         resume=FLAGS.resume,
-        execution=FLAGS.execution,
-        device=FLAGS.device,
-        timer=timer,
-        client_store=FLAGS.client_store,
         overwrite=FLAGS.overwrite,
     )
 

@@ -44,15 +44,13 @@ from tff_clustered.federated.factory_inspection import unread_warning
 from tff_clustered.loop.aggregation import check_aggregator
 from tff_clustered.loop.client_store import checked_store_choice
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
-from tff_clustered.loop.orchestration import Experiment
-from tff_clustered.loop.phases import PhaseTimer
 from tff_clustered.loop.state import RunState
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec
-from tff_clustered.models.memory import refuse_too_large
 from tff_clustered.options import checked, checked_value, described
 from tff_clustered.run_folder import RunFolder
 from tff_clustered.runs import checkpoint, runner
+from tff_clustered.runs.execution import RunExecution
 from tff_clustered.runs.run_spec import ModelChoice, RunSpec
 from tff_clustered.runtime.context import RuntimeConfig, tff_runtime
 
@@ -274,7 +272,10 @@ def run(
         raise ValueError(
             f"train is already a {type(train).__name__}: give test and data options to it"
         )
-    timer = PhaseTimer()  # the run's phases and wall time, from here (the arguments checked)
+    # How the run executes; its timer (the run's phases and wall time) starts here, once the
+    # arguments are checked.
+    how = RunExecution(runtime, client_store=client_store, store_folder=output_dir)
+    timer = how.timer
     with timer.phase("loading"):
         data = given_data(train, test, data_args, training.seed)
     with timer.phase("validation"):
@@ -302,24 +303,18 @@ def run(
                 if warning:
                     log(warning)
 
-    def build(timer: PhaseTimer) -> Experiment:
-        with timer.phase("building"):
-            refuse_too_large(model, getattr(built, "num_clusters", 1) + runner.WORKING_COPIES)
-            how = dict(execution=execution, device=device, timer=timer, store_folder=output_dir)
-            return Experiment(data, model, built, training, client_store=client_store, **how)
-
     with contextlib.ExitStack() as running:
         with timer.phase("runtime"):
-            running.enter_context(tff_runtime(runtime))
+            running.enter_context(tff_runtime(how.runtime))
         summary, experiment = runner.run_experiment(
-            build,
+            lambda: runner.build_experiment(data, model, built, training, how),
             settings,
             output_dir,
+            timer,
             checkpoint_every,
             resume,
             log,
             data_source=lambda: SourceFingerprint() if source is None else source,
-            timer=timer,
             read_checkpoint=lambda: saved,
             overwrite=overwrite,
         )

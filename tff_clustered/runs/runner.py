@@ -8,18 +8,22 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from tff_clustered.algorithms import make_algorithm
+from tff_clustered.algorithms.base import Algorithm
 from tff_clustered.data import load_dataset
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.data.fingerprint import SourceFingerprint
 from tff_clustered.data.registry import source_fingerprint
 from tff_clustered.loop import accounting
+from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.orchestration import Experiment, RoundMetric
 from tff_clustered.loop.phases import PhaseTimer, phases_line
 from tff_clustered.loop.state import RunState
+from tff_clustered.models.keras_models import ModelSpec
 from tff_clustered.models.memory import refuse_too_large
 from tff_clustered.report import figures, reporting
 from tff_clustered.run_folder import RunFolder
 from tff_clustered.runs import checkpoint
+from tff_clustered.runs.execution import RunExecution
 from tff_clustered.runs.run_spec import RunSpec
 from tff_clustered.runtime import signals
 
@@ -29,95 +33,104 @@ WORKING_COPIES = 4
 
 
 def build_experiment(
-    spec: RunSpec,
+    data: FederatedData,
+    model: ModelSpec,
+    algorithm: Algorithm,
+    training: TrainingConfig,
+    execution: RunExecution,
     round_metrics: Sequence[RoundMetric] = (),
-    execution: str = "tff",
-    device: Optional[str] = None,
-    timer: Optional[PhaseTimer] = None,
-    client_store: str = "auto",
-    store_folder: Optional[str] = None,
 ) -> Experiment:
-    """`execution`, `device`, `client_store` and `store_folder`: see `Experiment` (how rounds
-    run and where client models live, not what they compute). `timer` gets the `loading` and
-    `building` phases, and the experiment's own."""
-    timer = PhaseTimer() if timer is None else timer
-    with timer.phase("loading"):
-        data = load_dataset(spec.data, seed=spec.training.seed)
-    with timer.phase("building"):
-        model = spec.model_choice.spec_for(data)
-        algorithm = make_algorithm(spec.algorithm, spec.algorithm_options)
+    """The `Experiment` of a run, for the binaries and the Python API alike, timed as the
+    `building` phase: refused first when the model and its working copies would not fit in
+    memory. `execution`: how its rounds run and where its clients' models live (not what they
+    compute); its timer also gets the experiment's cold start and tracing."""
+    with execution.timer.phase("building"):
         refuse_too_large(model, getattr(algorithm, "num_clusters", 1) + WORKING_COPIES)
         return Experiment(
             data,
             model,
             algorithm,
-            spec.training,
+            training,
             round_metrics=round_metrics,
-            execution=execution,
-            device=device,
-            timer=timer,
-            client_store=client_store,
-            store_folder=store_folder,
+            execution=execution.runtime.execution,
+            device=execution.runtime.device,
+            timer=execution.timer,
+            client_store=execution.client_store,
+            store_folder=execution.store_folder,
         )
+
+
+def spec_experiment(
+    spec: RunSpec,
+    execution: Optional[RunExecution] = None,
+    round_metrics: Sequence[RoundMetric] = (),
+) -> Experiment:
+    """The `Experiment` of `spec` (`build_experiment`), its data loaded (timed as `loading`)
+    and its model and algorithm made (`building`). `execution` (default: one local TFF
+    worker, a timer of its own, the client store chosen by the population's size)."""
+    execution = RunExecution() if execution is None else execution
+    with execution.timer.phase("loading"):
+        data = load_dataset(spec.data, seed=spec.training.seed)
+    with execution.timer.phase("building"):
+        model = spec.model_choice.spec_for(data)
+        algorithm = make_algorithm(spec.algorithm, spec.algorithm_options)
+    return build_experiment(data, model, algorithm, spec.training, execution, round_metrics)
 
 
 def run(
     spec: RunSpec,
     output_dir: str,
+    execution: Optional[RunExecution] = None,
     checkpoint_every: int = 5,
     resume: bool = False,
     log: Callable[[str], None] = print,
     round_metrics: Sequence[RoundMetric] = (),
-    execution: str = "tff",
-    device: Optional[str] = None,
-    timer: Optional[PhaseTimer] = None,
-    client_store: str = "auto",
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Runs (or resumes) `spec`, writing metrics.csv, clients.csv, TensorBoard events,
-    summary.json, curves.png, checkpoints. `execution`/`device`: how rounds run (`Experiment`);
-    `client_store`: where the clients' models live (a disk store's file in `output_dir`); a run
-    may resume under another execution or store. `timer`, `overwrite`: see `run_experiment`.
+    summary.json, curves.png, checkpoints. `execution`: how rounds run and where the clients'
+    models live (default: one local TFF worker, a timer started now; a disk store's file goes
+    in `output_dir`); a run may resume under another execution or store. `overwrite`: see
+    `run_experiment`.
 
     Returns the summary, with the per-round rows under `history`."""
+    execution = (RunExecution() if execution is None else execution).in_folder(output_dir)
     summary, _ = run_experiment(
-        lambda timer: build_experiment(
-            spec, round_metrics, execution, device, timer, client_store, output_dir
-        ),
+        lambda: spec_experiment(spec, execution, round_metrics),
         spec.settings(),
         output_dir,
+        execution.timer,
         checkpoint_every,
         resume,
         log,
         data_source=lambda: source_fingerprint(spec.data),
-        timer=timer,
         overwrite=overwrite,
     )
     return summary
 
 
 def run_experiment(
-    build: Callable[[PhaseTimer], Experiment],
+    build: Callable[[], Experiment],
     settings: dict[str, Any],
     output_dir: str,
+    timer: PhaseTimer,
     checkpoint_every: int = 5,
     resume: bool = False,
     log: Callable[[str], None] = print,
     data_source: Callable[[], SourceFingerprint] = SourceFingerprint,
-    timer: Optional[PhaseTimer] = None,
     read_checkpoint: Optional[Callable[[], Optional[RunState]]] = None,
     overwrite: bool = False,
 ) -> tuple[dict[str, Any], Experiment]:
-    """Runs (or resumes) the experiment `build(timer)` makes, with `run`'s outputs and checkpoints,
+    """Runs (or resumes) the experiment `build()` makes, with `run`'s outputs and checkpoints,
     holding `output_dir`. `settings` define its results: a checkpoint made under other settings
     is refused. `data_source` fingerprints the files its data is read from (default: no
     files, data the settings define): a checkpoint made on other data is refused too. Returns
     the summary (with `history`) and the finished experiment.
 
-    `timer` (default: one started now) times this session's phases, written to summary.json
-    as `phases` and logged as one line at the end; `build` times its loading and building
-    with it and gives it to the `Experiment` (cold start, tracing). On a resume the phases
-    are this session's: the rounds done before it are not counted again.
+    `timer` (the run's execution's: `RunExecution.timer`) times this session's phases, written
+    to summary.json as `phases` and logged as one line at the end; `build` times its loading
+    and building with it, and its `Experiment` the cold start and tracing. On a resume the
+    phases are this session's: the rounds done before it are not counted again.
 
     `read_checkpoint` (on a resume): the checkpoint in `output_dir` as the caller has read it
     with `checkpoint.load` for these settings and this data (default: read it here).
@@ -125,7 +138,6 @@ def run_experiment(
     A folder holding a run's outputs (`RunFolder.run_outputs`) is never written over unless
     `resume` (continue it) or `overwrite` (delete its outputs, then start a new run) says so
     (`checkpoint.refuse_overwriting`)."""
-    timer = PhaseTimer() if timer is None else timer
     if checkpoint_every < 0:
         raise ValueError("checkpoint_every must be >= 0 (0 = only at the end)")
     with checkpoint.hold_run_folder(output_dir):
@@ -144,7 +156,7 @@ def run_experiment(
 
 
 def _run_in_folder(
-    build: Callable[[PhaseTimer], Experiment],
+    build: Callable[[], Experiment],
     settings: dict[str, Any],
     output_dir: str,
     checkpoint_every: int,
@@ -173,7 +185,7 @@ def _run_in_folder(
                 saved = checkpoint.load(folder.checkpoint, settings, source, log)
             else:
                 saved = read_checkpoint()
-    experiment = build(timer)
+    experiment = build()
     if source is None:
         with timer.phase("validation"):
             source = data_source()
