@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 from absl import app, flags
 
@@ -250,6 +250,23 @@ def check_table(
     if data_root is not None:
         command = with_data_root(command, data_root)
     cell = sampled_cell(rows, all_seeds)
+    rerun = rerun_cell(command, cell, markdown)
+    if isinstance(rerun, TableCheck):
+        return rerun
+    rerun_rows, rerun_markdown = rerun
+    notes, here = machine_notes(markdown, rerun_markdown), machine_text(rerun_markdown)
+    moved = cell_moves(rows, rerun_rows, cell, tolerance)
+    if moved:
+        return TableCheck("DRIFT", f"{cell}: {' | '.join(moved)}", cell, notes, here)
+    return TableCheck("ok", f"{cell} ({sound})", cell, notes, here)
+
+
+def rerun_cell(
+    command: list[str], cell: Cell, markdown: str
+) -> Union[TableCheck, tuple[list[dict[str, str]], str]]:
+    """`cell` rerun with the table's `command` (`rerun_arguments`) in a temporary folder, under
+    the numerics the table's .md records: the rerun's .csv rows and .md, or the FAILED check
+    when it exits with an error or writes no .csv."""
     with tempfile.TemporaryDirectory() as output_dir:
         arguments = [*rerun_arguments(command, cell), f"--output_dir={output_dir}"]
         done = subprocess.run(
@@ -269,8 +286,17 @@ def check_table(
         with open(folder.comparison_csv) as f:
             rerun_rows, _ = read_csv(f.read())
         with open(folder.comparison_md) as f:
-            rerun_markdown = f.read()
-    notes, here = machine_notes(markdown, rerun_markdown), machine_text(rerun_markdown)
+            return rerun_rows, f.read()
+
+
+def cell_moves(
+    rows: Sequence[dict[str, str]],
+    rerun_rows: Sequence[dict[str, str]],
+    cell: Cell,
+    tolerance: float,
+) -> list[str]:
+    """What moved of each seed of `cell` between the committed rows and the rerun's
+    (`compare_cell`), prefixed by the seed when there are several; none: the cell holds."""
     moved = []
     for seed in cell.seeds:
         key = (cell.setting, cell.algorithm, str(seed))
@@ -281,9 +307,7 @@ def check_table(
             moved.append(f"{prefix}the rerun wrote no row of it")
         elif changed := compare_cell(committed, now[0], tolerance):
             moved.append(prefix + "; ".join(changed))
-    if moved:
-        return TableCheck("DRIFT", f"{cell}: {' | '.join(moved)}", cell, notes, here)
-    return TableCheck("ok", f"{cell} ({sound})", cell, notes, here)
+    return moved
 
 
 def main(argv: list[str]) -> int:

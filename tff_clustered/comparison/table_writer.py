@@ -22,7 +22,7 @@ from tff_clustered.algorithms import algorithm_class
 from tff_clustered.algorithms.base import per_seed_text
 from tff_clustered.atomic_files import atomic_write_bytes
 from tff_clustered.comparison.run_rows import cell_runs
-from tff_clustered.comparison.standings import standing_table, standings
+from tff_clustered.comparison.standings import Standing, standing_table, standings
 from tff_clustered.comparison.table_format import (
     CLIENT_MEAN,
     POOLED,
@@ -157,18 +157,9 @@ def write_tables(
     (every run in long form). `defaults_taken`: the table's defaults the command took, one
     line per source (written under the command); `machine`: the header's last lines, what the
     numbers depend on besides the command (`numerics.machine_lines`). Returns the markdown."""
-    seeds = sorted({int(r["seed"]) for r in rows})
-    # the generic columns, then every algorithm figure (`run_figures`) some row has
-    columns = list(RUN_COLUMNS) + list(
-        dict.fromkeys(k for r in rows for k in r if k not in RUN_COLUMNS)
-    )
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: "" if row.get(k) is None else csv_cell(row[k]) for k in columns})
     folder = ComparisonFolder(output_dir)
-    atomic_write_bytes(folder.comparison_csv, buffer.getvalue().encode())
+    atomic_write_bytes(folder.comparison_csv, long_form_csv(rows).encode())
+    seeds = sorted({int(r["seed"]) for r in rows})
     key = "final_client_mean_accuracy" if client_mean else "final_accuracy"
     lines = header(title, command, date, seeds, defaults_taken, machine)
     if by_setting:
@@ -179,32 +170,58 @@ def write_tables(
         ]
     else:
         lines += algorithm_table(rows, target_accuracy)
+    lines += diagnostics_section(rows, seeds)
+    lines += standings_section(standings(rows, key if by_setting else "max_accuracy"))
+    markdown = "\n".join(lines) + "\n"
+    atomic_write_bytes(folder.comparison_md, markdown.encode())
+    return markdown
+
+
+def long_form_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    """comparison.csv's text: a line per run, the generic columns (`RUN_COLUMNS`) then every
+    algorithm figure (`run_figures`) some row has; an unknown value is empty."""
+    columns = list(RUN_COLUMNS) + list(
+        dict.fromkeys(k for r in rows for k in r if k not in RUN_COLUMNS)
+    )
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else csv_cell(row[k]) for k in columns})
+    return buffer.getvalue()
+
+
+def diagnostics_section(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> list[str]:
+    """The .md's lines of each cell's diagnostics per seed (`diagnostics_text`); none when no
+    cell has any."""
     notes = [
         (setting, algorithm, diagnostics_text(runs))
         for (setting, algorithm), runs in cell_runs(rows).items()
     ]
     notes = [n for n in notes if n[2]]
-    if notes:
-        lines += [
-            "",
-            f"Diagnostics per seed ({'/'.join(str(s) for s in seeds)}): clusters in use at the "
-            "end, FedTSDP's re-clustering triggers, UA-PDFL's regimes (each seed's shares of "
-            "peer-rounds after round 1), neighbours mixed (each seed's mean per round).",
-            "",
-            "| setting | algorithm | diagnostics |",
-            "|---|---|---|",
-            *[f"| {s} | {a} | {text} |" for s, a, text in notes],
-        ]
-    found = standings(rows, key if by_setting else "max_accuracy")
-    if found:
-        lines += [
-            "",
-            "Each paper's method against the baselines in this table: its mean minus the better "
-            "of FedAvg and FedPer (FedAvg-DFL and FedPer-DFL), then minus FedAvg, in points, "
-            "with the larger std of the two cells.",
-            "",
-            *standing_table(found),
-        ]
-    markdown = "\n".join(lines) + "\n"
-    atomic_write_bytes(folder.comparison_md, markdown.encode())
-    return markdown
+    if not notes:
+        return []
+    return [
+        "",
+        f"Diagnostics per seed ({'/'.join(str(s) for s in seeds)}): clusters in use at the "
+        "end, FedTSDP's re-clustering triggers, UA-PDFL's regimes (each seed's shares of "
+        "peer-rounds after round 1), neighbours mixed (each seed's mean per round).",
+        "",
+        "| setting | algorithm | diagnostics |",
+        "|---|---|---|",
+        *[f"| {s} | {a} | {text} |" for s, a, text in notes],
+    ]
+
+
+def standings_section(found: Sequence[Standing]) -> list[str]:
+    """The .md's lines of each paper's method against the table's baselines; none without."""
+    if not found:
+        return []
+    return [
+        "",
+        "Each paper's method against the baselines in this table: its mean minus the better "
+        "of FedAvg and FedPer (FedAvg-DFL and FedPer-DFL), then minus FedAvg, in points, "
+        "with the larger std of the two cells.",
+        "",
+        *standing_table(found),
+    ]

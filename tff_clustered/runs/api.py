@@ -179,6 +179,8 @@ DATA_ARGUMENTS = tuple(
 )
 
 
+# Long: every argument is checked, in the order the docstring gives, before any TensorFlow
+# work, and the checks narrow the arguments the run then takes.
 def run(
     algorithm: str,
     train: Union[Clients, FederatedData, DataSpec],

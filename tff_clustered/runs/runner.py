@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -167,46 +167,15 @@ def _run_in_folder(
     read_checkpoint: Optional[Callable[[], Optional[RunState]]],
     overwrite: bool,
 ) -> tuple[dict[str, Any], Experiment]:
-    """`run_experiment`, once the output folder is held. A checkpoint is checked against the
-    settings and the data's files before the data is loaded; a new run fingerprints its data
-    once `build` has loaded (and so checked) it."""
+    """`run_experiment`, once the output folder is held."""
     folder = RunFolder(output_dir)
     checkpoint.refuse_overwriting(output_dir, resume, overwrite)
     if overwrite:
         folder.remove_run()
-    resuming = resume and checkpoint.exists(output_dir)
-    source, saved = None, None
-    if resuming:
-        with timer.phase("validation"):
-            source = data_source()
-    if resume:
-        with timer.phase("checkpoints"):
-            if read_checkpoint is None:
-                saved = checkpoint.load(folder.checkpoint, settings, source, log)
-            else:
-                saved = read_checkpoint()
-    experiment = build()
-    if source is None:
-        with timer.phase("validation"):
-            source = data_source()
+    experiment, saved, source = _started(
+        build, settings, folder, resume, log, data_source, timer, read_checkpoint
+    )
     rounds = experiment.config.rounds
-    if saved is not None:
-        with timer.phase("checkpoints"):
-            experiment.restore(saved)
-        log(f"resuming {output_dir} after round {saved.round_num}/{rounds}")
-    else:
-        if resume:
-            log(f"no checkpoint in {output_dir}; starting the run from round 0")
-        experiment.start()
-        with timer.phase("outputs"):
-            shown = experiment.data.client_ids[: figures.MAX_CLIENTS_SHOWN]
-            figures.write_labels_png(
-                folder.labels_png,
-                label_counts(experiment.data, shown),
-                experiment.data.client_ids,
-                f"labels per client: {experiment.data.name}",
-            )
-
     with timer.phase("outputs"):
         clients_csv = reporting.ClientsCsv(
             folder.clients_csv,
@@ -214,18 +183,9 @@ def _run_in_folder(
         )
         tensorboard = reporting.TensorBoardLog(output_dir)
         progress = reporting.Progress(rounds, initial=experiment.state.round_num)
-    checkpointed = saved.round_num if saved is not None else None  # the round of the last one
     try:
-        for row, step in timer.timed("rounds", experiment.rounds()):
-            signals.reraise_received_signal()  # one swallowed where Python ignores exceptions
-            count_round(timer, row, step.seconds)
-            row["checkpoint_seconds"] = 0.0  # set below on a round that writes a checkpoint
-            with timer.phase("outputs"):
-                reporting.write_metrics_csv(folder.metrics_csv, experiment.state.history)
-                if "accuracy" in row:
-                    clients_csv.append(experiment.client_rows)
-                tensorboard.add(row)
-                progress.update(row)
+        checkpointed = saved.round_num if saved is not None else None
+        for row in _rounds_written(experiment, folder, timer, clients_csv, tensorboard, progress):
             done = row["round"]
             last = done == rounds or experiment.stopped_at_target  # at --target_epsilon
             if done and ((checkpoint_every and done % checkpoint_every == 0) or last):
@@ -245,24 +205,110 @@ def _run_in_folder(
                 f"stopped after round {experiment.state.round_num}/{rounds}: the next round would "
                 f"take a client's epsilon past --target_epsilon={experiment.account.target_epsilon}"
             )
-        with timer.phase("outputs"):
-            config, clusters = write_outputs(experiment, settings, output_dir, tensorboard)
-        phases = timer.report()
-        summary = reporting.write_summary_json(
-            folder.summary_json,
-            config,
-            experiment.state.history,
-            clusters,
-            phases,
-            accounting.privacy_summary(
-                experiment.account, experiment.state, experiment.stopped_at_target
-            ),
-        )
-        log(phases_line(phases))
+        summary = _summary_written(experiment, settings, folder, tensorboard, timer, log)
     finally:
         progress.close()
         tensorboard.close()
     return dict(summary, history=experiment.state.history), experiment
+
+
+def _started(
+    build: Callable[[], Experiment],
+    settings: dict[str, Any],
+    folder: RunFolder,
+    resume: bool,
+    log: Callable[[str], None],
+    data_source: Callable[[], SourceFingerprint],
+    timer: PhaseTimer,
+    read_checkpoint: Optional[Callable[[], Optional[RunState]]],
+) -> tuple[Experiment, Optional[RunState], SourceFingerprint]:
+    """The experiment `build()` makes, restored from the folder's checkpoint (returned too)
+    or started (its labels picture written), and its data's fingerprint. A checkpoint is
+    checked against the settings and the data's files before the data is loaded; a new run
+    fingerprints its data once `build` has loaded (and so checked) it."""
+    resuming = resume and checkpoint.exists(folder.path)
+    source, saved = None, None
+    if resuming:
+        with timer.phase("validation"):
+            source = data_source()
+    if resume:
+        with timer.phase("checkpoints"):
+            if read_checkpoint is None:
+                saved = checkpoint.load(folder.checkpoint, settings, source, log)
+            else:
+                saved = read_checkpoint()
+    experiment = build()
+    if source is None:
+        with timer.phase("validation"):
+            source = data_source()
+    if saved is not None:
+        with timer.phase("checkpoints"):
+            experiment.restore(saved)
+        log(f"resuming {folder.path} after round {saved.round_num}/{experiment.config.rounds}")
+        return experiment, saved, source
+    if resume:
+        log(f"no checkpoint in {folder.path}; starting the run from round 0")
+    experiment.start()
+    with timer.phase("outputs"):
+        shown = experiment.data.client_ids[: figures.MAX_CLIENTS_SHOWN]
+        figures.write_labels_png(
+            folder.labels_png,
+            label_counts(experiment.data, shown),
+            experiment.data.client_ids,
+            f"labels per client: {experiment.data.name}",
+        )
+    return experiment, None, source
+
+
+def _rounds_written(
+    experiment: Experiment,
+    folder: RunFolder,
+    timer: PhaseTimer,
+    clients_csv: reporting.ClientsCsv,
+    tensorboard: reporting.TensorBoardLog,
+    progress: reporting.Progress,
+) -> Iterator[dict[str, Any]]:
+    """The experiment's remaining rounds, each row once its files are written (metrics.csv,
+    clients.csv on an evaluated round, TensorBoard, the progress bar) and its seconds counted
+    (`count_round`); the caller may still set its `checkpoint_seconds`."""
+    for row, step in timer.timed("rounds", experiment.rounds()):
+        signals.reraise_received_signal()  # one swallowed where Python ignores exceptions
+        count_round(timer, row, step.seconds)
+        row["checkpoint_seconds"] = 0.0  # set by the caller on a round that writes a checkpoint
+        with timer.phase("outputs"):
+            reporting.write_metrics_csv(folder.metrics_csv, experiment.state.history)
+            if "accuracy" in row:
+                clients_csv.append(experiment.client_rows)
+            tensorboard.add(row)
+            progress.update(row)
+        yield row
+
+
+def _summary_written(
+    experiment: Experiment,
+    settings: dict[str, Any],
+    folder: RunFolder,
+    tensorboard: reporting.TensorBoardLog,
+    timer: PhaseTimer,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """A finished run's outputs (`write_outputs`), then summary.json with the session's
+    phases, which are logged as one line. Returns the summary."""
+    with timer.phase("outputs"):
+        config, clusters = write_outputs(experiment, settings, folder.path, tensorboard)
+    phases = timer.report()
+    summary = reporting.write_summary_json(
+        folder.summary_json,
+        config,
+        experiment.state.history,
+        clusters,
+        phases,
+        accounting.privacy_summary(
+            experiment.account, experiment.state, experiment.stopped_at_target
+        ),
+    )
+    log(phases_line(phases))
+    return summary
 
 
 def count_round(timer: PhaseTimer, row: dict[str, Any], step_seconds: float) -> None:

@@ -92,6 +92,8 @@ class Stopwatch:
         return laps
 
 
+# Long: one benchmark as a script: both runs warmed up and timed in turn, FedTSDP's round
+# split into its stages, then the report; the steps share the runs' state.
 def fedtsdp_vs_fedavg(setup: Setup) -> dict:
     """Whole FedTSDP and FedAvg rounds (`tsdp_round_fns`), interleaved after three warm-up
     rounds, and where FedTSDP's time goes: its federated round against FedAvg's (K clusters

@@ -32,6 +32,8 @@ FEATURES, CLASSES, HIDDEN_UNITS = 32, 10, 16  # the population benchmark's data 
 BATCH_SIZE = np.int64(64)  # `round_inputs.evaluation_batch_size` of the runs' batch of 10
 
 
+# Long: one benchmark as a script: the clients and round functions built, each way of
+# scoring timed in turn and each grouped way's build cost, then the report.
 def scoring_ways(setup: Setup) -> dict:
     """Steady seconds per call of each way (`alternate`), and each grouped way's build cost:
     its first call on a freshly built round less its steady call, median of

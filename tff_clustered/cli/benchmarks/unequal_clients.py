@@ -21,6 +21,8 @@ from tff_clustered.models.functional import functional_model
 flags.DEFINE_list("unequal_sizes", ["4", "165"], "Least and most examples (unequal_clients).")
 
 
+# Long: one benchmark as a script: clients of unequal sizes built, the round run three
+# ways and timed in turn, then the report; the ways share the clients.
 def unequal_clients(setup: Setup) -> dict:
     """One in-process FedAvg round of clients of unequal sizes (`--unequal_sizes`, FEMNIST
     writers' range) three ways: padded and masked into the groups `client_groups` plans (the
