@@ -22,7 +22,8 @@ from typing import Any
 # Read when gRPC initialises, so set before TensorFlow Federated is imported.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-# The Python API, imported on first use (`tff_clustered.run`): `cli` must stay light.
+# The Python API, imported on first use (`tff_clustered.run`): every binary imports this package
+# before it quiets TensorFlow (`cli/launch.py`), so it must stay light.
 _API = {
     "run": "tff_clustered.runs.api",
     "RunResult": "tff_clustered.runs.api",
