@@ -1,4 +1,6 @@
-"""Speed, always as ratios against a reference measured in the same run: the benchmarks named
+"""Speed of the federated core, as ratios against a reference measured in the same run.
+
+Speed, always as ratios against a reference measured in the same run: the benchmarks named
 by `--benchmarks` (all but `memory`, `tff_client_costs`, `population`, `client_data` and
 `scoring_ways` unless named), one module each in `tff_clustered/cli/benchmarks/`, their
 reports gathered into one.

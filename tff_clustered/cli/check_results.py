@@ -1,4 +1,6 @@
-"""Do the committed result tables still hold? Two checks of every table under `results/`:
+"""Whether the committed result tables still hold: their values, and a cell of each rerun.
+
+Do the committed result tables still hold? Two checks of every table under `results/`:
 
 1. its committed values, every row: the .csv has the columns compared, each run's
    `final_accuracy` and `max_accuracy` are finite numbers in [0, 1] (the max not below the

@@ -1,4 +1,6 @@
-"""The cost of the clients' own models in a large population, memory store against disk store:
+"""The cost of the clients' own models in a large population, memory store against disk.
+
+The cost of the clients' own models in a large population, memory store against disk store:
 the process's resident memory (anonymous: the heap; file: the store's mapped pages, which the
 kernel may drop once written) after some clients trained, and the time and size of one
 checkpoint. The models are the MLP 32-16-10's (698 values).

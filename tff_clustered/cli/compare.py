@@ -1,4 +1,6 @@
-"""Runs several algorithms with the same seed, clients and sampling, and writes a paper's
+"""A paper's comparison table: several algorithms run with the same seeds, clients, sampling.
+
+Runs several algorithms with the same seed, clients and sampling, and writes a paper's
 comparison table: comparison.md, comparison.csv, comparison.png.
 
   python binaries/compare.py                       # FedGroup's Table III on digits

@@ -1,4 +1,6 @@
-"""Writes the documentation tables that come from the code, so that they cannot drift from it:
+"""The documentation's tables written from the code, so that they cannot drift from it.
+
+Writes the documentation tables that come from the code, so that they cannot drift from it:
 
 * `docs/options.md`: every algorithm of the registry (`tff_clustered.algorithms.ALGORITHMS`)
   with the first line of its class docstring and its paper, then each algorithm's options

@@ -1,6 +1,8 @@
-"""How a binary exits: absl's parser with bad input as exit code 2, and its work run so that
-Ctrl-C / SIGTERM / SIGHUP end it with one line and exit code 130 / 143 / 129. Light (absl
-only), so a binary can use it before TensorFlow is imported."""
+"""How a binary exits: bad input as exit code 2, a signal as one line and its code.
+
+absl's parser exits 2 on bad input; the work runs so that Ctrl-C / SIGTERM / SIGHUP end it with
+one line and exit code 130 / 143 / 129. Light (absl only), so a binary can use it before
+TensorFlow is imported."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Every binary's start, written once: its console entry point (`setup.cfg`), which
-`binaries/NAME.py` calls too, quiets TensorFlow and stops at once on a signal before it imports
-the binary's module (`tff_clustered.cli.NAME`), then runs that module's `work()`.
+"""Every binary's start, written once: signals, TensorFlow quieted, its module imported.
+
+Its console entry point (`setup.cfg`), which `binaries/NAME.py` calls too, quiets TensorFlow
+and stops at once on a signal before it imports the binary's module (`tff_clustered.cli.NAME`),
+then runs that module's `work()`.
 
 Light (the standard library and absl only): nothing here may import TensorFlow, which must be
 quieted before it loads (`logs.quiet_tensorflow`; tests/test_binary_logs.py checks it)."""

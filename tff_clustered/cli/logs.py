@@ -1,4 +1,6 @@
-"""Quiet TensorFlow by default. Importing TensorFlow (and TFF) prints dozens of C++ log lines
+"""TensorFlow's logs quieted by default, and this project's warnings shown.
+
+Quiet TensorFlow by default. Importing TensorFlow (and TFF) prints dozens of C++ log lines
 (CUDA factory registration, oneDNN, TensorRT, CPU features, grappler sessions) and Python
 warnings (AutoGraph) that say nothing about a run. Binaries call `quiet_tensorflow` before
 TensorFlow is imported; `--tf_logs` (or an explicit TF_CPP_MIN_LOG_LEVEL) shows them again.

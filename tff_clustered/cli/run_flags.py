@@ -1,4 +1,6 @@
-"""Command-line flags shared by the binaries: dataset, model, training and algorithm options,
+"""The flags the binaries share, turned into a run's `RunSpec` and its `RunExecution`.
+
+Command-line flags shared by the binaries: dataset, model, training and algorithm options,
 and the TFF runtime. `run_spec_from_flags` turns them into a `RunSpec`: the dataset's flags
 into its `DataSpec` and the model's into its `ModelChoice`, flag by field of the same name."""
 

@@ -1,6 +1,7 @@
-"""A committed table's compare.py command: read from its .md file (flagfiles expanded),
-narrowed to one cell (`rerun_arguments`), and its data paths (`DATA/...`) resolved on this
-machine."""
+"""A committed table's command, narrowed to one cell, with its data paths resolved.
+
+The compare.py command is read from the table's .md file (flagfiles expanded), narrowed to one
+cell (`rerun_arguments`), and its data paths (`DATA/...`) resolved on this machine."""
 
 from __future__ import annotations
 

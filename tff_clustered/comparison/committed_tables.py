@@ -1,4 +1,6 @@
-"""The committed values of a comparison table (`table_writer.write_tables`: comparison.csv
+"""A committed comparison table's values, checked without rerunning anything.
+
+The committed values of a comparison table (`table_writer.write_tables`: comparison.csv
 and comparison.md), checked without rerunning anything (`binaries/check_results.py`): the
 .csv has the columns compared, each run's `final_accuracy` and `max_accuracy` is a finite
 number in [0, 1] with the max not below the final, each (setting, algorithm) has one row per

@@ -1,4 +1,6 @@
-"""What a table's numbers depend on besides the code, the command and the seed: the CPU's
+"""What a table's numbers depend on besides the code, the command and the seed.
+
+What a table's numbers depend on besides the code, the command and the seed: the CPU's
 instruction sets and TensorFlow's numerics settings (oneDNN, thread counts). A comparison
 table records them in its header (`machine_lines`); `binaries/check_results.py` reads them
 back (`machine_fields`) and says when a rerun's differ from the committed table's, since

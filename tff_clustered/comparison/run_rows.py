@@ -1,6 +1,7 @@
-"""One run's row of a comparison table (`run_row`): setting, algorithm, seed, its accuracies,
-what it sent and spent, and what its clustering did (`diagnostics`); the rows grouped into the
-table's cells (`cell_runs`)."""
+"""One run's row of a comparison table, and the rows grouped into the table's cells.
+
+A row (`run_row`): setting, algorithm, seed, its accuracies, what it sent and spent, and what
+its clustering did (`diagnostics`); a cell's runs: `cell_runs`."""
 
 from __future__ import annotations
 

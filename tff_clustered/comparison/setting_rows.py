@@ -1,4 +1,6 @@
-"""The rows of a comparison table with a row per setting (`table_defaults.SETTING_TABLES`):
+"""The settings of a comparison table with a row per setting, as changes to its runs.
+
+The rows of a comparison table with a row per setting (`table_defaults.SETTING_TABLES`):
 each setting is a change to every run of its row.
 
 * A partition (`iid`, `pathological`, `shards`, `dirichlet:BETA`, `fedac_dirichlet[:BETA]`,

@@ -1,5 +1,7 @@
-"""Each paper's method against the baselines of its comparison table (`standings`): its gap
-to the better of FedAvg and FedPer and to FedAvg, in points, with the larger std."""
+"""Each paper's method against the baselines of its comparison table.
+
+Its gap (`standings`) to the better of FedAvg and FedPer and to FedAvg, in points, with the
+larger std of the two cells."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The comparison tables `binaries/compare.py` writes: each table's defaults for the flags not
+"""Each comparison table's defaults for the flags the command line does not give.
+
+The comparison tables `binaries/compare.py` writes: each table's defaults for the flags not
 given on the command line (its columns, its paper's protocol, this project's values where the
 paper gives none, and smaller scales on the embedded digits), which tables have a row per
 setting (`setting_rows.py`), and the baselines a paper ran differently."""

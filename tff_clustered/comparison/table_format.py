@@ -1,5 +1,6 @@
-"""The form of a comparison table's files that its writer and its checker share: the .csv's
-columns, the .md's seeds line, captions and summary column titles."""
+"""The form of a comparison table's files that its writer and its checker share.
+
+The .csv's columns, the .md's seeds line, captions and summary column titles."""
 
 from __future__ import annotations
 

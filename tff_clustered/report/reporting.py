@@ -1,4 +1,6 @@
-"""A run's files but its pictures (`report/figures.py`): the per-round CSV, the per-client
+"""A run's files but its pictures: its CSVs, TensorBoard events, summary and progress bar.
+
+A run's files but its pictures (`report/figures.py`): the per-round CSV, the per-client
 CSV, TensorBoard events, the JSON summary, and the terminal's progress bar."""
 
 from __future__ import annotations

@@ -179,8 +179,7 @@ DATA_ARGUMENTS = tuple(
 )
 
 
-# Long: every argument is checked, in the order the docstring gives, before any TensorFlow
-# work, and the checks narrow the arguments the run then takes.
+# Long: every argument checked in the docstring's order before any TensorFlow work, then run
 def run(
     algorithm: str,
     train: Union[Clients, FederatedData, DataSpec],

@@ -1,6 +1,8 @@
-"""How a run executes, as one record built once (the flags or the Python API's arguments): the
-runtime (execution, device, workers), the timer of its phases, and where the clients' own models
-live. None of it changes what the run computes."""
+"""How a run executes, as one record built once: runtime, timer and client store.
+
+Built from the flags or the Python API's arguments: the runtime (execution, device, workers),
+the timer of the run's phases, and where the clients' own models live. None of it changes what
+the run computes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""What defines a run of `binaries/train.py`: the algorithm and its options, the dataset
+"""What defines a run: the algorithm and its options, the data, the model, the training.
+
+What defines a run of `binaries/train.py`: the algorithm and its options, the dataset
 (`DataSpec`), the model (`ModelChoice`) and the training. The flags, the runner and the
 registry pass these records on whole; each checks its values when it is made."""
 

@@ -1,6 +1,8 @@
-"""How a process stops on Ctrl-C / SIGTERM / SIGHUP (a closed terminal or SSH session): at once
-during start-up, between two steps once the work runs (`Terminated`, `KeyboardInterrupt`). The
-standard library only, so a binary can use it before TensorFlow is imported."""
+"""How a process stops on Ctrl-C, SIGTERM or SIGHUP, at any moment.
+
+At once during start-up; between two steps once the work runs (`Terminated`,
+`KeyboardInterrupt`). SIGHUP is a closed terminal or SSH session. The standard library only, so
+a binary can use it before TensorFlow is imported."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""How this process reaches one TFF worker: TFF's own remote-executor stack over a gRPC stub
+"""How this process reaches one TFF worker, and notices when it stops answering.
+
+How this process reaches one TFF worker: TFF's own remote-executor stack over a gRPC stub
 that names a worker which stops answering, instead of waiting for it or retrying for ever.
 
 The call fails with `WorkerLostError` naming the worker's address, the run stops after its last

@@ -1,4 +1,6 @@
-"""`client_data` (run only when named): seconds of one FedAvg round on TFF's runtime (the
+"""`client_data`: one FedAvg round of a population's clients on TFF's runtime.
+
+`client_data` (run only when named): seconds of one FedAvg round on TFF's runtime (the
 started worker, or `--workers`) of `--clients` clients of a population file in TFF's SQL format,
 for each `--client_data_settings` (examples x features per client), the clients' examples
 reaching the worker three ways: sent as arrays read by this process from the file (fresh

@@ -1,4 +1,6 @@
-"""`client_scaling`: seconds per FedAvg round against clients per round (`--scaling_clients`),
+"""`client_scaling`: seconds per FedAvg round against clients per round.
+
+`client_scaling`: seconds per FedAvg round against clients per round (`--scaling_clients`),
 on TFF's runtime and in process, with the fixed and per-client parts of a linear fit and a
 log-log text plot (a round must stay linear, no per-round constant dominating)."""
 

@@ -1,4 +1,6 @@
-"""`clustering`: server-side EDC time as the number of clustered clients grows
+"""`clustering`: server-side clustering time against the number of clients clustered.
+
+`clustering`: server-side EDC time as the number of clustered clients grows
 (`--cluster_sizes`) at FEMNIST-MLP size d = 415,258 (`--cluster_dim`), the updates streamed from
 a disk memmap (10,000 are 16.6 GB), with the planted groups' adjusted Rand index; MADC beside it
 up to `--madc_max_clients` clients (EDC must stay linear in the number of clients). It runs

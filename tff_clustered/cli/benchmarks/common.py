@@ -1,4 +1,6 @@
-"""What the benchmarks share: the workload flags (clients, data, model, local training), the data
+"""What the benchmarks share: the workload's flags, data and model, and how they time.
+
+What the benchmarks share: the workload flags (clients, data, model, local training), the data
 and model every benchmark of the synthetic workload starts from, timing callables against each
 other in the same run, the rounds they time, and what the runner needs of a benchmark module."""
 

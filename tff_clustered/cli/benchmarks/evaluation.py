@@ -1,4 +1,6 @@
-"""`evaluation`: scoring every one of `--eval_clients` clients of power-law sizes
+"""`evaluation`: scoring many clients of power-law sizes, pooled against one by one.
+
+`evaluation`: scoring every one of `--eval_clients` clients of power-law sizes
 (MNIST-FedProx-like: log-normal, 20% held out for test; MCLR) with the pooled path the runs use
 (`Experiment.score_pooled`: one call per model) against the per-client path (one scoring per
 client) and against one FedAvg training round of 20 of them at E=20, on both executions (goals:

@@ -1,4 +1,6 @@
-"""`fedavg_vs_tff`: one round of our FedAvg against TFF's own `build_weighted_fed_avg` on the
+"""`fedavg_vs_tff`: one round of our FedAvg against TFF's own `build_weighted_fed_avg`.
+
+`fedavg_vs_tff`: one round of our FedAvg against TFF's own `build_weighted_fed_avg` on the
 same Keras model, clients, data, epochs and batch size, on the same TFF worker (goal <= 1.0)."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""`fedgroup_vs_fedavg`: one round of FedGroup with m = `--groups` groups against our FedAvg on
+"""`fedgroup_vs_fedavg`: one round of FedGroup against FedAvg on the same clients.
+
+`fedgroup_vs_fedavg`: one round of FedGroup with m = `--groups` groups against our FedAvg on
 the same clients (goal <= 1.3)."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""`fedtsdp_vs_fedavg`: one whole FedTSDP round (stateful clients uploading whole models,
+"""`fedtsdp_vs_fedavg`: one whole FedTSDP round against FedAvg's, and where its time goes.
+
+`fedtsdp_vs_fedavg`: one whole FedTSDP round (stateful clients uploading whole models,
 public-batch inference of every model, Hopkins statistic, and, when it fires, the two DBSCAN
 stages and the regrouping) against one FedAvg round on the same clients, both through the same
 orchestration, and where FedTSDP's time goes: the mean per timed round as FedAvg's round + the
@@ -92,8 +94,7 @@ class Stopwatch:
         return laps
 
 
-# Long: one benchmark as a script: both runs warmed up and timed in turn, FedTSDP's round
-# split into its stages, then the report; the steps share the runs' state.
+# Long: one benchmark as a script: runs warmed up, timed in turn, FedTSDP's stages, report
 def fedtsdp_vs_fedavg(setup: Setup) -> dict:
     """Whole FedTSDP and FedAvg rounds (`tsdp_round_fns`), interleaved after three warm-up
     rounds, and where FedTSDP's time goes: its federated round against FedAvg's (K clusters

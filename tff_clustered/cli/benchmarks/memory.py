@@ -1,4 +1,6 @@
-"""`memory` (run only when named): resident memory of this process and of the TFF worker over a
+"""`memory`: resident memory of this process and of the TFF worker over a run.
+
+`memory` (run only when named): resident memory of this process and of the TFF worker over a
 FedAvg digits run of `--memory_rounds` rounds on `--memory_execution`, and its growth per 100
 rounds after `--memory_warmup` rounds."""
 

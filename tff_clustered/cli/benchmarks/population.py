@@ -1,4 +1,6 @@
-"""`population` (run only when named): populations of `--population_sizes` synthetic clients
+"""`population`: runs on synthetic populations of many sizes, in processes of their own.
+
+`population` (run only when named): populations of `--population_sizes` synthetic clients
 (20 train + 10 test examples of 32 features, 4 planted groups) in TFF's SQL format, written once
 into `--population_dir`; FedAvg, FedPer and FedGroup (lazy cold start) trained on each by
 `binaries/train.py` in a process of their own per run, on each of `--population_executions`,

@@ -1,4 +1,6 @@
-"""The population benchmark's goals (issue "Populations of 100,000 to 1,000,000 clients"),
+"""The population benchmark's goals, judged from its runs' figures.
+
+The population benchmark's goals (issue "Populations of 100,000 to 1,000,000 clients"),
 judged from its runs' figures: pure, without the benchmark's flags, so that tests can import
 it next to the training flags."""
 

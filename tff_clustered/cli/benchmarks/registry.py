@@ -1,4 +1,6 @@
-"""Every benchmark by name: adding one is its module (its flags and its `BENCHMARK`) and its
+"""Every benchmark by name, and the order they run in.
+
+Every benchmark by name: adding one is its module (its flags and its `BENCHMARK`) and its
 name here, in `MODULES` and in `RUN_ORDER`."""
 
 from __future__ import annotations

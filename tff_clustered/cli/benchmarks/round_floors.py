@@ -1,4 +1,6 @@
-"""`round_floors`: one FedAvg round on TFF's runtime and in process (`--execution=in_process`)
+"""`round_floors`: one FedAvg round against two plain-TensorFlow floors.
+
+`round_floors`: one FedAvg round on TFF's runtime and in process (`--execution=in_process`)
 against two plain-TensorFlow floors of the same local training: the clients one after another,
 one `tf.function` each, and all clients vectorised along a client axis."""
 

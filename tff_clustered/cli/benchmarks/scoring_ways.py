@@ -1,4 +1,6 @@
-"""`scoring_ways` (run only when named): the in-process round's three ways of scoring clients
+"""`scoring_ways`: the in-process round's three ways of scoring clients.
+
+`scoring_ways` (run only when named): the in-process round's three ways of scoring clients
 with personal models (`in_process_scoring.py`: alone, looped, vectorised) on FedPer's model of
 the population benchmark (the 16-unit MLP on 32 features, 10 classes, the head personal) and
 `--scoring_clients` clients of `--scoring_examples` test examples: each way's seconds per call,
@@ -32,8 +34,7 @@ FEATURES, CLASSES, HIDDEN_UNITS = 32, 10, 16  # the population benchmark's data 
 BATCH_SIZE = np.int64(64)  # `round_inputs.evaluation_batch_size` of the runs' batch of 10
 
 
-# Long: one benchmark as a script: the clients and round functions built, each way of
-# scoring timed in turn and each grouped way's build cost, then the report.
+# Long: one benchmark as a script: clients built, each way timed in turn, build costs, report
 def scoring_ways(setup: Setup) -> dict:
     """Steady seconds per call of each way (`alternate`), and each grouped way's build cost:
     its first call on a freshly built round less its steady call, median of

@@ -1,4 +1,6 @@
-"""`tff_client_costs` (run only when named): what TFF's runtime costs per client besides its
+"""`tff_client_costs`: what TFF's runtime costs per client besides its training.
+
+`tff_client_costs` (run only when named): what TFF's runtime costs per client besides its
 training, each a small federated computation over `--clients` clients timed alone: being sent
 the model by `tff.federated_select` (a row of K = 1 or 3 stacked models) against
 `tff.federated_broadcast` of it (every cluster's models when K = 3, the client gathering its

@@ -1,4 +1,6 @@
-"""`uapdfl_vs_fedavg`: one whole UA-PDFL round (every peer receives its own and N_com routed
+"""`uapdfl_vs_fedavg`: one whole UA-PDFL round against FedAvg's.
+
+`uapdfl_vs_fedavg`: one whole UA-PDFL round (every peer receives its own and N_com routed
 models, fingerprints each, mixes and trains with the alignment term; the mailbox is rebuilt)
 against one FedAvg round with the same participants, at each N_com of `--uapdfl_neighbours`,
 with how the ratio grows per extra neighbour."""

@@ -1,4 +1,6 @@
-"""`unequal_clients`: one in-process FedAvg round of `--clients` clients of unequal sizes
+"""`unequal_clients`: one in-process round of clients of unequal sizes, three ways.
+
+`unequal_clients`: one in-process FedAvg round of `--clients` clients of unequal sizes
 (`--unequal_sizes`, FEMNIST writers' range) padded and masked into vectorised groups, against
 the same clients grouped by exact size only and against a floor: as many clients of one size
 with the same total local steps, one vectorised call (goal: padded <= 1.3x the floor)."""
@@ -21,8 +23,7 @@ from tff_clustered.models.functional import functional_model
 flags.DEFINE_list("unequal_sizes", ["4", "165"], "Least and most examples (unequal_clients).")
 
 
-# Long: one benchmark as a script: clients of unequal sizes built, the round run three
-# ways and timed in turn, then the report; the ways share the clients.
+# Long: one benchmark as a script: unequal clients built, three ways timed in turn, report
 def unequal_clients(setup: Setup) -> dict:
     """One in-process FedAvg round of clients of unequal sizes (`--unequal_sizes`, FEMNIST
     writers' range) three ways: padded and masked into the groups `client_groups` plans (the
