@@ -12,21 +12,20 @@ ClientData (TFF's EMNIST: `x_key="pixels", y_key="label"`) or a dict {client: (x
 
 from __future__ import annotations
 
+# Before TensorFlow Federated: importing tff_clustered first turns off gRPC's fork handlers,
+# which crash a process that starts a second run's worker while the first one's gRPC threads
+# live (docs/runtime.md). The package is installed (scripts/bootstrap.sh: editable).
+import tff_clustered
+
+# isort: split
 import argparse
 import collections
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-# Before TensorFlow Federated: importing tff_clustered first turns off gRPC's fork handlers,
-# which crash a process that starts a second run's worker while the first one's gRPC threads
-# live (docs/runtime.md).
-import tff_clustered  # noqa: E402, I001
-
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import tensorflow_federated as tff  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+from sklearn.datasets import load_digits
 
 
 def make_clients(

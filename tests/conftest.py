@@ -19,7 +19,7 @@ SHARED_LEAF_FILE = os.path.join(ROOT, "..", "shared", "data", "leaf_synthetic_1_
 
 @pytest.fixture(scope="session")
 def tff_context() -> Iterator[object]:
-    from tff_clustered.runtime import tff_runtime
+    from tff_clustered.runtime.context import tff_runtime
 
     with tff_runtime() as runtime:
         yield runtime
@@ -88,10 +88,11 @@ TRAIN_IN_ONE_PROCESS = """
 import contextlib, io, json, sys
 ARGUMENT = json.loads(sys.argv[1])
 sys.argv = ["train.py"]
-sys.path.insert(0, "binaries")
-import train
+from tff_clustered.cli import launch
+train = launch.imported("train")
 from absl import app, flags
-from tff_clustered import cli
+from tff_clustered.cli import exits
+from tff_clustered.runtime import signals
 
 def run_train(argv):
     flags.FLAGS.unparse_flags()
@@ -99,7 +100,7 @@ def run_train(argv):
     code = 0
     with contextlib.redirect_stderr(stderr):
         try:
-            app.run(train.main, argv=["train.py", *argv], flags_parser=cli.parse_flags)
+            app.run(train.main, argv=["train.py", *argv], flags_parser=exits.parse_flags)
         except SystemExit as e:
             code = e.code
     print(json.dumps([code, stderr.getvalue()]), flush=True)
@@ -108,7 +109,7 @@ def run_train(argv):
 
 def worker_pids_with_tag(tag: str) -> list[int]:
     """Live `worker_binary` processes whose environment carries `RUN_TAG=tag`."""
-    from tff_clustered.runtime import WORKER_TAG_ENV
+    from tff_clustered.runtime.context import WORKER_TAG_ENV
 
     needle = f"{WORKER_TAG_ENV}={tag}".encode()
     found = []
@@ -137,8 +138,8 @@ def mlp_experiment(
 ) -> object:
     """`algorithm` with `options` on `data` with a 16-unit MLP, started (no round run yet)."""
     from tff_clustered.algorithms import make_algorithm
+    from tff_clustered.loop.orchestration import Experiment
     from tff_clustered.models import model_spec
-    from tff_clustered.orchestration import Experiment
 
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
     exp = Experiment(
@@ -155,8 +156,8 @@ def mlp_experiment(
 
 def checkpoint_round_trip(state: object, folder: object) -> object:
     """`state` written as a checkpoint file and read back (what a resumed run gets)."""
-    from tff_clustered import checkpoint
     from tff_clustered.run_folder import RunFolder
+    from tff_clustered.runs import checkpoint
 
     path = RunFolder(str(folder)).checkpoint
     checkpoint.save(path, state, {"run": "test"})

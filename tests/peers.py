@@ -13,7 +13,7 @@ from sklearn.datasets import load_digits
 from tff_clustered.data.federated_data import FederatedData, from_arrays
 from tff_clustered.federated import client_work
 from tff_clustered.loop.config import TrainingConfig
-from tff_clustered.orchestration import Experiment
+from tff_clustered.loop.orchestration import Experiment
 
 
 def run_mlp(

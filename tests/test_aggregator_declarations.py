@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from absl import flags
 
-from tff_clustered.aggregator_flags import aggregator_config_from_flags, define_aggregator_flags
+from tff_clustered.cli.aggregator_flags import aggregator_config_from_flags, define_aggregator_flags
 from tff_clustered.federated.aggregators import AGGREGATORS, NAMED, declared_options
 from tff_clustered.federated.cluster_aggregators import ClusterMean
 from tff_clustered.federated.cluster_dp import ClusterDP

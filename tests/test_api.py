@@ -14,10 +14,10 @@ import tensorflow as tf
 from conftest import ROOT, run_binary, worker_pids_with_tag
 
 import tff_clustered
-from tff_clustered import api
-from tff_clustered.checkpoint import CheckpointError
 from tff_clustered.data import DataError
-from tff_clustered.phases import PHASES
+from tff_clustered.loop.phases import PHASES
+from tff_clustered.runs import api
+from tff_clustered.runs.checkpoint import CheckpointError
 
 
 def two_group_clients(num_clients: int = 8, seed: int = 0) -> dict:
@@ -165,9 +165,10 @@ def test_the_api_runs_a_dataset_and_model_by_their_records_as_the_runner_does(
     """`run` takes the records the flags fill (`DataSpec`, `ModelChoice`) and gives the run
     `binaries/train.py`'s runner gives for the same records: one way to name a dataset and a
     model, typed once."""
-    from tff_clustered import runner
     from tff_clustered.data import DataSpec
-    from tff_clustered.run_spec import ModelChoice, RunSpec
+    from tff_clustered.runs import runner
+    from tff_clustered.runs.execution import RunExecution
+    from tff_clustered.runs.run_spec import ModelChoice, RunSpec
 
     data = DataSpec("digits", num_clients=6)
     model = ModelChoice("mlp", hidden_units=8)
@@ -183,7 +184,7 @@ def test_the_api_runs_a_dataset_and_model_by_their_records_as_the_runner_does(
     )
     spec = RunSpec("fedper", data, model, training=training)
     by_runner = runner.run(
-        spec, str(tmp_path / "runner"), log=lambda _: None, execution="in_process"
+        spec, str(tmp_path / "runner"), RunExecution.of("in_process"), log=lambda _: None
     )
     assert len(by_api.history) == len(by_runner["history"]) == 3  # rounds 0-2
     for mine, theirs in zip(by_api.history, by_runner["history"]):

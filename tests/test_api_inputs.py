@@ -22,12 +22,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tff_clustered
-from tff_clustered import api, checkpoint
 from tff_clustered.algorithms import ALGORITHMS, make_options
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.state import RunState
 from tff_clustered.options import base_type, field_types
 from tff_clustered.run_folder import RunFolder
+from tff_clustered.runs import api, checkpoint
 
 SETTINGS = settings(
     max_examples=40,

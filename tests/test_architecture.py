@@ -1,11 +1,13 @@
-"""The code's shape, checked from its source (no TF): no import
-circle between the package's modules, no paper's name in the loop or the round's composition,
-a way of distributing models decided only by its `Distribution` class, and a round step the
-loop calls once."""
+"""The code's shape, checked from its source (no TF): no import circle between the package's
+modules, each layer importing only the layers its rule allows, the architecture page's layout
+naming every module, no paper's name in the loop or the round's composition, a way of
+distributing models decided only by its `Distribution` class, and a round step the loop calls
+once."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tff_clustered"
 # The loop and the round's composition: generic, whatever the algorithm.
 GENERIC = [
-    "orchestration.py",
+    "loop/orchestration.py",
     "loop/config.py",
     "loop/evaluation.py",
     "loop/queries.py",
@@ -27,6 +29,54 @@ GENERIC = [
     "federated/executions.py",
     "federated/in_process.py",
 ]
+# The package's layers, bottom up: each sub-package is one; the modules at the package's root
+# are the foundation, which every layer may import and which imports no other layer.
+LAYERS = (
+    "foundation",
+    "models",
+    "clustering",
+    "data",
+    "runtime",
+    "federated",
+    "algorithms",
+    "loop",
+    "report",
+    "runs",
+    "comparison",
+    "cli",
+)
+# Which layers each layer's modules may import besides its own and the foundation: the real
+# graph. A new arrow is a decision: it must point down (`LAYERS`) and be added here.
+MAY_IMPORT = {
+    "foundation": set(),
+    "models": set(),
+    "clustering": set(),
+    "data": set(),
+    "runtime": set(),
+    "federated": {"models", "runtime"},
+    "algorithms": {"clustering", "federated"},
+    "loop": {"algorithms", "data", "federated", "models", "runtime"},
+    "report": {"algorithms"},
+    "runs": {"algorithms", "data", "federated", "loop", "models", "report", "runtime"},
+    "comparison": {"algorithms", "loop", "report", "runs"},
+    "cli": {
+        "algorithms",
+        "clustering",
+        "comparison",
+        "data",
+        "federated",
+        "loop",
+        "models",
+        "report",
+        "runs",
+        "runtime",
+    },
+}
+# Modules at the package's root that belong to a layer above the foundation, until they move
+# into its package.
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+# The layout's column where a module's concern starts (the lines of a wrapped concern too).
+CONCERN_COLUMN = 31
 # Every registered algorithm's name and its paper's short name.
 PAPER_NAMES = (
     "fedgroup fedgrouprox fesem fedac fedtsdp uapdfl ifca cfl ditto fedper fedrep fedprox "
@@ -72,6 +122,36 @@ def docstring_nodes(tree: ast.AST) -> set[int]:
     return ids
 
 
+def layer(module: str) -> str:
+    """The layer of a module of the package (`tff_clustered.loop.state`: loop)."""
+    parts = module.split(".")
+    if len(parts) > 2 or (PACKAGE / parts[-1]).is_dir():
+        return parts[1]
+    return "foundation"
+
+
+def layout_section() -> list[str]:
+    """The lines of the code block of docs/architecture.md's "Layout" section."""
+    text = ARCHITECTURE.read_text().split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    return text.split("```")[1].strip("\n").splitlines()
+
+
+def layout_paths(lines: list[str]) -> list[str]:
+    """The paths the layout names, from its indentation (two spaces a level): `loop/` under
+    `tff_clustered/` is `tff_clustered/loop/`. Lines indented to the concern's column continue
+    the concern above."""
+    paths: list[str] = []
+    parents: list[str] = []
+    for line in lines:
+        indent = len(line) - len(line.lstrip())
+        if indent >= CONCERN_COLUMN:
+            continue
+        depth, name = indent // 2, line.split()[0]
+        parents[depth:] = [name]
+        paths.append("".join(parents))
+    return paths
+
+
 def test_the_package_has_no_import_circle() -> None:
     found = modules()
     known = set(found)
@@ -100,6 +180,53 @@ def test_the_package_has_no_import_circle() -> None:
         if name not in state:
             visit(name)
     assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+
+
+def test_each_layer_imports_only_the_layers_its_rule_allows() -> None:
+    found = modules()
+    known = set(found)
+    offenders = sorted(
+        f"{name} ({layer(name)}) imports {target} ({layer(target)})"
+        for name, path in found.items()
+        for target in imported(path, name, known)
+        if layer(target) not in {layer(name), "foundation", *MAY_IMPORT[layer(name)]}
+    )
+    assert not offenders, "imports across the layer rules (MAY_IMPORT): " + "; ".join(offenders)
+
+
+def test_the_layer_rules_point_down_and_name_every_sub_package() -> None:
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert packages | {"foundation"} == set(LAYERS) == set(MAY_IMPORT)
+    upward = [
+        f"{low} -> {high}"
+        for low, allowed in MAY_IMPORT.items()
+        for high in allowed
+        if LAYERS.index(high) >= LAYERS.index(low)
+    ]
+    assert not upward, f"rules that point up or sideways: {upward}"
+
+
+def test_the_architecture_page_names_every_module_of_the_package_and_no_other() -> None:
+    named = [p for p in layout_paths(layout_section()) if p.startswith("tff_clustered/")]
+    assert len(named) == len(set(named)), "named twice: " + ", ".join(
+        sorted({p for p in named if named.count(p) > 1})
+    )
+    tree = {
+        str(path.relative_to(ROOT)) + ("/" if path.is_dir() else "")
+        for path in [PACKAGE, *PACKAGE.rglob("*")]
+        if (path.is_dir() and (path / "__init__.py").exists())
+        or (path.suffix == ".py" and path.name != "__init__.py")
+    } | {"tff_clustered/__init__.py"}
+    missing, extra = sorted(tree - set(named)), sorted(set(named) - tree)
+    assert not missing, f"docs/architecture.md's Layout does not name {missing}"
+    assert not extra, f"docs/architecture.md's Layout names what does not exist: {extra}"
+
+
+def test_the_architecture_page_gives_each_module_its_concern() -> None:
+    lines = layout_section()
+    entries = [line for line in lines if len(line) - len(line.lstrip()) < CONCERN_COLUMN]
+    bare = [line.strip() for line in entries if not re.match(r"^ *\S+ {2,}\S", line)]
+    assert not bare, f"named without a concern: {bare}"
 
 
 @pytest.mark.parametrize("relative", GENERIC)
@@ -142,7 +269,7 @@ def test_no_code_tests_a_distribution_by_name() -> None:
 
 
 def test_train_round_reads_as_one_step_in_under_40_lines() -> None:
-    tree = ast.parse((PACKAGE / "orchestration.py").read_text())
+    tree = ast.parse((PACKAGE / "loop" / "orchestration.py").read_text())
     (train_round,) = [
         n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "train_round"
     ]

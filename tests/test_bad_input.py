@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from conftest import run_binary
 
-from tff_clustered import run_flags
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.algorithms.base import RunInfo
+from tff_clustered.cli import run_flags
 from tff_clustered.models import model_spec
 from tff_clustered.models.memory import declared_parameter_count, refuse_too_large
 
@@ -81,7 +81,7 @@ def test_tensorboard_events_that_did_not_reach_the_disk_are_an_error(
     file and the run ended with exit 0. The file is read back after each flush."""
     import tensorflow as tf
 
-    from tff_clustered import reporting
+    from tff_clustered.report import reporting
     from tff_clustered.run_folder import RunFolder
 
     folder = str(tmp_path / "run")
@@ -111,16 +111,17 @@ def test_tensorboard_events_that_did_not_reach_the_disk_are_an_error(
 def test_binaries_without_checkpoints_stop_on_a_signal_with_one_line(
     signum: int, code: int, word: str
 ) -> None:
-    """doctor, benchmark, gpu_check and model_matrix run their work through `cli.run_main`."""
+    """doctor, benchmark, gpu_check and model_matrix run their work through `exits.run_main`."""
     script = (
         "import os, time\n"
-        "from tff_clustered import cli\n"
-        "cli.stop_at_once_on_signals('probe.py')\n"
+        "from tff_clustered.cli import exits\n"
+        "from tff_clustered.runtime import signals\n"
+        "signals.stop_at_once_on_signals('probe.py')\n"
         "def main(argv):\n"
         f"    os.kill(os.getpid(), {signum})\n"
         "    time.sleep(30)\n"
         "    print('swallowed')\n"
-        "cli.run_main('probe.py', main)\n"
+        "exits.run_main('probe.py', main)\n"
     )
     done = run_binary(["-c", script])
     assert done.returncode == code, done.stderr
@@ -136,8 +137,9 @@ def test_the_flagfiles_named_in_a_refusal_are_read_as_absl_reads_them() -> None:
 
 WORKER_LOST_AFTER_A_SIGNAL = """
 import os, signal, sys, time
-from tff_clustered import cli, run_flags
-from tff_clustered.runtime import WorkerLostError
+from tff_clustered.cli import exits, run_flags
+from tff_clustered.runtime import signals
+from tff_clustered.runtime.context import WorkerLostError
 
 signum = getattr(signal, sys.argv[1]) if len(sys.argv) > 1 else None
 with run_flags.reported_errors("the last checkpoint is kept, continue with --resume"):
@@ -145,7 +147,7 @@ with run_flags.reported_errors("the last checkpoint is kept, continue with --res
         try:
             os.kill(os.getpid(), signum)
             time.sleep(5)
-        except (KeyboardInterrupt, cli.Terminated):
+        except (KeyboardInterrupt, signals.Terminated):
             pass  # absorbed, as a gRPC call in flight can absorb a handler's exception
     raise WorkerLostError("TFF worker localhost:1 stopped answering (StatusCode.UNAVAILABLE).")
 """
@@ -176,8 +178,9 @@ def test_a_signal_swallowed_where_python_ignores_exceptions_still_stops_with_its
     not exit 0 as if nothing had arrived."""
     script = (
         "import gc, os, signal\n"
-        "from tff_clustered import cli\n"
-        "cli.stop_at_once_on_signals('probe.py')\n"
+        "from tff_clustered.cli import exits\n"
+        "from tff_clustered.runtime import signals\n"
+        "signals.stop_at_once_on_signals('probe.py')\n"
         "def main(argv):\n"
         "    def collected(phase, info):\n"
         "        if phase == 'start':\n"
@@ -186,7 +189,7 @@ def test_a_signal_swallowed_where_python_ignores_exceptions_still_stops_with_its
         "    gc.callbacks.append(collected)\n"
         "    gc.collect()\n"
         "    print('finished')\n"
-        "cli.run_main('probe.py', main)\n"
+        "exits.run_main('probe.py', main)\n"
     )
     done = run_binary(["-c", script])
     assert done.returncode == 129, done.stderr

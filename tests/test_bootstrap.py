@@ -80,7 +80,11 @@ def _run(sandbox: pathlib.Path, **extra: str) -> subprocess.CompletedProcess[str
         **extra,
     }
     return subprocess.run(
-        ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60,
+        ["bash", str(SCRIPT)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
         executable=shutil.which("bash"),
     )
 
@@ -173,8 +177,23 @@ def test_the_bootstrap_builds_the_venv_from_the_interpreter_the_script_chose() -
 
 
 DOCKER_INSTRUCTIONS = {
-    "FROM", "RUN", "CMD", "WORKDIR", "COPY", "ADD", "ENV", "ARG", "LABEL", "EXPOSE",
-    "ENTRYPOINT", "USER", "VOLUME", "SHELL", "HEALTHCHECK", "STOPSIGNAL", "ONBUILD",
+    "FROM",
+    "RUN",
+    "CMD",
+    "WORKDIR",
+    "COPY",
+    "ADD",
+    "ENV",
+    "ARG",
+    "LABEL",
+    "EXPOSE",
+    "ENTRYPOINT",
+    "USER",
+    "VOLUME",
+    "SHELL",
+    "HEALTHCHECK",
+    "STOPSIGNAL",
+    "ONBUILD",
 }
 
 
@@ -212,3 +231,33 @@ def test_the_dockerfile_parses_and_runs_the_readmes_setup_and_commands() -> None
     assert "docker run --rm tff-clustered make test" in readme
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv/" in ignored and ".bootstrap/" in ignored
+
+
+def test_every_binary_is_a_console_script_the_editable_install_provides() -> None:
+    """setup.cfg's console scripts: `tff-NAME` for each binaries/NAME.py, each a function of
+    tff_clustered/cli/launch.py starting tff_clustered/cli/NAME.py; scripts/bootstrap.sh
+    installs the package editable (`pip install -e .`), so they exist on a fresh machine and
+    binaries/NAME.py imports the checkout's package without a sys.path edit."""
+    import configparser
+
+    from tff_clustered.cli import launch
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    scripts = dict(
+        (name.strip(), target.strip())
+        for name, _, target in (
+            line.partition("=")
+            for line in config["options.entry_points"]["console_scripts"].strip().splitlines()
+        )
+    )
+    binaries = sorted(p.stem for p in (ROOT / "binaries").glob("*.py"))
+    assert sorted(scripts) == [f"tff-{b.replace('_', '-')}" for b in binaries]
+    for binary in binaries:
+        assert scripts[f"tff-{binary.replace('_', '-')}"] == f"tff_clustered.cli.launch:{binary}"
+        assert callable(getattr(launch, binary))
+        assert (ROOT / "tff_clustered" / "cli" / f"{binary}.py").exists()
+        assert f"launch.{binary}()" in (ROOT / "binaries" / f"{binary}.py").read_text()
+    assert (
+        "-m pip install --quiet --no-deps -e ." in (ROOT / "scripts" / "bootstrap.sh").read_text()
+    )

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import glob
 import os
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, run_binary
 
-from tff_clustered import committed_tables
-
-sys.path.insert(0, os.path.join(ROOT, "binaries"))
-import check_results  # noqa: E402
+from tff_clustered.cli import check_results, table_commands
+from tff_clustered.comparison import committed_tables
 
 COMMAND = (
     "--table=fedgroup --algorithms=fedavg,fedgroup --num_clusters=2 --rounds=1 "
@@ -25,14 +22,14 @@ COMMAND = (
 
 def test_the_command_is_narrowed_to_one_cell_without_other_algorithms_options() -> None:
     markdown = f"# t\n\n- command: `python binaries/compare.py {COMMAND} --output_dir=x`\n"
-    command = check_results.table_command(markdown)
+    command = table_commands.table_command(markdown)
     assert command is not None and "--output_dir=x" not in command
-    cell = check_results.Cell("digits", "fedavg", (0,))
-    narrowed = check_results.rerun_arguments(command, cell)
+    cell = table_commands.Cell("digits", "fedavg", (0,))
+    narrowed = table_commands.rerun_arguments(command, cell)
     assert "--num_clusters=2" not in narrowed  # fedgroup's, which fedavg refuses
     assert narrowed[-2:] == ["--algorithms=fedavg", "--seeds=0"]
-    setting = check_results.Cell("dirichlet:0.5", "fedgroup", (1, 2))
-    narrowed = check_results.rerun_arguments(command, setting)
+    setting = table_commands.Cell("dirichlet:0.5", "fedgroup", (1, 2))
+    narrowed = table_commands.rerun_arguments(command, setting)
     assert "--num_clusters=2" in narrowed and narrowed[-2:] == [
         "--seeds=1,2",
         "--settings=dirichlet:0.5",
@@ -59,7 +56,7 @@ def test_options_in_a_flagfile_are_narrowed_like_the_command_lines(
         "--algorithms=fedavg,fedgroup\n"
     )
     command = ["--rounds=1", f"--flagfile={flagfile}", "--seeds=0,1"]
-    assert check_results.expand_flagfiles(command) == [
+    assert table_commands.expand_flagfiles(command) == [
         "--rounds=1",
         "--table=fedgroup",
         "--num_clusters=3",
@@ -67,16 +64,16 @@ def test_options_in_a_flagfile_are_narrowed_like_the_command_lines(
         "--algorithms=fedavg,fedgroup",
         "--seeds=0,1",
     ]
-    baseline = check_results.Cell("digits", "fedavg", (0,))
-    expanded = check_results.expand_flagfiles(command)
-    narrowed = check_results.rerun_arguments(expanded, baseline)
+    baseline = table_commands.Cell("digits", "fedavg", (0,))
+    expanded = table_commands.expand_flagfiles(command)
+    narrowed = table_commands.rerun_arguments(expanded, baseline)
     assert not any(a.startswith(("--num_clusters", "--flagfile")) for a in narrowed)
     assert narrowed[:3] == ["--rounds=1", "--table=fedgroup", "--rounds=2"]
-    clustered = check_results.Cell("digits", "fedgroup", (0,))
-    assert "--num_clusters=3" in check_results.rerun_arguments(expanded, clustered)
+    clustered = table_commands.Cell("digits", "fedgroup", (0,))
+    assert "--num_clusters=3" in table_commands.rerun_arguments(expanded, clustered)
     missing = tmp_path / "missing.flags"
     with pytest.raises(SystemExit) as stopped:
-        check_results.expand_flagfiles([f"--flagfile={missing}"])
+        table_commands.expand_flagfiles([f"--flagfile={missing}"])
     assert stopped.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert str(missing) in line
@@ -159,22 +156,26 @@ def test_a_recorded_data_path_names_the_data_folder_as_data() -> None:
         "--glove_path=testdata/glove.txt",
         "--output_dir=DATA/x",
     ]
-    assert check_results.data_paths(command) == ["DATA/fashion_mnist", "DATA", "testdata/glove.txt"]
-    assert check_results.with_data_root(command, "/data") == [
+    assert table_commands.data_paths(command) == [
+        "DATA/fashion_mnist",
+        "DATA",
+        "testdata/glove.txt",
+    ]
+    assert table_commands.with_data_root(command, "/data") == [
         "--table=fedgroup",
         "--data_dir=/data/fashion_mnist",
         "--tfds_dir=/data",
         f"--glove_path={os.path.join(ROOT, 'testdata', 'glove.txt')}",
         "--output_dir=DATA/x",
     ]
-    assert check_results.resolve_data_path("DATA/mnist", None) is None  # no data root
+    assert table_commands.resolve_data_path("DATA/mnist", None) is None  # no data root
     for recorded in ("/work/shared/data/mnist", "~/data/mnist"):
         with pytest.raises(ValueError, match="one machine's path; write it as DATA/"):
-            check_results.resolve_data_path(recorded, "/data")
+            table_commands.resolve_data_path(recorded, "/data")
     tables = glob.glob(os.path.join(ROOT, "results", "**", "*.md"), recursive=True)
     for table in tables:
         with open(table) as f:
-            for recorded in check_results.data_paths(check_results.table_command(f.read()) or []):
+            for recorded in table_commands.data_paths(table_commands.table_command(f.read()) or []):
                 assert recorded.startswith("DATA/"), (table, recorded)
 
 
@@ -346,9 +347,9 @@ def test_the_sampled_cell_is_the_first_rows_lowest_seed_or_all_its_seeds() -> No
         HEADER + "iid,ifca,2,0.9,0.9\niid,fedavg,1,0.9,0.9\niid,ifca,1,0.9,0.9\n"
     )
     assert not problems
-    assert check_results.sampled_cell(rows, all_seeds=False) == ("iid", "ifca", (1,))
-    assert check_results.sampled_cell(rows, all_seeds=True) == ("iid", "ifca", (1, 2))
-    assert str(check_results.Cell("iid", "ifca", (1, 2))) == "iid / ifca / seeds 1, 2"
+    assert table_commands.sampled_cell(rows, all_seeds=False) == ("iid", "ifca", (1,))
+    assert table_commands.sampled_cell(rows, all_seeds=True) == ("iid", "ifca", (1, 2))
+    assert str(table_commands.Cell("iid", "ifca", (1, 2))) == "iid / ifca / seeds 1, 2"
 
 
 def test_a_rerun_on_another_cpu_or_numerics_setting_is_named(

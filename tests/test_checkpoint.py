@@ -20,14 +20,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tff_clustered import atomic_files, checkpoint
+from tff_clustered import atomic_files
 from tff_clustered.algorithms.fedgroup import GroupState
 from tff_clustered.algorithms.fedtsdp import TSDPState
-from tff_clustered.checkpoint import CheckpointError
-from tff_clustered.client_store import MemoryClientStore, StoreIndex
+from tff_clustered.loop.client_store import MemoryClientStore, StoreIndex
 from tff_clustered.loop.state import RunState
 from tff_clustered.run_folder import CHECKPOINT_NAME
-from tff_clustered.state_encoding import encode_tree
+from tff_clustered.runs import checkpoint
+from tff_clustered.runs.checkpoint import CheckpointError
+from tff_clustered.runs.state_encoding import encode_tree
 
 SETTINGS = {"algorithm": "fedgroup", "rounds": 3, "shape": (2, 3), "lr": 0.1}
 
@@ -122,7 +123,7 @@ def rewrite_meta(path: Path, edit: object) -> None:
         (lambda m: m.update(format=2), "format 2, this version reads format 3"),
         (lambda m: m["state"].update(dataclass="os:system"), "not a tff-clustered state class"),
         (
-            lambda m: m["state"].update(dataclass="tff_clustered.checkpoint:CheckpointError"),
+            lambda m: m["state"].update(dataclass="tff_clustered.runs.checkpoint:CheckpointError"),
             "not a state class",
         ),
         (lambda m: m["state"]["fields"].update(extra=1), "does not match this version"),

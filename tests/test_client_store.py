@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 from conftest import EXECUTION, ROOT, checkpoint_round_trip, history_rows
 
-from tff_clustered import checkpoint, run_flags, runner
 from tff_clustered.algorithms import make_algorithm
-from tff_clustered.client_store import (
+from tff_clustered.cli import run_flags
+from tff_clustered.data import DataSpec, load_digits_clusters
+from tff_clustered.loop.client_store import (
     MEMORY_BUDGET_BYTES,
     NO_MODEL,
     DiskClientStore,
@@ -31,13 +32,15 @@ from tff_clustered.client_store import (
     open_store,
     store_kind,
 )
-from tff_clustered.data import DataSpec, load_digits_clusters
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.loop.state import RunState
 from tff_clustered.models import model_spec
-from tff_clustered.orchestration import Experiment
 from tff_clustered.run_folder import CLIENT_STORE_NAME, RunFolder
-from tff_clustered.run_spec import ModelChoice, RunSpec
+from tff_clustered.runs import checkpoint, runner
+from tff_clustered.runs.execution import RunExecution
+from tff_clustered.runs.run_spec import ModelChoice, RunSpec
+from tff_clustered.runtime.context import RuntimeConfig
 
 INITIAL = (np.zeros((3, 2), np.float32), np.ones(4, np.float32))
 CLIENTS = tuple(f"c{i}" for i in range(6))
@@ -240,7 +243,9 @@ def test_the_disk_store_gives_the_memory_stores_run(algorithm: str, tmp_path: Pa
 KILLED_AT = 3
 KILLED_RUN = """
 import json, os, signal, sys
-from tff_clustered import runner
+from tff_clustered.runs import runner
+from tff_clustered.runs.execution import RunExecution
+from tff_clustered.runtime.context import RuntimeConfig
 from tff_clustered.loop import round_step
 from test_client_store import store_run_spec
 ARGUMENT = json.loads(sys.argv[1])
@@ -253,8 +258,9 @@ def run_then_die(self, request, store):
     return outcome
 
 round_step.RoundStep.run = run_then_die
-runner.run(store_run_spec(ARGUMENT["algorithm"]), ARGUMENT["output_dir"], checkpoint_every=2,
-           execution="in_process", client_store="disk", log=lambda line: None)
+disk = RunExecution(RuntimeConfig(execution="in_process"), client_store="disk")
+runner.run(store_run_spec(ARGUMENT["algorithm"]), ARGUMENT["output_dir"], disk, checkpoint_every=2,
+           log=lambda line: None)
 """
 STATEFUL = ("fedper", "ditto", "fesem", "fedtsdp")
 
@@ -321,7 +327,8 @@ def test_a_killed_run_on_the_disk_store_resumes_to_the_uninterrupted_run(
     written since are ignored, and the run ends as one on the memory store that never stopped
     (its rows, server models, clusters and every client's own model)."""
     spec = store_run_spec(algorithm)
-    reference = runner.build_experiment(spec, execution="in_process", client_store="memory")
+    in_process = RuntimeConfig(execution="in_process")
+    reference = runner.spec_experiment(spec, RunExecution(in_process, client_store="memory"))
     reference.start()
     list(reference.rounds())
     out, process, stderr = killed_runs[algorithm]
@@ -330,12 +337,12 @@ def test_a_killed_run_on_the_disk_store_resumes_to_the_uninterrupted_run(
     assert process.returncode == -signal.SIGKILL, stderr.read()[-3000:]
     saved = checkpoint.load(RunFolder(out).checkpoint, spec.settings())
     assert saved.round_num == KILLED_AT - 1 and isinstance(saved.client_models, StoreIndex)
+    disk = RunExecution(in_process, client_store="disk", store_folder=out)
     summary, resumed = runner.run_experiment(
-        lambda timer: runner.build_experiment(
-            spec, (), "in_process", None, timer, client_store="disk", store_folder=out
-        ),
+        lambda: runner.spec_experiment(spec, disk),
         spec.settings(),
         out,
+        disk.timer,
         checkpoint_every=2,
         resume=True,
         log=lambda line: None,

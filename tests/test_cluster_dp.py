@@ -20,9 +20,7 @@ from tensorflow_federated.python.aggregators.differential_privacy import (
 )
 
 import tff_clustered
-from tff_clustered import checkpoint
 from tff_clustered.algorithms import ALGORITHMS, make_algorithm
-from tff_clustered.api import with_aggregator
 from tff_clustered.federated import client_work
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator, ClusterMean
 from tff_clustered.federated.cluster_dp import ClusterDP
@@ -36,7 +34,9 @@ from tff_clustered.loop.aggregation import check_aggregator, expected_counts
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.models import initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
-from tff_clustered.run_spec import RunSpec
+from tff_clustered.runs import checkpoint
+from tff_clustered.runs.api import with_aggregator
+from tff_clustered.runs.run_spec import RunSpec
 from tff_clustered.weights import unflatten
 
 SHAPES = ((4,), (2, 3))  # an update of two tensors: the clip is their global norm
@@ -417,7 +417,7 @@ def test_the_experiment_weighs_clients_uniformly_under_dp() -> None:
     """FedAvg weighs by examples; under dp its rounds weigh every client 1 (a private mean's
     sensitivity needs it), and round metrics, which read each client's update, are refused."""
     from tff_clustered.data import load_dataset
-    from tff_clustered.orchestration import Experiment
+    from tff_clustered.loop.orchestration import Experiment
 
     data = load_dataset("digits_dirichlet", seed=0, num_clients=4, dirichlet_beta=0.5)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=4)
@@ -523,8 +523,8 @@ def test_a_model_made_non_finite_by_dp_noise_names_the_dp_settings() -> None:
     """Noise of 1e20 per value: the round after it diverges, and the message names the noise
     and the clip, not the learning rate alone."""
     from tff_clustered.data import load_dataset
+    from tff_clustered.loop.orchestration import Experiment
     from tff_clustered.loop.state import DivergenceError
-    from tff_clustered.orchestration import Experiment
 
     data = load_dataset("digits_dirichlet", seed=0, num_clients=4, dirichlet_beta=0.5)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=4)

@@ -14,8 +14,8 @@ from test_in_process import CONFIG, TOLERANCE, numbers
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_dataset
 from tff_clustered.loop.config import AggregatorConfig
+from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import model_spec
-from tff_clustered.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 DP = AggregatorConfig(

@@ -17,7 +17,6 @@ from test_cluster_dp import SHAPES, random_update, run_aggregator
 
 from tff_clustered.algorithms import ALGORITHMS
 from tff_clustered.algorithms.fedavg import FedAvg
-from tff_clustered.api import with_aggregator
 from tff_clustered.federated.cluster_aggregators import ClusterMean
 from tff_clustered.federated.cluster_dp import ClusterDP
 from tff_clustered.federated.cluster_encodings import (
@@ -31,6 +30,7 @@ from tff_clustered.federated.cluster_encodings import (
 from tff_clustered.federated.cluster_robust import ClusterRobust
 from tff_clustered.loop.aggregation import check_aggregator
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
+from tff_clustered.runs.api import with_aggregator
 
 
 def tff_estimates(state: object, zeroing: bool, clipping: bool) -> dict[str, float]:

@@ -17,15 +17,15 @@ from conftest import (
 )
 from sklearn.metrics import adjusted_rand_score
 
-from tff_clustered import figures
 from tff_clustered import options as options_lib
 from tff_clustered import weights as flat
 from tff_clustered.algorithms import algorithm_class, make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated.batching import batches
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.loop.round_calls import LocalTraining, TrainRequest
-from tff_clustered.orchestration import Experiment
+from tff_clustered.report import figures
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 QUICK = TrainingConfig(rounds=3, clients_per_round=6, local_epochs=1, learning_rate=0.1, seed=2)

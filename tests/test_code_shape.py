@@ -40,11 +40,6 @@ SENTENCE_BREAK = re.compile(r"[.?!]\s+[A-Z]")
 # other parts of the redesign own (federated/ and the loop's round path: the round's part; the
 # package root and binaries/: the layout's). The lead empties it as their branches merge.
 LONG_FUNCTIONS_BEING_REWRITTEN = {
-    "binaries/benchmarks/fedtsdp_vs_fedavg.py:fedtsdp_vs_fedavg",
-    "binaries/benchmarks/scoring_ways.py:scoring_ways",
-    "binaries/benchmarks/unequal_clients.py:unequal_clients",
-    "binaries/check_results.py:check_table",
-    "tff_clustered/api.py:run",
     "tff_clustered/federated/in_process.py:in_process_round",
     "tff_clustered/federated/in_process.py:in_process_round.next_fn",
     "tff_clustered/federated/local_training.py:train_client",
@@ -54,16 +49,14 @@ LONG_FUNCTIONS_BEING_REWRITTEN = {
     "tff_clustered/federated/sharded.py:sharded_round",
     "tff_clustered/federated/tff_factory_aggregator.py:FactoryRoundPart.finalizer",
     "tff_clustered/loop/round_calls.py:RoundCalls.train",
-    "tff_clustered/orchestration.py:Experiment.__init__",
-    "tff_clustered/result_tables.py:write_tables",
-    "tff_clustered/runner.py:_run_in_folder",
+    "tff_clustered/loop/orchestration.py:Experiment.__init__",
 }
 # Shrinking: today's functions defining more than MAX_NESTED_DEFS functions: the round written
 # as nested blocks, which the round's part of the redesign composes once, and two benchmarks
 # timing those rounds. The lead empties it as the branches merge.
 NESTED_BLOCKS_BEING_REWRITTEN = {
-    "binaries/benchmarks/round_floors.py:floor_round_fns",
-    "binaries/benchmarks/tff_client_costs.py:model_paths",
+    "tff_clustered/cli/benchmarks/round_floors.py:floor_round_fns",
+    "tff_clustered/cli/benchmarks/tff_client_costs.py:model_paths",
     "tff_clustered/federated/in_process.py:in_process_round",
     "tff_clustered/federated/round.py:tff_round_parts",
     "tff_clustered/federated/round_functions.py:round_functions",
@@ -73,34 +66,6 @@ NESTED_BLOCKS_BEING_REWRITTEN = {
 # first line, in code other parts of the redesign own (federated/, the loop's round path and
 # config, the package root, binaries/). The lead empties it as the branches merge.
 MODULES_WITHOUT_A_ONE_LINE_CONCERN = {
-    "binaries/benchmark.py",
-    "binaries/benchmarks/__init__.py",
-    "binaries/benchmarks/client_data.py",
-    "binaries/benchmarks/client_scaling.py",
-    "binaries/benchmarks/clustering.py",
-    "binaries/benchmarks/common.py",
-    "binaries/benchmarks/evaluation.py",
-    "binaries/benchmarks/fedavg_vs_tff.py",
-    "binaries/benchmarks/fedgroup_vs_fedavg.py",
-    "binaries/benchmarks/fedtsdp_vs_fedavg.py",
-    "binaries/benchmarks/memory.py",
-    "binaries/benchmarks/population.py",
-    "binaries/benchmarks/population_goals.py",
-    "binaries/benchmarks/registry.py",
-    "binaries/benchmarks/round_floors.py",
-    "binaries/benchmarks/scoring_ways.py",
-    "binaries/benchmarks/tff_client_costs.py",
-    "binaries/benchmarks/uapdfl_vs_fedavg.py",
-    "binaries/benchmarks/unequal_clients.py",
-    "binaries/check_results.py",
-    "binaries/client_store_cost.py",
-    "binaries/compare.py",
-    "binaries/docs_tables.py",
-    "tff_clustered/cli.py",
-    "tff_clustered/client_store.py",
-    "tff_clustered/committed_tables.py",
-    "tff_clustered/comparison_rows.py",
-    "tff_clustered/comparison_tables.py",
     "tff_clustered/federated/__init__.py",
     "tff_clustered/federated/batching.py",
     "tff_clustered/federated/cluster_aggregators.py",
@@ -119,17 +84,10 @@ MODULES_WITHOUT_A_ONE_LINE_CONCERN = {
     "tff_clustered/federated/scoring.py",
     "tff_clustered/federated/server_optimizers.py",
     "tff_clustered/federated/signature.py",
-    "tff_clustered/logs.py",
     "tff_clustered/loop/aggregation.py",
     "tff_clustered/loop/round_calls.py",
     "tff_clustered/loop/round_step.py",
     "tff_clustered/loop/state.py",
-    "tff_clustered/numerics.py",
-    "tff_clustered/orchestration.py",
-    "tff_clustered/reporting.py",
-    "tff_clustered/run_flags.py",
-    "tff_clustered/run_spec.py",
-    "tff_clustered/worker_connection.py",
 }
 
 

@@ -11,8 +11,8 @@ import uuid
 import pytest
 from conftest import ROOT, run_binary, worker_pids_with_tag
 
-from tff_clustered import checkpoint
 from tff_clustered.run_folder import LOCK_NAME
+from tff_clustered.runs import checkpoint
 
 
 def test_compare_writes_table_iii_and_clustered_methods_beat_fedavg(tmp_path: object) -> None:
@@ -143,8 +143,8 @@ def test_compare_writes_the_fedtsdp_table_shape(tmp_path: object) -> None:
 PLAN_EVERY_TABLE = """
 import glob, sys
 sys.argv = ["compare.py"]
-sys.path.insert(0, "binaries")
-import compare
+from tff_clustered.cli import launch
+compare = launch.imported("compare")
 from absl import flags
 
 for path in sorted(glob.glob("configs/*.flags")):
@@ -177,8 +177,8 @@ def test_every_paper_table_flagfile_plans_three_seeds_of_its_columns() -> None:
 COLUMNS_OF_FESEM_TABLE = """
 import sys
 sys.argv = ["compare.py"]
-sys.path.insert(0, "binaries")
-import compare
+from tff_clustered.cli import launch
+compare = launch.imported("compare")
 from absl import flags
 
 flags.FLAGS(["compare.py", "--table=fesem"])

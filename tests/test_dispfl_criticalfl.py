@@ -24,9 +24,9 @@ from tff_clustered.data import load_digits_clusters
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.federated.peer_work import PeerStep
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import model_spec
 from tff_clustered.models.split import classifier_layers
-from tff_clustered.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 

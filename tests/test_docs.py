@@ -9,7 +9,7 @@ import re
 from types import ModuleType
 
 import pytest
-from conftest import ROOT, load_script
+from conftest import ROOT
 
 REGENERATE = "run .venv/bin/python binaries/docs_tables.py"
 DOCUMENTS = [
@@ -22,7 +22,9 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 
 @pytest.fixture(scope="module")
 def docs_tables() -> ModuleType:
-    return load_script(os.path.join("binaries", "docs_tables.py"))
+    from tff_clustered.cli import docs_tables
+
+    return docs_tables
 
 
 def read(path: str) -> str:

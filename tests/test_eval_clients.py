@@ -16,7 +16,7 @@ from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.loop import round_calls
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.evaluation import server_models
-from tff_clustered.orchestration import Experiment
+from tff_clustered.loop.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 CONFIG = TrainingConfig(rounds=2, clients_per_round=4, learning_rate=0.1, batch_size=8, seed=3)
@@ -164,7 +164,7 @@ def test_a_large_split_is_never_read_whole_to_decide(monkeypatch: pytest.MonkeyP
 def test_the_flag_reaches_the_training_config() -> None:
     from absl import flags
 
-    from tff_clustered import run_flags
+    from tff_clustered.cli import run_flags
 
     assert flags.FLAGS["eval_clients"].default == TrainingConfig().eval_clients == 0
     try:

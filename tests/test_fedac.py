@@ -17,7 +17,7 @@ from tff_clustered.algorithms import fedac, make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated import client_work
 from tff_clustered.loop.config import TrainingConfig
-from tff_clustered.orchestration import Experiment
+from tff_clustered.loop.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 

@@ -22,7 +22,7 @@ from tff_clustered.algorithms.cgpfl import context_step
 from tff_clustered.clustering import hierarchical
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.loop.config import TrainingConfig
-from tff_clustered.orchestration import Experiment
+from tff_clustered.loop.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 # 24 clients in 3 label-permutation groups, half of them per round.

@@ -15,8 +15,8 @@ from tff_clustered.data import DataError, load_dataset
 from tff_clustered.data.mnist import partition_by_classes, read_mnist
 from tff_clustered.data.tweets import tokenize
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import count_trainable_parameters, model_spec
-from tff_clustered.orchestration import Experiment
 
 MNIST_DIR = os.path.join(TESTDATA, "mnist_idx_tiny")
 SENT140_DIR = os.path.join(TESTDATA, "sent140_tiny")

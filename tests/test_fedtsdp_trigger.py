@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from conftest import ari_with_plant
 
-from tff_clustered import clustering, figures
+from tff_clustered import clustering
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.algorithms.fedtsdp import FedTSDP
 from tff_clustered.data import load_dataset, load_digits_clusters
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import model_spec
-from tff_clustered.orchestration import Experiment
+from tff_clustered.report import figures
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

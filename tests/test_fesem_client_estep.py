@@ -10,15 +10,15 @@ import pytest
 from conftest import ari_with_plant, mlp_experiment
 from sklearn.metrics import adjusted_rand_score
 
-from tff_clustered import checkpoint
 from tff_clustered.algorithms import make_algorithm, make_options
 from tff_clustered.algorithms.base import RoundResult
 from tff_clustered.algorithms.fedgroup import discrepancy
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated.distributions import NearestCentreAfterTraining, OwnCluster
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
-from tff_clustered.orchestration import Experiment
-from tff_clustered.run_spec import RunSpec
+from tff_clustered.loop.orchestration import Experiment
+from tff_clustered.runs import checkpoint
+from tff_clustered.runs.run_spec import RunSpec
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 CONFIG = TrainingConfig(rounds=3, clients_per_round=8, local_epochs=3, learning_rate=0.1, seed=2)

@@ -30,9 +30,9 @@ from tff_clustered.federated.round_inputs import (
 )
 from tff_clustered.federated.signature import RoundSignature
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
-from tff_clustered.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 CONFIG = TrainingConfig(
@@ -419,7 +419,7 @@ PLACEMENT_SCRIPT = textwrap.dedent(
     from tff_clustered.algorithms import make_algorithm
     from tff_clustered.models import model_spec
     from tff_clustered.loop.config import TrainingConfig
-    from tff_clustered.orchestration import Experiment
+    from tff_clustered.loop.orchestration import Experiment
     data = load_digits_clusters(num_clients=4, num_groups=2, seed=0)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
     config = TrainingConfig(rounds=1, clients_per_round=2, seed=0)
@@ -467,7 +467,7 @@ def test_in_process_rounds_run_on_the_named_device_without_a_tff_worker(device: 
 
 
 def test_execution_settings_that_cannot_work_are_refused_with_the_fix() -> None:
-    from tff_clustered.runtime import RuntimeConfig
+    from tff_clustered.runtime.context import RuntimeConfig
 
     with pytest.raises(ValueError, match="Drop one of the two"):
         RuntimeConfig(execution="in_process", workers=("host:8000",))

@@ -276,7 +276,7 @@ def test_num_clients_keeps_a_seeded_choice_of_the_files_clients(population_file:
 LOAD_AS_A_BINARY = """
 import sys
 from absl import app
-from tff_clustered import logs
+from tff_clustered.cli import logs
 from tff_clustered.data import load_dataset
 logs.quiet_python_logs(sys.argv)
 load = lambda argv: load_dataset("tff_sql", data_dir=argv[1], num_classes=3)

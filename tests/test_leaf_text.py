@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import TESTDATA
 
-from tff_clustered import run_flags
+from tff_clustered.cli import run_flags
 from tff_clustered.data import DataError, load_dataset, load_leaf
 from tff_clustered.data.tff_datasets import next_character_examples
 from tff_clustered.models import model_spec

@@ -16,8 +16,8 @@ from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated import client_work, local_training
 from tff_clustered.federated.batching import ArrayBatches
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import model_spec
-from tff_clustered.orchestration import Experiment
 
 
 def mclr_predict(weights: tuple, x: tf.Tensor, training: bool) -> tf.Tensor:

@@ -16,9 +16,9 @@ from tff_clustered.federated import client_work
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.signature import RoundSignature
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
-from tff_clustered.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 QUICK = TrainingConfig(rounds=3, clients_per_round=6, local_epochs=1, learning_rate=0.1, seed=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tff_clustered.phases import PhaseTimer, phases_line
+from tff_clustered.loop.phases import PhaseTimer, phases_line
 
 
 def test_phases_do_not_nest_and_moving_time_keeps_the_sum() -> None:

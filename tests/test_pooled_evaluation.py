@@ -15,9 +15,9 @@ from tff_clustered.data import load_dataset, load_digits_clusters
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.evaluation import server_models
+from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import model_spec
 from tff_clustered.models.keras_models import ModelSpec
-from tff_clustered.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 TESTDATA = os.path.join(os.path.dirname(__file__), os.pardir, "testdata")

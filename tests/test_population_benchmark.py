@@ -19,12 +19,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
-from conftest import ROOT, run_binary
+from conftest import run_binary
 
+from tff_clustered.cli.benchmarks.population_goals import goal_checks
 from tff_clustered.data import population
-
-sys.path.insert(0, os.path.join(ROOT, "binaries"))
-from benchmarks.population_goals import goal_checks  # noqa: E402
 
 SPEC = population.PopulationSpec(30, seed=3)
 ELEMENT_SPEC = collections.OrderedDict(

@@ -20,8 +20,8 @@ from tff_clustered.loop.dp_events import event_of_key, sampling_event
 from tff_clustered.loop.noise_calibration import calibrated_noise_multiplier
 from tff_clustered.loop.privacy_ledger import PrivacyLedger
 from tff_clustered.loop.sampling import SAMPLINGS, describe_sampling, sampled_positions
+from tff_clustered.runs.state_encoding import decode_tree, encode_tree
 from tff_clustered.seeds import SAMPLING, derived_seed
-from tff_clustered.state_encoding import decode_tree, encode_tree
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "privacy.md"
 DELTA = 1e-5

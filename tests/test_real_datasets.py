@@ -28,8 +28,9 @@ from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import count_trainable_parameters, model_spec, trainable_layer_sizes
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.split import classifier_layers
-from tff_clustered.run_spec import ModelChoice, RunSpec
-from tff_clustered.runner import build_experiment
+from tff_clustered.runs.execution import RunExecution
+from tff_clustered.runs.run_spec import ModelChoice, RunSpec
+from tff_clustered.runs.runner import spec_experiment
 
 SHARED_MNIST = os.path.join(ROOT, "..", "shared", "data", "mnist")
 # 90 test images per class: FedAC's local test sets need up to 0.25 * 350 of one class.
@@ -604,7 +605,7 @@ def test_the_character_lstm_learns_the_tiny_shakespeare_text() -> None:
             rounds=3, clients_per_round=3, local_epochs=1, learning_rate=0.5, eval_every=3
         ),
     )
-    experiment = build_experiment(spec, execution="in_process")
+    experiment = spec_experiment(spec, RunExecution.of("in_process"))
     experiment.start()
     losses = [row["train_loss"] for row in experiment.rounds() if row["round"] > 0]
     assert losses[0] > losses[1] > losses[2] and losses[2] < np.log(87) - 0.8, losses

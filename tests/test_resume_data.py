@@ -19,8 +19,7 @@ import pytest
 import tensorflow as tf
 from conftest import TESTDATA, TRAIN_IN_ONE_PROCESS, run_binary
 
-from tff_clustered import atomic_files, checkpoint
-from tff_clustered.checkpoint import CheckpointError
+from tff_clustered import atomic_files
 from tff_clustered.data import fingerprint
 from tff_clustered.data.fingerprint import SourceFingerprint, file_digest, sampled_digest
 from tff_clustered.data.population import PopulationSpec, write_population_sql
@@ -28,6 +27,8 @@ from tff_clustered.data.registry import data_files, load_dataset, source_fingerp
 from tff_clustered.data.spec import DATASET_NAMES
 from tff_clustered.loop.state import RunState
 from tff_clustered.run_folder import CHECKPOINT_NAME, LOCK_NAME
+from tff_clustered.runs import checkpoint
+from tff_clustered.runs.checkpoint import CheckpointError
 
 LEAF_TRAIN_0 = "train/all_data_0_niid_0_keep_0_train_9.json"
 LEAF_TEST = "test/all_data_niid_0_keep_0_test_9.json"

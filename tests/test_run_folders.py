@@ -12,8 +12,9 @@ import os
 import pytest
 from conftest import DP_POISSON_DIGITS, TRAIN_IN_ONE_PROCESS, run_binary
 
-from tff_clustered import checkpoint, reporting
+from tff_clustered.report import reporting
 from tff_clustered.run_folder import RUN_OUTPUTS, RunFolder
+from tff_clustered.runs import checkpoint
 
 # digits (40 clients), Poisson sampling of 10 a round with noise 1: one round already takes a
 # client's epsilon past 0.1, so the run stops before round 1.

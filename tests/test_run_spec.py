@@ -10,11 +10,11 @@ import pathlib
 import pytest
 from absl import flags
 
-from tff_clustered import run_flags
+from tff_clustered.cli import run_flags
 from tff_clustered.data import DataSpec, load_dataset
 from tff_clustered.data.registry import data_files, source_fingerprint
 from tff_clustered.data.spec import data_spec
-from tff_clustered.run_spec import ModelChoice, RunSpec
+from tff_clustered.runs.run_spec import ModelChoice, RunSpec
 
 
 @pytest.mark.parametrize("record", [DataSpec, ModelChoice])

@@ -70,7 +70,7 @@ def test_plain_tff_works_before_between_and_after_runs_in_one_process() -> None:
 def test_a_runtime_stopped_by_an_error_or_ctrl_c_restores_tffs_context(
     stopped_by: type,
 ) -> None:
-    from tff_clustered.runtime import _default_context, tff_runtime
+    from tff_clustered.runtime.context import _default_context, tff_runtime
 
     before = _default_context()
     with pytest.raises(stopped_by), tff_runtime() as runtime:
@@ -87,7 +87,7 @@ def test_a_computation_under_a_stopped_runtimes_context_names_it() -> None:
     import tensorflow as tf
     import tensorflow_federated as tff
 
-    from tff_clustered.runtime import tff_runtime, worker_contexts
+    from tff_clustered.runtime.context import tff_runtime, worker_contexts
 
     @tff.tensorflow.computation(tf.int32)
     def add_one(x: object) -> object:

@@ -17,8 +17,8 @@ from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated.server_optimizers import ServerOptimizer, server_step
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import model_spec
-from tff_clustered.orchestration import Experiment
 
 BEFORE = np.array([[1.0, 2.0, 3.0, 10.0], [0.0, 0.0, 0.0, 5.0]], np.float32)
 MEAN_UPDATE = np.array([[0.1, 0.2, -0.1, 7.0], [0.0, 0.0, 0.0, 0.0]], np.float32)

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 from conftest import ROOT, run_binary
 
-from tff_clustered import run_flags
+from tff_clustered.cli import run_flags
 from tff_clustered.data import DataError, load_dataset
 from tff_clustered.data.federated_data import chosen_clients
 from tff_clustered.data.registry import data_files, source_fingerprint

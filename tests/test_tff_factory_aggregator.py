@@ -14,8 +14,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import tff_clustered
-from tff_clustered import checkpoint, reporting
-from tff_clustered.api import with_aggregator
 from tff_clustered.data import DataSpec
 from tff_clustered.federated import client_work
 from tff_clustered.federated.round import tff_round_parts
@@ -31,9 +29,12 @@ from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.state import RunState
 from tff_clustered.models import initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
+from tff_clustered.report import reporting
 from tff_clustered.run_folder import RunFolder
-from tff_clustered.run_spec import ModelChoice, RunSpec
-from tff_clustered.state_encoding import decode_tree
+from tff_clustered.runs import checkpoint
+from tff_clustered.runs.api import with_aggregator
+from tff_clustered.runs.run_spec import ModelChoice, RunSpec
+from tff_clustered.runs.state_encoding import decode_tree
 from tff_clustered.weights import unflatten
 
 SPEC = model_spec("mlp", (5,), 3, hidden_units=4)

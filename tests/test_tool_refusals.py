@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from conftest import run_binary
 
-from tff_clustered import checkpoint
-from tff_clustered.checkpoint import CheckpointError
 from tff_clustered.loop.state import RunState
 from tff_clustered.run_folder import CHECKPOINT_NAME
+from tff_clustered.runs import checkpoint
+from tff_clustered.runs.checkpoint import CheckpointError
 
 # A run's settings as `RunSpec.settings()` gives them: nested dicts, long when printed whole.
 SETTINGS = {
@@ -88,14 +88,14 @@ def test_benchmark_refuses_a_selection_that_measures_nothing() -> None:
     script = (
         "import sys\n"
         "sys.argv = ['benchmark.py']\n"
-        "sys.path.insert(0, 'binaries')\n"
-        "import benchmark\n"
-        "from tff_clustered import cli\n"
+        "from tff_clustered.cli import launch\n"
+        "benchmark = launch.imported('benchmark')\n"
+        "from tff_clustered.cli import exits\n"
         "for given in ('--benchmarks=no_such_benchmark', '--benchmarks=', "
         "'--benchmarks=clustering,nope'):\n"
         "    benchmark.FLAGS.unparse_flags()\n"
         "    try:\n"
-        "        cli.parse_flags(['benchmark.py', given])\n"
+        "        exits.parse_flags(['benchmark.py', given])\n"
         "    except SystemExit as e:\n"
         "        print('exit', e.code)\n"
         "shown = benchmark.FLAGS.get_key_flags_for_module(benchmark)\n"

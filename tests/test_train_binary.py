@@ -25,10 +25,10 @@ from conftest import (
     worker_pids_with_tag,
 )
 
-from tff_clustered import checkpoint
-from tff_clustered.phases import PHASES
+from tff_clustered.loop.phases import PHASES
 from tff_clustered.run_folder import LOCK_NAME, RunFolder
-from tff_clustered.state_encoding import decode_tree
+from tff_clustered.runs import checkpoint
+from tff_clustered.runs.state_encoding import decode_tree
 
 TRAIN = os.path.join("binaries", "train.py")
 QUICK = ["--rounds=12", "--clients_per_round=5", "--local_epochs=1", "--checkpoint_every=2"]

@@ -17,8 +17,8 @@ from tff_clustered.algorithms.uapdfl import (
 )
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import model_spec
-from tff_clustered.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
 

@@ -25,9 +25,9 @@ from tff_clustered.data.sqlite_files import locked_database
 from tff_clustered.data.worker_reader import WorkerReader, worker_reader
 from tff_clustered.federated import executions, sharded
 from tff_clustered.loop.config import TrainingConfig
-from tff_clustered.run_spec import RunSpec
-from tff_clustered.runner import build_experiment
-from tff_clustered.runtime import RuntimeConfig, tff_runtime
+from tff_clustered.runs.run_spec import RunSpec
+from tff_clustered.runs.runner import spec_experiment
+from tff_clustered.runtime.context import RuntimeConfig, tff_runtime
 
 SHARDED_ROUND = sharded.sharded_round
 POPULATION = PopulationSpec(num_clients=12, train_examples=7, test_examples=5, num_features=6)
@@ -63,7 +63,7 @@ def run(algorithm: str, path: str, client_data: str, monkeypatch: Any) -> dict:
 
     monkeypatch.setattr(sharded, "sharded_round", recorded)
     with tff_runtime(RuntimeConfig(client_data=client_data)):
-        experiment = build_experiment(spec)
+        experiment = spec_experiment(spec)
         experiment.start()
         history = [
             {k: v for k, v in row.items() if "seconds" not in k} for row in experiment.rounds()
@@ -123,7 +123,7 @@ def test_reading_on_the_worker_data_that_is_not_a_tff_sql_file_is_one_line() -> 
     spec = RunSpec(algorithm="fedavg", training=TrainingConfig(rounds=1, clients_per_round=2))
     with tff_runtime(RuntimeConfig(client_data="read_on_worker")):
         with pytest.raises(ValueError, match="read_on_worker reads a file of TFF's SQL format"):
-            build_experiment(spec)
+            spec_experiment(spec)
     with pytest.raises(ValueError, match="has none"):
         RuntimeConfig(execution="in_process", client_data="read_on_worker")
     with pytest.raises(ValueError, match="client_data must be one of"):
@@ -168,7 +168,7 @@ def test_a_read_failing_on_the_worker_is_one_line_naming_it(
         training=TrainingConfig(rounds=1, clients_per_round=4, eval_every=5),
     )
     with tff_runtime(RuntimeConfig(client_data="read_on_worker")):
-        experiment = build_experiment(spec)
+        experiment = spec_experiment(spec)
         experiment.start()
         experiment.data.arrays_of("test", experiment.data.client_ids)  # scored here: read now
         held = held_exclusively(path) if damage == "locked" else contextlib.nullcontext()

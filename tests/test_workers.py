@@ -27,9 +27,9 @@ from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.federated.tff_factory_aggregator import TffFactoryPerCluster
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.evaluation import server_models
-from tff_clustered.run_spec import RunSpec
-from tff_clustered.runner import build_experiment
-from tff_clustered.runtime import RuntimeConfig, WorkerLostError, tff_runtime
+from tff_clustered.runs.run_spec import RunSpec
+from tff_clustered.runs.runner import spec_experiment
+from tff_clustered.runtime.context import RuntimeConfig, WorkerLostError, tff_runtime
 
 WORKER = os.path.join("binaries", "worker.py")
 TRAIN = os.path.join("binaries", "train.py")
@@ -109,7 +109,7 @@ def test_two_workers_give_the_one_worker_result(two_workers: list, monkeypatch: 
     results = []
     for workers in ([address(two_workers[0])], [address(s) for s in two_workers]):
         with tff_runtime(RuntimeConfig(workers=tuple(workers))):
-            experiment = build_experiment(spec)
+            experiment = spec_experiment(spec)
             experiment.start()
             history = list(experiment.rounds())
             # per-client scoring (the path of personal models), split over the workers too
@@ -159,7 +159,7 @@ def test_two_workers_give_the_one_worker_result_with_dp(
     results = []
     for workers in ([address(two_workers[0])], [address(s) for s in two_workers]):
         with tff_runtime(RuntimeConfig(workers=tuple(workers))):
-            experiment = build_experiment(spec)
+            experiment = spec_experiment(spec)
             experiment.start()
             results.append((experiment.state, list(experiment.rounds())))
     assert len(used) > 2  # shares of two rounds, then each round's finalizer
@@ -195,7 +195,7 @@ def test_two_workers_reading_their_clients_give_the_one_worker_sending_them(
         ([address(s) for s in two_workers], "read_on_worker"),
     ):
         with tff_runtime(RuntimeConfig(workers=tuple(workers), client_data=client_data)):
-            experiment = build_experiment(spec)
+            experiment = spec_experiment(spec)
             experiment.start()
             history = list(experiment.rounds())
             assert (experiment.calls.rounds_cache.worker_data is None) == (client_data == "sent")
@@ -377,4 +377,4 @@ def test_a_tff_factory_per_cluster_is_refused_on_two_workers(two_workers: list) 
     )
     with tff_runtime(RuntimeConfig(workers=tuple(address(s) for s in two_workers))):
         with pytest.raises(ValueError, match="split over 2 workers.*run it on one worker"):
-            build_experiment(spec)
+            spec_experiment(spec)

@@ -1,7 +1,7 @@
 """tff-clustered: clustered and personalized federated learning on TensorFlow Federated.
 
 `tff_clustered.run(algorithm, train=..., model_fn=..., output_dir=...)` runs any algorithm on
-your clients and Keras model (`tff_clustered.api`); the algorithms are in
+your clients and Keras model (`tff_clustered.runs.api`); the algorithms are in
 `tff_clustered.algorithms`, the federated core in `tff_clustered.federated`. Importing this
 package is light: TensorFlow loads on first use of the API."""
 
@@ -22,11 +22,12 @@ from typing import Any
 # Read when gRPC initialises, so set before TensorFlow Federated is imported.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-# The Python API, imported on first use (`tff_clustered.run`): `cli` must stay light.
+# The Python API, imported on first use (`tff_clustered.run`): every binary imports this package
+# before it quiets TensorFlow (`cli/launch.py`), so it must stay light.
 _API = {
-    "run": "tff_clustered.api",
-    "RunResult": "tff_clustered.api",
-    "federated_data": "tff_clustered.api",
+    "run": "tff_clustered.runs.api",
+    "RunResult": "tff_clustered.runs.api",
+    "federated_data": "tff_clustered.runs.api",
     "TrainingConfig": "tff_clustered.loop.config",
     "ServerOptimizer": "tff_clustered.federated.server_optimizers",
     "AggregatorConfig": "tff_clustered.loop.config",

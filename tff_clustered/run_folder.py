@@ -110,12 +110,12 @@ class RunFolder:
 
     @property
     def checkpoint(self) -> str:
-        """The run's state after its last checkpointed round (`tff_clustered.checkpoint`)."""
+        """The run's state after its last checkpointed round (`tff_clustered.runs.checkpoint`)."""
         return self.file(CHECKPOINT_NAME)
 
     @property
     def client_store(self) -> str:
-        """The clients' own models with `--client_store=disk` (`tff_clustered.client_store`)."""
+        """The clients' own models with `--client_store=disk` (`loop/client_store.py`)."""
         return self.file(CLIENT_STORE_NAME)
 
     @property

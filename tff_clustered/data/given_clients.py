@@ -1,6 +1,6 @@
 """The clients a user gives the Python API, as checked per-client arrays.
 
-The Python API (`tff_clustered.api`) takes TFF's `ClientData`, or a mapping of client ids to
+The Python API (`tff_clustered.runs.api`) takes TFF's `ClientData`, or a mapping of client ids to
 `(x, y)` or to mappings of arrays; they are turned into per-client arrays with one-line errors
 naming the client and the fix.
 """

@@ -1,8 +1,7 @@
 """A synthetic population of any size in TFF's SQL format, written client by client.
 
-A synthetic population of any size in TFF's SQL format, written client by client: the data
-of the population benchmark (`binaries/benchmarks/population.py`) and of tests that need a
-population file.
+It is the data of the population benchmark (`tff_clustered/cli/benchmarks/population.py`)
+and of tests that need a population file.
 
 Each client holds `train_examples` and `test_examples` examples of `num_features` standard
 normal float32 features; its label is `argmax(x @ W_g)` over `num_classes` classes, where

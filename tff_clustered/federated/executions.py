@@ -10,7 +10,6 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from tff_clustered import runtime
 from tff_clustered.federated import graphs, grouping, in_process, sharded
 from tff_clustered.federated.resident import WorkerArrays
 from tff_clustered.federated.round import (
@@ -29,6 +28,7 @@ from tff_clustered.federated.scoring import (
 )
 from tff_clustered.federated.signature import RoundSignature
 from tff_clustered.models.functional import FunctionalModel
+from tff_clustered.runtime import context as runtime
 
 EXECUTIONS = ("tff", "in_process")
 

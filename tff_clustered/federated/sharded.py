@@ -24,13 +24,13 @@ from typing import Any, Callable, Optional
 import numpy as np
 import tensorflow_federated as tff
 
-from tff_clustered import runtime
 from tff_clustered.federated.round import (
     FederatedRound,
     TffRoundParts,
 )
 from tff_clustered.federated.round_functions import example_count, python_server_state
 from tff_clustered.federated.round_inputs import WorkerData, client_examples
+from tff_clustered.runtime import context as runtime
 
 
 def split_clients(sizes: Sequence[int], num_shards: int) -> list[slice]:

@@ -20,11 +20,11 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from tff_clustered import runtime
 from tff_clustered.algorithms.base import Algorithm
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.state import RunState, padded
+from tff_clustered.runtime import context as runtime
 from tff_clustered.seeds import DP_NOISE, derived_seed
 
 

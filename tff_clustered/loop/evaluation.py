@@ -13,13 +13,13 @@ from typing import Any
 import numpy as np
 
 from tff_clustered.algorithms.base import Algorithm, RunInfo
-from tff_clustered.client_store import ClientStore
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.federated.round import FederatedRound
+from tff_clustered.loop.client_store import ClientStore
+from tff_clustered.loop.phases import Stopwatch
 from tff_clustered.loop.queries import ServerQueries
 from tff_clustered.loop.round_calls import ClientResults, RoundCalls
 from tff_clustered.loop.state import RunState
-from tff_clustered.phases import Stopwatch
 from tff_clustered.seeds import FINE_TUNE_SHUFFLE
 
 FINE_TUNED = "finetuned"  # the evaluation-only model kind of `TrainingConfig.fine_tune_steps`

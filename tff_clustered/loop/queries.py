@@ -13,9 +13,9 @@ from typing import Optional
 import numpy as np
 
 from tff_clustered import weights as flat
-from tff_clustered.client_store import ClientStore
 from tff_clustered.federated import client_work
 from tff_clustered.federated.signature import RoundIO, RoundSignature
+from tff_clustered.loop.client_store import ClientStore
 from tff_clustered.loop.round_calls import LocalTraining, RoundCalls, TrainRequest
 from tff_clustered.loop.state import DivergenceError, cluster_capacity
 from tff_clustered.models.keras_models import ModelSpec, initial_weights

@@ -12,7 +12,6 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from tff_clustered import weights as flat
-from tff_clustered.client_store import ClientStore
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.data.worker_reader import worker_reader
 from tff_clustered.federated.executions import RoundCache
@@ -32,6 +31,7 @@ from tff_clustered.loop.aggregation import (
     server_slot,
     state_after,
 )
+from tff_clustered.loop.client_store import ClientStore
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.pooled import PooledRows, PooledSplit
 from tff_clustered.loop.state import cluster_capacity, padded

@@ -12,7 +12,7 @@ from typing import Any, Optional
 import numpy as np
 
 from tff_clustered.algorithms.base import UNCHANGED, Decision, ServerView, Similarity
-from tff_clustered.client_store import ClientModels
+from tff_clustered.loop.client_store import ClientModels
 from tff_clustered.loop.privacy_ledger import PrivacyLedger
 
 

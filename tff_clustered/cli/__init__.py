@@ -1,0 +1,1 @@
+"""The command line: the binaries' code, their flags, their exits and their logs (the top layer)."""

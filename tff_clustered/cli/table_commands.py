@@ -1,0 +1,153 @@
+"""A committed table's command, narrowed to one cell, with its data paths resolved.
+
+The compare.py command is read from the table's .md file (flagfiles expanded), narrowed to one
+cell (`rerun_arguments`), and its data paths (`DATA/...`) resolved on this machine."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Sequence
+from typing import NamedTuple, Optional
+
+from absl import flags
+
+from tff_clustered.cli import exits
+from tff_clustered.cli.launch import REPOSITORY
+
+COMMAND = re.compile(r"^- command: `python binaries/compare\.py (.*)`\s*$", re.MULTILINE)
+# A recorded data path's stand-in for the folder of datasets (`--data_dir=DATA/mnist`), and
+# the compare.py flags that carry a data path.
+DATA = "DATA"
+DATA_FLAGS = ("data_dir", "tfds_dir", "glove_path")
+
+
+def table_command(markdown: str) -> Optional[list[str]]:
+    """The compare.py arguments written in a table's .md file, its flagfiles expanded
+    (`expand_flagfiles`), without its --output_dir."""
+    found = COMMAND.search(markdown)
+    if not found:
+        return None
+    command = expand_flagfiles(shlex.split(found.group(1)))
+    return [a for a in command if not a.startswith("--output_dir=")]
+
+
+class Cell(NamedTuple):
+    """One (setting, algorithm) of a table and the seeds rerun of it."""
+
+    setting: str
+    algorithm: str
+    seeds: tuple[int, ...]
+
+    def __str__(self) -> str:
+        seeds = ", ".join(map(str, self.seeds))
+        return (
+            f"{self.setting} / {self.algorithm} / seed{'s' if len(self.seeds) > 1 else ''} {seeds}"
+        )
+
+
+def sampled_cell(rows: Sequence[dict[str, str]], all_seeds: bool) -> Cell:
+    """The cell the check reruns: the first row's setting and algorithm, with the lowest seed
+    committed for it, or every one (`all_seeds`). `rows`: a table that passed
+    `committed_problems`."""
+    first = rows[0]
+    seeds = sorted(
+        int(r["seed"])
+        for r in rows
+        if (r["setting"], r["algorithm"]) == (first["setting"], first["algorithm"])
+    )
+    return Cell(first["setting"], first["algorithm"], tuple(seeds if all_seeds else seeds[:1]))
+
+
+def expand_flagfiles(command: list[str]) -> list[str]:
+    """`command` with each flagfile replaced, in place, by the flags it holds (paths relative
+    to the repository, where compare.py runs): absl's own expansion
+    (`FlagValues.read_flags_from_files`), so that narrowing and the data paths see every
+    option. A missing flagfile is a usage error naming it."""
+    here = os.getcwd()
+    os.chdir(REPOSITORY)
+    try:
+        return flags.FlagValues().read_flags_from_files(command, force_gnu=True)
+    except flags.CantOpenFlagFileError as error:
+        raise exits.usage_error(
+            f"a table's command reads a flagfile that cannot be opened ({error}); restore the "
+            "file or withdraw the table"
+        ) from None
+    finally:
+        os.chdir(here)
+
+
+def rerun_arguments(command: list[str], cell: Cell) -> list[str]:
+    """`command` (flagfiles expanded: `table_command`) narrowed to `cell`: its
+    algorithm (without the other algorithms' options, which its run never reads and
+    compare.py refuses for it), its setting when the table has setting rows (the setting is
+    then a partition, not the dataset's name), its seeds."""
+    from tff_clustered import options as options_lib
+    from tff_clustered.algorithms import ALGORITHMS, algorithm_class
+
+    every_option = set().union(*(options_lib.names(c.Options) for c in ALGORITHMS.values()))
+    own = options_lib.names(algorithm_class(cell.algorithm.split(":")[0]).Options)
+
+    def kept(argument: str) -> bool:
+        name = argument[2:].split("=", 1)[0]
+        return not argument.startswith("--") or name not in every_option or name in own
+
+    narrowed = [a for a in command if kept(a)]
+    narrowed += [f"--algorithms={cell.algorithm}", f"--seeds={','.join(map(str, cell.seeds))}"]
+    if any(a.startswith("--settings=") for a in command) or ":" in cell.setting:
+        narrowed.append(f"--settings={cell.setting}")
+    return narrowed
+
+
+def data_flag(argument: str) -> Optional[tuple[str, str]]:
+    """(flag, path as written) when `argument` gives a data flag a path: `--data_dir=DATA/mnist`
+    is ("data_dir", "DATA/mnist")."""
+    name, _, value = argument[2:].partition("=")
+    return (name, value) if argument.startswith("--") and name in DATA_FLAGS and value else None
+
+
+def data_paths(command: list[str]) -> list[str]:
+    """The data paths `command` records, as written (`DATA/mnist`)."""
+    return [found[1] for a in command if (found := data_flag(a))]
+
+
+def resolve_data_path(recorded: str, data_root: Optional[str]) -> Optional[str]:
+    """The path a recorded data path names on this machine: DATA replaced by `data_root` (None
+    without one), a path relative to the repository joined to it. A machine's own absolute
+    path (or `~`) raises ValueError: the table would rerun on that machine only."""
+    if recorded == DATA or recorded.startswith(DATA + "/"):
+        return None if data_root is None else data_root + recorded[len(DATA) :]
+    if os.path.isabs(os.path.expanduser(recorded)):
+        raise ValueError(
+            f"{recorded} is one machine's path; write it as {DATA}/<dataset folder> "
+            "(docs/reproducibility.md)"
+        )
+    return os.path.join(REPOSITORY, recorded)
+
+
+def with_data_root(command: list[str], data_root: str) -> list[str]:
+    """`command` with each data flag's path resolved (`resolve_data_path`)."""
+
+    def resolved(argument: str) -> str:
+        found = data_flag(argument)
+        return f"--{found[0]}={resolve_data_path(found[1], data_root)}" if found else argument
+
+    return [resolved(a) for a in command]
+
+
+def missing_data(tables: list[str], data_root: str) -> list[tuple[str, str, str]]:
+    """(path here, path as recorded, table) for each data path a table's command names that
+    is not on this machine; a path that is not portable is left to `check_table`."""
+    missing = []
+    for path in tables:
+        with open(path) as f:
+            command = table_command(f.read()) or []
+        for recorded in data_paths(command):
+            try:
+                here = resolve_data_path(recorded, data_root)
+            except ValueError:
+                continue
+            if here is not None and not os.path.exists(here):
+                missing.append((here, recorded, path))
+    return missing

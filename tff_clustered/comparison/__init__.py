@@ -1,0 +1,1 @@
+"""Comparison tables of several algorithms over seeds: their rows, writing and checking."""

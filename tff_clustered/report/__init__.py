@@ -1,0 +1,1 @@
+"""A run's outputs: its CSV, JSON and TensorBoard files, and its pictures."""
