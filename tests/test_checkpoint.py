@@ -215,7 +215,7 @@ def test_a_run_folder_is_held_by_one_run_and_a_killed_holder_never_blocks(
         [
             sys.executable,
             "-c",
-            "import sys, time; from tff_clustered import checkpoint\n"
+            "import sys, time; from tff_clustered.runs import checkpoint\n"
             f"with checkpoint.hold_run_folder({folder!r}):\n"
             "    print('held', flush=True); time.sleep(600)",
         ],

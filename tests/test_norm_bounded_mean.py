@@ -16,7 +16,7 @@ import tensorflow as tf
 from conftest import ROOT
 
 import tff_clustered
-from tff_clustered.checkpoint import CheckpointError
+from tff_clustered.runs.checkpoint import CheckpointError
 from tff_clustered.data import DataSpec
 from tff_clustered.loop.config import AggregatorConfig
 
