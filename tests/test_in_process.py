@@ -151,14 +151,16 @@ def test_in_process_ifca_round_with_an_anchor_matches_tff() -> None:
         cache = RoundCache(functional, spec.input_spec(), w0, execution, rounds=1)
         fed_round = cache.get(signature)
         state = fed_round.initialize()
-        models = [np.array(m) for m in state["cluster_models"]]
+        models = [np.array(m) for m in state.cluster_models]
         for j in range(3):  # three different clusters
             models = [
                 m + np.float32(0.1 * j) * (np.arange(3) == j).reshape(3, *[1] * (m.ndim - 1))
                 for m in models
             ]
-        state["cluster_models"] = tuple(models)
-        state["anchor"] = tuple(np.array(a) * 0.5 for a in state["anchor"])
+        state = state._replace(
+            cluster_models=tuple(models),
+            anchor=tuple(np.array(a) * 0.5 for a in state.anchor),
+        )
         new_state, outputs, measurements = fed_round.next(
             state,
             round_clients(
@@ -171,7 +173,7 @@ def test_in_process_ifca_round_with_an_anchor_matches_tff() -> None:
             round_hparams(0.1, 4, 2, num_clusters=3),
         )
         scores = fed_round.evaluate(
-            new_state["cluster_models"],
+            new_state.cluster_models,
             [evaluation_input(a, o["cluster"], ()) for a, o in zip(arrays, outputs)],
             np.int64(64),
         )
@@ -309,9 +311,11 @@ def run_unequal_round(fed_round: object, w0: list, work: object) -> tuple:
         for n in (8, 13, 5, 8, 3, 21)
     ]
     state = fed_round.initialize()
-    state["cluster_models"] = tuple(
-        m + np.float32(0.2) * (np.arange(2) == 1).reshape(2, *[1] * (m.ndim - 1))
-        for m in state["cluster_models"]
+    state = state._replace(
+        cluster_models=tuple(
+            m + np.float32(0.2) * (np.arange(2) == 1).reshape(2, *[1] * (m.ndim - 1))
+            for m in state.cluster_models
+        )
     )
     stored = [tuple(np.asarray(w) * 0.9 for w in w0) if work.reads_own_model else ()] * 6
     return fed_round.next(

@@ -1,5 +1,5 @@
 """The loop's side of a round's aggregator (`federated.cluster_aggregators`): what a round of
-an aggregator other than the mean takes besides the models (its state, a noise seed, each
+an aggregator that `takes_round_inputs` takes besides the models (its state, a noise seed, each
 cluster's expected number of clients), what comes back, and the round's metric columns.
 
 The expected counts are what a private mean divides by (McMahan et al., ICLR 2018: a fixed
@@ -23,6 +23,7 @@ import numpy as np
 from tff_clustered import runtime
 from tff_clustered.algorithms.base import Algorithm
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
+from tff_clustered.federated.server_state import ServerState
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.state import RunState, padded
 from tff_clustered.seeds import DP_NOISE, derived_seed
@@ -30,7 +31,7 @@ from tff_clustered.seeds import DP_NOISE, derived_seed
 
 @dataclasses.dataclass(frozen=True)
 class AggregatorRound:
-    """What one round of an aggregator other than the mean takes: its `state` and the
+    """What one round of an aggregator that `takes_round_inputs` takes: its `state` and the
     round's `inputs` (`ClusterAggregator.round_inputs`), one row per real cluster; `state`
     None: the built round's initial state (a `tff.aggregators` factory's, which depends on
     the update's type)."""
@@ -45,7 +46,7 @@ def check_aggregator(algorithm: Algorithm, aggregator: ClusterAggregator) -> Non
     not `models_from_aggregate` (it reads individual clients' models or updates beside the
     aggregate: no privacy would hold, and its clients would still send those whole, so a
     robust, compressed or secure aggregate would neither bound, shrink nor hide them)."""
-    if aggregator.is_mean:
+    if aggregator.passes_updates_through:
         return
     if algorithm.distribution.decentralized:
         raise ValueError(
@@ -76,11 +77,12 @@ def checked_aggregator(
     """The run's aggregator, refused where the algorithm cannot use it
     (`check_aggregator`), where `execution` (and the started runtime's workers) cannot run it
     (`ClusterAggregator.check_execution`) or where round metrics would read each client's
-    update, which an aggregator other than the mean keeps inside its per-cluster sums."""
+    update, which an aggregator that does not pass updates through keeps inside its
+    per-cluster sums."""
     aggregator = config.aggregator.build()
     check_aggregator(algorithm, aggregator)
     aggregator.check_execution(execution, len(runtime.worker_contexts()))
-    if round_metrics and not aggregator.is_mean:
+    if round_metrics and not aggregator.passes_updates_through:
         raise ValueError(
             f"round metrics read each client's own update, which the {aggregator.name} "
             "aggregator keeps inside its per-cluster sums; drop round_metrics or use the mean"
@@ -97,8 +99,8 @@ def aggregator_round(
 ) -> Optional[AggregatorRound]:
     """Round `round_num`'s aggregator state (`state`'s, or the initial one when the number
     of clusters changed) and inputs (`round_inputs`, from `state`'s assignment and the
-    `eligible` clients), None for the mean."""
-    if aggregator.is_mean:
+    `eligible` clients), None for one that takes none (the mean)."""
+    if not aggregator.takes_round_inputs:
         return None
     inputs = round_inputs(
         aggregator,
@@ -161,9 +163,10 @@ def server_slot(
     to the built round's `capacity` with the rows of its initial state (`round_initial()`, of
     `capacity` rows; a padding cluster's expected count is 0: not in use); a state that is
     None or does not fit the built round (other entries or row shapes: a factory's state
-    for another update type) starts from that initial state; `((), None)` for the mean."""
-    if aggregator.is_mean:
-        return (), None
+    for another update type) starts from that initial state; the aggregator's empty slot and
+    None for one that takes no round inputs (the mean)."""
+    if not aggregator.takes_round_inputs:
+        return aggregator.initial_slot(capacity), None
     if request is None:
         raise ValueError(f"a round of the {aggregator.name} aggregator needs its state")
     if len(request.inputs["denominator"]) != num_clusters:
@@ -197,15 +200,15 @@ def fits(state: Mapping[str, Any], initial: Mapping[str, np.ndarray]) -> bool:
 
 
 def state_after(
-    aggregator: ClusterAggregator, server_state: Mapping[str, Any], num_clusters: int
+    aggregator: ClusterAggregator, server_state: ServerState, num_clusters: int
 ) -> Optional[dict[str, np.ndarray]]:
     """The aggregator's new state from a round's new server state, its real clusters' rows
-    (None for the mean)."""
-    if aggregator.is_mean:
+    (None for one that takes no round inputs: the mean)."""
+    if not aggregator.takes_round_inputs:
         return None
     return {
         key: plain_array(value)[:num_clusters]
-        for key, value in server_state["aggregator"]["state"].items()
+        for key, value in server_state.aggregator["state"].items()
     }
 
 

@@ -5,6 +5,7 @@ It changes nothing of the run: what to store and apply is the caller's (`round_s
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Callable, NamedTuple, Optional
@@ -17,7 +18,6 @@ from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.data.worker_reader import worker_reader
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round import FederatedRound
-from tff_clustered.federated.round_functions import python_server_state
 from tff_clustered.federated.round_inputs import (
     client_input,
     client_seed,
@@ -25,6 +25,7 @@ from tff_clustered.federated.round_inputs import (
     evaluation_input,
     round_hparams,
 )
+from tff_clustered.federated.server_state import ServerState
 from tff_clustered.federated.signature import ModelLayout, RoundSignature
 from tff_clustered.loop.aggregation import (
     AggregatorRound,
@@ -128,7 +129,7 @@ class RoundCalls:
         """The aggregator state of the built round's initial server state (once per round)."""
         signature = fed_round.signature
         if signature not in self._initial_aggregator_states:
-            slot = fed_round.initialize()["aggregator"]
+            slot = fed_round.initialize().aggregator
             self._initial_aggregator_states[signature] = {
                 key: plain_array(value) for key, value in slot["state"].items()
             }
@@ -152,13 +153,13 @@ class RoundCalls:
         fed_round, shapes = request.fed_round, self.layout.shapes
         signature = fed_round.signature
         capacity = signature.num_clusters
-        anchor = None
+        anchor = ()
         if signature.anchor:
             whole = flat.unflatten(request.anchor, shapes)
             anchor = tuple(whole[i] for i in signature.anchor)
-        optimizer = None
+        optimizer = collections.OrderedDict()
         if request.optimizer_state is not None:
-            optimizer = {k: padded(v, capacity) for k, v in request.optimizer_state.items()}
+            optimizer.update((k, padded(v, capacity)) for k, v in request.optimizer_state.items())
         aggregator_slot, aggregator_params = server_slot(
             signature.aggregator,
             request.aggregator,
@@ -166,8 +167,8 @@ class RoundCalls:
             capacity,
             lambda: self.initial_aggregator_state(fed_round),
         )
-        server_state = python_server_state(
-            flat.matrix_to_stacked(padded(request.cluster_models, capacity), shapes),
+        server_state = ServerState(
+            tuple(flat.matrix_to_stacked(padded(request.cluster_models, capacity), shapes)),
             anchor,
             optimizer,
             aggregator_slot,
@@ -205,12 +206,11 @@ class RoundCalls:
             for c, a, key, scalar, seed in zip(client_ids, examples, request.keys, scalars, seeds)
         ]
         new_state, outputs, measurements = fed_round.next(server_state, clients, hparams)
-        new_models = flat.stacked_to_matrix(new_state["cluster_models"])[:num_clusters]
+        new_models = flat.stacked_to_matrix(new_state.cluster_models)[:num_clusters]
         new_optimizer_state = None
-        if optimizer is not None:
+        if request.optimizer_state is not None:
             new_optimizer_state = {
-                key: np.asarray(value)[:num_clusters]
-                for key, value in new_state["optimizer"].items()
+                key: np.asarray(value)[:num_clusters] for key, value in new_state.optimizer.items()
             }
         new_aggregator_state = state_after(signature.aggregator, new_state, num_clusters)
         return TrainedRound(
