@@ -179,7 +179,7 @@ def test_in_process_ifca_round_with_an_anchor_matches_tff() -> None:
         )
         results[execution] = (new_state, outputs, measurements, scores)
     (s1, o1, m1, e1), (s2, o2, m2, e2) = results["tff"], results["in_process"]
-    for a, b in zip(s1["cluster_models"], s2["cluster_models"], strict=True):
+    for a, b in zip(s1.cluster_models, s2.cluster_models, strict=True):
         np.testing.assert_allclose(b, a, atol=1e-5)
     assert [o["cluster"] for o in o2] == [o["cluster"] for o in o1]
     assert len({int(o["cluster"]) for o in o1}) > 1  # the picks are not all the same
@@ -262,7 +262,7 @@ def test_clients_of_a_large_model_train_one_each_with_the_vectorised_results(
     assert traced[default, short_run] == traced[0, 0]
     (s1, o1, m1), *others = results.values()
     for s2, o2, m2 in others:
-        for a, b in zip(s1["cluster_models"], s2["cluster_models"], strict=True):
+        for a, b in zip(s1.cluster_models, s2.cluster_models, strict=True):
             np.testing.assert_allclose(b, a, atol=1e-6)
         for a, b in zip(o1, o2, strict=True):
             assert a.keys() == b.keys()
@@ -355,7 +355,7 @@ def test_clients_of_unequal_sizes_train_padded_with_the_results_of_training_alon
     )
     assert "train_padded_clients" in padded_names
     assert "train_padded_clients" not in alone_names
-    for a, b in zip(s1["cluster_models"], s2["cluster_models"], strict=True):
+    for a, b in zip(s1.cluster_models, s2.cluster_models, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
     for a, b in zip(o1, o2, strict=True):
         assert a.keys() == b.keys()

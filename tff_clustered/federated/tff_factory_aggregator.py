@@ -133,9 +133,9 @@ class TffFactoryPerCluster(ClusterAggregator):
         self, fns: RoundFunctions, client_result_type: tff.types.Type
     ) -> FactoryRoundPart:
         """The round's aggregator as federated code (`tff_execution.TffExecution`), for the
-        clients' results of `client_result_type` (CLIENTS-placed)."""
+        clients' results of `client_result_type` (one client's `ClientResult`)."""
         process = self.process(to_type(fns.shared_spec))
-        return FactoryRoundPart(fns, process, client_result_type.member.outputs)
+        return FactoryRoundPart(fns, process, client_result_type.outputs)
 
     def state_or_initial(
         self, state: Optional[Mapping[str, np.ndarray]], num_clusters: int
