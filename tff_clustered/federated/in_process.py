@@ -41,6 +41,7 @@ from tff_clustered.federated.grouping import client_groups, stacked_padded
 from tff_clustered.federated.in_process_scoring import ClientScoring
 from tff_clustered.federated.round import ComposedRound, FederatedRound
 from tff_clustered.federated.round_functions import RoundFunctions, example_count
+from tff_clustered.federated.round_inputs import ClientInput
 from tff_clustered.federated.server_state import (
     ClientResult,
     ClientSums,
@@ -49,8 +50,6 @@ from tff_clustered.federated.server_state import (
     after_round,
     nothing_aggregated,
 )
-
-CLIENT_FIELDS = ("data", "key", "stored", "scalar", "seed")  # of `round_inputs.client_input`
 
 
 def stacked(spec: Any) -> Any:
@@ -181,13 +180,13 @@ class InProcessExecution:
         return self.fns.initial_state()
 
     def train_clients(
-        self, state: ServerState, client_inputs: Sequence[dict], hparams: dict
+        self, state: ServerState, client_inputs: Sequence[ClientInput], hparams: dict
     ) -> list[tuple[list[int], ClientResult]]:
         """Each group of clients (`client_groups`) with its members' results, one row each.
         Clients train together, vectorised: those holding the same number of examples, and for
         a model whose rows are independent, those of similar sizes padded to the largest; the
         rest one by one; groups concurrently (a session runs calls from several threads)."""
-        clients = [tuple(c[name] for name in CLIENT_FIELDS) for c in client_inputs]
+        clients = [tuple(c) for c in client_inputs]
         sizes = [example_count(client[0]) for client in clients]
         groups = client_groups(sizes, hparams, vectorise=self.vectorise, pad=self.pad)
         for members in groups:  # built here, not by two threads at once (pfor takes seconds)

@@ -33,7 +33,13 @@ from tff_clustered.federated import client_work, local_training, server_optimize
 from tff_clustered.federated.batching import ArrayBatches
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.federated.distributors import ClientSide, Distributor, Received
-from tff_clustered.federated.round_inputs import client_seed, round_hparams
+from tff_clustered.federated.round_inputs import (
+    ClientInput,
+    ClientSeed,
+    EvaluationInput,
+    client_seed,
+    round_hparams,
+)
 from tff_clustered.federated.server_state import ClientResult, Finalized, ServerState
 from tff_clustered.federated.signature import ModelLayout, RoundIO, RoundSignature
 from tff_clustered.models.functional import FunctionalModel
@@ -138,10 +144,9 @@ class RoundFunctions:
         return tf.TensorSpec([self.signature.distribution.key_width], tf.int32)
 
     @functools.cached_property
-    def seed_spec(self) -> collections.OrderedDict:
-        return collections.OrderedDict(
-            (name, tf.TensorSpec(np.shape(v), tf.as_dtype(v.dtype)))
-            for name, v in client_seed(0, 0).items()
+    def seed_spec(self) -> ClientSeed:
+        return ClientSeed(
+            *(tf.TensorSpec(np.shape(v), tf.as_dtype(v.dtype)) for v in client_seed(0, 0))
         )
 
     @functools.cached_property
@@ -204,21 +209,16 @@ class RoundFunctions:
         return (tf.TensorSpec([], tf.int32), *self.shared_spec)
 
     @property
-    def evaluation_client_spec(self) -> collections.OrderedDict:
-        """One client's input to `evaluate` (`round_inputs.evaluation_input`)."""
-        return collections.OrderedDict(
-            data=self.data_spec, key=self.key_spec, stored=self.store_in_spec
-        )
+    def evaluation_client_spec(self) -> EvaluationInput:
+        """One client's input to `evaluate` (`round_inputs.EvaluationInput`)."""
+        return EvaluationInput(self.data_spec, self.key_spec, self.store_in_spec)
 
     @property
-    def client_spec(self) -> collections.OrderedDict:
-        """One client's input to `next` (`round_inputs.client_input`)."""
-        return collections.OrderedDict(
-            data=self.data_spec,
-            key=self.key_spec,
-            stored=self.store_in_spec,
-            scalar=tf.TensorSpec([], tf.float32),
-            seed=self.seed_spec,
+    def client_spec(self) -> ClientInput:
+        """One client's input to `next` (`round_inputs.ClientInput`)."""
+        scalar = tf.TensorSpec([], tf.float32)
+        return ClientInput(
+            self.data_spec, self.key_spec, self.store_in_spec, scalar, self.seed_spec
         )
 
     # -- distributor ------------------------------------------------------------------------
@@ -285,7 +285,7 @@ class RoundFunctions:
         data: object,
         key: tf.Tensor,
         client_scalar: tf.Tensor,
-        seed: dict,
+        seed: ClientSeed,
         hparams: dict,
         anchor: tuple,
         size: Optional[tf.Tensor] = None,
@@ -296,7 +296,7 @@ class RoundFunctions:
             data,
             hparams["batch_size"],
             hparams["epochs"],
-            seed["shuffle"],
+            seed.shuffle,
             hparams["max_steps"],
             size=size,
         )
@@ -314,7 +314,7 @@ class RoundFunctions:
                 dataset,
                 hparams["learning_rate"],
                 client_scalar,
-                seed["dropout"],
+                seed.dropout,
                 tuple(anchor),
                 signature.anchor,
                 round_num=hparams["round_num"],
@@ -330,7 +330,7 @@ class RoundFunctions:
         received: Received,
         start: tuple,
         result: client_work.ClientResult,
-        seed: dict,
+        seed: ClientSeed,
         hparams: dict,
     ) -> ClientResult:
         """A trained client's `ClientResult`: its update against the row it counts in, its
@@ -358,7 +358,7 @@ class RoundFunctions:
             shared_delta,
             cluster,
             weight * tf.cast(finite, tf.float32),
-            seed["dropout"],
+            seed.dropout,
         )
         cluster_weight = tf.one_hot(cluster, k, dtype=tf.float32) * weight
         cluster_weight *= tf.cast(finite, tf.float32)
@@ -379,16 +379,21 @@ class RoundFunctions:
         return ClientResult(shared_delta, cluster_weight, outputs, row * stats[None, :])
 
     def train_client(
-        self, distributed: Any, client: dict, hparams: dict, anchor: tuple, size: Any = None
+        self,
+        distributed: Any,
+        client: ClientInput,
+        hparams: dict,
+        anchor: tuple,
+        size: Any = None,
     ) -> ClientResult:
-        """`client_update` of one `client_input`."""
+        """`client_update` of one `ClientInput`."""
         return self.client_update(
             distributed,
-            tuple(client["stored"]),
-            client["data"],
-            client["key"],
-            client["scalar"],
-            client["seed"],
+            tuple(client.stored),
+            client.data,
+            client.key,
+            client.scalar,
+            client.seed,
             hparams,
             anchor,
             size,

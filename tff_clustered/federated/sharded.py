@@ -104,7 +104,7 @@ class ShardedExecution:
         partial_next = self.parts.partial_next  # built here, not per thread
         shares = run_shards(
             functools.partial(share_next, partial_next, state, hparams),
-            [client_examples(c["data"]) for c in clients],
+            [client_examples(c.data) for c in clients],
             [list(clients)],
         )
         return [(ClientSums(*sums), outputs) for sums, outputs in shares]
@@ -184,7 +184,7 @@ class ShardedRound:
             return evaluate_clients(cluster_models, clients, batch_size)
         shares = run_shards(
             functools.partial(share_evaluate, evaluate_clients, cluster_models, batch_size),
-            [example_count(c["data"]) for c in clients],
+            [example_count(c.data) for c in clients],
             [list(clients)],
         )
         return [result for share in shares for result in share]

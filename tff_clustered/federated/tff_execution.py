@@ -24,7 +24,7 @@ import tensorflow_federated as tff
 from tff_clustered.federated.clustered_mean import ClusterSums
 from tff_clustered.federated.round import ComposedRound, FederatedRound
 from tff_clustered.federated.round_functions import RoundFunctions, round_functions
-from tff_clustered.federated.round_inputs import WorkerData
+from tff_clustered.federated.round_inputs import ClientInput, WorkerData
 from tff_clustered.federated.server_state import ClientSums, ServerState, nothing_aggregated
 from tff_clustered.models.functional import FunctionalModel
 
@@ -102,7 +102,7 @@ class TffExecution:
         )
         client_spec = fns.client_spec
         if worker_data is not None:
-            client_spec = collections.OrderedDict(client_spec, data=worker_data.reference_spec)
+            client_spec = client_spec._replace(data=worker_data.reference_spec)
         self.client_type = to_type(client_spec)
         self.hparams_type = to_type(fns.hparams_spec)
         distributed_type = (
@@ -117,13 +117,13 @@ class TffExecution:
             else SummedAggregation(fns)
         )
 
-    def with_arrays(self, client: dict) -> dict:
+    def with_arrays(self, client: ClientInput) -> ClientInput:
         """The client's input with its arrays (read on the worker when it holds a reference)."""
         if self.worker_data is None:
             return client
-        arrays = self.worker_data.read(client["data"])
+        arrays = self.worker_data.read(client.data)
         data = {n: tf.cast(arrays[n], s.dtype) for n, s in self.fns.data_spec.items()}
-        return collections.OrderedDict(client, data=collections.OrderedDict(data))
+        return client._replace(data=collections.OrderedDict(data))
 
     def train_client(self, distributed: Any, client: Any, hparams: Any, anchor: Any) -> Any:
         return self.fns.train_client(distributed, self.with_arrays(client), hparams, anchor)
@@ -161,7 +161,7 @@ class TffExecution:
             )
             distributed = tff.federated_broadcast(tff.federated_map(every, state.cluster_models))
         else:
-            key_of = tff.tensorflow.computation(self.client_type)(lambda client: client["key"])
+            key_of = tff.tensorflow.computation(self.client_type)(lambda client: client.key)
             distributed = self.distribute(state.cluster_models, tff.federated_map(key_of, clients))
         broadcast = (tff.federated_broadcast(hparams), tff.federated_broadcast(state.anchor))
         return tff.federated_map(self.client_update, (distributed, clients, *broadcast))
@@ -192,10 +192,10 @@ class TffExecution:
             self.selection_type, evaluated_type, tff.TensorType(np.int64)
         )(
             lambda selected, client, size: fns.client_evaluate(
-                selected, tuple(client["stored"]), client["data"], size
+                selected, tuple(client.stored), client.data, size
             )
         )
-        key_of = tff.tensorflow.computation(evaluated_type)(lambda client: client["key"])
+        key_of = tff.tensorflow.computation(evaluated_type)(lambda client: client.key)
         keys = None if self.one_selection else tff.federated_map(key_of, clients)
         selected = self.distribute(cluster_models, keys)
         return tff.federated_map(
