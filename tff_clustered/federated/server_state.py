@@ -77,6 +77,17 @@ class Finalized(NamedTuple):
     measurements: Mapping[str, Any]
 
 
+def padded(rows: np.ndarray, capacity: int) -> np.ndarray:
+    """`rows` (cluster models, or an entry of the server optimizer's state, one row per
+    cluster) followed by zero rows up to `capacity` (a built round's clusters: extra ones stay
+    empty)."""
+    rows = np.asarray(rows)
+    extra = capacity - len(rows)
+    if extra <= 0:
+        return rows
+    return np.concatenate([rows, np.zeros((extra, *rows.shape[1:]), rows.dtype)])
+
+
 def nothing_aggregated(num_clusters: int) -> collections.OrderedDict:
     """The measurements of a round that aggregates nothing (a relay: the peers' mailbox)."""
     return collections.OrderedDict(cluster_weight=np.zeros([num_clusters], np.float32))

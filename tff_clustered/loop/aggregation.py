@@ -16,16 +16,15 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import numpy as np
 
 from tff_clustered import runtime
 from tff_clustered.algorithms.base import Algorithm
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
-from tff_clustered.federated.server_state import ServerState
 from tff_clustered.loop.config import TrainingConfig
-from tff_clustered.loop.state import RunState, padded
+from tff_clustered.loop.state import RunState
 from tff_clustered.seeds import DP_NOISE, derived_seed
 
 
@@ -149,70 +148,3 @@ def round_inputs(
     noise_seed = np.array([derived_seed(seed, DP_NOISE, round_num), 0], np.int64)
     counts = expected_counts(assignment, eligible, clients_per_round, num_clusters)
     return aggregator.round_inputs(noise_seed, counts)
-
-
-def server_slot(
-    aggregator: ClusterAggregator,
-    request: Optional[AggregatorRound],
-    num_clusters: int,
-    capacity: int,
-    round_initial: Callable[[], Mapping[str, np.ndarray]],
-) -> tuple[Any, Optional[collections.OrderedDict]]:
-    """The server state's `aggregator` entry of a round of `num_clusters` clusters and what
-    its clients read of it (`client_params`, in the round's hyperparameters), its rows padded
-    to the built round's `capacity` with the rows of its initial state (`round_initial()`, of
-    `capacity` rows; a padding cluster's expected count is 0: not in use); a state that is
-    None or does not fit the built round (other entries or row shapes: a factory's state
-    for another update type) starts from that initial state; the aggregator's empty slot and
-    None for one that takes no round inputs (the mean)."""
-    if not aggregator.takes_round_inputs:
-        return aggregator.initial_slot(capacity), None
-    if request is None:
-        raise ValueError(f"a round of the {aggregator.name} aggregator needs its state")
-    if len(request.inputs["denominator"]) != num_clusters:
-        raise ValueError(
-            f"the round has {num_clusters} clusters, its {aggregator.name} aggregator's inputs "
-            f"{len(request.inputs['denominator'])}: the algorithm's plan changed the number of "
-            "clusters, which an aggregator other than the mean cannot follow; use the mean"
-        )
-    initial = round_initial()
-    state = request.state
-    if state is None or not fits(state, initial):
-        state = {key: np.asarray(value)[:num_clusters] for key, value in initial.items()}
-    state = {  # in the round's order, padded with its initial rows
-        key: np.concatenate([np.asarray(state[key]), value[len(state[key]) : capacity]])
-        for key, value in initial.items()
-    }
-    inputs = dict(request.inputs, denominator=padded(request.inputs["denominator"], capacity))
-    inputs = aggregator.round_inputs(inputs["seed"], inputs["denominator"])
-    return aggregator.server_slot(state, inputs), aggregator.client_params(state)
-
-
-def fits(state: Mapping[str, Any], initial: Mapping[str, np.ndarray]) -> bool:
-    """Whether `state` has `initial`'s entries, each of its rows' shape and dtype."""
-    if set(state) != set(initial):
-        return False
-    return all(
-        np.shape(value)[1:] == np.shape(initial[key])[1:]
-        and np.asarray(value).dtype.kind == initial[key].dtype.kind
-        for key, value in state.items()
-    )
-
-
-def state_after(
-    aggregator: ClusterAggregator, server_state: ServerState, num_clusters: int
-) -> Optional[dict[str, np.ndarray]]:
-    """The aggregator's new state from a round's new server state, its real clusters' rows
-    (None for one that takes no round inputs: the mean)."""
-    if not aggregator.takes_round_inputs:
-        return None
-    return {
-        key: plain_array(value)[:num_clusters]
-        for key, value in server_state.aggregator["state"].items()
-    }
-
-
-def plain_array(value: Any) -> np.ndarray:
-    """`value` as an array a checkpoint holds: TFF's strings (objects) as bytes."""
-    array = np.asarray(value)
-    return array.astype(bytes) if array.dtype == object else array
