@@ -29,6 +29,11 @@ STEP_COST = 2.0
 VECTORISE_MIN_ROUNDS = 30
 
 
+def example_count(data: dict) -> int:
+    """Examples in one client's arrays (the length of the first)."""
+    return len(next(iter(data.values())))
+
+
 def vectorises_for(rounds: int) -> bool:
     """Whether a run of `rounds` rounds (0: not known, taken as long) trains clients together."""
     return rounds == 0 or rounds >= VECTORISE_MIN_ROUNDS

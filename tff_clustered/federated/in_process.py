@@ -29,7 +29,7 @@ import concurrent.futures
 import functools
 import os
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -37,10 +37,10 @@ import tensorflow as tf
 from tff_clustered.federated import graphs
 from tff_clustered.federated.clustered_mean import add_to_cluster
 from tff_clustered.federated.graphs import check_device
-from tff_clustered.federated.grouping import client_groups, stacked_padded
+from tff_clustered.federated.grouping import client_groups, example_count, stacked_padded
 from tff_clustered.federated.in_process_scoring import ClientScoring
 from tff_clustered.federated.round import ComposedRound, FederatedRound
-from tff_clustered.federated.round_functions import RoundFunctions, example_count
+from tff_clustered.federated.round_functions import RoundFunctions
 from tff_clustered.federated.round_inputs import ClientInput
 from tff_clustered.federated.server_state import (
     ClientResult,
@@ -55,6 +55,24 @@ from tff_clustered.federated.server_state import (
 def stacked(spec: Any) -> Any:
     """`spec` with a leading client axis of any length."""
     return tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape], t.dtype), spec)
+
+
+class TrainedGroups(NamedTuple):
+    """The clients' results as the in-process round trains them: each group's members and
+    their results (one row each), and every client's outputs in client order."""
+
+    groups: list[list[int]]
+    results: list[ClientResult]
+    outputs: list
+
+
+def client_outputs(groups: list[list[int]], results: list[ClientResult]) -> list:
+    """Each client's outputs, in client order, from its group's rows."""
+    outputs: list = [None] * sum(len(members) for members in groups)
+    for members, result in zip(groups, results):
+        for row, i in enumerate(members):
+            outputs[i] = tf.nest.map_structure(lambda a, row=row: a[row], result.outputs)
+    return outputs
 
 
 class InProcessExecution:
@@ -97,6 +115,7 @@ class InProcessExecution:
         self.vectorise = vectorise and graphs.vectorisable(self.train_client_graph.graph)
         self.stacked_graphs: dict[bool, graphs.GraphFunction] = {}
         sums_spec = ClientSums(fns.stacked_shared_spec(), weight_spec(fns), fns.stats_spec)
+        self.zero_sums = tf.nest.map_structure(lambda t: np.zeros(t.shape, np.float32), sums_spec)
         self.finalize_graph = graphs.GraphFunction(
             fns.finalize,
             [fns.cluster_models_spec, *sums_spec, fns.optimizer_state_spec, fns.slot_spec],
@@ -181,7 +200,7 @@ class InProcessExecution:
 
     def train_clients(
         self, state: ServerState, client_inputs: Sequence[ClientInput], hparams: dict
-    ) -> list[tuple[list[int], ClientResult]]:
+    ) -> TrainedGroups:
         """Each group of clients (`client_groups`) with its members' results, one row each.
         Clients train together, vectorised: those holding the same number of examples, and for
         a model whose rows are independent, those of similar sizes padded to the largest; the
@@ -194,7 +213,8 @@ class InProcessExecution:
                 self.train_stacked_graph(padded_group(sizes, members))
         train = functools.partial(self.train_group, state, clients, sizes, hparams)
         with concurrent.futures.ThreadPoolExecutor(self.parallel_clients) as pool:
-            return list(zip(groups, pool.map(train, groups)))
+            results = list(pool.map(train, groups))
+        return TrainedGroups(groups, results, client_outputs(groups, results))
 
     def train_group(
         self,
@@ -224,26 +244,12 @@ class InProcessExecution:
             models, anchor, data, key, tuple(own), scale, seed, hparams, *sizes_in
         )
 
-    def client_outputs(self, trained: list[tuple[list[int], ClientResult]]) -> list:
-        outputs: list = [None] * sum(len(members) for members, _ in trained)
-        for members, result in trained:
-            for row, i in enumerate(members):
-                outputs[i] = tf.nest.map_structure(lambda a, row=row: a[row], result.outputs)
-        return outputs
-
-    def aggregate(
-        self, state: ServerState, trained: list[tuple[list[int], ClientResult]]
-    ) -> Finalized:
+    def aggregate(self, state: ServerState, trained: TrainedGroups) -> Finalized:
         """The groups' results added into the per-cluster sums, in client order within each
         group and groups in the order of their first client (so the sums do not depend on
         which finished first), then the finalizer."""
-        fns = self.fns
-        sums = ClientSums(
-            tuple(np.zeros(s.shape, np.float32) for s in fns.stacked_shared_spec()),
-            np.zeros([fns.num_clusters], np.float32),
-            np.zeros(fns.stats_spec.shape, np.float32),
-        )
-        for _, result in trained:
+        sums = self.zero_sums
+        for result in trained.results:
             sums = self.accumulate_graph(sums, result.delta, result.cluster_weight, result.stats)
         models = tuple(state.cluster_models)
         return self.finalize_graph(models, *sums, state.optimizer, state.aggregator)

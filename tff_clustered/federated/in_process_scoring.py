@@ -31,8 +31,8 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.federated import graphs
-from tff_clustered.federated.grouping import client_groups, stacked_padded
-from tff_clustered.federated.round_functions import RoundFunctions, example_count
+from tff_clustered.federated.grouping import client_groups, example_count, stacked_padded
+from tff_clustered.federated.round_functions import RoundFunctions
 
 # Vectorising's cost model, per op of one client's evaluation graph (`graphs.graph_op_types`),
 # measured on 2 shared cores by `python binaries/benchmark.py --benchmarks=scoring_ways` (FedPer's

@@ -47,10 +47,8 @@ class RoundExecution(Protocol):
 
     def train_clients(self, state: Any, clients: Any, hparams: Any) -> Any:
         """Distributor and client work: every client's `ClientResult`, as the execution
-        holds them (and their sums, when it sums while training)."""
-
-    def client_outputs(self, trained: Any) -> Any:
-        """The clients' outputs of `trained`, in client order."""
+        holds them (and their sums, when it sums while training), with the clients' outputs
+        in client order as its `outputs`."""
 
     def aggregate(self, state: Any, trained: Any) -> Any:
         """Aggregator and finalizer: the `server_state.Finalized` of the round."""
@@ -73,11 +71,11 @@ class ComposedRound:
 
     def next(self, state: Any, clients: Any, hparams: Any) -> tuple[Any, Any, Any]:
         trained = self.execution.train_clients(state, clients, hparams)
-        outputs = self.execution.client_outputs(trained)
         if self.relays:
-            return state, outputs, self.execution.nothing_aggregated()
+            return state, trained.outputs, self.execution.nothing_aggregated()
         finalized = self.execution.aggregate(state, trained)
-        return self.execution.after_round(state, finalized), outputs, finalized.measurements
+        new_state = self.execution.after_round(state, finalized)
+        return new_state, trained.outputs, finalized.measurements
 
 
 @dataclasses.dataclass

@@ -39,11 +39,6 @@ from tff_clustered.federated.signature import ModelLayout, RoundSignature
 from tff_clustered.models.functional import FunctionalModel
 
 
-def example_count(data: dict) -> int:
-    """Examples in one client's arrays (the length of the first)."""
-    return len(next(iter(data.values())))
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class RoundFunctions(RoundSpecs):
     """The TF functions of one signature's round, beside the specs of what they take

@@ -20,15 +20,15 @@ import contextlib
 import dataclasses
 import functools
 from collections.abc import Iterator, Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 import tensorflow_federated as tff
 
 from tff_clustered import runtime
+from tff_clustered.federated.grouping import example_count
 from tff_clustered.federated.round import ComposedRound, FederatedRound
-from tff_clustered.federated.round_functions import example_count
-from tff_clustered.federated.round_inputs import WorkerData, client_examples
+from tff_clustered.federated.round_inputs import ClientInput, WorkerData, client_examples
 from tff_clustered.federated.server_state import (
     ClientSums,
     Finalized,
@@ -87,6 +87,14 @@ def _call_on(context: object, computation: Callable[..., Any], *args: object) ->
         return computation(*args)
 
 
+class TrainedShares(NamedTuple):
+    """The workers' `ClientSums` of their shares (in worker order) and every client's outputs
+    (in client order)."""
+
+    sums: list[ClientSums]
+    outputs: list
+
+
 class ShardedExecution:
     """How `round.ComposedRound` runs over the started runtime's workers
     (`runtime.worker_contexts()`, read at each call): each worker runs `parts.partial_next` on
@@ -98,23 +106,22 @@ class ShardedExecution:
         self.parts = parts
 
     def train_clients(
-        self, state: ServerState, clients: Sequence[dict], hparams: dict
-    ) -> list[tuple[ClientSums, list]]:
-        """Each worker's `(ClientSums, outputs)` of its share, in worker order."""
+        self, state: ServerState, clients: Sequence[ClientInput], hparams: dict
+    ) -> TrainedShares:
+        """Each worker's `ClientSums` of its share, in worker order, and the clients'
+        outputs."""
         partial_next = self.parts.partial_next  # built here, not per thread
         shares = run_shards(
             functools.partial(share_next, partial_next, state, hparams),
             [client_examples(c.data) for c in clients],
             [list(clients)],
         )
-        return [(ClientSums(*sums), outputs) for sums, outputs in shares]
+        outputs = [output for _, share_outputs in shares for output in share_outputs]
+        return TrainedShares([ClientSums(*sums) for sums, _ in shares], outputs)
 
-    def client_outputs(self, trained: list[tuple[ClientSums, list]]) -> list:
-        return [output for _, outputs in trained for output in outputs]
-
-    def aggregate(self, state: ServerState, trained: list[tuple[ClientSums, list]]) -> Finalized:
+    def aggregate(self, state: ServerState, trained: TrainedShares) -> Finalized:
         finalize = self.parts.finalize  # built here, not per thread
-        sums = merged_sums([share_sums for share_sums, _ in trained])
+        sums = merged_sums(trained.sums)
         first_worker = runtime.worker_contexts()[0][1]
         models = tuple(state.cluster_models)
         finalized = _call_on(
@@ -165,7 +172,7 @@ class ShardedRound:
 
     parts: TffRoundParts
 
-    def next(self, state: ServerState, clients: Sequence[dict], hparams: dict) -> tuple:
+    def next(self, state: ServerState, clients: Sequence[ClientInput], hparams: dict) -> tuple:
         """`parts.next` with the same arguments and results."""
         with named_data_errors(self.parts.worker_data):
             workers = runtime.worker_contexts()

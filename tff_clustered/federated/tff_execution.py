@@ -166,9 +166,6 @@ class TffExecution:
         broadcast = (tff.federated_broadcast(hparams), tff.federated_broadcast(state.anchor))
         return tff.federated_map(self.client_update, (distributed, clients, *broadcast))
 
-    def client_outputs(self, trained: Any) -> object:
-        return trained.outputs
-
     def aggregate(self, state: Any, trained: Any) -> object:
         return self.aggregation.aggregate(state, trained)
 

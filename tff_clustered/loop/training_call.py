@@ -183,6 +183,7 @@ class TrainingCalls:
                 "scalars"
             )
         store_in = request.fed_round.io.store_in
+        stored = [store.variables(c, store_in) if store else () for c in client_ids]
         seeds = self.seeds(request.round_num, client_ids, training.stream)
         on_worker, sizes = self.rounds_cache.worker_data, self.data.train_sizes
         examples = (  # read by the worker, or here (the ones not cached read together)
@@ -190,10 +191,8 @@ class TrainingCalls:
             if on_worker
             else self.data.arrays_of("train", client_ids)
         )
-        return [
-            client_input(a, key, store.variables(c, store_in) if store else (), scalar, seed)
-            for c, a, key, scalar, seed in zip(client_ids, examples, request.keys, scalars, seeds)
-        ]
+        per_client = zip(examples, request.keys, stored, scalars, seeds)
+        return [client_input(*values) for values in per_client]
 
     def trained_round(
         self,
