@@ -271,6 +271,7 @@ def table_protocol(table: str, spec: RunSpec) -> RunSpec:
 
 
 def run_one(spec: RunSpec, output_dir: str, runtime: RuntimeConfig) -> dict[str, Any]:
+    aggregator = spec.training.aggregator.kind
     summary = runner.run(
         spec,
         output_dir,
@@ -279,7 +280,7 @@ def run_one(spec: RunSpec, output_dir: str, runtime: RuntimeConfig) -> dict[str,
         log=lambda message: None,
         # Eq. 4's discrepancy reads each client's own update, which any aggregator but the
         # mean keeps inside its per-cluster sums.
-        round_metrics=[discrepancy] if spec.training.aggregator.name == "mean" else [],
+        round_metrics=[] if aggregator.voided_by_individual_updates else [discrepancy],
         execution=runtime.execution,
         device=runtime.device,
     )

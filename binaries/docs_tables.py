@@ -3,7 +3,8 @@
 * `docs/options.md`: every algorithm of the registry (`tff_clustered.algorithms.ALGORITHMS`)
   with the first line of its class docstring and its paper, then each algorithm's options
   (the fields of its `Options`, declared with `options.option(default, help)`): flag, default
-  and help text;
+  and help text; then every aggregator of `tff_clustered.federated.aggregators.AGGREGATORS`
+  with its summary and its options, as the algorithms';
 * the algorithms table of `README.md`, between the lines `<!-- algorithms:start -->` and
   `<!-- algorithms:end -->`.
 
@@ -34,6 +35,8 @@ logs.quiet_tensorflow(sys.argv)
 from tff_clustered import options as options_lib  # noqa: E402
 from tff_clustered.algorithms import ALGORITHMS  # noqa: E402
 from tff_clustered.algorithms.base import Algorithm  # noqa: E402
+from tff_clustered.federated.aggregators import AGGREGATORS  # noqa: E402
+from tff_clustered.federated.cluster_aggregators import ClusterAggregator  # noqa: E402
 
 README = os.path.join(ROOT, "README.md")
 OPTIONS_PAGE = os.path.join(ROOT, "docs", "options.md")
@@ -143,9 +146,9 @@ def option_rows(options_cls: type) -> list[str]:
         if choices:
             help_text += " One of: " + ", ".join(f"`{c}`" for c in choices) + "."
         type_name = options_lib.base_type(hints[field.name]).__name__
+        flag = options_lib.flag_name(field)
         rows.append(
-            f"| `--{field.name}` | {type_name} | {format_default(field.default)} | "
-            f"{cell(help_text)} |"
+            f"| `--{flag}` | {type_name} | {format_default(field.default)} | {cell(help_text)} |"
         )
     return rows
 
@@ -153,7 +156,7 @@ def option_rows(options_cls: type) -> list[str]:
 def options_page(algorithms: Mapping[str, type[Algorithm]]) -> str:
     """The text of docs/options.md."""
     out = [
-        "# Algorithm options",
+        "# Algorithm and aggregator options",
         "",
         f"<!-- Written by binaries/docs_tables.py from the code; do not edit. After changing an "
         f"algorithm's docstring or options, run `{REGENERATE}` (or `make docs`). -->",
@@ -187,7 +190,39 @@ def options_page(algorithms: Mapping[str, type[Algorithm]]) -> str:
             out += ["| flag | type | default | help |", "|---|---|---|---|", *rows, ""]
         else:
             out += ["No options of its own: only the general flags of [flags.md](flags.md).", ""]
+    out += aggregators_section(AGGREGATORS)
     return "\n".join(out)
+
+
+def aggregators_section(aggregators: Mapping[str, type[ClusterAggregator]]) -> list[str]:
+    """docs/options.md's aggregators: each one's name, summary, code and settings (the fields
+    of its `Options`, each a flag), in the registry's order."""
+    out = [
+        "## Aggregators",
+        "",
+        "What each cluster does with its clients' updates (`--aggregator`, or `tff_clustered."
+        "run`'s `aggregator` argument; [aggregation.md](aggregation.md), "
+        "[privacy.md](privacy.md)). Each aggregator's settings are the fields of its `Options` "
+        "(declared with `option(default, help, flag=...)`), each a flag of `binaries/train.py`"
+        " and `binaries/compare.py`; a flag of another aggregator than the one chosen, changed "
+        "from its default, is refused. Registry: `tff_clustered/federated/aggregators.py`.",
+        "",
+    ]
+    for name, cls in aggregators.items():
+        how = "`--aggregator`" if cls.named else "`tff_clustered.run`'s `aggregator` argument only"
+        out += [
+            f"### `{name}`",
+            "",
+            f"{cell(cls.summary[:1].upper() + cls.summary[1:])}. Code: `{cls.__qualname__}` in "
+            f"[`{source_file(cls)}`](../{source_file(cls)}); chosen by {how}.",
+            "",
+        ]
+        rows = option_rows(cls.options_type()) if cls.named else []
+        if rows:
+            out += ["| flag | type | default | help |", "|---|---|---|---|", *rows, ""]
+        else:
+            out += ["No settings of its own.", ""]
+    return out
 
 
 def readme_with_table(readme: str, table: str) -> str:

@@ -1,4 +1,6 @@
-"""Summarises CFL's split statistics in a run's metrics.csv: per cluster, how often each test
+"""Summarises CFL's split statistics in a run's metrics.csv, per cluster and window of rounds.
+
+Summarises CFL's split statistics in a run's metrics.csv: per cluster, how often each test
 decided (the `cfl_decision_{k}` codes of `tff_clustered.algorithms.cfl.SplitDecision`), the
 rounds it split, and per window of rounds the ranges of the norm ratio, the nearest-neighbour
 gap, the cosine spread and the two update norms, so one reads how near a split came.

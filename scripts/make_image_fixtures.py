@@ -1,4 +1,6 @@
-"""Regenerates the CIFAR-10, CIFAR-100, SVHN, TFDS and PathMNIST fixtures in testdata/ in the
+"""Regenerates the CIFAR-10, CIFAR-100, SVHN, TFDS and PathMNIST fixtures in testdata/.
+
+Regenerates the CIFAR-10, CIFAR-100, SVHN, TFDS and PathMNIST fixtures in testdata/ in the
 official on-disk formats, deterministically: synthetic, learnable images (CIFAR/SVHN/TFDS: noise
 plus a bright bar whose row and colour encode the label, each file under 100 KB; PathMNIST: a
 class colour and stripe pattern plus noise, the .npz under 300 KB).

@@ -1,4 +1,6 @@
-"""Writes testdata/leaf_shakespeare_tiny/: three speaking parts of Shakespeare (public domain)
+"""Writes testdata/leaf_shakespeare_tiny/: three speaking parts in LEAF's Shakespeare format.
+
+Writes testdata/leaf_shakespeare_tiny/: three speaking parts of Shakespeare (public domain)
 as LEAF's Shakespeare preprocessing writes them (deterministic, no randomness involved).
 
 It follows LEAF's own steps (https://github.com/TalwalkarLab/leaf, data/shakespeare/preprocess/

@@ -1,4 +1,6 @@
-"""Regenerates testdata/tff_stackoverflow_tiny/, deterministically: made-up posts in the format
+"""Regenerates testdata/tff_stackoverflow_tiny/: made-up posts in TFF's Stack Overflow format.
+
+Regenerates testdata/tff_stackoverflow_tiny/, deterministically: made-up posts in the format
 of TFF 0.87's federated Stack Overflow (`stackoverflow.sqlite`, read by
 `tff.simulation.datasets.stackoverflow.load_data`), with the two vocabulary files TFF's
 `load_word_counts` / `load_tag_counts` unpack next to it.

@@ -1,4 +1,6 @@
-"""Regenerates the tiny real-format TFF databases under testdata/, deterministically, with
+"""Regenerates the tiny real-format TFF databases under testdata/, deterministically.
+
+Regenerates the tiny real-format TFF databases under testdata/, deterministically, with
 made-up content in TFF 0.87's `SqlClientData` format (the `examples` and `client_metadata`
 tables, each example a serialized `tf.train.Example`):
 

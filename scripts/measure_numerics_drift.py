@@ -1,4 +1,5 @@
 """Does a committed table's cell move with TensorFlow's numerics settings on this machine?
+
 Runs the same `binaries/compare.py` cells (default: `results/fedtsdp-digits`'s iid FedAvg and
 FedRep, seeds 0 and 1, the `tsdp_cnn` CNN) once per setting, one run at a time, each in a fresh
 process: oneDNN on (TensorFlow's default on x86) or off (`TF_ENABLE_ONEDNN_OPTS=0`), TF's own

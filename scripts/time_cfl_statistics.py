@@ -1,4 +1,6 @@
-"""Times CFL's per-cluster split statistics (`cfl.split_statistics`: norms, pairwise update
+"""Times CFL's per-cluster split statistics against the update norms alone.
+
+Times CFL's per-cluster split statistics (`cfl.split_statistics`: norms, pairwise update
 cosines, optimal bipartition, gap, spread), computed for every sampled cluster in every round,
 against the update norms alone, on random float32 updates of a given size (default: FEMNIST's
 MCLR, 784 * 62 + 62 values). Best of 7 calls each.

@@ -1,4 +1,6 @@
-"""Start-up of `--dataset=tff_sql` on a synthetic population: seconds of `load_tff_sql` and
+"""Start-up of `--dataset=tff_sql` on a synthetic population: seconds and peak memory.
+
+Start-up of `--dataset=tff_sql` on a synthetic population: seconds of `load_tff_sql` and
 peak memory, read lazily or whole (docs/data.md's table).
 
     python scripts/time_lazy_start.py write /tmp/pop1e5.sqlite 100000
@@ -21,7 +23,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tff_clustered.data.sql_clients import CLIENT_INDEX, load_tff_sql
+from tff_clustered.data.sql_clients import CLIENT_INDEX
+from tff_clustered.data.tff_sql import load_tff_sql
 
 FEATURES, TRAIN, TEST, GROUPS, CLASSES = 32, 16, 4, 4, 10
 TABLES = (

@@ -1,4 +1,6 @@
-"""Start-up of `--dataset=tff_stackoverflow` without `--num_clients` (every client, read
+"""Start-up of `--dataset=tff_stackoverflow` read lazily, on a synthetic population.
+
+Start-up of `--dataset=tff_stackoverflow` without `--num_clients` (every client, read
 lazily) on a synthetic `stackoverflow.sqlite` (docs/data.md's figures).
 
     python scripts/time_stackoverflow_start.py write /tmp/so100k 100000 [--no-index]

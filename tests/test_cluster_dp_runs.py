@@ -72,7 +72,7 @@ def test_a_dp_run_is_the_same_on_both_executions(algorithm: str) -> None:
     if algorithm != "fedavg":  # the clients' picks, and so the rows they were clipped into
         assert len(set(tff_run.state.assignment.values()) - {-1}) == 2
     clips = tff_run.state.aggregator_state["clip"]
-    assert not np.allclose(clips, DP.clip)  # adaptive: the clips moved
+    assert not np.allclose(clips, DP.options.clip)  # adaptive: the clips moved
     trained = tff_run.state.history[1:]
     for k in range(len(clips)):
         assert f"dp_clip_cluster_{k}" in trained[0]

@@ -13,15 +13,18 @@ from tff_clustered.run_spec import RunSpec
 def test_privacy_levels_set_each_rows_aggregator() -> None:
     spec = RunSpec("fedavg")
     private = parse_setting("epsilon:4")(spec).training.aggregator
-    assert (private.name, private.target_epsilon, private.noise_multiplier) == ("dp", 4.0, None)
-    assert private.clipping == "adaptive"  # the table's own choice without --aggregator=dp
+    settings = private.options
+    assert (private.name, settings.target_epsilon, settings.noise_multiplier) == ("dp", 4.0, None)
+    assert settings.clipping == "adaptive"  # the table's own choice without --aggregator=dp
     clip = parse_setting("clip")(spec).training.aggregator
-    assert (clip.name, clip.noise_multiplier, clip.target_epsilon) == ("dp", 0.0, 0.0)
+    settings = clip.options
+    assert (clip.name, settings.noise_multiplier, settings.target_epsilon) == ("dp", 0.0, 0.0)
     # The private rows keep the command line's dp settings; `mean` drops them all.
-    given = AggregatorConfig("dp", 1.0, clip=0.3, clipping="fixed", delta=1e-6)
+    given = AggregatorConfig("dp", noise_multiplier=1.0, clip=0.3, clipping="fixed", delta=1e-6)
     dp_spec = RunSpec("fedavg", training=TrainingConfig(aggregator=given))
     kept = parse_setting("epsilon:8")(dp_spec).training.aggregator
-    assert (kept.clip, kept.clipping, kept.delta, kept.noise_multiplier) == (
+    settings = kept.options
+    assert (settings.clip, settings.clipping, settings.delta, settings.noise_multiplier) == (
         0.3,
         "fixed",
         1e-6,
@@ -35,10 +38,10 @@ def test_privacy_levels_set_each_rows_aggregator() -> None:
 def test_robust_aggregator_rows() -> None:
     spec = RunSpec("ifca")
     compression = parse_setting("compression:4:1000")(spec).training.aggregator
-    assert (compression.name, compression.quantization_bits) == ("compression", 4)
-    assert compression.quantization_threshold == 1000
+    assert (compression.name, compression.options.quantization_bits) == ("compression", 4)
+    assert compression.options.quantization_threshold == 1000
     default = parse_setting("compression")(spec).training.aggregator
-    assert (default.quantization_bits, default.quantization_threshold) == (8, 20000)
+    assert (default.options.quantization_bits, default.options.quantization_threshold) == (8, 20000)
     assert parse_setting("secure")(spec).training.aggregator == AggregatorConfig("secure")
     # The command line's settings of the row's own aggregator are kept.
     given = AggregatorConfig("robust", robust_zeroing=False)

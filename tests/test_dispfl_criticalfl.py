@@ -12,7 +12,6 @@ from peers import identical_data, linear, peer_inputs, run_mlp
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.algorithms.base import RunInfo
 from tff_clustered.algorithms.criticalfl import next_contacts
-from tff_clustered.algorithms.dfl import PeerStep
 from tff_clustered.algorithms.dispfl import (
     SparsePeerStep,
     active_counts,
@@ -23,6 +22,7 @@ from tff_clustered.algorithms.dispfl import (
 )
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.data.federated_data import FederatedData
+from tff_clustered.federated.peer_work import PeerStep
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.models import model_spec
 from tff_clustered.models.split import classifier_layers

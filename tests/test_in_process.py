@@ -84,7 +84,7 @@ def numbers(row: dict) -> dict[str, float]:
 
 
 # Algorithms whose rounds are another's with different server-side decisions: the decentralized
-# baselines but DisPFL run one peer step (`dfl.PeerStep`) with other mixing weights
+# baselines but DisPFL run one peer step (`peer_work.PeerStep`) with other mixing weights
 # (CriticalFL-DFL's shorter queues are data); FedAvg's round is FedGroup's with one cluster,
 # FedProx's is FedGrouProx's; FedGroup's variants differ from fedgroup / fedgrouprox only in
 # how the server clusters. FedAvgM's and FedAdam's finalizers step a server optimizer inside

@@ -15,7 +15,15 @@ import tensorflow_federated as tff
 from conftest import held_exclusively, run_binary
 
 import tff_clustered
-from tff_clustered.data import DataError, FederatedData, load_dataset, sql_clients, sqlite_files
+from tff_clustered.data import (
+    DataError,
+    FederatedData,
+    load_dataset,
+    sql_clients,
+    sqlite_files,
+    tff_sql,
+    vector_records,
+)
 from tff_clustered.data.client_source import LazyClients
 from tff_clustered.data.federated_data import chosen_clients
 from tff_clustered.data.given_clients import federated_data
@@ -71,7 +79,7 @@ def assert_same_clients(lazy: FederatedData, held: FederatedData) -> None:
 
 def test_tff_sql_read_lazily_equals_the_same_file_read_whole(population_file: str) -> None:
     lazy = load_dataset("tff_sql", data_dir=population_file)
-    held = sql_clients.load_tff_sql(population_file, None, lazy=False)
+    held = tff_sql.load_tff_sql(population_file, None, lazy=False)
     assert lazy.source is not None and held.source is None
     assert lazy.num_classes == CLASSES  # the file's largest label + 1
     assert_same_clients(lazy, held)
@@ -257,7 +265,7 @@ def test_num_clients_keeps_a_seeded_choice_of_the_files_clients(population_file:
         "tff_sql", data_dir=population_file, num_classes=CLASSES, num_clients=5, seed=4
     )
     assert other_seed.client_ids != expected
-    whole = sql_clients.load_tff_sql(population_file, CLASSES, lazy=False, num_clients=5, seed=3)
+    whole = tff_sql.load_tff_sql(population_file, CLASSES, lazy=False, num_clients=5, seed=3)
     assert_same_clients(drawn, whole)
     with pytest.raises(DataError, match="has 30 clients; use --num_clients between 1 and 30"):
         load_dataset("tff_sql", data_dir=population_file, num_classes=CLASSES, num_clients=31)
@@ -356,7 +364,7 @@ def test_a_run_on_lazy_clients_equals_the_run_in_memory(
     population_file: str, tmp_path: object
 ) -> None:
     lazy = load_dataset("tff_sql", data_dir=population_file, num_classes=CLASSES)
-    held = sql_clients.load_tff_sql(population_file, CLASSES, lazy=False)
+    held = tff_sql.load_tff_sql(population_file, CLASSES, lazy=False)
     assert run_history(lazy, str(tmp_path / "lazy")) == run_history(held, str(tmp_path / "held"))
 
 
@@ -429,7 +437,7 @@ def test_clients_read_together_equal_clients_read_one_by_one(
     assert len(read_together) == 2 and alone == []
     # a client asked for twice, in two queries, has its examples once
     reader = sql_clients.SqlClients(
-        population_file, sql_clients.vector_records, {"train": "train", "test": "test"}
+        population_file, vector_records.vector_records, {"train": "train", "test": "test"}
     )
     asked = ["c01", "c02", "c03", "c04", "c05", "c01"]
     for (x, y), client in zip(reader.read_many("test", asked), asked):
@@ -499,7 +507,7 @@ def test_reading_together_refuses_a_parser_that_is_not_one_example_per_record(
     to another, so it is refused, and the lazy source then reads each client alone."""
 
     def every_other(blobs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-        x, y = sql_clients.vector_records(blobs)
+        x, y = vector_records.vector_records(blobs)
         return x[::2], y[::2]
 
     reader = sql_clients.SqlClients(

@@ -22,7 +22,7 @@ from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated import client_work
 from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.loop.config import TrainingConfig
-from tff_clustered.loop.privacy import sampled_positions
+from tff_clustered.loop.sampling import sampled_positions
 from tff_clustered.loop.state import DivergenceError, RunState, apply_decision, check_finite
 from tff_clustered.models import model_spec
 from tff_clustered.orchestration import Experiment

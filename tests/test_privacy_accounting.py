@@ -1,4 +1,5 @@
-"""Client sampling and its privacy accounting (`tff_clustered.loop.privacy`): the ledger's
+"""Client sampling and its privacy accounting (`loop.sampling`, `loop.dp_events`,
+`loop.privacy_ledger`, `loop.noise_calibration`): the ledger's
 epsilon is dp_accounting's for the same events, the draw is the sampling docs/privacy.md
 states, calibration meets its target, and a ledger survives a checkpoint. No TensorFlow: the
 loop's own use of the draw is checked in test_orchestration.py."""
@@ -15,8 +16,10 @@ import pytest
 from dp_accounting.rdp import RdpAccountant
 from scipy import stats
 
-from tff_clustered.loop import privacy
-from tff_clustered.loop.privacy import PrivacyLedger, sampled_positions, sampling_event
+from tff_clustered.loop.dp_events import event_of_key, sampling_event
+from tff_clustered.loop.noise_calibration import calibrated_noise_multiplier
+from tff_clustered.loop.privacy_ledger import PrivacyLedger
+from tff_clustered.loop.sampling import SAMPLINGS, describe_sampling, sampled_positions
 from tff_clustered.seeds import SAMPLING, derived_seed
 from tff_clustered.state_encoding import decode_tree, encode_tree
 
@@ -47,7 +50,7 @@ def warm_up_ledger(sampling: str, inner: dpa.DpEvent) -> tuple[PrivacyLedger, li
     return ledger, [warm_up, full]
 
 
-@pytest.mark.parametrize("sampling", privacy.SAMPLINGS)
+@pytest.mark.parametrize("sampling", SAMPLINGS)
 def test_ledger_epsilon_equals_dp_accountings_for_the_same_events(sampling: str) -> None:
     """Mixed eligibility: the warm-up block composes both events, the other clients only the
     second; each equals `RdpAccountant` composing the same events, exactly."""
@@ -83,7 +86,7 @@ def test_ledger_equals_composing_round_by_round() -> None:
     )
 
 
-@pytest.mark.parametrize("sampling", privacy.SAMPLINGS)
+@pytest.mark.parametrize("sampling", SAMPLINGS)
 def test_adaptive_clipping_composed_event_is_accounted_as_its_combined_gaussian(
     sampling: str,
 ) -> None:
@@ -126,7 +129,7 @@ def test_loop_sampling_is_the_model_docs_privacy_md_states() -> None:
     (same seed stream and calls), and docs/privacy.md states each sampling's sentence."""
     n, m, rounds, seed = 40, 8, 3000, 11
     q = m / n
-    for sampling in privacy.SAMPLINGS:
+    for sampling in SAMPLINGS:
         draws = [sampled_positions(sampling, n, m, seed, r) for r in range(1, rounds + 1)]
         counts = np.bincount(np.concatenate(draws), minlength=n)
         deviation = ((counts - rounds * q) ** 2).sum() / (rounds * q * (1 - q))
@@ -148,7 +151,7 @@ def test_loop_sampling_is_the_model_docs_privacy_md_states() -> None:
             fit = sum((o - e) ** 2 / e for o, e in zip(observed, wanted))
             assert chi_square_p(fit, len(observed) - 1) > 1e-3
         documented = " ".join(DOCS.read_text().split())
-        assert privacy.describe_sampling(sampling) in documented
+        assert describe_sampling(sampling) in documented
     assert sampled_positions("fixed", 3, 8, seed, 1).tolist() == [0, 1, 2]
     assert sampled_positions("poisson", 3, 8, seed, 1).tolist() == [0, 1, 2]  # q = 1
     assert len(sampled_positions("poisson", 0, 8, seed, 1)) == 0
@@ -158,7 +161,7 @@ def test_loop_sampling_is_the_model_docs_privacy_md_states() -> None:
 def test_calibrated_noise_reaches_the_target_epsilon(sampling: str, target: float) -> None:
     """The calibrated multiplier's 200 rounds (1000 clients, 20 a round), recorded round by
     round, reach the target without passing it: within 2% below it at a tolerance of 0.01."""
-    z = privacy.calibrated_noise_multiplier(target, DELTA, 200, sampling, 1000, 20, tol=0.01)
+    z = calibrated_noise_multiplier(target, DELTA, 200, sampling, 1000, 20, tol=0.01)
     ledger = PrivacyLedger.for_population(1000)
     for _ in range(200):
         ledger.record(None, sampling_event(sampling, 1000, 20, dpa.GaussianDpEvent(z)))
@@ -184,7 +187,7 @@ def test_ledger_round_trips_through_its_checkpoint_encoding() -> None:
     loaded.record(None, sampling_event("poisson", 300, 10, dpa.GaussianDpEvent(1.1)))
     assert loaded.classes[0] != ledger.classes[0]  # the loaded copy is its own
     with pytest.raises(ValueError, match="not a dp_accounting event"):
-        privacy.event_of_key('{"class":"RdpAccountant"}')
+        event_of_key('{"class":"RdpAccountant"}')
     with pytest.raises(ValueError, match="outside"):
         PrivacyLedger(np.array([0, 3]), [{}])
 

@@ -113,6 +113,6 @@ def test_calibrating_adaptive_clipping_with_a_given_count_noise() -> None:
         return TrainingConfig(rounds=10, clients_per_round=10, aggregator=dp)
 
     tuned, z = calibrated(config(5.0), 1000)
-    assert z is not None and tuned.aggregator.noise_multiplier == z < 10.0
+    assert z is not None and tuned.aggregator.options.noise_multiplier == z < 10.0
     with pytest.raises(ValueError, match="count"):
         calibrated(config(0.05), 1000)

@@ -41,6 +41,22 @@ W0 = initial_weights(SPEC, 7)
 SHAPES = [tuple(np.shape(w)) for w in W0]
 KEYS = [0, 1, 0, 1, 1]  # cluster 2 gets no client
 SIZES = (6, 9, 4, 7, 5)
+# The aggregator settings every run records at their defaults, in the order checkpoints and
+# summary.json hold them (between the name and the factory).
+MEAN_RECORD = {
+    "noise_multiplier": None,
+    "clip": 1.0,
+    "clipping": "fixed",
+    "target_quantile": 0.5,
+    "clip_learning_rate": 0.2,
+    "count_stddev": None,
+    "delta": 1e-5,
+    "target_epsilon": 0.0,
+    "robust_zeroing": True,
+    "robust_clipping": True,
+    "quantization_bits": 8,
+    "quantization_threshold": 20000,
+}
 
 
 def built_round(aggregator: object = None) -> object:
@@ -260,13 +276,16 @@ def test_the_api_takes_a_bare_factory_and_refuses_what_cannot_run_it(tmp_path: o
     is read."""
     factory = tff.aggregators.MeanFactory()
     training = with_aggregator(TrainingConfig(), factory)
-    assert training.aggregator == AggregatorConfig(
-        "tff_factory", factory=TffFactoryPerCluster(factory)
-    )
+    assert training.aggregator == AggregatorConfig.of(TffFactoryPerCluster(factory))
     assert training.aggregator.build().factory is factory
     described = training.settings()["aggregator"]["factory"]
     assert described.endswith("MeanFactory")
-    assert TrainingConfig().settings() == dataclasses.asdict(TrainingConfig())  # the mean's
+    mean = TrainingConfig().settings()  # the mean's: the plain settings, no factory's
+    assert mean["aggregator"] == {"name": "mean", **MEAN_RECORD, "factory": None}
+    assert list(mean["aggregator"]) == ["name", *MEAN_RECORD, "factory"]
+    assert {k: v for k, v in mean.items() if k != "aggregator"} == {
+        k: v for k, v in dataclasses.asdict(TrainingConfig()).items() if k != "aggregator"
+    }
     assert not checkpoint.same_settings(
         RunSpec("fedavg").settings(),
         dict(RunSpec("fedavg").settings(), training=training.settings()),

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 from conftest import held_exclusively
 
-from tff_clustered.data import load_dataset, sql_clients, sqlite_files
+from tff_clustered.data import load_dataset, sqlite_files, tff_sql
 from tff_clustered.data.fingerprint import file_digest
 from tff_clustered.data.population import PopulationSpec, write_population_sql
 from tff_clustered.data.spec import DataSpec
@@ -114,7 +114,7 @@ def test_auto_reads_on_the_worker_what_was_measured_faster(population_file: str)
     assert executions.reads_on_worker("auto", large)
     population = dataclasses.replace(reader, held_here=False)  # read from the file here anyway
     assert executions.reads_on_worker("auto", population)
-    held = sql_clients.load_tff_sql(population_file, POPULATION.num_classes, lazy=False)
+    held = tff_sql.load_tff_sql(population_file, POPULATION.num_classes, lazy=False)
     assert worker_reader(held) is None  # no file to read: sent
     assert worker_reader(load_dataset("digits")) is None
 

@@ -1,5 +1,7 @@
-"""The Python API's `aggregator` argument (`tff_clustered.run`): a name, an aggregator, a
-`tff.aggregators` factory or an `AggregatorConfig`, as the training's aggregator settings."""
+"""The Python API's `aggregator` argument (`tff_clustered.run`) as the training's settings.
+
+It is a name, an aggregator (a user's own `ClusterAggregator` subclass too), a
+`tff.aggregators` factory or an `AggregatorConfig`."""
 
 from __future__ import annotations
 
@@ -8,11 +10,8 @@ from typing import Any, Union
 
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.federated.tff_factory_aggregator import FACTORY_TYPES, TffFactoryPerCluster
-from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
+from tff_clustered.loop.config import AggregatorConfig, TrainingConfig, named_at_defaults
 from tff_clustered.options import described
-
-# The aggregators `run` takes by name (their settings at their defaults).
-NAMED_AGGREGATORS = ("mean", "robust", "compression", "secure")
 
 
 def with_aggregator(
@@ -25,11 +24,12 @@ def with_aggregator(
         return training
     if isinstance(aggregator, FACTORY_TYPES):
         aggregator = TffFactoryPerCluster(aggregator)
+    named = named_at_defaults()
     if isinstance(aggregator, str):
-        if aggregator not in NAMED_AGGREGATORS:
+        if aggregator not in named:
             raise ValueError(
-                f"aggregator={aggregator!r}: give one of {', '.join(map(repr, NAMED_AGGREGATORS))}"
-                ", or the aggregator itself, e.g. "
+                f"aggregator={aggregator!r}: give one of {', '.join(map(repr, named))}, or the "
+                "aggregator itself, e.g. "
                 "aggregator=tff_clustered.ClusterDP(noise_multiplier=1.0, clip=0.1)"
             )
         config = AggregatorConfig(aggregator)
@@ -39,8 +39,8 @@ def with_aggregator(
         config = aggregator
     else:
         raise TypeError(
-            f"aggregator must be a name ({', '.join(NAMED_AGGREGATORS)}), a ClusterAggregator "
-            "(ClusterDP, ClusterRobust, ...), a tff.aggregators factory (e.g. "
+            f"aggregator must be a name ({', '.join(named)}), a ClusterAggregator "
+            "(ClusterDP, ClusterRobust, your own subclass, ...), a tff.aggregators factory (e.g. "
             "tff.aggregators.MeanFactory()) or an AggregatorConfig, got "
             f"{described(aggregator)}"
         )

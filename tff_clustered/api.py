@@ -41,7 +41,6 @@ from tff_clustered.data.given_clients import federated_data
 from tff_clustered.data.registry import load_dataset, source_fingerprint
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
-from tff_clustered.federated.factory_inspection import unread_warning
 from tff_clustered.loop.aggregation import check_aggregator
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.state import RunState
@@ -214,7 +213,9 @@ def run(
     `ClusterSecure(...)` to set them), `tff_clustered.ClusterDP(noise_multiplier=..., clip=...)`
     (DP-FedAvg per cluster, clients weighted uniformly), any `tff.aggregators` factory
     (weighted or unweighted, one instance per cluster: `TffFactoryPerCluster`, on execution
-    "tff" only), or an `AggregatorConfig`; None: `training.aggregator` (the mean).
+    "tff" only), your own `ClusterAggregator` subclass (with a `name` of its own; docs/
+    aggregation.md's worked example), or an `AggregatorConfig`; None: `training.aggregator`
+    (the mean).
     `output_dir` holding a run is refused unless `resume=True` continues it or `overwrite=True`
     deletes it and starts anew, as `binaries/train.py`'s `--resume` and `--overwrite`.
 
@@ -295,11 +296,9 @@ def run(
         if resume:  # refuses other settings or data first
             saved = checkpoint.load(RunFolder(output_dir).checkpoint, settings, source)
             refuse_another_model(output_dir, saved, values)
-            factory = training.aggregator.factory
-            if saved is not None and factory is not None:
-                warning = unread_warning(factory.description, factory.parameters)
-                if warning:
-                    log(warning)
+            warning = training.aggregator.build().resume_warning() if saved is not None else ""
+            if warning:
+                log(warning)
 
     def build(timer: PhaseTimer) -> Experiment:
         with timer.phase("building"):

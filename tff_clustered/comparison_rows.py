@@ -23,7 +23,7 @@ import dataclasses
 import math
 from typing import Any, Callable
 
-from tff_clustered.loop.config import AggregatorConfig
+from tff_clustered.loop.config import AggregatorConfig, named_at_defaults
 from tff_clustered.run_spec import RunSpec
 
 # A partition setting: whether it needs a Dirichlet concentration (`dirichlet:BETA`), takes
@@ -38,11 +38,16 @@ SETTING_PARTITIONS = {
     "fedac_pathological": "none",
     "natural": "none",
 }
-AGGREGATOR_ROWS = ("mean", "clip", "epsilon", "robust", "compression", "secure")
+# The aggregator rows: DP-FedAvg's clipping alone and its calibrated noise, and every aggregator
+# taken by name at its defaults (`loop.config.named_at_defaults`), the mean first; the rows
+# that take numbers, with their form.
+AGGREGATOR_ROWS = ("mean", "clip", "epsilon", *(n for n in named_at_defaults() if n != "mean"))
+ROW_FORMS = {"epsilon": "epsilon:E", "compression": "compression[:BITS[:THRESHOLD]]"}
 SETTINGS_HELP = (
     "iid, pathological, shards, dirichlet:BETA, fedac_dirichlet[:BETA], fedac_pathological, "
-    "natural (e.g. dirichlet:0.5), or an aggregator: mean, clip, epsilon:E, robust, "
-    "compression[:BITS[:THRESHOLD]], secure (e.g. epsilon:8, compression:4:1000)"
+    "natural (e.g. dirichlet:0.5), or an aggregator: "
+    f"{', '.join(ROW_FORMS.get(row, row) for row in AGGREGATOR_ROWS)} (e.g. epsilon:8, "
+    "compression:4:1000)"
 )
 SpecChange = Callable[[RunSpec], RunSpec]
 
@@ -100,7 +105,7 @@ def aggregator_change(setting: str, name: str, value: str) -> SpecChange:
             own = dict(noise_multiplier=0.0, clipping="adaptive") if config == "dp" else {}
             given = AggregatorConfig(config, **own)
         try:
-            aggregator = dataclasses.replace(given, **changes)
+            aggregator = given.with_settings(**changes)
         except ValueError as e:
             raise ValueError(f"setting {setting!r}: {e}") from None
         return dataclasses.replace(

@@ -22,9 +22,23 @@ import numpy as np
 from absl import flags
 
 
-def option(default: Any, help: str, choices: Optional[tuple[str, ...]] = None) -> Any:
-    """A dataclass field that is also a flag."""
-    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+def option(
+    default: Any,
+    help: str,
+    choices: Optional[tuple[str, ...]] = None,
+    flag: Optional[str] = None,
+    lower_bound: Optional[float] = None,
+) -> Any:
+    """A dataclass field that is also a flag: of the field's name unless `flag` names it (an
+    aggregator's `clip` is `--dp_clip`), its values one of `choices`, or at least `lower_bound`
+    (the flag parser refuses others)."""
+    metadata = {"help": help, "choices": choices, "flag": flag, "lower_bound": lower_bound}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def flag_name(field: dataclasses.Field) -> str:
+    """The flag of an option field: its own name unless `option(flag=...)` gives another."""
+    return field.metadata.get("flag") or field.name
 
 
 def base_type(annotation: Any) -> type:
@@ -123,18 +137,21 @@ def checked(options: Any, owner: str) -> Any:
 
 
 def define_flags(
-    options_classes: Mapping[str, type], flag_values: flags.FlagValues = flags.FLAGS
+    options_classes: Mapping[str, type],
+    flag_values: flags.FlagValues = flags.FLAGS,
+    owners_prefix: str = "",
 ) -> None:
     """Every option of the algorithms' `Options` classes (`{algorithm: Options}`) as one flag
-    of its name. Options of one name must have one type; where their defaults differ, the flag
-    has none (None) and its help gives each algorithm's default, which `from_flags` applies
-    for the algorithm that runs."""
+    of its name (`flag_name`). Options of one name must have one type; where their defaults
+    differ, the flag has none (None) and its help gives each algorithm's default, which
+    `from_flags` applies for the algorithm that runs. `owners_prefix` (e.g. "--aggregator=")
+    starts each flag's help with the owners that take it: `--aggregator=robust/secure: ...`."""
     by_name: dict[str, list[tuple[str, dataclasses.Field, type]]] = {}
     for algorithm, options_cls in options_classes.items():
         hints = typing.get_type_hints(options_cls)
         for field in dataclasses.fields(options_cls):
             entry = (algorithm, field, base_type(hints[field.name]))
-            by_name.setdefault(field.name, []).append(entry)
+            by_name.setdefault(flag_name(field), []).append(entry)
     for name, entries in by_name.items():
         if name in flag_values:
             raise ValueError(f"option {name} is already a flag; rename the option")
@@ -156,6 +173,8 @@ def define_flags(
                 f"{', '.join(algorithms)}: {text} (default {value})"
                 for (text, value), algorithms in alike.items()
             )
+        if owners_prefix:
+            help_text = f"{owners_prefix}{'/'.join(owner for owner, _, _ in entries)}: {help_text}"
         choices = field.metadata.get("choices")
         if choices:
             flags.DEFINE_enum(name, default, list(choices), help_text, flag_values=flag_values)
@@ -170,7 +189,9 @@ def define_flags(
             define = flags.DEFINE_string
         else:
             raise TypeError(f"option {name}: unsupported type {kind}")
-        define(name, default, help_text, flag_values=flag_values)
+        bound = field.metadata.get("lower_bound")
+        bounds = {} if bound is None else {"lower_bound": bound}
+        define(name, default, help_text, flag_values=flag_values, **bounds)
 
 
 def from_flags(options_cls: type, flag_values: flags.FlagValues = flags.FLAGS) -> Any:
@@ -179,7 +200,7 @@ def from_flags(options_cls: type, flag_values: flags.FlagValues = flags.FLAGS) -
     default."""
     values = {}
     for field in dataclasses.fields(options_cls):
-        flag = flag_values[field.name]
+        flag = flag_values[flag_name(field)]
         if flag.present or flag.value != flag.default:
             values[field.name] = flag.value
     return options_cls(**values)

@@ -39,10 +39,10 @@ from tff_clustered.loop import accounting, aggregation
 from tff_clustered.loop.aggregation import AggregatorRound
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.evaluation import Evaluator
-from tff_clustered.loop.privacy import sampled_positions
 from tff_clustered.loop.queries import ServerQueries
 from tff_clustered.loop.round_calls import LocalTraining, RoundCalls, TrainRequest
 from tff_clustered.loop.round_step import RoundOutcome, RoundStep, empty_round_row
+from tff_clustered.loop.sampling import sampled_positions
 from tff_clustered.loop.state import (
     RunState,
     apply_decision,
@@ -272,7 +272,7 @@ class Experiment:
 
     def sample_clients(self, round_num: int, eligible: Optional[Sequence[str]] = None) -> list[str]:
         """The round's clients among the eligible ones, as `config.client_sampling` draws them
-        (`loop.privacy.sampled_positions`): `clients_per_round` of them (all if fewer), or each
+        (`loop.sampling.sampled_positions`): `clients_per_round` of them (all if fewer), or each
         with probability clients_per_round / eligible."""
         ids = self.eligible_clients(round_num) if eligible is None else eligible
         config = self.config

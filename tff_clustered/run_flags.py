@@ -23,7 +23,7 @@ from tff_clustered.data import DATASET_NAMES, DataError, DataSpec
 from tff_clustered.data.spec import MIN_CLASSES
 from tff_clustered.federated.server_optimizers import SERVER_OPTIMIZERS, ServerOptimizer
 from tff_clustered.loop.config import LR_SCHEDULES, TrainingConfig
-from tff_clustered.loop.privacy import SAMPLINGS
+from tff_clustered.loop.sampling import SAMPLINGS
 from tff_clustered.models import MODEL_NAMES
 from tff_clustered.run_spec import ModelChoice, RunSpec
 from tff_clustered.runtime import CLIENT_DATA, RuntimeConfig, WorkerLostError

@@ -15,7 +15,7 @@ from absl import flags
 
 from binaries.benchmarks.common import FLAGS, Benchmark, Setup, alternate, seconds_row
 from tff_clustered.data.population import PopulationSpec, write_population_sql
-from tff_clustered.data.sql_clients import load_tff_sql
+from tff_clustered.data.tff_sql import load_tff_sql
 from tff_clustered.data.worker_reader import worker_reader
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round_inputs import client_input, client_seed, round_hparams

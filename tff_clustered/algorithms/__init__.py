@@ -1,4 +1,6 @@
-"""Algorithms by name. A new algorithm is one module here defining an `Algorithm` subclass
+"""The registry of algorithms by name, each one module defining an `Algorithm` subclass.
+
+Algorithms by name. A new algorithm is one module here defining an `Algorithm` subclass
 (with its `Options`, which become its flags)."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""CFL (Sattler et al., "Clustered Federated Learning: Model-Agnostic Distributed Multitask
+"""CFL: a cluster split in two when its members' updates disagree (Sattler et al., TNNLS 2020).
+
+CFL (Sattler et al., "Clustered Federated Learning: Model-Agnostic Distributed Multitask
 Optimization Under Privacy Constraints", IEEE TNNLS 2020).
 
 All clients start in one cluster trained by FedAvg. After each round, every cluster whose

@@ -1,4 +1,6 @@
-"""CGPFL (Tang, Guo, Guo, "Personalized Federated Learning with Contextualized Generalization",
+"""CGPFL: personal models pulled toward K context models, one per cluster (IJCAI 2022).
+
+CGPFL (Tang, Guo, Guo, "Personalized Federated Learning with Contextualized Generalization",
 IJCAI 2022): personal models pulled toward K context models, one per cluster of clients.
 
 The paper learns K generalized ("context") models w_k and a personalized model v_i per client,

@@ -1,5 +1,8 @@
-"""Cold starts several clustered algorithms share: independently initialised cluster models
-(IFCA) and K-means over the clients' locally trained models (FeSEM, CGPFL)."""
+"""Cold starts several clustered algorithms share.
+
+Independently initialised cluster models (IFCA), and K-means over the clients' locally trained
+models (FeSEM, CGPFL).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""CriticalFL made decentralized, as UA-PDFL's comparison runs it (Yan, Wang, Li, "CriticalFL:
+"""CriticalFL made decentralized: peers pull more neighbours in a critical learning period.
+
+CriticalFL made decentralized, as UA-PDFL's comparison runs it (Yan, Wang, Li, "CriticalFL:
 A Critical Learning Periods Augmented Client Selection Framework for Efficient Federated
 Learning", KDD 2023): FedAvg-DFL whose peers each vary how many neighbours they pull from,
 more during a detected critical learning period (CLP), fewer otherwise.
@@ -20,7 +22,7 @@ round peer i mixes its model with the first n_i of its N_com uniformly drawn nei
 (|D|-weighted, as FedAvg-DFL) and trains. The peers report G_i; the rule runs in the
 orchestration between rounds, on each peer's behalf, with per-peer numbers only (its n_i,
 G_i(t) and G_i(t-1): what the peer itself would keep and decide on). A shorter queue is padded
-with the peer's own row, which the peer does not count (`dfl.received_rows`). Logged per
+with the peer's own row, which the peer does not count (`peer_work.received_rows`). Logged per
 round: `neighbours_mean` and `criticalfl_critical_peers`.
 """
 

@@ -1,4 +1,6 @@
-"""DisPFL (Dai, Shen, He, Tian, Tao, "DisPFL: Towards Communication-Efficient Personalized
+"""DisPFL: decentralized peers with personalized sparse masks (Dai et al., ICML 2022).
+
+DisPFL (Dai, Shen, He, Tian, Tao, "DisPFL: Towards Communication-Efficient Personalized
 Federated Learning via Decentralized Sparse Training", ICML 2022), on the decentralized loop of
 `dfl.py`: each peer keeps a personalized sparse mask m_i and a sparse model w_i = w_i * m_i.
 
@@ -48,8 +50,9 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.algorithms.base import Decision, Queries, RunInfo, check
-from tff_clustered.algorithms.dfl import Decentralized, received_rows, train_mixed
+from tff_clustered.algorithms.dfl import Decentralized
 from tff_clustered.federated import client_work, local_training
+from tff_clustered.federated.peer_work import received_rows, train_mixed
 from tff_clustered.options import option
 from tff_clustered.seeds import ALGORITHM, derived_seed
 

@@ -1,4 +1,6 @@
-"""Ditto (Li et al., "Ditto: Fair and Robust Federated Learning Through Personalization",
+"""Ditto: a FedAvg global model, and a personal model per client held close to it (ICML 2021).
+
+Ditto (Li et al., "Ditto: Fair and Robust Federated Learning Through Personalization",
 ICML 2021): a global model w trained by FedAvg, plus a personal model v_k per client trained
 on F_k(v) + lambda/2 ||v - w^t||^2 (Eq. 2) against the global model it just received
 (Alg. 1). The personal models are what is evaluated. lambda = 0 is purely local training;

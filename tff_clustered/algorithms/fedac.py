@@ -1,4 +1,6 @@
-"""FedAC (Zhang et al., "FedAC: A Adaptive Clustered Federated Learning Framework for
+"""FedAC: clustering over every client's stored model, with cluster number tuning (Alg. 1).
+
+FedAC (Zhang et al., "FedAC: A Adaptive Clustered Federated Learning Framework for
 Heterogeneous Data", arXiv:2403.16460), Algorithm 1.
 
 Every client keeps its own model omega_i = (phi_i, h_i): the embedding phi (every layer but the
@@ -314,6 +316,54 @@ class FedAC(Algorithm):
         block = view.state.warmup_order[(r - 1) * run.clients_per_round :][: run.clients_per_round]
         return [run.client_ids[i] for i in sorted(block)] or run.client_ids
 
+    def first_clusters(
+        self,
+        run: RunInfo,
+        models: np.ndarray,
+        z: np.ndarray,
+        weights: Optional[np.ndarray],
+        round_num: int,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """R^0 and Omega^0 (Alg. 1 line 1): the warmed-up models' assignment (spherical
+        k-means of their reduced form `z`, or random: `--fedac_init`) and its centres."""
+        seed = derived_seed(run.seed, ALGORITHM, round_num)
+        if self.options.fedac_init == "kmeans":
+            labels = fedac_clustering.spherical_kmeans(z, self.initial_clusters, seed)
+        else:
+            labels = fedac_clustering.random_assignment(
+                len(run.client_ids), self.initial_clusters, seed
+            )
+        return labels, fedac_clustering.m_step(models, labels, self.initial_clusters, weights)
+
+    def clustering_round(
+        self,
+        run: RunInfo,
+        models: np.ndarray,
+        centers_before: np.ndarray,
+        state: FedACState,
+        z: np.ndarray,
+        weights: Optional[np.ndarray],
+    ) -> tuple[fedac_clustering.ClusteringStep, FedACState]:
+        """A round of FedAC's clustering (Alg. 2 with CNT) from `centers_before`, the centres
+        before this round's M-step, and the state keeping the round's split candidates."""
+        # a split must be allowed in every round of a full pass over the clients: the
+        # clients that trained in a round stand out from the rest until others train
+        previous = state.split_candidates
+        if previous is None or len(previous) != full_pass_rounds(run) - 1:
+            previous = np.full((full_pass_rounds(run) - 1, len(run.client_ids)), -1, np.int32)
+        step = fedac_clustering.clustering_step(
+            models,
+            centers_before,
+            state.pca_map,
+            z,
+            self.cnt_settings,
+            weights,
+            self.options.fedac_similarity,
+            previous_splits=previous,
+        )
+        kept = np.concatenate([previous, step.cnt.split_candidates[None, :]])[1:]
+        return step, dataclasses.replace(state, split_candidates=kept)
+
     def after_round(
         self, run: RunInfo, view: ServerView, result: RoundResult, queries: Queries
     ) -> Decision:
@@ -345,34 +395,14 @@ class FedAC(Algorithm):
             "pca_components": float(len(state.pca_axes)),
         }
         if r == warmup:  # R^0 and Omega^0 from the warmed-up models (Alg. 1 line 1)
-            seed = derived_seed(run.seed, ALGORITHM, r)
-            if o.fedac_init == "kmeans":
-                labels = fedac_clustering.spherical_kmeans(z, self.initial_clusters, seed)
-            else:
-                labels = fedac_clustering.random_assignment(len(ids), self.initial_clusters, seed)
-            centers = fedac_clustering.m_step(models, labels, self.initial_clusters, weights)
+            labels, centers = self.first_clusters(run, models, z, weights, r)
             reduced_centers = low_rank_cosine.project(state.pca_map, centers)
         else:
-            # a split must be allowed in every round of a full pass over the clients: the
-            # clients that trained in a round stand out from the rest until others train
-            previous = state.split_candidates
-            if previous is None or len(previous) != full_pass_rounds(run) - 1:
-                previous = np.full((full_pass_rounds(run) - 1, len(ids)), -1, np.int32)
-            step = fedac_clustering.clustering_step(
-                models,
-                result.cluster_models_before,  # the centres before this round's M-step
-                state.pca_map,
-                z,
-                self.cnt_settings,
-                weights,
-                o.fedac_similarity,
-                previous_splits=previous,
+            step, state = self.clustering_round(
+                run, models, result.cluster_models_before, state, z, weights
             )
             labels, centers, reduced_centers = step.assign, step.centers, step.reduced_centers
-            cnt = step.cnt
-            kept = np.concatenate([previous, cnt.split_candidates[None, :]])[1:]
-            state = dataclasses.replace(state, split_candidates=kept)
-            metrics.update(cnt.metrics())
+            metrics.update(step.cnt.metrics())
         metrics["num_clusters"] = float(len(centers))
         return Decision(
             assignment=dict(zip(ids, labels.tolist())),

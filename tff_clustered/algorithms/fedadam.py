@@ -1,4 +1,6 @@
-"""FedAdam (Reddi et al., Adaptive Federated Optimization, ICLR 2021): FedAvg whose server
+"""FedAdam: FedAvg whose server steps with Adam on the clients' mean update (ICLR 2021).
+
+FedAdam (Reddi et al., Adaptive Federated Optimization, ICLR 2021): FedAvg whose server
 steps with Adam on the mean update.
 
 FedOpt's Algorithm 2 with Adam as ServerOpt: Delta = the clients' mean update,

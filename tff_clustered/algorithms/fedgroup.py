@@ -1,4 +1,6 @@
-"""FedGroup and FedGrouProx (Duan et al., "FedGroup: Efficient Federated Learning via
+"""FedGroup and FedGrouProx: clients grouped by decomposed similarity of their updates.
+
+FedGroup and FedGrouProx (Duan et al., "FedGroup: Efficient Federated Learning via
 Decomposed Similarity-Based Clustering"), with the RCC and RAC ablations.
 
 Before round 1 (Alg. 3, group cold start): alpha*m clients pre-train from w0; their updates are

@@ -1,4 +1,6 @@
-"""FedRep (Collins et al., Exploiting Shared Representations for Personalized Federated
+"""FedRep: a shared body trained after each client's personal head (ICML 2021).
+
+FedRep (Collins et al., Exploiting Shared Representations for Personalized Federated
 Learning, ICML 2021): a shared body (the representation phi), a personal head h per client.
 
 Algorithm 1, per sampled client i:

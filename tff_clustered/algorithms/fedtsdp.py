@@ -1,4 +1,6 @@
-"""FedTSDP (Zhu, Fan, Xie, "Federated Two Stage Decoupling With Adaptive Personalization
+"""FedTSDP: stateful clients clustered in two stages, with adaptive personalization layers.
+
+FedTSDP (Zhu, Fan, Xie, "Federated Two Stage Decoupling With Adaptive Personalization
 Layers", Complex & Intelligent Systems 2024, arXiv:2308.15821), Algorithm 1.
 
 Clients are stateful: each keeps its whole model, trains all of it (E epochs of SGD with

@@ -1,4 +1,6 @@
-"""FeSEM (Long et al., "Multi-Center Federated Learning: Clients Clustering for Better
+"""FeSEM: federated stochastic EM over client models, with K cluster centres.
+
+FeSEM (Long et al., "Multi-Center Federated Learning: Clients Clustering for Better
 Personalization", World Wide Web 2023): federated stochastic EM over client models.
 
 Initialization (Alg. 1, "Initialize K, {W_i}, {W~^(k)}"): every client runs one local update

@@ -1,4 +1,6 @@
-"""FL+HC (Briggs, Fan, Andras, "Federated learning with hierarchical clustering of local updates
+"""FL+HC: FedAvg, one hierarchical clustering of the local updates, then FedAvg per cluster.
+
+FL+HC (Briggs, Fan, Andras, "Federated learning with hierarchical clustering of local updates
 to improve training on non-IID data", IJCNN 2020): FedAvg, then one hierarchical clustering of
 the clients' local updates, then independent FedAvg within each cluster.
 

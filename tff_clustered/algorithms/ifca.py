@@ -1,4 +1,6 @@
-"""IFCA (Ghosh et al., "An Efficient Framework for Clustered Federated Learning", NeurIPS 2020),
+"""IFCA: each client joins the cluster model of lowest loss on its data (NeurIPS 2020).
+
+IFCA (Ghosh et al., "An Efficient Framework for Clustered Federated Learning", NeurIPS 2020),
 as run in FedGroup's comparison: m independently initialised cluster models; every round each
 sampled client receives all m, joins the one with the lowest loss on its training data (Alg. 2,
 Eq. 2 of FedTSDP's related work), and each cluster averages its members (example-weighted)."""

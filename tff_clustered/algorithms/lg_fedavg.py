@@ -1,4 +1,6 @@
-"""LG-FedAvg (Liang et al., Think Locally, Act Globally: Federated Learning with Local and
+"""LG-FedAvg: each client's own lower layers, the top layers federated (FedPer reversed).
+
+LG-FedAvg (Liang et al., Think Locally, Act Globally: Federated Learning with Local and
 Global Representations, NeurIPS 2019 workshop, arXiv:2001.01523): FedPer's split reversed.
 
 Each client keeps its own lower layers, a local representation of its inputs; only the top

@@ -1,4 +1,6 @@
-"""UA-PDFL (Zhu, Fan, Xie, "UA-PDFL: A Personalized Approach for Decentralized Federated
+"""UA-PDFL: decentralized peers that compare unit representations, then copy or mix.
+
+UA-PDFL (Zhu, Fan, Xie, "UA-PDFL: A Personalized Approach for Decentralized Federated
 Learning"), Algorithm 2, on the decentralized loop of `dfl.py` (peers are TFF clients; the
 server only routes their published models).
 
@@ -63,8 +65,9 @@ from tff_clustered.algorithms.base import (
     ServerView,
     check,
 )
-from tff_clustered.algorithms.dfl import Decentralized, Inbox, train_mixed
+from tff_clustered.algorithms.dfl import Decentralized
 from tff_clustered.federated import client_work, local_training
+from tff_clustered.federated.peer_work import Inbox, train_mixed
 from tff_clustered.options import option
 
 ABLATIONS = ("full", "without_cd", "without_lp")
@@ -129,6 +132,8 @@ class UAPDFLPeerStep:
     reads_own_model: ClassVar[bool] = False  # its own published model is the first row
     reads_features: ClassVar[bool] = True  # I^Aux and Eq. 12 read g's output
 
+    # Long: Alg. 2 lines 7-19 written step by step under their line numbers, the form
+    # docs/uapdfl.md's table cites line by line; its sub-steps share most of their tensors.
     def __call__(
         self, forward: local_training.ForwardFn, inputs: client_work.ClientInputs
     ) -> client_work.ClientOutputs:

@@ -1,4 +1,6 @@
-"""CFL's server-side math (Sattler et al., "Clustered Federated Learning: Model-Agnostic
+"""CFL's server-side math: update similarities, the split criterion, the optimal bipartition.
+
+CFL's server-side math (Sattler et al., "Clustered Federated Learning: Model-Agnostic
 Distributed Multitask Optimization Under Privacy Constraints", IEEE TNNLS 2020), NumPy /
 scikit-learn only: the pairwise cosine similarities alpha_{i,j} of the client updates, the two
 update norms of the split criterion (eps1, eps2), the optimal bipartition and its

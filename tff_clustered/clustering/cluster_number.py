@@ -1,4 +1,6 @@
-"""FedAC's cluster number tuning (CNT, Alg. 3 of Zhang et al., "FedAC: A Adaptive Clustered
+"""FedAC's cluster number tuning (CNT, Alg. 3): clusters merged into the nearest, or split.
+
+FedAC's cluster number tuning (CNT, Alg. 3 of Zhang et al., "FedAC: A Adaptive Clustered
 Federated Learning Framework for Heterogeneous Data", arXiv:2403.16460), NumPy only: merge
 clusters into their nearest, split clusters in two, by one of two rules (a cnt_steps.CntRule):
 
@@ -140,6 +142,8 @@ def _result(
     )
 
 
+# Long: Alg. 3 in its order (checks, merges, splits, the record), and a docstring that states
+# each choice the paper leaves open; the steps themselves are the functions it calls.
 def tune_cluster_number(
     models: np.ndarray,
     centers: np.ndarray,

@@ -1,4 +1,6 @@
-"""The settings of FedAC's cluster number tuning (CNT, Alg. 3 of Zhang et al., "FedAC: A
+"""The settings of FedAC's cluster number tuning: the rule, its bounds and the limits on K.
+
+The settings of FedAC's cluster number tuning (CNT, Alg. 3 of Zhang et al., "FedAC: A
 Adaptive Clustered Federated Learning Framework for Heterogeneous Data", arXiv:2403.16460): the
 rule, its bounds and the limits on K, with our defaults and the paper's (a, b), each checked
 once, here."""

@@ -1,4 +1,6 @@
-"""The statistics FedAC's cluster number tuning (CNT, Alg. 3 of Zhang et al., arXiv:2403.16460)
+"""The statistics FedAC's cluster number tuning decides on: G_c, separation, bimodality.
+
+The statistics FedAC's cluster number tuning (CNT, Alg. 3 of Zhang et al., arXiv:2403.16460)
 decides on, NumPy only: the paper's G_c = Dist_intra / Dist_inter, and our relative rule's
 `separation` (two member sets' means against their pooled spread) and `bimodality` (how
 two-sided they are along their union's main axis); the seeding of a split into two sides and

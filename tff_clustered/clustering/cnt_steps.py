@@ -1,4 +1,6 @@
-"""The steps of FedAC's cluster number tuning (CNT, Alg. 3 of Zhang et al., arXiv:2403.16460)
+"""The steps of FedAC's cluster number tuning and its two decision rules.
+
+The steps of FedAC's cluster number tuning (CNT, Alg. 3 of Zhang et al., arXiv:2403.16460)
 and its two decision rules, NumPy only. tune_cluster_number (cluster_number) runs them over a
 working set of clusters: start, merge (the rule's next_merge until it has none), consider a
 split of every cluster untouched by a merge, split those the rule wants, in its order."""

@@ -1,4 +1,6 @@
-"""What the clustering modules share, NumPy only: dtype and row-block handling of (possibly
+"""What the clustering modules share: model matrices, their checks, cosines, member means.
+
+What the clustering modules share, NumPy only: dtype and row-block handling of (possibly
 float32, possibly memory-mapped) model matrices, the cosine of rows, checks of model
 matrices, labels and weights with messages that say how to fix the input, and the mean of each
 cluster's members (FeSEM's Eq. 9, FedAC's Eq. 5 and CNT's new centres).

@@ -1,4 +1,6 @@
-"""FedTSDP's server-side math (Zhu et al., "Federated Two Stage Decoupling With Adaptive
+"""FedTSDP's server-side math: output divergences, the public batch, the two DBSCAN stages.
+
+FedTSDP's server-side math (Zhu et al., "Federated Two Stage Decoupling With Adaptive
 Personalization Layers"), NumPy / scikit-learn only: Jensen-Shannon divergence of inference
 outputs (Eqs. 3-5), Hopkins-amended sampling of the public batch (Eqs. 7-8), the
 weight-constraint distance (Eqs. 9-10), the two DBSCAN stages (Alg. 1 lines 19-26) and the

@@ -1,4 +1,6 @@
-"""FedAC's server-side clustering (Zhang et al., "FedAC: A Adaptive Clustered Federated
+"""FedAC's server-side clustering: E-step and M-step over the stored client models, per round.
+
+FedAC's server-side clustering (Zhang et al., "FedAC: A Adaptive Clustered Federated
 Learning Framework for Heterogeneous Data", arXiv:2403.16460), NumPy only: the E-step (Eq. 4,
 Alg. 1 line 11) and M-step (Eq. 5) over all stored client models, one round's clustering step
 (E-step, M-step, then cluster number tuning, Alg. 3), and the initial assignment R^0. The PCA

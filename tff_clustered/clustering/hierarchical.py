@@ -1,4 +1,6 @@
-"""FL+HC's server-side math (Briggs, Fan, Andras, "Federated learning with hierarchical
+"""FL+HC's server-side math: the clients' update distances and their hierarchical clustering.
+
+FL+HC's server-side math (Briggs, Fan, Andras, "Federated learning with hierarchical
 clustering of local updates to improve training on non-IID data", IJCNN 2020), NumPy / SciPy
 only: the pairwise Euclidean distances of the clients' flattened updates and the agglomerative
 hierarchical clustering of those updates, cut into a given number of clusters or at a distance

@@ -1,4 +1,6 @@
-"""FedTSDP's clustering-tendency test (Zhu et al., "Federated Two Stage Decoupling With
+"""FedTSDP's clustering-tendency test: the Hopkins statistic (Eq. 6) and its reference.
+
+FedTSDP's clustering-tendency test (Zhu et al., "Federated Two Stage Decoupling With
 Adaptive Personalization Layers"), NumPy only: the Hopkins statistic of Eq. 6 from one draw or
 pooled over many, and the reference our calibrated trigger compares it with (the clients'
 outputs with their client structure destroyed, scored with the same draws)."""

@@ -1,4 +1,6 @@
-"""FedAC's low-rank cosine (Zhang et al., "FedAC: A Adaptive Clustered Federated Learning
+"""FedAC's low-rank cosine (LrCos): the PCA map of the models, projections, their cosine.
+
+FedAC's low-rank cosine (Zhang et al., "FedAC: A Adaptive Clustered Federated Learning
 Framework for Heterogeneous Data", arXiv:2403.16460, Alg. 2 and Sec. 4.3), NumPy only: the PCA
 map of UpdateMap, the projection P(w - x_bar) and LrCos, the cosine of projected vectors.
 

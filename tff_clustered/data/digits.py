@@ -29,6 +29,30 @@ def label_permutations(num_groups: int, num_classes: int, rng: np.random.Generat
     return np.stack(perms)
 
 
+def client_shares(
+    y: np.ndarray,
+    num_clients: int,
+    classes_per_client: Optional[int],
+    num_classes: int,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
+    """Each client's image indices: a uniform share of all images, or with
+    `classes_per_client` the images of its digits (client c owns digits c, c+1, ... mod 10;
+    each digit's images dealt out round-robin among its owners)."""
+    if classes_per_client is None:
+        return np.array_split(rng.permutation(len(y)), num_clients)
+    owners: dict[int, list[int]] = {d: [] for d in range(num_classes)}
+    for c in range(num_clients):
+        for j in range(classes_per_client):
+            owners[(c + j) % num_classes].append(c)
+    buckets: list[list[int]] = [[] for _ in range(num_clients)]
+    for d in range(num_classes):
+        idx = rng.permutation(np.flatnonzero(y == d))
+        for pos, i in enumerate(idx):
+            buckets[owners[d][pos % len(owners[d])]].append(int(i))
+    return [np.asarray(b) for b in buckets]
+
+
 def load_digits_clusters(
     num_clients: int = 40,
     num_groups: int = 4,
@@ -60,21 +84,7 @@ def load_digits_clusters(
         np.arange(num_clients) % num_groups
     )
 
-    if classes_per_client is None:
-        shares = np.array_split(rng.permutation(len(y)), num_clients)
-    else:
-        # Client c owns digits c, c+1, ... (mod 10); each digit's images are dealt out
-        # round-robin among its owners.
-        owners: dict[int, list[int]] = {d: [] for d in range(num_classes)}
-        for c in range(num_clients):
-            for j in range(classes_per_client):
-                owners[(c + j) % num_classes].append(c)
-        buckets: list[list[int]] = [[] for _ in range(num_clients)]
-        for d in range(num_classes):
-            idx = rng.permutation(np.flatnonzero(y == d))
-            for pos, i in enumerate(idx):
-                buckets[owners[d][pos % len(owners[d])]].append(int(i))
-        shares = [np.asarray(b) for b in buckets]
+    shares = client_shares(y, num_clients, classes_per_client, num_classes, rng)
 
     train, test, true_clusters = {}, {}, {}
     for c, idx in enumerate(shares):

@@ -1,4 +1,6 @@
-"""FedAC's setups (Zhang et al., "FedAC: A Adaptive Clustered Federated Learning Framework for
+"""FedAC's setups: each client's training count, and its labels drawn from shared class pools.
+
+FedAC's setups (Zhang et al., "FedAC: A Adaptive Clustered Federated Learning Framework for
 Heterogeneous Data", arXiv:2403.16460, 2024, Sec. 5.1) fix each client's training count:
 n_i ~ UniformInt[50, 350], and each client's n_i examples follow either a Dirichlet(alpha) label
 mixture or n distinct labels, drawn without replacement from class pools shared by all clients

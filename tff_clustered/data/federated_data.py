@@ -144,6 +144,25 @@ def from_arrays(
     )
 
 
+def checked_public_inputs(public_x: np.ndarray, input_shape: tuple, where: str) -> np.ndarray:
+    """The server's unlabeled inputs as float32, checked: not empty, finite, with the clients'
+    per-example `input_shape` (`where`: the data's source, for the errors)."""
+    public_x = np.asarray(public_x, dtype=np.float32)
+    if public_x.ndim == 0 or not len(public_x):
+        raise DataError(
+            f"the server's public inputs{where} are empty; give at least one example, or "
+            "public_x=None for no public set"
+        )
+    if public_x.shape[1:] != input_shape:
+        raise DataError(
+            f"public inputs{where} of shape {public_x.shape[1:]} do not match the clients' "
+            f"{input_shape}; the server's public set must hold examples like the clients'"
+        )
+    if not np.all(np.isfinite(public_x)):
+        raise DataError(f"public inputs{where} contain NaN or infinity; clean the data")
+    return public_x
+
+
 def from_checked_arrays(
     name: str,
     train: Mapping[str, ClientArrays],
@@ -182,19 +201,7 @@ def from_checked_arrays(
                 vocabulary_size,
             )
     if public_x is not None:
-        public_x = np.asarray(public_x, dtype=np.float32)
-        if public_x.ndim == 0 or not len(public_x):
-            raise DataError(
-                f"the server's public inputs{where} are empty; give at least one example, or "
-                "public_x=None for no public set"
-            )
-        if public_x.shape[1:] != input_shape:
-            raise DataError(
-                f"public inputs{where} of shape {public_x.shape[1:]} do not match the clients' "
-                f"{input_shape}; the server's public set must hold examples like the clients'"
-            )
-        if not np.all(np.isfinite(public_x)):
-            raise DataError(f"public inputs{where} contain NaN or infinity; clean the data")
+        public_x = checked_public_inputs(public_x, input_shape, where)
     return FederatedData(
         name=name,
         train=tff.simulation.datasets.TestClientData(cleaned["train"]),

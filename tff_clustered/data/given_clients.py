@@ -1,6 +1,9 @@
-"""The clients a user gives the Python API (`tff_clustered.api`): TFF's `ClientData`, or a
-mapping of client ids to `(x, y)` or to mappings of arrays, turned into per-client arrays with
-one-line errors naming the client and the fix."""
+"""The clients a user gives the Python API, as checked per-client arrays.
+
+The Python API (`tff_clustered.api`) takes TFF's `ClientData`, or a mapping of client ids to
+`(x, y)` or to mappings of arrays; they are turned into per-client arrays with one-line errors
+naming the client and the fix.
+"""
 
 from __future__ import annotations
 
@@ -146,6 +149,37 @@ def described_briefly(value: Any) -> str:
     return f"{kind} of shape {tuple(shape)}" if shape is not None else kind
 
 
+def checked_groups(planted_groups: Optional[Mapping[str, int]]) -> Optional[dict[str, int]]:
+    """The planted groups by client id, checked to be a mapping of clients (None: none)."""
+    if planted_groups is None:
+        return None
+    if not isinstance(planted_groups, Mapping):
+        raise TypeError(
+            f"planted_groups must be a mapping of client -> group, got "
+            f"{described(planted_groups)}; give {{client: group}}"
+        )
+    return {client_id(c, "planted_groups"): g for c, g in planted_groups.items()}
+
+
+def split_off_test_sets(
+    train_arrays: dict[str, ClientArrays], test_fraction: float, seed: int
+) -> tuple[dict[str, ClientArrays], dict[str, ClientArrays]]:
+    """Each client's examples shuffled (`DataStream.GIVEN_CLIENTS_SPLIT` of `seed`) and split:
+    `test_fraction` of them its test set, the rest its training set."""
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    rng = data_rng(seed, DataStream.GIVEN_CLIENTS_SPLIT)
+    pairs = {}
+    for client, (x, y) in train_arrays.items():
+        if len(y) < 2:  # each side of a client's split keeps at least one example
+            raise DataError(
+                f"train client {client!r} has {len(y)} example(s); splitting off its test "
+                "set needs at least 2 (give it more, drop it, or give test=)"
+            )
+        pairs[client] = split_train_test(x, y, 1 - test_fraction, rng)
+    return {c: pair[0] for c, pair in pairs.items()}, {c: pair[1] for c, pair in pairs.items()}
+
+
 def federated_data(
     train: Clients,
     test: Optional[Clients] = None,
@@ -183,13 +217,7 @@ def federated_data(
         raise ValueError(f"seed must be >= 0, got {seed}")
     if num_classes is not None and num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}; or leave it out")
-    if planted_groups is not None:
-        if not isinstance(planted_groups, Mapping):
-            raise TypeError(
-                f"planted_groups must be a mapping of client -> group, got "
-                f"{described(planted_groups)}; give {{client: group}}"
-            )
-        planted_groups = {client_id(c, "planted_groups"): g for c, g in planted_groups.items()}
+    planted_groups = checked_groups(planted_groups)
     ClientData = tff.simulation.datasets.ClientData
     if isinstance(train, ClientData) and isinstance(test, ClientData) and num_classes:
         source = clientdata_source(train, test, x_key, y_key, num_classes)
@@ -197,19 +225,7 @@ def federated_data(
         return lazy_federated_data(name, source, true_clusters=planted_groups)
     train_arrays = client_arrays(train, x_key, y_key, "train")
     if test is None:
-        if not 0 < test_fraction < 1:
-            raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-        rng = data_rng(seed, DataStream.GIVEN_CLIENTS_SPLIT)
-        pairs = {}
-        for client, (x, y) in train_arrays.items():
-            if len(y) < 2:  # each side of a client's split keeps at least one example
-                raise DataError(
-                    f"train client {client!r} has {len(y)} example(s); splitting off its test "
-                    "set needs at least 2 (give it more, drop it, or give test=)"
-                )
-            pairs[client] = split_train_test(x, y, 1 - test_fraction, rng)
-        train_arrays = {c: pair[0] for c, pair in pairs.items()}
-        test_arrays = {c: pair[1] for c, pair in pairs.items()}
+        train_arrays, test_arrays = split_off_test_sets(train_arrays, test_fraction, seed)
     else:
         test_arrays = client_arrays(test, x_key, y_key, "test")
     if num_classes is None:

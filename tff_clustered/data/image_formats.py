@@ -1,4 +1,6 @@
-"""The official files of CIFAR-10, CIFAR-100 and SVHN, and prepared TFDS directories, read as
+"""The official files of CIFAR-10, CIFAR-100 and SVHN and TFDS directories, read as arrays.
+
+The official files of CIFAR-10, CIFAR-100 and SVHN, and prepared TFDS directories, read as
 NHWC uint8 images and int64 labels; nothing is downloaded. Pixels and labels are checked as
 whole numbers in range (a damaged file is refused, not rounded or wrapped), and a CIFAR pickle
 is unpickled with only the types an official batch holds.

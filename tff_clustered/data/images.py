@@ -1,4 +1,6 @@
-"""CIFAR-10, CIFAR-100, SVHN, Fashion-MNIST and MNIST from files the user already has (nothing
+"""Image datasets from files the user has, dealt to clients as FedTSDP deals them.
+
+CIFAR-10, CIFAR-100, SVHN, Fashion-MNIST and MNIST from files the user already has (nothing
 is downloaded), dealt to clients as in FedTSDP (Zhu et al., "Federated Two Stage Decoupling With
 Adaptive Personalization Layers", 2023): a partition (IID, Dirichlet(beta), pathological,
 shards), each client's share split 80/20 into train and test, and the official test split
@@ -131,29 +133,12 @@ def image_files(name: str, data_dir: Optional[str], tfds_dir: Optional[str]) -> 
     return [os.path.join(root, f) for split in CIFAR_FILES[name] for f in split]
 
 
-def load_image_federation(
-    name: str,
-    data_dir: Optional[str],
-    partition: str = "dirichlet",
-    num_clients: int = 20,
-    dirichlet_beta: float = 0.5,
-    classes_per_client: int = 2,
-    seed: int = 0,
-    tfds_dir: Optional[str] = None,
-    train_examples: Optional[int] = None,
-) -> FederatedData:
-    """`name` (cifar10, cifar100, svhn, fashion_mnist, mnist_partitioned) as FedTSDP deals it:
-    the official training split standardised and dealt to `num_clients` clients by `partition`
-    (`iid`, `dirichlet` with `dirichlet_beta`, `pathological` with `classes_per_client`, or
-    McMahan et al.'s two label-sorted `shards` per client), each client's share split 80/20 into
-    train and test; the official test split, without labels, is the server's public set
-    (`public_x`). `fedac_dirichlet` (alpha = `dirichlet_beta`) and `fedac_pathological`
-    (`classes_per_client` labels) deal FedAC's clients instead (module docstring). Reads `tfds_dir`
-    (a prepared TFDS directory; cifar10, cifar100, svhn) when given, else the official files under
-    `data_dir`. `train_examples`: deal a uniform choice of that many training images instead
-    of all (`DataStream.TRAIN_SUBSET`; a smaller run on the same distribution). The partition
-    draws from `DataStream.CLIENT_EXAMPLES`, the per-client splits from
-    `DataStream.CLIENT_TEST_SETS`."""
+def read_images(
+    name: str, data_dir: Optional[str], tfds_dir: Optional[str]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str]:
+    """`name`'s official training and test splits (x_train, y_train, x_test, y_test) and where
+    they were read (a prepared TFDS directory `tfds_dir`, else the official files under
+    `data_dir`), their shapes and training labels checked."""
     if name not in NUM_CLASSES:
         raise ValueError(f"unknown image dataset {name!r}; choose one of {', '.join(NUM_CLASSES)}")
     if tfds_dir and name not in TFDS_NAMES:
@@ -190,16 +175,78 @@ def load_image_federation(
             f"{name}: label {int(bad[0])} outside 0..{NUM_CLASSES[name] - 1} in {source}; "
             "check that the files are the official ones"
         )
-    if train_examples is not None:
-        if not 1 <= train_examples <= len(y_train):
-            raise DataError(
-                f"--train_examples={train_examples}: {name} has {len(y_train)} training images "
-                f"in {source}; give a number in 1..{len(y_train)} or leave it unset"
-            )
-        chosen = np.sort(
-            data_rng(seed, DataStream.TRAIN_SUBSET).permutation(len(y_train))[:train_examples]
+    return x_train, y_train, x_test, y_test, source
+
+
+def training_subset(
+    name: str,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    train_examples: Optional[int],
+    seed: int,
+    source: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A uniform choice of `train_examples` training images, in their order
+    (`DataStream.TRAIN_SUBSET`), or all of them when `train_examples` is None."""
+    if train_examples is None:
+        return x_train, y_train
+    if not 1 <= train_examples <= len(y_train):
+        raise DataError(
+            f"--train_examples={train_examples}: {name} has {len(y_train)} training images "
+            f"in {source}; give a number in 1..{len(y_train)} or leave it unset"
         )
-        x_train, y_train = x_train[chosen], y_train[chosen]
+    chosen = np.sort(
+        data_rng(seed, DataStream.TRAIN_SUBSET).permutation(len(y_train))[:train_examples]
+    )
+    return x_train[chosen], y_train[chosen]
+
+
+def fedac_federation(
+    name: str,
+    drawn: fedac_partitions.FedACPartition,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    source: str,
+) -> FederatedData:
+    """FedAC's clients of `name`: client k's training examples `drawn.train[k]` of the
+    (standardised) training split `train`, its test examples `drawn.test[k]` of `test`."""
+    (x_train, y_train), (x_test, y_test) = train, test
+    return from_arrays(
+        name,
+        {f"{name}_{k:03d}": (x_train[i], y_train[i]) for k, i in enumerate(drawn.train)},
+        {f"{name}_{k:03d}": (x_test[i], y_test[i]) for k, i in enumerate(drawn.test)},
+        NUM_CLASSES[name],
+        image_shape=IMAGE_SHAPES[name],
+        source=source,
+    )
+
+
+def load_image_federation(
+    name: str,
+    data_dir: Optional[str],
+    partition: str = "dirichlet",
+    num_clients: int = 20,
+    dirichlet_beta: float = 0.5,
+    classes_per_client: int = 2,
+    seed: int = 0,
+    tfds_dir: Optional[str] = None,
+    train_examples: Optional[int] = None,
+) -> FederatedData:
+    """`name` (cifar10, cifar100, svhn, fashion_mnist, mnist_partitioned) as FedTSDP deals it:
+    the official training split standardised and dealt to `num_clients` clients by `partition`
+    (`iid`, `dirichlet` with `dirichlet_beta`, `pathological` with `classes_per_client`, or
+    McMahan et al.'s two label-sorted `shards` per client), each client's share split 80/20 into
+    train and test; the official test split, without labels, is the server's public set
+    (`public_x`). `fedac_dirichlet` (alpha = `dirichlet_beta`) and `fedac_pathological`
+    (`classes_per_client` labels) deal FedAC's clients instead (module docstring). Reads `tfds_dir`
+    (a prepared TFDS directory; cifar10, cifar100, svhn) when given, else the official files under
+    `data_dir`. `train_examples`: deal a uniform choice of that many training images instead
+    of all (`DataStream.TRAIN_SUBSET`; a smaller run on the same distribution). The partition
+    draws from `DataStream.CLIENT_EXAMPLES`, the per-client splits from
+    `DataStream.CLIENT_TEST_SETS`."""
+    x_train, y_train, x_test, y_test, source = read_images(name, data_dir, tfds_dir)
+    x_train, y_train = training_subset(name, x_train, y_train, train_examples, seed, source)
+    shape = IMAGE_SHAPES[name]
     train, public = standardise(x_train, x_test)
     if partition in FEDAC_SCHEMES:
         drawn = fedac_partitions.fedac_partition(
@@ -212,14 +259,7 @@ def load_image_federation(
             alpha=dirichlet_beta,
             labels_per_client=classes_per_client,
         )
-        return from_arrays(
-            name,
-            {f"{name}_{k:03d}": (train[i], y_train[i]) for k, i in enumerate(drawn.train)},
-            {f"{name}_{k:03d}": (public[i], y_test[i]) for k, i in enumerate(drawn.test)},
-            NUM_CLASSES[name],
-            image_shape=shape,
-            source=source,
-        )
+        return fedac_federation(name, drawn, (train, y_train), (public, y_test), source)
     parts = partitions.partition(
         y_train,
         num_clients,

@@ -1,4 +1,6 @@
-"""Reader for LEAF / FedProx JSON: `{"users": [...], "num_samples": [...],
+"""Reader for LEAF / FedProx JSON files: each user's examples, the files' bookkeeping checked.
+
+Reader for LEAF / FedProx JSON: `{"users": [...], "num_samples": [...],
 "user_data": {user: {"x": [...], "y": [...]}}}`, one or many files per split.
 
 LEAF writes `data/train/*.json` and `data/test/*.json`; a user's examples may be spread over
@@ -84,16 +86,9 @@ def leaf_error(path: str, problem: str, fix: str = "re-run LEAF's preprocessing"
     return DataError(f"{path}: {problem}; {fix}".replace("\n", " "))
 
 
-def read_leaf_examples(
-    path: str,
-    convert_inputs: Optional[Callable[[list], np.ndarray]] = None,
-    num_classes: Optional[int] = None,
-) -> LeafExamples:
-    """One LEAF JSON file -> its users' examples, checking the file's own bookkeeping and
-    types. Without `convert_inputs` the kind of example is read from the file's first user
-    with examples (`example_kind`) and every user is converted as that kind; with it, it turns
-    a user's raw `x` list into an array (raising ValueError on a bad one) and labels are class
-    indices. Labels of numeric examples are checked against `num_classes` when given."""
+def read_leaf_json(path: str) -> dict:
+    """The JSON object of a LEAF file: a file that is not JSON, or not LEAF's object of
+    `users`, `num_samples` and `user_data`, is one error naming the file."""
     try:
         with open(path, encoding="utf-8") as f:
             blob = json.load(f)
@@ -112,6 +107,12 @@ def read_leaf_examples(
         raise leaf_error(
             path, "not a LEAF file: it needs the keys 'users', 'num_samples' and 'user_data'"
         )
+    return blob
+
+
+def leaf_lists(path: str, blob: dict) -> tuple[list[str], dict, Optional[list[int]]]:
+    """A LEAF file's `users`, `user_data` and `num_samples` (None when absent), their types and
+    lengths checked against each other."""
     users, user_data = blob["users"], blob["user_data"]
     num_samples = blob.get("num_samples")
     if not isinstance(users, list) or not all(isinstance(u, str) for u in users):
@@ -134,6 +135,20 @@ def read_leaf_examples(
                 f"{len(users)} users but {len(num_samples)} num_samples entries; the lists must "
                 "align",
             )
+    return users, user_data, num_samples
+
+
+def read_leaf_examples(
+    path: str,
+    convert_inputs: Optional[Callable[[list], np.ndarray]] = None,
+    num_classes: Optional[int] = None,
+) -> LeafExamples:
+    """One LEAF JSON file -> its users' examples, checking the file's own bookkeeping and
+    types. Without `convert_inputs` the kind of example is read from the file's first user
+    with examples (`example_kind`) and every user is converted as that kind; with it, it turns
+    a user's raw `x` list into an array (raising ValueError on a bad one) and labels are class
+    indices. Labels of numeric examples are checked against `num_classes` when given."""
+    users, user_data, num_samples = leaf_lists(path, read_leaf_json(path))
     kind: Optional[ExampleKind] = None
     clients: dict[str, ClientArrays] = {}
     for i, user in enumerate(users):

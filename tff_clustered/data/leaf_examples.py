@@ -1,4 +1,6 @@
-"""What a LEAF user's examples are, read from the data, one kind per dataset (`ExampleKind`),
+"""What a LEAF user's examples are (`ExampleKind`), and their conversion from JSON to arrays.
+
+What a LEAF user's examples are, read from the data, one kind per dataset (`ExampleKind`),
 and their conversion from LEAF's JSON to arrays:
 
 - numeric features: `x` rows of JSON numbers, `y` class indices (FEMNIST, Synthetic, ...);

@@ -1,4 +1,6 @@
-"""PathMNIST (MedMNIST v2) from the `pathmnist.npz` file the user already has (nothing is
+"""PathMNIST from the `pathmnist.npz` file the user has, dealt to peers as UA-PDFL deals it.
+
+PathMNIST (MedMNIST v2) from the `pathmnist.npz` file the user already has (nothing is
 downloaded), dealt to decentralized peers as in UA-PDFL (Zhu, Fan and Xie, "UA-PDFL: A
 Personalized Approach for Decentralized Federated Learning", arXiv:2412.11674): the official
 training split partitioned over the peers (Dirichlet(beta) with >= 10 examples per peer,

@@ -1,4 +1,6 @@
-"""MNIST in FedGroup's setup (FedProx's generator): 1,000 clients with two digits
+"""MNIST in FedGroup's setup (1,000 two-digit clients), and the readers of MNIST's files.
+
+MNIST in FedGroup's setup (FedProx's generator): 1,000 clients with two digits
 each and power-law sizes, from MNIST files the user already has; and the readers of MNIST's file
 formats, which Fashion-MNIST shares (Xiao, Rasul and Vollgraf, "Fashion-MNIST: a Novel Image
 Dataset for Benchmarking Machine Learning Algorithms", arXiv:1708.07747, 2017: the same four IDX

@@ -1,4 +1,6 @@
-"""MNIST with one client per NIST writer: natural feature skew (each writer's handwriting) rather
+"""MNIST with one client per NIST writer: natural feature skew rather than label skew.
+
+MNIST with one client per NIST writer: natural feature skew (each writer's handwriting) rather
 than the label skew a partition adds.
 
 MNIST's images (LeCun et al., "Gradient-based learning applied to document recognition", Proc.

@@ -1,4 +1,6 @@
-"""How a labelled pool of examples is dealt to clients (the setups of FedTSDP, Zhu et al.,
+"""How a labelled pool of examples is dealt to clients: IID, Dirichlet, pathological, shards.
+
+How a labelled pool of examples is dealt to clients (the setups of FedTSDP, Zhu et al.,
 "Federated Two Stage Decoupling With Adaptive Personalization Layers", 2023), pure NumPy.
 
 * IID: shuffled and split evenly;

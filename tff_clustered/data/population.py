@@ -1,4 +1,6 @@
-"""A synthetic population of any size in TFF's SQL format, written client by client: the data
+"""A synthetic population of any size in TFF's SQL format, written client by client.
+
+A synthetic population of any size in TFF's SQL format, written client by client: the data
 of the population benchmark (`binaries/benchmarks/population.py`) and of tests that need a
 population file.
 

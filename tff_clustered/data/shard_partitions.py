@@ -1,4 +1,6 @@
-"""McMahan et al.'s shards ("Communication-Efficient Learning of Deep Networks from
+"""McMahan et al.'s shards: each client given a few shards of the label-sorted examples.
+
+McMahan et al.'s shards ("Communication-Efficient Learning of Deep Networks from
 Decentralized Data", AISTATS 2017), pure NumPy: a partition of a labelled pool that gives each
 client a few shards of the label-sorted examples.
 

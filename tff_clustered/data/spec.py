@@ -1,5 +1,8 @@
-"""A dataset of the registry and its parameters, as one record: what `--dataset` and the data
-flags select, what a run's settings record, and what `load_dataset` loads."""
+"""A dataset of the registry and its parameters, as one record (`DataSpec`).
+
+It is what `--dataset` and the data flags select, what a run's settings record, and what
+`load_dataset` loads.
+"""
 
 from __future__ import annotations
 

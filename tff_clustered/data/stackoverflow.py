@@ -1,4 +1,6 @@
-"""TFF's federated Stack Overflow (`tff.simulation.datasets.stackoverflow`) as TFF's tag
+"""TFF's federated Stack Overflow as TFF's tag prediction frames it, read client by client.
+
+TFF's federated Stack Overflow (`tff.simulation.datasets.stackoverflow`) as TFF's tag
 prediction baseline frames it (`stackoverflow_task`: a post's bag of words and its most
 frequent top tag), read client by client from the SQLite file TFF keeps in its cache folder;
 nothing is downloaded.
@@ -124,29 +126,16 @@ def parsed_by_client(raw: Posts) -> dict[str, dict[str, dict[str, list[str]]]]:
     return posts
 
 
-def load_tff_stackoverflow(
-    data_dir: Optional[str],
-    num_clients: Optional[int],
-    num_classes: Optional[int] = None,
-    seed: int = 0,
-    word_vocabulary_size: int = WORD_VOCABULARY_SIZE,
-    open_database: Callable[[str], sqlite3.Connection] = connect,
-) -> FederatedData:
-    """TFF's Stack Overflow tag prediction (see the module docstring): every client with posts
-    in train and test, each read when a round first needs it, or `num_clients` of them drawn
-    from `DataStream.TFF_CLIENTS` and read now; labels among the `num_classes` (default 500)
-    most frequent tags; inputs the bag of words over the `word_vocabulary_size` most frequent
-    words. `open_database` opens the database (tests trace it)."""
-    path, not_stackoverflow = tff_database(
-        data_dir,
-        "tff_stackoverflow",
-        STACKOVERFLOW_FILE,
-        STACKOVERFLOW_URL,
-        "federated Stack Overflow",
-    )
-    if num_clients is None:
-        task = task_vocabularies(data_dir, path, num_classes, word_vocabulary_size)
-        return lazy_stackoverflow(path, task, open_database, not_stackoverflow)
+def drawn_posts_parsed(
+    path: str,
+    num_clients: int,
+    seed: int,
+    open_database: Callable[[str], sqlite3.Connection],
+    not_stackoverflow: Callable[[str], DataError],
+) -> tuple[list[str], dict[str, dict[str, dict[str, list[str]]]]]:
+    """`num_clients` of the clients with posts in train and test, drawn from
+    `DataStream.TFF_CLIENTS`, and their posts read and parsed by client and split; a file
+    that is not TFF's Stack Overflow is `not_stackoverflow`'s error."""
     try:
         with contextlib.closing(open_database(path)) as db:
             clients = client_ids_in_both_splits(db)
@@ -174,13 +163,14 @@ def load_tff_stackoverflow(
         raise
     except Exception as e:  # a truncated or foreign file: sqlite3, TFF's parser
         raise not_stackoverflow(f"{type(e).__name__}: {reason(e)}") from None
-    task = task_vocabularies(
-        data_dir,
-        path,
-        num_classes,
-        word_vocabulary_size,
-        lambda: [p["train"] for p in posts.values() if "train" in p],
-    )
+    return drawn, posts
+
+
+def labelled_clients(
+    posts: dict[str, dict[str, dict[str, list[str]]]], task: TagPrediction
+) -> dict[str, dict[str, ClientArrays]]:
+    """Each split's arrays of the clients whose posts have a tag among the task's in both
+    train and test, labelled by `task`."""
     arrays: dict[str, dict[str, ClientArrays]] = {"train": {}, "test": {}}
     for client, splits in posts.items():
         labelled = {
@@ -190,6 +180,41 @@ def load_tff_stackoverflow(
         if all(len(y) for _, y in labelled.values()):
             for split in ("train", "test"):
                 arrays[split][client] = labelled[split]
+    return arrays
+
+
+def load_tff_stackoverflow(
+    data_dir: Optional[str],
+    num_clients: Optional[int],
+    num_classes: Optional[int] = None,
+    seed: int = 0,
+    word_vocabulary_size: int = WORD_VOCABULARY_SIZE,
+    open_database: Callable[[str], sqlite3.Connection] = connect,
+) -> FederatedData:
+    """TFF's Stack Overflow tag prediction (see the module docstring): every client with posts
+    in train and test, each read when a round first needs it, or `num_clients` of them drawn
+    from `DataStream.TFF_CLIENTS` and read now; labels among the `num_classes` (default 500)
+    most frequent tags; inputs the bag of words over the `word_vocabulary_size` most frequent
+    words. `open_database` opens the database (tests trace it)."""
+    path, not_stackoverflow = tff_database(
+        data_dir,
+        "tff_stackoverflow",
+        STACKOVERFLOW_FILE,
+        STACKOVERFLOW_URL,
+        "federated Stack Overflow",
+    )
+    if num_clients is None:
+        task = task_vocabularies(data_dir, path, num_classes, word_vocabulary_size)
+        return lazy_stackoverflow(path, task, open_database, not_stackoverflow)
+    drawn, posts = drawn_posts_parsed(path, num_clients, seed, open_database, not_stackoverflow)
+    task = task_vocabularies(
+        data_dir,
+        path,
+        num_classes,
+        word_vocabulary_size,
+        lambda: [p["train"] for p in posts.values() if "train" in p],
+    )
+    arrays = labelled_clients(posts, task)
     if len(arrays["train"]) < len(drawn):
         log.warning(
             "%d of the %d clients drawn from %s have no post with a tag among the top %d in "

@@ -1,4 +1,6 @@
-"""TFF's Stack Overflow tag prediction (`tff.simulation.baselines.stackoverflow`) as examples
+"""TFF's Stack Overflow tag prediction as single-label examples: words in, a tag out.
+
+TFF's Stack Overflow tag prediction (`tff.simulation.baselines.stackoverflow`) as examples
 for single-label training: TFF's vocabulary files, a post's bag of words and its label.
 
 As TFF's `tag_prediction_preprocessing.build_to_ids_fn` does, a post's input is the bag of

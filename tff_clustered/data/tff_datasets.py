@@ -1,4 +1,6 @@
-"""TFF's own federated EMNIST (`tff.simulation.datasets.emnist`), CIFAR-100
+"""TFF's own federated EMNIST, CIFAR-100 and Shakespeare, read from TFF's SQLite files.
+
+TFF's own federated EMNIST (`tff.simulation.datasets.emnist`), CIFAR-100
 (`tff.simulation.datasets.cifar100`) and Shakespeare (`tff.simulation.datasets.shakespeare`),
 read from the SQLite files TFF keeps in its cache folder; nothing is downloaded.
 
@@ -42,6 +44,7 @@ import tensorflow_federated as tff
 
 from tff_clustered.data.client_source import federated_data
 from tff_clustered.data.federated_data import (
+    ClientArrays,
     DataError,
     FederatedData,
     chosen_clients,
@@ -155,6 +158,46 @@ def emnist_parsing(dataset: object) -> object:
     return emnist._add_proto_parsing(dataset)  # noqa: SLF001 - TFF's format, kept in one place
 
 
+def client_holdout(
+    client: str,
+    k: int,
+    arrays: dict[str, ClientArrays],
+    test_fraction: float,
+    seed: int,
+    not_cifar100: Callable[[str], DataError],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The training and held-out indices of `client`, the k-th of the file: `test_fraction` of
+    its images drawn from `DataStream.TFF_CLIENT_HOLDOUT` part k (`partitions.holdout_split`)."""
+    y = arrays[client][1]
+    if len(y) < 2:
+        raise not_cifar100(
+            f"train client {client!r} has 1 image, TFF's have 100; a local test set needs 2"
+        )
+    return holdout_split(
+        np.arange(len(y)), test_fraction, data_rng(seed, DataStream.TFF_CLIENT_HOLDOUT, k)
+    )
+
+
+def standardised_holdouts(
+    arrays: dict[str, ClientArrays], splits: dict[str, tuple[np.ndarray, np.ndarray]]
+) -> tuple[dict[str, ClientArrays], dict[str, ClientArrays]]:
+    """Each client's training and held-out images (`splits`: its training and test indices)
+    standardised per channel with the statistics of every client's training images
+    (`images.standardise`)."""
+    x_train, x_test = standardise(
+        np.concatenate([arrays[c][0][tr] for c, (tr, _) in splits.items()]),
+        np.concatenate([arrays[c][0][te] for c, (_, te) in splits.items()]),
+    )
+    train_arrays, test_arrays = {}, {}
+    start_train = start_test = 0
+    for client, (tr, te) in splits.items():
+        y = arrays[client][1]
+        train_arrays[client] = (x_train[start_train : start_train + len(tr)], y[tr])
+        test_arrays[client] = (x_test[start_test : start_test + len(te)], y[te])
+        start_train, start_test = start_train + len(tr), start_test + len(te)
+    return train_arrays, test_arrays
+
+
 def load_tff_cifar100(
     data_dir: Optional[str],
     num_clients: Optional[int] = None,
@@ -202,28 +245,11 @@ def load_tff_cifar100(
         raise not_cifar100(str(e).split(";")[0]) from None
     except Exception as e:  # damaged pages or records: sqlite3 inside tf.data, TFF's parser
         raise not_cifar100(f"{type(e).__name__}: {reason(e)}") from None
-    splits = {}
-    for k in chosen:
-        client = clients[k]
-        y = arrays[client][1]
-        if len(y) < 2:
-            raise not_cifar100(
-                f"train client {client!r} has 1 image, TFF's have 100; a local test set needs 2"
-            )
-        splits[client] = holdout_split(
-            np.arange(len(y)), test_fraction, data_rng(seed, DataStream.TFF_CLIENT_HOLDOUT, k)
-        )
-    x_train, x_test = standardise(
-        np.concatenate([arrays[c][0][tr] for c, (tr, _) in splits.items()]),
-        np.concatenate([arrays[c][0][te] for c, (_, te) in splits.items()]),
-    )
-    train_arrays, test_arrays = {}, {}
-    start_train = start_test = 0
-    for client, (tr, te) in splits.items():
-        y = arrays[client][1]
-        train_arrays[client] = (x_train[start_train : start_train + len(tr)], y[tr])
-        test_arrays[client] = (x_test[start_test : start_test + len(te)], y[te])
-        start_train, start_test = start_train + len(tr), start_test + len(te)
+    splits = {
+        clients[k]: client_holdout(clients[k], k, arrays, test_fraction, seed, not_cifar100)
+        for k in chosen
+    }
+    train_arrays, test_arrays = standardised_holdouts(arrays, splits)
     return from_checked_arrays(
         f"tff_cifar100{'' if classes == 100 else '_20'}",
         train_arrays,
@@ -284,23 +310,12 @@ def next_character_examples(
     return windows[:, :window].astype(np.float32), windows[:, window].copy()
 
 
-def load_tff_shakespeare(
-    data_dir: Optional[str],
-    num_clients: Optional[int] = None,
-    seed: int = 0,
-    stride: int = 1,
-) -> FederatedData:
-    """TFF's federated Shakespeare as LEAF's next-character task (see the module docstring):
-    every part with an example in both splits, or `num_clients` of them drawn from
-    `DataStream.TFF_CLIENTS`; `stride` > 1 keeps every stride-th window (fewer, overlapping
-    less)."""
-    if stride < 1:
-        raise ValueError(f"stride must be >= 1, got {stride}")
-    path, not_shakespeare = tff_database(
-        data_dir, "tff_shakespeare", SHAKESPEARE_FILE, SHAKESPEARE_URL, "federated Shakespeare"
-    )
-
-    vocabulary = shakespeare_vocabulary()
+def shakespeare_texts(
+    path: str, not_shakespeare: Callable[[str], DataError]
+) -> dict[str, dict[str, str]]:
+    """Each split's speaking parts of TFF's Shakespeare database `path`, each part's snippets
+    joined into one text (`joined_text`); a file that is not that database is
+    `not_shakespeare`'s error."""
     texts: dict[str, dict[str, str]] = {}
     for split in ("train", "test"):
         try:
@@ -319,6 +334,27 @@ def load_tff_shakespeare(
             }
         except Exception as e:  # a truncated or foreign file: sqlite3, TFF's format, the parser
             raise not_shakespeare(f"{type(e).__name__}: {reason(e)}") from None
+    return texts
+
+
+def load_tff_shakespeare(
+    data_dir: Optional[str],
+    num_clients: Optional[int] = None,
+    seed: int = 0,
+    stride: int = 1,
+) -> FederatedData:
+    """TFF's federated Shakespeare as LEAF's next-character task (see the module docstring):
+    every part with an example in both splits, or `num_clients` of them drawn from
+    `DataStream.TFF_CLIENTS`; `stride` > 1 keeps every stride-th window (fewer, overlapping
+    less)."""
+    if stride < 1:
+        raise ValueError(f"stride must be >= 1, got {stride}")
+    path, not_shakespeare = tff_database(
+        data_dir, "tff_shakespeare", SHAKESPEARE_FILE, SHAKESPEARE_URL, "federated Shakespeare"
+    )
+
+    vocabulary = shakespeare_vocabulary()
+    texts = shakespeare_texts(path, not_shakespeare)
     usable = sorted(
         client
         for client in set(texts["train"]) & set(texts["test"])

@@ -1,4 +1,6 @@
-"""Sent140's tweets as LEAF stores them, turned into tokens: the raw row's text field, split
+"""Sent140's tweets as LEAF stores them, turned into tokens.
+
+Sent140's tweets as LEAF stores them, turned into tokens: the raw row's text field, split
 with the regex `[\\w']+|[.,!?;]` (no lower-casing) and cut at `SEQUENCE_LENGTH` tokens. Shared
 by the GloVe reader (`sent140.py`) and LEAF's word ids (`leaf_examples.py`)."""
 

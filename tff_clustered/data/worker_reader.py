@@ -1,4 +1,6 @@
-"""A TFF worker reading a client's examples itself from a population file in TFF's SQL format
+"""A TFF worker reading a client's examples itself from a population file of TFF's SQL format.
+
+A TFF worker reading a client's examples itself from a population file in TFF's SQL format
 (`--client_data=read_on_worker`): `WorkerReader` builds the client's arrays inside a TF
 computation from the client's id and listed size, as `sql_clients.SqlClients` reads them here,
 and names the worker's failed reads (`WorkerReader.failure`); `worker_reader` makes one for a
@@ -18,8 +20,9 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.data.federated_data import FederatedData
-from tff_clustered.data.sql_clients import SqlClients, not_vector_examples, vector_records
+from tff_clustered.data.sql_clients import SqlClients
 from tff_clustered.data.sqlite_files import is_locked, locked_database, read_only_uri
+from tff_clustered.data.vector_records import not_vector_examples, vector_records
 
 # A failed check of a client's examples read on the worker (`WorkerReader.read`), as TF's
 # Assert prints its data: "assertion failed: [client '...' (split) in path: ] [problem]".

@@ -53,11 +53,6 @@ class ClusterAggregator:
     # hyperparameters), and keeps its state in the server state's slot; one that does not (the
     # mean) has an empty slot and no parameters.
     takes_round_inputs: ClassVar[bool] = True
-    # It passes each client's update into a plain weighted mean, unchanged: nothing bounded,
-    # shrunk, hidden or noised. Decentralized peers (which aggregate nothing), an algorithm
-    # that reads clients' individual updates beside the aggregate, and round metrics (each
-    # client's own update) can use only such an aggregator.
-    passes_updates_through: ClassVar[bool] = False
     # Every client weighs 1 in its cluster's sum (a private sum needs a bounded contribution):
     # the round's signature must then weigh clients uniformly.
     uniform_weights: ClassVar[bool] = False
@@ -68,6 +63,66 @@ class ClusterAggregator:
     # It runs only as one TFF computation over all of a round's clients (a `tff.aggregators`
     # factory: `tff_factory_aggregator.py`), not as TF functions in process or over shares.
     tff_computation_only: ClassVar[bool] = False
+
+    # -- its declarations: what users and the loop see of it (`federated.aggregators`) ---------
+    # One line saying what it does, for the flags' help and docs/options.md.
+    summary: ClassVar[str] = ""
+    # Its settings as users give them (the flags, `tff_clustered.run`, docs/options.md): a
+    # frozen `AggregatorOptions` dataclass of `options.option(...)` fields, each a flag, built
+    # into the aggregator by `from_options`; None: its own fields are its settings.
+    Options: ClassVar[Optional[type]] = None
+    # It bounds, noises or encodes each client's update (every aggregator but the mean): an
+    # algorithm that reads clients' individual updates beside the aggregate voids it, and
+    # round metrics, which read them, are refused (`loop.aggregation.check_aggregator`).
+    voided_by_individual_updates: ClassVar[bool] = True
+    # It is built from its settings alone, so the command line (`--aggregator`) and `run`
+    # take it by name; a `tff.aggregators` factory is a Python object, given to `run` only.
+    named: ClassVar[bool] = True
+
+    @classmethod
+    def options_type(cls) -> type:
+        """The dataclass of its settings: `Options`, or the aggregator itself."""
+        return cls.Options or cls
+
+    @classmethod
+    def from_options(cls, options: Any) -> ClusterAggregator:
+        """The aggregator its settings `options` describe (an aggregator without `Options`:
+        they are the aggregator)."""
+        return options
+
+    def options(self) -> Any:
+        """The settings that build this aggregator back (`from_options`)."""
+        return self
+
+    @classmethod
+    def record(cls, options: Any = None) -> dict[str, Any]:
+        """What a run records of its settings `options` (summary.json, checkpoints): each
+        option's value (None: each option's default)."""
+        fields = dataclasses.fields(cls.options_type())
+        if options is None:
+            return {f.name: f.default for f in fields}
+        return {f.name: getattr(options, f.name) for f in fields}
+
+    @classmethod
+    def privacy_budget(cls, options: Any) -> Optional[PrivacyBudget]:
+        """What the accountant reads of its settings (`loop.accounting`): None for an
+        aggregator that adds no noise."""
+        return None
+
+    @classmethod
+    def with_noise_multiplier(cls, options: Any, noise_multiplier: float) -> Any:
+        """Its settings with the noise multiplier calibrated to their target epsilon (only
+        for one whose `privacy_budget` says `calibrate`)."""
+        raise ValueError(f"the {cls.name} aggregator has no noise multiplier to calibrate")
+
+    def privacy_record(self) -> dict[str, Any]:
+        """Its mechanism's settings in summary.json's `privacy` block (one that adds noise)."""
+        return {}
+
+    def resume_warning(self) -> str:
+        """What a resumed run should be told of settings its checkpoint could not record ("":
+        nothing)."""
+        return ""
 
     def __post_init__(self) -> None:
         """Every field of its declared type, as the command line's flag parser gives it: a
@@ -226,9 +281,10 @@ class ClusterMean(ClusterAggregator):
     summed unchanged with their weights, each cluster's sum divided by its total weight; a
     cluster no client trained in does not step. No state, no round inputs: an empty slot."""
 
+    summary: ClassVar[str] = "the weighted mean of the cluster's clients' updates"
+    voided_by_individual_updates: ClassVar[bool] = False  # it sends each update as it is
     name: ClassVar[str] = "mean"
     takes_round_inputs: ClassVar[bool] = False
-    passes_updates_through: ClassVar[bool] = True
 
     def finalize(
         self,
@@ -251,6 +307,28 @@ class ClusterMean(ClusterAggregator):
     def initial_slot(self, num_clusters: int) -> tuple:
         """The mean keeps nothing in the server state."""
         return ()
+
+
+@dataclasses.dataclass(frozen=True)
+class AggregatorOptions:
+    """Base of an aggregator's `Options`: every field of its declared type, as the flag
+    parser gives it (`options.checked_fields`: a wrong type is a TypeError naming it). A
+    subclass's own checks follow, in its `__post_init__`."""
+
+    def __post_init__(self) -> None:
+        for name, value in checked_fields(self, type(self).__qualname__).items():
+            object.__setattr__(self, name, value)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyBudget:
+    """What the accountant reads of a private aggregator's settings: the `delta` every epsilon
+    is stated at, the `target_epsilon` (0: none) and whether the noise multiplier is to be
+    calibrated to it (`calibrate`: none given)."""
+
+    delta: float
+    target_epsilon: float
+    calibrate: bool = False
 
 
 def spec_of(value: Any) -> tf.TensorSpec:

@@ -1,7 +1,9 @@
-"""Differentially private FedAvg per cluster (DP-FedAvg: McMahan, Ramage, Talwar and Zhang,
-"Learning Differentially Private Recurrent Language Models", ICLR 2018; adaptive clipping:
-Andrew, Thakkar, McMahan and Ramaswamy, "Differentially Private Learning with Adaptive
-Clipping", NeurIPS 2021), as a `cluster_aggregators.ClusterAggregator`.
+"""Differentially private FedAvg per cluster, its settings and what its accountant reads.
+
+DP-FedAvg: McMahan, Ramage, Talwar and Zhang, "Learning Differentially Private Recurrent
+Language Models", ICLR 2018; adaptive clipping: Andrew, Thakkar, McMahan and Ramaswamy,
+"Differentially Private Learning with Adaptive Clipping", NeurIPS 2021, as a
+`cluster_aggregators.ClusterAggregator`.
 
 Client: its shared update Delta_i (every shared tensor, the BatchNorm statistics they own
 included) is clipped to its cluster's norm C_k in global L2 norm,
@@ -49,10 +51,13 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.federated.cluster_aggregators import (
+    AggregatorOptions,
     ClusterAggregator,
+    PrivacyBudget,
     divide_rows,
     geometric_quantile_step,
 )
+from tff_clustered.options import option
 
 # The fold of a cluster's seed that draws its below-clip count's noise (tensor folds are the
 # tensor indices, far below it).
@@ -72,6 +77,100 @@ MAX_CLIP_LEARNING_RATE = math.log(FLOAT32_MAX)
 # Noise of this standard deviation per value (or more) on a cluster's sum is at least a
 # model's usual weights (|w| well below 1): a model made non-finite is then blamed on it.
 BLAMED_NOISE_STDDEV = 1.0
+DP_CLIPPINGS = ("fixed", "adaptive")
+# The largest --target_epsilon: beyond it an epsilon bounds nothing, and the noise multiplier
+# calibrated to it would fall toward `MIN_NOISE_MULTIPLIER` (1e-6, whose one round already
+# passes an epsilon of 1e12).
+MAX_TARGET_EPSILON = 1e6
+
+
+@dataclasses.dataclass(frozen=True)
+class DPOptions(AggregatorOptions):
+    """`ClusterDP`'s settings as users give them (`--dp_*`, `--target_epsilon`): the mechanism's
+    (`clipping` names `ClusterDP.adaptive`; an unset `noise_multiplier` is calibrated to
+    `target_epsilon`) and the accountant's (`delta`, `target_epsilon`: `loop.accounting`)."""
+
+    noise_multiplier: Optional[float] = option(
+        None,
+        "the noise's standard deviation over the clip norm (0: clipping only).",
+        flag="dp_noise_multiplier",
+        lower_bound=0.0,
+    )
+    clip: float = option(
+        1.0, "the clip norm (the start of each cluster's, adaptive).", flag="dp_clip"
+    )
+    clipping: str = option(
+        "fixed",
+        "a fixed clip norm, or adaptive: each cluster's moved toward the --dp_target_quantile "
+        "of its clients' update norms (Andrew et al. 2021).",
+        choices=DP_CLIPPINGS,
+        flag="dp_clipping",
+    )
+    target_quantile: float = option(
+        0.5,
+        "with --dp_clipping=adaptive: the quantile of update norms aimed at.",
+        flag="dp_target_quantile",
+    )
+    clip_learning_rate: float = option(
+        0.2,
+        "with --dp_clipping=adaptive: the clip's geometric learning rate.",
+        flag="dp_clip_learning_rate",
+    )
+    count_stddev: Optional[float] = option(
+        None,
+        "with --dp_clipping=adaptive: the noise on each cluster's below-clip count (unset: the "
+        "noise multiplier; it must exceed half of it).",
+        flag="dp_count_stddev",
+        lower_bound=0.0,
+    )
+    delta: float = option(
+        1e-5,
+        "the delta every epsilon is stated at (epsilon columns of metrics.csv, summary.json's "
+        "privacy).",
+        flag="dp_delta",
+    )
+    target_epsilon: float = option(
+        0.0,
+        "stop before a round that would take a client's epsilon past this (0: never); without "
+        "--dp_noise_multiplier, the noise multiplier whose --rounds rounds reach it.",
+        lower_bound=0.0,
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # the types first
+        if self.clipping not in DP_CLIPPINGS:
+            raise ValueError(f"dp_clipping must be one of {DP_CLIPPINGS}, got {self.clipping!r}")
+        if self.noise_multiplier is None and not self.target_epsilon > 0:
+            raise ValueError(
+                "--aggregator=dp needs --dp_noise_multiplier (the noise's standard deviation "
+                "over the clip norm; 0: clipping only, no privacy) or --target_epsilon (the "
+                "noise multiplier whose rounds reach it)"
+            )
+        if self.clipping == "fixed":
+            adaptive_only = ("target_quantile", "clip_learning_rate", "count_stddev")
+            defaults = DPOptions.__dataclass_fields__
+            given = [f"--dp_{n}" for n in adaptive_only if getattr(self, n) != defaults[n].default]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} set with --dp_clipping=fixed, which does not use them: "
+                    "add --dp_clipping=adaptive, or leave them unset"
+                )
+        if self.noise_multiplier == 0 and self.target_epsilon > 0:
+            raise ValueError(
+                "--target_epsilon with --dp_noise_multiplier=0: without noise no epsilon holds; "
+                "give a noise multiplier above 0, or leave it unset to calibrate one"
+            )
+        if not 0 < self.delta < 1:
+            raise ValueError(f"--dp_delta must be in (0, 1), got {self.delta}")
+        if not math.isfinite(self.target_epsilon):
+            raise ValueError(f"--target_epsilon must be finite, got {self.target_epsilon}")
+        if not 0 <= self.target_epsilon <= MAX_TARGET_EPSILON:
+            raise ValueError(
+                f"--target_epsilon must be in [0, {MAX_TARGET_EPSILON:g}] (0: none), got "
+                f"{self.target_epsilon:g}: an epsilon above {MAX_TARGET_EPSILON:g} bounds "
+                f"nothing (a likelihood ratio of e^{MAX_TARGET_EPSILON:g}); give a target of "
+                "at most that, or 0 for none"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +192,12 @@ class ClusterDP(ClusterAggregator):
     name: ClassVar[str] = "dp"
     uniform_weights: ClassVar[bool] = True
     private: ClassVar[bool] = True
+    summary: ClassVar[str] = (
+        "DP-FedAvg per cluster: each update clipped to --dp_clip, Gaussian noise of "
+        "--dp_noise_multiplier times the clip on every cluster's sum, divided by the cluster's "
+        "expected number of clients; clients weigh uniformly"
+    )
+    Options: ClassVar[type] = DPOptions
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the types first: ClusterDP(noise_multiplier="1") is refused
@@ -161,6 +266,49 @@ class ClusterDP(ClusterAggregator):
             + f": lower {' or '.join(fixes)}"
         )
 
+    # -- its settings (`DPOptions`) ------------------------------------------------------------
+    @classmethod
+    def from_options(cls, options: DPOptions) -> ClusterDP:
+        """The mechanism of `options` (an unset noise multiplier, to be calibrated, as 0)."""
+        return cls(
+            noise_multiplier=float(options.noise_multiplier or 0.0),
+            clip=options.clip,
+            adaptive=options.clipping == "adaptive",
+            target_quantile=options.target_quantile,
+            clip_learning_rate=options.clip_learning_rate,
+            count_stddev=options.count_stddev,
+        )
+
+    def options(self) -> DPOptions:
+        """Its settings, the accountant's at their defaults."""
+        return DPOptions(
+            noise_multiplier=self.noise_multiplier,
+            clip=self.clip,
+            clipping="adaptive" if self.adaptive else "fixed",
+            target_quantile=self.target_quantile,
+            clip_learning_rate=self.clip_learning_rate,
+            count_stddev=self.count_stddev,
+        )
+
+    @classmethod
+    def privacy_budget(cls, options: DPOptions) -> PrivacyBudget:
+        return PrivacyBudget(
+            options.delta, options.target_epsilon, calibrate=options.noise_multiplier is None
+        )
+
+    @classmethod
+    def with_noise_multiplier(cls, options: DPOptions, noise_multiplier: float) -> DPOptions:
+        return dataclasses.replace(options, noise_multiplier=noise_multiplier)
+
+    def privacy_record(self) -> dict[str, Any]:
+        return {
+            "noise_multiplier": self.noise_multiplier,
+            "value_noise_multiplier": self.value_noise_multiplier,
+            "count_stddev": self.effective_count_stddev if self.adaptive else None,
+            "clip": self.clip,
+            "clipping": "adaptive" if self.adaptive else "fixed",
+        }
+
     # -- what the accountant reads ------------------------------------------------------------
     @property
     def effective_count_stddev(self) -> float:
@@ -182,9 +330,12 @@ class ClusterDP(ClusterAggregator):
     def round_event(self) -> Any:
         """One round's mechanism before client sampling: a Gaussian of multiplier z (fixed
         clipping), or the Gaussian on the sums (z_v) composed with the one on the below-clip
-        counts (sensitivity 1/2: multiplier 2 sigma_b), which compose to one of multiplier z."""
+        counts (sensitivity 1/2: multiplier 2 sigma_b), which compose to one of multiplier z;
+        None with z = 0 (clipping only: no differential privacy, no epsilon to account)."""
         import dp_accounting
 
+        if self.noise_multiplier == 0:
+            return None
         if not self.adaptive:
             return dp_accounting.GaussianDpEvent(self.noise_multiplier)
         return dp_accounting.ComposedDpEvent(

@@ -1,5 +1,7 @@
-"""The robust aggregator per cluster (`cluster_robust.ClusterRobust`) with its clients' weighted
-updates encoded for the upload: TFF's compressed and secure aggregators, per cluster.
+"""TFF's compressed and secure aggregators per cluster, and their settings.
+
+The robust aggregator per cluster (`cluster_robust.ClusterRobust`) with its clients' weighted
+updates encoded for the upload.
 
 `ClusterCompression` (`tff.learning.compression_aggregator`; Suresh, Yu, Kumar and McMahan,
 "Distributed Mean Estimation with Limited Communication", ICML 2017): after zeroing, clipping
@@ -39,7 +41,13 @@ from typing import ClassVar
 
 import tensorflow as tf
 
-from tff_clustered.federated.cluster_robust import ClusterRobust, Indicators, NormEstimate
+from tff_clustered.federated.cluster_robust import (
+    ClusterRobust,
+    Indicators,
+    NormEstimate,
+    RobustOptions,
+)
+from tff_clustered.options import option
 
 # The fold of a client's seed that draws its quantization's rounding (plus the tensor index).
 QUANTIZATION_FOLD = 1 << 21
@@ -54,6 +62,19 @@ SECURE_BOUND = NormEstimate(50.0, 0.95, 1.0, multiplier=2.0, reports="bound")
 
 
 @dataclasses.dataclass(frozen=True)
+class CompressionOptions(RobustOptions):
+    """`ClusterCompression`'s settings as users give them: the robust ones and the
+    quantization's (`--quantization_bits`, `--quantization_threshold`)."""
+
+    quantization_bits: int = option(8, "bits per value of a quantized tensor (1 to 16; TFF: 8).")
+    quantization_threshold: int = option(
+        20000,
+        "tensors of more than this many values are quantized, the others sent as float32 "
+        "(TFF: 20000).",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class ClusterCompression(ClusterRobust):
     """Robust, then the weighted tensors of more than `quantization_threshold` values quantized
     to `quantization_bits` bits with stochastic rounding (see the module docstring)."""
@@ -62,6 +83,28 @@ class ClusterCompression(ClusterRobust):
     quantization_threshold: int = 20000
 
     name: ClassVar[str] = "compression"
+    summary: ClassVar[str] = (
+        "robust, then tensors of more than --quantization_threshold values quantized to "
+        "--quantization_bits bits"
+    )
+    Options: ClassVar[type] = CompressionOptions
+
+    @classmethod
+    def from_options(cls, options: CompressionOptions) -> ClusterCompression:
+        return cls(
+            zeroing=options.robust_zeroing,
+            clipping=options.robust_clipping,
+            quantization_bits=options.quantization_bits,
+            quantization_threshold=options.quantization_threshold,
+        )
+
+    def options(self) -> CompressionOptions:
+        return CompressionOptions(
+            robust_zeroing=self.zeroing,
+            robust_clipping=self.clipping,
+            quantization_bits=self.quantization_bits,
+            quantization_threshold=self.quantization_threshold,
+        )
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the types first
@@ -116,6 +159,10 @@ class ClusterSecure(ClusterRobust):
     cryptographic protocol is not run)."""
 
     name: ClassVar[str] = "secure"
+    summary: ClassVar[str] = (
+        "robust, then the sum of values clipped to an adaptive bound as 32-bit integers, TFF's "
+        "secure sum's arithmetic; the cryptographic protocol is not run"
+    )
 
     def estimates(self) -> dict[str, NormEstimate]:
         return {**super().estimates(), "secure": SECURE_BOUND}

@@ -1,7 +1,9 @@
-"""TFF's robust aggregator per cluster (`tff.learning.robust_aggregator(zeroing=True,
-clipping=True, weighted=True)`), as a `cluster_aggregators.ClusterAggregator`, and the base
-of the compressed and secure ones (`cluster_encodings.py`: `tff.learning.
-compression_aggregator`, `tff.learning.secure_aggregator`).
+"""TFF's robust aggregator per cluster, and its settings.
+
+`tff.learning.robust_aggregator(zeroing=True, clipping=True, weighted=True)`, as a
+`cluster_aggregators.ClusterAggregator`, and the base of the compressed and secure ones
+(`cluster_encodings.py`: `tff.learning.compression_aggregator`,
+`tff.learning.secure_aggregator`).
 
 Client i of cluster k, its shared update Delta_i and weight w_i (the weight the algorithm's
 mean uses: its examples, or 1):
@@ -42,10 +44,12 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.federated.cluster_aggregators import (
+    AggregatorOptions,
     ClusterAggregator,
     divide_rows,
     geometric_quantile_step,
 )
+from tff_clustered.options import option
 
 Indicators = dict[str, tf.Tensor]  # a statistics column's name -> one client's value
 
@@ -76,6 +80,22 @@ CLIPPING = NormEstimate(1.0, 0.8, 0.2)
 
 
 @dataclasses.dataclass(frozen=True)
+class RobustOptions(AggregatorOptions):
+    """`ClusterRobust`'s settings as users give them (`--robust_zeroing`, `--robust_clipping`)."""
+
+    robust_zeroing: bool = option(
+        True,
+        "zero a client's whole update when its largest absolute value exceeds the cluster's "
+        "adaptive zeroing norm (TFF's defaults).",
+    )
+    robust_clipping: bool = option(
+        True,
+        "clip each update to the cluster's adaptive L2 norm (an estimate of its clients' 0.8 "
+        "quantile; TFF's defaults).",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class ClusterRobust(ClusterAggregator):
     """TFF's robust aggregator per cluster (see the module docstring): adaptive `zeroing`, then
     adaptive `clipping` (either can be off), then the client-weighted mean."""
@@ -84,6 +104,17 @@ class ClusterRobust(ClusterAggregator):
     clipping: bool = True
 
     name: ClassVar[str] = "robust"
+    summary: ClassVar[str] = (
+        "TFF's robust_aggregator per cluster: adaptive zeroing and clipping, then the weighted mean"
+    )
+    Options: ClassVar[type] = RobustOptions
+
+    @classmethod
+    def from_options(cls, options: RobustOptions) -> ClusterRobust:
+        return cls(zeroing=options.robust_zeroing, clipping=options.robust_clipping)
+
+    def options(self) -> RobustOptions:
+        return RobustOptions(robust_zeroing=self.zeroing, robust_clipping=self.clipping)
 
     # -- what a subclass changes: how the weighted value is sent, what it estimates -----------
     def estimates(self) -> dict[str, NormEstimate]:

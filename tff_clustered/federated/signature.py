@@ -101,7 +101,7 @@ class RoundSignature:
                 "aggregator must be a cluster_aggregators.ClusterAggregator, got "
                 f"{self.aggregator!r}"
             )
-        if self.distribution.decentralized and not self.aggregator.passes_updates_through:
+        if self.distribution.decentralized and self.aggregator.voided_by_individual_updates:
             raise ValueError(
                 f"decentralized peers aggregate nothing: no {self.aggregator.name} aggregator"
             )

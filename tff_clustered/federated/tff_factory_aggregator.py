@@ -77,6 +77,11 @@ class TffFactoryPerCluster(ClusterAggregator):
 
     name: ClassVar[str] = "tff_factory"
     tff_computation_only: ClassVar[bool] = True
+    summary: ClassVar[str] = (
+        "any tff.aggregators factory, one instance per cluster (a Python object: the Python "
+        "API's only, on one TFF worker)"
+    )
+    named: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.factory, FACTORY_TYPES):
@@ -89,6 +94,24 @@ class TffFactoryPerCluster(ClusterAggregator):
         if not self.description:
             kind = type(self.factory)
             object.__setattr__(self, "description", f"{kind.__module__}.{kind.__qualname__}")
+
+    @classmethod
+    def record(cls, options: Optional[TffFactoryPerCluster] = None) -> dict[str, Any]:
+        """The factory as its description (a Python object is not a value a file holds) and,
+        beside it, its parameters (`factory_inspection.factory_parameters`): the readable ones
+        by path, and the paths of those inside TFF computations, which cannot be read."""
+        if options is None:
+            return {"factory": None}
+        parameters = options.parameters
+        return {
+            "factory": options.description,
+            "factory_parameters": dict(parameters.values),
+            "factory_parameters_unread": list(parameters.unread),
+        }
+
+    def resume_warning(self) -> str:
+        """The factory's parameters a checkpoint could not record (inside TFF computations)."""
+        return factory_inspection.unread_warning(self.description, self.parameters)
 
     @property
     def weighted(self) -> bool:

@@ -1,0 +1,1 @@
+"""The training loop: a run's state, its rounds, their evaluation and privacy account."""

@@ -1,10 +1,13 @@
-"""A private run's privacy account: after every round of a private aggregator
-(`federated.cluster_dp.ClusterDP`), the round's event (its noise, as the run's client sampling
-amplifies it: `loop.privacy.sampling_event`) is recorded for the clients that were eligible,
+"""A private run's privacy account, from what its aggregator declares.
+
+After every round of an aggregator that adds noise (its `round_event`, e.g.
+`federated.cluster_dp.ClusterDP`'s), the round's event (its noise, as the run's client sampling
+amplifies it: `loop.dp_events.sampling_event`) is recorded for the clients that were eligible,
 and every cluster's epsilon at the run's delta is read off the ledger (`PrivacyLedger`: a
-cluster's epsilon is the largest of the clients assigned to it). A target epsilon stops the
-run before the round that would pass it, and, when no noise multiplier is given, sets the
-noise multiplier whose rounds reach it (`privacy.calibrated_noise_multiplier`).
+cluster's epsilon is the largest of the clients assigned to it). A target epsilon stops the run
+before the round that would pass it, and, when no noise multiplier is given, sets the noise
+multiplier whose rounds reach it (`noise_calibration.calibrated_noise_multiplier`); the delta
+and the target are the aggregator's settings' (`privacy_budget`).
 
 Every in-use cluster's sum is noised in every round, and a client adds into one cluster's sum
 only, so one round is one Gaussian mechanism on the stack of cluster sums, whichever cluster a
@@ -22,24 +25,20 @@ import numpy as np
 
 from tff_clustered.algorithms.base import RunInfo
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
-from tff_clustered.federated.cluster_dp import ClusterDP
 from tff_clustered.loop.config import TrainingConfig
-from tff_clustered.loop.privacy import (
-    PrivacyLedger,
-    calibrated_noise_multiplier,
-    describe_sampling,
-    sampling_event,
-)
+from tff_clustered.loop.dp_events import sampling_event
+from tff_clustered.loop.noise_calibration import calibrated_noise_multiplier
+from tff_clustered.loop.privacy_ledger import PrivacyLedger
+from tff_clustered.loop.sampling import describe_sampling
 from tff_clustered.loop.state import RunState
 
 
 def account_for(
     aggregator: ClusterAggregator, config: TrainingConfig, client_index: Mapping[str, int]
 ) -> Optional[PrivacyAccount]:
-    """The run's privacy account: None unless its aggregator is private."""
-    if not (aggregator.private and isinstance(aggregator, ClusterDP)):
-        return None
-    if aggregator.noise_multiplier == 0:  # clipping only: no epsilon to account
+    """The run's privacy account: None unless its aggregator adds noise (`round_event`; DP's
+    clipping only, a noise multiplier of 0, adds none) and declares its budget."""
+    if aggregator.round_event() is None or config.aggregator.privacy_budget() is None:
         return None
     return PrivacyAccount(aggregator, config, client_index)
 
@@ -49,14 +48,15 @@ def calibrated(config: TrainingConfig, population: int) -> tuple[TrainingConfig,
     none is given: the least whose `rounds` rounds, every client eligible, reach the target at
     the run's delta; and that multiplier (None: nothing calibrated)."""
     settings = config.aggregator
-    if settings.name != "dp" or settings.noise_multiplier is not None:
+    budget = settings.privacy_budget()
+    if budget is None or not budget.calibrate:
         return config, None
 
     # A round of adaptive clipping (TFF's split of the noise) costs exactly a Gaussian round of
     # the noise multiplier z, calibrated as one; the split is checked when z is set.
     z = calibrated_noise_multiplier(
-        settings.target_epsilon,
-        settings.delta,
+        budget.target_epsilon,
+        budget.delta,
         config.rounds,
         config.client_sampling,
         population,
@@ -68,14 +68,17 @@ def calibrated(config: TrainingConfig, population: int) -> tuple[TrainingConfig,
 
 class PrivacyAccount:
     """The run's account of a private aggregator `aggregator` under `config`'s sampling, delta
-    and target epsilon, over the clients of `client_index` (client id -> its position)."""
+    and target epsilon (its settings' `privacy_budget`), over the clients of `client_index`
+    (client id -> its position)."""
 
     def __init__(
-        self, aggregator: ClusterDP, config: TrainingConfig, client_index: Mapping[str, int]
+        self, aggregator: ClusterAggregator, config: TrainingConfig, client_index: Mapping[str, int]
     ) -> None:
         self.aggregator, self.config, self.client_index = aggregator, config, client_index
-        self.delta = config.aggregator.delta
-        self.target_epsilon = config.aggregator.target_epsilon
+        budget = config.aggregator.privacy_budget()
+        assert budget is not None  # `account_for` makes an account only then
+        self.delta = budget.delta
+        self.target_epsilon = budget.target_epsilon
 
     def new_ledger(self) -> PrivacyLedger:
         return PrivacyLedger.for_population(len(self.client_index))
@@ -156,21 +159,16 @@ class PrivacyAccount:
 
     def summary(self, ledger: PrivacyLedger, stopped_at_target: bool) -> dict[str, Any]:
         """summary.json's `privacy` block."""
-        dp = self.aggregator
         return {
             "epsilon": ledger.epsilon(self.delta),
             "delta": self.delta,
             "target_epsilon": self.target_epsilon or None,
             "stopped_at_target_epsilon": stopped_at_target,
-            "noise_multiplier": dp.noise_multiplier,
-            "value_noise_multiplier": dp.value_noise_multiplier,
-            "count_stddev": dp.effective_count_stddev if dp.adaptive else None,
-            "clip": dp.clip,
-            "clipping": "adaptive" if dp.adaptive else "fixed",
+            **self.aggregator.privacy_record(),
             "sampling": describe_sampling(self.config.client_sampling),
             "accountant": "Renyi DP (dp-accounting's RdpAccountant)",
             "neighboring_relation": ledger.neighboring_relation.name,
-            "client_weighting": "uniform",
+            "client_weighting": "uniform" if self.aggregator.uniform_weights else "algorithm's",
         }
 
 

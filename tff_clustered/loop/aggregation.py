@@ -45,7 +45,7 @@ def check_aggregator(algorithm: Algorithm, aggregator: ClusterAggregator) -> Non
     not `models_from_aggregate` (it reads individual clients' models or updates beside the
     aggregate: no privacy would hold, and its clients would still send those whole, so a
     robust, compressed or secure aggregate would neither bound, shrink nor hide them)."""
-    if aggregator.passes_updates_through:
+    if not aggregator.voided_by_individual_updates:
         return
     if algorithm.distribution.decentralized:
         raise ValueError(
@@ -81,7 +81,7 @@ def checked_aggregator(
     aggregator = config.aggregator.build()
     check_aggregator(algorithm, aggregator)
     aggregator.check_execution(execution, len(runtime.worker_contexts()))
-    if round_metrics and not aggregator.passes_updates_through:
+    if round_metrics and aggregator.voided_by_individual_updates:
         raise ValueError(
             f"round metrics read each client's own update, which the {aggregator.name} "
             "aggregator keeps inside its per-cluster sums; drop round_metrics or use the mean"

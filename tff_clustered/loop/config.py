@@ -1,234 +1,160 @@
-"""A run's training settings: rounds, client sampling, local training, learning-rate
-schedule, evaluation, the divergence policy, the server optimizer and the aggregator."""
+"""A run's training settings and its aggregator's settings.
+
+Rounds, client sampling, local training, learning-rate schedule, evaluation, the divergence
+policy, the server optimizer and the aggregator (`AggregatorConfig`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from tff_clustered.federated.cluster_aggregators import ClusterAggregator, ClusterMean
-from tff_clustered.federated.cluster_dp import ClusterDP
-from tff_clustered.federated.cluster_encodings import ClusterCompression, ClusterSecure
-from tff_clustered.federated.cluster_robust import ClusterRobust
+from tff_clustered.federated.aggregators import (
+    AGGREGATORS,
+    NAMED,
+    aggregator_class,
+    declared_options,
+)
+from tff_clustered.federated.cluster_aggregators import ClusterAggregator, PrivacyBudget
 from tff_clustered.federated.server_optimizers import ServerOptimizer
-from tff_clustered.federated.tff_factory_aggregator import TffFactoryPerCluster
-from tff_clustered.loop.privacy import SAMPLINGS
-from tff_clustered.options import checked_fields
+from tff_clustered.loop.sampling import SAMPLINGS
+from tff_clustered.options import checked_fields, described
 from tff_clustered.seeds import EVAL_SAMPLE, rng_for
 
 LR_SCHEDULES = ("constant", "exponential", "cosine")
-AGGREGATORS = ("mean", "dp", "robust", "compression", "secure")  # the flags' (--aggregator)
-ROBUST_AGGREGATORS = ("robust", "compression", "secure")
-# A `tff.aggregators` factory per cluster: a Python object, so the Python API's only.
-FACTORY_AGGREGATOR = TffFactoryPerCluster.name
-DP_CLIPPINGS = ("fixed", "adaptive")
-# The largest --target_epsilon: beyond it an epsilon bounds nothing, and the noise multiplier
-# calibrated to it would fall toward `cluster_dp.MIN_NOISE_MULTIPLIER` (1e-6, whose one round
-# already passes an epsilon of 1e12).
-MAX_TARGET_EPSILON = 1e6
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False, repr=False)
 class AggregatorConfig:
     """What the round does with each client's update between its training and its cluster's
-    mean (`federated.cluster_aggregators`), as the flags name it: `name` "mean" (the weighted
-    mean per cluster), "dp" (DP-FedAvg per cluster, `federated.cluster_dp.ClusterDP`: each
-    update clipped, Gaussian noise of `noise_multiplier` times the clip norm on every cluster's
-    sum, uniform client weights), or one of TFF's robust aggregators per cluster: "robust"
-    (`federated.cluster_robust.ClusterRobust`: adaptive zeroing and clipping, then the weighted
-    mean), "compression" (robust, then the large tensors quantized,
-    `federated.cluster_encodings.ClusterCompression`) or "secure" (robust, then a bounded
-    integer sum, `ClusterSecure`). "tff_factory" (the Python API's only: a factory is a Python
-    object, no flag) runs `factory`, a `TffFactoryPerCluster`: one instance of any
-    `tff.aggregators` factory per cluster.
+    mean, as settings: the aggregator `kind` (a `federated.cluster_aggregators.
+    ClusterAggregator` subclass) and `options`, the values of the settings it declares (its
+    `Options`, or its own fields). By name, `AggregatorConfig("dp", noise_multiplier=1.0)`
+    (the names and what each takes: `federated.aggregators`, docs/options.md; the flags build
+    it so); from a built aggregator, `AggregatorConfig.of(ClusterDP(1.0))` (a user's own
+    subclass too). A setting another aggregator declares, changed from its default, is refused
+    naming its flag and the aggregators that take it; each aggregator's own checks follow."""
 
-    dp: `clip` is the clip norm (the start of each cluster's with `clipping="adaptive"`, which
-    moves it toward the `target_quantile` of its clients' update norms at
-    `clip_learning_rate`); `count_stddev`: the noise on the adaptive clip's counts (None: the
-    noise multiplier). `delta`: the delta every epsilon is stated at; `target_epsilon` (> 0):
-    the run stops before a round that would take a client's epsilon past it, and sets the noise
-    multiplier when none is given (`loop.accounting.calibrated`). robust, compression, secure:
-    `robust_zeroing` and `robust_clipping` turn the adaptive zeroing and clipping on or off;
-    compression: `quantization_bits` per value of the tensors of more than
-    `quantization_threshold` values. A setting keeps its default with an aggregator that does
-    not use it (`FIELD_USERS`)."""
+    kind: type[ClusterAggregator]
+    options: Any
 
-    name: str = "mean"
-    noise_multiplier: Optional[float] = None
-    clip: float = 1.0
-    clipping: str = "fixed"
-    target_quantile: float = 0.5
-    clip_learning_rate: float = 0.2
-    count_stddev: Optional[float] = None
-    delta: float = 1e-5
-    target_epsilon: float = 0.0
-    robust_zeroing: bool = True
-    robust_clipping: bool = True
-    quantization_bits: int = 8
-    quantization_threshold: int = 20000
-    factory: Optional[TffFactoryPerCluster] = None
-
-    def __post_init__(self) -> None:
-        for name, value in checked_fields(self, "AggregatorConfig").items():
-            object.__setattr__(self, name, value)
-        if self.name not in (*AGGREGATORS, FACTORY_AGGREGATOR):
-            raise ValueError(f"aggregator must be one of {AGGREGATORS}, got {self.name!r}")
-        if (self.name == FACTORY_AGGREGATOR) != (self.factory is not None):
+    def __init__(self, name: str = "mean", **settings: Any) -> None:
+        kind = aggregator_class(name)
+        refuse_unused_settings(kind, settings)
+        if not kind.named:
             raise ValueError(
-                f"aggregator {self.name!r} with factory={self.factory!r}: a tff.aggregators "
-                f"factory goes with name {FACTORY_AGGREGATOR!r} only; give it to "
-                "tff_clustered.run as aggregator=<the factory>"
+                f"aggregator {name!r} is given as an object, not by name ({kind.summary}): it "
+                f"goes with name {name!r} only as tff_clustered.run's aggregator=<the object>"
             )
-        if self.clipping not in DP_CLIPPINGS:
-            raise ValueError(f"dp_clipping must be one of {DP_CLIPPINGS}, got {self.clipping!r}")
-        self.refuse_unused_settings()
-        if self.name == "dp" and self.noise_multiplier is None and not self.target_epsilon > 0:
-            raise ValueError(
-                "--aggregator=dp needs --dp_noise_multiplier (the noise's standard deviation "
-                "over the clip norm; 0: clipping only, no privacy) or --target_epsilon (the "
-                "noise multiplier whose rounds reach it)"
-            )
-        if self.clipping == "fixed":
-            adaptive_only = ("target_quantile", "clip_learning_rate", "count_stddev")
-            given = [f"--dp_{n}" for n in adaptive_only if getattr(self, n) != FIELD_DEFAULTS[n]]
-            if given:
-                raise ValueError(
-                    f"{', '.join(given)} set with --dp_clipping=fixed, which does not use them: "
-                    "add --dp_clipping=adaptive, or leave them unset"
-                )
-        if self.noise_multiplier == 0 and self.target_epsilon > 0:
-            raise ValueError(
-                "--target_epsilon with --dp_noise_multiplier=0: without noise no epsilon holds; "
-                "give a noise multiplier above 0, or leave it unset to calibrate one"
-            )
-        if not 0 < self.delta < 1:
-            raise ValueError(f"--dp_delta must be in (0, 1), got {self.delta}")
-        if not math.isfinite(self.target_epsilon):
-            raise ValueError(f"--target_epsilon must be finite, got {self.target_epsilon}")
-        if not 0 <= self.target_epsilon <= MAX_TARGET_EPSILON:
-            raise ValueError(
-                f"--target_epsilon must be in [0, {MAX_TARGET_EPSILON:g}] (0: none), got "
-                f"{self.target_epsilon:g}: an epsilon above {MAX_TARGET_EPSILON:g} bounds "
-                f"nothing (a likelihood ratio of e^{MAX_TARGET_EPSILON:g}); give a target of "
-                "at most that, or 0 for none"
-            )
-        self.build()  # the mechanism's own checks, here where the settings are made
+        own = {f.name for f in dataclasses.fields(kind.options_type())}
+        options = kind.options_type()(**{k: v for k, v in settings.items() if k in own})
+        self.__set(kind, options)
 
-    def refuse_unused_settings(self) -> None:
-        """A setting changed from its default that `name`'s aggregator does not use is refused,
-        naming its flag and the aggregators that use it."""
-        unused = [
-            field
-            for field, (_, users) in FIELD_USERS.items()
-            if self.name not in users and getattr(self, field) != FIELD_DEFAULTS[field]
-        ]
-        if not unused:
-            return
-        flags = ", ".join(f"--{FIELD_USERS[field][0]}" for field in unused)
-        users = FIELD_USERS[unused[0]][1]
-        fix = " or ".join(f"--aggregator={name}" for name in users)
-        does = "adds no noise and clips nothing" if self.name == "mean" else "does not use them"
-        raise ValueError(
-            f"{flags} set with --aggregator={self.name}, which {does}: add {fix}, or leave "
-            "them unset"
-        )
-
-    def with_noise_multiplier(self, noise_multiplier: float) -> AggregatorConfig:
-        return dataclasses.replace(self, noise_multiplier=noise_multiplier)
-
-    def build(self) -> ClusterAggregator:
-        """The aggregator these settings describe."""
-        robust = dict(zeroing=self.robust_zeroing, clipping=self.robust_clipping)
-        if self.name == "robust":
-            return ClusterRobust(**robust)
-        if self.name == "compression":
-            return ClusterCompression(
-                **robust,
-                quantization_bits=self.quantization_bits,
-                quantization_threshold=self.quantization_threshold,
-            )
-        if self.name == "secure":
-            return ClusterSecure(**robust)
-        if self.name == "mean":
-            return ClusterMean()
-        if self.factory is not None:
-            return self.factory
-        return ClusterDP(
-            noise_multiplier=float(self.noise_multiplier or 0.0),
-            clip=self.clip,
-            adaptive=self.clipping == "adaptive",
-            target_quantile=self.target_quantile,
-            clip_learning_rate=self.clip_learning_rate,
-            count_stddev=self.count_stddev,
-        )
+    def __set(self, kind: type[ClusterAggregator], options: Any) -> None:
+        """Sets the fields; the aggregator is built once here, for its own checks."""
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "options", options)
+        self.build()
 
     @classmethod
     def of(cls, aggregator: ClusterAggregator) -> AggregatorConfig:
-        """The settings of a built aggregator (`ClusterMean`, `ClusterDP`, `ClusterRobust`,
-        `ClusterCompression`, `ClusterSecure` or `TffFactoryPerCluster`)."""
-        if isinstance(aggregator, TffFactoryPerCluster):
-            return cls(FACTORY_AGGREGATOR, factory=aggregator)
-        if isinstance(aggregator, ClusterDP):
-            return cls(
-                "dp",
-                noise_multiplier=aggregator.noise_multiplier,
-                clip=aggregator.clip,
-                clipping="adaptive" if aggregator.adaptive else "fixed",
-                target_quantile=aggregator.target_quantile,
-                clip_learning_rate=aggregator.clip_learning_rate,
-                count_stddev=aggregator.count_stddev,
+        """The settings of a built aggregator (`aggregator.options()`), a user's own subclass
+        too: it needs a `name` of its own (what its runs record)."""
+        if not isinstance(aggregator, ClusterAggregator):
+            raise TypeError(
+                "aggregator must be a ClusterAggregator (ClusterDP(...), ClusterRobust(...), "
+                f"a subclass of your own...), got {described(aggregator)}"
             )
-        if isinstance(aggregator, ClusterRobust):
-            quantization = {}
-            if isinstance(aggregator, ClusterCompression):
-                quantization = dict(
-                    quantization_bits=aggregator.quantization_bits,
-                    quantization_threshold=aggregator.quantization_threshold,
-                )
-            return cls(
-                aggregator.name,
-                robust_zeroing=aggregator.zeroing,
-                robust_clipping=aggregator.clipping,
-                **quantization,
+        kind = type(aggregator)
+        registered = AGGREGATORS.get(kind.name)
+        if not kind.name or registered not in (None, kind):
+            taken = f"; {kind.name!r} is {registered.__name__}'s" if kind.name else ""
+            raise ValueError(
+                f"{kind.__name__} needs a name of its own (name: ClassVar[str] = ...), which "
+                f"its runs record{taken}"
             )
-        if isinstance(aggregator, ClusterMean):
-            return cls()
-        raise TypeError(
-            "aggregator must be ClusterMean(), ClusterDP(...), ClusterRobust(...), "
-            "ClusterCompression(...), ClusterSecure(...) or a tff.aggregators factory, got "
-            f"{type(aggregator).__name__}"
-        )
+        config = object.__new__(cls)
+        config.__set(kind, aggregator.options())
+        return config
+
+    @property
+    def name(self) -> str:
+        return self.kind.name
+
+    def build(self) -> ClusterAggregator:
+        """The aggregator these settings describe."""
+        return self.kind.from_options(self.options)
+
+    def with_settings(self, **settings: Any) -> AggregatorConfig:
+        """These settings with `settings` changed (checked as `AggregatorConfig(...)`)."""
+        return AggregatorConfig(self.name, **{**self.kind.record(self.options), **settings})
+
+    def privacy_budget(self) -> Optional[PrivacyBudget]:
+        """What the accountant reads of these settings (None: the aggregator adds no noise)."""
+        return self.kind.privacy_budget(self.options)
+
+    def with_noise_multiplier(self, noise_multiplier: float) -> AggregatorConfig:
+        """These settings with the noise multiplier calibrated to their target epsilon."""
+        config = object.__new__(AggregatorConfig)
+        config.__set(self.kind, self.kind.with_noise_multiplier(self.options, noise_multiplier))
+        return config
 
     def settings(self) -> dict[str, Any]:
-        """What a run records of these settings (summary.json, checkpoints): the fields, a
-        factory as its description (a Python object is not a value a file holds) and, beside
-        it, its parameters (`factory_inspection.factory_parameters`): the readable ones by
-        path, and the paths of those inside TFF computations, which cannot be read."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        values["factory"] = None if self.factory is None else self.factory.description
-        if self.factory is not None:
-            parameters = self.factory.parameters
-            values["factory_parameters"] = dict(parameters.values)
-            values["factory_parameters_unread"] = list(parameters.unread)
+        """What a run records of these settings (summary.json, checkpoints): the name, every
+        named aggregator's settings (at their defaults but this one's: the record's layout is
+        the same for every run), then its own settings not among them."""
+        values: dict[str, Any] = {"name": self.name}
+        for kind in AGGREGATORS.values():
+            values.update(kind.record())
+        values.update(self.kind.record(self.options))
         return values
 
+    def __repr__(self) -> str:
+        return f"AggregatorConfig({self.name!r}, {self.options!r})"
 
-FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AggregatorConfig)}
-# Each setting's flag and the aggregators that use it.
-FIELD_USERS: dict[str, tuple[str, tuple[str, ...]]] = {
-    **{
-        name: (f"dp_{name}", ("dp",))
-        for name in ("noise_multiplier", "clip", "clipping", "target_quantile")
-        + ("clip_learning_rate", "count_stddev", "delta")
-    },
-    "target_epsilon": ("target_epsilon", ("dp",)),
-    "robust_zeroing": ("robust_zeroing", ROBUST_AGGREGATORS),
-    "robust_clipping": ("robust_clipping", ROBUST_AGGREGATORS),
-    "quantization_bits": ("quantization_bits", ("compression",)),
-    "quantization_threshold": ("quantization_threshold", ("compression",)),
-}
+
+@functools.cache
+def named_at_defaults() -> tuple[str, ...]:
+    """The aggregators taken by name alone (`run(aggregator="robust")`, a comparison table's
+    row): those whose settings' defaults build one (dp needs a noise multiplier or a target
+    epsilon)."""
+    names = []
+    for name in NAMED:
+        try:
+            AggregatorConfig(name)
+        except ValueError:
+            continue
+        names.append(name)
+    return tuple(names)
+
+
+def refuse_unused_settings(kind: type[ClusterAggregator], settings: dict[str, Any]) -> None:
+    """A setting another named aggregator declares, changed from its default, is refused with
+    `kind`, naming its flag and the aggregators that take it; a setting none declares is a
+    TypeError."""
+    own = {f.name for f in dataclasses.fields(kind.options_type())}
+    declared = declared_options()
+    unknown = sorted(set(settings) - own - set(declared))
+    if unknown:
+        raise TypeError(
+            f"AggregatorConfig takes no setting {unknown[0]!r}; the {kind.name} aggregator "
+            f"takes {', '.join(sorted(own)) or 'none'}"
+        )
+    unused = [
+        name
+        for name, value in settings.items()
+        if name not in own and value != declared[name].default
+    ]
+    if not unused:
+        return
+    flags = ", ".join(f"--{declared[name].flag}" for name in unused)
+    fix = " or ".join(f"--aggregator={user}" for user in declared[unused[0]].users)
+    raise ValueError(
+        f"{flags} set with --aggregator={kind.name}, which does not use them: add {fix}, or "
+        "leave them unset"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,7 +184,7 @@ class TrainingConfig:
     # What the server does with each cluster's mean update (`federated.server_optimizers`):
     # add it (FedAvg), or an optimizer step with it as the negative gradient (FedAvgM, FedAdam).
     server_optimizer: ServerOptimizer = ServerOptimizer()
-    # How each round's clients are drawn from the eligible ones (`loop.privacy`): "fixed",
+    # How each round's clients are drawn from the eligible ones (`loop.sampling`): "fixed",
     # exactly `clients_per_round` without replacement; "poisson", each independently with
     # probability clients_per_round / eligible (a round may then have none).
     client_sampling: str = "fixed"

@@ -1,11 +1,13 @@
-"""Scoring the evaluated clients (every client, or the run's seeded `--eval_clients` sample)
+"""Scoring the evaluated clients with each model kind: the round's row and the clients' rows.
+
+Scoring the evaluated clients (every client, or the run's seeded `--eval_clients` sample)
 with each model kind an algorithm has: the evaluation row of a round and each client's row
 (clients.csv). Whole server models are scored pooled, one call per model (and chunk of
 clients); a personal model that joins each client's stored tensors, client by client."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,6 +64,30 @@ def pooled(results: ClientResults, suffix: str) -> dict[str, float]:
         if results
         else nan,
     }
+
+
+def round_row(
+    state: RunState,
+    kinds: Sequence[str],
+    results: Mapping[str, ClientResults],
+    assigned: Sequence[str],
+    cluster_of: Mapping[str, int],
+    assign_seconds: float,
+) -> dict[str, Any]:
+    """The round's evaluation row (`Evaluator.evaluate` names its columns): the first kind
+    over the `assigned` clients, every kind over all evaluated, the clusters' sizes and
+    accuracies."""
+    main = results[kinds[0]]
+    row: dict[str, Any] = pooled({c: main[c] for c in assigned}, "")
+    row["num_eval_clients"] = len(assigned)
+    row["eval_assign_seconds"] = assign_seconds
+    for kind in kinds:
+        row.update(pooled(results[kind], f"_{kind}"))
+    row.update({f"cluster_size_{k}": int(n) for k, n in enumerate(state.cluster_sizes)})
+    for k in sorted(set(cluster_of.values())):
+        members = {c: r for c, r in main.items() if cluster_of[c] == k}
+        row[f"cluster_accuracy_{k}"] = pooled(members, "")["accuracy"]
+    return row
 
 
 class Evaluator:
@@ -123,16 +149,21 @@ class Evaluator:
             models, keys = server_models(state.cluster_models, tunable[0], clusters)
             results[FINE_TUNED] = self.fine_tuned(models, keys, evaluated, queries, round_num)
             kinds = (*kinds, FINE_TUNED)
+        row = round_row(state, kinds, results, assigned, cluster_of, assigning.seconds)
+        return row, self.client_rows(state, kinds, results, evaluated, cluster_of, round_num)
+
+    def client_rows(
+        self,
+        state: RunState,
+        kinds: Sequence[str],
+        results: Mapping[str, ClientResults],
+        evaluated: Sequence[str],
+        cluster_of: Mapping[str, int],
+        round_num: int,
+    ) -> list[dict[str, Any]]:
+        """Each evaluated client's row: its cluster, sizes, and accuracy and loss with each
+        model kind."""
         main = results[kinds[0]]
-        row: dict[str, Any] = pooled({c: main[c] for c in assigned}, "")
-        row["num_eval_clients"] = len(assigned)
-        row["eval_assign_seconds"] = assigning.seconds
-        for kind in kinds:
-            row.update(pooled(results[kind], f"_{kind}"))
-        row.update({f"cluster_size_{k}": int(n) for k, n in enumerate(state.cluster_sizes)})
-        for k in sorted(set(cluster_of.values())):
-            members = {c: r for c, r in main.items() if cluster_of[c] == k}
-            row[f"cluster_accuracy_{k}"] = pooled(members, "")["accuracy"]
         client_rows = []
         for c in evaluated:
             client_row: dict[str, Any] = {
@@ -149,7 +180,7 @@ class Evaluator:
                 client_row[f"accuracy_{kind}"] = r["num_correct"] / n
                 client_row[f"loss_{kind}"] = r["loss_sum"] / n
             client_rows.append(client_row)
-        return row, client_rows
+        return client_rows
 
     def score_kind(
         self,

@@ -1,5 +1,7 @@
-"""Many clients' examples pooled into one pair of arrays, to be scored in one call
-(`RoundCalls.score_pooled`, `RoundCalls.pooled_rows`)."""
+"""Many clients' examples pooled into one pair of arrays, to be scored in one call.
+
+The callers: `RoundCalls.score_pooled`, `RoundCalls.pooled_rows`.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The `Queries` an algorithm is given (`algorithms.base.Queries`): five read-only computations
+"""The `Queries` an algorithm is given: five read-only computations on the run as it stands.
+
+The `Queries` an algorithm is given (`algorithms.base.Queries`): five read-only computations
 on the run as it stands, and nothing else of the loop, so that a decision cannot reach into the
 run's state. Tests of decisions pass a fake one (`tests/test_decisions.py`)."""
 

@@ -19,7 +19,7 @@ from tff_clustered.loop.divergence import (  # noqa: F401  (importers read them 
     check_finite,
     likely_cause,
 )
-from tff_clustered.loop.privacy import PrivacyLedger
+from tff_clustered.loop.privacy_ledger import PrivacyLedger
 
 
 @dataclasses.dataclass

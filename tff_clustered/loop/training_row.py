@@ -1,4 +1,6 @@
-"""A training round's row of metrics.csv: its training loss, clients and seconds, what it sent
+"""A training round's row of metrics.csv.
+
+A training round's row of metrics.csv: its training loss, clients and seconds, what it sent
 (model values, `floats_communicated`, and bits, `bits_communicated`), the round metrics and
 the algorithm's own, the aggregator's measurements, the clients that changed cluster and the
 sampled ones per cluster."""

@@ -1,4 +1,6 @@
-"""A Keras model as a pure function of explicit tensors, for local training inside TFF
+"""A Keras model as a pure function of explicit tensors, for local training inside TFF.
+
+A Keras model as a pure function of explicit tensors, for local training inside TFF
 computations: `apply(trainable, state, x, training, seed) -> (logits, new_state)`.
 
 `trainable` are the model's trainable tensors (`model.trainable_weights` order), `state` its
@@ -214,12 +216,17 @@ def trial_step(functional: tff.learning.models.FunctionalModel, input_spec: dict
             session.run([logits, [g for g in gradients if g is not None]])
 
 
-def interpreted(model: tf.keras.Model, bn_momentum: Optional[float] = None) -> FunctionalModel:
-    """The Keras `model` run by the interpreter (`bn_momentum` as in `functional_model`);
-    `NotInterpretable` for a layer or model shape it does not run."""
+def _interpreted_steps(
+    model: tf.keras.Model,
+    trainable_of: dict,
+    state_of: dict,
+    bn_momentum: Optional[float],
+) -> tuple[list[_Step], list[int]]:
+    """The model's layer calls in order, each a `_Step` naming its tensors by their positions
+    (`trainable_of`, `state_of`: a variable's ref to its position), and each state tensor's
+    owner (its BatchNorm layer's gamma, or beta); `NotInterpretable` for a layer it cannot run
+    or weights outside the layers the model calls."""
     nodes = [node for node in _nodes_in_order(model) if not node.is_input]
-    trainable_of = {v.ref(): i for i, v in enumerate(model.trainable_weights)}
-    state_of = {v.ref(): i for i, v in enumerate(model.non_trainable_weights)}
     position_of = {id(layer): i for i, layer in enumerate(model.layers)}
     owner = [-1] * len(state_of)
     steps: list[_Step] = []
@@ -253,45 +260,59 @@ def interpreted(model: tf.keras.Model, bn_momentum: Optional[float] = None) -> F
         raise NotInterpretable(
             f"model {model.name} has weights outside the layers it calls; {SUPPORTED}"
         )
-    model_inputs = [id(t) for t in tf.nest.flatten(model.inputs)]
-    if len(model_inputs) != 1 or len(tf.nest.flatten(model.outputs)) != 1:
-        raise NotInterpretable(f"model {model.name} must have exactly one input and one output")
-    model_output = id(tf.nest.flatten(model.outputs)[0])
+    return steps, owner
 
-    def run_step(
-        step: _Step,
-        x: object,
-        weights: Sequence[tf.Tensor],
-        stats: list,
-        training: bool,
-        seed: Optional[tf.Tensor],
-    ) -> tf.Tensor:
-        layer = step.layer
-        kind = type(layer)
-        if kind is BatchNorm:
-            it = iter(step.trainable)
-            gamma = weights[next(it)] if layer.scale else None
-            beta = weights[next(it)] if layer.center else None
-            mean_i, var_i = step.state
-            y, stats[mean_i], stats[var_i] = batch_norm(
-                layer,
-                x,
-                gamma,
-                beta,
-                stats[mean_i],
-                stats[var_i],
-                training,
-                step.momentum,
-                step.fused,
-            )
-            return y
-        if kind in WEIGHTED:
-            return weighted_layer(layer, x, [weights[i] for i in step.trainable])
-        if kind is Dropout:
-            return dropout(layer, x, training, seed, step.position, step.call)
-        return parameter_free_ops(layer, x)
+
+def _run_step(
+    step: _Step,
+    x: object,
+    weights: Sequence[tf.Tensor],
+    stats: list,
+    training: bool,
+    seed: Optional[tf.Tensor],
+) -> tf.Tensor:
+    """One layer call on explicit tensors; a BatchNorm call writes its new statistics into
+    `stats`."""
+    layer = step.layer
+    kind = type(layer)
+    if kind is BatchNorm:
+        it = iter(step.trainable)
+        gamma = weights[next(it)] if layer.scale else None
+        beta = weights[next(it)] if layer.center else None
+        mean_i, var_i = step.state
+        y, stats[mean_i], stats[var_i] = batch_norm(
+            layer,
+            x,
+            gamma,
+            beta,
+            stats[mean_i],
+            stats[var_i],
+            training,
+            step.momentum,
+            step.fused,
+        )
+        return y
+    if kind in WEIGHTED:
+        return weighted_layer(layer, x, [weights[i] for i in step.trainable])
+    if kind is Dropout:
+        return dropout(layer, x, training, seed, step.position, step.call)
+    return parameter_free_ops(layer, x)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Interpreter:
+    """A model's layer calls (`steps`) run in order on explicit tensors: the `apply` and
+    `features` of `interpreted`. Tensors are named by `id` of their Keras tensors."""
+
+    model_name: str
+    steps: tuple[_Step, ...]
+    model_input: int
+    model_output: int
+    num_trainable: int
+    num_state: int
 
     def run(
+        self,
         weights: Sequence[tf.Tensor],
         stats: list,
         x: tf.Tensor,
@@ -301,53 +322,78 @@ def interpreted(model: tf.keras.Model, bn_momentum: Optional[float] = None) -> F
     ) -> tuple[tf.Tensor, bool]:
         """The layers in order; with `head_start`, stops at the layer owning that trainable
         tensor and returns its (flattened) input. (value, whether it stopped there)."""
-        values = {model_inputs[0]: x}
-        for step in steps:
+        values = {self.model_input: x}
+        for step in self.steps:
             inputs = [values[i] for i in step.inputs]
             if head_start is not None and head_start in step.trainable:
                 if len(inputs) != 1:
                     raise ValueError(f"the head starts at layer {step.layer.name}, which merges")
                 return tf.reshape(inputs[0], [tf.shape(x)[0], -1]), True
-            value = run_step(
+            value = _run_step(
                 step, inputs[0] if len(inputs) == 1 else inputs, weights, stats, training, seed
             )
             for out_id, out in zip(step.outputs, tf.nest.flatten(value)):
                 values[out_id] = out
-        return values[model_output], False
+        return values[self.model_output], False
 
     def apply(
+        self,
         weights: Sequence[tf.Tensor],
         state: Sequence[tf.Tensor],
         x: tf.Tensor,
         training: bool,
         seed: Optional[tf.Tensor] = None,
     ) -> tuple[tf.Tensor, tuple[tf.Tensor, ...]]:
-        if len(weights) != len(trainable_of) or len(state) != len(state_of):
+        if len(weights) != self.num_trainable or len(state) != self.num_state:
             raise ValueError(
-                f"model {model.name} takes {len(trainable_of)} trainable and {len(state_of)} "
-                f"state tensors, got {len(weights)} and {len(state)}"
+                f"model {self.model_name} takes {self.num_trainable} trainable and "
+                f"{self.num_state} state tensors, got {len(weights)} and {len(state)}"
             )
         if seed is not None:
             seed = tf.convert_to_tensor(seed)
         stats = list(state)
-        output, _ = run(weights, stats, x, training, seed)
+        output, _ = self.run(weights, stats, x, training, seed)
         return output, tuple(stats)
 
     def features(
-        weights: Sequence[tf.Tensor], state: Sequence[tf.Tensor], x: tf.Tensor, head_start: int
+        self,
+        weights: Sequence[tf.Tensor],
+        state: Sequence[tf.Tensor],
+        x: tf.Tensor,
+        head_start: int,
     ) -> tf.Tensor:
-        value, reached = run(weights, list(state), x, False, None, head_start)
+        value, reached = self.run(weights, list(state), x, False, None, head_start)
         if not reached:
-            raise ValueError(f"no layer of model {model.name} owns trainable tensor {head_start}")
+            raise ValueError(
+                f"no layer of model {self.model_name} owns trainable tensor {head_start}"
+            )
         return value
 
+
+def interpreted(model: tf.keras.Model, bn_momentum: Optional[float] = None) -> FunctionalModel:
+    """The Keras `model` run by the interpreter (`bn_momentum` as in `functional_model`);
+    `NotInterpretable` for a layer or model shape it does not run."""
+    trainable_of = {v.ref(): i for i, v in enumerate(model.trainable_weights)}
+    state_of = {v.ref(): i for i, v in enumerate(model.non_trainable_weights)}
+    steps, owner = _interpreted_steps(model, trainable_of, state_of, bn_momentum)
+    model_inputs = [id(t) for t in tf.nest.flatten(model.inputs)]
+    if len(model_inputs) != 1 or len(tf.nest.flatten(model.outputs)) != 1:
+        raise NotInterpretable(f"model {model.name} must have exactly one input and one output")
+    interpreter = _Interpreter(
+        model_name=model.name,
+        steps=tuple(steps),
+        model_input=model_inputs[0],
+        model_output=id(tf.nest.flatten(model.outputs)[0]),
+        num_trainable=len(trainable_of),
+        num_state=len(state_of),
+    )
     return FunctionalModel(
         trainable_shapes=_shapes(model.trainable_weights),
         state_shapes=_shapes(model.non_trainable_weights),
         state_owner=tuple(owner),
         layer_sizes=tuple(trainable_layer_sizes(model)),
         initial_state=tuple(v.numpy() for v in model.non_trainable_weights),
-        apply=apply,
-        features=features,
+        apply=interpreter.apply,
+        features=interpreter.features,
         rows_independent=not any(type(step.layer) in (BatchNorm, Dropout) for step in steps),
     )

@@ -1,4 +1,6 @@
-"""Keras model builders. Every model outputs logits; losses are taken `from_logits`.
+"""Keras model builders, each model's output its logits.
+
+Keras model builders. Every model outputs logits; losses are taken `from_logits`.
 
 Parameter counts follow FedGroup's Table II (Duan et al.): MNIST MCLR 7,850 and MLP 101,770;
 FEMNIST MCLR 20,410 and MLP(512) 415,258 (26-way head); Synthetic MCLR 610.

@@ -1,4 +1,6 @@
-"""Keras 2.14 layers as TF ops on explicit tensors: the per-layer forward functions of the
+"""Keras 2.14 layers as TF ops on explicit tensors, for the functional interpreter.
+
+Keras 2.14 layers as TF ops on explicit tensors: the per-layer forward functions of the
 functional interpreter (`functional.py`, which walks the layer graph and calls these).
 
 Dense, Conv2D, Embedding and LSTM (`weighted_layer`) and BatchNormalization (`batch_norm`)

@@ -1,5 +1,8 @@
-"""Whether a model fits in memory before it is built: its parameter count from a build
-inside a graph (nothing allocated) against the memory the system has free."""
+"""Whether a model fits in memory before it is built.
+
+Its parameter count comes from a build inside a graph (nothing allocated), against the memory
+the system has free.
+"""
 
 from __future__ import annotations
 

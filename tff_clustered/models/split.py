@@ -1,4 +1,6 @@
-"""Which trainable tensors are **base** (shared, aggregated per cluster) and which are
+"""Which trainable tensors are base (aggregated per cluster) and which personal (a client's).
+
+Which trainable tensors are **base** (shared, aggregated per cluster) and which are
 **personal** (kept by each client, never aggregated).
 
 A `PersonalSplit` is a rule ("the top 1 layer", "the bottom 2 tensors", ...); `resolve` turns it

@@ -1,0 +1,96 @@
+"""The noise multiplier whose rounds reach a target epsilon (`calibrated_noise_multiplier`).
+
+The calibration is dp_accounting's (`calibrate_dp_mechanism`) over an accountant that computes
+each event's RDP vector once (`CachedRdpAccountant`, `loop.dp_events.event_rdp`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import dp_accounting as dpa
+import numpy as np
+from dp_accounting import dp_event
+from dp_accounting.dp_event import DpEvent
+
+from tff_clustered.loop.dp_events import (
+    ORDERS,
+    Relation,
+    epsilon_of_rdp,
+    event_key,
+    event_rdp,
+    relation_of_key,
+    sampling_event,
+)
+
+
+class CachedRdpAccountant(dpa.PrivacyAccountant):
+    """`RdpAccountant`'s accounting, each event's RDP vector computed once (`event_rdp`): the
+    same epsilon, without recomputing an event seen before."""
+
+    def __init__(self, neighboring_relation: Relation) -> None:
+        super().__init__(neighboring_relation)
+        self.rdp = np.zeros(len(ORDERS), np.float64)
+
+    def _maybe_compose(self, event: DpEvent, count: int, do_compose: bool) -> Any:
+        if isinstance(event, dp_event.SelfComposedDpEvent):  # as RdpAccountant: count x RDP
+            return self._maybe_compose(event.event, event.count * count, do_compose)
+        key = event_key(event)
+        if relation_of_key(key) not in (None, self.neighboring_relation):
+            return self.CompositionErrorDetails(event, "an event of the other adjacency")
+        if do_compose:
+            self.rdp = self.rdp + count * event_rdp(key)
+        return None
+
+    def get_epsilon(self, target_delta: float) -> float:
+        return epsilon_of_rdp(self.rdp, target_delta)
+
+
+def calibrated_noise_multiplier(
+    target_epsilon: float,
+    delta: float,
+    rounds: int,
+    sampling: str,
+    population: int,
+    sample_size: int,
+    round_event: Callable[[float], DpEvent] = dp_event.GaussianDpEvent,
+    tol: float = 1e-4,
+) -> float:
+    """The noise multiplier z (within `tol` above the least) whose `rounds` rounds, each
+    `round_event(z)` under `sampling` of `sample_size` of `population` clients, reach
+    `target_epsilon` at `delta` without passing it (`dp_accounting.calibrate_dp_mechanism`).
+    A round of adaptive clipping (value and count noise composed) calibrates the same z as a
+    Gaussian round of that combined multiplier, the default."""
+    if not target_epsilon > 0 or rounds < 1:
+        raise ValueError(f"target_epsilon must be > 0 and rounds >= 1: {target_epsilon}, {rounds}")
+
+    def run_event(z: float) -> DpEvent:
+        event = sampling_event(sampling, population, sample_size, round_event(z))
+        return dp_event.SelfComposedDpEvent(event, rounds)
+
+    relation = relation_of_key(event_key(run_event(1.0))) or Relation.ADD_OR_REMOVE_ONE
+
+    def gap(z: float) -> float:
+        accountant = CachedRdpAccountant(relation).compose(run_event(z))
+        return accountant.get_epsilon(delta) - target_epsilon
+
+    low, high = 0.5, 1.0  # bracket z by doubling or halving: epsilon falls as z grows
+    for _ in range(40):
+        if gap(high) > 0:
+            low, high = high, 2 * high
+        elif gap(low) <= 0:
+            low, high = low / 2, low
+        else:
+            break
+    else:
+        raise ValueError(f"no noise multiplier reaches epsilon {target_epsilon} at delta {delta}")
+    return float(
+        dpa.calibrate_dp_mechanism(
+            lambda: CachedRdpAccountant(relation),
+            run_event,
+            target_epsilon,
+            delta,
+            bracket_interval=dpa.ExplicitBracketInterval(low, high),
+            tol=tol,
+        )
+    )
