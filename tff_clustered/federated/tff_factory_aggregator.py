@@ -346,56 +346,54 @@ class FactoryRoundPart:
         return masked
 
     def finalizer(self) -> tff.Computation:
-        """`(cluster_models, results, states, measurements, slot, total_weight, members,
-        optimizer) -> Finalized`: each updated cluster's result added and the server
-        optimizer's step taken; the others keep their model and process state."""
+        """`finalize_rows` as a TFF computation."""
         fns, k = self.fns, self.num_clusters
-        weighted = self.aggregator.weighted
         step_type = self.process.next.type_signature.result
-        state_type, measurement_type = self.state_type, step_type.measurements.member
-        slot_spec = self.slot_spec()
-        scalars = scalar_measurements(measurement_type)
         types = [
             to_type(fns.cluster_models_spec),
             tff.StructType([step_type.result.member] * k),
-            tff.StructType([state_type] * k),
-            tff.StructType([measurement_type] * k),
-            to_type(slot_spec),
+            tff.StructType([self.state_type] * k),
+            tff.StructType([step_type.measurements.member] * k),
+            to_type(self.slot_spec()),
             tff.TensorType(np.float32, [k]),
             tff.TensorType(np.float32, [k]),
             to_type(fns.optimizer_state_spec),
         ]
+        return tff.tensorflow.computation(*types)(self.finalize_rows)
 
-        def finalize(
-            models: Any,
-            results: Any,
-            states: Any,
-            measured: Any,
-            slot: Any,
-            total_weight: tf.Tensor,
-            members: tf.Tensor,
-            optimizer: Any,
-        ) -> Finalized:
-            updated = total_weight > 0 if weighted else members > 0
-            rows = [flat_leaves(results[c]) for c in range(k)]
-            means = tuple(
-                where_rows(updated, tf.stack([row[i] for row in rows]), 0)
-                for i in range(len(rows[0]))
-            )
-            new_models, new_optimizer = fns.apply_means(tuple(models), means, updated, optimizer)
-            new_leaves = [flat_leaves(states[c]) for c in range(k)]
-            new_state = collections.OrderedDict(
-                (path, where_rows(updated, tf.stack([row[i] for row in new_leaves]), old))
-                for i, (path, old) in enumerate(slot["state"].items())
-            )
-            measured_leaves = [flat_leaves(measured[c]) for c in range(k)]
-            reported = collections.OrderedDict(cluster_weight=total_weight)
-            for i, path in scalars:
-                reported[path] = tf.stack([row[i] for row in measured_leaves])
-            new_slot = collections.OrderedDict(state=new_state, inputs=slot["inputs"])
-            return Finalized(new_models, new_optimizer, new_slot, reported)
-
-        return tff.tensorflow.computation(*types)(finalize)
+    def finalize_rows(
+        self,
+        models: Any,
+        results: Any,
+        states: Any,
+        measured: Any,
+        slot: Any,
+        total_weight: tf.Tensor,
+        members: tf.Tensor,
+        optimizer: Any,
+    ) -> Finalized:
+        """The finalizer from each cluster's process step (`results`, `states`, `measured`,
+        one per cluster): each updated cluster's result added and the server optimizer's step
+        taken; the others keep their model and process state."""
+        k = self.num_clusters
+        updated = total_weight > 0 if self.aggregator.weighted else members > 0
+        rows = [flat_leaves(results[c]) for c in range(k)]
+        means = tuple(
+            where_rows(updated, tf.stack([row[i] for row in rows]), 0) for i in range(len(rows[0]))
+        )
+        new_models, new_optimizer = self.fns.apply_means(tuple(models), means, updated, optimizer)
+        new_leaves = [flat_leaves(states[c]) for c in range(k)]
+        new_state = collections.OrderedDict(
+            (path, where_rows(updated, tf.stack([row[i] for row in new_leaves]), old))
+            for i, (path, old) in enumerate(slot["state"].items())
+        )
+        measured_leaves = [flat_leaves(measured[c]) for c in range(k)]
+        reported = collections.OrderedDict(cluster_weight=total_weight)
+        measurement_type = self.process.next.type_signature.result.measurements.member
+        for i, path in scalar_measurements(measurement_type):
+            reported[path] = tf.stack([row[i] for row in measured_leaves])
+        new_slot = collections.OrderedDict(state=new_state, inputs=slot["inputs"])
+        return Finalized(new_models, new_optimizer, new_slot, reported)
 
 
 def where_rows(rows: tf.Tensor, stacked: tf.Tensor, otherwise: Any) -> tf.Tensor:
