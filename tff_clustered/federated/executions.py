@@ -1,4 +1,6 @@
-"""What runs a built round: `RoundCache` builds one per `RoundSignature` for an execution,
+"""Which execution runs a built round, each built once per signature (`RoundCache`).
+
+`RoundCache` builds one per `RoundSignature` for an execution,
 "tff" (TFF computations: `tff_execution.tff_round_parts`, split over several workers by
 `sharded.py`) or "in_process" (`in_process.py`), and reuses it whenever the signature comes
 back."""

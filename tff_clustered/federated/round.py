@@ -1,5 +1,6 @@
-"""The cluster-indexed federated round, composed once from its four parts; the executions
-only run it.
+"""The cluster-indexed federated round, composed once from its four parts (`ComposedRound`).
+
+The executions only run it.
 
 Server state (`server_state.ServerState`) holds `num_clusters` models stacked along a leading
 cluster axis, the anchor, the server optimizer's state and the aggregator's slot. A round

@@ -1,6 +1,7 @@
-"""What a round of one model and signature takes and starts from: the TF specs of its values
-(models, shared variables, client inputs, hyperparameters, the aggregator's slot) and its
-initial server state (`RoundSpecs`)."""
+"""The TF specs and initial server state of one model's round of one signature (`RoundSpecs`).
+
+The specs of its values: models, shared variables, client inputs, hyperparameters, the
+aggregator's slot."""
 
 from __future__ import annotations
 

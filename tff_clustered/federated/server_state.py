@@ -1,6 +1,7 @@
-"""The round's typed values between its parts: the server state's named slots, one client's
-result, the per-cluster client sums (mergeable over any split of the clients) and the
-finalizer's result.
+"""The typed values passed between the round's parts: server state, client results, sums.
+
+The server state's named slots, one client's result, the per-cluster client sums (mergeable
+over any split of the clients) and the finalizer's result.
 
 Each is a NamedTuple, a container TFF carries as a named struct (a computation's parameters and
 results keep the type), so the TFF round, the sharded one and the in-process one take and

@@ -1,6 +1,7 @@
-"""When a round's training diverged: the clients whose update is not finite, a cluster model
-that became non-finite, and the likely cause named (the aggregator's settings or the learning
-rate)."""
+"""When a round's training diverged, and its likely cause named.
+
+The clients whose update is not finite, a cluster model that became non-finite; the cause named
+is the aggregator's settings or the learning rate."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""The loop's calls of built computations, in NumPy values: `RoundCalls` is one run's training
-call of a round's `next` (`training_call.TrainingCalls.train`, one `TrainRequest`) and its
-scoring calls (`scoring_calls.ScoringCalls`: a round's `evaluate`, the pooled scoring and the
-inference computations). It changes nothing of the run: what to store and apply is the
-caller's (`round_step.py`)."""
+"""One run's calls of its built computations: training and scoring (`RoundCalls`).
+
+`RoundCalls` is one run's training call of a round's `next`
+(`training_call.TrainingCalls.train`, one `TrainRequest`) and its scoring calls
+(`scoring_calls.ScoringCalls`: a round's `evaluate`, the pooled scoring and the inference
+computations). It changes nothing of the run: what to store and apply is the caller's
+(`round_step.py`)."""
 
 from __future__ import annotations
 

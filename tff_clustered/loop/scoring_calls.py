@@ -1,7 +1,8 @@
-"""The loop's scoring calls of built computations, in NumPy values: flat cluster models in, a
-round's `evaluate` per client (`ScoringCalls.score`), one model's pooled scoring of many
-clients' examples (`score_pooled`, `pooled_sums`) and server-side inference
-(`predict_probabilities`), NumPy results out."""
+"""The loop's scoring calls of built computations, in NumPy values.
+
+Flat cluster models in, a round's `evaluate` per client (`ScoringCalls.score`), one model's
+pooled scoring of many clients' examples (`score_pooled`, `pooled_sums`) and server-side
+inference (`predict_probabilities`), NumPy results out."""
 
 from __future__ import annotations
 

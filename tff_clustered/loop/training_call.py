@@ -1,7 +1,9 @@
-"""One call of a built round's `next` in the loop's NumPy values: a `TrainRequest` turned into
-the round's typed inputs (`ServerState`, hyperparameters, one `ClientInput` per client) and its
-results back (`TrainedRound`). It changes nothing of the run: what to store and apply is the
-caller's (`round_step.py`)."""
+"""One training call of a built round's `next`, from the loop's request to its results.
+
+A `TrainRequest` (the loop's NumPy values) is turned into the round's typed inputs
+(`ServerState`, hyperparameters, one `ClientInput` per client) and its results back
+(`TrainedRound`). It changes nothing of the run: what to store and apply is the caller's
+(`round_step.py`)."""
 
 from __future__ import annotations
 
