@@ -1,7 +1,8 @@
-"""Which clients of a round train together in one vectorised call: same-size clients, and
-clients of similar sizes padded to a common one when the model's rows are independent, planned
-by a fitted cost model (`client_groups`); and whether a run is long enough to vectorise at all
-(`vectorises_for`)."""
+"""Which clients of a round train together in one vectorised call (`client_groups`).
+
+Same-size clients, and clients of similar sizes padded to a common one when the model's rows are
+independent, planned by a fitted cost model (`client_groups`); and whether a run is long enough
+to vectorise at all (`vectorises_for`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""How the in-process round scores its clients (its `evaluate`), each client with its key's
-cluster row joined with its own stored variables, three ways with the same counts:
+"""How the in-process round scores its clients (its `evaluate`), three ways, same counts.
+
+Each client is scored with its key's cluster row joined with its own stored variables:
 
 * alone: each client a call of its own of one client's graph, `parallel_clients` at a time
   (threads): what TFF's runtime does, and the reference the other two are held to;

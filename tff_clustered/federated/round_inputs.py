@@ -1,6 +1,8 @@
-"""The values a built round takes at each call, as NumPy structures: the SERVER-placed
-hyperparameters of a round (`round_hparams`), one client's seeds (`ClientSeed`) and its input
-to `next` (`ClientInput`) or to `evaluate` (`EvaluationInput`).
+"""The values a built round takes at each call: hyperparameters, client seeds and inputs.
+
+As NumPy structures: the SERVER-placed hyperparameters of a round (`round_hparams`), one
+client's seeds (`ClientSeed`) and its input to `next` (`ClientInput`) or to `evaluate`
+(`EvaluationInput`).
 
 The client's values are NamedTuples, which TFF carries as named structs: the TF functions read
 their fields by name. The hyperparameters are a mapping whose entries depend on the round's
