@@ -26,10 +26,10 @@ from tff_clustered.federated.cluster_aggregators import ClusterAggregator, Clust
 from tff_clustered.federated.cluster_dp import ClusterDP
 from tff_clustered.federated.clustered_mean import add_to_cluster
 from tff_clustered.federated.distributions import Neighbours
-from tff_clustered.federated.round import tff_round_parts
 from tff_clustered.federated.round_functions import round_functions
 from tff_clustered.federated.round_inputs import client_seed, round_clients, round_hparams
 from tff_clustered.federated.signature import RoundSignature
+from tff_clustered.federated.tff_execution import tff_round_parts
 from tff_clustered.loop.aggregation import check_aggregator, expected_counts
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.models import initial_weights, model_spec
@@ -284,11 +284,11 @@ def test_a_round_without_noise_is_tffs_adaptive_dp_factory_on_each_clusters_own_
             [client_seed(round_num, i) for i in range(5)],
         )
         inputs = aggregator.round_inputs(ROUND_SEED, np.array([2.5, 2.5]))
-        server["aggregator"] = aggregator.server_slot(state, inputs)
+        server = server._replace(aggregator=aggregator.server_slot(state, inputs))
         hparams = round_hparams(0.5, 3, aggregator_params=aggregator.client_params(state))
-        before = [np.asarray(m) for m in server["cluster_models"]]
+        before = [np.asarray(m) for m in server.cluster_models]
         server, outputs, measured = fed_round.next(server, clients, hparams)
-        state = server["aggregator"]["state"]
+        state = server.aggregator["state"]
         for k in range(2):
             own = [
                 tuple(unflatten(np.asarray(o["model_delta"]), shapes))
@@ -297,7 +297,7 @@ def test_a_round_without_noise_is_tffs_adaptive_dp_factory_on_each_clusters_own_
             ]
             output = process.next(tff_states[k], own)
             tff_states[k] = output.state
-            for got, old, mean in zip(server["cluster_models"], before, output.result):
+            for got, old, mean in zip(server.cluster_models, before, output.result):
                 np.testing.assert_allclose(got[k], old[k] + mean, rtol=0, atol=1e-6)
         np.testing.assert_array_equal(measured["dp_clip"], clips)  # the clip of the round
         clips = np.array([tff_clip(s) for s in tff_states], np.float32)
@@ -523,8 +523,8 @@ def test_a_model_made_non_finite_by_dp_noise_names_the_dp_settings() -> None:
     """Noise of 1e20 per value: the round after it diverges, and the message names the noise
     and the clip, not the learning rate alone."""
     from tff_clustered.data import load_dataset
+    from tff_clustered.loop.divergence import DivergenceError
     from tff_clustered.loop.orchestration import Experiment
-    from tff_clustered.loop.state import DivergenceError
 
     data = load_dataset("digits_dirichlet", seed=0, num_clients=4, dirichlet_beta=0.5)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=4)
@@ -546,7 +546,7 @@ def test_clients_diverging_in_round_1_are_not_blamed_on_the_dp_settings() -> Non
     clip) has touched: their NaN updates (--learning_rate=1e30) name the learning rate only.
     From round 2 on the model they start from was aggregated, and the DP settings are named
     first."""
-    from tff_clustered.loop.state import DivergenceError, check_diverged_clients
+    from tff_clustered.loop.divergence import DivergenceError, check_diverged_clients
 
     hint = ClusterDP(1.0).divergence_hint()  # --dp_clip's default 1: a standard deviation of 1
     assert hint

@@ -24,7 +24,7 @@ from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated.batching import batches
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.orchestration import Experiment
-from tff_clustered.loop.round_calls import LocalTraining, TrainRequest
+from tff_clustered.loop.training_call import LocalTraining, TrainRequest
 from tff_clustered.report import figures
 
 pytestmark = pytest.mark.usefixtures("tff_context")

@@ -16,10 +16,6 @@ from tff_clustered.federated.distributions import (
     Neighbours,
     OwnCluster,
 )
-from tff_clustered.federated.round import (
-    build_round,
-    tff_round_parts,
-)
 from tff_clustered.federated.round_functions import round_functions
 from tff_clustered.federated.round_inputs import (
     client_seed,
@@ -28,6 +24,10 @@ from tff_clustered.federated.round_inputs import (
     round_hparams,
 )
 from tff_clustered.federated.signature import RoundSignature
+from tff_clustered.federated.tff_execution import (
+    build_round,
+    tff_round_parts,
+)
 from tff_clustered.models import PersonalSplit, ResolvedSplit, initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
 
@@ -102,8 +102,10 @@ def test_round_is_the_example_weighted_mean_per_cluster_and_empty_cluster_is_unc
     assert ("federated_select" in text) is (sent_by == "select")
     state = process.initialize()
     # Give each cluster a different model, as after a cold start.
-    state["cluster_models"] = tuple(
-        rng.normal(size=m.shape).astype(np.float32) for m in state["cluster_models"]
+    state = state._replace(
+        cluster_models=tuple(
+            rng.normal(size=m.shape).astype(np.float32) for m in state.cluster_models
+        )
     )
     data = client_sets(rng, [9, 6, 11, 5], 5, 3)
     keys = [0, 2, 2, 0]
@@ -118,14 +120,14 @@ def test_round_is_the_example_weighted_mean_per_cluster_and_empty_cluster_is_unc
         ),
         round_hparams(0.2, BATCH),
     )
-    w_stack, b_stack = state["cluster_models"]
+    w_stack, b_stack = state.cluster_models
     trained = [mclr_sgd(w_stack[k], b_stack[k], batches(*d), 0.2) for d, k in zip(data, keys)]
     for cluster in (0, 2):
         members = [i for i, k in enumerate(keys) if k == cluster]
         expected = weighted_mean([trained[i] for i in members], [len(data[i][1]) for i in members])
-        for got, want in zip(new_state["cluster_models"], expected):
+        for got, want in zip(new_state.cluster_models, expected):
             np.testing.assert_allclose(got[cluster], want, rtol=1e-5, atol=1e-6)
-    for got, before in zip(new_state["cluster_models"], state["cluster_models"]):
+    for got, before in zip(new_state.cluster_models, state.cluster_models):
         assert np.array_equal(got[1], before[1])  # no client in cluster 1: bit for bit unchanged
     np.testing.assert_array_equal(measurements["cluster_weight"], [14.0, 0.0, 17.0])
     for out, (w, b), k in zip(outputs, trained, keys):
@@ -165,14 +167,14 @@ def test_personal_tensors_are_trained_locally_and_never_aggregated() -> None:
     forward = local_training.stateless(mlp_predict)
     reference = []
     for d, k, p in zip(data, keys, personal):
-        start = [state["cluster_models"][0][k], state["cluster_models"][1][k], *p]
+        start = [state.cluster_models[0][k], state.cluster_models[1][k], *p]
         r = train(forward, tuple(tf.constant(t) for t in start), to_dataset(*d), tf.constant(0.1))
         reference.append([t.numpy() for t in r.weights])
     for out, ref in zip(outputs, reference):  # personal parts come back to their client
         np.testing.assert_allclose(out["stored"][0], ref[2], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(out["stored"][1], ref[3], rtol=1e-5, atol=1e-6)
     for i in (2, 3):  # the server's personal slots are never touched
-        assert np.array_equal(new_state["cluster_models"][i], state["cluster_models"][i])
+        assert np.array_equal(new_state.cluster_models[i], state.cluster_models[i])
     for cluster in (0, 1):
         members = [j for j, k in enumerate(keys) if k == cluster]
         expected = weighted_mean(
@@ -180,7 +182,7 @@ def test_personal_tensors_are_trained_locally_and_never_aggregated() -> None:
         )
         for i in (0, 1):
             np.testing.assert_allclose(
-                new_state["cluster_models"][i][cluster], expected[i], rtol=1e-5, atol=1e-6
+                new_state.cluster_models[i][cluster], expected[i], rtol=1e-5, atol=1e-6
             )
 
 
@@ -200,7 +202,7 @@ def test_purely_local_models_leave_the_server_state_unchanged() -> None:
         ),
         round_hparams(0.1, BATCH),
     )
-    for got, before in zip(new_state["cluster_models"], state["cluster_models"]):
+    for got, before in zip(new_state.cluster_models, state.cluster_models):
         assert np.array_equal(got, before)
     assert not np.allclose(outputs[0]["stored"][0], w0[0])
 
@@ -284,7 +286,7 @@ def test_batchnorm_statistics_follow_their_layer_shared_or_personal() -> None:
     kept = [dict(zip(process.io.store_out, o["stored"])) for o in outputs]
     for j, owner in enumerate(model.state_owner):
         index = 62 + j
-        got = new_state["cluster_models"][index][0]
+        got = new_state.cluster_models[index][0]
         if owner < 58:  # shared: the example-weighted mean of the clients' statistics
             want = (8 * kept[0][index] + 4 * kept[1][index]) / 12
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
@@ -304,7 +306,7 @@ def test_clients_pick_the_lowest_loss_in_use_cluster_and_train_it() -> None:
     # cluster 2 (padding): the zero model, whose uniform prediction beats random models here
     w = np.concatenate([rng.normal(size=(2, 5, 3)), np.zeros((1, 5, 3))]).astype(np.float32)
     b = np.concatenate([rng.normal(size=(2, 3)), np.zeros((1, 3))]).astype(np.float32)
-    state["cluster_models"] = (w, b)
+    state = state._replace(cluster_models=(w, b))
     data = client_sets(rng, [9, 6, 11, 5, 8, 7], 5, 3)
     losses = np.array([[mclr_mean_loss(w[j], b[j], *d) for j in range(3)] for d in data])
     assert (losses.argmin(1) == 2).any()  # the padding model would win somewhere
@@ -330,9 +332,9 @@ def test_clients_pick_the_lowest_loss_in_use_cluster_and_train_it() -> None:
     for cluster in (0, 1):
         members = [i for i, k in enumerate(picks) if k == cluster]
         expected = weighted_mean([trained[i] for i in members], [len(data[i][1]) for i in members])
-        for got, want in zip(new_state["cluster_models"], expected):
+        for got, want in zip(new_state.cluster_models, expected):
             np.testing.assert_allclose(got[cluster], want, rtol=1e-5, atol=1e-6)
-    for got, before in zip(new_state["cluster_models"], state["cluster_models"]):
+    for got, before in zip(new_state.cluster_models, state.cluster_models):
         assert np.array_equal(got[2], before[2])
     _, all_three, _ = run(3)
     assert [int(o["cluster"]) for o in all_three] == losses.argmin(1).tolist()
@@ -346,9 +348,9 @@ def test_the_anchor_is_broadcast_and_pulls_its_tensors() -> None:
     work = client_work.LocalSGD(prox_mu=0.2, anchor_lambda=1.5)
     process, w0 = build("mclr", PersonalSplit.none(), 2, work=work, anchor=(0,))
     state = process.initialize()
-    np.testing.assert_array_equal(state["anchor"][0], w0[0])  # starts as the initial model
+    np.testing.assert_array_equal(state.anchor[0], w0[0])  # starts as the initial model
     target = rng.normal(size=(5, 3)).astype(np.float32)
-    state["anchor"] = (target,)
+    state = state._replace(anchor=(target,))
     data = client_sets(rng, [8, 10, 6], 5, 3)
     keys = [1, 0, 1]
     new_state, outputs, _ = process.next(
@@ -362,7 +364,7 @@ def test_the_anchor_is_broadcast_and_pulls_its_tensors() -> None:
         ),
         round_hparams(0.1, BATCH),
     )
-    w_stack, b_stack = state["cluster_models"]
+    w_stack, b_stack = state.cluster_models
     trained = [
         mclr_sgd(w_stack[k], b_stack[k], batches(*d), 0.1, 0.2, kernel_pull=(1.5, target))
         for d, k in zip(data, keys)
@@ -370,9 +372,9 @@ def test_the_anchor_is_broadcast_and_pulls_its_tensors() -> None:
     for cluster in (0, 1):
         members = [i for i, k in enumerate(keys) if k == cluster]
         expected = weighted_mean([trained[i] for i in members], [len(data[i][1]) for i in members])
-        for got, want in zip(new_state["cluster_models"], expected):
+        for got, want in zip(new_state.cluster_models, expected):
             np.testing.assert_allclose(got[cluster], want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(new_state["anchor"][0], target)
+    np.testing.assert_array_equal(new_state.anchor[0], target)
 
 
 def test_a_diverged_client_is_left_out_of_its_cluster_mean() -> None:
@@ -397,9 +399,9 @@ def test_a_diverged_client_is_left_out_of_its_cluster_mean() -> None:
     )
     assert [bool(o["finite"]) for o in outputs] == [True, False, True]
     np.testing.assert_array_equal(measurements["cluster_weight"], [8.0, 10.0])
-    w_stack, b_stack = state["cluster_models"]
+    w_stack, b_stack = state.cluster_models
     alone = mclr_sgd(w_stack[0], b_stack[0], batches(*data[0]), 0.2)
-    for got, want in zip(new_state["cluster_models"], alone):
+    for got, want in zip(new_state.cluster_models, alone):
         assert np.isfinite(got).all()
         np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
 

@@ -40,15 +40,7 @@ SENTENCE_BREAK = re.compile(r"[.?!]\s+[A-Z]")
 # other parts of the redesign own (federated/ and the loop's round path: the round's part; the
 # package root and binaries/: the layout's). The lead empties it as their branches merge.
 LONG_FUNCTIONS_BEING_REWRITTEN = {
-    "tff_clustered/federated/in_process.py:in_process_round",
-    "tff_clustered/federated/in_process.py:in_process_round.next_fn",
     "tff_clustered/federated/local_training.py:train_client",
-    "tff_clustered/federated/round.py:tff_round_parts",
-    "tff_clustered/federated/round_functions.py:round_functions",
-    "tff_clustered/federated/round_functions.py:round_functions.padded_client_update",
-    "tff_clustered/federated/sharded.py:sharded_round",
-    "tff_clustered/federated/tff_factory_aggregator.py:FactoryRoundPart.finalizer",
-    "tff_clustered/loop/round_calls.py:RoundCalls.train",
     "tff_clustered/loop/orchestration.py:Experiment.__init__",
 }
 # Shrinking: today's functions defining more than MAX_NESTED_DEFS functions: the round written
@@ -57,10 +49,6 @@ LONG_FUNCTIONS_BEING_REWRITTEN = {
 NESTED_BLOCKS_BEING_REWRITTEN = {
     "tff_clustered/cli/benchmarks/round_floors.py:floor_round_fns",
     "tff_clustered/cli/benchmarks/tff_client_costs.py:model_paths",
-    "tff_clustered/federated/in_process.py:in_process_round",
-    "tff_clustered/federated/round.py:tff_round_parts",
-    "tff_clustered/federated/round_functions.py:round_functions",
-    "tff_clustered/federated/sharded.py:sharded_round",
 }
 # Shrinking: today's modules whose docstring does not state their concern in a one-sentence
 # first line, in code other parts of the redesign own (federated/, the loop's round path and
@@ -71,21 +59,14 @@ MODULES_WITHOUT_A_ONE_LINE_CONCERN = {
     "tff_clustered/federated/cluster_aggregators.py",
     "tff_clustered/federated/distributions.py",
     "tff_clustered/federated/distributors.py",
-    "tff_clustered/federated/executions.py",
     "tff_clustered/federated/factory_inspection.py",
-    "tff_clustered/federated/finalizers.py",
     "tff_clustered/federated/graphs.py",
-    "tff_clustered/federated/grouping.py",
-    "tff_clustered/federated/in_process_scoring.py",
     "tff_clustered/federated/local_training.py",
     "tff_clustered/federated/placement.py",
-    "tff_clustered/federated/round_functions.py",
-    "tff_clustered/federated/round_inputs.py",
     "tff_clustered/federated/scoring.py",
     "tff_clustered/federated/server_optimizers.py",
     "tff_clustered/federated/signature.py",
     "tff_clustered/loop/aggregation.py",
-    "tff_clustered/loop/round_calls.py",
     "tff_clustered/loop/round_step.py",
     "tff_clustered/loop/state.py",
 }

@@ -13,7 +13,7 @@ from conftest import mlp_experiment
 
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.data.federated_data import FederatedData
-from tff_clustered.loop import round_calls
+from tff_clustered.loop import scoring_calls
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.evaluation import server_models
 from tff_clustered.loop.orchestration import Experiment
@@ -124,10 +124,10 @@ def test_scoring_in_chunks_equals_one_call(monkeypatch: pytest.MonkeyPatch) -> N
     whole = exp.current_round()
     per_client = exp.calls.score(whole, models, keys, ids, exp.store)
     # No split kept, and a few clients' examples per call
-    monkeypatch.setattr(round_calls, "POOLED_SPLIT_MAX_BYTES", 0)
+    monkeypatch.setattr(scoring_calls, "POOLED_SPLIT_MAX_BYTES", 0)
     bytes_per_client = max(exp.data.test_sizes.values()) * exp.calls.example_bytes
-    monkeypatch.setattr(round_calls, "POOLED_CHUNK_BYTES", 2 * bytes_per_client)
-    monkeypatch.setattr(round_calls, "CLIENTS_PER_SCORE_CALL", 5)
+    monkeypatch.setattr(scoring_calls, "POOLED_CHUNK_BYTES", 2 * bytes_per_client)
+    monkeypatch.setattr(scoring_calls, "CLIENTS_PER_SCORE_CALL", 5)
     exp.calls._pooled_splits.clear()
     assert len(exp.calls.pooled_chunks("test", ids)) > 3
     for split, expected in one_call.items():
@@ -147,7 +147,7 @@ def test_scoring_in_chunks_equals_one_call(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_a_large_split_is_never_read_whole_to_decide(monkeypatch: pytest.MonkeyPatch) -> None:
     exp = mlp_experiment("fedavg", digits(), CONFIG)
-    monkeypatch.setattr(round_calls, "POOLED_SPLIT_MAX_BYTES", 0)
+    monkeypatch.setattr(scoring_calls, "POOLED_SPLIT_MAX_BYTES", 0)
     read: list[str] = []
     arrays = FederatedData.arrays
 

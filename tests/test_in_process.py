@@ -151,14 +151,16 @@ def test_in_process_ifca_round_with_an_anchor_matches_tff() -> None:
         cache = RoundCache(functional, spec.input_spec(), w0, execution, rounds=1)
         fed_round = cache.get(signature)
         state = fed_round.initialize()
-        models = [np.array(m) for m in state["cluster_models"]]
+        models = [np.array(m) for m in state.cluster_models]
         for j in range(3):  # three different clusters
             models = [
                 m + np.float32(0.1 * j) * (np.arange(3) == j).reshape(3, *[1] * (m.ndim - 1))
                 for m in models
             ]
-        state["cluster_models"] = tuple(models)
-        state["anchor"] = tuple(np.array(a) * 0.5 for a in state["anchor"])
+        state = state._replace(
+            cluster_models=tuple(models),
+            anchor=tuple(np.array(a) * 0.5 for a in state.anchor),
+        )
         new_state, outputs, measurements = fed_round.next(
             state,
             round_clients(
@@ -171,13 +173,13 @@ def test_in_process_ifca_round_with_an_anchor_matches_tff() -> None:
             round_hparams(0.1, 4, 2, num_clusters=3),
         )
         scores = fed_round.evaluate(
-            new_state["cluster_models"],
+            new_state.cluster_models,
             [evaluation_input(a, o["cluster"], ()) for a, o in zip(arrays, outputs)],
             np.int64(64),
         )
         results[execution] = (new_state, outputs, measurements, scores)
     (s1, o1, m1, e1), (s2, o2, m2, e2) = results["tff"], results["in_process"]
-    for a, b in zip(s1["cluster_models"], s2["cluster_models"], strict=True):
+    for a, b in zip(s1.cluster_models, s2.cluster_models, strict=True):
         np.testing.assert_allclose(b, a, atol=1e-5)
     assert [o["cluster"] for o in o2] == [o["cluster"] for o in o1]
     assert len({int(o["cluster"]) for o in o1}) > 1  # the picks are not all the same
@@ -260,7 +262,7 @@ def test_clients_of_a_large_model_train_one_each_with_the_vectorised_results(
     assert traced[default, short_run] == traced[0, 0]
     (s1, o1, m1), *others = results.values()
     for s2, o2, m2 in others:
-        for a, b in zip(s1["cluster_models"], s2["cluster_models"], strict=True):
+        for a, b in zip(s1.cluster_models, s2.cluster_models, strict=True):
             np.testing.assert_allclose(b, a, atol=1e-6)
         for a, b in zip(o1, o2, strict=True):
             assert a.keys() == b.keys()
@@ -309,9 +311,11 @@ def run_unequal_round(fed_round: object, w0: list, work: object) -> tuple:
         for n in (8, 13, 5, 8, 3, 21)
     ]
     state = fed_round.initialize()
-    state["cluster_models"] = tuple(
-        m + np.float32(0.2) * (np.arange(2) == 1).reshape(2, *[1] * (m.ndim - 1))
-        for m in state["cluster_models"]
+    state = state._replace(
+        cluster_models=tuple(
+            m + np.float32(0.2) * (np.arange(2) == 1).reshape(2, *[1] * (m.ndim - 1))
+            for m in state.cluster_models
+        )
     )
     stored = [tuple(np.asarray(w) * 0.9 for w in w0) if work.reads_own_model else ()] * 6
     return fed_round.next(
@@ -351,7 +355,7 @@ def test_clients_of_unequal_sizes_train_padded_with_the_results_of_training_alon
     )
     assert "train_padded_clients" in padded_names
     assert "train_padded_clients" not in alone_names
-    for a, b in zip(s1["cluster_models"], s2["cluster_models"], strict=True):
+    for a, b in zip(s1.cluster_models, s2.cluster_models, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
     for a, b in zip(o1, o2, strict=True):
         assert a.keys() == b.keys()

@@ -16,9 +16,9 @@ import tensorflow as tf
 from conftest import ROOT
 
 import tff_clustered
-from tff_clustered.runs.checkpoint import CheckpointError
 from tff_clustered.data import DataSpec
 from tff_clustered.loop.config import AggregatorConfig
+from tff_clustered.runs.checkpoint import CheckpointError
 
 
 def load_example() -> ModuleType:

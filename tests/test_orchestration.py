@@ -22,9 +22,10 @@ from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated import client_work
 from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.divergence import DivergenceError, check_finite
 from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.loop.sampling import sampled_positions
-from tff_clustered.loop.state import DivergenceError, RunState, apply_decision, check_finite
+from tff_clustered.loop.state import RunState, apply_decision
 from tff_clustered.models import model_spec
 
 pytestmark = pytest.mark.usefixtures("tff_context")

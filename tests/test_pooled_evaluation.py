@@ -142,7 +142,7 @@ def test_pooled_examples_go_to_the_worker_once_and_again_after_its_executor_chan
 ) -> None:
     import tensorflow_federated as tff
 
-    from tff_clustered.loop import round_calls
+    from tff_clustered.loop import scoring_calls
 
     data = load_digits_clusters(num_clients=8, num_groups=2, seed=5)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
@@ -162,7 +162,7 @@ def test_pooled_examples_go_to_the_worker_once_and_again_after_its_executor_chan
     assert exp.calls.score_pooled(models, keys, ids) == first
     assert sent.sends == 2
     # a split too large to keep is pooled per call, with the same results
-    monkeypatch.setattr(round_calls, "POOLED_SPLIT_MAX_BYTES", 0)
+    monkeypatch.setattr(scoring_calls, "POOLED_SPLIT_MAX_BYTES", 0)
     exp.calls._pooled_splits.clear()
     assert exp.calls.score_pooled(models, keys, ids) == first
     assert exp.calls._pooled_splits["test"] is None

@@ -192,6 +192,22 @@ def test_ledger_round_trips_through_its_checkpoint_encoding() -> None:
         PrivacyLedger(np.array([0, 3]), [{}])
 
 
+def test_a_ledger_checkpointed_before_its_module_moved_still_loads() -> None:
+    """Checkpoints written before the ledger moved out of `loop/privacy.py` name it there
+    (`state_encoding.RELOCATED`): such a run resumes with its ledger, while a name that was
+    never a state class is still refused."""
+    ledger = PrivacyLedger.for_population(5)
+    ledger.record(np.arange(3), sampling_event("fixed", 5, 3, dpa.GaussianDpEvent(1.0)))
+    arrays: dict[str, np.ndarray] = {}
+    tree = encode_tree(ledger, arrays)
+    assert tree["dataclass"] == "tff_clustered.loop.privacy_ledger:PrivacyLedger"
+    old = dict(tree, dataclass="tff_clustered.loop.privacy:PrivacyLedger")
+    loaded = decode_tree(old, arrays)
+    assert isinstance(loaded, PrivacyLedger) and loaded.epsilon(DELTA) == ledger.epsilon(DELTA)
+    with pytest.raises(ValueError, match="unknown state class"):
+        decode_tree(dict(tree, dataclass="tff_clustered.loop.privacy:Ledger"), arrays)
+
+
 def test_per_cluster_epsilon_is_the_largest_of_its_clients() -> None:
     """Six clients eligible in all 100 rounds, four only in the last 50: a cluster's epsilon
     is its most exposed member's, NaN without members, and every cluster's is the run's once

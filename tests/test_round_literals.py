@@ -14,10 +14,10 @@ from tensorflow_federated.python.core.impl.computation.computation_impl import (
 )
 
 from tff_clustered.federated import client_work
-from tff_clustered.federated.round import tff_round_parts
 from tff_clustered.federated.round_functions import round_functions
 from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.federated.signature import RoundSignature
+from tff_clustered.federated.tff_execution import tff_round_parts
 from tff_clustered.models import initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
 
@@ -64,9 +64,9 @@ def test_initialize_gives_every_cluster_the_initial_model() -> None:
         server_optimizer=ServerOptimizer("sgdm", learning_rate=1.0, momentum=0.9),
     )
     state = tff_round_parts(round_functions(model, spec.input_spec(), signature, w0)).initialize()
-    for got, want in zip(state["cluster_models"], w0):
+    for got, want in zip(state.cluster_models, w0):
         np.testing.assert_array_equal(got, np.repeat(np.asarray(want)[None], 3, axis=0))
-    assert all(not np.any(v) for v in state["optimizer"].values())
+    assert all(not np.any(v) for v in state.optimizer.values())
 
 
 def test_computations_a_round_may_not_use_are_built_when_first_used() -> None:

@@ -16,10 +16,10 @@ import tensorflow_federated as tff
 import tff_clustered
 from tff_clustered.data import DataSpec
 from tff_clustered.federated import client_work
-from tff_clustered.federated.round import tff_round_parts
 from tff_clustered.federated.round_functions import round_functions
 from tff_clustered.federated.round_inputs import client_seed, round_clients, round_hparams
 from tff_clustered.federated.signature import RoundSignature
+from tff_clustered.federated.tff_execution import tff_round_parts
 from tff_clustered.federated.tff_factory_aggregator import (
     TffFactoryPerCluster,
     flat_leaves,
@@ -126,11 +126,11 @@ def test_mean_factory_per_cluster_is_the_default_mean(mean_round: tuple) -> None
     before, after, _, measured = mean_round
     fed_round = built_round(TffFactoryPerCluster(tff.aggregators.MeanFactory()))
     state = fed_round.initialize()
-    assert len(state["aggregator"]["state"]) == 0  # MeanFactory keeps none
+    assert len(state.aggregator["state"]) == 0  # MeanFactory keeps none
     hparams = round_hparams(0.5, 3, aggregator_params={})
     new_state, _, factory_measured = fed_round.next(state, clients(0), hparams)
     for ours, mean, start in zip(
-        new_state["cluster_models"], after["cluster_models"], before["cluster_models"]
+        new_state.cluster_models, after.cluster_models, before.cluster_models
     ):
         np.testing.assert_allclose(ours, mean, rtol=0, atol=1e-6)
         assert np.array_equal(ours[2], start[2])  # no client: kept
@@ -167,7 +167,7 @@ def test_clipping_per_cluster_against_the_factory_on_each_clusters_own_clients(
     masked = [process.initialize() for _ in range(2)]  # the round's clients, others zeros
     server = fed_round.initialize()
     for round_num in range(2):
-        before = [np.asarray(m) for m in server["cluster_models"]]
+        before = [np.asarray(m) for m in server.cluster_models]
         hparams = round_hparams(0.5, 3, aggregator_params={})
         server, outputs, measured = fed_round.next(server, clients(round_num), hparams)
         weights = [np.float32(o["num_examples"]) for o in outputs]
@@ -181,19 +181,19 @@ def test_clipping_per_cluster_against_the_factory_on_each_clusters_own_clients(
             masked_output = process.next(masked[k], every, masked_weights)
             alone[k], masked[k] = output.state, masked_output.state
             expected = masked_output.result if adaptive else output.result
-            for got, old, mean in zip(server["cluster_models"], before, expected):
+            for got, old, mean in zip(server.cluster_models, before, expected):
                 np.testing.assert_allclose(got[k], old[k] + mean, rtol=0, atol=1e-6)
             if round_num == 0 or not adaptive:
-                for got, old, mean in zip(server["cluster_models"], before, output.result):
+                for got, old, mean in zip(server.cluster_models, before, output.result):
                     np.testing.assert_allclose(got[k], old[k] + mean, rtol=0, atol=1e-6)
             assert measured["clipped_count"][k] == output.measurements["clipped_count"]
             assert measured["clipping_norm"][k] == pytest.approx(
                 float(masked_output.measurements["clipping_norm"])
             )
         assert measured["clipped_count"][:2].sum() > 0  # the clip bites
-        for old, new in zip(before, server["cluster_models"]):
+        for old, new in zip(before, server.cluster_models):
             assert np.array_equal(old[2], new[2])  # no client of cluster 2
-    state = server["aggregator"]["state"]
+    state = server.aggregator["state"]
     if not adaptive:
         assert len(state) == 0  # a fixed norm keeps no state
         return
@@ -356,12 +356,12 @@ def test_an_unweighted_mean_per_cluster_divides_by_the_rounds_every_client() -> 
     own 2 or 3); cluster 2, with no client, is left as it was."""
     fed_round = built_round(TffFactoryPerCluster(tff.aggregators.UnweightedMeanFactory()))
     server = fed_round.initialize()
-    before = [np.asarray(m) for m in server["cluster_models"]]
+    before = [np.asarray(m) for m in server.cluster_models]
     hparams = round_hparams(0.5, 3, aggregator_params={})
     server, outputs, _ = fed_round.next(server, clients(0), hparams)
     for k in range(2):
         total = [sum(parts) for parts in zip(*own_updates(outputs, k))]
-        for got, old, summed in zip(server["cluster_models"], before, total):
+        for got, old, summed in zip(server.cluster_models, before, total):
             np.testing.assert_allclose(got[k], old[k] + summed / len(KEYS), rtol=0, atol=1e-6)
-    for got, old in zip(server["cluster_models"], before):
+    for got, old in zip(server.cluster_models, before):
         assert np.array_equal(got[2], old[2])

@@ -96,8 +96,8 @@ def test_a_run_reading_on_the_worker_equals_the_run_sending_arrays(
         data_type = parts.next.type_signature.parameter[1].member.data
         assert str(data_type) == "<client_id=str,num_examples=int64>"
     assert sent["inputs"] and read["inputs"]
-    assert all(set(c["data"]) == {"client_id", "num_examples"} for c in read["inputs"])
-    assert all(set(c["data"]) == {"x", "y"} for c in sent["inputs"])
+    assert all(set(c.data) == {"client_id", "num_examples"} for c in read["inputs"])
+    assert all(set(c.data) == {"x", "y"} for c in sent["inputs"])
     # ... and read no client's training examples here beyond the first (the check at start).
     assert len(read["read"]) == 1 and len(sent["read"]) > 1
 

@@ -1,10 +1,10 @@
 """The aggregator part of a round, one instance per cluster: what happens to a client's shared
 update between its training and its cluster's mean, and to each cluster's sum on the server.
 
-`ClusterMean` (the default) is the weighted mean per cluster of `clustered_mean.py`: a round
-whose signature carries it runs exactly the code and types it ran before aggregators existed.
-Any other aggregator runs as plain TF functions on every execution (TFF's worker, several
-workers, in process), so both executions and a resumed run give the same results:
+Every aggregator, the default `ClusterMean` (the weighted mean per cluster,
+`clustered_mean.py`) included, runs as the same plain TF functions on every execution (TFF's
+worker, several workers, in process), on the one path of the round (`round.py`), so every
+execution and a resumed run give the same results:
 
 * client side, `preprocess(params, delta, cluster, weight, seed) -> (delta, weight, stats)`:
   the client's update for its cluster (clipped, zeroed or quantized with its cluster's
@@ -20,8 +20,9 @@ workers, in process), so both executions and a resumed run give the same results
   of clients (a private mean divides by it, never by the realised count).
 
 An aggregator is a frozen value, part of the round's `RoundSignature` (the built round's cache
-key). Its state lives in the round's server state, slot `aggregator`:
-`{"state": {name: [K] array}, "inputs": {"seed": int64[2], "denominator": float32[K]}}`.
+key). Its state lives in the round's server state (`server_state.ServerState`), slot
+`aggregator`: `{"state": {name: [K] array}, "inputs": {"seed": int64[2], "denominator":
+float32[K]}}` for one that `takes_round_inputs`; `()` for the mean, which takes none.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any, ClassVar, Optional
 import numpy as np
 import tensorflow as tf
 
+from tff_clustered.federated.clustered_mean import cluster_mean
 from tff_clustered.options import checked_fields
 
 AggregatorState = dict[str, np.ndarray]  # each entry one row per cluster
@@ -46,8 +48,11 @@ class ClusterAggregator:
     by the expected counts)."""
 
     name: ClassVar[str] = ""
-    # The weighted mean of `clustered_mean.py`, run as it was before aggregators existed.
-    is_mean: ClassVar[bool] = False
+    # It reads per-round inputs the loop sets (a noise seed, each cluster's expected count:
+    # `round_inputs`) and parameters its clients read (`client_params`, in the round's
+    # hyperparameters), and keeps its state in the server state's slot; one that does not (the
+    # mean) has an empty slot and no parameters.
+    takes_round_inputs: ClassVar[bool] = True
     # Every client weighs 1 in its cluster's sum (a private sum needs a bounded contribution):
     # the round's signature must then weigh clients uniformly.
     uniform_weights: ClassVar[bool] = False
@@ -244,7 +249,17 @@ class ClusterAggregator:
             state=collections.OrderedDict(state), inputs=collections.OrderedDict(inputs)
         )
 
-    def initial_slot(self, num_clusters: int) -> collections.OrderedDict:
+    def finalize_slot(
+        self, sums: tuple, total_weight: tf.Tensor, stats: tf.Tensor, slot: Any
+    ) -> tuple[tuple, tf.Tensor, Any, collections.OrderedDict]:
+        """`finalize` on the server state's slot: `(means, updated, new slot, measurements)`."""
+        inputs = slot["inputs"]
+        means, updated, state, measured = self.finalize(
+            sums, total_weight, stats, slot["state"], inputs
+        )
+        return means, updated, self.server_slot(state, inputs), measured
+
+    def initial_slot(self, num_clusters: int) -> Any:
         """The `aggregator` entry of a round's initial server state: the initial state, and
         inputs that step no cluster until the loop sets the round's."""
         inputs = self.round_inputs(np.zeros(2), np.zeros(num_clusters))
@@ -262,12 +277,36 @@ class ClusterAggregator:
 
 @dataclasses.dataclass(frozen=True)
 class ClusterMean(ClusterAggregator):
-    """The weighted mean per cluster (`clustered_mean.py`): the round runs its own code path."""
+    """The weighted mean per cluster (`clustered_mean.py`), the default: clients' updates
+    summed unchanged with their weights, each cluster's sum divided by its total weight; a
+    cluster no client trained in does not step. No state, no round inputs: an empty slot."""
 
     summary: ClassVar[str] = "the weighted mean of the cluster's clients' updates"
     voided_by_individual_updates: ClassVar[bool] = False  # it sends each update as it is
     name: ClassVar[str] = "mean"
-    is_mean: ClassVar[bool] = True
+    takes_round_inputs: ClassVar[bool] = False
+
+    def finalize(
+        self,
+        sums: tuple,
+        total_weight: tf.Tensor,
+        stats: tf.Tensor,
+        state: Mapping[str, tf.Tensor],
+        inputs: Mapping[str, tf.Tensor],
+    ) -> tuple[tuple, tf.Tensor, collections.OrderedDict, collections.OrderedDict]:
+        """Each cluster's weighted mean (`cluster_mean`); the clusters of some weight step."""
+        means = cluster_mean(sums, total_weight)
+        return means, total_weight > 0, collections.OrderedDict(), collections.OrderedDict()
+
+    def finalize_slot(
+        self, sums: tuple, total_weight: tf.Tensor, stats: tf.Tensor, slot: Any
+    ) -> tuple[tuple, tf.Tensor, Any, collections.OrderedDict]:
+        means, updated, _, measured = self.finalize(sums, total_weight, stats, {}, {})
+        return means, updated, (), measured
+
+    def initial_slot(self, num_clusters: int) -> tuple:
+        """The mean keeps nothing in the server state."""
+        return ()
 
 
 @dataclasses.dataclass(frozen=True)

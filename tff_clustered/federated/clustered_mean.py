@@ -1,4 +1,4 @@
-"""Example-weighted mean **per cluster**, as a `tff.aggregators` factory.
+"""The per-cluster weighted sums and mean of clients' updates, the arithmetic of `ClusterMean`.
 
 Each client contributes its update `v` and a weight vector `w` of length `num_clusters` that is
 zero except at its own cluster (`w = n_i * onehot(cluster_i)`). The result is the stack
@@ -9,13 +9,12 @@ along a leading cluster axis, plus the per-cluster total weight. It is one
 `tff.federated_aggregate` whose accumulator is the [num_clusters, ...] stack: each client adds
 its weighted update into its own cluster's row only (`tensor_scatter_nd_add`), so the cost per
 client does not grow with the number of clusters. TFF's `MeanFactory` averages one value with
-one scalar weight; a vector of per-cluster weights needs this small factory. Its two steps,
-`add_to_cluster` and `cluster_mean`, are plain TF functions that the in-process round runs too.
+one scalar weight; a vector of per-cluster weights needs these steps. `add_to_cluster` and
+`cluster_mean` are plain TF functions every execution runs (`ClusterSums` on TFF's runtime;
+`cluster_aggregators.ClusterMean.finalize` divides).
 """
 
 from __future__ import annotations
-
-import collections
 
 import numpy as np
 import tensorflow as tf
@@ -94,42 +93,3 @@ class ClusterSums:
             self._report,
         )
         return total, tff.federated_sum(weight)
-
-
-class ClusteredMeanFactory(tff.aggregators.WeightedAggregationFactory):
-    """`create(value_type, weight_type)` with `weight_type = float32[num_clusters]`."""
-
-    def __init__(self, num_clusters: int) -> None:
-        if num_clusters < 1:
-            raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
-        self.num_clusters = num_clusters
-
-    def create(
-        self, value_type: tff.types.Type, weight_type: tff.types.Type
-    ) -> tff.templates.AggregationProcess:
-        sums = ClusterSums(value_type, self.num_clusters)
-        if not weight_type.is_equivalent_to(sums.weight_type):
-            raise TypeError(f"weight type must be {sums.weight_type}, got {weight_type}")
-
-        @tff.tensorflow.computation(sums.stacked_type, weight_type)
-        def divide(total: object, total_weight: tf.Tensor) -> object:
-            return cluster_mean(total, total_weight)
-
-        @tff.federated_computation()
-        def init_fn() -> object:
-            return tff.federated_value((), tff.SERVER)
-
-        @tff.federated_computation(
-            init_fn.type_signature.result,
-            tff.FederatedType(value_type, tff.CLIENTS),
-            tff.FederatedType(weight_type, tff.CLIENTS),
-        )
-        def next_fn(state: object, value: object, weight: object) -> object:
-            total, total_weight = sums(value, weight)
-            result = tff.federated_map(divide, (total, total_weight))
-            measurements = tff.federated_zip(collections.OrderedDict(cluster_weight=total_weight))
-            return tff.templates.MeasuredProcessOutput(
-                state=state, result=result, measurements=measurements
-            )
-
-        return tff.templates.AggregationProcess(init_fn, next_fn)

@@ -1,6 +1,9 @@
-"""What runs a built round: `RoundCache` builds one per `RoundSignature` for an execution,
-"tff" (TFF computations: `round.tff_round_parts`, split over several workers by `sharded.py`)
-or "in_process" (`in_process.py`), and reuses it whenever the signature comes back."""
+"""Which execution runs a built round, each built once per signature (`RoundCache`).
+
+`RoundCache` builds one per `RoundSignature` for an execution,
+"tff" (TFF computations: `tff_execution.tff_round_parts`, split over several workers by
+`sharded.py`) or "in_process" (`in_process.py`), and reuses it whenever the signature comes
+back."""
 
 from __future__ import annotations
 
@@ -12,13 +15,8 @@ import numpy as np
 
 from tff_clustered.federated import graphs, grouping, in_process, sharded
 from tff_clustered.federated.resident import WorkerArrays
-from tff_clustered.federated.round import (
-    FederatedRound,
-    tff_round_parts,
-)
-from tff_clustered.federated.round_functions import (
-    round_functions,
-)
+from tff_clustered.federated.round import FederatedRound
+from tff_clustered.federated.round_functions import round_functions
 from tff_clustered.federated.round_inputs import WorkerData, client_input, client_seed
 from tff_clustered.federated.scoring import (
     build_pooled_scores,
@@ -27,6 +25,7 @@ from tff_clustered.federated.scoring import (
     to_type,
 )
 from tff_clustered.federated.signature import RoundSignature
+from tff_clustered.federated.tff_execution import tff_round_parts
 from tff_clustered.models.functional import FunctionalModel
 from tff_clustered.runtime import context as runtime
 

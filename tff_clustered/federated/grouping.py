@@ -1,7 +1,8 @@
-"""Which clients of a round train together in one vectorised call: same-size clients, and
-clients of similar sizes padded to a common one when the model's rows are independent, planned
-by a fitted cost model (`client_groups`); and whether a run is long enough to vectorise at all
-(`vectorises_for`)."""
+"""Which clients of a round train together in one vectorised call (`client_groups`).
+
+Same-size clients, and clients of similar sizes padded to a common one when the model's rows are
+independent, planned by a fitted cost model (`client_groups`); and whether a run is long enough
+to vectorise at all (`vectorises_for`)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ STEP_COST = 2.0
 # clients one each (the same results within float tolerance): it would not earn the
 # conversion back.
 VECTORISE_MIN_ROUNDS = 30
+
+
+def example_count(data: dict) -> int:
+    """Examples in one client's arrays (the length of the first)."""
+    return len(next(iter(data.values())))
 
 
 def vectorises_for(rounds: int) -> bool:

@@ -1,5 +1,6 @@
-"""How the in-process round scores its clients (its `evaluate`), each client with its key's
-cluster row joined with its own stored variables, three ways with the same counts:
+"""How the in-process round scores its clients (its `evaluate`), three ways, same counts.
+
+Each client is scored with its key's cluster row joined with its own stored variables:
 
 * alone: each client a call of its own of one client's graph, `parallel_clients` at a time
   (threads): what TFF's runtime does, and the reference the other two are held to;
@@ -31,8 +32,8 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.federated import graphs
-from tff_clustered.federated.grouping import client_groups, stacked_padded
-from tff_clustered.federated.round_functions import RoundFunctions, example_count
+from tff_clustered.federated.grouping import client_groups, example_count, stacked_padded
+from tff_clustered.federated.round_functions import RoundFunctions
 
 # Vectorising's cost model, per op of one client's evaluation graph (`graphs.graph_op_types`),
 # measured on 2 shared cores by `python binaries/benchmark.py --benchmarks=scoring_ways` (FedPer's
@@ -205,7 +206,7 @@ class ClientScoring:
     def groups(self, clients: Sequence[dict], batch_size: int) -> list[list[int]]:
         """The vectorised way's groups of `clients` (indices), as training groups clients for
         one pass of ordered batches of `batch_size` (`client_groups`)."""
-        sizes = [example_count(c["data"]) for c in clients]
+        sizes = [example_count(c.data) for c in clients]
         one_pass = {"batch_size": batch_size, "epochs": 1, "max_steps": -1}
         return client_groups(sizes, one_pass, vectorise=True, pad=self.pad)
 
@@ -221,7 +222,7 @@ class ClientScoring:
         if self.vectorisable:
             groups = self.groups(clients, batch_size)
             together = [g for g in groups if len(g) > 1]
-            sizes = [example_count(c["data"]) for c in clients]
+            sizes = [example_count(c.data) for c in clients]
             paddings = {min(sizes[i] for i in g) < max(sizes[i] for i in g) for g in together}
             if vectorising_pays(sum(map(len, together)), self.ops, len(paddings)):
                 return self.vectorised(models, clients, batch_size, groups)
@@ -245,7 +246,7 @@ class ClientScoring:
             return self.looped(models, clients, batch_size)
 
         def alone(client: dict) -> dict:
-            data, key, own = client["data"], client["key"], tuple(client["stored"])
+            data, key, own = client.data, client.key, tuple(client.stored)
             return self.client_graph(models, data, key, own, batch_size)
 
         with concurrent.futures.ThreadPoolExecutor(self.parallel_clients) as pool:
@@ -254,7 +255,7 @@ class ClientScoring:
     def looped(self, models: tuple, clients: Sequence[dict], batch_size: int) -> list:
         """The clients' scores, each run of them taking at most `LOOPED_CALL_BYTES` of
         examples in one looped call."""
-        datas = [c["data"] for c in clients]
+        datas = [c.data for c in clients]
         sizes = [example_count(d) for d in datas]
         example_bytes = sum(
             np.asarray(a).dtype.itemsize * int(np.prod(np.shape(a)[1:])) for a in datas[0].values()
@@ -266,8 +267,8 @@ class ClientScoring:
             )
             counts = np.asarray([sizes[i] for i in run], np.int64)
             starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-            keys = np.stack([clients[i]["key"] for i in run])
-            own = stacked_values([clients[i]["stored"] for i in run])
+            keys = np.stack([clients[i].key for i in run])
+            own = stacked_values([clients[i].stored for i in run])
             scored = self.looped_graph(models, rows, starts, counts, keys, own, batch_size)
             scores += [
                 collections.OrderedDict((k, v[j]) for k, v in scored.items())
@@ -280,7 +281,7 @@ class ClientScoring:
     ) -> list:
         """The clients' scores, each group of `groups` (indices into `clients`) in one
         vectorised call, the clients in groups of their own looped over."""
-        sizes = [example_count(c["data"]) for c in clients]
+        sizes = [example_count(c.data) for c in clients]
 
         def padded(members: list[int]) -> bool:
             return min(sizes[i] for i in members) < max(sizes[i] for i in members)
@@ -291,9 +292,9 @@ class ClientScoring:
 
         def score_group(members: list[int]) -> list[dict]:
             group_sizes = [sizes[i] for i in members]
-            keys = np.stack([clients[i]["key"] for i in members])
-            own = stacked_values([clients[i]["stored"] for i in members])
-            data = stacked_padded([clients[i]["data"] for i in members], max(group_sizes))
+            keys = np.stack([clients[i].key for i in members])
+            own = stacked_values([clients[i].stored for i in members])
+            data = stacked_padded([clients[i].data for i in members], max(group_sizes))
             sizes_in = [np.asarray(group_sizes, np.int64)] if padded(members) else []
             graph = self.stacked_graph(padded(members))
             scored = graph(models, data, keys, own, batch_size, *sizes_in)

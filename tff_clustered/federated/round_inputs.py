@@ -1,12 +1,18 @@
-"""The values a built round takes at each call, as NumPy structures: the SERVER-placed
-hyperparameters of a round (`round_hparams`), one client's seeds (`client_seed`) and its input
-to `next` (`client_input`) or to `evaluate` (`evaluation_input`)."""
+"""The values a built round takes at each call: hyperparameters, client seeds and inputs.
+
+As NumPy structures: the SERVER-placed hyperparameters of a round (`round_hparams`), one
+client's seeds (`ClientSeed`) and its input to `next` (`ClientInput`) or to `evaluate`
+(`EvaluationInput`).
+
+The client's values are NamedTuples, which TFF carries as named structs: the TF functions read
+their fields by name. The hyperparameters are a mapping whose entries depend on the round's
+aggregator (its clients' parameters only for one that `takes_round_inputs`)."""
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional, Protocol
+from typing import Any, NamedTuple, Optional, Protocol
 
 import numpy as np
 
@@ -82,38 +88,57 @@ def round_hparams(
     return hparams
 
 
-def client_seed(shuffle: int, dropout: int) -> dict:
+class ClientSeed(NamedTuple):
+    """One client's seeds for a round: its batches' `shuffle` (int64), and its stateless random
+    ops' (dropout) `dropout` (int32[2])."""
+
+    shuffle: Any
+    dropout: Any
+
+
+class ClientInput(NamedTuple):
+    """One client's input to a round's `next` (one CLIENTS-placed value): its examples as
+    arrays (`data`, any length; it batches them itself as the round's hyperparameters say), or
+    the reference a round that reads them on the worker takes (`WorkerData`); its `key` (its
+    cluster, ignored when clients pick theirs; or its own row then its neighbours'); its
+    `stored` variables that the round reads (`RoundIO.store_in`); the `scalar` its algorithm's
+    plan sets for the round (FedProx/FeSEM: a factor of the proximal strength, 1.0 by default;
+    UA-PDFL: th_I) and its `seed` (`ClientSeed`)."""
+
+    data: Any
+    key: Any
+    stored: tuple
+    scalar: Any
+    seed: ClientSeed
+
+
+class EvaluationInput(NamedTuple):
+    """One client's input to a round's `evaluate` (one CLIENTS-placed value): its examples to
+    score, its key (the cluster whose model it is scored with) and its stored variables that
+    the round joins with that model (`RoundIO.store_in`)."""
+
+    data: Any
+    key: Any
+    stored: tuple
+
+
+def client_seed(shuffle: int, dropout: int) -> ClientSeed:
     """One client's seeds for a round: its batches' shuffle, and its stateless random ops'
     (dropout) `[dropout, 0]`."""
-    return collections.OrderedDict(
-        shuffle=np.int64(shuffle), dropout=np.array([dropout, 0], np.int32)
-    )
+    return ClientSeed(np.int64(shuffle), np.array([dropout, 0], np.int32))
 
 
-def client_input(data: dict, key: Any, stored: Sequence[Any], scalar: float, seed: dict) -> dict:
-    """One client's input to a round's `next` (one CLIENTS-placed value): its examples as arrays
-    (any length; it batches them itself as the round's hyperparameters say), or the reference a
-    round that reads them on the worker takes (`WorkerData`), its key (its
-    cluster, ignored when clients pick theirs; or its own row then its neighbours'), its stored
-    variables that the round reads (`RoundIO.store_in`), the scalar its algorithm's plan sets
-    for the round (FedProx/FeSEM: a factor of the proximal strength, 1.0 by default; UA-PDFL:
-    th_I) and its seeds (`client_seed`)."""
-    return collections.OrderedDict(
-        data=data,
-        key=np.atleast_1d(np.asarray(key, np.int32)),
-        stored=tuple(stored),
-        scalar=np.float32(scalar),
-        seed=seed,
-    )
+def client_input(
+    data: dict, key: Any, stored: Sequence[Any], scalar: float, seed: ClientSeed
+) -> ClientInput:
+    """One client's `ClientInput`, its values as the round takes them."""
+    key = np.atleast_1d(np.asarray(key, np.int32))
+    return ClientInput(data, key, tuple(stored), np.float32(scalar), seed)
 
 
-def evaluation_input(data: dict, key: Any, stored: Sequence[Any]) -> dict:
-    """One client's input to a round's `evaluate` (one CLIENTS-placed value): its examples to
-    score, its key (the cluster whose model it is scored with) and its stored variables that the
-    round joins with that model (`RoundIO.store_in`)."""
-    return collections.OrderedDict(
-        data=data, key=np.atleast_1d(np.asarray(key, np.int32)), stored=tuple(stored)
-    )
+def evaluation_input(data: dict, key: Any, stored: Sequence[Any]) -> EvaluationInput:
+    """One client's `EvaluationInput`, its values as the round takes them."""
+    return EvaluationInput(data, np.atleast_1d(np.asarray(key, np.int32)), tuple(stored))
 
 
 def round_clients(
@@ -121,8 +146,8 @@ def round_clients(
     keys: Sequence[Any],
     stored: Sequence[Sequence[Any]],
     scalars: Sequence[float],
-    seeds: Sequence[dict],
-) -> list[dict]:
+    seeds: Sequence[ClientSeed],
+) -> list[ClientInput]:
     """`client_input` of every client from lists of one entry per client each."""
     lengths = {len(values) for values in (datasets, keys, stored, scalars, seeds)}
     if len(lengths) > 1:

@@ -1,12 +1,12 @@
 """A TFF round whose clients are split over several TFF workers (`--workers=h1:p1,h2:p2`).
 
-The round is the one `round.tff_round_parts` builds, cut where it can be merged: each worker
-runs `partial_next` on a contiguous share of the clients (their training, and the per-cluster
-weighted sums of their updates), the shares' sums are added in worker order, and `finalize`
-turns the sums into the new cluster models (`cluster_mean`, then the finalizer). Client
-outputs come back in client order. Evaluation splits the same way. Client work depends only on
-the client's own inputs and seeds, so a run gives the one-worker results up to the order of
-float additions in the sums (tests: within 1e-5).
+The round is `round.ComposedRound`, its parts run by `ShardedExecution`: each worker runs
+`partial_next` (`tff_execution.TffRoundParts`) on a contiguous share of the clients (their
+training, and the per-cluster sums of their results), the shares' sums are added in worker
+order, and `finalize` turns the sums into the new slots (the aggregator's server side, then
+the finalizer). Client outputs come back in client order. Evaluation splits the same way.
+Client work depends only on the client's own inputs and seeds, so a run gives the one-worker
+results up to the order of float additions in the sums (tests: within 1e-5).
 
 TFF 0.87's `compile_to_mergeable_comp_form` would split a computation the same way, but its
 `after_merge` part returns SERVER-placed values only, while a round also returns per-client
@@ -15,21 +15,28 @@ outputs (stored models, losses, the cluster a client picked), so the cut is writ
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import contextlib
+import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 import tensorflow_federated as tff
 
-from tff_clustered.federated.round import (
-    FederatedRound,
-    TffRoundParts,
+from tff_clustered.federated.grouping import example_count
+from tff_clustered.federated.round import ComposedRound, FederatedRound
+from tff_clustered.federated.round_inputs import ClientInput, WorkerData, client_examples
+from tff_clustered.federated.server_state import (
+    ClientSums,
+    Finalized,
+    ServerState,
+    after_round,
+    merged_sums,
+    nothing_aggregated,
 )
-from tff_clustered.federated.round_functions import example_count, python_server_state
-from tff_clustered.federated.round_inputs import WorkerData, client_examples
+from tff_clustered.federated.tff_execution import TffRoundParts
 from tff_clustered.runtime import context as runtime
 
 
@@ -80,112 +87,124 @@ def _call_on(context: object, computation: Callable[..., Any], *args: object) ->
         return computation(*args)
 
 
-def sharded_round(parts: TffRoundParts) -> FederatedRound:
-    """The round of `parts`, split over the started runtime's workers when there are several
-    (`runtime.worker_contexts()`, read at each call); on one worker it is `parts.next`."""
-    fns = parts.functions
-    has_anchor = bool(fns.signature.anchor)
+class TrainedShares(NamedTuple):
+    """The workers' `ClientSums` of their shares (in worker order) and every client's outputs
+    (in client order)."""
 
-    def run_shards(
-        work: Callable[..., Any], sizes: Sequence[int], per_client: Sequence[Sequence[Any]]
-    ) -> list[Any]:
-        """`work(*shares)` on each worker, for its contiguous share of every per-client list
-        (clients of `sizes` examples); results in worker order."""
-        workers = runtime.worker_contexts()
-        shards = split_clients(sizes, len(workers))
-        with concurrent.futures.ThreadPoolExecutor(max(len(shards), 1)) as pool:
-            futures = [
-                pool.submit(_call_on, context, work, *(list(v[shard]) for v in per_client))
-                for (_, context), shard in zip(workers, shards)
-            ]
-            return [future.result() for future in futures]
+    sums: list[ClientSums]
+    outputs: list
 
-    def next_fn(state: dict, clients: Sequence[dict], hparams: dict) -> tuple:
-        """`parts.next` with the same arguments and results."""
-        with named_data_errors(parts.worker_data):
-            return shared_next(state, clients, hparams)
 
-    def shared_next(state: dict, clients: Sequence[dict], hparams: dict) -> tuple:
-        workers = runtime.worker_contexts()
-        if len(workers) <= 1 or len(clients) <= 1:
-            return parts.next(state, clients, hparams)
-        fns.aggregator.check_execution("tff", len(workers))  # a factory: one computation
-        partial_next, finalize = parts.partial_next, parts.finalize  # built here, not per thread
+class ShardedExecution:
+    """How `round.ComposedRound` runs over the started runtime's workers
+    (`runtime.worker_contexts()`, read at each call): each worker runs `parts.partial_next` on
+    a contiguous share of the clients, the shares' sums are merged in worker order
+    (`server_state.merged_sums`) and `parts.finalize` runs once, on the first worker (an
+    aggregator's noise is added once, after the merge)."""
+
+    def __init__(self, parts: TffRoundParts) -> None:
+        self.parts = parts
+
+    def train_clients(
+        self, state: ServerState, clients: Sequence[ClientInput], hparams: dict
+    ) -> TrainedShares:
+        """Each worker's `ClientSums` of its share, in worker order, and the clients'
+        outputs."""
+        partial_next = self.parts.partial_next  # built here, not per thread
         shares = run_shards(
-            lambda share: partial_next(state, share, hparams),
-            [client_examples(c["data"]) for c in clients],
+            functools.partial(share_next, partial_next, state, hparams),
+            [client_examples(c.data) for c in clients],
             [list(clients)],
         )
-        if not fns.aggregator.is_mean:
-            return finalized_aggregate(state, shares, workers[0][1], finalize)
-        total = [np.asarray(t, np.float32) for t in shares[0][0]]
-        total_weight = np.asarray(shares[0][1], np.float32)
-        outputs = list(shares[0][2])
-        for share_total, share_weight, share_outputs in shares[1:]:
-            total = [a + np.asarray(b, np.float32) for a, b in zip(total, share_total)]
-            total_weight = total_weight + np.asarray(share_weight, np.float32)
-            outputs.extend(share_outputs)
-        models = tuple(state["cluster_models"])
-        optimizer = state.get("optimizer")
-        if parts.functions.routes_rows:  # a relay: the mailbox is the peers' to rewrite
-            total_weight = np.zeros_like(total_weight)
-        else:
-            inputs = (models, tuple(total), total_weight)
-            if optimizer is None:
-                models = _call_on(workers[0][1], finalize, *inputs)
-            else:
-                finalized = _call_on(workers[0][1], finalize, *inputs, optimizer)
-                models, optimizer = finalized["cluster_models"], finalized["optimizer"]
-        new_state = python_server_state(models, state["anchor"] if has_anchor else None, optimizer)
-        return new_state, outputs, collections.OrderedDict(cluster_weight=total_weight)
+        outputs = [output for _, share_outputs in shares for output in share_outputs]
+        return TrainedShares([ClientSums(*sums) for sums, _ in shares], outputs)
 
-    def finalized_aggregate(
-        state: dict, shares: list, context: object, finalize: Callable[..., Any]
-    ) -> tuple:
-        """The round of an aggregator other than the mean from the workers' shares
-        (`partial_next`: sums, weights, statistics, outputs): their sums added in worker
-        order, then its finalizer once on `context`'s worker (noise is added once, after the
-        merge)."""
-        merged = [
-            [np.asarray(t, np.float32) for t in shares[0][0]],
-            np.asarray(shares[0][1], np.float32),
-            np.asarray(shares[0][2], np.float32),
-        ]
-        outputs = list(shares[0][3])
-        for share_total, share_weight, share_stats, share_outputs in shares[1:]:
-            merged[0] = [a + np.asarray(b, np.float32) for a, b in zip(merged[0], share_total)]
-            merged[1] = merged[1] + np.asarray(share_weight, np.float32)
-            merged[2] = merged[2] + np.asarray(share_stats, np.float32)
-            outputs.extend(share_outputs)
-        models = tuple(state["cluster_models"])
-        inputs = [models, tuple(merged[0]), merged[1], merged[2], state["aggregator"]]
-        if fns.has_optimizer:
-            inputs.append(state["optimizer"])
-        finalized = _call_on(context, finalize, *inputs)
-        new_state = python_server_state(
-            finalized["cluster_models"],
-            state["anchor"] if has_anchor else None,
-            finalized["optimizer"] if fns.has_optimizer else None,
-            finalized["aggregator"],
+    def aggregate(self, state: ServerState, trained: TrainedShares) -> Finalized:
+        finalize = self.parts.finalize  # built here, not per thread
+        sums = merged_sums(trained.sums)
+        first_worker = runtime.worker_contexts()[0][1]
+        models = tuple(state.cluster_models)
+        finalized = _call_on(
+            first_worker, finalize, models, sums, state.optimizer, state.aggregator
         )
-        return new_state, outputs, finalized["measurements"]
+        return Finalized(*finalized)
 
-    def evaluate(cluster_models: tuple, clients: Sequence[dict], batch_size: int) -> list:
+    def after_round(self, state: ServerState, finalized: Finalized) -> ServerState:
+        return after_round(state, finalized)
+
+    def nothing_aggregated(self) -> Any:
+        return nothing_aggregated(self.parts.functions.num_clusters)
+
+
+def share_next(
+    partial_next: Callable[..., Any], state: ServerState, hparams: dict, share: list
+) -> Any:
+    """`partial_next` of one worker's share of the clients."""
+    return partial_next(state, share, hparams)
+
+
+def share_evaluate(
+    evaluate: Callable[..., Any], cluster_models: tuple, batch_size: int, share: list
+) -> Any:
+    """`evaluate` of one worker's share of the clients."""
+    return evaluate(cluster_models, share, batch_size)
+
+
+def run_shards(
+    work: Callable[..., Any], sizes: Sequence[int], per_client: Sequence[Sequence[Any]]
+) -> list[Any]:
+    """`work(*shares)` on each worker, for its contiguous share of every per-client list
+    (clients of `sizes` examples); results in worker order."""
+    workers = runtime.worker_contexts()
+    shards = split_clients(sizes, len(workers))
+    with concurrent.futures.ThreadPoolExecutor(max(len(shards), 1)) as pool:
+        futures = [
+            pool.submit(_call_on, context, work, *(list(v[shard]) for v in per_client))
+            for (_, context), shard in zip(workers, shards)
+        ]
+        return [future.result() for future in futures]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedRound:
+    """The round of `parts`, split over the started runtime's workers when there are several;
+    on one worker (or for one client) it is `parts.next`."""
+
+    parts: TffRoundParts
+
+    def next(self, state: ServerState, clients: Sequence[ClientInput], hparams: dict) -> tuple:
+        """`parts.next` with the same arguments and results."""
+        with named_data_errors(self.parts.worker_data):
+            workers = runtime.worker_contexts()
+            if len(workers) <= 1 or len(clients) <= 1:
+                return self.parts.next(state, clients, hparams)
+            self.parts.functions.aggregator.check_execution("tff", len(workers))
+            execution = ShardedExecution(self.parts)
+            return ComposedRound(execution, self.parts.functions.routes_rows).next(
+                state, clients, hparams
+            )
+
+    def evaluate(self, cluster_models: tuple, clients: Sequence[dict], batch_size: int) -> list:
         """`parts.evaluate`, each worker scoring a share of the clients."""
-        evaluate_clients = parts.evaluate  # built on first use, here rather than per thread
+        evaluate_clients = self.parts.evaluate  # built on first use, here rather than per thread
         if len(runtime.worker_contexts()) <= 1 or len(clients) <= 1:
             return evaluate_clients(cluster_models, clients, batch_size)
         shares = run_shards(
-            lambda share: evaluate_clients(cluster_models, share, batch_size),
-            [example_count(c["data"]) for c in clients],
+            functools.partial(share_evaluate, evaluate_clients, cluster_models, batch_size),
+            [example_count(c.data) for c in clients],
             [list(clients)],
         )
         return [result for share in shares for result in share]
 
+
+def sharded_round(parts: TffRoundParts) -> FederatedRound:
+    """The round of `parts`, split over the started runtime's workers when there are several
+    (`ShardedRound`)."""
+    fns, sharded = parts.functions, ShardedRound(parts)
     return FederatedRound(
         initialize=parts.initialize,
-        next=next_fn,
-        evaluate=evaluate,
+        next=sharded.next,
+        evaluate=sharded.evaluate,
         signature=fns.signature,
         io=fns.io,
         layout=fns.layout,

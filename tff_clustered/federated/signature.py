@@ -69,9 +69,9 @@ class RoundSignature:
     finalizer's step with each cluster's mean update (`server_optimizers.server_step`; its
     state is part of the server state unless it is the identity, FedAvg's "add the mean").
     `aggregator` (`cluster_aggregators.py`): what becomes of each client's update between its
-    work and its cluster's mean; the default `ClusterMean` is the weighted mean per cluster,
-    run by the round's own code path (`clustered_mean.py`), another one by its TF functions
-    (a private one, `cluster_dp.ClusterDP`, weighs clients uniformly).
+    work and its cluster's mean; the default `ClusterMean` is the weighted mean per cluster
+    (`clustered_mean.py`); every aggregator runs on the round's one path (a private one,
+    `cluster_dp.ClusterDP`, weighs clients uniformly).
     """
 
     num_clusters: int
@@ -101,7 +101,7 @@ class RoundSignature:
                 "aggregator must be a cluster_aggregators.ClusterAggregator, got "
                 f"{self.aggregator!r}"
             )
-        if self.distribution.decentralized and not self.aggregator.is_mean:
+        if self.distribution.decentralized and self.aggregator.voided_by_individual_updates:
             raise ValueError(
                 f"decentralized peers aggregate nothing: no {self.aggregator.name} aggregator"
             )

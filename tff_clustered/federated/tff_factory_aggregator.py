@@ -56,6 +56,7 @@ import tensorflow_federated as tff
 from tff_clustered.federated import factory_inspection
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.federated.round_functions import RoundFunctions
+from tff_clustered.federated.server_state import Finalized
 
 to_type = tff.types.tensorflow_to_type
 FACTORY_TYPES = (
@@ -151,6 +152,14 @@ class TffFactoryPerCluster(ClusterAggregator):
             return self.factory.create(value_type, tff.TensorType(np.float32))
         return self.factory.create(value_type)
 
+    def federated_part(
+        self, fns: RoundFunctions, client_result_type: tff.types.Type
+    ) -> FactoryRoundPart:
+        """The round's aggregator as federated code (`tff_execution.TffExecution`), for the
+        clients' results of `client_result_type` (one client's `ClientResult`)."""
+        process = self.process(to_type(fns.shared_spec))
+        return FactoryRoundPart(fns, process, client_result_type.outputs)
+
     def state_or_initial(
         self, state: Optional[Mapping[str, np.ndarray]], num_clusters: int
     ) -> Optional[collections.OrderedDict]:
@@ -216,14 +225,14 @@ def scalar_measurements(measurement_type: tff.types.Type) -> list[tuple[int, str
 @dataclasses.dataclass(frozen=True)
 class FactoryRoundPart:
     """The aggregator and finalizer of a round whose aggregator is a `TffFactoryPerCluster`,
-    as federated code `round.tff_round_parts` calls: `initial_slot()` (SERVER-placed: K copies
-    of the process's initial state) and `aggregate(state, shared_delta, cluster_weight,
-    outputs)` -> the finalizer's SERVER-placed `{cluster_models, optimizer?, aggregator,
-    measurements}`."""
+    as federated code `tff_execution.TffExecution` calls, as it calls its
+    `SummedAggregation`: `initial_slot()` (SERVER-placed: K copies of the process's initial
+    state) and `aggregate(state, trained)` -> the finalizer's SERVER-placed
+    `server_state.Finalized`."""
 
     fns: RoundFunctions
     process: tff.templates.AggregationProcess
-    outputs_type: tff.types.Type
+    outputs_type: tff.types.Type  # one client's outputs (`ClientResult.outputs`)
 
     @property
     def num_clusters(self) -> int:
@@ -265,16 +274,17 @@ class FactoryRoundPart:
 
         return tff.federated_map(replicated, self.process.initialize())
 
-    def aggregate(self, state: Any, shared_delta: Any, cluster_weight: Any, outputs: Any) -> object:
+    def aggregate(self, state: Any, trained: Any) -> object:
         """Each cluster's process on its masked clients, then the finalizer (federated)."""
         fns, k, process = self.fns, self.num_clusters, self.process
+        shared_delta, cluster_weight = trained.delta, trained.cluster_weight
         weighted = self.aggregator.weighted
         value_type = to_type(fns.shared_spec)
         # A diverged client (its update zeroed) is in no cluster: masked in every process.
         cluster_of = tff.tensorflow.computation(self.outputs_type)(
             lambda o: tf.where(o["finite"], o["cluster"], -1)
         )
-        clusters = tff.federated_map(cluster_of, outputs)
+        clusters = tff.federated_map(cluster_of, trained.outputs)
         members = tff.federated_sum(
             tff.federated_map(
                 tff.tensorflow.computation(tf.int32)(lambda c: tf.one_hot(c, k, dtype=tf.float32)),
@@ -303,9 +313,8 @@ class FactoryRoundPart:
             state.aggregator,
             tff.federated_sum(cluster_weight),
             members,
+            state.optimizer,
         ]
-        if fns.has_optimizer:
-            inputs.append(state.optimizer)
         return tff.federated_map(self.finalizer(), tuple(inputs))
 
     def row_state(self, cluster: int) -> tff.Computation:
@@ -337,70 +346,54 @@ class FactoryRoundPart:
         return masked
 
     def finalizer(self) -> tff.Computation:
-        """`(cluster_models, results, states, measurements, slot, total_weight, members[,
-        optimizer]) -> {cluster_models, optimizer?, aggregator, measurements}`: each updated
-        cluster's result added and the server optimizer's step taken; the others keep their
-        model and process state."""
+        """`finalize_rows` as a TFF computation."""
         fns, k = self.fns, self.num_clusters
-        weighted = self.aggregator.weighted
         step_type = self.process.next.type_signature.result
-        state_type, measurement_type = self.state_type, step_type.measurements.member
-        slot_spec = self.slot_spec()
-        scalars = scalar_measurements(measurement_type)
         types = [
             to_type(fns.cluster_models_spec),
             tff.StructType([step_type.result.member] * k),
-            tff.StructType([state_type] * k),
-            tff.StructType([measurement_type] * k),
-            to_type(slot_spec),
+            tff.StructType([self.state_type] * k),
+            tff.StructType([step_type.measurements.member] * k),
+            to_type(self.slot_spec()),
             tff.TensorType(np.float32, [k]),
             tff.TensorType(np.float32, [k]),
+            to_type(fns.optimizer_state_spec),
         ]
-        if fns.has_optimizer:
-            types.append(to_type(fns.optimizer_state_spec))
+        return tff.tensorflow.computation(*types)(self.finalize_rows)
 
-        def finalize(
-            models: Any,
-            results: Any,
-            states: Any,
-            measured: Any,
-            slot: Any,
-            total_weight: tf.Tensor,
-            members: tf.Tensor,
-            optimizer: Any,
-        ) -> collections.OrderedDict:
-            updated = total_weight > 0 if weighted else members > 0
-            rows = [flat_leaves(results[c]) for c in range(k)]
-            means = tuple(
-                where_rows(updated, tf.stack([row[i] for row in rows]), 0)
-                for i in range(len(rows[0]))
-            )
-            new_models, new_optimizer = fns.apply_means(tuple(models), means, updated, optimizer)
-            new_leaves = [flat_leaves(states[c]) for c in range(k)]
-            new_state = collections.OrderedDict(
-                (path, where_rows(updated, tf.stack([row[i] for row in new_leaves]), old))
-                for i, (path, old) in enumerate(slot["state"].items())
-            )
-            measured_leaves = [flat_leaves(measured[c]) for c in range(k)]
-            reported = collections.OrderedDict(cluster_weight=total_weight)
-            for i, path in scalars:
-                reported[path] = tf.stack([row[i] for row in measured_leaves])
-            finalized = collections.OrderedDict(cluster_models=new_models)
-            if fns.has_optimizer:
-                finalized["optimizer"] = new_optimizer
-            finalized["aggregator"] = collections.OrderedDict(
-                state=new_state, inputs=slot["inputs"]
-            )
-            finalized["measurements"] = reported
-            return finalized
-
-        if fns.has_optimizer:  # TFF computations take no optional parameters
-            return tff.tensorflow.computation(*types)(finalize)
-        return tff.tensorflow.computation(*types)(
-            lambda models, results, states, measured, slot, total_weight, members: finalize(
-                models, results, states, measured, slot, total_weight, members, {}
-            )
+    def finalize_rows(
+        self,
+        models: Any,
+        results: Any,
+        states: Any,
+        measured: Any,
+        slot: Any,
+        total_weight: tf.Tensor,
+        members: tf.Tensor,
+        optimizer: Any,
+    ) -> Finalized:
+        """The finalizer from each cluster's process step (`results`, `states`, `measured`,
+        one per cluster): each updated cluster's result added and the server optimizer's step
+        taken; the others keep their model and process state."""
+        k = self.num_clusters
+        updated = total_weight > 0 if self.aggregator.weighted else members > 0
+        rows = [flat_leaves(results[c]) for c in range(k)]
+        means = tuple(
+            where_rows(updated, tf.stack([row[i] for row in rows]), 0) for i in range(len(rows[0]))
         )
+        new_models, new_optimizer = self.fns.apply_means(tuple(models), means, updated, optimizer)
+        new_leaves = [flat_leaves(states[c]) for c in range(k)]
+        new_state = collections.OrderedDict(
+            (path, where_rows(updated, tf.stack([row[i] for row in new_leaves]), old))
+            for i, (path, old) in enumerate(slot["state"].items())
+        )
+        measured_leaves = [flat_leaves(measured[c]) for c in range(k)]
+        reported = collections.OrderedDict(cluster_weight=total_weight)
+        measurement_type = self.process.next.type_signature.result.measurements.member
+        for i, path in scalar_measurements(measurement_type):
+            reported[path] = tf.stack([row[i] for row in measured_leaves])
+        new_slot = collections.OrderedDict(state=new_state, inputs=slot["inputs"])
+        return Finalized(new_models, new_optimizer, new_slot, reported)
 
 
 def where_rows(rows: tf.Tensor, stacked: tf.Tensor, otherwise: Any) -> tf.Tensor:
@@ -408,13 +401,3 @@ def where_rows(rows: tf.Tensor, stacked: tf.Tensor, otherwise: Any) -> tf.Tensor
     shaped = tf.reshape(rows, [-1] + [1] * (len(stacked.shape) - 1))
     other = tf.broadcast_to(tf.cast(otherwise, stacked.dtype), tf.shape(stacked))
     return tf.where(shaped, stacked, other)
-
-
-def factory_round_part(
-    fns: RoundFunctions, outputs_type: tff.types.Type
-) -> Optional[FactoryRoundPart]:
-    """The round's factory part when its aggregator is a `TffFactoryPerCluster`, else None."""
-    aggregator = fns.aggregator
-    if not isinstance(aggregator, TffFactoryPerCluster):
-        return None
-    return FactoryRoundPart(fns, aggregator.process(to_type(fns.shared_spec)), outputs_type)

@@ -1,5 +1,5 @@
 """The loop's side of a round's aggregator (`federated.cluster_aggregators`): what a round of
-an aggregator other than the mean takes besides the models (its state, a noise seed, each
+an aggregator that `takes_round_inputs` takes besides the models (its state, a noise seed, each
 cluster's expected number of clients), what comes back, and the round's metric columns.
 
 The expected counts are what a private mean divides by (McMahan et al., ICLR 2018: a fixed
@@ -16,21 +16,21 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import numpy as np
 
 from tff_clustered.algorithms.base import Algorithm
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.loop.config import TrainingConfig
-from tff_clustered.loop.state import RunState, padded
+from tff_clustered.loop.state import RunState
 from tff_clustered.runtime import context as runtime
 from tff_clustered.seeds import DP_NOISE, derived_seed
 
 
 @dataclasses.dataclass(frozen=True)
 class AggregatorRound:
-    """What one round of an aggregator other than the mean takes: its `state` and the
+    """What one round of an aggregator that `takes_round_inputs` takes: its `state` and the
     round's `inputs` (`ClusterAggregator.round_inputs`), one row per real cluster; `state`
     None: the built round's initial state (a `tff.aggregators` factory's, which depends on
     the update's type)."""
@@ -76,7 +76,8 @@ def checked_aggregator(
     """The run's aggregator, refused where the algorithm cannot use it
     (`check_aggregator`), where `execution` (and the started runtime's workers) cannot run it
     (`ClusterAggregator.check_execution`) or where round metrics would read each client's
-    update, which an aggregator other than the mean keeps inside its per-cluster sums."""
+    update, which an aggregator that does not pass updates through keeps inside its
+    per-cluster sums."""
     aggregator = config.aggregator.build()
     check_aggregator(algorithm, aggregator)
     aggregator.check_execution(execution, len(runtime.worker_contexts()))
@@ -97,8 +98,8 @@ def aggregator_round(
 ) -> Optional[AggregatorRound]:
     """Round `round_num`'s aggregator state (`state`'s, or the initial one when the number
     of clusters changed) and inputs (`round_inputs`, from `state`'s assignment and the
-    `eligible` clients), None for the mean."""
-    if aggregator.is_mean:
+    `eligible` clients), None for one that takes none (the mean)."""
+    if not aggregator.takes_round_inputs:
         return None
     inputs = round_inputs(
         aggregator,
@@ -147,69 +148,3 @@ def round_inputs(
     noise_seed = np.array([derived_seed(seed, DP_NOISE, round_num), 0], np.int64)
     counts = expected_counts(assignment, eligible, clients_per_round, num_clusters)
     return aggregator.round_inputs(noise_seed, counts)
-
-
-def server_slot(
-    aggregator: ClusterAggregator,
-    request: Optional[AggregatorRound],
-    num_clusters: int,
-    capacity: int,
-    round_initial: Callable[[], Mapping[str, np.ndarray]],
-) -> tuple[Any, Optional[collections.OrderedDict]]:
-    """The server state's `aggregator` entry of a round of `num_clusters` clusters and what
-    its clients read of it (`client_params`, in the round's hyperparameters), its rows padded
-    to the built round's `capacity` with the rows of its initial state (`round_initial()`, of
-    `capacity` rows; a padding cluster's expected count is 0: not in use); a state that is
-    None or does not fit the built round (other entries or row shapes: a factory's state
-    for another update type) starts from that initial state; `((), None)` for the mean."""
-    if aggregator.is_mean:
-        return (), None
-    if request is None:
-        raise ValueError(f"a round of the {aggregator.name} aggregator needs its state")
-    if len(request.inputs["denominator"]) != num_clusters:
-        raise ValueError(
-            f"the round has {num_clusters} clusters, its {aggregator.name} aggregator's inputs "
-            f"{len(request.inputs['denominator'])}: the algorithm's plan changed the number of "
-            "clusters, which an aggregator other than the mean cannot follow; use the mean"
-        )
-    initial = round_initial()
-    state = request.state
-    if state is None or not fits(state, initial):
-        state = {key: np.asarray(value)[:num_clusters] for key, value in initial.items()}
-    state = {  # in the round's order, padded with its initial rows
-        key: np.concatenate([np.asarray(state[key]), value[len(state[key]) : capacity]])
-        for key, value in initial.items()
-    }
-    inputs = dict(request.inputs, denominator=padded(request.inputs["denominator"], capacity))
-    inputs = aggregator.round_inputs(inputs["seed"], inputs["denominator"])
-    return aggregator.server_slot(state, inputs), aggregator.client_params(state)
-
-
-def fits(state: Mapping[str, Any], initial: Mapping[str, np.ndarray]) -> bool:
-    """Whether `state` has `initial`'s entries, each of its rows' shape and dtype."""
-    if set(state) != set(initial):
-        return False
-    return all(
-        np.shape(value)[1:] == np.shape(initial[key])[1:]
-        and np.asarray(value).dtype.kind == initial[key].dtype.kind
-        for key, value in state.items()
-    )
-
-
-def state_after(
-    aggregator: ClusterAggregator, server_state: Mapping[str, Any], num_clusters: int
-) -> Optional[dict[str, np.ndarray]]:
-    """The aggregator's new state from a round's new server state, its real clusters' rows
-    (None for the mean)."""
-    if aggregator.is_mean:
-        return None
-    return {
-        key: plain_array(value)[:num_clusters]
-        for key, value in server_state["aggregator"]["state"].items()
-    }
-
-
-def plain_array(value: Any) -> np.ndarray:
-    """`value` as an array a checkpoint holds: TFF's strings (objects) as bytes."""
-    array = np.asarray(value)
-    return array.astype(bytes) if array.dtype == object else array

@@ -18,7 +18,8 @@ from tff_clustered.federated.round import FederatedRound
 from tff_clustered.loop.client_store import ClientStore
 from tff_clustered.loop.phases import Stopwatch
 from tff_clustered.loop.queries import ServerQueries
-from tff_clustered.loop.round_calls import ClientResults, RoundCalls
+from tff_clustered.loop.round_calls import RoundCalls
+from tff_clustered.loop.scoring_calls import ClientResults
 from tff_clustered.loop.state import RunState
 from tff_clustered.seeds import FINE_TUNE_SHUFFLE
 

@@ -40,19 +40,20 @@ from tff_clustered.loop import accounting, aggregation
 from tff_clustered.loop.aggregation import AggregatorRound
 from tff_clustered.loop.client_store import ClientModels, ClientStore, open_store, store_kind
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.divergence import check_finite
 from tff_clustered.loop.evaluation import Evaluator
 from tff_clustered.loop.phases import PhaseTimer, Stopwatch
 from tff_clustered.loop.queries import ServerQueries
-from tff_clustered.loop.round_calls import LocalTraining, RoundCalls, TrainRequest
+from tff_clustered.loop.round_calls import RoundCalls
 from tff_clustered.loop.round_step import RoundOutcome, RoundStep, empty_round_row
 from tff_clustered.loop.sampling import sampled_positions
 from tff_clustered.loop.state import (
     RunState,
     apply_decision,
-    check_finite,
     clients_moved,
     cluster_capacity,
 )
+from tff_clustered.loop.training_call import LocalTraining, TrainRequest
 from tff_clustered.loop.training_row import training_row
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec, initial_weights

@@ -16,8 +16,10 @@ from tff_clustered import weights as flat
 from tff_clustered.federated import client_work
 from tff_clustered.federated.signature import RoundIO, RoundSignature
 from tff_clustered.loop.client_store import ClientStore
-from tff_clustered.loop.round_calls import LocalTraining, RoundCalls, TrainRequest
-from tff_clustered.loop.state import DivergenceError, cluster_capacity
+from tff_clustered.loop.divergence import DivergenceError
+from tff_clustered.loop.round_calls import RoundCalls
+from tff_clustered.loop.state import cluster_capacity
+from tff_clustered.loop.training_call import LocalTraining, TrainRequest
 from tff_clustered.models.keras_models import ModelSpec, initial_weights
 from tff_clustered.seeds import PRETRAIN_SHUFFLE
 

@@ -16,8 +16,9 @@ import numpy as np
 from tff_clustered.algorithms.base import RoundResult
 from tff_clustered.federated.distributions import Distribution
 from tff_clustered.loop.client_store import ClientStore
-from tff_clustered.loop.round_calls import RoundCalls, TrainRequest
-from tff_clustered.loop.state import check_diverged_clients, check_finite
+from tff_clustered.loop.divergence import check_diverged_clients, check_finite
+from tff_clustered.loop.round_calls import RoundCalls
+from tff_clustered.loop.training_call import TrainRequest
 
 
 @dataclasses.dataclass(frozen=True)

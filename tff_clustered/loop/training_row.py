@@ -14,8 +14,8 @@ import numpy as np
 
 from tff_clustered.algorithms.base import Algorithm, Decision
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
-from tff_clustered.loop.round_calls import TrainRequest
 from tff_clustered.loop.round_step import RoundOutcome
+from tff_clustered.loop.training_call import TrainRequest
 
 FLOAT_BITS = 32  # a model value downloaded, or uploaded as float32
 

@@ -4,6 +4,8 @@
 tree whose arrays are moved out and referenced by entry name; `decode_tree` rebuilds it.
 Dataclasses are recorded by `module:qualname` and rebuilt only when they are dataclasses of
 this package, each field checked against its annotation; nothing else in the tree names code.
+A state class that moved to another module is still found under the name older checkpoints
+wrote (`RELOCATED`), so that a run checkpointed before the move resumes.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from typing import Any
 import numpy as np
 
 PACKAGE = "tff_clustered."
+# State classes that moved, by the name older checkpoints recorded: the name they have now.
+RELOCATED = {
+    "tff_clustered.loop.privacy:PrivacyLedger": "tff_clustered.loop.privacy_ledger:PrivacyLedger",
+}
 
 
 # A dict of at least this many str -> int entries (clients' clusters) is kept as two arrays.
@@ -70,7 +76,7 @@ def _dataclass(name: str) -> type:
     """A dataclass of this package by `module:qualname`; anything else is refused."""
     if not isinstance(name, str):
         raise StateDecodeError(f"a state class name is a {type(name).__name__}, not a name")
-    module_name, _, qualname = name.partition(":")
+    module_name, _, qualname = RELOCATED.get(name, name).partition(":")
     if not module_name.startswith(PACKAGE) or not qualname:
         raise StateDecodeError(f"it names {name!r}, which is not a tff-clustered state class")
     try:
