@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import csv
-import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -48,7 +47,7 @@ import sys
 import time
 import zipfile
 from collections.abc import Iterator, Sequence
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -97,8 +96,7 @@ OUTPUT_PLACEHOLDER = "--output_dir={out}"
 RUN_TIMEOUT_S = 900.0
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
+class Case(NamedTuple):
     """One run of the train binary: `args` after the binary (with `OUTPUT_PLACEHOLDER`, and
     `WORKERS_PLACEHOLDER` on two workers), and for a resumed case the round after which the
     first run is killed (SIGKILL) before `--resume` finishes it."""
