@@ -69,15 +69,25 @@ COMPARED = (CHECKPOINT, "metrics.csv", "clients.csv", "client_store.bin")
 # against its own baseline checks. The npz file's bytes are not compared (its zip entries
 # carry the time they were written): its arrays and JSON are.
 EXEMPT_SUFFIXES = ("_seconds",)
-# What every case shares: the embedded digits (40 clients in 4 planted groups), 3 rounds of 6
-# clients, one local epoch: seconds of training each.
-COMMON = (
-    "--dataset=digits",
-    "--rounds=3",
-    "--clients_per_round=6",
-    "--local_epochs=1",
-    "--seed=0",
-)
+# What every case shares: the embedded digits (40 clients in 4 planted groups), 3 rounds, one
+# local epoch: seconds of training each.
+COMMON = ("--dataset=digits", "--rounds=3", "--local_epochs=1", "--seed=0")
+# Each round samples 6 of the 40 clients (the seeded sampling is part of what is compared)...
+SAMPLED = ("--clients_per_round=6",)
+# ...but decentralized algorithms train every peer every round: 12 peers, all each round.
+EVERY_PEER = ("--num_clients=12", "--clients_per_round=12")
+ALGORITHM_FLAGS = {
+    name: EVERY_PEER
+    for name in (
+        "criticalfl_dfl",
+        "dfedavgm",
+        "dispfl",
+        "fedavg_dfl",
+        "fedper_dfl",
+        "local_dfl",
+        "uapdfl",
+    )
+}
 EXECUTIONS = ("tff", "in_process")
 AGGREGATORS = {
     "dp": ("--aggregator=dp", "--dp_noise_multiplier=0.5", "--dp_clipping=adaptive"),
@@ -117,8 +127,11 @@ class Case(NamedTuple):
         return cls(name, tuple(data["args"]), data.get("kill_after_round"))
 
 
-def case(name: str, *args: str, kill_after_round: Optional[int] = None) -> Case:
-    return Case(name, (*args, *COMMON, OUTPUT_PLACEHOLDER), kill_after_round)
+def case(name: str, algorithm: str, *args: str, kill_after_round: Optional[int] = None) -> Case:
+    """`algorithm`'s case: `COMMON`, its own `ALGORITHM_FLAGS` (else `SAMPLED`), `args`."""
+    own = ALGORITHM_FLAGS.get(algorithm, SAMPLED)
+    flags = (f"--algorithm={algorithm}", *COMMON, *own, *args, OUTPUT_PLACEHOLDER)
+    return Case(name, flags, kill_after_round)
 
 
 def matrix(algorithms: Sequence[str]) -> list[Case]:
@@ -126,14 +139,14 @@ def matrix(algorithms: Sequence[str]) -> list[Case]:
     `AGGREGATOR_ALGORITHMS`; every algorithm on two TFF workers, with every aggregator for
     `TWO_WORKER_AGGREGATOR_ALGORITHMS`; FedAvg killed after round 1 and resumed."""
     cases = [
-        case(f"{algorithm}-{execution}", f"--algorithm={algorithm}", f"--execution={execution}")
+        case(f"{algorithm}-{execution}", algorithm, f"--execution={execution}")
         for algorithm in algorithms
         for execution in EXECUTIONS
     ]
     cases += [
         case(
             f"{algorithm}-{execution}-{name}",
-            f"--algorithm={algorithm}",
+            algorithm,
             f"--execution={execution}",
             *flags,
         )
@@ -144,7 +157,7 @@ def matrix(algorithms: Sequence[str]) -> list[Case]:
     cases += [
         case(
             f"{algorithm}-tff-2workers",
-            f"--algorithm={algorithm}",
+            algorithm,
             "--execution=tff",
             WORKERS_PLACEHOLDER,
         )
@@ -153,7 +166,7 @@ def matrix(algorithms: Sequence[str]) -> list[Case]:
     cases += [
         case(
             f"{algorithm}-tff-2workers-{name}",
-            f"--algorithm={algorithm}",
+            algorithm,
             "--execution=tff",
             WORKERS_PLACEHOLDER,
             *flags,
@@ -164,7 +177,7 @@ def matrix(algorithms: Sequence[str]) -> list[Case]:
     cases.append(
         case(
             "fedavg-tff-resumed",
-            "--algorithm=fedavg",
+            "fedavg",
             "--execution=tff",
             "--checkpoint_every=1",
             kill_after_round=1,
@@ -387,6 +400,7 @@ def run_cases(cases: Sequence[Case], out_dir: str, jobs: int) -> dict[str, dict[
         seconds, error = run_case(case, os.path.join(out_dir, case.name), workers)
         records[case.name] = {
             **case.to_json(),
+            "code": code_version(),
             "seconds": round(seconds, 1),
             "error": error,
             "sha256": digests(os.path.join(out_dir, case.name)),
@@ -638,10 +652,15 @@ def record(out_dir: str, only: Optional[str], jobs: int) -> int:
     if not cases:
         raise SystemExit(f"no case matches {only!r}")
     os.makedirs(out_dir, exist_ok=True)
+    kept: dict[str, dict[str, Any]] = {}
+    if os.path.exists(os.path.join(out_dir, MANIFEST)):  # re-record some cases, keep the rest
+        earlier = load_manifest(out_dir)
+        refuse_other_machine(earlier["machine"])
+        kept = earlier["cases"]
     started = time.perf_counter()
     records = run_cases(cases, out_dir, jobs)
     seconds = time.perf_counter() - started
-    write_manifest(out_dir, records, seconds)
+    write_manifest(out_dir, {**kept, **records}, seconds)
     failed = [name for name, r in records.items() if r["error"]]
     print(
         f"recorded {len(records)} cases in {seconds:.0f} s into {out_dir}"
