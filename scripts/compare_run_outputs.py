@@ -40,6 +40,7 @@ import json
 import os
 import platform
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -397,11 +398,14 @@ def run_cases(cases: Sequence[Case], out_dir: str, jobs: int) -> dict[str, dict[
     records: dict[str, dict[str, Any]] = {}
 
     def one(case: Case, workers: str) -> None:
+        cpu = children_cpu_seconds()
         seconds, error = run_case(case, os.path.join(out_dir, case.name), workers)
         records[case.name] = {
             **case.to_json(),
             "code": code_version(),
             "seconds": round(seconds, 1),
+            # the runs' own CPU time (their TFF worker's included); exact with --jobs=1
+            "cpu_seconds": round(children_cpu_seconds() - cpu, 1),
             "error": error,
             "sha256": digests(os.path.join(out_dir, case.name)),
         }
@@ -426,6 +430,11 @@ def run_cases(cases: Sequence[Case], out_dir: str, jobs: int) -> dict[str, dict[
             for process, _ in services:
                 stop_worker(process)
     return {c.name: records[c.name] for c in cases}
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def digests(folder: str) -> dict[str, str]:
