@@ -16,7 +16,8 @@ model and flags, the TensorFlow, TFF and NumPy versions, TensorFlow's numerics v
 `compare` reruns the baseline manifest's commands (not today's matrix) into DIR2 and prints
 one line per case: `ok`, `DIFFERS` with the first differing field, or `FAILED` (a case that
 does not run, or is missing, is a failure, never a skip); it exits 1 unless every case is ok.
-`--only PATTERN` (a regular expression searched in the case names) narrows any of the three.
+`--only PATTERN` (a regular expression searched in the case names) narrows any of the three;
+`--root CHECKOUT` runs another checkout's `binaries/train.py` (a branch without this script).
 
 Bits are comparable only on the same numerics: TensorFlow's CPU kernels round differently by
 instruction set, oneDNN setting and version (docs/reproducibility.md), so `compare` and
@@ -52,8 +53,10 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
+# The repository whose code is run: this script's, or `--root` (another checkout's code
+# compared with this script, e.g. a branch that does not hold it yet).
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join("binaries", "train.py")  # relative to ROOT: the code under test
+TRAIN = os.path.join("binaries", "train.py")  # relative to ROOT
 WORKER = os.path.join("binaries", "worker.py")
 MANIFEST = "manifest.json"
 CHECKPOINT = "checkpoint.npz"
@@ -713,7 +716,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     diffing.add_argument("other")
     for sub in (recording, comparing, diffing):
         sub.add_argument("--only", help="a regular expression the case names must match")
+    for sub in (recording, comparing):
+        sub.add_argument("--root", help="the checkout whose train.py runs (default: this one)")
     args = parser.parse_args(argv)
+    if args.command != "diff" and args.root:
+        global ROOT  # noqa: PLW0603 - every run and the code's version read it
+        ROOT = os.path.abspath(args.root)
     if args.command == "record":
         return record(args.out, args.only, args.jobs)
     if args.command == "compare":
