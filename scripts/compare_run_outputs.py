@@ -27,7 +27,9 @@ A checkpoint is read as the package writes it (`tff_clustered/checkpoint.py`: an
 arrays whose entry `meta.json` holds the state as JSON, each array referenced by entry name),
 without importing the package: the comparison must outlive the package's layout. The JSON
 trees are walked together; at each `{"ndarray": name}` the two arrays' dtypes, shapes and bytes
-must be equal. Only the fields in `EXEMPT_SUFFIXES` are left out (see there).
+must be equal. Only the fields in `EXEMPT_SUFFIXES` are left out (see there), and a state
+class that moved to another module (`TreeComparison`) is reported beside `ok`, not as a
+difference: its values are compared as ever.
 """
 
 from __future__ import annotations
@@ -483,56 +485,76 @@ def read_checkpoint(path: str) -> tuple[Any, dict[str, np.ndarray]]:
     return meta, arrays
 
 
-def first_difference_in_tree(
-    a: Any, b: Any, arrays_a: dict[str, np.ndarray], arrays_b: dict[str, np.ndarray], at: str
-) -> Optional[str]:
-    """The first field where two checkpoint JSON trees differ (at an `{"ndarray": name}` node,
-    the arrays' dtypes, shapes and bytes), exempt dict keys left out; None when they agree."""
-    if isinstance(a, dict) and isinstance(b, dict):
+class TreeComparison:
+    """Two checkpoints' JSON trees walked together (`first_difference`), with their arrays by
+    entry name. A state class whose module moved (same class name, another module: a
+    refactoring's move, which `tff_clustered.state_encoding` still decodes) is not a
+    difference of the results: it is collected in `moved` and reported beside `ok`."""
+
+    def __init__(self, arrays_a: dict[str, np.ndarray], arrays_b: dict[str, np.ndarray]) -> None:
+        self.arrays_a, self.arrays_b = arrays_a, arrays_b
+        self.moved: set[str] = set()
+
+    def first_difference(self, a: Any, b: Any, at: str) -> Optional[str]:
+        """The first field where the trees differ (at an `{"ndarray": name}` node, the arrays'
+        dtypes, shapes and bytes), exempt dict keys left out; None when they agree."""
+        if isinstance(a, dict) and isinstance(b, dict):
+            return self.first_difference_in_node(a, b, at)
+        if isinstance(a, list) and isinstance(b, list):
+            if len(a) != len(b):
+                return f"{at}: {len(a)} items != {len(b)}"
+            if all(is_pair(x) for x in a) and all(is_pair(y) for y in b):  # a dict's pairs
+                kept_a = [x for x in a if not exempt(x[0])]
+                kept_b = [y for y in b if not exempt(y[0])]
+                if [x[0] for x in kept_a] != [y[0] for y in kept_b]:
+                    return f"{at}: keys {[x[0] for x in kept_a]} != {[y[0] for y in kept_b]}"
+                items = ((f"{at}[{x[0]!r}]", x[1], y[1]) for x, y in zip(kept_a, kept_b))
+            else:
+                items = ((f"{at}[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b)))
+            return self.first_in_items(items)
+        if type(a) is not type(b) or a != b:
+            if isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b):
+                return None
+            return f"{at}: {a!r} != {b!r}"
+        return None
+
+    def first_difference_in_node(self, a: dict, b: dict, at: str) -> Optional[str]:
+        """An array, a column pair of a long dict, a state class or a JSON object."""
         if set(a) == {"ndarray"} and set(b) == {"ndarray"}:
-            return first_difference_in_arrays(arrays_a[a["ndarray"]], arrays_b[b["ndarray"]], at)
+            return first_difference_in_arrays(
+                self.arrays_a[a["ndarray"]], self.arrays_b[b["ndarray"]], at
+            )
         if set(a) == {"str_int_dict"} and set(b) == {"str_int_dict"}:
-            for name_a, name_b, part in zip(a["str_int_dict"], b["str_int_dict"], "kv"):
-                found = first_difference_in_arrays(arrays_a[name_a], arrays_b[name_b], at + part)
-                if found:
-                    return found
-            return None
+            pairs = zip(a["str_int_dict"], b["str_int_dict"], ("keys", "values"))
+            return self.first_in_arrays(
+                (f"{at}.{part}", name_a, name_b) for name_a, name_b, part in pairs
+            )
         if list(a) != list(b):
             return f"{at}: keys {sorted(a)} != {sorted(b)}"
-        return first_in_items(((f"{at}.{k}", a[k], b[k]) for k in a), arrays_a, arrays_b)
-    if isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            return f"{at}: {len(a)} items != {len(b)}"
-        if all(is_pair(x) for x in a) and all(is_pair(y) for y in b):  # a dict's (key, value)s
-            kept_a = [x for x in a if not exempt(x[0])]
-            kept_b = [y for y in b if not exempt(y[0])]
-            if [x[0] for x in kept_a] != [y[0] for y in kept_b]:
-                return f"{at}: keys {[x[0] for x in kept_a]} != {[y[0] for y in kept_b]}"
-            items = ((f"{at}[{x[0]!r}]", x[1], y[1]) for x, y in zip(kept_a, kept_b))
-        else:
-            items = ((f"{at}[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b)))
-        return first_in_items(items, arrays_a, arrays_b)
-    if type(a) is not type(b) or a != b:
-        if isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b):
-            return None
-        return f"{at}: {a!r} != {b!r}"
-    return None
+        if set(a) == {"dataclass", "fields"} and a["dataclass"] != b["dataclass"]:
+            if str(a["dataclass"]).partition(":")[2] != str(b["dataclass"]).partition(":")[2]:
+                return f"{at}.dataclass: {a['dataclass']!r} != {b['dataclass']!r}"
+            self.moved.add(f"{a['dataclass']} -> {b['dataclass']}")
+            return self.first_difference(a["fields"], b["fields"], f"{at}.fields")
+        return self.first_in_items((f"{at}.{k}", a[k], b[k]) for k in a)
+
+    def first_in_items(self, items: Iterator[tuple[str, Any, Any]]) -> Optional[str]:
+        for at, x, y in items:
+            found = self.first_difference(x, y, at)
+            if found:
+                return found
+        return None
+
+    def first_in_arrays(self, names: Iterator[tuple[str, str, str]]) -> Optional[str]:
+        for at, name_a, name_b in names:
+            found = first_difference_in_arrays(self.arrays_a[name_a], self.arrays_b[name_b], at)
+            if found:
+                return found
+        return None
 
 
 def is_pair(item: Any) -> bool:
     return isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
-
-
-def first_in_items(
-    items: Iterator[tuple[str, Any, Any]],
-    arrays_a: dict[str, np.ndarray],
-    arrays_b: dict[str, np.ndarray],
-) -> Optional[str]:
-    for at, x, y in items:
-        found = first_difference_in_tree(x, y, arrays_a, arrays_b, at)
-        if found:
-            return found
-    return None
 
 
 def first_difference_in_arrays(a: np.ndarray, b: np.ndarray, at: str) -> Optional[str]:
@@ -549,13 +571,17 @@ def first_difference_in_arrays(a: np.ndarray, b: np.ndarray, at: str) -> Optiona
     return None
 
 
-def first_difference_in_checkpoint(ours: str, theirs: str) -> Optional[str]:
+def first_difference_in_checkpoint(ours: str, theirs: str, notes: list[str]) -> Optional[str]:
+    """The checkpoints' first difference (`TreeComparison`); the classes that moved are
+    added to `notes`."""
     try:
         meta_a, arrays_a = read_checkpoint(ours)
         meta_b, arrays_b = read_checkpoint(theirs)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
         return f"unreadable checkpoint: {e}"
-    found = first_difference_in_tree(meta_a, meta_b, arrays_a, arrays_b, "checkpoint")
+    comparison = TreeComparison(arrays_a, arrays_b)
+    found = comparison.first_difference(meta_a, meta_b, "checkpoint")
+    notes.extend(f"class moved: {move}" for move in sorted(comparison.moved))
     if found is None and len(arrays_a) != len(arrays_b):
         return f"checkpoint: {len(arrays_a)} arrays != {len(arrays_b)}"
     return found
@@ -570,9 +596,10 @@ def first_difference_in_bytes(ours: str, theirs: str) -> Optional[str]:
     return f"byte {index} differs ({len(a)} and {len(b)} bytes)"
 
 
-def first_difference(baseline: str, other: str) -> Optional[str]:
+def first_difference(baseline: str, other: str, notes: Optional[list[str]] = None) -> Optional[str]:
     """The first difference between two runs' folders, in `COMPARED` order: a file one holds
-    and the other not, or the first differing field of a file; None when they agree."""
+    and the other not, or the first differing field of a file; None when they agree. What
+    differs without changing a result (a state class's module) is added to `notes`."""
     for name in COMPARED:
         ours, theirs = os.path.join(baseline, name), os.path.join(other, name)
         if not os.path.exists(ours) or not os.path.exists(theirs):
@@ -580,7 +607,7 @@ def first_difference(baseline: str, other: str) -> Optional[str]:
                 return f"{name}: in {'the baseline' if os.path.exists(ours) else 'the rerun'} only"
             continue
         if name == CHECKPOINT:
-            found = first_difference_in_checkpoint(ours, theirs)
+            found = first_difference_in_checkpoint(ours, theirs, [] if notes is None else notes)
         elif name.endswith(".csv"):
             found = first_difference_in_csv(ours, theirs)
         else:
@@ -595,9 +622,9 @@ def first_difference(baseline: str, other: str) -> Optional[str]:
 def compare_folders(
     baseline_dir: str, other_dir: str, only: Optional[str] = None
 ) -> list[tuple[str, str]]:
-    """(case, `ok` / `DIFFERS: ...` / `FAILED: ...`) for each case of the baseline's
-    manifest (those whose name `only` matches): a case that failed in either, or is missing
-    from the rerun, fails."""
+    """(case, `ok` (with what moved) / `DIFFERS: ...` / `FAILED: ...`) for each case of the
+    baseline's manifest (those whose name `only` matches): a case that failed in either, or
+    is missing from the rerun, fails."""
     baseline = load_manifest(baseline_dir)
     other_path = os.path.join(other_dir, MANIFEST)
     other = load_manifest(other_dir) if os.path.exists(other_path) else {"cases": {}}
@@ -613,10 +640,12 @@ def compare_folders(
         elif rerun.get("error"):
             rows.append((name, f"FAILED: {rerun['error']}"))
         else:
+            notes: list[str] = []
             found = first_difference(
-                os.path.join(baseline_dir, name), os.path.join(other_dir, name)
+                os.path.join(baseline_dir, name), os.path.join(other_dir, name), notes
             )
-            rows.append((name, "ok" if found is None else f"DIFFERS: {found}"))
+            ok = "ok" + (f" ({'; '.join(notes)})" if notes else "")
+            rows.append((name, ok if found is None else f"DIFFERS: {found}"))
     if not rows:
         rows.append((only or "(all)", "FAILED: no case of the baseline matches"))
     return rows
@@ -651,7 +680,7 @@ def print_table(rows: Sequence[tuple[str, str]]) -> int:
     width = max(len(name) for name, _ in rows)
     for name, verdict in rows:
         print(f"{name:<{width}}  {verdict}")
-    bad = [name for name, verdict in rows if verdict != "ok"]
+    bad = [name for name, verdict in rows if not verdict.startswith("ok")]
     print(f"{len(rows) - len(bad)} of {len(rows)} cases ok" + (f"; {len(bad)} not" if bad else ""))
     return 1 if bad else 0
 

@@ -172,3 +172,27 @@ def test_the_matrix_covers_each_execution_aggregator_and_two_workers(script: Mod
     assert cases["fedavg-tff-resumed"].kill_after_round == 1
     filled = script.command(cases["fedavg-tff-2workers"].args, "/out", "h:1,h:2")
     assert "--output_dir=/out" in filled and "--workers=h:1,h:2" in filled
+
+
+def test_a_state_class_moved_to_another_module_is_noted_not_a_difference(
+    script: ModuleType, tmp_path: Path
+) -> None:
+    """A refactoring's move of a state class changes the name the checkpoint records (and
+    `state_encoding` still decodes it); its values are compared as ever. Another class name
+    is a difference."""
+    baseline = recorded(script, tmp_path / "a", fedavg={}, ifca={})
+    other = recorded(script, tmp_path / "b", fedavg={}, ifca={})
+    for case, name in (("fedavg", "tff_clustered.run.state:RunState"), ("ifca", "m:Other")):
+        path = other / case / "checkpoint.npz"
+        meta, arrays = script.read_checkpoint(str(path))
+        meta["state"]["dataclass"] = name
+        buffer = io.BytesIO()
+        np.savez(
+            buffer, **arrays, **{"meta.json": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
+        )
+        path.write_bytes(buffer.getvalue())
+    found = verdicts(script, baseline, other)
+    assert found["fedavg"] == (
+        "ok (class moved: tff_clustered.loop.state:RunState -> tff_clustered.run.state:RunState)"
+    )
+    assert found["ifca"].startswith("DIFFERS: checkpoint.npz: checkpoint.state.dataclass: ")
