@@ -8,15 +8,61 @@ from __future__ import annotations
 import csv
 import json
 import os
+import subprocess
 
 import dp_accounting as dpa
 import pytest
-from conftest import DP_POISSON_DIGITS, run_binary
+from conftest import DP_POISSON_DIGITS, TRAIN_IN_ONE_PROCESS, run_binary
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-TRAIN = "binaries/train.py"
 RUN = [*DP_POISSON_DIGITS, "--eval_every=100"]
 Q = 10 / 40
+STOPPED = [*RUN, "--rounds=40", "--dp_noise_multiplier=1.0", "--target_epsilon=10"]
+# The module's runs of train.py, by name: (flags, output folder), in this order ("resumed"
+# continues "stopped" in its folder).
+RUNS = {
+    "stopped": (STOPPED, "stopped"),
+    "resumed": ([*STOPPED, "--resume"], "stopped"),
+    "calibrated": ([*RUN, "--rounds=6", "--target_epsilon=8"], "calibrated"),
+    "no_noise_nor_target": ([*RUN, "--rounds=2"], "refused"),
+    "clipped": (
+        [
+            *[f for f in RUN if f != "--client_sampling=poisson"],
+            "--rounds=2",
+            "--dp_noise_multiplier=0",
+        ],
+        "clipped",
+    ),
+}
+# Runs train.py's main for each run in this one process, as `app.run` would (TensorFlow and
+# TFF imported once, not per run): exit code, stdout and stderr of each, as JSON lines.
+EACH_RUN = (
+    TRAIN_IN_ONE_PROCESS
+    + """
+for argv in ARGUMENT:
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        run_train(argv)
+    *stdout, result = printed.getvalue().splitlines()
+    print(json.dumps(["run", *json.loads(result), "\\n".join(stdout)]), flush=True)
+"""
+)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, object]]:
+    """Each of `RUNS` by name: (its output folder, its finished run as a CompletedProcess)."""
+    root = tmp_path_factory.mktemp("privacy_runs")
+    folders = {name: str(root / folder) for name, (_, folder) in RUNS.items()}
+    argvs = [[*flags, f"--output_dir={folders[name]}"] for name, (flags, _) in RUNS.items()]
+    done = run_binary(["-c", EACH_RUN, json.dumps(argvs)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('["run"')]
+    assert len(results) == len(RUNS), done.stdout[-3000:] + done.stderr[-3000:]
+    return {
+        name: (folders[name], subprocess.CompletedProcess(argv, code, stdout, stderr))
+        for (name, argv), (_, code, stderr, stdout) in zip(zip(RUNS, argvs), results)
+    }
 
 
 def poisson_epsilon(z: float, rounds: int, delta: float = 1e-5) -> float:
@@ -32,12 +78,8 @@ def finished(folder: str) -> tuple[list[dict], dict]:
         return rows, json.load(f)
 
 
-def test_a_run_stops_before_the_round_that_would_pass_the_target_epsilon(
-    tmp_path: object,
-) -> None:
-    out = str(tmp_path / "stopped")
-    flags = [*RUN, "--rounds=40", "--dp_noise_multiplier=1.0", "--target_epsilon=10"]
-    done = run_binary([TRAIN, *flags, f"--output_dir={out}"])
+def test_a_run_stops_before_the_round_that_would_pass_the_target_epsilon(runs: dict) -> None:
+    out, done = runs["stopped"]
     assert done.returncode == 0, done.stderr[-3000:]
     rows, summary = finished(out)
     last = int(rows[-1]["round"])
@@ -52,14 +94,13 @@ def test_a_run_stops_before_the_round_that_would_pass_the_target_epsilon(
     assert privacy["neighboring_relation"] == "ADD_OR_REMOVE_ONE"
     assert f"stopped after round {last}/40" in done.stderr + done.stdout
     # a resumed run is already where the target stops it: nothing more is trained
-    again = run_binary([TRAIN, *flags, "--resume", f"--output_dir={out}"])
+    _, again = runs["resumed"]
     assert again.returncode == 0, again.stderr[-3000:]
     assert [r["round"] for r in finished(out)[0]] == [r["round"] for r in rows]
 
 
-def test_without_a_noise_multiplier_the_target_sets_it(tmp_path: object) -> None:
-    out = str(tmp_path / "calibrated")
-    done = run_binary([TRAIN, *RUN, "--rounds=6", "--target_epsilon=8", f"--output_dir={out}"])
+def test_without_a_noise_multiplier_the_target_sets_it(runs: dict) -> None:
+    out, done = runs["calibrated"]
     assert done.returncode == 0, done.stderr[-3000:]
     rows, summary = finished(out)
     z = summary["privacy"]["noise_multiplier"]
@@ -69,20 +110,16 @@ def test_without_a_noise_multiplier_the_target_sets_it(tmp_path: object) -> None
     assert float(rows[-1]["epsilon"]) == pytest.approx(poisson_epsilon(z, 6))
 
 
-def test_dp_needs_a_noise_multiplier_or_a_target(tmp_path: object) -> None:
-    done = run_binary([TRAIN, *RUN, "--rounds=2", f"--output_dir={tmp_path}"])
+def test_dp_needs_a_noise_multiplier_or_a_target(runs: dict) -> None:
+    _, done = runs["no_noise_nor_target"]
     assert done.returncode != 0
     assert "--dp_noise_multiplier" in done.stderr and "--target_epsilon" in done.stderr
 
 
-def test_clipping_only_runs_without_an_account(tmp_path: object) -> None:
+def test_clipping_only_runs_without_an_account(runs: dict) -> None:
     """z = 0 under the default fixed sampling: clipping, no noise, no epsilon claimed (the
     accountant has none to give), and the run finishes."""
-    out = str(tmp_path / "clipped")
-    flags = [f for f in RUN if f != "--client_sampling=poisson"]
-    done = run_binary(
-        [TRAIN, *flags, "--rounds=2", "--dp_noise_multiplier=0", f"--output_dir={out}"]
-    )
+    out, done = runs["clipped"]
     assert done.returncode == 0, done.stderr[-3000:]
     rows, summary = finished(out)
     assert "epsilon" not in rows[-1] and "privacy" not in summary

@@ -1,0 +1,198 @@
+"""The bit-for-bit comparison of scripts/compare_run_outputs.py on tiny fake run folders (no
+TFF, no training): identical runs are ok, one array byte or one metric differs, a timing column
+does not count, a missing or failed case fails, and another machine is refused."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+from conftest import load_script
+
+RUN = {"round": 3, "weights": np.arange(6, dtype=np.float32).reshape(2, 3)}
+
+
+@pytest.fixture(scope="module")
+def script() -> ModuleType:
+    return load_script(os.path.join("scripts", "compare_run_outputs.py"))
+
+
+def write_checkpoint(path: Path, weights: np.ndarray, history_seconds: float = 0.5) -> None:
+    """A checkpoint as tff_clustered/checkpoint.py writes one: arrays by entry name and the
+    state as JSON in the `meta.json` entry, with a metrics row holding a timing."""
+    meta = {
+        "format": 3,
+        "settings": {"dict": [["algorithm", "fedavg"], ["seed", 0]]},
+        "state": {
+            "dataclass": "tff_clustered.loop.state:RunState",
+            "fields": {
+                "round_num": 3,
+                "cluster_models": {"ndarray": "a0"},
+                "assignment": {"str_int_dict": ["a1", "a2"]},
+                "history": {
+                    "list": [
+                        {"dict": [["round", 3], ["loss", 0.25], ["train_seconds", history_seconds]]}
+                    ]
+                },
+            },
+        },
+        "data_source": {"root": "", "files": {}},
+    }
+    arrays = {
+        "a0": weights,
+        "a1": np.array(["c0", "c1"], dtype=str),
+        "a2": np.array([0, 1], dtype=np.int64),
+    }
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays, **{"meta.json": np.frombuffer(json.dumps(meta).encode(), np.uint8)})
+    path.write_bytes(buffer.getvalue())
+
+
+def write_run(
+    folder: Path, weights: np.ndarray = RUN["weights"], loss: str = "0.25", seconds: str = "1.5"
+) -> None:
+    folder.mkdir(parents=True)
+    write_checkpoint(folder / "checkpoint.npz", weights, float(seconds))
+    (folder / "metrics.csv").write_text(
+        f"round,accuracy,loss,train_seconds\n0,0.1,2.3,\n3,0.5,{loss},{seconds}\n"
+    )
+
+
+def write_manifest(script: ModuleType, folder: Path, cases: dict[str, str]) -> None:
+    """A manifest of `cases` (name: error, '' when it ran) recorded on this machine."""
+    manifest = {
+        "machine": script.machine(),
+        "cases": {
+            name: {"args": ["--algorithm=fedavg"], "kill_after_round": None, "error": error}
+            for name, error in cases.items()
+        },
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def recorded(script: ModuleType, folder: Path, **runs: dict) -> Path:
+    """`folder` holding one fake run per keyword (its `write_run` arguments) and a manifest."""
+    for name, values in runs.items():
+        write_run(folder / name, **values)
+    write_manifest(script, folder, {name: "" for name in runs})
+    return folder
+
+
+def verdicts(script: ModuleType, baseline: Path, other: Path) -> dict[str, str]:
+    return dict(script.compare_folders(str(baseline), str(other)))
+
+
+def test_identical_runs_are_ok(script: ModuleType, tmp_path: Path) -> None:
+    baseline = recorded(script, tmp_path / "a", fedavg={}, ifca={})
+    other = recorded(script, tmp_path / "b", fedavg={}, ifca={})
+    assert verdicts(script, baseline, other) == {"fedavg": "ok", "ifca": "ok"}
+    assert script.diff(str(baseline), str(other), None) == 0
+
+
+def test_one_array_byte_differs(script: ModuleType, tmp_path: Path) -> None:
+    changed = RUN["weights"].copy()
+    changed.reshape(-1).view(np.uint8)[13] ^= 1  # one bit of the fourth float
+    baseline = recorded(script, tmp_path / "a", fedavg={}, ifca={})
+    other = recorded(script, tmp_path / "b", fedavg={"weights": changed}, ifca={})
+    found = verdicts(script, baseline, other)
+    assert found["ifca"] == "ok"
+    assert found["fedavg"].startswith("DIFFERS: checkpoint.npz: ")
+    assert "cluster_models: array element 3" in found["fedavg"]
+    assert script.diff(str(baseline), str(other), None) == 1
+
+
+def test_another_dtype_differs_though_the_values_are_equal(
+    script: ModuleType, tmp_path: Path
+) -> None:
+    baseline = recorded(script, tmp_path / "a", fedavg={})
+    other = recorded(script, tmp_path / "b", fedavg={"weights": RUN["weights"].astype(np.float64)})
+    assert "array float32[2, 3] != float64[2, 3]" in verdicts(script, baseline, other)["fedavg"]
+
+
+def test_a_metric_differs(script: ModuleType, tmp_path: Path) -> None:
+    baseline = recorded(script, tmp_path / "a", fedavg={})
+    other = recorded(script, tmp_path / "b", fedavg={"loss": "0.250001"})
+    assert verdicts(script, baseline, other)["fedavg"] == (
+        "DIFFERS: metrics.csv: row 1 column loss: '0.25' != '0.250001'"
+    )
+
+
+def test_timing_columns_and_fields_do_not_count(script: ModuleType, tmp_path: Path) -> None:
+    """A `_seconds` column of metrics.csv and the same field in the checkpoint's history are
+    wall-clock times: they differ between any two runs."""
+    baseline = recorded(script, tmp_path / "a", fedavg={"seconds": "1.5"})
+    other = recorded(script, tmp_path / "b", fedavg={"seconds": "2.75"})
+    assert verdicts(script, baseline, other) == {"fedavg": "ok"}
+
+
+def test_a_missing_or_failed_case_fails(script: ModuleType, tmp_path: Path) -> None:
+    baseline = recorded(script, tmp_path / "a", fedavg={}, ifca={}, fedgroup={})
+    other = recorded(script, tmp_path / "b", fedavg={}, fedgroup={})
+    write_manifest(script, other, {"fedavg": "", "fedgroup": "exit code 2: error: bad flag"})
+    found = verdicts(script, baseline, other)
+    assert found == {
+        "fedavg": "ok",
+        "ifca": "FAILED: missing from the rerun",
+        "fedgroup": "FAILED: exit code 2: error: bad flag",
+    }
+    assert script.diff(str(baseline), str(other), None) == 1
+
+
+def test_a_file_only_one_run_wrote_differs(script: ModuleType, tmp_path: Path) -> None:
+    baseline = recorded(script, tmp_path / "a", fedavg={})
+    other = recorded(script, tmp_path / "b", fedavg={})
+    (other / "fedavg" / "clients.csv").write_text("round,client\n0,c0\n")
+    assert verdicts(script, baseline, other)["fedavg"] == (
+        "DIFFERS: clients.csv: in the rerun only"
+    )
+
+
+def test_a_baseline_of_another_machine_is_refused(script: ModuleType, tmp_path: Path) -> None:
+    baseline = recorded(script, tmp_path / "a", fedavg={})
+    manifest = json.loads((baseline / "manifest.json").read_text())
+    manifest["machine"]["cpu"] = "Another CPU"
+    (baseline / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SystemExit, match="another CPU or TensorFlow build.*cpu: baseline"):
+        script.diff(str(baseline), str(baseline), None)
+
+
+def test_the_matrix_covers_each_execution_aggregator_and_two_workers(script: ModuleType) -> None:
+    cases = {case.name: case for case in script.matrix(["fedavg", "ifca", "fedgroup", "fedadam"])}
+    for execution in ("tff", "in_process"):
+        assert f"fedgroup-{execution}" in cases
+        for aggregator in ("dp", "robust", "compression", "secure"):
+            assert f"fedadam-{execution}-{aggregator}" in cases
+    assert cases["ifca-tff-2workers-secure"].workers == 2
+    assert cases["fedavg-tff"].workers == 1
+    assert cases["fedavg-tff-resumed"].kill_after_round == 1
+    filled = script.command(cases["fedavg-tff-2workers"].args, "/out", "h:1,h:2")
+    assert "--output_dir=/out" in filled and "--workers=h:1,h:2" in filled
+
+
+def test_a_state_class_moved_to_another_module_is_noted_not_a_difference(
+    script: ModuleType, tmp_path: Path
+) -> None:
+    """A refactoring's move of a state class changes the name the checkpoint records (and
+    `state_encoding` still decodes it); its values are compared as ever. Another class name
+    is a difference."""
+    baseline = recorded(script, tmp_path / "a", fedavg={}, ifca={})
+    other = recorded(script, tmp_path / "b", fedavg={}, ifca={})
+    for case, name in (("fedavg", "tff_clustered.run.state:RunState"), ("ifca", "m:Other")):
+        path = other / case / "checkpoint.npz"
+        meta, arrays = script.read_checkpoint(str(path))
+        meta["state"]["dataclass"] = name
+        buffer = io.BytesIO()
+        np.savez(
+            buffer, **arrays, **{"meta.json": np.frombuffer(json.dumps(meta).encode(), np.uint8)}
+        )
+        path.write_bytes(buffer.getvalue())
+    found = verdicts(script, baseline, other)
+    assert found["fedavg"] == (
+        "ok (class moved: tff_clustered.loop.state:RunState -> tff_clustered.run.state:RunState)"
+    )
+    assert found["ifca"].startswith("DIFFERS: checkpoint.npz: checkpoint.state.dataclass: ")
