@@ -27,24 +27,22 @@ summary.json and checkpoints under its `name`, so a resumed run with another bou
 
 from __future__ import annotations
 
+# Before TensorFlow Federated: importing tff_clustered first turns off gRPC's fork handlers
+# (docs/runtime.md). The package is installed (scripts/bootstrap.sh: editable).
+import tff_clustered
+
+# isort: split
 import argparse
 import collections
 import dataclasses
-import os
-import sys
 from collections.abc import Mapping
 from typing import ClassVar
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-# Before TensorFlow Federated: importing tff_clustered first turns off gRPC's fork handlers
-# (docs/runtime.md).
-import tff_clustered  # noqa: E402, I001
+import tensorflow as tf
 
-import tensorflow as tf  # noqa: E402
-
-from tff_clustered.data import DataSpec  # noqa: E402
-from tff_clustered.federated.cluster_aggregators import ClusterAggregator, divide_rows  # noqa: E402
-from tff_clustered.options import option  # noqa: E402
+from tff_clustered.data import DataSpec
+from tff_clustered.federated.cluster_aggregators import ClusterAggregator, divide_rows
+from tff_clustered.options import option
 
 
 @dataclasses.dataclass(frozen=True)
