@@ -178,7 +178,8 @@ DATA_ARGUMENTS = tuple(
 )
 
 
-# Long: every argument checked in the docstring's order before any TensorFlow work, then run
+# Long: the API's one entry point, its signature and docstring 46 lines; the body checks every
+# argument in the docstring's order before any TensorFlow work, then starts the run
 def run(
     algorithm: str,
     train: Union[Clients, FederatedData, DataSpec],
