@@ -138,6 +138,7 @@ def mlp_experiment(
 ) -> object:
     """`algorithm` with `options` on `data` with a 16-unit MLP, started (no round run yet)."""
     from tff_clustered.algorithms import make_algorithm
+    from tff_clustered.loop.execution import RunExecution
     from tff_clustered.loop.orchestration import Experiment
     from tff_clustered.models import model_spec
 
@@ -147,7 +148,7 @@ def mlp_experiment(
         model,
         make_algorithm(algorithm, **options),
         config,
-        execution=EXECUTION,
+        execution=RunExecution.of(EXECUTION),
         round_metrics=list(round_metrics),
     )
     exp.start()

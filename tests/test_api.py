@@ -166,8 +166,8 @@ def test_the_api_runs_a_dataset_and_model_by_their_records_as_the_runner_does(
     `binaries/train.py`'s runner gives for the same records: one way to name a dataset and a
     model, typed once."""
     from tff_clustered.data import DataSpec
+    from tff_clustered.loop.execution import RunExecution
     from tff_clustered.runs import runner
-    from tff_clustered.runs.execution import RunExecution
     from tff_clustered.runs.run_spec import ModelChoice, RunSpec
 
     data = DataSpec("digits", num_clients=6)

@@ -33,12 +33,12 @@ from tff_clustered.loop.client_store import (
     store_kind,
 )
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.loop.state import RunState
 from tff_clustered.models import model_spec
 from tff_clustered.run_folder import CLIENT_STORE_NAME, RunFolder
 from tff_clustered.runs import checkpoint, runner
-from tff_clustered.runs.execution import RunExecution
 from tff_clustered.runs.run_spec import ModelChoice, RunSpec
 from tff_clustered.runtime.context import RuntimeConfig
 
@@ -224,9 +224,9 @@ def test_the_disk_store_gives_the_memory_stores_run(algorithm: str, tmp_path: Pa
             model,
             make_algorithm(algorithm),
             QUICK,
-            execution=EXECUTION,
-            client_store=kind,
-            store_folder=str(tmp_path),
+            execution=RunExecution(RuntimeConfig(EXECUTION), client_store=kind).in_folder(
+                str(tmp_path)
+            ),
         )
         exp.start()
         list(exp.rounds())
@@ -244,7 +244,7 @@ KILLED_AT = 3
 KILLED_RUN = """
 import json, os, signal, sys
 from tff_clustered.runs import runner
-from tff_clustered.runs.execution import RunExecution
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.runtime.context import RuntimeConfig
 from tff_clustered.loop import round_step
 from test_client_store import store_run_spec

@@ -417,6 +417,7 @@ def test_the_experiment_weighs_clients_uniformly_under_dp() -> None:
     """FedAvg weighs by examples; under dp its rounds weigh every client 1 (a private mean's
     sensitivity needs it), and round metrics, which read each client's update, are refused."""
     from tff_clustered.data import load_dataset
+    from tff_clustered.loop.execution import RunExecution
     from tff_clustered.loop.orchestration import Experiment
 
     data = load_dataset("digits_dirichlet", seed=0, num_clients=4, dirichlet_beta=0.5)
@@ -426,12 +427,19 @@ def test_the_experiment_weighs_clients_uniformly_under_dp() -> None:
     )
     fedavg = make_algorithm("fedavg")
     assert fedavg.client_weighting == "num_examples"
-    experiment = Experiment(data, model, fedavg, dp, execution="in_process")
+    experiment = Experiment(data, model, fedavg, dp, execution=RunExecution.of("in_process"))
     experiment.start()
     assert experiment.signature().client_weighting == "uniform"
     assert experiment.signature().aggregator == ClusterDP(0.0)
     with pytest.raises(ValueError, match="round metrics read each client's own update"):
-        Experiment(data, model, fedavg, dp, round_metrics=[lambda *a: {}], execution="in_process")
+        Experiment(
+            data,
+            model,
+            fedavg,
+            dp,
+            round_metrics=[lambda *a: {}],
+            execution=RunExecution.of("in_process"),
+        )
 
 
 def test_the_python_api_takes_the_aggregator_and_refuses_it_where_the_flags_do(
@@ -524,6 +532,7 @@ def test_a_model_made_non_finite_by_dp_noise_names_the_dp_settings() -> None:
     and the clip, not the learning rate alone."""
     from tff_clustered.data import load_dataset
     from tff_clustered.loop.divergence import DivergenceError
+    from tff_clustered.loop.execution import RunExecution
     from tff_clustered.loop.orchestration import Experiment
 
     data = load_dataset("digits_dirichlet", seed=0, num_clients=4, dirichlet_beta=0.5)
@@ -531,7 +540,9 @@ def test_a_model_made_non_finite_by_dp_noise_names_the_dp_settings() -> None:
     noisy = TrainingConfig(
         rounds=3, clients_per_round=2, aggregator=AggregatorConfig("dp", noise_multiplier=1e20)
     )
-    experiment = Experiment(data, model, make_algorithm("fedavg"), noisy, execution="in_process")
+    experiment = Experiment(
+        data, model, make_algorithm("fedavg"), noisy, execution=RunExecution.of("in_process")
+    )
     experiment.start()
     with pytest.raises(DivergenceError) as raised:
         list(experiment.rounds())

@@ -14,6 +14,7 @@ from test_in_process import CONFIG, TOLERANCE, numbers
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_dataset
 from tff_clustered.loop.config import AggregatorConfig
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import model_spec
 
@@ -36,7 +37,11 @@ def experiment(
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
     config = dataclasses.replace(CONFIG, aggregator=aggregator, rounds=rounds)
     exp = Experiment(
-        data, model, make_algorithm(algorithm, **OPTIONS[algorithm]), config, execution=execution
+        data,
+        model,
+        make_algorithm(algorithm, **OPTIONS[algorithm]),
+        config,
+        execution=RunExecution.of(execution),
     )
     exp.start()
     return exp

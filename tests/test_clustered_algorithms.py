@@ -23,6 +23,7 @@ from tff_clustered.algorithms import algorithm_class, make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated.batching import batches
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.loop.training_call import LocalTraining, TrainRequest
 from tff_clustered.report import figures
@@ -242,7 +243,9 @@ def test_checkpoint_round_trip_continues_identically(algorithm: str, tmp_path: P
     for _ in range(3):  # rounds 0, 1, 2
         next(rounds)
     saved = checkpoint_round_trip(first.snapshot(), tmp_path)
-    resumed = Experiment(first.data, first.model, straight.algorithm, config, execution=EXECUTION)
+    resumed = Experiment(
+        first.data, first.model, straight.algorithm, config, execution=RunExecution.of(EXECUTION)
+    )
     resumed.restore(saved)
     list(resumed.rounds())
     assert history_rows(resumed) == history_rows(straight)

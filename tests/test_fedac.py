@@ -17,6 +17,7 @@ from tff_clustered.algorithms import fedac, make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated import client_work
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
@@ -173,7 +174,9 @@ def test_checkpoint_round_trip_continues_identically(tmp_path: Path) -> None:
     rounds = first.rounds()
     for _ in range(4):  # rounds 0..3: past the warm-up (2 rounds) and one PCA refit
         next(rounds)
-    resumed = Experiment(first.data, first.model, straight.algorithm, config, execution=EXECUTION)
+    resumed = Experiment(
+        first.data, first.model, straight.algorithm, config, execution=RunExecution.of(EXECUTION)
+    )
     resumed.restore(checkpoint_round_trip(first.snapshot(), tmp_path))
     list(resumed.rounds())
     assert history_rows(resumed) == history_rows(straight)

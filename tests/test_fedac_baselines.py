@@ -22,6 +22,7 @@ from tff_clustered.algorithms.cgpfl import context_step
 from tff_clustered.clustering import hierarchical
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.orchestration import Experiment
 
 pytestmark = pytest.mark.usefixtures("tff_context")
@@ -334,7 +335,9 @@ def test_checkpoint_round_trip_continues_identically(
     progress = first.rounds()
     for _ in range(3):  # rounds 0, 1, 2 (FL+HC clusters after round 2)
         next(progress)
-    resumed = Experiment(first.data, first.model, straight.algorithm, config, execution=EXECUTION)
+    resumed = Experiment(
+        first.data, first.model, straight.algorithm, config, execution=RunExecution.of(EXECUTION)
+    )
     resumed.restore(checkpoint_round_trip(first.snapshot(), tmp_path))
     list(resumed.rounds())
     assert history_rows(resumed) == history_rows(straight)

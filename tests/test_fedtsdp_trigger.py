@@ -14,6 +14,7 @@ from tff_clustered.algorithms import make_algorithm
 from tff_clustered.algorithms.fedtsdp import FedTSDP
 from tff_clustered.data import load_dataset, load_digits_clusters
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import model_spec
 from tff_clustered.report import figures
@@ -185,7 +186,9 @@ def test_iid_fedtsdp_run_never_triggers_and_is_fedavg_bit_for_bit() -> None:
     )  # fmt: skip
     runs = {}
     for name in ("fedtsdp", "fedavg"):
-        runs[name] = Experiment(data, model, make_algorithm(name), config, execution="in_process")
+        runs[name] = Experiment(
+            data, model, make_algorithm(name), config, execution=RunExecution.of("in_process")
+        )
         runs[name].start()
         list(runs[name].rounds())
     history = runs["fedtsdp"].state.history[1:]
@@ -215,7 +218,9 @@ def test_planted_groups_trigger_within_a_few_rounds_and_are_recovered() -> None:
         rounds=PLANTED_ROUNDS, clients_per_round=10, local_epochs=2, learning_rate=0.05,
         momentum=0.5,
     )  # fmt: skip
-    exp = Experiment(data, model, make_algorithm("fedtsdp"), config, execution="in_process")
+    exp = Experiment(
+        data, model, make_algorithm("fedtsdp"), config, execution=RunExecution.of("in_process")
+    )
     exp.start()
     list(exp.rounds())
     history = exp.state.history[1:]

@@ -30,6 +30,7 @@ from tff_clustered.federated.round_inputs import (
 )
 from tff_clustered.federated.signature import RoundSignature
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
@@ -68,7 +69,7 @@ def run(algorithm: str, execution: str) -> Experiment:
         model,
         make_algorithm(algorithm, **OPTIONS.get(algorithm, {})),
         dataclasses.replace(CONFIG, clients_per_round=12) if algorithm in DECENTRALIZED else CONFIG,
-        execution=execution,
+        execution=RunExecution.of(execution),
     )
     exp.start()
     list(exp.rounds())
@@ -423,14 +424,14 @@ PLACEMENT_SCRIPT = textwrap.dedent(
     from tff_clustered.algorithms import make_algorithm
     from tff_clustered.models import model_spec
     from tff_clustered.loop.config import TrainingConfig
+    from tff_clustered.loop.execution import RunExecution
     from tff_clustered.loop.orchestration import Experiment
     data = load_digits_clusters(num_clients=4, num_groups=2, seed=0)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
     config = TrainingConfig(rounds=1, clients_per_round=2, seed=0)
     device = sys.argv[1] or None
-    exp = Experiment(
-        data, model, make_algorithm("fedavg"), config, execution="in_process", device=device
-    )
+    in_process = RunExecution.of("in_process", device)
+    exp = Experiment(data, model, make_algorithm("fedavg"), config, execution=in_process)
     tf.debugging.set_log_device_placement(True)
     exp.start()
     list(exp.rounds())

@@ -16,6 +16,7 @@ from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated import client_work, local_training
 from tff_clustered.federated.batching import ArrayBatches
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import model_spec
 
@@ -120,7 +121,11 @@ def run(algorithm: str, **options: object) -> Experiment:
     data = load_digits_clusters(num_clients=16, num_groups=4, seed=CONFIG.seed)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
     exp = Experiment(
-        data, model, make_algorithm(algorithm, **options), CONFIG, execution="in_process"
+        data,
+        model,
+        make_algorithm(algorithm, **options),
+        CONFIG,
+        execution=RunExecution.of("in_process"),
     )
     exp.start()
     list(exp.rounds())

@@ -23,6 +23,7 @@ from tff_clustered.federated import client_work
 from tff_clustered.federated.server_optimizers import ServerOptimizer
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.divergence import DivergenceError, check_finite
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.loop.sampling import sampled_positions
 from tff_clustered.loop.state import RunState, apply_decision
@@ -36,7 +37,11 @@ def run(algorithm: str, config: TrainingConfig = CONFIG, **options: object) -> E
     data = load_digits_clusters(num_clients=12, num_groups=2, seed=config.seed)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
     experiment = Experiment(
-        data, model, make_algorithm(algorithm, **options), config, execution=EXECUTION
+        data,
+        model,
+        make_algorithm(algorithm, **options),
+        config,
+        execution=RunExecution.of(EXECUTION),
     )
     experiment.start()
     list(experiment.rounds())
@@ -97,7 +102,9 @@ def test_a_poisson_round_without_clients_trains_nothing_and_changes_nothing() ->
     )  # fmt: skip
     data = load_digits_clusters(num_clients=12, num_groups=2, seed=5)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
-    experiment = Experiment(data, model, make_algorithm("fedavg"), config, execution=EXECUTION)
+    experiment = Experiment(
+        data, model, make_algorithm("fedavg"), config, execution=RunExecution.of(EXECUTION)
+    )
     experiment.start()
     after = []
     for _ in experiment.rounds():
@@ -204,7 +211,9 @@ def test_an_algorithm_can_broadcast_an_anchor_and_move_it() -> None:
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
     runs = {}
     for strength in (0.0, 5.0):  # lr * lambda = 0.5: a stable pull
-        experiment = Experiment(data, model, AnchoredFedAvg(strength), CONFIG, execution=EXECUTION)
+        experiment = Experiment(
+            data, model, AnchoredFedAvg(strength), CONFIG, execution=RunExecution.of(EXECUTION)
+        )
         experiment.start()
         np.testing.assert_array_equal(experiment.state.anchor, experiment.run.initial_model)
         rows = list(experiment.rounds())
@@ -264,7 +273,7 @@ def test_local_steps_cut_local_training_to_that_many_minibatches() -> None:
             rounds=1, clients_per_round=4, local_epochs=epochs, local_steps=steps,
             batch_size=5, learning_rate=0.1, seed=5,
         )  # fmt: skip
-        experiment = Experiment(data, model, recorder, config, execution=EXECUTION)
+        experiment = Experiment(data, model, recorder, config, execution=RunExecution.of(EXECUTION))
         experiment.start()
         list(experiment.rounds())
         (examples,) = recorder.examples
@@ -288,7 +297,7 @@ def test_an_algorithm_is_given_the_five_queries_and_not_the_loop() -> None:
 
     data = load_digits_clusters(num_clients=4, num_groups=2, seed=0)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=4)
-    Experiment(data, model, Peek(), CONFIG, execution=EXECUTION).start()
+    Experiment(data, model, Peek(), CONFIG, execution=RunExecution.of(EXECUTION)).start()
     (queries,) = seen
     assert not isinstance(queries, Experiment)
     assert not hasattr(queries, "state") and not hasattr(queries, "apply")
@@ -394,7 +403,7 @@ def test_evaluation_reports_cluster_sizes_that_equal_a_recount() -> None:
     data = load_digits_clusters(num_clients=12, num_groups=2, seed=5)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
     config = TrainingConfig(rounds=4, clients_per_round=6, learning_rate=0.1, seed=5)
-    experiment = Experiment(data, model, Reshuffle(), config, execution=EXECUTION)
+    experiment = Experiment(data, model, Reshuffle(), config, execution=RunExecution.of(EXECUTION))
     experiment.start()
     for row in experiment.rounds():
         sizes = [row[f"cluster_size_{k}"] for k in range(experiment.num_clusters)]

@@ -16,6 +16,7 @@ from tff_clustered.federated import client_work
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.signature import RoundSignature
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
@@ -27,7 +28,13 @@ QUICK = TrainingConfig(rounds=3, clients_per_round=6, local_epochs=1, learning_r
 def planted(algorithm: str, config: TrainingConfig = QUICK, **options: object) -> Experiment:
     data = load_digits_clusters(num_clients=12, num_groups=2, seed=config.seed)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
-    exp = Experiment(data, model, make_algorithm(algorithm, **options), config, execution=EXECUTION)
+    exp = Experiment(
+        data,
+        model,
+        make_algorithm(algorithm, **options),
+        config,
+        execution=RunExecution.of(EXECUTION),
+    )
     exp.start()
     return exp
 
@@ -97,7 +104,7 @@ def cfl_run(data_groups: int, seed: int = 0, criterion: str = "relative") -> Exp
     data = load_digits_clusters(num_clients=12, num_groups=data_groups, seed=seed)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
     algorithm = make_algorithm("cfl", **CFL_CRITERIA[criterion])
-    exp = Experiment(data, model, algorithm, config, execution="in_process")
+    exp = Experiment(data, model, algorithm, config, execution=RunExecution.of("in_process"))
     exp.start()
     list(exp.rounds())
     return exp
@@ -138,7 +145,13 @@ def tsdp_experiment(algorithm: str, partition: str, seed: int = 0, **options: ob
         momentum=0.5,
         seed=seed,
     )
-    exp = Experiment(data, model, make_algorithm(algorithm, **options), config, execution=EXECUTION)
+    exp = Experiment(
+        data,
+        model,
+        make_algorithm(algorithm, **options),
+        config,
+        execution=RunExecution.of(EXECUTION),
+    )
     exp.start()
     list(exp.rounds())
     return exp
@@ -151,7 +164,13 @@ def test_fedtsdp_without_a_trigger_is_fedavg() -> None:
     runs = []
     never = {"tsdp_trigger": "paper", "hopkins_threshold": 0.999}
     for name, options in (("fedavg", {}), ("fedtsdp", never)):
-        exp = Experiment(data, model, make_algorithm(name, **options), config, execution=EXECUTION)
+        exp = Experiment(
+            data,
+            model,
+            make_algorithm(name, **options),
+            config,
+            execution=RunExecution.of(EXECUTION),
+        )
         exp.start()
         list(exp.rounds())
         runs.append(exp)
@@ -176,7 +195,9 @@ def test_fedtsdp_recovers_planted_groups_personalises_and_beats_fedavg() -> None
         model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=32)
         options = {"tsdp_trigger": "paper"} if name == "fedtsdp" else {}
         algorithm = make_algorithm(name, **options)
-        runs[name] = Experiment(data, model, algorithm, config, execution="in_process")
+        runs[name] = Experiment(
+            data, model, algorithm, config, execution=RunExecution.of("in_process")
+        )
         runs[name].start()
         list(runs[name].rounds())
     fedtsdp, fedavg = runs["fedtsdp"], runs["fedavg"]
@@ -217,7 +238,7 @@ def test_checkpoint_round_trip_continues_identically(algorithm: str, tmp_path: P
             model,
             make_algorithm(algorithm, **options.get(algorithm, {})),
             config,
-            execution=EXECUTION,
+            execution=RunExecution.of(EXECUTION),
         )
 
     straight = fresh()

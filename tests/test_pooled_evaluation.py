@@ -15,6 +15,7 @@ from tff_clustered.data import load_dataset, load_digits_clusters
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.evaluation import server_models
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import model_spec
 from tff_clustered.models.keras_models import ModelSpec
@@ -28,7 +29,13 @@ def trained(
     algorithm: str, data: FederatedData, model: ModelSpec, execution: str, **options: object
 ) -> Experiment:
     config = dataclasses.replace(CONFIG, clients_per_round=min(6, len(data.client_ids)))
-    exp = Experiment(data, model, make_algorithm(algorithm, **options), config, execution=execution)
+    exp = Experiment(
+        data,
+        model,
+        make_algorithm(algorithm, **options),
+        config,
+        execution=RunExecution.of(execution),
+    )
     exp.start()
     list(exp.rounds())
     return exp
@@ -91,7 +98,9 @@ def test_pooled_scores_of_a_model_with_batchnorm_state() -> None:
     data = load_dataset("cifar10", data_dir=os.path.join(TESTDATA, "cifar10_tiny"), num_clients=4)
     model = model_spec("resnet18", data.input_shape, data.num_classes, resnet_width=4)
     config = dataclasses.replace(CONFIG, clients_per_round=4)
-    exp = Experiment(data, model, make_algorithm("fedavg"), config, execution="in_process")
+    exp = Experiment(
+        data, model, make_algorithm("fedavg"), config, execution=RunExecution.of("in_process")
+    )
     exp.start()
     state_size = sum(int(np.prod(s)) for s in exp.layout.state_shapes)
     assert state_size  # BatchNorm moving statistics go with the model
@@ -128,7 +137,9 @@ def test_pooled_scores_of_a_single_logit_model() -> None:
     data = load_dataset("sent140", sent140, glove_path=glove, seed=0)
     model = model_spec("lstm", data.input_shape, data.num_classes)
     config = dataclasses.replace(CONFIG, clients_per_round=1)
-    exp = Experiment(data, model, make_algorithm("fedavg"), config, execution="in_process")
+    exp = Experiment(
+        data, model, make_algorithm("fedavg"), config, execution=RunExecution.of("in_process")
+    )
     exp.start()
     ids = exp.data.client_ids
     models, keys = server_models(exp.state.cluster_models, "global", np.zeros(len(ids), np.int32))

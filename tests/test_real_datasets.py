@@ -25,10 +25,10 @@ from tff_clustered.data.mnist_writers import read_writer_keys, writer_parts
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.data.tff_datasets import shakespeare_vocabulary
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.models import count_trainable_parameters, model_spec, trainable_layer_sizes
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.split import classifier_layers
-from tff_clustered.runs.execution import RunExecution
 from tff_clustered.runs.run_spec import ModelChoice, RunSpec
 from tff_clustered.runs.runner import spec_experiment
 

@@ -17,6 +17,7 @@ from tff_clustered.algorithms import make_algorithm
 from tff_clustered.data import load_digits_clusters
 from tff_clustered.federated.server_optimizers import ServerOptimizer, server_step
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import model_spec
 
@@ -120,7 +121,11 @@ def run(
     data = load_digits_clusters(num_clients=16, num_groups=groups, seed=config.seed)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
     exp = Experiment(
-        data, model, make_algorithm(algorithm, **options), config, execution="in_process"
+        data,
+        model,
+        make_algorithm(algorithm, **options),
+        config,
+        execution=RunExecution.of("in_process"),
     )
     exp.start()
     return exp
@@ -166,7 +171,9 @@ def test_fedgroup_with_server_momentum_keeps_one_state_per_group_and_resumes(
     for _ in range(3):  # rounds 0, 1, 2
         next(rounds)
     saved = checkpoint_round_trip(first.snapshot(), tmp_path)
-    resumed = Experiment(first.data, first.model, first.algorithm, config, execution="in_process")
+    resumed = Experiment(
+        first.data, first.model, first.algorithm, config, execution=RunExecution.of("in_process")
+    )
     resumed.restore(saved)
     list(resumed.rounds())
     np.testing.assert_array_equal(resumed.state.cluster_models, straight.state.cluster_models)

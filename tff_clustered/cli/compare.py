@@ -69,6 +69,7 @@ from tff_clustered.comparison.table_defaults import (
     TABLES,
     Defaults,
 )
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.phases import PhaseTimer
 from tff_clustered.report import figures
 from tff_clustered.run_folder import (
@@ -78,7 +79,6 @@ from tff_clustered.run_folder import (
     ComparisonFolder,
 )
 from tff_clustered.runs import checkpoint, runner
-from tff_clustered.runs.execution import RunExecution
 from tff_clustered.runs.run_spec import RunSpec
 from tff_clustered.runtime.context import tff_runtime
 

@@ -33,8 +33,8 @@ from tff_clustered.cli import exits, logs
 from tff_clustered.cli.launch import REPOSITORY
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.models import MODEL_NAMES
-from tff_clustered.runs.execution import RunExecution
 from tff_clustered.runs.run_spec import ModelChoice, RunSpec
 from tff_clustered.runs.runner import spec_experiment
 from tff_clustered.runtime.context import RuntimeConfig, tff_runtime

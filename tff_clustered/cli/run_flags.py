@@ -24,11 +24,11 @@ from tff_clustered.data.spec import MIN_CLASSES
 from tff_clustered.federated.server_optimizers import SERVER_OPTIMIZERS, ServerOptimizer
 from tff_clustered.loop.client_store import CLIENT_STORES
 from tff_clustered.loop.config import LR_SCHEDULES, TrainingConfig
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.phases import PhaseTimer
 from tff_clustered.loop.sampling import SAMPLINGS
 from tff_clustered.models import MODEL_NAMES
 from tff_clustered.runs.checkpoint import CheckpointError
-from tff_clustered.runs.execution import RunExecution
 from tff_clustered.runs.run_spec import ModelChoice, RunSpec
 from tff_clustered.runtime import signals
 from tff_clustered.runtime.context import CLIENT_DATA, RuntimeConfig, WorkerLostError

@@ -24,6 +24,7 @@ from tff_clustered import options as options_lib
 from tff_clustered.algorithms import ALGORITHMS, algorithm_class
 from tff_clustered.cli import exits, run_flags
 from tff_clustered.cli.launch import STARTED
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.phases import PhaseTimer
 from tff_clustered.report.reporting import ACCURACY_UNDEFINED
 from tff_clustered.run_folder import (
@@ -35,7 +36,6 @@ from tff_clustered.run_folder import (
     RunFolder,
 )
 from tff_clustered.runs import checkpoint, runner
-from tff_clustered.runs.execution import RunExecution
 from tff_clustered.runs.run_spec import RunSpec
 from tff_clustered.runtime.context import tff_runtime
 

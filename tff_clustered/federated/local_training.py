@@ -132,16 +132,54 @@ def train_client(
     """
     everything = tuple(range(len(weights)))
     trained = everything if trainable is None else tuple(trainable)
-    position = {i: n for n, i in enumerate(trained)}  # a trained tensor's place in `direction`
-    pulls = tuple(
+    pulls = acting_pulls(pulls, everything)
+
+    def step(carry: tuple, batch: dict) -> tuple:
+        current, velocity, model_state, num_examples, loss_sum, step_num = carry
+        step_seed = None if seed is None else tf.stack([seed[0], seed[1] + step_num])
+        batch_size = batch_count(batch)
+        loss, direction, new_state = step_gradient(
+            forward, current, model_state, batch, batch_size, step_seed, penalty, trained
+        )
+        direction = pulled(direction, pulls, current, trained)
+        if momentum:
+            velocity = tuple(momentum * v + g for v, g in zip(velocity, direction))
+            direction = list(velocity)
+        rate, new_state = unless_padded(batch, batch_size, learning_rate, new_state, model_state)
+        return (
+            descended(current, trained, direction, rate, project),
+            velocity,
+            tuple(new_state),
+            num_examples + batch_size,
+            loss_sum + loss * batch_size,
+            step_num + 1,
+        )
+
+    start = initial_carry(weights, state, trained, momentum)
+    final, _, final_state, num_examples, loss_sum, _ = dataset.reduce(start, step)
+    return TrainResult(final, num_examples, loss_sum, final_state)
+
+
+def acting_pulls(pulls: Sequence[Pull], everything: tuple[int, ...]) -> tuple[Pull, ...]:
+    """The pulls that act (one of Python strength 0 is left out), their targets held as they
+    are at the start and their tensors named (a pull's None: `everything`)."""
+    acting = tuple(
         Pull(p.strength, tuple(tf.identity(t) for t in p.target), p.indices or everything)
         for p in pulls
         if not (isinstance(p.strength, (int, float)) and p.strength == 0)
     )
-    for p in pulls:
+    for p in acting:
         if len(p.target) != len(p.indices):
             raise ValueError(f"a pull has {len(p.target)} targets for {len(p.indices)} tensors")
-    start = (
+    return acting
+
+
+def initial_carry(
+    weights: Weights, state: Weights, trained: tuple[int, ...], momentum: float
+) -> tuple:
+    """The local loop's carry at its start: the weights, a zero momentum buffer per trained
+    tensor (none without momentum), the model's state, no examples, no loss, step 0."""
+    return (
         tuple(tf.identity(w) for w in weights),
         tuple(tf.zeros_like(weights[i]) for i in trained) if momentum else (),
         tuple(tf.identity(s) for s in state),
@@ -150,60 +188,86 @@ def train_client(
         tf.constant(0, tf.int32),
     )
 
-    def step(carry: tuple, batch: dict) -> tuple:
-        current, velocity, model_state, num_examples, loss_sum, step_num = carry
-        step_seed = None if seed is None else tf.stack([seed[0], seed[1] + step_num])
-        mask = batch.get("mask")
-        batch_size = batch_count(batch)
-        with tf.GradientTape() as tape:
-            tape.watch(current)
-            logits, new_state = forward(current, model_state, batch["x"], True, step_seed)
-            if mask is None:
-                loss = batch_loss(logits, batch["y"])
-            else:
-                loss = masked_mean(example_losses(logits, batch["y"]), mask, batch_size)
-            objective = loss if penalty is None else loss + penalty(current, model_state)
-        # Dense: an embedding's gradient comes as IndexedSlices (`convert_to_tensor` is a no-op
-        # on the others).
-        direction = [
-            tf.convert_to_tensor(g) for g in tape.gradient(objective, [current[i] for i in trained])
-        ]
-        for p in pulls:
-            for i, target in zip(p.indices, p.target):
-                if i in position:
-                    n = position[i]
-                    direction[n] = direction[n] + p.strength * (current[i] - target)
-        if momentum:
-            velocity = tuple(momentum * v + g for v, g in zip(velocity, direction))
-            direction = list(velocity)
-        rate = learning_rate
-        if mask is not None:
-            # A padded step (no unmasked row, only ever after the client's last step) is no
-            # step: a zero rate leaves the weights exactly as they are (its loss, and so what
-            # it adds to the sums, is 0; the velocity it changes is never used again), which
-            # costs far less than selecting every tensor of the carry.
-            rate = learning_rate * tf.cast(batch_size > 0, tf.float32)
-            if model_state:
-                new_state = [
-                    tf.where(batch_size > 0, new, old) for new, old in zip(new_state, model_state)
-                ]
-        moved = list(current)
-        for i, d in zip(trained, direction):
-            moved[i] = current[i] - rate * d
-        current = tuple(moved)
-        if project is not None:
-            current = tuple(project(current))
-        return (
-            current,
-            velocity,
-            tuple(new_state),
-            num_examples + batch_size,
-            loss_sum + loss * batch_size,
-            step_num + 1,
-        )
 
-    final, _, final_state, num_examples, loss_sum, _ = dataset.reduce(start, step)
-    return TrainResult(final, num_examples, loss_sum, final_state)
+def step_gradient(
+    forward: ForwardFn,
+    current: tuple,
+    model_state: tuple,
+    batch: dict,
+    batch_size: tf.Tensor,
+    step_seed: Optional[tf.Tensor],
+    penalty: Optional[Callable[[tuple, tuple], tf.Tensor]],
+    trained: tuple[int, ...],
+) -> tuple[tf.Tensor, list, Sequence[tf.Tensor]]:
+    """One step's mean loss on `batch` (over its own rows when it has a `mask` of
+    `batch_size` rows), the dense gradient of its objective (the loss plus `penalty`) for the
+    `trained` tensors, and the model's state after the forward pass in training mode."""
+    mask = batch.get("mask")
+    with tf.GradientTape() as tape:
+        tape.watch(current)
+        logits, new_state = forward(current, model_state, batch["x"], True, step_seed)
+        if mask is None:
+            loss = batch_loss(logits, batch["y"])
+        else:
+            loss = masked_mean(example_losses(logits, batch["y"]), mask, batch_size)
+        objective = loss if penalty is None else loss + penalty(current, model_state)
+    # Dense: an embedding's gradient comes as IndexedSlices (`convert_to_tensor` is a no-op
+    # on the others).
+    direction = [
+        tf.convert_to_tensor(g) for g in tape.gradient(objective, [current[i] for i in trained])
+    ]
+    return loss, direction, new_state
+
+
+def pulled(direction: list, pulls: tuple[Pull, ...], current: tuple, trained: tuple) -> list:
+    """`direction` (one gradient per `trained` tensor) with each pull's strength *
+    (w - target) added on the trained tensors it pulls, pull after pull."""
+    position = {i: n for n, i in enumerate(trained)}  # a trained tensor's place in `direction`
+    direction = list(direction)
+    for p in pulls:
+        for i, target in zip(p.indices, p.target):
+            if i in position:
+                n = position[i]
+                direction[n] = direction[n] + p.strength * (current[i] - target)
+    return direction
+
+
+def unless_padded(
+    batch: dict,
+    batch_size: tf.Tensor,
+    learning_rate: tf.Tensor,
+    new_state: Sequence[tf.Tensor],
+    model_state: tuple,
+) -> tuple[tf.Tensor, Sequence[tf.Tensor]]:
+    """The step's rate and the model's state after it: `learning_rate` and `new_state`, unless
+    `batch` has a `mask`. A padded step (no unmasked row, only ever after the client's last
+    step) is no step: a zero rate leaves the weights exactly as they are (its loss, and so what
+    it adds to the sums, is 0; the velocity it changes is never used again), which costs far
+    less than selecting every tensor of the carry; there the state stays `model_state`."""
+    if batch.get("mask") is None:
+        return learning_rate, new_state
+    rate = learning_rate * tf.cast(batch_size > 0, tf.float32)
+    if model_state:
+        new_state = [tf.where(batch_size > 0, new, old) for new, old in zip(new_state, model_state)]
+    return rate, new_state
+
+
+def descended(
+    current: tuple,
+    trained: tuple[int, ...],
+    direction: Sequence[tf.Tensor],
+    rate: tf.Tensor,
+    project: Optional[Callable[[tuple], tuple]],
+) -> tuple:
+    """The weights after one step: w - rate * d on each trained tensor (the frozen ones as
+    they are), then `project`ed when given."""
+    moved = list(current)
+    for i, d in zip(trained, direction):
+        moved[i] = current[i] - rate * d
+    current = tuple(moved)
+    if project is not None:
+        current = tuple(project(current))
+    return current
 
 
 def evaluate_client(

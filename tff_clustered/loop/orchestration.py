@@ -42,7 +42,8 @@ from tff_clustered.loop.client_store import ClientModels, ClientStore, open_stor
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.divergence import check_finite
 from tff_clustered.loop.evaluation import Evaluator
-from tff_clustered.loop.phases import PhaseTimer, Stopwatch
+from tff_clustered.loop.execution import RunExecution
+from tff_clustered.loop.phases import Stopwatch
 from tff_clustered.loop.queries import ServerQueries
 from tff_clustered.loop.round_calls import RoundCalls
 from tff_clustered.loop.round_step import RoundOutcome, RoundStep, empty_round_row
@@ -58,6 +59,7 @@ from tff_clustered.loop.training_row import training_row
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec, initial_weights
 from tff_clustered.models.split import classifier_layers, trainable_layer_sizes
+from tff_clustered.runtime.context import RuntimeConfig
 from tff_clustered.seeds import derived_seed
 
 # A function of the run, the server after a round and the round's result -> extra metrics.
@@ -80,20 +82,18 @@ class Experiment:
         algorithm: Algorithm,
         config: TrainingConfig,
         round_metrics: Sequence[RoundMetric] = (),
-        execution: str = "tff",
-        device: Optional[str] = None,
-        timer: Optional[PhaseTimer] = None,
-        client_store: str = "auto",
-        store_folder: Optional[str] = None,
+        execution: Optional[RunExecution] = None,
     ) -> None:
         """`round_metrics` add metrics to each round's row (they get the clients' updates).
-        `execution`: "tff" runs rounds on the TFF runtime, "in_process" runs the same TF
-        functions in this process (on `device`, else TensorFlow's choice: a GPU if it sees
-        one); results are the same within float tolerance. `timer` gets the algorithm's cold
-        start (`start`) and the time building rounds (default: a timer of its own).
-        `client_store`: where the clients' own models live (`client_store.store_kind`: memory,
-        disk, or auto by the population's size), the disk store's file in `store_folder` (the
-        run folder; None: a temporary folder); results are the same either way."""
+        `execution` (`loop.execution.RunExecution`; default: TFF's runtime on one local worker,
+        a timer of its own, the client store chosen by the population's size): its runtime
+        "tff" runs rounds on the TFF runtime, "in_process" runs the same TF functions in this
+        process (on its `device`, else TensorFlow's choice: a GPU if it sees one); results are
+        the same within float tolerance. Its timer gets the algorithm's cold start (`start`)
+        and the time building rounds. Its client store is where the clients' own models live
+        (memory, disk, or auto by the population's size), the disk store's file in its
+        `store_folder`; results are the same either way."""
+        execution = RunExecution() if execution is None else execution
         if config.clients_per_round > len(data.client_ids):
             raise ValueError(
                 f"clients_per_round={config.clients_per_round} exceeds the "
@@ -102,49 +102,13 @@ class Experiment:
         self.server_optimizer = algorithm.server_optimizer(config.server_optimizer)
         algorithm.distribution.check_server_optimizer(algorithm.name, self.server_optimizer)
         config, _ = accounting.calibrated(config, len(data.client_ids))  # --target_epsilon's z
-        metrics = bool(round_metrics)
-        self.aggregator = aggregation.checked_aggregator(config, algorithm, metrics, execution)
-        self.account = accounting.account_for(self.aggregator, config, data.client_index)
-        self.stopped_at_target = False  # the next round would pass --target_epsilon
-        self.client_weighting = (  # a private mean counts every client once
-            "uniform" if self.aggregator.uniform_weights else algorithm.client_weighting
-        )
         self.data, self.model, self.algorithm, self.config = data, model, algorithm, config
         self.round_metrics = tuple(round_metrics)
-        self.timer = PhaseTimer() if timer is None else timer
+        self.timer = execution.timer
+        self.choose_aggregator(execution.runtime.execution)
         keras_model = model.build()
-        self.functional = functional_model(keras_model, model.input_spec())
-        self.layout = ModelLayout.of(self.functional)
-        self.initial_variables = tuple(
-            initial_weights(model, derived_seed(config.seed, 0))
-            + list(self.functional.initial_state)
-        )
-        rounds_cache = RoundCache(
-            self.functional,
-            model.input_spec(),
-            self.initial_variables,
-            execution,
-            device,
-            rounds=config.rounds,
-            on_build=lambda seconds: self.timer.add("tracing", seconds),
-        )
-        tensor_sizes = tuple(int(np.prod(s)) for s in self.layout.trainable_shapes)
-        self.run = RunInfo(
-            client_ids=tuple(data.client_ids),
-            train_sizes=read_only(data.train_sizes),
-            seed=config.seed,
-            clients_per_round=config.clients_per_round,
-            layer_sizes=tuple(trainable_layer_sizes(keras_model)),
-            classifier_layers=classifier_layers(keras_model),
-            tensor_sizes=tensor_sizes,
-            trainable_shapes=tuple(tuple(int(d) for d in s) for s in self.layout.trainable_shapes),
-            num_trainable_values=sum(tensor_sizes),
-            initial_model=flat.flatten(self.initial_variables),
-            public_x=data.public_x,
-            input_shape=tuple(int(d) for d in model.input_spec()["x"].shape[1:]),
-            total_rounds=config.rounds,
-            reads_features=self.functional.features is not None,
-        )
+        rounds_cache = self.build_model(keras_model, execution.runtime)
+        self.run = self.run_info(keras_model)
         self.work = algorithm.client_work(config.momentum, self.run)
         self.anchor_tensors = tuple(algorithm.anchor_tensors(self.run))
         self.calls = RoundCalls(data, self.layout, rounds_cache, config)
@@ -157,13 +121,71 @@ class Experiment:
         )
         self.evaluator = Evaluator(data, algorithm, self.run, self.calls, config.fine_tune_steps)
         self.state = RunState()
-        self.store_kind = store_kind(
-            client_store, len(data.client_ids), len(flat.flatten(self.initial_variables))
-        )
-        self.store_folder = store_folder
-        self.store = self.new_store()
+        self.open_client_store(execution)
         # Per-client results of the last evaluation, one dict per client (for clients.csv).
         self.client_rows: list[dict[str, Any]] = []
+
+    # -- building ----------------------------------------------------------------------------
+    def choose_aggregator(self, execution: str) -> None:
+        """The round's aggregator (checked against the algorithm and `execution`), a private
+        run's account and how the clients' updates are weighted."""
+        metrics = bool(self.round_metrics)
+        self.aggregator = aggregation.checked_aggregator(
+            self.config, self.algorithm, metrics, execution
+        )
+        self.account = accounting.account_for(self.aggregator, self.config, self.data.client_index)
+        self.stopped_at_target = False  # the next round would pass --target_epsilon
+        self.client_weighting = (  # a private mean counts every client once
+            "uniform" if self.aggregator.uniform_weights else self.algorithm.client_weighting
+        )
+
+    def build_model(self, keras_model: Any, runtime: RuntimeConfig) -> RoundCache:
+        """The model as a functional model, its layout and initial variables, and the cache of
+        its built rounds on `runtime` (their building timed as `tracing`)."""
+        model, config = self.model, self.config
+        self.functional = functional_model(keras_model, model.input_spec())
+        self.layout = ModelLayout.of(self.functional)
+        self.initial_variables = tuple(
+            initial_weights(model, derived_seed(config.seed, 0))
+            + list(self.functional.initial_state)
+        )
+        return RoundCache(
+            self.functional,
+            model.input_spec(),
+            self.initial_variables,
+            runtime.execution,
+            runtime.device,
+            rounds=config.rounds,
+            on_build=lambda seconds: self.timer.add("tracing", seconds),
+        )
+
+    def run_info(self, keras_model: Any) -> RunInfo:
+        """What the algorithm is told of the run: its clients, seed, model's shapes and sizes."""
+        data, config = self.data, self.config
+        tensor_sizes = tuple(int(np.prod(s)) for s in self.layout.trainable_shapes)
+        return RunInfo(
+            client_ids=tuple(data.client_ids),
+            train_sizes=read_only(data.train_sizes),
+            seed=config.seed,
+            clients_per_round=config.clients_per_round,
+            layer_sizes=tuple(trainable_layer_sizes(keras_model)),
+            classifier_layers=classifier_layers(keras_model),
+            tensor_sizes=tensor_sizes,
+            trainable_shapes=tuple(tuple(int(d) for d in s) for s in self.layout.trainable_shapes),
+            num_trainable_values=sum(tensor_sizes),
+            initial_model=flat.flatten(self.initial_variables),
+            public_x=data.public_x,
+            input_shape=tuple(int(d) for d in self.model.input_spec()["x"].shape[1:]),
+            total_rounds=config.rounds,
+            reads_features=self.functional.features is not None,
+        )
+
+    def open_client_store(self, execution: RunExecution) -> None:
+        """The store of the clients' own models `execution` chooses, every client initial."""
+        size = len(flat.flatten(self.initial_variables))
+        self.store_kind = store_kind(execution.client_store, len(self.data.client_ids), size)
+        self.store_folder = execution.store_folder
+        self.store = self.new_store()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:

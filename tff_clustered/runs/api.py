@@ -42,6 +42,7 @@ from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.loop.aggregation import check_aggregator
 from tff_clustered.loop.client_store import checked_store_choice
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.state import RunState
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec
@@ -49,7 +50,6 @@ from tff_clustered.options import checked, checked_value, described
 from tff_clustered.run_folder import RunFolder
 from tff_clustered.runs import checkpoint, runner
 from tff_clustered.runs.aggregator_argument import with_aggregator
-from tff_clustered.runs.execution import RunExecution
 from tff_clustered.runs.run_spec import ModelChoice, RunSpec
 from tff_clustered.runtime.context import RuntimeConfig, tff_runtime
 

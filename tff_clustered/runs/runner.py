@@ -15,6 +15,7 @@ from tff_clustered.data.fingerprint import SourceFingerprint
 from tff_clustered.data.registry import source_fingerprint
 from tff_clustered.loop import accounting
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.orchestration import Experiment, RoundMetric
 from tff_clustered.loop.phases import PhaseTimer, phases_line
 from tff_clustered.loop.state import RunState
@@ -23,7 +24,6 @@ from tff_clustered.models.memory import refuse_too_large
 from tff_clustered.report import figures, reporting
 from tff_clustered.run_folder import RunFolder
 from tff_clustered.runs import checkpoint
-from tff_clustered.runs.execution import RunExecution
 from tff_clustered.runs.run_spec import RunSpec
 from tff_clustered.runtime import signals
 
@@ -52,11 +52,7 @@ def build_experiment(
             algorithm,
             training,
             round_metrics=round_metrics,
-            execution=execution.runtime.execution,
-            device=execution.runtime.device,
-            timer=execution.timer,
-            client_store=execution.client_store,
-            store_folder=execution.store_folder,
+            execution=execution,
         )
 
 

@@ -19,6 +19,7 @@ from tff_clustered.cli.benchmarks.common import FLAGS, Benchmark, Setup, alterna
 from tff_clustered.data import FederatedData, from_arrays
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.evaluation import server_models
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import model_spec
 
@@ -70,7 +71,9 @@ def evaluation_speed(setup: Setup) -> dict:
     examples = sum(data.test_sizes.values())
     out: dict = {"clients": len(data.client_ids), "test_examples": examples}
     for execution in ("tff", "in_process"):
-        exp = Experiment(data, spec, make_algorithm("fedavg"), config, execution=execution)
+        exp = Experiment(
+            data, spec, make_algorithm("fedavg"), config, execution=RunExecution.of(execution)
+        )
         fns = scoring_fns(exp)
         start = time.perf_counter()
         fns["pooled"]()  # the first call pools the split and keeps it where scoring runs

@@ -15,6 +15,7 @@ from tff_clustered.algorithms import make_algorithm
 from tff_clustered.cli.benchmarks.common import FLAGS, Benchmark, Setup
 from tff_clustered.data import load_dataset
 from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.orchestration import Experiment
 from tff_clustered.models import model_spec
 
@@ -50,7 +51,9 @@ def memory_growth(setup: Setup) -> dict:
         learning_rate=0.1,
         seed=FLAGS.seed,
     )
-    experiment = Experiment(data, spec, make_algorithm("fedavg"), config, execution=execution)
+    experiment = Experiment(
+        data, spec, make_algorithm("fedavg"), config, execution=RunExecution.of(execution)
+    )
     experiment.start()
     samples = []
     in_worker = execution == "tff" and worker_pid is not None
