@@ -1,4 +1,6 @@
-"""One client's minibatches for a round: the stateless shuffled order of its examples
+"""One client's minibatches for a round, in a stateless shuffled order.
+
+One client's minibatches for a round: the stateless shuffled order of its examples
 (`batch_order`, `padded_batch_order` for clients padded to a common size) and the loop over
 them inside a round's graph (`ArrayBatches`), or as a dataset (`batches`)."""
 

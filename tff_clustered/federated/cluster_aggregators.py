@@ -1,4 +1,6 @@
-"""The aggregator part of a round, one instance per cluster: what happens to a client's shared
+"""The aggregator part of a round, one instance per cluster (`ClusterAggregator`).
+
+The aggregator part of a round, one instance per cluster: what happens to a client's shared
 update between its training and its cluster's mean, and to each cluster's sum on the server.
 
 Every aggregator, the default `ClusterMean` (the weighted mean per cluster,

@@ -1,4 +1,6 @@
-"""How a round sends models to its clients: one `Distribution` per way, and everything that
+"""How a round sends models to its clients: one `Distribution` per way.
+
+How a round sends models to its clients: one `Distribution` per way, and everything that
 depends on that way in one class, from the TF distributor inside the round to what the loop
 sends, reads back, evaluates and reports.
 

@@ -1,4 +1,6 @@
-"""The TF side of a round's distribution: what the server sends each client, and what the
+"""The TF side of a round's distribution: what each client receives and starts from.
+
+The TF side of a round's distribution: what the server sends each client, and what the
 client makes of it before its work starts (the shared variables it starts from, the cluster its
 update counts in, and what else its work reads). One class per way of distributing, made by the
 signature's `Distribution` (`distributions.py`):

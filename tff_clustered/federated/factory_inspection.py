@@ -1,4 +1,6 @@
-"""What a run reads of a `tff.aggregators` factory before running it (`tff_factory_aggregator.
+"""What a run reads of a `tff.aggregators` factory before running it.
+
+What a run reads of a `tff.aggregators` factory before running it (`tff_factory_aggregator.
 TffFactoryPerCluster`): the secure-sum intrinsics its process calls, which TFF 0.87's C++
 worker cannot run, and its parameters as plain values, which the run's settings record so that
 a resumed run with a changed factory is refused.

@@ -1,4 +1,6 @@
-"""Running TF functions as graphs in this process, the way TFF's TensorFlow executor does
+"""TF functions run as graphs in this process, on a named device.
+
+Running TF functions as graphs in this process, the way TFF's TensorFlow executor does
 (`GraphFunction`), on a named device or TensorFlow's choice (a GPU when it sees one), and
 whether one client's training graph can be vectorised along a client axis (`vectorisable`)."""
 

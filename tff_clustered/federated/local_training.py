@@ -1,4 +1,6 @@
-"""The local training loop and scoring as pure TensorFlow functions: a model and its batches
+"""The local training loop and scoring as pure TensorFlow functions.
+
+The local training loop and scoring as pure TensorFlow functions: a model and its batches
 in, a trained model (or scores) out, with the losses and metrics they share. Client works
 (`client_work.py`) are built from them.
 

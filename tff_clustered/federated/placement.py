@@ -1,4 +1,6 @@
-"""Where TensorFlow put the training ops, read from its placement log: how the GPU path is
+"""Where TensorFlow put the training ops, read from its placement log.
+
+Where TensorFlow put the training ops, read from its placement log: how the GPU path is
 checked (`binaries/gpu_check.py`, `tests/test_in_process.py`). With
 `tf.debugging.set_log_device_placement(True)` and `TF_CPP_MIN_LOG_LEVEL=0`, the placer logs one
 line per op of every graph it places, e.g.

@@ -1,4 +1,6 @@
-"""Server-side computations on whole models, outside a round: inference of many models at once
+"""Server-side computations on whole models, outside a round: inference and pooled scoring.
+
+Server-side computations on whole models, outside a round: inference of many models at once
 (`predict_probabilities_fn`) and one model scored on many clients' pooled examples
 (`pooled_scores_fn`), each as a plain TF function and as a TFF computation."""
 

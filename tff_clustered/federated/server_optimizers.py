@@ -1,4 +1,6 @@
-"""The finalizer's server optimizer, one state per cluster (FedOpt: Reddi et al., Adaptive
+"""The finalizer's server optimizer, one state per cluster (FedAvgM, FedAdam).
+
+The finalizer's server optimizer, one state per cluster (FedOpt: Reddi et al., Adaptive
 Federated Optimization, ICLR 2021, Algorithm 2).
 
 After the aggregator has averaged a cluster's client updates, plain FedAvg adds the mean update

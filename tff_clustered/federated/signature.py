@@ -1,4 +1,6 @@
-"""What a built round is: its `RoundSignature` (the cache key: cluster count, split, client
+"""What a built round is: its `RoundSignature`, the variable layout and `RoundIO`.
+
+What a built round is: its `RoundSignature` (the cache key: cluster count, split, client
 work, distribution, ...), the model's variable layout, and which variables travel where
 (`RoundIO`). The values a built round takes each call are `round_inputs.py`'s."""
 

@@ -1,4 +1,6 @@
-"""The loop's side of a round's aggregator (`federated.cluster_aggregators`): what a round of
+"""The loop's side of a round's aggregator: its state, round inputs and metric columns.
+
+The loop's side of a round's aggregator (`federated.cluster_aggregators`): what a round of
 an aggregator that `takes_round_inputs` takes besides the models (its state, a noise seed, each
 cluster's expected number of clients), what comes back, and the round's metric columns.
 

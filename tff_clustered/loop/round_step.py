@@ -1,4 +1,6 @@
-"""One training round as one step: the built round's call, the clients whose update diverged
+"""One training round as one step of the loop (`RoundStep`).
+
+One training round as one step: the built round's call, the clients whose update diverged
 left out, the client store updated, and what the algorithm sees of the round (`RoundResult`).
 `run` changes the store only; the cluster models and server optimizer state it returns are the
 caller's to keep (`orchestration.Experiment.train_round`)."""

@@ -1,4 +1,6 @@
-"""A run's state and the pure functions that read or change it: what a checkpoint holds, an
+"""A run's state and the pure functions that read or change it.
+
+A run's state and the pure functions that read or change it: what a checkpoint holds, an
 algorithm's `Decision` applied to it, the `ServerView` an algorithm reads, and the divergence
 policy (a non-finite model stops the run, naming the round, clusters and clients)."""
 
