@@ -23,9 +23,10 @@ Bits are comparable only on the same numerics: TensorFlow's CPU kernels round di
 instruction set, oneDNN setting and version (docs/reproducibility.md), so `compare` and
 `diff` refuse a baseline recorded on another CPU or TensorFlow build.
 
-A checkpoint is read as the package writes it (`tff_clustered/checkpoint.py`: an `.npz` of
-arrays whose entry `meta.json` holds the state as JSON, each array referenced by entry name),
-without importing the package: the comparison must outlive the package's layout. The JSON
+A checkpoint is read as the package writes it (`tff_clustered/runs/checkpoint.py`: an `.npz`
+of arrays whose entry `meta.json` holds the state as JSON, each array referenced by entry
+name), with the file format alone, not the package's loader: the comparison must outlive the
+code it checks (only the machine's description comes from `comparison/numerics.py`). The JSON
 trees are walked together; at each `{"ndarray": name}` the two arrays' dtypes, shapes and bytes
 must be equal. Only the fields in `EXEMPT_SUFFIXES` are left out (see there), and a state
 class that moved to another module (`TreeComparison`) is reported beside `ok`, not as a
@@ -54,6 +55,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
+
+from tff_clustered.comparison.numerics import NUMERICS_VARIABLES, cpuinfo_fields
 
 # The repository whose code is run: this script's, or `--root` (another checkout's code
 # compared with this script, e.g. a branch that does not hold it yet).
@@ -211,22 +214,13 @@ def offered_algorithms() -> list[str]:
 
 # -- the machine -------------------------------------------------------------------------------
 
-NUMERICS_VARIABLES = ("TF_ENABLE_ONEDNN_OPTS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 VERSIONED = ("tensorflow", "tensorflow-federated", "numpy")
 
 
 def machine() -> dict[str, str]:
     """What the bits depend on besides the code: the CPU's model and flags, the Python and
-    library versions and TensorFlow's numerics variables (tff_clustered/numerics.py)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpuinfo = f.read()
-    except OSError:
-        cpuinfo = ""
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
+    library versions and TensorFlow's numerics variables (tff_clustered/comparison/numerics.py)."""
+    fields = cpuinfo_fields()
     found = {
         "cpu": fields.get("model name") or platform.processor() or "unknown",
         "cpu_flags": fields.get("flags", "unknown"),

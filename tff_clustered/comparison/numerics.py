@@ -47,10 +47,9 @@ _FIELD = re.compile(r"^- (cpu|numerics): (.*?)\s*$", re.MULTILINE)
 _VARIABLE = re.compile(r"\b(TF_[A-Z_]+)(?:=([^,)\s]*)| unset\b)")
 
 
-def cpu_text(cpuinfo: Optional[str] = None) -> str:
-    """The CPU's model name and its `NUMERIC_CPU_FLAGS` (from /proc/cpuinfo, or `cpuinfo`
-    given), e.g. `Intel(R) Xeon(R) Processor (x86_64); sse4_2 avx avx2 fma avx512f`; the
-    machine type and `flags not known` where there is no /proc/cpuinfo."""
+def cpuinfo_fields(cpuinfo: Optional[str] = None) -> dict[str, str]:
+    """The first CPU's fields of /proc/cpuinfo (or of `cpuinfo` given), by name (`model name`,
+    `flags`, ...); none where there is no /proc/cpuinfo."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo") as f:
@@ -61,6 +60,14 @@ def cpu_text(cpuinfo: Optional[str] = None) -> str:
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_text(cpuinfo: Optional[str] = None) -> str:
+    """The CPU's model name and its `NUMERIC_CPU_FLAGS` (from /proc/cpuinfo, or `cpuinfo`
+    given), e.g. `Intel(R) Xeon(R) Processor (x86_64); sse4_2 avx avx2 fma avx512f`; the
+    machine type and `flags not known` where there is no /proc/cpuinfo."""
+    fields = cpuinfo_fields(cpuinfo)
     model = fields.get("model name") or platform.processor() or "unknown CPU"
     if "flags" not in fields:
         return f"{model} ({platform.machine()}); flags not known"
