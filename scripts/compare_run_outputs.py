@@ -57,6 +57,7 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 from tff_clustered.comparison.numerics import NUMERICS_VARIABLES, cpuinfo_fields
+from tff_clustered.runs.state_encoding import RELOCATED
 
 # The repository whose code is run: this script's, or `--root` (another checkout's code
 # compared with this script, e.g. a branch that does not hold it yet).
@@ -481,8 +482,8 @@ def read_checkpoint(path: str) -> tuple[Any, dict[str, np.ndarray]]:
 
 class TreeComparison:
     """Two checkpoints' JSON trees walked together (`first_difference`), with their arrays by
-    entry name. A state class whose module moved (same class name, another module: a
-    refactoring's move, which `tff_clustered.state_encoding` still decodes) is not a
+    entry name. A state class that moved to another module, by `state_encoding.RELOCATED` (the
+    one table of moves, by which checkpoints written before the move still load), is not a
     difference of the results: it is collected in `moved` and reported beside `ok`."""
 
     def __init__(self, arrays_a: dict[str, np.ndarray], arrays_b: dict[str, np.ndarray]) -> None:
@@ -526,7 +527,7 @@ class TreeComparison:
         if list(a) != list(b):
             return f"{at}: keys {sorted(a)} != {sorted(b)}"
         if set(a) == {"dataclass", "fields"} and a["dataclass"] != b["dataclass"]:
-            if str(a["dataclass"]).partition(":")[2] != str(b["dataclass"]).partition(":")[2]:
+            if RELOCATED.get(a["dataclass"]) != b["dataclass"]:
                 return f"{at}.dataclass: {a['dataclass']!r} != {b['dataclass']!r}"
             self.moved.add(f"{a['dataclass']} -> {b['dataclass']}")
             return self.first_difference(a["fields"], b["fields"], f"{at}.fields")
