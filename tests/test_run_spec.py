@@ -60,6 +60,8 @@ def test_the_settings_stay_flat_with_the_keys_checkpoints_hold() -> None:
         ({"dataset": "digits_dirichlet", "dirichlet_beta": 0.0}, "give a concentration > 0"),
         ({"dataset": "digits", "train_examples": 10}, "--train_examples applies to"),
         ({"dataset": "tff_shakespeare", "num_classes": 80}, "leave --num_classes unset"),
+        ({"dataset": "femnist_leaf", "num_clients": 100}, "--num_clients=100: --dataset=femnist_l"),
+        ({"dataset": "sent140", "num_clients": 5}, "leave --num_clients unset"),
     ],
 )
 def test_a_data_spec_refuses_values_its_dataset_does_not_use(fields: dict, message: str) -> None:

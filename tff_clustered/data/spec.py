@@ -39,6 +39,8 @@ DATASET_NAMES = (
 # FedTSDP's datasets, and the 28x28 grey ones in MNIST's formats: dealt to clients by a partition
 # (default Dirichlet(0.5)), public set = the official test split without labels.
 IMAGE_DATASETS = ("cifar10", "cifar100", "svhn", "fashion_mnist", "mnist_partitioned")
+# The LEAF datasets: their clients are the writers or users in the LEAF files, all of them.
+LEAF_DATASETS = ("femnist", "femnist_leaf", "sent140", "leaf")
 # The fields of a `DataSpec` that name files or folders.
 PATH_FIELDS = ("data_dir", "glove_path", "tfds_dir")
 # The fewest classes a `--num_classes` may give: a classifier tells at least two apart (one
@@ -84,6 +86,12 @@ class DataSpec:
             raise ValueError(
                 f"--train_examples applies to {', '.join(IMAGE_DATASETS)}, not --dataset={name}; "
                 "leave it unset"
+            )
+        if name in LEAF_DATASETS and self.num_clients is not None:
+            raise ValueError(
+                f"--num_clients={self.num_clients}: --dataset={name} has the clients of its LEAF "
+                "files, every one of them; leave --num_clients unset (fewer clients: sample the "
+                "data with LEAF's preprocess.sh --sf)"
             )
         if name == "tff_shakespeare" and self.num_classes is not None:
             raise ValueError(
