@@ -75,7 +75,7 @@ class FeSEM(Algorithm):
         cold_start=(
             "FeSEM's initialisation: the first assignment and centres, K-means of local models",
         ),
-        outside=("FeSEM's cluster picks: each sampled client's nearest centre (Eq. 8), sent",),
+        outside=("FeSEM's cluster picks: the nearest centre each sampled client sends (Eq. 8)",),
     )
     model_kinds = ("cluster", "global")
     paper = "Long et al., Multi-Center Federated Learning, World Wide Web 2023"

@@ -339,6 +339,16 @@ class ClusterDP(ClusterAggregator):
     def secure_noise(self) -> bool:
         return self.noise == "secure"
 
+    def resume_warning(self) -> str:
+        """A resumed run of secure noise continues with fresh noise (its key was never saved)."""
+        if not self.secure_noise or self.noise_multiplier == 0:
+            return ""
+        return (
+            "--dp_noise=secure: the resumed rounds draw fresh noise from the operating system's "
+            "CSPRNG (no key was saved), so the models will differ from an uninterrupted run's; "
+            "the epsilon will not (it does not depend on the noise's values)"
+        )
+
     # -- what the accountant reads ------------------------------------------------------------
     @property
     def effective_count_stddev(self) -> float:
