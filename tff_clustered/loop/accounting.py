@@ -27,7 +27,7 @@ from tff_clustered.algorithms.base import Releases, RunInfo
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.dp_events import sampling_event
-from tff_clustered.loop.noise_calibration import calibrated_noise_multiplier
+from tff_clustered.loop.noise_calibration import calibrated_noise_multiplier, epsilon_of
 from tff_clustered.loop.privacy_ledger import PrivacyLedger
 from tff_clustered.loop.sampling import describe_sampling
 from tff_clustered.loop.state import RunState
@@ -102,6 +102,7 @@ def calibrated(config: TrainingConfig, population: int) -> tuple[TrainingConfig,
     settings = config.aggregator
     budget = settings.privacy_budget()
     if budget is None or not budget.calibrate:
+        refuse_target_below_one_round(config, population)
         return config, None
 
     # A round of adaptive clipping (TFF's split of the noise) costs exactly a Gaussian round of
@@ -116,6 +117,34 @@ def calibrated(config: TrainingConfig, population: int) -> tuple[TrainingConfig,
     )
     chosen = settings.with_noise_multiplier(z)
     return dataclasses.replace(config, aggregator=chosen), z
+
+
+def refuse_target_below_one_round(config: TrainingConfig, population: int) -> None:
+    """Refuses a target epsilon that the first round alone passes (every one of `population`
+    clients eligible, as the calibration takes them): the run would stop before it and train
+    nothing. The message names one round's epsilon and the noise multipliers that fit."""
+    budget = config.aggregator.privacy_budget()
+    event = config.aggregator.build().round_event()
+    if budget is None or not budget.target_epsilon > 0 or event is None or population < 1:
+        return
+    sampling, sample = config.client_sampling, min(config.clients_per_round, population)
+    one_round = epsilon_of(sampling_event(sampling, population, sample, event), budget.delta)
+    if one_round <= budget.target_epsilon:
+        return
+    target, delta, rounds = budget.target_epsilon, budget.delta, config.rounds
+    fits_one, fits_all = (
+        calibrated_noise_multiplier(target, delta, n, sampling, population, sample)
+        for n in (1, rounds)
+    )
+    z = config.aggregator.options.noise_multiplier
+    raise ValueError(
+        f"--target_epsilon={target:g} is below one round's epsilon: with "
+        f"--dp_noise_multiplier={z:g} and --client_sampling={sampling} ({sample} of "
+        f"{population} clients), one round costs epsilon {one_round:.4g} at delta {delta:g}, so "
+        f"the run would stop before round 1 and train nothing; give --dp_noise_multiplier of "
+        f"at least {fits_one:.4g} (one round fits) or {fits_all:.4g} (all {rounds} rounds fit; "
+        f"leave it unset and the target sets it), or a --target_epsilon above {one_round:.4g}"
+    )
 
 
 class PrivacyAccount:
