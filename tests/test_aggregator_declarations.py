@@ -34,6 +34,7 @@ def test_every_declared_setting_is_a_flag_of_its_name_default_and_bounds() -> No
         "dp_target_quantile": 0.5,
         "dp_clip_learning_rate": 0.2,
         "dp_count_stddev": None,
+        "dp_noise": "seeded",
         "dp_delta": 1e-5,
         "target_epsilon": 0.0,
         "robust_zeroing": True,

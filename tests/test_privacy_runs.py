@@ -18,12 +18,20 @@ from dp_accounting.rdp import rdp_privacy_accountant as rdp
 RUN = [*DP_POISSON_DIGITS, "--eval_every=100"]
 Q = 10 / 40
 STOPPED = [*RUN, "--rounds=40", "--dp_noise_multiplier=1.0", "--target_epsilon=10"]
+SECURE = [*RUN, "--rounds=2", "--dp_noise_multiplier=1.0", "--dp_noise=secure"]
 # The module's runs of train.py, by name: (flags, output folder), in this order ("resumed"
 # continues "stopped" in its folder).
 RUNS = {
     "stopped": (STOPPED, "stopped"),
     "resumed": ([*STOPPED, "--resume"], "stopped"),
     "calibrated": ([*RUN, "--rounds=6", "--target_epsilon=8"], "calibrated"),
+    # one round costs 3.08 at z = 1 (q = 1/4): a target of 3 is refused, not a run of nothing
+    "below_one_round": (
+        [*RUN, "--rounds=40", "--dp_noise_multiplier=1.0", "--target_epsilon=3"],
+        "below",
+    ),
+    "secure": (SECURE, "secure"),
+    "secure_resumed": ([*SECURE, "--resume"], "secure"),
     "no_noise_nor_target": ([*RUN, "--rounds=2"], "refused"),
     "clipped": (
         [
@@ -97,6 +105,40 @@ def test_a_run_stops_before_the_round_that_would_pass_the_target_epsilon(runs: d
     _, again = runs["resumed"]
     assert again.returncode == 0, again.stderr[-3000:]
     assert [r["round"] for r in finished(out)[0]] == [r["round"] for r in rows]
+
+
+def test_a_private_run_ends_with_its_epsilon_and_what_it_does_not_cover(runs: dict) -> None:
+    """One stdout line: epsilon at delta, the noise, what is not covered; summary.json's
+    privacy block lists it in full. Seeded noise is named as recomputable, secure is not."""
+    out, done = runs["stopped"]
+    privacy = finished(out)[1]["privacy"]
+    line = [x for x in done.stdout.splitlines() if x.startswith("privacy: epsilon")]
+    assert line == [
+        f"privacy: epsilon {privacy['epsilon']:.4g} at delta 1e-05, seeded noise; not covered "
+        "(summary.json's privacy.not_covered): exact training metrics; evaluation; the sample; "
+        "the noise"
+    ]
+    assert privacy["covers"][0].startswith("the cluster models")
+    assert "recomputable from --seed" in privacy["not_covered"][-1]
+    secure_out, secure = runs["secure"]
+    assert secure.returncode == 0, secure.stderr[-3000:]
+    privacy = finished(secure_out)[1]["privacy"]
+    assert privacy["noise"] == "secure" and len(privacy["not_covered"]) == 3
+    assert "secure noise; not covered" in secure.stdout
+
+
+def test_a_resumed_secure_run_says_its_noise_is_fresh(runs: dict) -> None:
+    _, done = runs["secure_resumed"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming" in done.stdout and "draw fresh noise" in done.stdout
+
+
+def test_a_target_epsilon_below_one_rounds_cost_is_refused(runs: dict) -> None:
+    out, done = runs["below_one_round"]
+    assert done.returncode == 2
+    assert "one round costs epsilon 3.081" in done.stderr, done.stderr[-3000:]
+    assert "--dp_noise_multiplier of at least 1.0" in done.stderr  # the z of one round
+    assert not os.path.exists(os.path.join(out, "summary.json"))
 
 
 def test_without_a_noise_multiplier_the_target_sets_it(runs: dict) -> None:

@@ -51,6 +51,7 @@ MEAN_RECORD = {
     "target_quantile": 0.5,
     "clip_learning_rate": 0.2,
     "count_stddev": None,
+    "noise": "seeded",
     "delta": 1e-5,
     "target_epsilon": 0.0,
     "robust_zeroing": True,

@@ -29,7 +29,8 @@ FINE_TUNE_SHUFFLE = 7
 # The clients every evaluation of a run scores with `--eval_clients` (`TrainingConfig`).
 EVAL_SAMPLE = 8
 # The Gaussian noise a private aggregator adds to each cluster's sum in a round
-# (`federated.cluster_dp.ClusterDP`), folded there with the cluster and the tensor.
+# (`federated.cluster_dp.ClusterDP`, `--dp_noise=seeded`): the round's 128-bit key
+# (`derived_key`), split there by cluster and tensor.
 DP_NOISE = 9
 
 
@@ -81,6 +82,15 @@ def data_rng(seed: int, stream: DataStream, *parts: int) -> np.random.Generator:
 def derived_seed(*parts: int) -> int:
     """A 31-bit seed that is a fixed function of its integer parts."""
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] >> 1)
+
+
+def derived_key(*parts: int) -> tuple[int, int]:
+    """A 128-bit key (two int64 values, a stateless TF seed) that is a fixed function of its
+    integer parts: every bit of a seed of any width reaches it, as `derived_seed`'s 31 bits
+    could not carry a wider seed."""
+    words = np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)
+    low, high = (int(w) for w in words.view(np.int64))
+    return low, high
 
 
 def rng_for(*parts: int) -> np.random.Generator:

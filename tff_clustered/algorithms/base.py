@@ -166,6 +166,19 @@ class Plan:
     neighbours: Optional[np.ndarray] = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Releases:
+    """What an algorithm's run sends the server from individual clients' data beside the
+    per-cluster aggregate, each item one phrase (a private run states them: summary.json's
+    `privacy.covers` and `privacy.not_covered`, `loop.accounting.coverage`). `cold_start`: what
+    its cold start and its newcomers' placement read of individual clients' updates, which a
+    private cold start (the run's aggregator's `cold_start_mechanism`) clips and noises;
+    `outside`: what reaches the server outside any mechanism."""
+
+    cold_start: tuple[str, ...] = ()
+    outside: tuple[str, ...] = ()
+
+
 class Queries(Protocol):
     """Computations the loop runs for an algorithm; none of them changes the run's state."""
 
@@ -230,6 +243,9 @@ class Algorithm:
     models_from_aggregate: bool = True
     # Where it is not, the options that would make it so, for the refusal's message.
     private_mode: ClassVar[str] = ""
+    # What it sends the server from individual clients beside the aggregate (`Releases`): what
+    # a private run says its epsilon does not cover (nothing: its models are the aggregate's).
+    releases: ClassVar[Releases] = Releases()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """An algorithm that declares its own `Options` gets them type-checked where they are

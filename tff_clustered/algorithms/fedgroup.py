@@ -26,6 +26,7 @@ from tff_clustered.algorithms.base import (
     Decision,
     Plan,
     Queries,
+    Releases,
     RoundResult,
     RunInfo,
     ServerView,
@@ -97,6 +98,14 @@ class FedGroup(Algorithm):
     }
     clustering_method: ClassVar[str] = "edc"  # "edc" | "madc" | "rcc" (random cluster centers)
     random_newcomers: ClassVar[bool] = False  # RAC: newcomers join a random group
+    releases: ClassVar[Releases] = Releases(
+        cold_start=(
+            "FedGroup's cold start: the groups and their initial models, from the first "
+            "clients' pre-training updates (Alg. 3)",
+            "FedGroup's newcomer placement: each newcomer's group, from its own pre-training "
+            "update (Eq. 9)",
+        )
+    )
 
     def __init__(self, options: Optional[FedGroupOptions] = None) -> None:
         super().__init__(options)
@@ -293,6 +302,13 @@ class FedGroupRCC(FedGroup):
 
     name = "fedgroup_rcc"
     clustering_method = "rcc"
+    releases = Releases(
+        cold_start=(
+            "FedGroup-RCC's cold start: each group's initial model, one random client's "
+            "pre-training update",
+            *FedGroup.releases.cold_start[1:],
+        )
+    )
 
 
 class FedGroupRAC(FedGroup):
@@ -301,3 +317,4 @@ class FedGroupRAC(FedGroup):
     name = "fedgroup_rac"
     Options = FedGroupRACOptions
     random_newcomers = True
+    releases = Releases(cold_start=FedGroup.releases.cold_start[:1])  # random newcomers

@@ -49,6 +49,7 @@ from tff_clustered.algorithms.base import (
     Decision,
     Plan,
     Queries,
+    Releases,
     RoundResult,
     RunInfo,
     ServerView,
@@ -70,6 +71,12 @@ class FeSEM(Algorithm):
     # the client-side E-step (`--fesem_estep=client`) leaves the centers to the aggregate.
     models_from_aggregate = False
     private_mode = "--fesem_estep=client"
+    releases = Releases(
+        cold_start=(
+            "FeSEM's initialisation: the first assignment and centres, K-means of local models",
+        ),
+        outside=("FeSEM's cluster picks: the nearest centre each sampled client sends (Eq. 8)",),
+    )
     model_kinds = ("cluster", "global")
     paper = "Long et al., Multi-Center Federated Learning, World Wide Web 2023"
     needs_model_deltas = True  # the new W_i = its center + its update, the E-step's input

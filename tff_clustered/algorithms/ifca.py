@@ -16,6 +16,7 @@ from tff_clustered.algorithms.base import (
     Decision,
     Plan,
     Queries,
+    Releases,
     RoundResult,
     RunInfo,
     ServerView,
@@ -36,6 +37,11 @@ class IFCA(Algorithm):
     model_kinds = ("cluster",)  # independently initialised: their mean means nothing
     paper = "Ghosh et al., An Efficient Framework for Clustered Federated Learning, NeurIPS 2020"
     distribution = LowestLossCluster()  # the round's clients pick (federated/distributions.py)
+    releases = Releases(
+        outside=(
+            "IFCA's cluster picks: each sampled client's lowest-loss cluster, sent to the server",
+        )
+    )
 
     @dataclasses.dataclass(frozen=True)
     class Options:

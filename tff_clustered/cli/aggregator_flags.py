@@ -9,6 +9,8 @@ from __future__ import annotations
 from absl import flags
 
 from tff_clustered import options as options_lib
+from tff_clustered.algorithms import ALGORITHMS
+from tff_clustered.algorithms.base import Releases
 from tff_clustered.federated.aggregators import (
     AGGREGATORS,
     NAMED,
@@ -21,13 +23,24 @@ FLAGS = flags.FLAGS
 
 
 def aggregator_help() -> str:
-    """`--aggregator`'s help: each named aggregator's summary, then where none but the mean
-    can run."""
+    """`--aggregator`'s help: each named aggregator's summary, where none but the mean can run
+    (`loop.aggregation.check_aggregator`'s rule, from the algorithms' declarations), and what a
+    private run's epsilon leaves out (their `Releases`)."""
     each = ", ".join(f"{name} ({AGGREGATORS[name].summary})" for name in NAMED)
+    refused = [
+        name + (f" unless {cls.private_mode}" if cls.private_mode else "")
+        for name, cls in ALGORITHMS.items()
+        if not cls.models_from_aggregate and not cls.distribution.decentralized
+    ]
+    beside = [name for name, cls in ALGORITHMS.items() if cls.releases != Releases()]
     return (
-        f"What each cluster does with its clients' updates: {each}. Not for decentralized "
-        "algorithms, nor dp for those that read individual clients' updates (cfl, fesem, "
-        "fedac, cgpfl, flhc, fedtsdp)."
+        f"What each cluster does with its clients' updates: {each}. Only the mean for "
+        "decentralized algorithms (no server aggregates) and for those whose cluster models "
+        f"are set from individual clients' models or updates ({', '.join(refused)}). With dp, "
+        "epsilon covers the cluster models; what an algorithm sends beside the aggregate "
+        f"({', '.join(beside)}: cluster picks, a cold start's updates), exact training "
+        "metrics and evaluation are not covered: each private run lists them "
+        "(summary.json's privacy.not_covered, docs/privacy.md)."
     )
 
 

@@ -121,6 +121,12 @@ class ClusterAggregator:
         """Its mechanism's settings in summary.json's `privacy` block (one that adds noise)."""
         return {}
 
+    @property
+    def secure_noise(self) -> bool:
+        """Its round's noise key is to come from the operating system's CSPRNG, fresh each
+        round and never recorded (`loop.aggregation.noise_key`), not from the run's seed."""
+        return False
+
     def resume_warning(self) -> str:
         """What a resumed run should be told of settings its checkpoint could not record ("":
         nothing)."""

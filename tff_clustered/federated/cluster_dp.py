@@ -32,11 +32,18 @@ is z_v = (z^-2 - (2 sigma_b)^-2)^(-1/2), so the two Gaussian mechanisms compose 
 multiplier z. TFF's default sigma_b = 0.05 E is refused at a cluster's usual E of a few
 clients (it must exceed z/2), so the default here is sigma_b = z.
 
-Noise is stateless (`tf.random.stateless_normal`), from the round's seed folded with the
-cluster and the tensor index, on the CPU, so TFF's worker and the in-process round (on a GPU
-too) draw the same numbers and a resumed run repeats an uninterrupted one. With z = 0 the
-result equals TFF's `DifferentiallyPrivateFactory` (fixed or adaptive clipping) run on each
-cluster's own clients (tests/test_cluster_dp.py).
+Noise is stateless (`tf.random.stateless_normal`: Philox keyed by 128 bits), from the round's
+128-bit key split by cluster and by tensor (`noise_keys`: every split keeps 128 bits), on the
+CPU, so TFF's worker and the in-process round (on a GPU too) draw the same numbers from the same
+key. The key is the loop's round input (`loop.aggregation.noise_key`): with `noise="seeded"`
+(the default) a function of the run's seed and the round, so a resumed run repeats an
+uninterrupted one and anyone holding the seed can recompute (and subtract) the noise; with
+`noise="secure"` 128 fresh bits of the operating system's CSPRNG each round, never written
+anywhere, and each noise value the sum of four draws over 2 (Opacus's `secure_mode`, against
+the floating-point attacks on one Gaussian draw: Holohan and Braghin, "Secure Random Sampling
+in Differential Privacy", ESORICS 2021). With z = 0 the result equals TFF's
+`DifferentiallyPrivateFactory` (fixed or adaptive clipping) run on each cluster's own clients
+(tests/test_cluster_dp.py).
 """
 
 from __future__ import annotations
@@ -59,9 +66,11 @@ from tff_clustered.federated.cluster_aggregators import (
 )
 from tff_clustered.options import option
 
-# The fold of a cluster's seed that draws its below-clip count's noise (tensor folds are the
-# tensor indices, far below it).
-COUNT_NOISE_FOLD = 1 << 20
+# Where the noise's key comes from (`DPOptions.noise`): the run's seed, or the OS's CSPRNG.
+DP_NOISE_SOURCES = ("seeded", "secure")
+# Secure noise: each value the sum of this many standard normal draws over its square root
+# (Opacus's `secure_mode` sums four and halves them).
+SECURE_NOISE_DRAWS = 4
 # The settings' bounds. The round computes in float32: a clip, a noise standard deviation or a
 # count's noise beyond its largest value is infinite.
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -123,6 +132,15 @@ class DPOptions(AggregatorOptions):
         flag="dp_count_stddev",
         lower_bound=0.0,
     )
+    noise: str = option(
+        "seeded",
+        "where the noise comes from: seeded, a function of --seed and the round (repeatable and "
+        "resumable, for research: whoever holds the run folder can recompute and remove it, so "
+        "no privacy holds against them); secure, a fresh 128-bit key from the operating "
+        "system's CSPRNG each round, never stored (no one can recompute it; not repeatable).",
+        choices=DP_NOISE_SOURCES,
+        flag="dp_noise",
+    )
     delta: float = option(
         1e-5,
         "the delta every epsilon is stated at (epsilon columns of metrics.csv, summary.json's "
@@ -140,6 +158,8 @@ class DPOptions(AggregatorOptions):
         super().__post_init__()  # the types first
         if self.clipping not in DP_CLIPPINGS:
             raise ValueError(f"dp_clipping must be one of {DP_CLIPPINGS}, got {self.clipping!r}")
+        if self.noise not in DP_NOISE_SOURCES:
+            raise ValueError(f"dp_noise must be one of {DP_NOISE_SOURCES}, got {self.noise!r}")
         if self.noise_multiplier is None and not self.target_epsilon > 0:
             raise ValueError(
                 "--aggregator=dp needs --dp_noise_multiplier (the noise's standard deviation "
@@ -180,7 +200,8 @@ class ClusterDP(ClusterAggregator):
     privacy); `clip`: the clip norm C (the start of each cluster's with `adaptive`);
     `adaptive`: move each cluster's clip toward the `target_quantile` of its clients' update
     norms at `clip_learning_rate`; `count_stddev`: sigma_b, the noise on the below-clip counts
-    (None: z)."""
+    (None: z); `noise`: where the noise's key comes from, "seeded" (the run's seed) or
+    "secure" (the OS's CSPRNG, each round)."""
 
     noise_multiplier: float
     clip: float = 1.0
@@ -188,6 +209,7 @@ class ClusterDP(ClusterAggregator):
     target_quantile: float = 0.5
     clip_learning_rate: float = 0.2
     count_stddev: Optional[float] = None
+    noise: str = "seeded"
 
     name: ClassVar[str] = "dp"
     uniform_weights: ClassVar[bool] = True
@@ -217,6 +239,7 @@ class ClusterDP(ClusterAggregator):
                 f"in (0, {FLOAT32_MAX:.4g}] (the clip norm is a float32)",
             ),
             (0 <= self.target_quantile <= 1, "target_quantile", "in [0, 1]"),
+            (self.noise in DP_NOISE_SOURCES, "noise", f"one of {DP_NOISE_SOURCES}"),
             (
                 0 <= rate <= MAX_CLIP_LEARNING_RATE,
                 "clip_learning_rate",
@@ -277,6 +300,7 @@ class ClusterDP(ClusterAggregator):
             target_quantile=options.target_quantile,
             clip_learning_rate=options.clip_learning_rate,
             count_stddev=options.count_stddev,
+            noise=options.noise,
         )
 
     def options(self) -> DPOptions:
@@ -288,6 +312,7 @@ class ClusterDP(ClusterAggregator):
             target_quantile=self.target_quantile,
             clip_learning_rate=self.clip_learning_rate,
             count_stddev=self.count_stddev,
+            noise=self.noise,
         )
 
     @classmethod
@@ -307,7 +332,22 @@ class ClusterDP(ClusterAggregator):
             "count_stddev": self.effective_count_stddev if self.adaptive else None,
             "clip": self.clip,
             "clipping": "adaptive" if self.adaptive else "fixed",
+            "noise": self.noise,
         }
+
+    @property
+    def secure_noise(self) -> bool:
+        return self.noise == "secure"
+
+    def resume_warning(self) -> str:
+        """A resumed run of secure noise continues with fresh noise (its key was never saved)."""
+        if not self.secure_noise or self.noise_multiplier == 0:
+            return ""
+        return (
+            "--dp_noise=secure: the resumed rounds draw fresh noise from the operating system's "
+            "CSPRNG (no key was saved), so the models will differ from an uninterrupted run's; "
+            "the epsilon will not (it does not depend on the noise's values)"
+        )
 
     # -- what the accountant reads ------------------------------------------------------------
     @property
@@ -387,38 +427,23 @@ class ClusterDP(ClusterAggregator):
         in_use = denominator > 0
         num_clusters = int(sums[0].shape[0]) if sums else int(clip.shape[0])
         with tf.device("/CPU:0"):  # the same stateless numbers on every device
-            row_seeds = [
-                tf.random.experimental.stateless_fold_in(inputs["seed"], k)
-                for k in range(num_clusters)
-            ]
+            keys = noise_keys(inputs["seed"], num_clusters, len(sums) + 1)
             value_scale = clip * self.value_noise_multiplier
             means = []
             for i, total in enumerate(sums):
                 noise = tf.stack(
                     [
-                        tf.random.stateless_normal(
-                            total.shape[1:],
-                            seed=tf.random.experimental.stateless_fold_in(row_seeds[k], i),
-                        )
-                        * value_scale[k]
+                        self.standard_normal(total.shape[1:], keys[k][i]) * value_scale[k]
                         for k in range(num_clusters)
                     ]
                 )
                 means.append(divide_rows(total + masked(noise, in_use), denominator))
         measurements = collections.OrderedDict(dp_clip=clip)
         new_clip = clip
-        if self.adaptive:
+        if self.adaptive:  # the count's noise: each cluster's last key
             with tf.device("/CPU:0"):
                 count_noise = tf.stack(
-                    [
-                        tf.random.stateless_normal(
-                            [],
-                            seed=tf.random.experimental.stateless_fold_in(
-                                row_seeds[k], COUNT_NOISE_FOLD
-                            ),
-                        )
-                        for k in range(num_clusters)
-                    ]
+                    [self.standard_normal([], keys[k][len(sums)]) for k in range(num_clusters)]
                 )
             noised = stats[:, 0] + count_noise * self.effective_count_stddev
             new_clip, below = geometric_quantile_step(
@@ -432,6 +457,26 @@ class ClusterDP(ClusterAggregator):
             measurements["dp_unclipped_fraction"] = tf.where(in_use, below, 0.0)
         state = collections.OrderedDict(clip=new_clip)
         return tuple(means), in_use, state, measurements
+
+    def standard_normal(self, shape: Any, key: tf.Tensor) -> tf.Tensor:
+        """Standard normal values of `shape` from the 128-bit `key`: one draw each (seeded), or
+        the sum of `SECURE_NOISE_DRAWS` draws over its square root (secure)."""
+        if not self.secure_noise:
+            return tf.random.stateless_normal(shape, seed=key)
+        keys = tf.random.experimental.stateless_split(key, SECURE_NOISE_DRAWS)
+        draws = [tf.random.stateless_normal(shape, seed=keys[j]) for j in range(SECURE_NOISE_DRAWS)]
+        return tf.add_n(draws) / math.sqrt(SECURE_NOISE_DRAWS)
+
+
+def noise_keys(round_key: tf.Tensor, num_clusters: int, per_cluster: int) -> list[tf.Tensor]:
+    """`per_cluster` keys for each of `num_clusters` clusters (`[per_cluster, 2]` each) from the
+    round's key (int64[2]): splits of int64 keys keep all 128 bits, where a fold-in of a Python
+    int would leave 32 (`stateless_fold_in` draws the new key in the folded value's dtype)."""
+    key = tf.cast(round_key, tf.int64)
+    return [
+        tf.random.experimental.stateless_split(row, per_cluster)
+        for row in tf.unstack(tf.random.experimental.stateless_split(key, num_clusters))
+    ]
 
 
 def masked(noise: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:

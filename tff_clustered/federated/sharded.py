@@ -176,6 +176,8 @@ class ShardedRound:
         """`parts.next` with the same arguments and results."""
         with named_data_errors(self.parts.worker_data):
             workers = runtime.worker_contexts()
+            if not clients:  # TFF cannot carry a federated value of no client
+                return self.finalized_alone(state)
             if len(workers) <= 1 or len(clients) <= 1:
                 return self.parts.next(state, clients, hparams)
             self.parts.functions.aggregator.check_execution("tff", len(workers))
@@ -183,6 +185,24 @@ class ShardedRound:
             return ComposedRound(execution, self.parts.functions.routes_rows).next(
                 state, clients, hparams
             )
+
+    def finalized_alone(self, state: ServerState) -> tuple:
+        """The round of no client (an empty Poisson sample): `parts.finalize` on zero sums, on
+        the first worker (a private mean's noise alone, then the server optimizer's step), as
+        the in-process round computes it; no client outputs."""
+        fns = self.parts.functions
+        sums = ClientSums(
+            tuple(np.zeros(t.shape, np.float32) for t in fns.stacked_shared_spec()),
+            np.zeros([fns.num_clusters], np.float32),
+            np.zeros(fns.stats_spec.shape, np.float32),
+        )
+        workers = runtime.worker_contexts()
+        context = workers[0][1] if workers else tff.framework.get_context_stack().current
+        models = tuple(state.cluster_models)
+        finalize = self.parts.finalize
+        args = (models, sums, state.optimizer, state.aggregator)
+        finalized = Finalized(*_call_on(context, finalize, *args))
+        return after_round(state, finalized), [], finalized.measurements
 
     def evaluate(self, cluster_models: tuple, clients: Sequence[dict], batch_size: int) -> list:
         """`parts.evaluate`, each worker scoring a share of the clients."""

@@ -23,14 +23,66 @@ from typing import Any, Optional
 
 import numpy as np
 
-from tff_clustered.algorithms.base import RunInfo
+from tff_clustered.algorithms.base import Releases, RunInfo
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.dp_events import sampling_event
-from tff_clustered.loop.noise_calibration import calibrated_noise_multiplier
+from tff_clustered.loop.noise_calibration import calibrated_noise_multiplier, epsilon_of
 from tff_clustered.loop.privacy_ledger import PrivacyLedger
 from tff_clustered.loop.sampling import describe_sampling
 from tff_clustered.loop.state import RunState
+
+# What a private run's epsilon covers, and what no run's covers, whatever its algorithm (an
+# algorithm's own releases are its `Releases`): each item "what: detail" (stdout names the what).
+COVERED_MODELS = (
+    "the cluster models: every round's clipped per-cluster sums plus Gaussian noise (an empty "
+    "Poisson round's noise alone), the aggregator's state (adaptive clips) and what the server "
+    "computes from them alone"
+)
+LOOP_RELEASES = (
+    "exact training metrics: train_loss, num_sampled, dropped_clients and sampled_cluster_k of "
+    "metrics.csv, from the sampled clients' own training",
+    "evaluation: the accuracies and losses of metrics.csv and clients.csv, each client's from "
+    "its own data",
+    "the sample: which clients each round samples, drawn from --seed, which the run folder "
+    "records (epsilon's amplification by sampling assumes it secret)",
+)
+SEEDED_NOISE = (
+    "the noise: seeded (--dp_noise=seeded), recomputable from --seed, so nothing is private "
+    "against whoever holds the run folder; --dp_noise=secure for a model to release"
+)
+
+
+def private_cold_start(aggregator: ClusterAggregator) -> bool:
+    """Whether the run's cold start reads clients' updates through a Gaussian mechanism of its
+    own, accounted in the ledger (the aggregator's `cold_start_mechanism`, where it has one)."""
+    mechanism = getattr(aggregator, "cold_start_mechanism", None)
+    return mechanism is not None and mechanism() is not None
+
+
+def coverage(aggregator: ClusterAggregator, releases: Releases) -> dict[str, list[str]]:
+    """summary.json's `covers` and `not_covered` of a private run of `aggregator` whose algorithm
+    sends `releases` beside the aggregate: its cold start's reads are covered when the cold start
+    is private, the rest of its releases and the loop's (`LOOP_RELEASES`) never, and the noise
+    only when it is secure."""
+    cold_start = list(releases.cold_start)
+    private_start = private_cold_start(aggregator)
+    covers = [COVERED_MODELS, *(cold_start if private_start else [])]
+    not_covered = [*([] if private_start else cold_start), *releases.outside, *LOOP_RELEASES]
+    if not aggregator.secure_noise:
+        not_covered.append(SEEDED_NOISE)
+    return {"covers": covers, "not_covered": not_covered}
+
+
+def privacy_line(privacy: Mapping[str, Any]) -> str:
+    """The line a private run ends with: its epsilon at its delta, its noise, and what its
+    epsilon does not cover (each item's what; the details in summary.json)."""
+    uncovered = "; ".join(item.split(":")[0] for item in privacy["not_covered"])
+    noise = f", {privacy['noise']} noise" if "noise" in privacy else ""
+    return (
+        f"privacy: epsilon {privacy['epsilon']:.4g} at delta {privacy['delta']:g}{noise}; not "
+        f"covered (summary.json's privacy.not_covered): {uncovered}"
+    )
 
 
 def account_for(
@@ -50,6 +102,7 @@ def calibrated(config: TrainingConfig, population: int) -> tuple[TrainingConfig,
     settings = config.aggregator
     budget = settings.privacy_budget()
     if budget is None or not budget.calibrate:
+        refuse_target_below_one_round(config, population)
         return config, None
 
     # A round of adaptive clipping (TFF's split of the noise) costs exactly a Gaussian round of
@@ -64,6 +117,34 @@ def calibrated(config: TrainingConfig, population: int) -> tuple[TrainingConfig,
     )
     chosen = settings.with_noise_multiplier(z)
     return dataclasses.replace(config, aggregator=chosen), z
+
+
+def refuse_target_below_one_round(config: TrainingConfig, population: int) -> None:
+    """Refuses a target epsilon that the first round alone passes (every one of `population`
+    clients eligible, as the calibration takes them): the run would stop before it and train
+    nothing. The message names one round's epsilon and the noise multipliers that fit."""
+    budget = config.aggregator.privacy_budget()
+    event = config.aggregator.build().round_event()
+    if budget is None or not budget.target_epsilon > 0 or event is None or population < 1:
+        return
+    sampling, sample = config.client_sampling, min(config.clients_per_round, population)
+    one_round = epsilon_of(sampling_event(sampling, population, sample, event), budget.delta)
+    if one_round <= budget.target_epsilon:
+        return
+    target, delta, rounds = budget.target_epsilon, budget.delta, config.rounds
+    fits_one, fits_all = (
+        calibrated_noise_multiplier(target, delta, n, sampling, population, sample)
+        for n in (1, rounds)
+    )
+    z = config.aggregator.options.noise_multiplier
+    raise ValueError(
+        f"--target_epsilon={target:g} is below one round's epsilon: with "
+        f"--dp_noise_multiplier={z:g} and --client_sampling={sampling} ({sample} of "
+        f"{population} clients), one round costs epsilon {one_round:.4g} at delta {delta:g}, so "
+        f"the run would stop before round 1 and train nothing; give --dp_noise_multiplier of "
+        f"at least {fits_one:.4g} (one round fits) or {fits_all:.4g} (all {rounds} rounds fit; "
+        f"leave it unset and the target sets it), or a --target_epsilon above {one_round:.4g}"
+    )
 
 
 class PrivacyAccount:
@@ -157,8 +238,11 @@ class PrivacyAccount:
         row.update({f"epsilon_cluster_{k}": float(e) for k, e in enumerate(per_cluster)})
         return row
 
-    def summary(self, ledger: PrivacyLedger, stopped_at_target: bool) -> dict[str, Any]:
-        """summary.json's `privacy` block."""
+    def summary(
+        self, ledger: PrivacyLedger, stopped_at_target: bool, releases: Releases
+    ) -> dict[str, Any]:
+        """summary.json's `privacy` block (`releases`: what the algorithm sends beside the
+        aggregate, stated in `covers` and `not_covered`)."""
         return {
             "epsilon": ledger.epsilon(self.delta),
             "delta": self.delta,
@@ -169,13 +253,18 @@ class PrivacyAccount:
             "accountant": "Renyi DP (dp-accounting's RdpAccountant)",
             "neighboring_relation": ledger.neighboring_relation.name,
             "client_weighting": "uniform" if self.aggregator.uniform_weights else "algorithm's",
+            **coverage(self.aggregator, releases),
         }
 
 
 def privacy_summary(
-    account: Optional[PrivacyAccount], state: RunState, stopped_at_target: bool
+    account: Optional[PrivacyAccount],
+    state: RunState,
+    stopped_at_target: bool,
+    releases: Releases,
 ) -> Optional[dict[str, Any]]:
-    """summary.json's `privacy` block of a run with `account` (None: not a private run)."""
+    """summary.json's `privacy` block of a run with `account` (None: not a private run) whose
+    algorithm sends `releases` beside the aggregate."""
     if account is None or state.privacy is None:
         return None
-    return account.summary(state.privacy, stopped_at_target)
+    return account.summary(state.privacy, stopped_at_target, releases)

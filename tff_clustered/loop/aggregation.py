@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
@@ -27,7 +28,7 @@ from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.state import RunState
 from tff_clustered.runtime import context as runtime
-from tff_clustered.seeds import DP_NOISE, derived_seed
+from tff_clustered.seeds import DP_NOISE, derived_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,8 +146,17 @@ def round_inputs(
     clients_per_round: int,
     num_clusters: int,
 ) -> collections.OrderedDict:
-    """The round's inputs: a noise seed from the run's seed and the round (stream
-    `DP_NOISE`), and the expected counts."""
-    noise_seed = np.array([derived_seed(seed, DP_NOISE, round_num), 0], np.int64)
+    """The round's inputs: its noise key (`noise_key`) and the expected counts."""
     counts = expected_counts(assignment, eligible, clients_per_round, num_clusters)
-    return aggregator.round_inputs(noise_seed, counts)
+    return aggregator.round_inputs(noise_key(aggregator, seed, round_num), counts)
+
+
+def noise_key(aggregator: ClusterAggregator, seed: int, round_num: int) -> np.ndarray:
+    """The round's 128-bit noise key (int64[2]): for an aggregator of `secure_noise`, fresh bits
+    of the operating system's CSPRNG (`secrets`), passed to the round and never written
+    (checkpoints keep the aggregator's state, not its inputs), so no one can recompute the
+    noise; otherwise a function of the run's seed, of any width, and the round (stream
+    `DP_NOISE`), so a resumed run draws what an uninterrupted one would."""
+    if aggregator.secure_noise:
+        return np.frombuffer(secrets.token_bytes(16), np.int64).copy()
+    return np.array(derived_key(seed, DP_NOISE, round_num), np.int64)

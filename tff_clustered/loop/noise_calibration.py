@@ -46,6 +46,13 @@ class CachedRdpAccountant(dpa.PrivacyAccountant):
         return epsilon_of_rdp(self.rdp, target_delta)
 
 
+def epsilon_of(event: DpEvent, delta: float) -> float:
+    """The epsilon at `delta` of `event` (a round's, or rounds composed), as the ledger
+    accounts it, under the adjacency the event needs (add-or-remove where any holds)."""
+    relation = relation_of_key(event_key(event)) or Relation.ADD_OR_REMOVE_ONE
+    return CachedRdpAccountant(relation).compose(event).get_epsilon(delta)
+
+
 def calibrated_noise_multiplier(
     target_epsilon: float,
     delta: float,

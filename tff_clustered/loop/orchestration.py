@@ -317,9 +317,8 @@ class Experiment:
         decide, record: one row."""
         eligible = self.eligible_clients(round_num)
         client_ids = self.sample_clients(round_num, eligible)
-        if not client_ids:  # possible with Poisson sampling: nothing trains, nothing changes
-            empty = empty_round_row(self.config.learning_rate_at(round_num), self.num_clusters)
-            return self.accounted(empty, eligible)
+        if not client_ids:  # possible with Poisson sampling: nothing trains
+            return self.accounted(self.empty_round(round_num, eligible), eligible)
         aggregator = aggregation.aggregator_round(  # from the assignment before the plan
             self.aggregator, self.state, self.config, round_num, eligible
         )
@@ -348,6 +347,25 @@ class Experiment:
         row = self.training_row(request, outcome, decision, server_seconds, moved)
         return self.accounted(row, eligible)
 
+    def empty_round(self, round_num: int, eligible: Sequence[str]) -> dict[str, Any]:
+        """The row of a round that sampled no client. The algorithm is not asked; a private run
+        still releases its mechanism's output on the empty sums (each cluster in use moves by
+        noise alone, its server optimizer steps), as its accounting assumes: unchanged models
+        would tell that no client was sampled (docs/privacy.md)."""
+        row = empty_round_row(self.config.learning_rate_at(round_num), self.num_clusters)
+        if self.account is None:
+            return row
+        aggregator = aggregation.aggregator_round(
+            self.aggregator, self.state, self.config, round_num, eligible
+        )
+        request = self.train_request(round_num, [], Plan(clusters=None), aggregator)
+        outcome = self.round_step.release(request, self.store)
+        self.state.cluster_models = outcome.cluster_models
+        self.state.server_optimizer_state = outcome.optimizer_state
+        self.state.aggregator_state = outcome.aggregator_state
+        row.update(self.aggregator.measurement_columns(outcome.measurements, self.num_clusters))
+        return row
+
     def accounted(self, row: dict[str, Any], eligible: Sequence[str]) -> dict[str, Any]:
         """`row` with the round recorded in a private run's account (its epsilon columns)."""
         if self.account is not None:
@@ -371,7 +389,9 @@ class Experiment:
             client_ids=client_ids,
             keys=distribution.keys(
                 self.algorithm.name, len(client_ids), plan.clusters, plan.neighbours
-            ),
+            )
+            if client_ids
+            else np.zeros(0, np.int32),  # a round of no client: its aggregator's output alone
             cluster_models=self.state.cluster_models,
             training=LocalTraining(
                 self.config.local_epochs,

@@ -103,11 +103,33 @@ class RoundStep:
             trained.measurements,
         )
 
+    def release(self, request: TrainRequest, store: ClientStore) -> RoundOutcome:
+        """A round of no client (`request.client_ids` empty) run for its aggregator's server
+        side alone: a private mean's noise on the empty sums, the server optimizer's step. No
+        client trains; the store is untouched."""
+        started = time.perf_counter()
+        trained = self.calls.train(request, store)
+        nobody = np.zeros(0, np.int32)
+        round_num = request.round_num
+        check_finite(
+            trained.cluster_models, round_num, "aggregation", nobody, [], self.divergence_hint
+        )
+        return RoundOutcome(
+            round_result(round_num, [], nobody, [], request.cluster_models, False),
+            trained.cluster_models,
+            trained.optimizer_state,
+            0,
+            time.perf_counter() - started,
+            trained.aggregator_state,
+            trained.measurements,
+        )
+
 
 def empty_round_row(learning_rate: float, num_clusters: int) -> dict[str, Any]:
     """The row of a round that sampled no client (Poisson sampling may): the algorithm is not
-    asked, nothing trains or is sent, no model, state or assignment changes, and the training
-    loss is NaN (no example was seen)."""
+    asked, nothing trains or is sent, no assignment changes (nor, outside a private run, any
+    model or state: `RoundStep.release`), and the training loss is NaN (no example was
+    seen)."""
     return {
         "learning_rate": learning_rate,
         "train_loss": math.nan,

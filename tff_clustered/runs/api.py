@@ -300,9 +300,6 @@ def run(
         if resume:  # refuses other settings or data first
             saved = checkpoint.load(RunFolder(output_dir).checkpoint, settings, source)
             refuse_another_model(output_dir, saved, values)
-            warning = training.aggregator.build().resume_warning() if saved is not None else ""
-            if warning:
-                log(warning)
 
     with contextlib.ExitStack() as running:
         with timer.phase("runtime"):

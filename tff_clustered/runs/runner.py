@@ -241,6 +241,9 @@ def _started(
         with timer.phase("checkpoints"):
             experiment.restore(saved)
         log(f"resuming {folder.path} after round {saved.round_num}/{experiment.config.rounds}")
+        warning = experiment.aggregator.resume_warning()  # what the checkpoint cannot repeat
+        if warning:
+            log(warning)
         return experiment, saved, source
     if resume:
         log(f"no checkpoint in {folder.path}; starting the run from round 0")
@@ -300,10 +303,15 @@ def _summary_written(
         clusters,
         phases,
         accounting.privacy_summary(
-            experiment.account, experiment.state, experiment.stopped_at_target
+            experiment.account,
+            experiment.state,
+            experiment.stopped_at_target,
+            experiment.algorithm.releases,
         ),
     )
     log(phases_line(phases))
+    if "privacy" in summary:
+        log(accounting.privacy_line(summary["privacy"]))
     return summary
 
 
