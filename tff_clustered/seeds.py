@@ -67,6 +67,9 @@ class DataStream(enum.Enum):
     # client k's examples (part k).
     POPULATION_GROUP_MAPS = (13,)
     POPULATION_CLIENT = (14,)
+    # `--split=validation`: which of client k's training examples (part k) are held out as its
+    # validation set (`data/validation.py`).
+    VALIDATION_EXAMPLES = (15,)
 
 
 def data_rng(seed: int, stream: DataStream, *parts: int) -> np.random.Generator:
