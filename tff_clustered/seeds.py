@@ -31,6 +31,9 @@ EVAL_SAMPLE = 8
 # The Gaussian noise a private aggregator adds to each cluster's sum in a round
 # (`federated.cluster_dp.ClusterDP`), folded there with the cluster and the tensor.
 DP_NOISE = 9
+# A tuned comparison's trials (`comparison/tuning.py`): the value of one knob in one trial,
+# folded with the trial and the knob's name.
+TUNING = 10
 
 
 @enum.unique
