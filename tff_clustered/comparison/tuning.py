@@ -133,7 +133,7 @@ class TunedMethod:
         """Its line in comparison.md: the chosen values and their validation score."""
         where = f"{self.setting} " if self.setting else ""
         return (
-            f"{where}{self.column}: trial {self.chosen} of {len(self.trials)}, "
+            f"{where}{self.column}: trial{self.chosen:02d} of {len(self.trials)}, "
             f"{values_text(self.trials[self.chosen])}, validation "
             f"{100 * self.scores[self.chosen]:.2f}%"
         )
