@@ -142,6 +142,7 @@ class TunedMethod:
 def tuning_lines(tuned: Sequence[TunedMethod], budget: int, seed: int) -> list[str]:
     """comparison.md's section on the tuning: the budget, then each method's choice."""
     return [
+        "",
         "## Tuning",
         "",
         f"Every method had {budget} trials (equal budget), each run on the validation split "
@@ -150,7 +151,6 @@ def tuning_lines(tuned: Sequence[TunedMethod], budget: int, seed: int) -> list[s
         "split with the table's seeds. Every trial is in tuning.csv.",
         "",
         *(f"- {method.line()}" for method in tuned),
-        "",
     ]
 
 
