@@ -115,7 +115,7 @@ flags.DEFINE_list(
     None,
     "Tune every method first: all (the learning rate and each method's declared knobs, "
     "docs/options.md) or some knobs (e.g. learning_rate,mu). Each method gets --tune_budget "
-    "trials on the validation split with the first seed; its best values then run on the test "
+    "trials on the validation split with the lowest seed; its best values then run on the test "
     "split with every seed (docs/tuning.md).",
 )
 flags.DEFINE_integer(
@@ -352,9 +352,10 @@ def main(argv: list[str]) -> int:
 
 
 def trials_of(planned: list[PlannedRun]) -> dict[PlannedRun, list[dict[str, Any]]]:
-    """Each method's trials (`tuning.draw_trials`), keyed by its planned run of the first seed:
-    the seed the trials are drawn and run with."""
-    first = planned[0].seed
+    """Each method's trials (`tuning.draw_trials`), keyed by its planned run of the table's
+    lowest seed: the seed the trials are drawn and run with (the one a check of the committed
+    table reruns, `table_commands.sampled_cell`)."""
+    first = min(run.seed for run in planned)
     return {
         run: tuning.draw_trials(
             run.spec, tuning.tuned_space(run.spec, FLAGS.tune), FLAGS.tune_budget, first

@@ -5,7 +5,7 @@ every knob of the method's search space (the shared learning rate, `search_space
 and the ranges its `Options` declare, `options.search_space_of`) with its own generator,
 `seeds.rng_for(seed, TUNING, trial, knob)`: the same seed gives the same trials, and trial t
 gives every method the same learning rate. A trial runs on `--split=validation` with the
-table's first seed and is scored by its final validation accuracy (the table's figure: pooled,
+table's lowest seed and is scored by its final validation accuracy (the table's figure: pooled,
 or the client mean); the best trial's values (the first on a tie) are then run on the test
 split with every seed of the table. No test example is read before the values are chosen.
 """
