@@ -29,6 +29,7 @@ from tff_clustered.data.federated_data import chosen_clients
 from tff_clustered.data.given_clients import federated_data
 from tff_clustered.data.registry import source_fingerprint
 from tff_clustered.data.tff_datasets import emnist_parsing
+from tff_clustered.data.validation import validation_view
 from tff_clustered.seeds import DataStream, data_rng
 
 NUM_CLIENTS = 30
@@ -525,3 +526,15 @@ def test_reading_together_refuses_a_parser_that_is_not_one_example_per_record(
     )
     for client, arrays in zip(["c01", "c02"], source.arrays_of("train", ["c01", "c02"])):
         np.testing.assert_array_equal(arrays["x"], reader.read("train", client)[0])
+
+
+def test_a_lazy_populations_validation_split_is_the_one_of_the_file_read_whole(
+    population_file: str,
+) -> None:
+    """`split="validation"` on a lazily read population carves each client's training rows as
+    the same file read whole is carved, and reads no test row."""
+    lazy = load_dataset("tff_sql", data_dir=population_file, split="validation")
+    held = validation_view(tff_sql.load_tff_sql(population_file, None, lazy=False), seed=0)
+    assert lazy.evaluated_split == held.evaluated_split == "validation"
+    assert_same_clients(lazy, held)
+    assert {split for split, _ in lazy.source.base._cache} == {"train"}

@@ -28,12 +28,23 @@ def option(
     choices: Optional[tuple[str, ...]] = None,
     flag: Optional[str] = None,
     lower_bound: Optional[float] = None,
+    search: Any = None,
 ) -> Any:
     """A dataclass field that is also a flag: of the field's name unless `flag` names it (an
     aggregator's `clip` is `--dp_clip`), its values one of `choices`, or at least `lower_bound`
-    (the flag parser refuses others)."""
+    (the flag parser refuses others); `search` (a `search_space` range) makes it a knob a
+    tuned comparison draws from (`search_space_of`)."""
     metadata = {"help": help, "choices": choices, "flag": flag, "lower_bound": lower_bound}
-    return dataclasses.field(default=default, metadata=metadata)
+    return dataclasses.field(default=default, metadata={**metadata, "search": search})
+
+
+def search_space_of(options_cls: type) -> dict[str, Any]:
+    """The knobs of an `Options` class that declare a `search` range, by field name."""
+    return {
+        f.name: f.metadata["search"]
+        for f in dataclasses.fields(options_cls)
+        if f.metadata.get("search") is not None
+    }
 
 
 def flag_name(field: dataclasses.Field) -> str:

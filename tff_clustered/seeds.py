@@ -32,6 +32,9 @@ EVAL_SAMPLE = 8
 # (`federated.cluster_dp.ClusterDP`, `--dp_noise=seeded`): the round's 128-bit key
 # (`derived_key`), split there by cluster and tensor.
 DP_NOISE = 9
+# A tuned comparison's trials (`comparison/tuning.py`): the value of one knob in one trial,
+# folded with the trial and the knob's name.
+TUNING = 10
 
 
 @enum.unique
@@ -68,6 +71,9 @@ class DataStream(enum.Enum):
     # client k's examples (part k).
     POPULATION_GROUP_MAPS = (13,)
     POPULATION_CLIENT = (14,)
+    # `--split=validation`: which of client k's training examples (part k) are held out as its
+    # validation set (`data/validation.py`).
+    VALIDATION_EXAMPLES = (15,)
 
 
 def data_rng(seed: int, stream: DataStream, *parts: int) -> np.random.Generator:

@@ -14,6 +14,7 @@ from typing import Optional
 from tff_clustered.algorithms.base import Algorithm, RunInfo, check
 from tff_clustered.federated import client_work
 from tff_clustered.options import option
+from tff_clustered.search_space import LogUniform
 
 
 class Ditto(Algorithm):
@@ -27,7 +28,11 @@ class Ditto(Algorithm):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        ditto_lambda: float = option(0.1, "Ditto: strength lambda of the pull toward w (Eq. 2).")
+        ditto_lambda: float = option(
+            0.1,
+            "Ditto: strength lambda of the pull toward w (Eq. 2).",
+            search=LogUniform(0.01, 1.0),
+        )
 
     def __init__(self, options: Optional[Options] = None) -> None:
         super().__init__(options)

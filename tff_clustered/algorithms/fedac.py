@@ -93,6 +93,7 @@ from tff_clustered.clustering import fedac as fedac_clustering
 from tff_clustered.federated import client_work
 from tff_clustered.federated.signature import CLIENT_WEIGHTINGS
 from tff_clustered.options import option
+from tff_clustered.search_space import LogUniform, Uniform
 from tff_clustered.seeds import ALGORITHM, derived_seed
 
 DEFAULT_INITIAL_CLUSTERS = 10  # K_init; Fig. 4(c) finds K = 10 best in the paper's setting
@@ -167,9 +168,15 @@ class FedAC(Algorithm):
         num_clusters: int = option(
             DEFAULT_INITIAL_CLUSTERS, "FedAC: clusters K_init after warm-up."
         )
-        fedac_mu: float = option(0.1, "FedAC mu: pull of the whole model toward its centre.")
+        fedac_mu: float = option(
+            0.1,
+            "FedAC mu: pull of the whole model toward its centre.",
+            search=LogUniform(0.01, 1.0),
+        )
         fedac_lambda: float = option(
-            0.1, "FedAC lambda: pull of the embedding toward the global embedding Phi."
+            0.1,
+            "FedAC lambda: pull of the embedding toward the global embedding Phi.",
+            search=LogUniform(0.01, 1.0),
         )
         fedac_components: int = option(
             low_rank_cosine.NUM_COMPONENTS, "FedAC reduced dimension D of the PCA map."
@@ -202,10 +209,12 @@ class FedAC(Algorithm):
         fedac_merge_separation: float = option(
             cnt_settings.MERGE_SEPARATION,
             "FedAC CNT (relative): merge a cluster separated from its nearest by less.",
+            search=Uniform(1.0, 3.0),
         )
         fedac_split_separation: float = option(
             cnt_settings.SPLIT_SEPARATION,
             "FedAC CNT (relative): split a cluster whose two sides are separated by more.",
+            search=Uniform(3.0, 6.0),
         )
         fedac_bimodality: float = option(
             cnt_settings.UNIMODAL_BIMODALITY,

@@ -33,7 +33,7 @@ from tff_clustered.algorithms.base import (
     Similarity,
     check,
 )
-from tff_clustered.algorithms.fedprox import DEFAULT_MU, MU_HELP
+from tff_clustered.algorithms.fedprox import DEFAULT_MU, MU_HELP, MU_SEARCH
 from tff_clustered.options import option
 from tff_clustered.seeds import ALGORITHM, derived_seed
 
@@ -82,7 +82,7 @@ class FedGroupRACOptions(FedGroupOptions):
 
 @dataclasses.dataclass(frozen=True)
 class FedGrouProxOptions(FedGroupOptions):
-    mu: float = option(DEFAULT_MU, MU_HELP)
+    mu: float = option(DEFAULT_MU, MU_HELP, search=MU_SEARCH)
 
 
 class FedGroup(Algorithm):

@@ -18,6 +18,7 @@ from tff_clustered.algorithms.base import (
     layers_to_tensors,
 )
 from tff_clustered.options import option
+from tff_clustered.search_space import Choice
 
 
 class FedPer(Algorithm):
@@ -33,6 +34,7 @@ class FedPer(Algorithm):
             None,
             "Personal top layers (fedper; unset: the classifier head, the fully connected "
             "layers after the last convolutional layer; 1 for an MLP).",
+            search=Choice((1, 2)),
         )
 
     def __init__(self, options: Optional[Options] = None) -> None:

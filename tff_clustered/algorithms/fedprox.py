@@ -7,9 +7,12 @@ from typing import Optional
 
 from tff_clustered.algorithms.base import Algorithm, check
 from tff_clustered.options import option
+from tff_clustered.search_space import LogUniform
 
 DEFAULT_MU = 0.01
 MU_HELP = "Proximal strength mu of the local loss's (mu/2)||w - w^t||^2."
+# The values a tuned comparison tries for mu (FedProx's and FedGrouProx's).
+MU_SEARCH = LogUniform(1e-3, 1.0)
 
 
 class FedProx(Algorithm):
@@ -20,7 +23,7 @@ class FedProx(Algorithm):
 
     @dataclasses.dataclass(frozen=True)
     class Options:
-        mu: float = option(DEFAULT_MU, MU_HELP)
+        mu: float = option(DEFAULT_MU, MU_HELP, search=MU_SEARCH)
 
     def __init__(self, options: Optional[Options] = None) -> None:
         super().__init__(options)

@@ -54,6 +54,7 @@ from tff_clustered.algorithms.base import (
     per_seed_text,
 )
 from tff_clustered.options import option
+from tff_clustered.search_space import Choice, Uniform
 from tff_clustered.seeds import ALGORITHM, PUBLIC_BATCH, derived_seed
 
 TRIGGERS = ("calibrated", "paper")
@@ -85,14 +86,18 @@ class FedTSDP(Algorithm):
             "same outputs with the client structure destroyed, by tsdp_trigger_z standard "
             "deviations) or paper (H > hopkins_threshold).",
             TRIGGERS,
+            search=Choice(TRIGGERS),
         )
         hopkins_threshold: float = option(
-            0.65, "FedTSDP h_th: re-cluster when H > h_th (--tsdp_trigger=paper)."
+            0.65,
+            "FedTSDP h_th: re-cluster when H > h_th (--tsdp_trigger=paper).",
+            search=Uniform(0.55, 0.8),
         )
         tsdp_trigger_z: float = option(
             4.0,
             "FedTSDP calibrated trigger (ours): H must exceed the reference sets' mean H by this "
             "many of their standard deviations.",
+            search=Uniform(2.0, 6.0),
         )
         tsdp_reference_sets: int = option(
             32, "FedTSDP calibrated trigger (ours): reference sets per round."
@@ -106,8 +111,12 @@ class FedTSDP(Algorithm):
         tsdp_eps2: float = option(3.5, "FedTSDP stage-2 DBSCAN radius on weight distance.")
         tsdp_min_pts: int = option(2, "FedTSDP DBSCAN min_pts (the point itself included).")
         psi: float = option(0.98, "FedTSDP dampening ratio of the shared-layer count (Eq. 11).")
-        public_batch_size: int = option(50, "FedTSDP public samples per round (B).")
-        hopkins_sample_size: int = option(0, "FedTSDP Hopkins m~ (0: max(1, round(0.1 m))).")
+        public_batch_size: int = option(
+            50, "FedTSDP public samples per round (B).", search=Choice((20, 50, 100))
+        )
+        hopkins_sample_size: int = option(
+            0, "FedTSDP Hopkins m~ (0: max(1, round(0.1 m))).", search=Choice((0, 2, 4))
+        )
         hopkins_target_std: float = option(
             0.005,
             "FedTSDP: repeat the Hopkins draw until H's standard error is at most this (ours; "

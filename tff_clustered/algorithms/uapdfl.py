@@ -69,6 +69,7 @@ from tff_clustered.algorithms.dfl import Decentralized
 from tff_clustered.federated import client_work, local_training
 from tff_clustered.federated.peer_work import Inbox, train_mixed
 from tff_clustered.options import option
+from tff_clustered.search_space import LogUniform
 
 ABLATIONS = ("full", "without_cd", "without_lp")
 DIVERGENCES = ("skl", "js")
@@ -279,7 +280,11 @@ class UAPDFL(Decentralized):
             "UA-PDFL th_I, the divergence threshold (the paper gives none): 0 calibrates it "
             "from the run's own divergences (ours, see the file); X > 0 is the constant X.",
         )
-        uapdfl_mu: float = option(0.01, "UA-PDFL mu of the auxiliary alignment term (Eq. 12).")
+        uapdfl_mu: float = option(
+            0.01,
+            "UA-PDFL mu of the auxiliary alignment term (Eq. 12).",
+            search=LogUniform(1e-3, 0.1),
+        )
         uapdfl_divergence: str = option(
             "skl", "UA-PDFL Div: symmetrised KL (Eq. 6) or Jensen-Shannon.", DIVERGENCES
         )

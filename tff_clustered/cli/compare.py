@@ -52,16 +52,18 @@ import datetime
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from typing import Any, NamedTuple, Optional
 
 from absl import app, flags
 
 from tff_clustered.algorithms import ALGORITHMS
 from tff_clustered.algorithms.fedgroup import discrepancy
+from tff_clustered.atomic_files import atomic_write_bytes
 
 # TensorFlow is imported (through these) before absl parses flags (see train.py).
 from tff_clustered.cli import exits, run_flags
-from tff_clustered.comparison import numerics, run_rows, table_writer
+from tff_clustered.comparison import numerics, run_rows, table_writer, tuning
 from tff_clustered.comparison.setting_rows import SETTINGS_HELP, parse_setting
 from tff_clustered.comparison.table_defaults import (
     PROTOCOLS,
@@ -107,6 +109,17 @@ flags.DEFINE_string(
     "output_dir",
     None,
     "Where outputs go (default runs/compare-TABLE-DATASET-sSEED, or -seedsA-B-C).",
+)
+flags.DEFINE_list(
+    "tune",
+    None,
+    "Tune every method first: all (the learning rate and each method's declared knobs, "
+    "docs/options.md) or some knobs (e.g. learning_rate,mu). Each method gets --tune_budget "
+    "trials on the validation split with the lowest seed; its best values then run on the test "
+    "split with every seed (docs/tuning.md).",
+)
+flags.DEFINE_integer(
+    "tune_budget", 8, "Trials per method (in each setting) of --tune.", lower_bound=1
 )
 flags.DEFINE_bool(
     "plan_only",
@@ -308,45 +321,115 @@ def main(argv: list[str]) -> int:
         # command line serves the whole table.
         base = column_spec(columns[0])
         seed_part = f"s{seeds[0]}" if len(seeds) == 1 else "seeds" + "-".join(map(str, seeds))
+        tuned_part = "-tuned" if FLAGS.tune else ""
         output_dir = FLAGS.output_dir or os.path.join(
-            "runs", f"compare-{FLAGS.table}-{base.data.dataset}-{seed_part}"
+            "runs", f"compare-{FLAGS.table}-{base.data.dataset}-{seed_part}{tuned_part}"
         )
         settings = FLAGS.settings if FLAGS.table in SETTING_TABLES else [None]
         planned = plan_runs(columns, seeds, settings, output_dir)
+        if FLAGS.tune:
+            tuning.check_knobs([run.spec for run in planned], FLAGS.tune)
         if defaults_taken:
             print(f"{FLAGS.table} table on {base.data.dataset}, defaults of the flags not given:")
             print("\n".join(f"  {line}" for line in defaults_taken), flush=True)
         if FLAGS.plan_only:
             print("\n".join(map(describe, planned)))
+            for run, trials in trials_of(planned).items() if FLAGS.tune else ():
+                print(
+                    "\n".join(
+                        f"tuning {run.column} trial {i}: {tuning.values_text(t)}"
+                        for i, t in enumerate(trials)
+                    )
+                )
             print(f"{len(planned)} runs; outputs would be in {output_dir}")
             return 0
         # The table folder is held for the whole comparison (each run also holds its own
         # subfolder), before the worker writes its log there: a second compare on it is refused.
         with checkpoint.hold_run_folder(output_dir):
-            rows, histories = run_planned(planned, base.data.dataset, output_dir)
-            write_outputs(rows, histories, base, output_dir, defaults_taken)
+            rows, histories, tuned = run_planned(planned, base.data.dataset, output_dir)
+            write_outputs(rows, histories, base, output_dir, defaults_taken, tuned)
     return 0
+
+
+def trials_of(planned: list[PlannedRun]) -> dict[PlannedRun, list[dict[str, Any]]]:
+    """Each method's trials (`tuning.draw_trials`), keyed by its planned run of the table's
+    lowest seed: the seed the trials are drawn and run with (the one a check of the committed
+    table reruns, `table_commands.sampled_cell`)."""
+    first = min(run.seed for run in planned)
+    return {
+        run: tuning.draw_trials(
+            run.spec, tuning.tuned_space(run.spec, FLAGS.tune), FLAGS.tune_budget, first
+        )
+        for run in planned
+        if run.seed == first
+    }
+
+
+def tune_methods(
+    planned: list[PlannedRun], dataset: str, output_dir: str, execution: RunExecution
+) -> tuple[list[PlannedRun], list[tuning.TunedMethod]]:
+    """Every method tuned (`comparison/tuning.py`): its trials run (or read back) on the
+    validation split under OUTPUT_DIR/tuning/, scored by the table's figure; returns the
+    planned runs with each method's chosen values, and the tunings."""
+    tuned: dict[tuple[Optional[str], str], tuning.TunedMethod] = {}
+    for run, trials in trials_of(planned).items():
+        scores = []
+        for index, values in enumerate(trials):
+            folder = os.path.join(
+                output_dir, "tuning", os.path.relpath(run.folder, output_dir), f"trial{index:02d}"
+            )
+            spec = tuning.on_validation(tuning.with_values(run.spec, values))
+            row = table_row(run._replace(spec=spec, folder=folder), dataset, execution)
+            scores.append(row[figure_key()])
+        method = tuning.TunedMethod(run.setting, run.column, tuple(trials), tuple(scores))
+        print(f"tuned {method.line()}", flush=True)
+        tuned[(run.setting, run.column)] = method
+    chosen = [
+        run._replace(
+            spec=tuning.with_values(run.spec, tuned[(run.setting, run.column)].chosen_values)
+        )
+        for run in planned
+    ]
+    return chosen, list(tuned.values())
+
+
+def figure_key() -> str:
+    """The row's figure a table ranks by: the final client mean or the pooled accuracy."""
+    client_mean = SETTING_TABLES.get(FLAGS.table, False)
+    return "final_client_mean_accuracy" if client_mean else "final_accuracy"
+
+
+def table_row(run: PlannedRun, dataset: str, execution: RunExecution) -> dict[str, Any]:
+    """One planned run run (or read back, when finished) and its row of figures."""
+    history = run_one(run.spec, run.folder, execution.timed_anew())["history"]
+    row = run_rows.run_row(
+        run.setting or dataset,
+        run.column,
+        run.seed,
+        history,
+        FLAGS.target_accuracy,
+        ALGORITHMS[run.spec.algorithm],
+    )
+    return {**row, "history": history}
 
 
 def run_planned(
     planned: list[PlannedRun], dataset: str, output_dir: str
-) -> tuple[list[dict[str, Any]], dict[tuple[str, str], list]]:
-    """Runs (or reads back, when finished) every planned run on one TFF runtime: the table's
-    rows and each (setting, algorithm)'s histories."""
+) -> tuple[list[dict[str, Any]], dict[tuple[str, str], list], list[tuning.TunedMethod]]:
+    """Runs (or reads back, when finished) every planned run on one TFF runtime, each method
+    tuned first with `--tune`: the table's rows, each (setting, algorithm)'s histories and the
+    tunings."""
     rows: list[dict[str, Any]] = []
     histories: dict[tuple[str, str], list] = {}
+    tuned: list[tuning.TunedMethod] = []
     execution = run_flags.execution_from_flags(output_dir, PhaseTimer())
     with tff_runtime(execution.runtime):
-        for seed, setting, column, spec, folder in planned:
-            history = run_one(spec, folder, execution.timed_anew())["history"]
-            row = run_rows.run_row(
-                setting or dataset,
-                column,
-                seed,
-                history,
-                FLAGS.target_accuracy,
-                ALGORITHMS[spec.algorithm],
-            )
+        if FLAGS.tune:
+            planned, tuned = tune_methods(planned, dataset, output_dir, execution)
+        for run in planned:
+            row = table_row(run, dataset, execution)
+            history = row.pop("history")
+            seed, column = run.seed, run.column
             rows.append(row)
             histories.setdefault((row["setting"], column), []).append(history)
             print(
@@ -355,7 +438,7 @@ def run_planned(
                 f"client mean {row['final_client_mean_accuracy']:.4f}",
                 flush=True,
             )
-    return rows, histories
+    return rows, histories, tuned
 
 
 def write_outputs(
@@ -364,6 +447,7 @@ def write_outputs(
     base: RunSpec,
     output_dir: str,
     defaults_taken: list[str],
+    tuned: Sequence[tuning.TunedMethod] = (),
 ) -> None:
     """comparison.md / .csv / .png in `output_dir`, with the command, the date, the table's
     defaults it took (`apply_table_defaults`) and this machine's CPU and TensorFlow numerics
@@ -384,7 +468,14 @@ def write_outputs(
         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         defaults_taken=defaults_taken,
         machine=numerics.machine_lines(),
+        tuning=tuning.tuning_lines(tuned, FLAGS.tune_budget, min(r["seed"] for r in rows))
+        if tuned
+        else (),
     )
+    if tuned:
+        atomic_write_bytes(
+            os.path.join(output_dir, "tuning.csv"), tuning.tuning_csv(tuned).encode()
+        )
     figures.write_comparison_png(
         ComparisonFolder(output_dir).comparison_png,
         histories,

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tff_clustered import options as options_lib
+from tff_clustered import search_space
 from tff_clustered.algorithms import ALGORITHMS
 from tff_clustered.algorithms.base import Algorithm
 from tff_clustered.cli import exits
@@ -152,6 +153,16 @@ def option_rows(options_cls: type) -> list[str]:
     return rows
 
 
+def search_lines(options_cls: type) -> list[str]:
+    """The line saying what `compare.py --tune` draws for an `Options` class's own knobs (its
+    fields' `search` ranges), none when it declares none."""
+    space = options_lib.search_space_of(options_cls)
+    if not space:
+        return []
+    knobs = "; ".join(f"`--{name}` {knob.text()}" for name, knob in space.items())
+    return [f"Tuned by `compare.py --tune` (beside `--learning_rate`): {knobs}.", ""]
+
+
 def options_page(algorithms: Mapping[str, type[Algorithm]]) -> str:
     """The text of docs/options.md."""
     out = [
@@ -167,6 +178,11 @@ def options_page(algorithms: Mapping[str, type[Algorithm]]) -> str:
         "options it has. The general flags (data, model, training, runtime) are in "
         "[flags.md](flags.md). This page is generated from the code; the guide of each "
         "algorithm says which values are its paper's and which are ours.",
+        "",
+        "A knob a tuned comparison searches declares its range beside its default "
+        "(`option(..., search=...)`, `tff_clustered/search_space.py`); every algorithm's "
+        f"learning rate is drawn {search_space.LEARNING_RATE.text()} "
+        "([tuning.md](tuning.md)).",
         "",
         "## Algorithms",
         "",
@@ -189,6 +205,7 @@ def options_page(algorithms: Mapping[str, type[Algorithm]]) -> str:
             out += ["| flag | type | default | help |", "|---|---|---|---|", *rows, ""]
         else:
             out += ["No options of its own: only the general flags of [flags.md](flags.md).", ""]
+        out += search_lines(cls.Options)
     out += aggregators_section(AGGREGATORS)
     return "\n".join(out)
 

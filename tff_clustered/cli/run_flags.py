@@ -129,6 +129,14 @@ flags.DEFINE_integer(
     "this many training images instead of all (a smaller run on the same distribution).",
     lower_bound=1,
 )
+flags.DEFINE_enum(
+    "split",
+    "test",
+    ["test", "validation"],
+    "The examples the run scores: test (the reported figures), or validation (a seeded 15 % "
+    "of each client's training examples, held out and not trained on: for tuning, never a "
+    "test figure; docs/tuning.md).",
+)
 flags.DEFINE_integer("resnet_width", 64, "Channels of resnet18's first stage.", lower_bound=1)
 # Each algorithm's own options (num_clusters, mu, personal_layers, FedGroup's, FedTSDP's, ...)
 # are declared in its file, as the fields of its Options.

@@ -134,7 +134,9 @@ def run(spec: RunSpec, output_dir: str, execution: RunExecution) -> dict[str, An
 def print_results(spec: RunSpec, results: dict[str, Any]) -> None:
     """The run's accuracy, each model kind's on the scored clients, and its clusters: sizes and,
     on data with planted groups, the adjusted Rand index against them."""
-    run = f"{spec.algorithm} on {spec.data.dataset}/{spec.model_choice.model}"
+    run = f"{spec.algorithm} on {spec.data.dataset}/{spec.model_choice.model}" + (
+        " (validation split: not test figures)" if spec.data.split == "validation" else ""
+    )
     if ACCURACY_UNDEFINED in results:
         print(f"{run}: no final accuracy: {results[ACCURACY_UNDEFINED]}")
     else:

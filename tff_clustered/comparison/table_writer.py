@@ -152,11 +152,13 @@ def write_tables(
     date: str,
     defaults_taken: Sequence[str] = (),
     machine: Sequence[str] = (),
+    tuning: Sequence[str] = (),
 ) -> str:
     """comparison.md (the table, then each cell's diagnostics per seed) and comparison.csv
     (every run in long form). `defaults_taken`: the table's defaults the command took, one
     line per source (written under the command); `machine`: the header's last lines, what the
-    numbers depend on besides the command (`numerics.machine_lines`). Returns the markdown."""
+    numbers depend on besides the command (`numerics.machine_lines`); `tuning`: a tuned table's
+    section (`comparison.tuning.tuning_lines`), under the table. Returns the markdown."""
     folder = ComparisonFolder(output_dir)
     atomic_write_bytes(folder.comparison_csv, long_form_csv(rows).encode())
     seeds = sorted({int(r["seed"]) for r in rows})
@@ -170,6 +172,7 @@ def write_tables(
         ]
     else:
         lines += algorithm_table(rows, target_accuracy)
+    lines += list(tuning)
     lines += diagnostics_section(rows, seeds)
     lines += standings_section(standings(rows, key if by_setting else "max_accuracy"))
     markdown = "\n".join(lines) + "\n"

@@ -82,6 +82,9 @@ class FederatedData:
     # Where the examples are read from when a client is first needed (`client_source`); None:
     # every client's arrays are in `train_arrays` and `test_arrays`.
     source: Optional[ClientSource] = None
+    # The examples `test` holds: "test", or "validation" (held out of the training examples by
+    # `--split=validation`, `data/validation.py`): what a run's evaluation rows say they scored.
+    evaluated_split: str = "test"
 
     @property
     def client_ids(self) -> list[str]:

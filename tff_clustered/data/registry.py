@@ -29,6 +29,7 @@ from tff_clustered.data.tff_datasets import (
     load_tff_shakespeare,
 )
 from tff_clustered.data.tff_sql import load_tff_sql, tff_sql_path
+from tff_clustered.data.validation import validation_view
 
 # FEMNIST: FedProx/FedGroup subset (200 writers, 10 letters, 26-way head: Table II counts) or
 # the full LEAF FEMNIST (62 classes by writer).
@@ -75,13 +76,22 @@ def image_beta(partition: Optional[str], dirichlet_beta: Optional[float]) -> flo
     return 0.1 if partition == "fedac_dirichlet" else 0.5
 
 
-# Long: the registry's dispatch table, one branch per dataset, and its docstring the list of
-# what each dataset name loads; cut apart, neither would read as the one place to look.
 def load_dataset(
     spec: Union[DataSpec, str], *fields: Any, seed: int = 0, **named: Any
 ) -> FederatedData:
     """The federation `spec` describes (a `DataSpec`, or a dataset's name and `DataSpec`'s other
-    fields: `data_spec`), every random choice seeded by `seed`.
+    fields: `data_spec`), every random choice seeded by `seed`; with `split="validation"`, as a
+    validation run sees it (`validation.validation_view`: its test examples never read)."""
+    spec = data_spec(spec, *fields, **named)
+    data = load_federation(spec, seed)
+    return validation_view(data, seed) if spec.split == "validation" else data
+
+
+# Long: the registry's dispatch table, one branch per dataset, and its docstring the list of
+# what each dataset name loads; cut apart, neither would read as the one place to look.
+def load_federation(spec: DataSpec, seed: int) -> FederatedData:
+    """The federation `spec` describes with its train and test examples, every random choice
+    seeded by `seed`.
 
     `digits` (embedded default: planted label-permutation groups), `digits_dirichlet` /
     `digits_iid` / `digits_pathological` (embedded, true labels, a public set; `partition`
@@ -110,7 +120,6 @@ def load_dataset(
     + 1).
     `train_examples` (the five image federations only): deal that many training images, a
     seeded uniform choice, instead of all."""
-    spec = data_spec(spec, *fields, **named)
     name, data_dir = spec.dataset, spec.data_dir
     num_clients, num_classes = spec.num_clients, spec.num_classes
     partition = spec.partition_used()

@@ -43,6 +43,9 @@ IMAGE_DATASETS = ("cifar10", "cifar100", "svhn", "fashion_mnist", "mnist_partiti
 LEAF_DATASETS = ("femnist", "femnist_leaf", "sent140", "leaf")
 # The fields of a `DataSpec` that name files or folders.
 PATH_FIELDS = ("data_dir", "glove_path", "tfds_dir")
+# What `--split` takes (`data/validation.py`): the test examples, or validation examples held
+# out of each client's training examples.
+SPLITS = ("test", "validation")
 # The fewest classes a `--num_classes` may give: a classifier tells at least two apart (one
 # class is every example's label, nothing to learn).
 MIN_CLASSES = 2
@@ -59,7 +62,9 @@ class DataSpec:
     the dataset's default), `num_classes` (None: from the labels), `partition` and
     `dirichlet_beta` (how an image or digits federation is dealt; None: the dataset's
     default), `classes_per_client` (of the pathological partition), `train_examples` (deal a
-    seeded choice of that many training images of the five image federations)."""
+    seeded choice of that many training images of the five image federations). `split`: the
+    examples a run scores, "test", or "validation" (held out of each client's training examples,
+    `data/validation.py`: for tuning, never a reported test figure)."""
 
     dataset: str = "digits"
     data_dir: Optional[str] = None
@@ -71,6 +76,7 @@ class DataSpec:
     dirichlet_beta: Optional[float] = None
     classes_per_client: int = 2
     train_examples: Optional[int] = None
+    split: str = "test"
 
     def __post_init__(self) -> None:
         for name in PATH_FIELDS:  # a pathlib.Path is taken as the path it names
@@ -81,6 +87,11 @@ class DataSpec:
         name = self.dataset
         if name not in DATASET_NAMES:
             raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+        if self.split not in SPLITS:
+            raise ValueError(
+                f"--split={self.split}: choose test (the reported figures) or validation (for "
+                "tuning)"
+            )
         self.partition_used()  # refuses a partition or a beta the dataset does not use
         if self.train_examples is not None and name not in IMAGE_DATASETS:
             raise ValueError(

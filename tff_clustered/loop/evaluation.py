@@ -51,18 +51,20 @@ def server_models(
 
 def pooled(results: ClientResults, suffix: str) -> dict[str, float]:
     """Pooled (test-example weighted) accuracy and loss, and the unweighted mean accuracy over
-    clients, of per-client results; NaN without clients."""
+    the clients with examples (a client with one training example has no validation examples,
+    `data/validation.py`), of per-client results; NaN without clients."""
     total = sum(r["num_examples"] for r in results.values())
     nan = float("nan")
+    scored = [r for r in results.values() if r["num_examples"]]
     return {
         f"accuracy{suffix}": sum(r["num_correct"] for r in results.values()) / total
         if total
         else nan,
         f"loss{suffix}": sum(r["loss_sum"] for r in results.values()) / total if total else nan,
         f"client_accuracy_mean{suffix}": float(
-            np.mean([r["num_correct"] / max(r["num_examples"], 1.0) for r in results.values()])
+            np.mean([r["num_correct"] / r["num_examples"] for r in scored])
         )
-        if results
+        if scored
         else nan,
     }
 
@@ -151,6 +153,8 @@ class Evaluator:
             results[FINE_TUNED] = self.fine_tuned(models, keys, evaluated, queries, round_num)
             kinds = (*kinds, FINE_TUNED)
         row = round_row(state, kinds, results, assigned, cluster_of, assigning.seconds)
+        if self.data.evaluated_split != "test":  # `--split=validation`: not test figures
+            row["split"] = self.data.evaluated_split
         return row, self.client_rows(state, kinds, results, evaluated, cluster_of, round_num)
 
     def client_rows(

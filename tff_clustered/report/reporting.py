@@ -206,7 +206,8 @@ NO_ASSIGNED_CLIENT = (
 def summarize(history: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Final and best test accuracy (FedGroup's Table III reports the max over rounds) of the
     paper's figure (`accuracy`: assigned clients), and the same for each model kind over all
-    clients (`accuracy_KIND`), each with the round of its best.
+    clients (`accuracy_KIND`), each with the round of its best; validation accuracies, said
+    under `split`, when the rows scored validation examples (`--split=validation`).
 
     `final_accuracy` (and the paper's figure's other finals and bests) is always there: NaN,
     with the reason under `ACCURACY_UNDEFINED`, when no trained round scored an assigned client
@@ -214,6 +215,9 @@ def summarize(history: Sequence[dict[str, Any]]) -> dict[str, Any]:
     are no result; `NO_ASSIGNED_CLIENT`). A model kind is reported once a trained round scored
     it."""
     results: dict[str, Any] = dict(paper_figure(history))
+    splits = {r["split"] for r in history if r.get("split")}
+    if splits:  # `--split=validation`: the figures are validation accuracies, not test ones
+        results["split"] = ",".join(sorted(splits))
     kinds = [
         k[len("accuracy_") :] for k in (history[-1] if history else {}) if k.startswith("accuracy_")
     ]

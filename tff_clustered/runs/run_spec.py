@@ -78,9 +78,12 @@ class RunSpec:
     def settings(self) -> dict[str, Any]:
         """The run's settings as its checkpoints and summary.json record them: the dataset's
         and the model's fields beside the algorithm's, its options and the training."""
+        data = dataclasses.asdict(self.data)
+        if data["split"] == "test":  # the default, recorded only when validation (as before it)
+            del data["split"]
         return {
             "algorithm": self.algorithm,
-            **dataclasses.asdict(self.data),
+            **data,
             **dataclasses.asdict(self.model_choice),
             "algorithm_options": dataclasses.asdict(self.algorithm_options),
             "training": self.training.settings(),

@@ -1,0 +1,159 @@
+"""The validation split and tuned comparisons: held-out examples, seeded trials, no test read."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+import pytest
+from conftest import history_rows, run_binary
+
+from tff_clustered.comparison import tuning
+from tff_clustered.data import registry
+from tff_clustered.data.registry import load_dataset
+from tff_clustered.data.spec import DataSpec
+from tff_clustered.data.validation import validation_size
+from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.execution import RunExecution
+from tff_clustered.runs import runner
+from tff_clustered.runs.run_spec import RunSpec
+from tff_clustered.runtime.context import RuntimeConfig
+
+DIGITS = DataSpec("digits", num_clients=12)
+FEDPROX = RunSpec(
+    "fedprox",
+    DIGITS,
+    training=TrainingConfig(rounds=2, clients_per_round=6, learning_rate=0.1, seed=3),
+)
+
+
+def rows_of(arrays: Mapping[str, np.ndarray]) -> list[bytes]:
+    """A client's examples as sorted byte strings (input and label): a multiset to compare."""
+    return sorted(x.tobytes() + int(y).to_bytes(2, "little") for x, y in zip(*arrays.values()))
+
+
+def test_validation_size_holds_out_a_share_never_all_nor_a_lone_example() -> None:
+    sizes = {n: validation_size(n) for n in (1, 2, 3, 7, 10, 100, 1000)}
+    assert sizes == {1: 0, 2: 1, 3: 1, 7: 1, 10: 2, 100: 15, 1000: 150}
+
+
+def test_the_validation_split_is_a_seeded_part_of_each_clients_training_examples() -> None:
+    """Train and validation of the view are exactly the client's training examples, in the
+    rule's sizes; the test examples are not in it; the seed decides, the same seed again."""
+    data = load_dataset(DIGITS, seed=3)
+    view = load_dataset(dataclasses.replace(DIGITS, split="validation"), seed=3)
+    again = load_dataset(dataclasses.replace(DIGITS, split="validation"), seed=3)
+    other = load_dataset(DataSpec("digits", num_clients=12, split="validation"), seed=4)
+    assert view.evaluated_split == "validation" and data.evaluated_split == "test"
+    for client in data.client_ids:
+        n = data.train_sizes[client]
+        assert view.test_sizes[client] == validation_size(n) == len(view.test_arrays[client]["y"])
+        assert view.train_sizes[client] == n - validation_size(n)
+        both = {
+            k: np.concatenate([view.train_arrays[client][k], view.test_arrays[client][k]])
+            for k in ("x", "y")
+        }
+        assert rows_of(both) == rows_of(data.train_arrays[client])
+        for k in ("x", "y"):
+            assert np.array_equal(view.test_arrays[client][k], again.test_arrays[client][k])
+    assert any(
+        not np.array_equal(view.test_arrays[c]["y"], other.test_arrays[c]["y"])
+        or not np.array_equal(view.test_arrays[c]["x"], other.test_arrays[c]["x"])
+        for c in data.client_ids
+    )
+
+
+def test_the_default_split_records_and_loads_as_before() -> None:
+    spec = RunSpec("fedavg", DIGITS)
+    assert "split" not in spec.settings()
+    assert tuning.on_validation(spec).settings()["split"] == "validation"
+    with pytest.raises(ValueError, match="--split=train: choose test"):
+        DataSpec("digits", split="train")
+
+
+def test_the_same_seed_draws_the_same_trials_and_every_method_the_same_learning_rates() -> None:
+    space = tuning.tuned_space(FEDPROX, ["all"])
+    assert set(space) == {"learning_rate", "mu"}
+    trials = tuning.draw_trials(FEDPROX, space, 5, seed=0)
+    assert trials == tuning.draw_trials(FEDPROX, space, 5, seed=0)
+    assert trials != tuning.draw_trials(FEDPROX, space, 5, seed=1)
+    assert len(trials) == 5 and all(0.025 <= t["learning_rate"] <= 0.4 for t in trials)
+    assert all(1e-3 <= t["mu"] <= 1.0 for t in trials)
+    fedavg = RunSpec("fedavg", DIGITS, training=FEDPROX.training)
+    lrs = tuning.draw_trials(fedavg, tuning.tuned_space(fedavg, ["all"]), 5, seed=0)
+    assert [t["learning_rate"] for t in lrs] == [t["learning_rate"] for t in trials]
+    assert tuning.with_values(FEDPROX, trials[0]).algorithm_options.mu == trials[0]["mu"]
+
+
+def test_the_best_trial_is_the_first_of_the_highest_and_never_a_nan() -> None:
+    assert tuning.best_trial([0.5, float("nan"), 0.7, 0.7]) == 2
+    assert tuning.best_trial([float("nan"), 0.1]) == 1
+
+
+class ReadRecorder(Mapping):
+    """A split's arrays whose every read is recorded."""
+
+    def __init__(self, arrays: Mapping, reads: list) -> None:
+        self.arrays, self.reads = arrays, reads
+
+    def __getitem__(self, client: str) -> object:
+        self.reads.append(client)
+        return self.arrays[client]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.arrays)
+
+    def __len__(self) -> int:
+        return len(self.arrays)
+
+
+def final_accuracies(spec: RunSpec, trials: list) -> list[float]:
+    """Each trial of `spec` run in process as tuning runs it, and its final accuracy."""
+    scores = []
+    for values in trials:
+        trial = tuning.on_validation(tuning.with_values(spec, values))
+        experiment = runner.spec_experiment(trial, RunExecution(RuntimeConfig("in_process")))
+        experiment.start()
+        list(experiment.rounds())
+        scores.append(history_rows(experiment)[-1]["accuracy"])
+    return scores
+
+
+def test_tuning_reads_only_validation_examples(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trials run on data whose test labels are poisoned and whose test reads are recorded
+    score exactly as on clean data, with no test read; a test-split run on the same data does
+    read them and scores otherwise (the instrument works)."""
+    trials = tuning.draw_trials(FEDPROX, tuning.tuned_space(FEDPROX, ["all"]), 2, seed=0)
+    clean = final_accuracies(FEDPROX, trials)
+    reads: list = []
+    load = registry.load_federation
+
+    def poisoned(spec: DataSpec, seed: int) -> object:
+        data = load(spec, seed)
+        test = {
+            c: collections.OrderedDict(x=a["x"], y=(a["y"] + 1) % data.num_classes)
+            for c, a in data.test_arrays.items()
+        }
+        return dataclasses.replace(data, test_arrays=ReadRecorder(test, reads))
+
+    monkeypatch.setattr(registry, "load_federation", poisoned)
+    assert final_accuracies(FEDPROX, trials) == clean and reads == []
+    test_run = runner.spec_experiment(FEDPROX, RunExecution(RuntimeConfig("in_process")))
+    test_run.start()
+    list(test_run.rounds())
+    assert reads and history_rows(test_run)[-1]["accuracy"] < 0.2
+
+
+def test_compare_plans_equal_trials_and_refuses_an_unknown_knob() -> None:
+    """`--plan_only` lists the same number of trials for every column; a knob no column
+    declares is refused (compare.py exits 2 on the ValueError, as on any bad flag)."""
+    common = ["binaries/compare.py", "--algorithms=fedavg,fedprox", "--plan_only"]
+    planned = run_binary([*common, "--tune=all", "--tune_budget=3"])
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    lines = [line for line in planned.stdout.splitlines() if line.startswith("tuning ")]
+    assert len([x for x in lines if " fedavg " in x]) == 3
+    assert len([x for x in lines if " fedprox " in x]) == 3
+    with pytest.raises(ValueError, match="no method of the table searches bogus; give all"):
+        tuning.check_knobs([FEDPROX], ["mu", "bogus"])
