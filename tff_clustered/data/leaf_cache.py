@@ -1,18 +1,22 @@
-"""LEAF splits kept as NumPy arrays beside the JSON files, keyed by the files' digests.
+"""LEAF splits kept as NumPy arrays in the user's cache folder, keyed by the files' digests.
 
 Parsing LEAF's JSON is most of a LEAF run's start-up (FEMNIST's 86 MB: seconds), and the same
 files are read by every run on them. After a split is read (`leaf.read_leaf_split_examples`),
-its users' arrays are written once, atomically, to `.tff_clustered_cache/leaf-KEY.npz` in the
-folder of the split's first file; KEY digests the cache's format, every file's path and bytes
-(`fingerprint.file_digest`: a changed file is another key, so a stale cache is never read) and
-the reader's `num_classes`. The next read of the same files loads the arrays instead: the same
-arrays, bit for bit, as parsing gives (inputs float32, labels as parsed). Only numeric features
-and Shakespeare's character ids are kept (Sent140's token lists are not arrays); a folder that
-cannot be written (read-only data) keeps no cache, and the files are parsed each time.
+its users' arrays are written once, atomically, to `cache_folder()`: `$TFF_CLUSTERED_CACHE`,
+else `$XDG_CACHE_HOME/tff_clustered`, else `~/.cache/tff_clustered` (never into the data's
+own folders, which may be read-only or listed by the user's scripts). A file's name digests
+the split's file paths, then its content key: the cache's format, every file's bytes
+(`fingerprint.file_digest`: a changed file is another key, so a stale cache is never read, and
+is deleted when its successor is written) and the reader's `num_classes`. The next read of the
+same files loads the arrays instead: the same arrays, bit for bit, as parsing gives (inputs
+float32, labels as parsed). Only numeric features and Shakespeare's character ids are kept
+(Sent140's token lists are not arrays). `TFF_CLUSTERED_CACHE=off` keeps nothing; a cache
+folder that cannot be written keeps nothing either, and the files are parsed each time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -26,17 +30,33 @@ from tff_clustered.atomic_files import atomic_write_bytes
 from tff_clustered.data.federated_data import ClientArrays
 from tff_clustered.data.fingerprint import file_digest
 
-FOLDER = ".tff_clustered_cache"
 FORMAT = "leaf-arrays-1"  # changed whenever what is kept, or how, changes
+OFF = "off"
 
 
-def cache_path(files: Sequence[str], num_classes: Optional[int]) -> str:
-    """Where the arrays of the split read from `files` are kept (see the module docstring)."""
-    key = hashlib.sha256(FORMAT.encode())
+def cache_folder() -> Optional[str]:
+    """Where the arrays are kept (see the module docstring); None: `TFF_CLUSTERED_CACHE=off`."""
+    chosen = os.environ.get("TFF_CLUSTERED_CACHE")
+    if chosen == OFF:
+        return None
+    if chosen:
+        return chosen
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tff_clustered")
+
+
+def cache_path(files: Sequence[str], num_classes: Optional[int]) -> Optional[str]:
+    """Where the arrays of the split read from `files` are kept: `leaf-PATHS-CONTENT.npz`, or
+    None when no cache is kept."""
+    folder = cache_folder()
+    if folder is None:
+        return None
+    paths = hashlib.sha256("\0".join(os.path.abspath(file) for file in files).encode())
+    content = hashlib.sha256(FORMAT.encode())
     for file in files:
-        key.update(f"\0{os.path.abspath(file)}\0{file_digest(file)}".encode())
-    key.update(f"\0{num_classes}".encode())
-    return os.path.join(os.path.dirname(files[0]), FOLDER, f"leaf-{key.hexdigest()[:24]}.npz")
+        content.update(f"\0{file_digest(file)}".encode())
+    content.update(f"\0{num_classes}".encode())
+    return os.path.join(folder, f"leaf-{paths.hexdigest()[:16]}-{content.hexdigest()[:16]}.npz")
 
 
 def read_cached(path: str) -> Optional[tuple[dict[str, ClientArrays], str, str]]:
@@ -74,4 +94,10 @@ def write_cached(path: str, users: dict[str, ClientArrays], kind: str, source: s
     try:
         atomic_write_bytes(path, payload.getvalue())
     except OSError:
-        pass  # read-only data: parsed each time
+        return  # a cache folder that cannot be written: parsed each time
+    folder, name = os.path.split(path)
+    same_files = name[: len("leaf-") + 17]  # the same paths' earlier contents: stale
+    for other in os.listdir(folder):
+        if other.startswith(same_files) and other != name:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(folder, other))
