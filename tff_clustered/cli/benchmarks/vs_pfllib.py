@@ -45,8 +45,9 @@ flags.DEFINE_string("pfllib_dir", None, "vs_pfllib: a checkout of PFLlib (its sy
 flags.DEFINE_string("pfllib_python", None, "vs_pfllib: a Python that has torch, to run PFLlib.")
 flags.DEFINE_integer(
     "pfllib_threads",
-    0,
-    "vs_pfllib: torch's threads for PFLlib (0: torch's default).",
+    1,
+    "vs_pfllib: torch's threads for PFLlib (0: torch's default, 2 on 2 cores). 1 is PFLlib's "
+    "faster setting on a shared 2-core machine: at 2, its rounds took 10-30x longer here.",
     lower_bound=0,
 )
 flags.DEFINE_integer("vs_pfllib_cycles", 3, "vs_pfllib: runs of each system.", lower_bound=1)
