@@ -207,8 +207,6 @@ class TffRuntime:
         if self.config.execution == "in_process":  # nothing of TFF's runs
             self.started = True
             return self
-        import tensorflow_federated as tff
-
         global _ACTIVE_WORKERS, _ACTIVE_CLIENT_DATA
         # (When no worker can be reached below, TFF's import-time context is dropped at exit by
         # the hook in `tff_clustered/__init__.py`, before its `__del__` could fail.)
@@ -216,9 +214,12 @@ class TffRuntime:
             for address in self.config.workers:
                 wait_until_ready(address, None, self.config.connect_timeout_s)
             targets = {address: None for address in self.config.workers}
-        else:  # started now; its first call waits until it answers (the data loads meanwhile)
+        else:  # started first (it starts while TFF is imported and the data loads); its first
+            # call waits until it answers
             target = self._start_local_worker()
             targets = {target: functools.partial(wait_until_ready, target, self._process)}
+        import tensorflow_federated as tff
+
         self._connections = [
             WorkerConnection(
                 target, self.config.worker_timeout_s, self.config.probe_every_s, until_ready
