@@ -7,6 +7,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -15,6 +16,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTDATA = os.path.join(ROOT, "testdata")
 SHARED_LEAF_FILE = os.path.join(ROOT, "..", "shared", "data", "leaf_synthetic_1_1", "mytest.json")
+# LEAF splits read by the tests are kept (data/leaf_cache.py) in a folder of this session, not
+# in the user's cache folder; subprocesses inherit it.
+os.environ.setdefault("TFF_CLUSTERED_CACHE", tempfile.mkdtemp(prefix="tff_clustered_cache-"))
 
 
 @pytest.fixture(scope="session")

@@ -147,6 +147,13 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_bool(logs.FLAG, False, logs.FLAG_HELP)
 flags.DEFINE_integer("eval_every", 1, "Evaluate every N rounds.", lower_bound=1)
+flags.DEFINE_bool(
+    "eval_at_start",
+    True,
+    "Score the models before round 1 (metrics.csv's round 0, the first point of curves.png: "
+    "the initial model, or the cold start's clusters). --noeval_at_start: round 1's row is the "
+    "first, and round 1 starts sooner.",
+)
 flags.DEFINE_integer(
     "eval_clients",
     0,
@@ -240,6 +247,7 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
             momentum=FLAGS.momentum,
             seed=FLAGS.seed,
             eval_every=FLAGS.eval_every,
+            eval_at_start=FLAGS.eval_at_start,
             eval_clients=FLAGS.eval_clients,
             fine_tune_steps=FLAGS.fine_tune_steps,
             max_diverged_fraction=FLAGS.max_diverged_fraction,

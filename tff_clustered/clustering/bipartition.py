@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-from sklearn.cluster import AgglomerativeClustering
 
 from tff_clustered.clustering.common import cosine_similarity
 
@@ -60,6 +59,8 @@ def optimal_bipartition(similarity: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     exact argmin is the single-linkage (maximum-spacing) cut; complete linkage is kept for
     fidelity to the reference results and agrees with it on well-separated groups. Returns
     the two parts as sorted index arrays, the part holding client 0 first; deterministic."""
+    from sklearn.cluster import AgglomerativeClustering
+
     s = np.asarray(similarity, np.float64)
     if s.ndim != 2 or s.shape[0] != s.shape[1]:
         raise ValueError(f"similarity must be a square matrix, got shape {s.shape}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.spatial.distance import cdist
-from sklearn.cluster import AgglomerativeClustering, KMeans
 
 from tff_clustered.clustering.common import BLOCK_ROWS, EPS, cosine_similarity, row_blocks
 
@@ -97,6 +96,8 @@ def edc_embedding(updates: np.ndarray, num_groups: int, seed: int = 0) -> np.nda
 
 def kmeans_edc(embedding: np.ndarray, num_groups: int, seed: int = 0) -> np.ndarray:
     """K-Means++ on the decomposed cosine embedding (Alg. 3 line 14)."""
+    from sklearn.cluster import KMeans
+
     kmeans = KMeans(num_groups, init="k-means++", n_init=10, max_iter=20, random_state=seed)
     return kmeans.fit(embedding).labels_.astype(np.int32)
 
@@ -108,6 +109,8 @@ def cluster_edc(updates: np.ndarray, num_groups: int, seed: int = 0) -> np.ndarr
 
 def agglomerative_madc(madc: np.ndarray, num_groups: int) -> np.ndarray:
     """Complete-linkage agglomerative clustering on a MADC matrix (Alg. 3 line 15)."""
+    from sklearn.cluster import AgglomerativeClustering
+
     model = AgglomerativeClustering(num_groups, metric="precomputed", linkage="complete")
     return model.fit(madc).labels_.astype(np.int32)
 
@@ -168,6 +171,8 @@ def best_kmeans(
     """FeSEM's center initialization: "pure" K-means on the points from `restarts` random
     initial centers (points drawn at random), keeping the run of least intra-cluster squared
     distance (inertia). Returns (labels, inertia)."""
+    from sklearn.cluster import KMeans
+
     points = np.asarray(points, np.float64)
     if len(points) < num_clusters:
         raise ValueError(f"K-means needs at least {num_clusters} points, got {len(points)}")

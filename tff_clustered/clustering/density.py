@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-from sklearn.cluster import DBSCAN
 
 STAGES = ("both", "js", "weights")
 ROUNDINGS = ("floor_each_step", "floor_at_use")
@@ -88,6 +87,8 @@ def dbscan_clusters(distance: np.ndarray, eps: float, min_samples: int = 2) -> n
     """DBSCAN on a precomputed distance matrix (Alg. 1 lines 20 and 24): neighbourhood
     distance <= eps, `min_samples` counting the point itself. Every noise point (-1) becomes
     its own singleton cluster. Labels 0..J-1 in order of first appearance."""
+    from sklearn.cluster import DBSCAN
+
     d = np.asarray(distance, np.float64)
     if d.ndim != 2 or d.shape[0] != d.shape[1]:
         raise ValueError(f"distance must be a square matrix, got shape {d.shape}")

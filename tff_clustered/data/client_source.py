@@ -21,8 +21,6 @@ from collections.abc import Mapping, Sequence
 from typing import Callable, Optional
 
 import numpy as np
-import tensorflow as tf
-import tensorflow_federated as tff
 
 from tff_clustered.data.federated_data import (
     ClientArrayDict,
@@ -284,34 +282,6 @@ def cached_bytes(arrays: ClientArrayDict) -> int:
     return sum(int(np.asarray(v).nbytes) for v in arrays.values())
 
 
-class SourceClientData(tff.simulation.datasets.ClientData):
-    """One split of a `LazyClients` as TFF's `ClientData`: each client's dataset is made from
-    its arrays when asked for (read through the source's cache)."""
-
-    def __init__(self, source: LazyClients, split: str) -> None:
-        super().__init__()
-        self._source, self._split = source, split
-        self._spec = collections.OrderedDict(
-            x=tf.TensorSpec(source.input_shape, tf.float32), y=tf.TensorSpec((), tf.int32)
-        )
-
-    @property
-    def client_ids(self) -> list[str]:
-        return list(self._source.client_ids)
-
-    @property
-    def serializable_dataset_fn(self) -> Callable[[str], tf.data.Dataset]:
-        return self.create_tf_dataset_for_client
-
-    @property
-    def element_type_structure(self) -> Mapping[str, tf.TensorSpec]:
-        return self._spec
-
-    def create_tf_dataset_for_client(self, client_id: str) -> tf.data.Dataset:
-        client = client_id.decode() if isinstance(client_id, bytes) else str(client_id)
-        return tf.data.Dataset.from_tensor_slices(self._source.arrays(self._split, client))
-
-
 def federated_data(
     name: str,
     source: LazyClients,
@@ -334,8 +304,6 @@ def federated_data(
     source.arrays("train", source.client_ids[0])
     return FederatedData(
         name=name,
-        train=SourceClientData(source, "train"),
-        test=SourceClientData(source, "test"),
         input_shape=tuple(int(d) for d in source.input_shape),
         num_classes=source.num_classes,
         train_sizes=train_sizes,

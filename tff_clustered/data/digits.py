@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-from sklearn.datasets import load_digits
 
 from tff_clustered.data import partitions
 from tff_clustered.data.federated_data import FederatedData, from_arrays, split_train_test
@@ -63,6 +62,8 @@ def load_digits_clusters(
     """Digits over `num_clients` clients in `num_groups` label-permutation groups. The server's
     unlabeled public set (FedTSDP's) is every image without its label: the groups differ in
     what the images mean, which unlabeled images do not reveal."""
+    from sklearn.datasets import load_digits
+
     if num_groups < 1 or num_clients < num_groups:
         raise ValueError(
             f"need 1 <= num_groups <= num_clients, got {num_groups} groups, {num_clients} clients"
@@ -115,6 +116,8 @@ def load_digits_partitioned(
     """Digits with their true labels, FedTSDP-style: `public_fraction` of the images held out
     as the server's unlabeled public set, the rest dealt to clients (IID, Dirichlet(beta) with
     at least 10 examples each, or pathological), each client's share split 80/20."""
+    from sklearn.datasets import load_digits
+
     if not 0 < public_fraction < 1:
         raise ValueError("public_fraction must be in (0, 1)")
     digits = load_digits()

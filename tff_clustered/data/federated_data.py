@@ -1,4 +1,4 @@
-"""A federated dataset: per-client train and test `tff.simulation.datasets.ClientData`.
+"""A federated dataset: per-client train and test arrays (and TFF's `ClientData` on request).
 
 Every loader returns a `FederatedData` built by `from_arrays`, which validates the arrays
 once (each client's by `example_arrays`, the dataset's by `from_checked_arrays`), with errors
@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
 
 import numpy as np
-import tensorflow_federated as tff
+
+if TYPE_CHECKING:  # TFF is imported only when a ClientData is asked for (`client_datasets`)
+    import tensorflow_federated as tff
 
 ClientArrays = tuple[np.ndarray, np.ndarray]  # (x, y)
 ClientArrayDict = Mapping[str, np.ndarray]  # OrderedDict(x=..., y=...)
@@ -21,7 +24,7 @@ ClientArrayDict = Mapping[str, np.ndarray]  # OrderedDict(x=..., y=...)
 
 # A federated dataset: TFF's ClientData, or per-client arrays, each `(x, y)` or a mapping with
 # the inputs under `x_key` and the labels under `y_key`.
-Clients = Union[tff.simulation.datasets.ClientData, Mapping[str, Any]]
+Clients = Union["tff.simulation.datasets.ClientData", Mapping[str, Any]]
 
 
 class DataError(ValueError):
@@ -59,8 +62,6 @@ class ClientSource(Protocol):
 @dataclasses.dataclass(frozen=True)
 class FederatedData:
     name: str
-    train: tff.simulation.datasets.ClientData
-    test: tff.simulation.datasets.ClientData
     input_shape: tuple[int, ...]
     num_classes: int
     train_sizes: Mapping[str, int]
@@ -88,7 +89,25 @@ class FederatedData:
 
     @property
     def client_ids(self) -> list[str]:
-        return list(self.source.client_ids if self.source else self.train.client_ids)
+        return list(self.source.client_ids if self.source else self.train_arrays)
+
+    @functools.cached_property
+    def train(self) -> tff.simulation.datasets.ClientData:
+        """The training split as TFF's `ClientData` (made on first use; a run never asks)."""
+        return self.client_data("train")
+
+    @functools.cached_property
+    def test(self) -> tff.simulation.datasets.ClientData:
+        """The test split as TFF's `ClientData` (made on first use; a run never asks)."""
+        return self.client_data("test")
+
+    def client_data(self, split: str) -> tff.simulation.datasets.ClientData:
+        """`split` as TFF's `ClientData`, each client's dataset made from its arrays."""
+        from tff_clustered.data.client_datasets import ArraysClientData
+
+        return ArraysClientData(
+            self.client_ids, functools.partial(self.arrays, split), self.input_shape
+        )
 
     @property
     def client_index(self) -> Mapping[str, int]:
@@ -207,8 +226,6 @@ def from_checked_arrays(
         public_x = checked_public_inputs(public_x, input_shape, where)
     return FederatedData(
         name=name,
-        train=tff.simulation.datasets.TestClientData(cleaned["train"]),
-        test=tff.simulation.datasets.TestClientData(cleaned["test"]),
         input_shape=tuple(int(d) for d in input_shape),
         num_classes=num_classes,
         train_sizes={cid: len(v["y"]) for cid, v in cleaned["train"].items()},

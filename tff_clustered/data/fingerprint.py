@@ -63,6 +63,12 @@ WAL_MODE = b"\x02\x02"
 WAL_SUFFIX = "-wal"
 
 
+# Whole-file digests this process already computed, by what `os.stat` says of the file (a
+# write changes its ctime): the run's data fingerprint and the LEAF cache's key hash the same
+# files once.
+_HASHED: dict[tuple, str] = {}
+
+
 def file_digest(path: str) -> str:
     """`size:sha256` of the file's bytes (first 16 hex digits), or for a file above
     `FULL_HASH_LIMIT` `size:mtime_ns:sampled-sha256` of `SAMPLED_BLOCKS` evenly spaced blocks;
@@ -73,13 +79,16 @@ def file_digest(path: str) -> str:
     except FileNotFoundError:
         return ABSENT
     digest = hashlib.sha256()
+    seen = (os.path.abspath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
     with open(path, "rb") as f:
         head = f.read(HEAD_BYTES)
-        if stat.st_size <= FULL_HASH_LIMIT:
+        if stat.st_size <= FULL_HASH_LIMIT and (seen, stat.st_ctime_ns) in _HASHED:
+            text = _HASHED[seen, stat.st_ctime_ns]
+        elif stat.st_size <= FULL_HASH_LIMIT:
             digest.update(head)
             for chunk in iter(lambda: f.read(READ_CHUNK), b""):
                 digest.update(chunk)
-            text = f"{stat.st_size}:{digest.hexdigest()[:16]}"
+            text = _HASHED[seen, stat.st_ctime_ns] = f"{stat.st_size}:{digest.hexdigest()[:16]}"
         else:
             last = stat.st_size - SAMPLE_BLOCK
             for i in range(SAMPLED_BLOCKS):

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 import numpy as np
-import tensorflow_federated as tff
 
 from tff_clustered.data.client_source import LazyClients
 from tff_clustered.data.client_source import federated_data as lazy_federated_data
@@ -25,8 +24,15 @@ from tff_clustered.data.federated_data import (
     from_checked_arrays,
     split_train_test,
 )
+from tff_clustered.frameworks import tff
 from tff_clustered.options import article_of, checked_value, described
 from tff_clustered.seeds import DataStream, data_rng
+
+
+def is_client_data(clients: object) -> bool:
+    """Whether `clients` is TFF's `ClientData` (TFF is not imported to tell: a program that
+    made one has imported it)."""
+    return tff.imported and isinstance(clients, tff.simulation.datasets.ClientData)
 
 
 def client_arrays(clients: Clients, x_key: str, y_key: str, split: str) -> dict[str, ClientArrays]:
@@ -34,7 +40,7 @@ def client_arrays(clients: Clients, x_key: str, y_key: str, split: str) -> dict[
     checked by `example_arrays` (numbers, one whole-number label per example; their range is
     `from_checked_arrays`'s to check); client ids become strings, two ids that are the same
     string (1 and "1") are refused rather than merged."""
-    if isinstance(clients, tff.simulation.datasets.ClientData):
+    if is_client_data(clients):
         arrays = {
             str(client): example_arrays(
                 f"{split} client {client!r}",
@@ -218,8 +224,7 @@ def federated_data(
     if num_classes is not None and num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}; or leave it out")
     planted_groups = checked_groups(planted_groups)
-    ClientData = tff.simulation.datasets.ClientData
-    if isinstance(train, ClientData) and isinstance(test, ClientData) and num_classes:
+    if is_client_data(train) and is_client_data(test) and num_classes:
         source = clientdata_source(train, test, x_key, y_key, num_classes)
         refuse_missing_groups(planted_groups, source.client_ids)
         return lazy_federated_data(name, source, true_clusters=planted_groups)

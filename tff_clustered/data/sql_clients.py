@@ -34,12 +34,12 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tff_clustered.data.client_source import ClientCounts, LazyClients
 from tff_clustered.data.federated_data import ClientArrays, DataError
 from tff_clustered.data.fingerprint import sampled_digest
 from tff_clustered.data.sqlite_files import connect, locks_named
+from tff_clustered.frameworks import tff
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,6 @@ from typing import Callable, Optional
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tff_clustered.data.client_source import federated_data
 from tff_clustered.data.federated_data import (
@@ -57,6 +56,7 @@ from tff_clustered.data.images import standardise
 from tff_clustered.data.partitions import HOLDOUT_FRACTION, holdout_split
 from tff_clustered.data.sql_clients import SqlClients
 from tff_clustered.data.sqlite_files import is_locked, locked_database
+from tff_clustered.frameworks import tff
 from tff_clustered.seeds import DataStream, data_rng
 
 EMNIST_FILE = "emnist_all.sqlite"

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
+
+from tff_clustered.frameworks import tff
 
 
 def add_to_cluster(total: tuple, value: tuple, weight: tf.Tensor) -> tuple:

@@ -27,7 +27,8 @@ from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
+
+from tff_clustered.frameworks import tff
 
 # TFF's secure-sum intrinsics (`federated_secure_sum`, `..._bitwidth`, `federated_secure_
 # modular_sum`...), which TFF 0.87's C++ worker cannot execute.

@@ -17,7 +17,8 @@ from collections.abc import Coroutine
 from typing import Any
 
 import numpy as np
-import tensorflow_federated as tff
+
+from tff_clustered.frameworks import tff
 
 
 def unplaced_executor() -> Any:

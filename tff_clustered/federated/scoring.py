@@ -11,14 +11,12 @@ from collections.abc import Sequence
 from typing import Callable
 
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tff_clustered.federated import local_training
 from tff_clustered.federated.batching import ArrayBatches
 from tff_clustered.federated.signature import ModelLayout
+from tff_clustered.frameworks import tff, to_type
 from tff_clustered.models.functional import FunctionalModel
-
-to_type = tff.types.tensorflow_to_type  # TF specs -> TFF types (0.87's tff.to_type rejects them)
 
 
 def predict_probabilities_fn(model: FunctionalModel) -> Callable[..., tf.Tensor]:

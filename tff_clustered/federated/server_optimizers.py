@@ -30,7 +30,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
+
+from tff_clustered.frameworks import tff
 
 SERVER_OPTIMIZERS = ("sgd", "sgdm", "adam")
 OptimizerState = dict[str, np.ndarray]  # each entry stacked along a leading cluster axis

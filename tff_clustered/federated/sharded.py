@@ -23,7 +23,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
-import tensorflow_federated as tff
 
 from tff_clustered.federated.grouping import example_count
 from tff_clustered.federated.round import ComposedRound, FederatedRound
@@ -37,6 +36,7 @@ from tff_clustered.federated.server_state import (
     nothing_aggregated,
 )
 from tff_clustered.federated.tff_execution import TffRoundParts
+from tff_clustered.frameworks import tff
 from tff_clustered.runtime import context as runtime
 
 

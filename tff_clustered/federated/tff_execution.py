@@ -19,16 +19,14 @@ from typing import Any, Optional
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tff_clustered.federated.clustered_mean import ClusterSums
 from tff_clustered.federated.round import ComposedRound, FederatedRound
 from tff_clustered.federated.round_functions import RoundFunctions, round_functions
 from tff_clustered.federated.round_inputs import ClientInput, WorkerData
 from tff_clustered.federated.server_state import ClientSums, ServerState, nothing_aggregated
+from tff_clustered.frameworks import tff, to_type
 from tff_clustered.models.functional import FunctionalModel
-
-to_type = tff.types.tensorflow_to_type  # TF specs -> TFF types (0.87's tff.to_type rejects them)
 
 
 def sequence_type(element_spec: object) -> tff.SequenceType:

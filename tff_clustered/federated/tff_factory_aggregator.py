@@ -51,18 +51,21 @@ from typing import Any, ClassVar, Optional
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
 from tff_clustered.federated import factory_inspection
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 from tff_clustered.federated.round_functions import RoundFunctions
 from tff_clustered.federated.server_state import Finalized
+from tff_clustered.frameworks import tff, to_type
 
-to_type = tff.types.tensorflow_to_type
-FACTORY_TYPES = (
-    tff.aggregators.WeightedAggregationFactory,
-    tff.aggregators.UnweightedAggregationFactory,
-)
+
+def is_factory(obj: object) -> bool:
+    """Whether `obj` is a `tff.aggregators` factory (weighted or unweighted); TFF is not
+    imported to tell: a program that made one has imported it."""
+    return tff.imported and isinstance(
+        obj,
+        (tff.aggregators.WeightedAggregationFactory, tff.aggregators.UnweightedAggregationFactory),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +87,7 @@ class TffFactoryPerCluster(ClusterAggregator):
     named: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.factory, FACTORY_TYPES):
+        if not is_factory(self.factory):
             raise TypeError(
                 "TffFactoryPerCluster takes a tff.aggregators.WeightedAggregationFactory or "
                 f"UnweightedAggregationFactory, got {type(self.factory).__name__}; give e.g. "

@@ -172,6 +172,9 @@ class TrainingConfig:
     momentum: float = 0.0
     seed: int = 0
     eval_every: int = 1
+    # Score the models before round 1 (metrics.csv's round 0: the first point of curves.png, the
+    # cold start's result). Off, round 1's row is the first: start-up to round 1 without it.
+    eval_at_start: bool = True
     # > 0: each evaluation scores this many clients, the same seeded sample in every round
     # (`evaluation_sample`); 0 (or at least the number of clients): every client.
     eval_clients: int = 0

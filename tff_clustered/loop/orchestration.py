@@ -237,8 +237,9 @@ class Experiment:
         return self.state.num_clusters
 
     def rounds(self) -> Iterator[dict[str, Any]]:
-        """Runs the remaining rounds (evaluating round 0 first on a fresh run), one row each."""
-        if self.state.round_num == 0 and not self.state.history:
+        """Runs the remaining rounds (evaluating round 0 first on a fresh run, unless
+        `eval_at_start` is off), one row each."""
+        if self.state.round_num == 0 and not self.state.history and self.config.eval_at_start:
             row = {"round": 0, **self.evaluate(round_num=0)}
             self.state.history.append(row)
             yield row

@@ -37,8 +37,8 @@ from typing import Callable, Optional
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_federated as tff
 
+from tff_clustered.frameworks import tff
 from tff_clustered.models.layer_ops import (
     SUPPORTED,
     WEIGHTED,

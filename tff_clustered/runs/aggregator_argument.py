@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any, Union
 
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
-from tff_clustered.federated.tff_factory_aggregator import FACTORY_TYPES, TffFactoryPerCluster
+from tff_clustered.federated.tff_factory_aggregator import TffFactoryPerCluster, is_factory
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig, named_at_defaults
 from tff_clustered.options import described
 
@@ -22,7 +22,7 @@ def with_aggregator(
     that contradicts a non-default `training.aggregator` is refused."""
     if aggregator is None:
         return training
-    if isinstance(aggregator, FACTORY_TYPES):
+    if is_factory(aggregator):
         aggregator = TffFactoryPerCluster(aggregator)
     named = named_at_defaults()
     if isinstance(aggregator, str):

@@ -233,6 +233,7 @@ def load(
 ADDED_SETTINGS = {
     "training.eval_clients": 0,
     "training.client_sampling": "fixed",
+    "training.eval_at_start": True,
     "algorithm_options.fesem_estep": "server",  # FeSEM's E-step, on the server before
     **{
         f"training.aggregator.{name}": value

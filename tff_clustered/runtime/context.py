@@ -12,6 +12,11 @@ so that it can guarantee it stops:
 * even when the parent is SIGKILLed: the worker is started with `PR_SET_PDEATHSIG`, so the
   kernel kills it when its parent dies.
 
+`start()` does not wait for the local worker to answer (it takes about a second to start): the
+run loads its data and builds its rounds meanwhile, and the first call to the worker waits
+until it answers (`worker_connection.FailFastStub`), raising the same error as before if it
+exited at start-up.
+
 The worker's output goes to a log file, never to the parent's stdout, so a shell pipeline such
 as `train.py | tee log` cannot hang on it.
 
@@ -33,6 +38,7 @@ import atexit
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import importlib.util
 import os
 import signal
@@ -201,20 +207,24 @@ class TffRuntime:
         if self.config.execution == "in_process":  # nothing of TFF's runs
             self.started = True
             return self
-        import tensorflow_federated as tff
-
         global _ACTIVE_WORKERS, _ACTIVE_CLIENT_DATA
         # (When no worker can be reached below, TFF's import-time context is dropped at exit by
         # the hook in `tff_clustered/__init__.py`, before its `__del__` could fail.)
         if self.config.workers:
             for address in self.config.workers:
                 wait_until_ready(address, None, self.config.connect_timeout_s)
-            targets = list(self.config.workers)
-        else:
-            targets = [self._start_local_worker()]
+            targets = {address: None for address in self.config.workers}
+        else:  # started first (it starts while TFF is imported and the data loads); its first
+            # call waits until it answers
+            target = self._start_local_worker()
+            targets = {target: functools.partial(wait_until_ready, target, self._process)}
+        import tensorflow_federated as tff
+
         self._connections = [
-            WorkerConnection(target, self.config.worker_timeout_s, self.config.probe_every_s)
-            for target in targets
+            WorkerConnection(
+                target, self.config.worker_timeout_s, self.config.probe_every_s, until_ready
+            )
+            for target, until_ready in targets.items()
         ]
         contexts = tuple((c.target, c.context) for c in self._connections)
         self._outer_default_context = _default_context()
@@ -288,9 +298,7 @@ class TffRuntime:
             stderr=subprocess.STDOUT,
             preexec_fn=die_with_parent,
         )
-        target = f"localhost:{port}"
-        wait_until_ready(target, self._process)
-        return target
+        return f"localhost:{port}"
 
     def _install_signal_handlers(self) -> None:
         """SIGTERM and SIGHUP stop the worker first, then end the work (`Terminated`)."""

@@ -22,7 +22,7 @@ import contextlib
 import subprocess
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 GRPC_OPTIONS = [
     ("grpc.max_message_length", 2_000_000_000),
@@ -72,12 +72,21 @@ class FailFastStub:
     clean-ups after the error (disposing of the executor and its values) return at once and
     any other call raises the same error, instead of each waiting for its own probe."""
 
-    def __init__(self, target: str, worker_timeout_s: float, probe_every_s: float) -> None:
+    def __init__(
+        self,
+        target: str,
+        worker_timeout_s: float,
+        probe_every_s: float,
+        until_ready: Optional[Callable[[], None]] = None,
+    ) -> None:
         import grpc
         import tensorflow_federated as tff
         from tensorflow_federated.proto.v0 import executor_pb2_grpc
 
         self._target = target
+        # Waits until a worker that is still starting answers (`wait_until_ready`), before the
+        # first call: the worker starts while the run loads its data. None: it answers now.
+        self._until_ready = until_ready
         self._worker_timeout_s = worker_timeout_s
         self._slice_s = min(probe_every_s, worker_timeout_s)
         channel = grpc.insecure_channel(target, GRPC_OPTIONS)
@@ -117,9 +126,17 @@ class FailFastStub:
                 "computations under a running one "
                 "(`with tff_clustered.runtime.context.tff_runtime():`)"
             )
+        self._wait_until_ready()
         # TFF's stub method `create_value` is the gRPC method `CreateValue`, and so on.
         rpc = getattr(self._calls, "".join(word.title() for word in name.split("_")))
         return lambda request: self._await(rpc.future(request))
+
+    def _wait_until_ready(self) -> None:
+        """Before the first call to a worker that was starting: wait until it answers."""
+        with self._lock:
+            until_ready, self._until_ready = self._until_ready, None
+            if until_ready is not None:
+                until_ready()
 
     def _await(self, future: object) -> object:
         import grpc
@@ -198,7 +215,13 @@ class WorkerConnection:
     """One worker as TFF reaches it: TFF's own remote-executor stack (the one its local C++
     context builds) over a `_FailFastStub`, and the execution context that runs on it."""
 
-    def __init__(self, target: str, worker_timeout_s: float, probe_every_s: float) -> None:
+    def __init__(
+        self,
+        target: str,
+        worker_timeout_s: float,
+        probe_every_s: float,
+        until_ready: Optional[Callable[[], None]] = None,
+    ) -> None:
         import tensorflow_federated as tff
         from tensorflow_federated.python.core.backends.native import compiler
         from tensorflow_federated.python.core.environments.tensorflow_frontend import (
@@ -207,7 +230,7 @@ class WorkerConnection:
         from tensorflow_federated.python.core.impl.executor_stacks import python_executor_stacks
 
         self.target = target
-        self._stub = FailFastStub(target, worker_timeout_s, probe_every_s)
+        self._stub = FailFastStub(target, worker_timeout_s, probe_every_s, until_ready)
 
         def stack_fn(cardinalities: dict) -> object:
             if cardinalities.get(tff.CLIENTS) is None:

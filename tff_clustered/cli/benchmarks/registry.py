@@ -20,6 +20,7 @@ from tff_clustered.cli.benchmarks import (
     tff_client_costs,
     uapdfl_vs_fedavg,
     unequal_clients,
+    vs_pfllib,
 )
 from tff_clustered.cli.benchmarks.common import Benchmark
 
@@ -39,6 +40,7 @@ MODULES = {
     "tff_client_costs": tff_client_costs,
     "population": population,
     "client_data": client_data,
+    "vs_pfllib": vs_pfllib,
 }
 BENCHMARKS: dict[str, Benchmark] = {name: module.BENCHMARK for name, module in MODULES.items()}
 
@@ -60,6 +62,7 @@ RUN_ORDER = (
     "population",
     "client_data",
     "scoring_ways",
+    "vs_pfllib",
 )
 if sorted(RUN_ORDER) != sorted(BENCHMARKS):
     raise ValueError(f"RUN_ORDER {RUN_ORDER} must name every benchmark once: {list(BENCHMARKS)}")

@@ -1,0 +1,76 @@
+"""LEAF splits read once, then loaded from the cache: the same arrays, and a changed file is
+parsed again (data/leaf_cache.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tff_clustered.data import leaf, leaf_cache
+
+
+def leaf_folder(root: str, scale: float = 1.0) -> str:
+    """A LEAF data/ folder of two users of numeric features, train and test."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        users = ["u0", "u1"]
+        blob = {
+            "users": users,
+            "num_samples": [3, 2],
+            "user_data": {
+                u: {"x": (scale * rng.normal(size=(n, 4))).tolist(), "y": [1] * n}
+                for u, n in zip(users, (3, 2))
+            },
+        }
+        os.makedirs(os.path.join(root, split))
+        with open(os.path.join(root, split, "d.json"), "w") as f:
+            json.dump(blob, f)
+    return root
+
+
+def test_a_split_read_again_comes_from_the_cache_with_the_same_arrays(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TFF_CLUSTERED_CACHE", str(tmp_path / "cache"))
+    root = leaf_folder(str(tmp_path / "data"))
+    parsed = leaf.load_leaf(os.path.join(root, "train"), os.path.join(root, "test"))
+    assert len(os.listdir(tmp_path / "cache")) == 2  # one file per split
+    assert sorted(os.listdir(os.path.join(root, "train"))) == ["d.json"]  # the data's untouched
+
+    def parsed_again(*args: object) -> None:
+        raise AssertionError("parsed again instead of read from the cache")
+
+    monkeypatch.setattr(leaf, "parsed_split", parsed_again)
+    cached = leaf.load_leaf(os.path.join(root, "train"), os.path.join(root, "test"))
+    assert cached.client_ids == parsed.client_ids
+    for split in ("train", "test"):
+        for user in parsed.client_ids:
+            for key in ("x", "y"):
+                a, b = parsed.arrays(split, user)[key], cached.arrays(split, user)[key]
+                assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def test_a_changed_file_is_parsed_again_and_its_stale_cache_removed(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TFF_CLUSTERED_CACHE", str(tmp_path / "cache"))
+    root = leaf_folder(str(tmp_path / "data"))
+    before = leaf.read_leaf_split(os.path.join(root, "train"))
+    os.rename(root, str(tmp_path / "old"))
+    leaf_folder(root, scale=2.0)  # same paths, other numbers
+    after = leaf.read_leaf_split(os.path.join(root, "train"))
+    assert np.array_equal(after["u0"][0], 2 * before["u0"][0])  # doubling is exact: parsed
+    assert len(os.listdir(tmp_path / "cache")) == 1  # the earlier content's file deleted
+
+
+def test_no_cache_is_kept_when_it_is_turned_off(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TFF_CLUSTERED_CACHE", leaf_cache.OFF)
+    root = leaf_folder(str(tmp_path / "data"))
+    assert leaf_cache.cache_path([os.path.join(root, "train", "d.json")], None) is None
+    leaf.read_leaf_split(os.path.join(root, "train"))
+    assert sorted(os.listdir(tmp_path)) == ["data"]
