@@ -17,9 +17,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import tensorflow_federated as tff
 
-from tff_clustered.data.client_source import SourceArrays, SourceClientData
+from tff_clustered.data.client_source import SourceArrays
 from tff_clustered.data.federated_data import ClientArrayDict, ClientSource, FederatedData
 from tff_clustered.seeds import DataStream, data_rng
 
@@ -113,8 +112,6 @@ def validation_view(data: FederatedData, seed: int) -> FederatedData:
         source: ClientSource = CarvedSource(data.source, seed, index)
         return dataclasses.replace(
             data,
-            train=SourceClientData(source, "train"),  # type: ignore[arg-type]
-            test=SourceClientData(source, "test"),  # type: ignore[arg-type]
             train_sizes=CarvedSizes(data.train_sizes, "train"),
             test_sizes=CarvedSizes(data.train_sizes, "test"),
             train_arrays=SourceArrays(source, "train"),  # type: ignore[arg-type]
@@ -128,8 +125,6 @@ def validation_view(data: FederatedData, seed: int) -> FederatedData:
             splits[split][client] = part
     return dataclasses.replace(
         data,
-        train=tff.simulation.datasets.TestClientData(splits["train"]),
-        test=tff.simulation.datasets.TestClientData(splits["test"]),
         train_sizes={c: len(a["y"]) for c, a in splits["train"].items()},
         test_sizes={c: len(a["y"]) for c, a in splits["test"].items()},
         train_arrays=splits["train"],
