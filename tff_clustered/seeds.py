@@ -31,6 +31,9 @@ EVAL_SAMPLE = 8
 # The Gaussian noise a private aggregator adds to each cluster's sum in a round
 # (`federated.cluster_dp.ClusterDP`), folded there with the cluster and the tensor.
 DP_NOISE = 9
+# The Gaussian noise on each client's own pre-training update a private run's cold start reads
+# (`loop.update_release`), folded there with the round and the client's index.
+COLD_START_NOISE = 10
 
 
 @enum.unique

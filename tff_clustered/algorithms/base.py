@@ -134,12 +134,27 @@ class Similarity:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReleasedUpdates:
+    """Individual clients' updates as the server may read them outside the round's aggregate
+    (`Queries.released_updates`: a cold start's pre-training updates), one row per client of
+    `client_ids`; `noise_multiplier` is the Gaussian mechanism's they went through (each
+    clipped to the private run's clip norm, noise of that multiplier times it per value), None
+    when they are raw (a run without noise, or one whose cold start is read raw)."""
+
+    client_ids: tuple[str, ...]
+    updates: np.ndarray
+    noise_multiplier: Optional[float] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Decision:
     """Changes the loop applies. `assignment` entries replace those clients' clusters;
     `cluster_models` replaces all cluster models (their number may change); `shared` moves the
     base/personal boundary; `anchor` replaces the broadcast anchor model (flat, (D,)); `state`
     replaces the algorithm state unless UNCHANGED; `similarity` is the matrix a clustering step
-    used (for the run's picture; it changes nothing)."""
+    used (for the run's picture; it changes nothing); `released` are the individual updates the
+    decision read (`Queries.released_updates`), which a private run's ledger charges to the
+    clients that sent them."""
 
     assignment: Mapping[str, int] = dataclasses.field(default_factory=dict)
     cluster_models: Optional[np.ndarray] = None
@@ -148,6 +163,7 @@ class Decision:
     state: Any = UNCHANGED
     metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
     similarity: Optional[Similarity] = None
+    released: tuple[ReleasedUpdates, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +195,21 @@ class Queries(Protocol):
     ) -> np.ndarray:
         """Flat updates of plain local SGD from flat model `start`, one row per client:
         `epochs` passes over each client's data, or `steps` minibatches when given."""
+
+    def released_updates(
+        self,
+        client_ids: Sequence[str],
+        start: np.ndarray,
+        epochs: int,
+        round_num: int,
+        steps: Optional[int] = None,
+    ) -> ReleasedUpdates:
+        """The `local_updates` as the server may read them: in a private run, each clipped and
+        noised by the Gaussian mechanism (`loop.update_release`); otherwise raw (this default).
+        A decision that uses them returns them in `Decision.released`, so that the run's
+        ledger charges their clients."""
+        updates = self.local_updates(client_ids, start, epochs, round_num, steps)
+        return ReleasedUpdates(tuple(client_ids), updates)
 
     def cluster_losses(self, cluster_models: np.ndarray, client_ids: Sequence[str]) -> np.ndarray:
         """Mean training loss of every cluster model on each client, (clients, clusters)."""
@@ -230,6 +261,10 @@ class Algorithm:
     models_from_aggregate: bool = True
     # Where it is not, the options that would make it so, for the refusal's message.
     private_mode: ClassVar[str] = ""
+    # Its start reads every client's (or a cohort's) own pre-training update once
+    # (`Queries.released_updates`: FedGroup's cold start and newcomers, FeSEM's and CGPFL's
+    # K-means), which a private run's epsilon covers through the cold start's mechanism.
+    cold_start_updates: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """An algorithm that declares its own `Options` gets them type-checked where they are

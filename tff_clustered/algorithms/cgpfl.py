@@ -76,6 +76,7 @@ class CGPFL(Algorithm):
         "IJCAI 2022"
     )
     keep_client_models = True
+    cold_start_updates = True  # K-means of every client's first model (`cold_starts`)
     refused = {
         **Algorithm.refused,
         "mu": "CGPFL's pull toward the context model is --cgpfl_lambda",

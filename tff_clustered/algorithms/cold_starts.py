@@ -1,7 +1,8 @@
 """Cold starts several clustered algorithms share.
 
 Independently initialised cluster models (IFCA), and K-means over the clients' locally trained
-models (FeSEM, CGPFL).
+models (FeSEM, CGPFL), whose updates a private run clips and noises before the server reads
+them (`Queries.released_updates`).
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ def clusters_of_local_models(
     """Start of FeSEM and CGPFL: every client's model after `epochs` of plain local SGD from
     w0; K-means (best of `restarts`, by intra-cluster distance) on their trainable values gives
     the first assignment, and each cluster model is its members' mean (weighted by `weights`,
-    one per client, when given)."""
+    one per client, when given). The updates are read as the run releases them (clipped and
+    noised in a private run) and returned in the decision's `released`."""
     check_cluster_count(name, num_clusters, run)
     ids = list(run.client_ids)
-    models = run.initial_model[None, :] + queries.local_updates(ids, run.initial_model, epochs, 0)
+    released = queries.released_updates(ids, run.initial_model, epochs, 0)
+    models = run.initial_model[None, :] + released.updates
     labels, _ = clustering.best_kmeans(
         models[:, : run.num_trainable_values],
         num_clusters,
@@ -55,4 +58,5 @@ def clusters_of_local_models(
         assignment=dict(zip(ids, labels.tolist())),
         cluster_models=clustering.mean_per_cluster(models, labels, previous, weights),
         state=None,
+        released=(released,),
     )

@@ -26,6 +26,7 @@ from tff_clustered.algorithms.base import (
     Decision,
     Plan,
     Queries,
+    ReleasedUpdates,
     RoundResult,
     RunInfo,
     ServerView,
@@ -97,6 +98,7 @@ class FedGroup(Algorithm):
     }
     clustering_method: ClassVar[str] = "edc"  # "edc" | "madc" | "rcc" (random cluster centers)
     random_newcomers: ClassVar[bool] = False  # RAC: newcomers join a random group
+    cold_start_updates = True  # the group cold start's and newcomers' pre-training updates
 
     def __init__(self, options: Optional[FedGroupOptions] = None) -> None:
         super().__init__(options)
@@ -139,7 +141,8 @@ class FedGroup(Algorithm):
             raise ValueError(f"{self.name}: {len(present)} clients cannot form {m} groups")
         chosen = sorted(rng.choice(len(present), count, replace=False))
         clustered = [present[i] for i in chosen]
-        updates = self.pretrain(run, clustered, 0, queries)
+        released = self.pretrain(run, clustered, 0, queries)  # noised in a private run
+        updates = released.updates
         similarity = None
         if self.clustering_method == "edc":
             embedding = clustering.edc_embedding(updates, m, seed=run.seed)
@@ -161,14 +164,17 @@ class FedGroup(Algorithm):
         state = GroupState(directions, frozenset(late), frozenset(clustered))
         assignment = {c: -1 for c in ids}
         assignment.update(zip(clustered, (int(g) for g in labels)))
+        newcomers = Decision()
         if options.cold_start == "eager":
             pending = [c for c in present if assignment[c] < 0]
-            assignment.update(self.cold_start(run, state, pending, 0, queries))
+            newcomers = self.cold_start(run, state, pending, 0, queries)
+            assignment.update(newcomers.assignment)
         return Decision(
             assignment=assignment,
             cluster_models=run.initial_model[None, :] + directions,
             state=state,
             similarity=similarity,
+            released=(released, *newcomers.released),
         )
 
     # -- newcomers (Eq. 9) -------------------------------------------------------------------
@@ -179,25 +185,29 @@ class FedGroup(Algorithm):
         client_ids: Sequence[str],
         round_num: int,
         queries: Queries,
-    ) -> dict[str, int]:
+    ) -> Decision:
         """Groups of newcomers: pre-train from w0, join the group of least Eq. 9 dissimilarity
-        (RAC: a uniformly random group instead)."""
+        (RAC: a uniformly random group instead); the decision's `released` are the updates
+        read (noised in a private run)."""
         if not client_ids:
-            return {}
+            return Decision()
         if self.random_newcomers:
             rng = np.random.default_rng(derived_seed(run.seed, ALGORITHM, round_num))
             groups = rng.integers(0, self.num_clusters, len(client_ids))
-        else:
-            updates = self.pretrain(run, client_ids, round_num, queries)
-            groups = clustering.assign_newcomers(state.group_directions, updates)
-        return dict(zip(client_ids, (int(g) for g in groups)))
+            return Decision(assignment=dict(zip(client_ids, (int(g) for g in groups))))
+        released = self.pretrain(run, client_ids, round_num, queries)
+        groups = clustering.assign_newcomers(state.group_directions, released.updates)
+        return Decision(
+            assignment=dict(zip(client_ids, (int(g) for g in groups))), released=(released,)
+        )
 
     def pretrain(
         self, run: RunInfo, client_ids: Sequence[str], round_num: int, queries: Queries
-    ) -> np.ndarray:
-        """ClientPretrain (Alg. 3): each client's update of local SGD from w0."""
+    ) -> ReleasedUpdates:
+        """ClientPretrain (Alg. 3): each client's update of local SGD from w0, as the server
+        may read it (clipped and noised in a private run: `Queries.released_updates`)."""
         steps = self.options.pretrain_steps or None
-        return queries.local_updates(
+        return queries.released_updates(
             client_ids, run.initial_model, self.options.pretrain_epochs, round_num, steps
         )
 
@@ -214,10 +224,10 @@ class FedGroup(Algorithm):
         else:
             candidates = client_ids
         pending = [c for c in candidates if view.assignment[c] < 0]
-        joined = self.cold_start(run, view.state, pending, view.round_num + 1, queries)
-        joined.update(self.redrawn(run, view, client_ids))
+        newcomers = self.cold_start(run, view.state, pending, view.round_num + 1, queries)
+        joined = {**newcomers.assignment, **self.redrawn(run, view, client_ids)}
         clusters = np.array([joined.get(c, view.assignment[c]) for c in client_ids], np.int32)
-        return Plan(clusters, decision=Decision(assignment=joined))
+        return Plan(clusters, decision=Decision(assignment=joined, released=newcomers.released))
 
     def redrawn(self, run: RunInfo, view: ServerView, client_ids: Sequence[str]) -> dict[str, int]:
         """RAC with `rac_draw=resample`: every sampled cold client (one not clustered at the
@@ -232,9 +242,10 @@ class FedGroup(Algorithm):
         self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
     ) -> np.ndarray:
         """A client not assigned yet (lazy cold start, a late newcomer) is scored with the
-        group its cold start would give it now (Eq. 9; RAC: a random one)."""
+        group its cold start would give it now (Eq. 9; RAC: a random one; its update noised
+        in a private run, and not charged: evaluation is outside the guarantee)."""
         waiting = [c for c in client_ids if view.assignment.get(c, -1) < 0]
-        joined = self.cold_start(run, view.state, waiting, view.round_num, queries)
+        joined = self.cold_start(run, view.state, waiting, view.round_num, queries).assignment
         return np.array([joined.get(c, view.assignment.get(c, -1)) for c in client_ids], np.int32)
 
     # -- Alg. 2 line 5: inter-group aggregation ----------------------------------------------

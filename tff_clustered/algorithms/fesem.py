@@ -73,6 +73,7 @@ class FeSEM(Algorithm):
     model_kinds = ("cluster", "global")
     paper = "Long et al., Multi-Center Federated Learning, World Wide Web 2023"
     needs_model_deltas = True  # the new W_i = its center + its update, the E-step's input
+    cold_start_updates = True  # K-means of every client's first model (`cold_starts`)
 
     @dataclasses.dataclass(frozen=True)
     class Options:
