@@ -29,6 +29,37 @@ def independent_clusters(name: str, run: RunInfo, queries: Queries, num_clusters
     )
 
 
+def shrunk_toward_start(
+    start: np.ndarray, means: np.ndarray, noise_stddev: float, counts: np.ndarray
+) -> np.ndarray:
+    """Cluster models `means` (K, D) of noised updates from `start` shrunk toward it by the
+    positive-part James-Stein factor max(0, 1 - (D - 2) s_k^2 / ||mean_k - start||^2), where
+    s_k = `noise_stddev` / sqrt(`counts`[k]) is the noise per value left in cluster k's mean
+    (`counts`: its members, or their effective number under weights): a mean that is mostly
+    noise starts near `start`, one that is mostly signal as it is. Post-processing of the
+    released updates; `noise_stddev` 0 (raw updates) returns `means` itself."""
+    if not noise_stddev > 0:
+        return means
+    directions = means - start[None, :]
+    variance = noise_stddev**2 / np.maximum(np.asarray(counts, np.float64), 1.0)
+    squared = np.maximum(np.sum(np.square(directions, dtype=np.float64), axis=1), 1e-300)
+    factor = np.clip(1.0 - (means.shape[1] - 2) * variance / squared, 0.0, 1.0)
+    return (start[None, :] + factor[:, None] * directions).astype(means.dtype)
+
+
+def effective_counts(
+    labels: np.ndarray, num_clusters: int, weights: Optional[np.ndarray]
+) -> np.ndarray:
+    """Each cluster's number of members, or under `weights` its effective number
+    (sum w)^2 / sum w^2, the count whose plain mean has the weighted mean's noise."""
+    if weights is None:
+        return np.bincount(labels, minlength=num_clusters).astype(np.float64)
+    w = np.asarray(weights, np.float64)
+    total = np.bincount(labels, w, minlength=num_clusters)
+    squares = np.bincount(labels, w * w, minlength=num_clusters)
+    return np.where(squares > 0, total**2 / np.maximum(squares, 1e-300), 0.0)
+
+
 def clusters_of_local_models(
     name: str,
     run: RunInfo,
@@ -42,7 +73,8 @@ def clusters_of_local_models(
     w0; K-means (best of `restarts`, by intra-cluster distance) on their trainable values gives
     the first assignment, and each cluster model is its members' mean (weighted by `weights`,
     one per client, when given). The updates are read as the run releases them (clipped and
-    noised in a private run) and returned in the decision's `released`."""
+    noised in a private run, each mean then `shrunk_toward_start`) and returned in the
+    decision's `released`."""
     check_cluster_count(name, num_clusters, run)
     ids = list(run.client_ids)
     released = queries.released_updates(ids, run.initial_model, epochs, 0)
@@ -54,9 +86,11 @@ def clusters_of_local_models(
         derived_seed(run.seed, ALGORITHM),
     )
     previous = np.repeat(run.initial_model[None, :], num_clusters, axis=0)
+    means = clustering.mean_per_cluster(models, labels, previous, weights)
+    counts = effective_counts(labels, num_clusters, weights)
     return Decision(
         assignment=dict(zip(ids, labels.tolist())),
-        cluster_models=clustering.mean_per_cluster(models, labels, previous, weights),
+        cluster_models=shrunk_toward_start(run.initial_model, means, released.noise_stddev, counts),
         state=None,
         released=(released,),
     )

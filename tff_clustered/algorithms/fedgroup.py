@@ -33,6 +33,7 @@ from tff_clustered.algorithms.base import (
     Similarity,
     check,
 )
+from tff_clustered.algorithms.cold_starts import shrunk_toward_start
 from tff_clustered.algorithms.fedprox import DEFAULT_MU, MU_HELP
 from tff_clustered.options import option
 from tff_clustered.seeds import ALGORITHM, derived_seed
@@ -169,9 +170,16 @@ class FedGroup(Algorithm):
             pending = [c for c in present if assignment[c] < 0]
             newcomers = self.cold_start(run, state, pending, 0, queries)
             assignment.update(newcomers.assignment)
+        counts = np.bincount(labels, minlength=m)  # a noised mean shrunk toward w0 by its noise
+        models = shrunk_toward_start(
+            run.initial_model,
+            run.initial_model[None, :] + directions,
+            released.noise_stddev,
+            counts,
+        )
         return Decision(
             assignment=assignment,
-            cluster_models=run.initial_model[None, :] + directions,
+            cluster_models=models,
             state=state,
             similarity=similarity,
             released=(released, *newcomers.released),
