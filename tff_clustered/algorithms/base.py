@@ -138,14 +138,18 @@ class ReleasedUpdates:
     """Individual clients' updates as the server may read them outside the round's aggregate
     (`Queries.released_updates`: a cold start's pre-training updates), one row per client of
     `client_ids`; `noise_multiplier` is the Gaussian mechanism's they went through (each
-    clipped to the private run's clip norm, noise of that multiplier times it per value, of
-    standard deviation `noise_stddev`), None when they are raw (a run without noise, or one
-    whose cold start is read raw)."""
+    clipped to `clip` in L2 norm, noise of that multiplier times it per value), None when they
+    are raw (a run without noise, or one whose cold start is read raw)."""
 
     client_ids: tuple[str, ...]
     updates: np.ndarray
     noise_multiplier: Optional[float] = None
-    noise_stddev: float = 0.0
+    clip: Optional[float] = None
+
+    @property
+    def noise_stddev(self) -> float:
+        """The noise's standard deviation per value (0: raw)."""
+        return (self.noise_multiplier or 0.0) * (self.clip or 0.0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,13 @@ from typing import Optional
 import numpy as np
 
 from tff_clustered import clustering
-from tff_clustered.algorithms.base import Decision, Queries, RunInfo, check_cluster_count
+from tff_clustered.algorithms.base import (
+    Decision,
+    Queries,
+    ReleasedUpdates,
+    RunInfo,
+    check_cluster_count,
+)
 from tff_clustered.seeds import ALGORITHM, derived_seed
 
 
@@ -30,20 +36,23 @@ def independent_clusters(name: str, run: RunInfo, queries: Queries, num_clusters
 
 
 def shrunk_toward_start(
-    start: np.ndarray, means: np.ndarray, noise_stddev: float, counts: np.ndarray
+    start: np.ndarray, means: np.ndarray, released: ReleasedUpdates, counts: np.ndarray
 ) -> np.ndarray:
-    """Cluster models `means` (K, D) of noised updates from `start` shrunk toward it by the
-    positive-part James-Stein factor max(0, 1 - (D - 2) s_k^2 / ||mean_k - start||^2), where
-    s_k = `noise_stddev` / sqrt(`counts`[k]) is the noise per value left in cluster k's mean
-    (`counts`: its members, or their effective number under weights): a mean that is mostly
-    noise starts near `start`, one that is mostly signal as it is. Post-processing of the
-    released updates; `noise_stddev` 0 (raw updates) returns `means` itself."""
-    if not noise_stddev > 0:
+    """Cluster models `means` (K, D), `start` plus a mean of `released` (noised) updates,
+    shrunk toward `start` by the positive-part James-Stein factor
+    max(0, 1 - (D - 2) s_k^2 / ||mean_k - start||^2), s_k = the noise's standard deviation /
+    sqrt(`counts`[k]) the noise per value left in cluster k's mean (`counts`: its members, or
+    their effective number under weights), then brought within the clip of `start` (each
+    clipped update is, so their mean is): a mean that is mostly noise starts near `start`, one
+    that is mostly signal as it is. Post-processing of the released updates; raw ones return
+    `means` itself."""
+    if not released.noise_stddev > 0:
         return means
     directions = means - start[None, :]
-    variance = noise_stddev**2 / np.maximum(np.asarray(counts, np.float64), 1.0)
-    squared = np.maximum(np.sum(np.square(directions, dtype=np.float64), axis=1), 1e-300)
-    factor = np.clip(1.0 - (means.shape[1] - 2) * variance / squared, 0.0, 1.0)
+    variance = released.noise_stddev**2 / np.maximum(np.asarray(counts, np.float64), 1.0)
+    norms = np.maximum(np.linalg.norm(directions.astype(np.float64), axis=1), 1e-150)
+    factor = np.clip(1.0 - (means.shape[1] - 2) * variance / norms**2, 0.0, 1.0)
+    factor = np.minimum(factor, float(released.clip) / norms)  # within the clip ball
     return (start[None, :] + factor[:, None] * directions).astype(means.dtype)
 
 
@@ -90,7 +99,7 @@ def clusters_of_local_models(
     counts = effective_counts(labels, num_clusters, weights)
     return Decision(
         assignment=dict(zip(ids, labels.tolist())),
-        cluster_models=shrunk_toward_start(run.initial_model, means, released.noise_stddev, counts),
+        cluster_models=shrunk_toward_start(run.initial_model, means, released, counts),
         state=None,
         released=(released,),
     )

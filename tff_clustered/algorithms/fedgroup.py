@@ -174,7 +174,7 @@ class FedGroup(Algorithm):
         models = shrunk_toward_start(
             run.initial_model,
             run.initial_model[None, :] + directions,
-            released.noise_stddev,
+            released,
             counts,
         )
         return Decision(

@@ -105,7 +105,7 @@ class ServerQueries:
         positions = [self._calls.client_index[c] for c in client_ids]
         noised = release.apply(updates, positions, round_num)
         return ReleasedUpdates(
-            tuple(client_ids), noised, release.noise_multiplier, release.stddev
+            tuple(client_ids), noised, release.noise_multiplier, release.clip
         )
 
     def cluster_losses(self, cluster_models: np.ndarray, client_ids: Sequence[str]) -> np.ndarray:
