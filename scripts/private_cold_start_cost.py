@@ -41,6 +41,15 @@ flags.DEFINE_list(
     "settings", ["mean", "epsilon:8"], "Rows: mean, epsilon:E, epsilon:E/raw, epsilon:E/z=Z."
 )
 flags.DEFINE_bool("cold_start_only", False, "Measure the cold start only (no rounds).")
+flags.DEFINE_enum(
+    "reference",
+    "planted",
+    ["planted", "raw"],
+    "What the clusters are scored against: the data's planted groups, or the raw cold start's "
+    "clusters of the same seed (the first `/raw` row of --settings, measured first).",
+)
+# The raw cold start's assignment of each seed (`--reference=raw`).
+RAW_COLD_STARTS: dict[int, dict[str, int]] = {}
 assert run_flags  # its flags: the dataset, model, training and algorithm options
 
 
@@ -66,12 +75,16 @@ def measured(setting: str, seed: int, execution: RunExecution) -> dict[str, Any]
     """One run's cold-start ARI, final ARI and accuracy, epsilon and noise multipliers."""
     experiment = runner.spec_experiment(spec_of(setting, seed), execution)
     experiment.start()
-    planted = experiment.data.true_clusters
+    if FLAGS.reference == "raw" and setting.endswith("/raw"):
+        RAW_COLD_STARTS.setdefault(seed, dict(experiment.state.assignment))
+    reference = (
+        experiment.data.true_clusters if FLAGS.reference == "planted" else RAW_COLD_STARTS[seed]
+    )
 
     def ari() -> float:
         assignment = experiment.state.assignment
-        ids = [c for c, k in assignment.items() if k >= 0]
-        return float(adjusted_rand_score([planted[c] for c in ids], [assignment[c] for c in ids]))
+        ids = [c for c, k in assignment.items() if k >= 0 and reference.get(c, -1) >= 0]
+        return float(adjusted_rand_score([reference[c] for c in ids], [assignment[c] for c in ids]))
 
     cold = ari()
     rows = [{"accuracy": np.nan}] if FLAGS.cold_start_only else list(experiment.rounds())
