@@ -20,6 +20,7 @@ from tff_clustered.loop import accounting
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.orchestration import Experiment
+from tff_clustered.loop.update_release import UpdateRelease
 from tff_clustered.models import model_spec
 
 DELTA = 1e-5
@@ -168,3 +169,17 @@ def test_a_target_is_shared_between_the_cold_start_and_the_rounds(sampling: str)
     # Without a cold start the rounds take the whole target: a smaller noise multiplier.
     _, z_alone = accounting.calibrated(config, 40)
     assert z_alone < z
+
+
+def test_seeded_noise_repeats_and_secure_noise_does_not() -> None:
+    updates = np.zeros((2, 1000), np.float32)
+    seeded = UpdateRelease(clip=1.0, noise_multiplier=1.0, seed=2**40 + 1)
+    np.testing.assert_array_equal(
+        seeded.apply(updates, [0, 1], 0), seeded.apply(updates, [0, 1], 0)
+    )
+    other_seed = dataclasses.replace(seeded, seed=1)  # the seed's full width: 2^40 + 1 is not 1
+    assert not np.allclose(other_seed.apply(updates, [0, 1], 0), seeded.apply(updates, [0, 1], 0))
+    secure = dataclasses.replace(seeded, secure=True)
+    first, second = secure.apply(updates, [0, 1], 0), secure.apply(updates, [0, 1], 0)
+    assert not np.allclose(first, second)
+    assert first.std() == pytest.approx(1.0, rel=0.05)
