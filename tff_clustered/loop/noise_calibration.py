@@ -109,8 +109,10 @@ def release_event(noise_multiplier: float, replace_one: bool) -> DpEvent:
 
 
 def epsilon_of_event(event: DpEvent, delta: float) -> float:
-    """`event`'s epsilon at `delta`, as `RdpAccountant` composes it."""
-    return CachedRdpAccountant(Relation.ADD_OR_REMOVE_ONE).compose(event).get_epsilon(delta)
+    """`event`'s epsilon at `delta`, as `RdpAccountant` composes it (under the adjacency its
+    sampling is accounted under)."""
+    relation = relation_of_key(event_key(event)) or Relation.ADD_OR_REMOVE_ONE
+    return CachedRdpAccountant(relation).compose(event).get_epsilon(delta)
 
 
 def release_noise_multiplier(
