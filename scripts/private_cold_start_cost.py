@@ -60,8 +60,8 @@ def spec_of(setting: str, seed: int) -> RunSpec:
     training = dataclasses.replace(spec.training, seed=seed)
     if cold_start:
         given = cold_start.partition("z=")[2]
-        change = (
-            dict(cold_start_noise_multiplier=float(given))
+        change = (  # a sweep of the cold start's noise: no target, rounds at z = 1
+            dict(cold_start_noise_multiplier=float(given), noise_multiplier=1.0, target_epsilon=0.0)
             if given
             else dict(cold_start_release=cold_start)
         )
@@ -82,14 +82,19 @@ def measured(setting: str, seed: int, execution: RunExecution) -> dict[str, Any]
     )
 
     def ari() -> float:
+        if reference is None:  # no planted groups
+            return float("nan")
         assignment = experiment.state.assignment
         ids = [c for c, k in assignment.items() if k >= 0 and reference.get(c, -1) >= 0]
         return float(adjusted_rand_score([reference[c] for c in ids], [assignment[c] for c in ids]))
 
     cold = ari()
+    account = experiment.account
+    cold_epsilon = experiment.state.privacy.epsilon(account.delta) if account else 0.0
     rows = [{"accuracy": np.nan}] if FLAGS.cold_start_only else list(experiment.rounds())
     options = experiment.config.aggregator.options
     last = rows[-1]
+    epsilon = float(last.get("epsilon", cold_epsilon))
     return dict(
         algorithm=FLAGS.algorithm,
         dataset=FLAGS.dataset,
@@ -98,7 +103,7 @@ def measured(setting: str, seed: int, execution: RunExecution) -> dict[str, Any]
         cold_start_ari=round(cold, 4),
         final_ari=round(ari(), 4),
         accuracy=round(float(last["accuracy"]), 4),
-        epsilon=round(float(last.get("epsilon", 0.0)), 4),
+        epsilon=round(epsilon, 4),
         noise_multiplier=getattr(options, "noise_multiplier", None),
         cold_start_noise_multiplier=getattr(options, "cold_start_noise_multiplier", None),
     )

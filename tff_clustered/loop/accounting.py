@@ -105,6 +105,7 @@ def calibrated(
         settings = settings.with_cold_start_noise_multiplier(z_cold)
         config = dataclasses.replace(config, aggregator=settings)
         prior = release_event(z_cold, config.client_sampling == "fixed")
+        check_cold_start_fits(prior, budget, z_cold)
     if not budget.calibrate:
         return config, None
 
@@ -121,6 +122,21 @@ def calibrated(
     )
     chosen = settings.with_noise_multiplier(z)
     return dataclasses.replace(config, aggregator=chosen), z
+
+
+def check_cold_start_fits(release: Any, budget: PrivacyBudget, z_cold: float) -> None:
+    """Refuses a private cold start whose one release alone reaches the target epsilon."""
+    target = budget.target_epsilon
+    if not target > 0:
+        return
+    cost = epsilon_of_event(release, budget.delta)
+    if cost >= target:
+        raise ValueError(
+            f"the private cold start alone costs epsilon {cost:.4g} (noise multiplier "
+            f"{z_cold:g}), at least --target_epsilon={target:g}: raise "
+            "--dp_cold_start_noise_multiplier, or leave it unset to spend "
+            "--dp_cold_start_share of the target on it"
+        )
 
 
 class PrivacyAccount:
