@@ -183,3 +183,11 @@ def test_seeded_noise_repeats_and_secure_noise_does_not() -> None:
     first, second = secure.apply(updates, [0, 1], 0), secure.apply(updates, [0, 1], 0)
     assert not np.allclose(first, second)
     assert first.std() == pytest.approx(1.0, rel=0.05)
+
+
+def test_a_cold_start_that_alone_passes_the_target_is_refused() -> None:
+    aggregator = AggregatorConfig("dp", target_epsilon=8.0, cold_start_noise_multiplier=0.5)
+    config = dataclasses.replace(CONFIG, aggregator=aggregator)
+    with pytest.raises(ValueError, match=r"cold start alone costs epsilon .* at least"):
+        accounting.calibrated(config, 40, cold_start=True)
+    accounting.calibrated(config, 40)  # an algorithm without a cold start runs
