@@ -104,9 +104,7 @@ class ServerQueries:
             return ReleasedUpdates(tuple(client_ids), updates)
         positions = [self._calls.client_index[c] for c in client_ids]
         noised = release.apply(updates, positions, round_num)
-        return ReleasedUpdates(
-            tuple(client_ids), noised, release.noise_multiplier, release.clip
-        )
+        return ReleasedUpdates(tuple(client_ids), noised, release.noise_multiplier, release.clip)
 
     def cluster_losses(self, cluster_models: np.ndarray, client_ids: Sequence[str]) -> np.ndarray:
         """Mean training loss of every cluster model on each client, (clients, clusters): with
