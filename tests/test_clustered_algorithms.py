@@ -299,7 +299,10 @@ def test_pretraining_by_steps_matches_epochs_where_they_coincide() -> None:
         )
         assert sum(1 for _ in dataset) == 3 * per_epoch + 1
     steps = experiment("fedgroup", num_clusters=3, pretrain_steps=50)
-    assert steps.algorithm.pretrain(steps.run, [client], 0, steps.queries).shape == (1, w0.size)
+    assert steps.algorithm.pretrain(steps.run, [client], 0, steps.queries).updates.shape == (
+        1,
+        w0.size,
+    )
     assert not np.array_equal(steps.state.cluster_models, exp.state.cluster_models)
 
 

@@ -35,6 +35,9 @@ DP_NOISE = 9
 # A tuned comparison's trials (`comparison/tuning.py`): the value of one knob in one trial,
 # folded with the trial and the knob's name.
 TUNING = 10
+# The Gaussian noise on each client's own pre-training update a private run's cold start reads
+# (`loop.update_release`), folded there with the round and the client's index.
+COLD_START_NOISE = 11
 
 
 @enum.unique

@@ -134,12 +134,33 @@ class Similarity:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReleasedUpdates:
+    """Individual clients' updates as the server may read them outside the round's aggregate
+    (`Queries.released_updates`: a cold start's pre-training updates), one row per client of
+    `client_ids`; `noise_multiplier` is the Gaussian mechanism's they went through (each
+    clipped to `clip` in L2 norm, noise of that multiplier times it per value), None when they
+    are raw (a run without noise, or one whose cold start is read raw)."""
+
+    client_ids: tuple[str, ...]
+    updates: np.ndarray
+    noise_multiplier: Optional[float] = None
+    clip: Optional[float] = None
+
+    @property
+    def noise_stddev(self) -> float:
+        """The noise's standard deviation per value (0: raw)."""
+        return (self.noise_multiplier or 0.0) * (self.clip or 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
 class Decision:
     """Changes the loop applies. `assignment` entries replace those clients' clusters;
     `cluster_models` replaces all cluster models (their number may change); `shared` moves the
     base/personal boundary; `anchor` replaces the broadcast anchor model (flat, (D,)); `state`
     replaces the algorithm state unless UNCHANGED; `similarity` is the matrix a clustering step
-    used (for the run's picture; it changes nothing)."""
+    used (for the run's picture; it changes nothing); `released` are the individual updates the
+    decision read (`Queries.released_updates`), which a private run's ledger charges to the
+    clients that sent them."""
 
     assignment: Mapping[str, int] = dataclasses.field(default_factory=dict)
     cluster_models: Optional[np.ndarray] = None
@@ -148,6 +169,7 @@ class Decision:
     state: Any = UNCHANGED
     metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
     similarity: Optional[Similarity] = None
+    released: tuple[ReleasedUpdates, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +214,21 @@ class Queries(Protocol):
     ) -> np.ndarray:
         """Flat updates of plain local SGD from flat model `start`, one row per client:
         `epochs` passes over each client's data, or `steps` minibatches when given."""
+
+    def released_updates(
+        self,
+        client_ids: Sequence[str],
+        start: np.ndarray,
+        epochs: int,
+        round_num: int,
+        steps: Optional[int] = None,
+    ) -> ReleasedUpdates:
+        """The `local_updates` as the server may read them: in a private run, each clipped and
+        noised by the Gaussian mechanism (`loop.update_release`); otherwise raw (this default).
+        A decision that uses them returns them in `Decision.released`, so that the run's
+        ledger charges their clients."""
+        updates = self.local_updates(client_ids, start, epochs, round_num, steps)
+        return ReleasedUpdates(tuple(client_ids), updates)
 
     def cluster_losses(self, cluster_models: np.ndarray, client_ids: Sequence[str]) -> np.ndarray:
         """Mean training loss of every cluster model on each client, (clients, clusters)."""
@@ -244,7 +281,10 @@ class Algorithm:
     # Where it is not, the options that would make it so, for the refusal's message.
     private_mode: ClassVar[str] = ""
     # What it sends the server from individual clients beside the aggregate (`Releases`): what
-    # a private run says its epsilon does not cover (nothing: its models are the aggregate's).
+    # a private run says its epsilon covers or not (nothing: its models are the aggregate's).
+    # A `cold_start` entry means its start reads clients' own pre-training updates, through
+    # `Queries.released_updates` (FedGroup's cold start and newcomers, FeSEM's and CGPFL's
+    # K-means), which a private run's cold start clips and noises.
     releases: ClassVar[Releases] = Releases()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -272,6 +312,12 @@ class Algorithm:
         self.options = options if options is not None else self.Options()
         if not isinstance(self.options, self.Options):
             raise TypeError(f"{self.name} takes {self.Options.__qualname__}")
+
+    @property
+    def cold_start_updates(self) -> bool:
+        """Whether its start reads clients' own pre-training updates (its `releases` name a
+        cold start), which a private run's cold start clips, noises and charges."""
+        return bool(self.releases.cold_start)
 
     # -- what the round runs ---------------------------------------------------------------------
     @property

@@ -39,6 +39,7 @@ from tff_clustered.algorithms.base import (
     Algorithm,
     Decision,
     Queries,
+    Releases,
     RoundResult,
     RunInfo,
     ServerView,
@@ -76,6 +77,10 @@ class CGPFL(Algorithm):
         "IJCAI 2022"
     )
     keep_client_models = True
+    releases = Releases(
+        cold_start=("CGPFL's start: the first contexts, K-means of every client's local model",),
+        outside=("CGPFL's personal models: each client's own, which its context averages",),
+    )
     refused = {
         **Algorithm.refused,
         "mu": "CGPFL's pull toward the context model is --cgpfl_lambda",

@@ -1,7 +1,8 @@
 """Cold starts several clustered algorithms share.
 
 Independently initialised cluster models (IFCA), and K-means over the clients' locally trained
-models (FeSEM, CGPFL).
+models (FeSEM, CGPFL), whose updates a private run clips and noises before the server reads
+them (`Queries.released_updates`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,13 @@ from typing import Optional
 import numpy as np
 
 from tff_clustered import clustering
-from tff_clustered.algorithms.base import Decision, Queries, RunInfo, check_cluster_count
+from tff_clustered.algorithms.base import (
+    Decision,
+    Queries,
+    ReleasedUpdates,
+    RunInfo,
+    check_cluster_count,
+)
 from tff_clustered.seeds import ALGORITHM, derived_seed
 
 
@@ -28,6 +35,40 @@ def independent_clusters(name: str, run: RunInfo, queries: Queries, num_clusters
     )
 
 
+def shrunk_toward_start(
+    start: np.ndarray, means: np.ndarray, released: ReleasedUpdates, counts: np.ndarray
+) -> np.ndarray:
+    """Cluster models `means` (K, D), `start` plus a mean of `released` (noised) updates,
+    shrunk toward `start` by the positive-part James-Stein factor
+    max(0, 1 - (D - 2) s_k^2 / ||mean_k - start||^2), s_k = the noise's standard deviation /
+    sqrt(`counts`[k]) the noise per value left in cluster k's mean (`counts`: its members, or
+    their effective number under weights), then brought within the clip of `start` (each
+    clipped update is, so their mean is): a mean that is mostly noise starts near `start`, one
+    that is mostly signal as it is. Post-processing of the released updates; raw ones return
+    `means` itself."""
+    if not released.noise_stddev > 0:
+        return means
+    directions = means - start[None, :]
+    variance = released.noise_stddev**2 / np.maximum(np.asarray(counts, np.float64), 1.0)
+    norms = np.maximum(np.linalg.norm(directions.astype(np.float64), axis=1), 1e-150)
+    factor = np.clip(1.0 - (means.shape[1] - 2) * variance / norms**2, 0.0, 1.0)
+    factor = np.minimum(factor, float(released.clip) / norms)  # within the clip ball
+    return (start[None, :] + factor[:, None] * directions).astype(means.dtype)
+
+
+def effective_counts(
+    labels: np.ndarray, num_clusters: int, weights: Optional[np.ndarray]
+) -> np.ndarray:
+    """Each cluster's number of members, or under `weights` its effective number
+    (sum w)^2 / sum w^2, the count whose plain mean has the weighted mean's noise."""
+    if weights is None:
+        return np.bincount(labels, minlength=num_clusters).astype(np.float64)
+    w = np.asarray(weights, np.float64)
+    total = np.bincount(labels, w, minlength=num_clusters)
+    squares = np.bincount(labels, w * w, minlength=num_clusters)
+    return np.where(squares > 0, total**2 / np.maximum(squares, 1e-300), 0.0)
+
+
 def clusters_of_local_models(
     name: str,
     run: RunInfo,
@@ -40,10 +81,13 @@ def clusters_of_local_models(
     """Start of FeSEM and CGPFL: every client's model after `epochs` of plain local SGD from
     w0; K-means (best of `restarts`, by intra-cluster distance) on their trainable values gives
     the first assignment, and each cluster model is its members' mean (weighted by `weights`,
-    one per client, when given)."""
+    one per client, when given). The updates are read as the run releases them (clipped and
+    noised in a private run, each mean then `shrunk_toward_start`) and returned in the
+    decision's `released`."""
     check_cluster_count(name, num_clusters, run)
     ids = list(run.client_ids)
-    models = run.initial_model[None, :] + queries.local_updates(ids, run.initial_model, epochs, 0)
+    released = queries.released_updates(ids, run.initial_model, epochs, 0)
+    models = run.initial_model[None, :] + released.updates
     labels, _ = clustering.best_kmeans(
         models[:, : run.num_trainable_values],
         num_clusters,
@@ -51,8 +95,11 @@ def clusters_of_local_models(
         derived_seed(run.seed, ALGORITHM),
     )
     previous = np.repeat(run.initial_model[None, :], num_clusters, axis=0)
+    means = clustering.mean_per_cluster(models, labels, previous, weights)
+    counts = effective_counts(labels, num_clusters, weights)
     return Decision(
         assignment=dict(zip(ids, labels.tolist())),
-        cluster_models=clustering.mean_per_cluster(models, labels, previous, weights),
+        cluster_models=shrunk_toward_start(run.initial_model, means, released, counts),
         state=None,
+        released=(released,),
     )

@@ -26,6 +26,7 @@ from tff_clustered.algorithms.base import (
     Decision,
     Plan,
     Queries,
+    ReleasedUpdates,
     Releases,
     RoundResult,
     RunInfo,
@@ -33,6 +34,7 @@ from tff_clustered.algorithms.base import (
     Similarity,
     check,
 )
+from tff_clustered.algorithms.cold_starts import shrunk_toward_start
 from tff_clustered.algorithms.fedprox import DEFAULT_MU, MU_HELP, MU_SEARCH
 from tff_clustered.options import option
 from tff_clustered.seeds import ALGORITHM, derived_seed
@@ -148,7 +150,8 @@ class FedGroup(Algorithm):
             raise ValueError(f"{self.name}: {len(present)} clients cannot form {m} groups")
         chosen = sorted(rng.choice(len(present), count, replace=False))
         clustered = [present[i] for i in chosen]
-        updates = self.pretrain(run, clustered, 0, queries)
+        released = self.pretrain(run, clustered, 0, queries)  # noised in a private run
+        updates = released.updates
         similarity = None
         if self.clustering_method == "edc":
             embedding = clustering.edc_embedding(updates, m, seed=run.seed)
@@ -170,14 +173,24 @@ class FedGroup(Algorithm):
         state = GroupState(directions, frozenset(late), frozenset(clustered))
         assignment = {c: -1 for c in ids}
         assignment.update(zip(clustered, (int(g) for g in labels)))
+        newcomers = Decision()
         if options.cold_start == "eager":
             pending = [c for c in present if assignment[c] < 0]
-            assignment.update(self.cold_start(run, state, pending, 0, queries))
+            newcomers = self.cold_start(run, state, pending, 0, queries)
+            assignment.update(newcomers.assignment)
+        counts = np.bincount(labels, minlength=m)  # a noised mean shrunk toward w0 by its noise
+        models = shrunk_toward_start(
+            run.initial_model,
+            run.initial_model[None, :] + directions,
+            released,
+            counts,
+        )
         return Decision(
             assignment=assignment,
-            cluster_models=run.initial_model[None, :] + directions,
+            cluster_models=models,
             state=state,
             similarity=similarity,
+            released=(released, *newcomers.released),
         )
 
     # -- newcomers (Eq. 9) -------------------------------------------------------------------
@@ -188,25 +201,29 @@ class FedGroup(Algorithm):
         client_ids: Sequence[str],
         round_num: int,
         queries: Queries,
-    ) -> dict[str, int]:
+    ) -> Decision:
         """Groups of newcomers: pre-train from w0, join the group of least Eq. 9 dissimilarity
-        (RAC: a uniformly random group instead)."""
+        (RAC: a uniformly random group instead); the decision's `released` are the updates
+        read (noised in a private run)."""
         if not client_ids:
-            return {}
+            return Decision()
         if self.random_newcomers:
             rng = np.random.default_rng(derived_seed(run.seed, ALGORITHM, round_num))
             groups = rng.integers(0, self.num_clusters, len(client_ids))
-        else:
-            updates = self.pretrain(run, client_ids, round_num, queries)
-            groups = clustering.assign_newcomers(state.group_directions, updates)
-        return dict(zip(client_ids, (int(g) for g in groups)))
+            return Decision(assignment=dict(zip(client_ids, (int(g) for g in groups))))
+        released = self.pretrain(run, client_ids, round_num, queries)
+        groups = clustering.assign_newcomers(state.group_directions, released.updates)
+        return Decision(
+            assignment=dict(zip(client_ids, (int(g) for g in groups))), released=(released,)
+        )
 
     def pretrain(
         self, run: RunInfo, client_ids: Sequence[str], round_num: int, queries: Queries
-    ) -> np.ndarray:
-        """ClientPretrain (Alg. 3): each client's update of local SGD from w0."""
+    ) -> ReleasedUpdates:
+        """ClientPretrain (Alg. 3): each client's update of local SGD from w0, as the server
+        may read it (clipped and noised in a private run: `Queries.released_updates`)."""
         steps = self.options.pretrain_steps or None
-        return queries.local_updates(
+        return queries.released_updates(
             client_ids, run.initial_model, self.options.pretrain_epochs, round_num, steps
         )
 
@@ -223,10 +240,10 @@ class FedGroup(Algorithm):
         else:
             candidates = client_ids
         pending = [c for c in candidates if view.assignment[c] < 0]
-        joined = self.cold_start(run, view.state, pending, view.round_num + 1, queries)
-        joined.update(self.redrawn(run, view, client_ids))
+        newcomers = self.cold_start(run, view.state, pending, view.round_num + 1, queries)
+        joined = {**newcomers.assignment, **self.redrawn(run, view, client_ids)}
         clusters = np.array([joined.get(c, view.assignment[c]) for c in client_ids], np.int32)
-        return Plan(clusters, decision=Decision(assignment=joined))
+        return Plan(clusters, decision=Decision(assignment=joined, released=newcomers.released))
 
     def redrawn(self, run: RunInfo, view: ServerView, client_ids: Sequence[str]) -> dict[str, int]:
         """RAC with `rac_draw=resample`: every sampled cold client (one not clustered at the
@@ -241,9 +258,10 @@ class FedGroup(Algorithm):
         self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
     ) -> np.ndarray:
         """A client not assigned yet (lazy cold start, a late newcomer) is scored with the
-        group its cold start would give it now (Eq. 9; RAC: a random one)."""
+        group its cold start would give it now (Eq. 9; RAC: a random one; its update noised
+        in a private run, and not charged: evaluation is outside the guarantee)."""
         waiting = [c for c in client_ids if view.assignment.get(c, -1) < 0]
-        joined = self.cold_start(run, view.state, waiting, view.round_num, queries)
+        joined = self.cold_start(run, view.state, waiting, view.round_num, queries).assignment
         return np.array([joined.get(c, view.assignment.get(c, -1)) for c in client_ids], np.int32)
 
     # -- Alg. 2 line 5: inter-group aggregation ----------------------------------------------

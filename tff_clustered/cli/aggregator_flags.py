@@ -10,7 +10,6 @@ from absl import flags
 
 from tff_clustered import options as options_lib
 from tff_clustered.algorithms import ALGORITHMS
-from tff_clustered.algorithms.base import Releases
 from tff_clustered.federated.aggregators import (
     AGGREGATORS,
     NAMED,
@@ -25,21 +24,23 @@ FLAGS = flags.FLAGS
 def aggregator_help() -> str:
     """`--aggregator`'s help: each named aggregator's summary, where none but the mean can run
     (`loop.aggregation.check_aggregator`'s rule, from the algorithms' declarations), and what a
-    private run's epsilon leaves out (their `Releases`)."""
+    private run's epsilon covers and leaves out (their `Releases`)."""
     each = ", ".join(f"{name} ({AGGREGATORS[name].summary})" for name in NAMED)
     refused = [
         name + (f" unless {cls.private_mode}" if cls.private_mode else "")
         for name, cls in ALGORITHMS.items()
         if not cls.models_from_aggregate and not cls.distribution.decentralized
     ]
-    beside = [name for name, cls in ALGORITHMS.items() if cls.releases != Releases()]
+    cold_start = [name for name, cls in ALGORITHMS.items() if cls.releases.cold_start]
+    beside = [name for name, cls in ALGORITHMS.items() if cls.releases.outside]
     return (
         f"What each cluster does with its clients' updates: {each}. Only the mean for "
         "decentralized algorithms (no server aggregates) and for those whose cluster models "
         f"are set from individual clients' models or updates ({', '.join(refused)}). With dp, "
-        "epsilon covers the cluster models; what an algorithm sends beside the aggregate "
-        f"({', '.join(beside)}: cluster picks, a cold start's updates), exact training "
-        "metrics and evaluation are not covered: each private run lists them "
+        "epsilon covers the cluster models and, unless --dp_cold_start=raw, a cold start's "
+        f"reads of clients' own updates ({', '.join(cold_start)}); what an algorithm sends "
+        f"beside the aggregate ({', '.join(beside)}: cluster picks, personal models), exact "
+        "training metrics and evaluation are not covered: each private run lists them "
         "(summary.json's privacy.not_covered, docs/privacy.md)."
     )
 

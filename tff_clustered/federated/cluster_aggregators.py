@@ -117,6 +117,18 @@ class ClusterAggregator:
         for one whose `privacy_budget` says `calibrate`)."""
         raise ValueError(f"the {cls.name} aggregator has no noise multiplier to calibrate")
 
+    @classmethod
+    def with_cold_start_noise_multiplier(cls, options: Any, noise_multiplier: float) -> Any:
+        """Its settings with the private cold start's noise multiplier set by the budget's
+        rule (only for one whose `privacy_budget` has a `cold_start_share`)."""
+        raise ValueError(f"the {cls.name} aggregator has no private cold start")
+
+    def cold_start_mechanism(self) -> Optional[tuple[float, float]]:
+        """The Gaussian mechanism individual clients' pre-training updates go through before a
+        private run's server reads them (a cold start's: `loop.update_release`), as (clip norm,
+        noise multiplier); None: they are read raw."""
+        return None
+
     def privacy_record(self) -> dict[str, Any]:
         """Its mechanism's settings in summary.json's `privacy` block (one that adds noise)."""
         return {}
@@ -337,6 +349,11 @@ class PrivacyBudget:
     delta: float
     target_epsilon: float
     calibrate: bool = False
+    # The private cold start (`loop.update_release`): the share of the run's epsilon its one
+    # release per client costs when its noise multiplier is not given (0: the cold start is
+    # read raw, outside the guarantee), and the noise multiplier when given.
+    cold_start_share: float = 0.0
+    cold_start_noise_multiplier: Optional[float] = None
 
 
 def spec_of(value: Any) -> tf.TensorSpec:

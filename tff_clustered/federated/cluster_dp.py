@@ -87,6 +87,12 @@ MAX_CLIP_LEARNING_RATE = math.log(FLOAT32_MAX)
 # model's usual weights (|w| well below 1): a model made non-finite is then blamed on it.
 BLAMED_NOISE_STDDEV = 1.0
 DP_CLIPPINGS = ("fixed", "adaptive")
+# How FedGroup's and FeSEM's cold start reads each client's pre-training update: through the
+# Gaussian mechanism (`loop.update_release`), or raw (outside the run's guarantee).
+COLD_START_RELEASES = ("private", "raw")
+# The share of the run's epsilon the private cold start's one release per client costs when
+# its noise multiplier is not given: ours (the papers have no private cold start).
+DEFAULT_COLD_START_SHARE = 0.1
 # The largest --target_epsilon: beyond it an epsilon bounds nothing, and the noise multiplier
 # calibrated to it would fall toward `MIN_NOISE_MULTIPLIER` (1e-6, whose one round already
 # passes an epsilon of 1e12).
@@ -141,6 +147,27 @@ class DPOptions(AggregatorOptions):
         choices=DP_NOISE_SOURCES,
         flag="dp_noise",
     )
+    cold_start_release: str = option(
+        "private",
+        "FedGroup's and FeSEM's cold start: each client's pre-training update clipped to "
+        "--dp_clip and noised before the server clusters it (private: epsilon covers it), or "
+        "read raw (outside epsilon).",
+        choices=COLD_START_RELEASES,
+        flag="dp_cold_start",
+    )
+    cold_start_share: float = option(
+        DEFAULT_COLD_START_SHARE,
+        "with --dp_cold_start=private: the share of the run's epsilon (the target, else the "
+        "rounds') the cold start's one release per client costs.",
+        flag="dp_cold_start_share",
+    )
+    cold_start_noise_multiplier: Optional[float] = option(
+        None,
+        "with --dp_cold_start=private: the noise on each client's pre-training update over "
+        "--dp_clip (unset: the one --dp_cold_start_share gives).",
+        flag="dp_cold_start_noise_multiplier",
+        lower_bound=0.0,
+    )
     delta: float = option(
         1e-5,
         "the delta every epsilon is stated at (epsilon columns of metrics.csv, summary.json's "
@@ -182,6 +209,7 @@ class DPOptions(AggregatorOptions):
             )
         if not 0 < self.delta < 1:
             raise ValueError(f"--dp_delta must be in (0, 1), got {self.delta}")
+        check_cold_start(self.cold_start_release, self.cold_start_share)
         if not math.isfinite(self.target_epsilon):
             raise ValueError(f"--target_epsilon must be finite, got {self.target_epsilon}")
         if not 0 <= self.target_epsilon <= MAX_TARGET_EPSILON:
@@ -201,7 +229,9 @@ class ClusterDP(ClusterAggregator):
     `adaptive`: move each cluster's clip toward the `target_quantile` of its clients' update
     norms at `clip_learning_rate`; `count_stddev`: sigma_b, the noise on the below-clip counts
     (None: z); `noise`: where the noise's key comes from, "seeded" (the run's seed) or
-    "secure" (the OS's CSPRNG, each round)."""
+    "secure" (the OS's CSPRNG, each round). The private cold start (`loop.update_release`):
+    `cold_start_release` "private" or "raw", its noise multiplier `cold_start_noise_multiplier`
+    over `clip` (None: set by the run from `cold_start_share` of its epsilon)."""
 
     noise_multiplier: float
     clip: float = 1.0
@@ -210,6 +240,9 @@ class ClusterDP(ClusterAggregator):
     clip_learning_rate: float = 0.2
     count_stddev: Optional[float] = None
     noise: str = "seeded"
+    cold_start_release: str = "private"
+    cold_start_share: float = DEFAULT_COLD_START_SHARE
+    cold_start_noise_multiplier: Optional[float] = None
 
     name: ClassVar[str] = "dp"
     uniform_weights: ClassVar[bool] = True
@@ -252,12 +285,20 @@ class ClusterDP(ClusterAggregator):
                 "count_stddev",
                 f"in [0, {FLOAT32_MAX:.4g}] or unset",
             ),
+            (
+                self.cold_start_noise_multiplier is None
+                or MIN_NOISE_MULTIPLIER <= self.cold_start_noise_multiplier <= FLOAT32_MAX,
+                "cold_start_noise_multiplier",
+                f"in [{MIN_NOISE_MULTIPLIER:g}, {FLOAT32_MAX:.4g}] or unset (a cold start "
+                "without noise is --dp_cold_start=raw)",
+            ),
         ]
         for ok, name, valid in checks:
             if not ok:  # NaN fails every comparison, infinity every bound
                 raise ValueError(
                     f"ClusterDP: {name} (--dp_{name}) must be {valid}, got {getattr(self, name)}"
                 )
+        check_cold_start(self.cold_start_release, self.cold_start_share)
         sigma = self.effective_count_stddev
         if self.adaptive and z > 0 and z >= 2 * sigma:
             raise ValueError(
@@ -301,6 +342,9 @@ class ClusterDP(ClusterAggregator):
             clip_learning_rate=options.clip_learning_rate,
             count_stddev=options.count_stddev,
             noise=options.noise,
+            cold_start_release=options.cold_start_release,
+            cold_start_share=options.cold_start_share,
+            cold_start_noise_multiplier=options.cold_start_noise_multiplier,
         )
 
     def options(self) -> DPOptions:
@@ -313,13 +357,35 @@ class ClusterDP(ClusterAggregator):
             clip_learning_rate=self.clip_learning_rate,
             count_stddev=self.count_stddev,
             noise=self.noise,
+            cold_start_release=self.cold_start_release,
+            cold_start_share=self.cold_start_share,
+            cold_start_noise_multiplier=self.cold_start_noise_multiplier,
         )
 
     @classmethod
     def privacy_budget(cls, options: DPOptions) -> PrivacyBudget:
+        private_cold_start = options.cold_start_release == "private"
         return PrivacyBudget(
-            options.delta, options.target_epsilon, calibrate=options.noise_multiplier is None
+            options.delta,
+            options.target_epsilon,
+            calibrate=options.noise_multiplier is None,
+            cold_start_share=options.cold_start_share if private_cold_start else 0.0,
+            cold_start_noise_multiplier=options.cold_start_noise_multiplier,
         )
+
+    @classmethod
+    def with_cold_start_noise_multiplier(
+        cls, options: DPOptions, noise_multiplier: float
+    ) -> DPOptions:
+        return dataclasses.replace(options, cold_start_noise_multiplier=noise_multiplier)
+
+    def cold_start_mechanism(self) -> Optional[tuple[float, float]]:
+        """(`clip`, the cold start's noise multiplier) when the cold start is private and its
+        multiplier set (by the run: `loop.accounting.calibrated`), in a run with noise."""
+        z = self.cold_start_noise_multiplier
+        if self.cold_start_release != "private" or z is None or self.noise_multiplier == 0:
+            return None
+        return self.clip, float(z)
 
     @classmethod
     def with_noise_multiplier(cls, options: DPOptions, noise_multiplier: float) -> DPOptions:
@@ -477,6 +543,17 @@ def noise_keys(round_key: tf.Tensor, num_clusters: int, per_cluster: int) -> lis
         tf.random.experimental.stateless_split(row, per_cluster)
         for row in tf.unstack(tf.random.experimental.stateless_split(key, num_clusters))
     ]
+
+
+def check_cold_start(release: str, share: float) -> None:
+    """Refuses a cold start other than private or raw, and a share of epsilon outside (0, 1)."""
+    if release not in COLD_START_RELEASES:
+        raise ValueError(f"--dp_cold_start must be one of {COLD_START_RELEASES}, got {release!r}")
+    if not 0 < share < 1:
+        raise ValueError(
+            f"--dp_cold_start_share must be in (0, 1), got {share}: the share of the run's "
+            "epsilon the private cold start costs (for none, --dp_cold_start=raw)"
+        )
 
 
 def masked(noise: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:

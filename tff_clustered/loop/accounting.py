@@ -9,6 +9,16 @@ before the round that would pass it, and, when no noise multiplier is given, set
 multiplier whose rounds reach it (`noise_calibration.calibrated_noise_multiplier`); the delta
 and the target are the aggregator's settings' (`privacy_budget`).
 
+An algorithm whose start reads clients' own pre-training updates (what its `Releases`'
+`cold_start` names: FedGroup's cold start and newcomers, FeSEM's K-means) reads them through the private cold
+start's Gaussian mechanism (`loop.update_release`), and returns them in its decision
+(`Decision.released`): each client that sent one is charged that release's event
+(`noise_calibration.release_event`), unsampled, when the decision is applied. Its noise
+multiplier, unless given, is the least whose one release costs `cold_start_share` of the
+run's epsilon (the target, else the rounds' own epsilon at the given noise multiplier), and
+a calibrated noise multiplier is then the least whose rounds, after that release, reach the
+target.
+
 Every in-use cluster's sum is noised in every round, and a client adds into one cluster's sum
 only, so one round is one Gaussian mechanism on the stack of cluster sums, whichever cluster a
 client lands in: the clusters share the round's event, and their epsilons differ only where
@@ -22,15 +32,23 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
+from dp_accounting import dp_event
+from dp_accounting.dp_event import DpEvent
 
-from tff_clustered.algorithms.base import Releases, RunInfo
-from tff_clustered.federated.cluster_aggregators import ClusterAggregator
+from tff_clustered.algorithms.base import ReleasedUpdates, Releases, RunInfo
+from tff_clustered.federated.cluster_aggregators import ClusterAggregator, PrivacyBudget
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.dp_events import sampling_event
-from tff_clustered.loop.noise_calibration import calibrated_noise_multiplier, epsilon_of
+from tff_clustered.loop.noise_calibration import (
+    calibrated_noise_multiplier,
+    epsilon_of,
+    release_event,
+    release_noise_multiplier,
+)
 from tff_clustered.loop.privacy_ledger import PrivacyLedger
 from tff_clustered.loop.sampling import describe_sampling
 from tff_clustered.loop.state import RunState
+from tff_clustered.loop.update_release import UpdateRelease
 
 # What a private run's epsilon covers, and what no run's covers, whatever its algorithm (an
 # algorithm's own releases are its `Releases`): each item "what: detail" (stdout names the what).
@@ -56,8 +74,7 @@ SEEDED_NOISE = (
 def private_cold_start(aggregator: ClusterAggregator) -> bool:
     """Whether the run's cold start reads clients' updates through a Gaussian mechanism of its
     own, accounted in the ledger (the aggregator's `cold_start_mechanism`, where it has one)."""
-    mechanism = getattr(aggregator, "cold_start_mechanism", None)
-    return mechanism is not None and mechanism() is not None
+    return aggregator.cold_start_mechanism() is not None
 
 
 def coverage(aggregator: ClusterAggregator, releases: Releases) -> dict[str, list[str]]:
@@ -86,23 +103,63 @@ def privacy_line(privacy: Mapping[str, Any]) -> str:
 
 
 def account_for(
-    aggregator: ClusterAggregator, config: TrainingConfig, client_index: Mapping[str, int]
+    aggregator: ClusterAggregator,
+    config: TrainingConfig,
+    client_index: Mapping[str, int],
+    cold_start: bool = False,
 ) -> Optional[PrivacyAccount]:
     """The run's privacy account: None unless its aggregator adds noise (`round_event`; DP's
-    clipping only, a noise multiplier of 0, adds none) and declares its budget."""
+    clipping only, a noise multiplier of 0, adds none) and declares its budget. `cold_start`:
+    the algorithm's start reads clients' own updates (`Algorithm.cold_start_updates`)."""
     if aggregator.round_event() is None or config.aggregator.privacy_budget() is None:
         return None
-    return PrivacyAccount(aggregator, config, client_index)
+    return PrivacyAccount(aggregator, config, client_index, cold_start)
 
 
-def calibrated(config: TrainingConfig, population: int) -> tuple[TrainingConfig, Optional[float]]:
+def cold_start_noise(
+    config: TrainingConfig, budget: PrivacyBudget, population: int
+) -> Optional[float]:
+    """The private cold start's noise multiplier: the one given, else the least whose one
+    release costs `cold_start_share` of the run's epsilon (its target, else its rounds' at the
+    given noise multiplier, every client eligible); None: no private cold start (read raw, or
+    a run without noise)."""
+    if not budget.cold_start_share > 0:
+        return None
+    if budget.cold_start_noise_multiplier is not None:
+        return budget.cold_start_noise_multiplier
+    epsilon = budget.target_epsilon
+    if not epsilon > 0:
+        inner = config.aggregator.build().round_event()
+        if inner is None:  # clipping only: no guarantee to share
+            return None
+        sample = min(config.clients_per_round, population)
+        event = sampling_event(config.client_sampling, population, sample, inner)
+        epsilon = epsilon_of(dp_event.SelfComposedDpEvent(event, config.rounds), budget.delta)
+    replace_one = config.client_sampling == "fixed"
+    return release_noise_multiplier(budget.cold_start_share * epsilon, budget.delta, replace_one)
+
+
+def calibrated(
+    config: TrainingConfig, population: int, cold_start: bool = False
+) -> tuple[TrainingConfig, Optional[float]]:
     """`config` with a private aggregator's noise multiplier set from its target epsilon when
     none is given: the least whose `rounds` rounds, every client eligible, reach the target at
-    the run's delta; and that multiplier (None: nothing calibrated)."""
+    the run's delta (after the private cold start's release, when `cold_start`: the algorithm
+    reads clients' own updates at its start, whose noise multiplier is set here too); and that
+    multiplier (None: nothing calibrated)."""
     settings = config.aggregator
     budget = settings.privacy_budget()
-    if budget is None or not budget.calibrate:
-        refuse_target_below_one_round(config, population)
+    if budget is None:
+        return config, None
+    z_cold = cold_start_noise(config, budget, population) if cold_start else None
+    prior = None
+    if z_cold is not None:
+        settings = settings.with_cold_start_noise_multiplier(z_cold)
+        config = dataclasses.replace(config, aggregator=settings)
+        prior = release_event(z_cold, config.client_sampling == "fixed")
+        check_cold_start_fits(prior, budget, z_cold)
+    if not budget.calibrate:
+        refuse_target_below_one_round(config, population, prior)
         return config, None
 
     # A round of adaptive clipping (TFF's split of the noise) costs exactly a Gaussian round of
@@ -114,37 +171,62 @@ def calibrated(config: TrainingConfig, population: int) -> tuple[TrainingConfig,
         config.client_sampling,
         population,
         min(config.clients_per_round, population),
+        prior_event=prior,
     )
     chosen = settings.with_noise_multiplier(z)
     return dataclasses.replace(config, aggregator=chosen), z
 
 
-def refuse_target_below_one_round(config: TrainingConfig, population: int) -> None:
+def refuse_target_below_one_round(
+    config: TrainingConfig, population: int, prior: Optional[DpEvent] = None
+) -> None:
     """Refuses a target epsilon that the first round alone passes (every one of `population`
-    clients eligible, as the calibration takes them): the run would stop before it and train
-    nothing. The message names one round's epsilon and the noise multipliers that fit."""
+    clients eligible, as the calibration takes them; after `prior`, the private cold start's
+    release, when there is one): the run would stop before it and train nothing. The message
+    names that epsilon and the noise multipliers that fit."""
     budget = config.aggregator.privacy_budget()
     event = config.aggregator.build().round_event()
     if budget is None or not budget.target_epsilon > 0 or event is None or population < 1:
         return
     sampling, sample = config.client_sampling, min(config.clients_per_round, population)
-    one_round = epsilon_of(sampling_event(sampling, population, sample, event), budget.delta)
+    first = sampling_event(sampling, population, sample, event)
+    if prior is not None:
+        first = dp_event.ComposedDpEvent([prior, first])
+    one_round = epsilon_of(first, budget.delta)
     if one_round <= budget.target_epsilon:
         return
     target, delta, rounds = budget.target_epsilon, budget.delta, config.rounds
     fits_one, fits_all = (
-        calibrated_noise_multiplier(target, delta, n, sampling, population, sample)
+        calibrated_noise_multiplier(
+            target, delta, n, sampling, population, sample, prior_event=prior
+        )
         for n in (1, rounds)
     )
     z = config.aggregator.options.noise_multiplier
+    costs = "the cold start and one round cost" if prior is not None else "one round costs"
     raise ValueError(
         f"--target_epsilon={target:g} is below one round's epsilon: with "
         f"--dp_noise_multiplier={z:g} and --client_sampling={sampling} ({sample} of "
-        f"{population} clients), one round costs epsilon {one_round:.4g} at delta {delta:g}, so "
+        f"{population} clients), {costs} epsilon {one_round:.4g} at delta {delta:g}, so "
         f"the run would stop before round 1 and train nothing; give --dp_noise_multiplier of "
         f"at least {fits_one:.4g} (one round fits) or {fits_all:.4g} (all {rounds} rounds fit; "
         f"leave it unset and the target sets it), or a --target_epsilon above {one_round:.4g}"
     )
+
+
+def check_cold_start_fits(release: Any, budget: PrivacyBudget, z_cold: float) -> None:
+    """Refuses a private cold start whose one release alone reaches the target epsilon."""
+    target = budget.target_epsilon
+    if not target > 0:
+        return
+    cost = epsilon_of(release, budget.delta)
+    if cost >= target:
+        raise ValueError(
+            f"the private cold start alone costs epsilon {cost:.4g} (noise multiplier "
+            f"{z_cold:g}), at least --target_epsilon={target:g}: raise "
+            "--dp_cold_start_noise_multiplier, or leave it unset to spend "
+            "--dp_cold_start_share of the target on it"
+        )
 
 
 class PrivacyAccount:
@@ -153,9 +235,14 @@ class PrivacyAccount:
     (client id -> its position)."""
 
     def __init__(
-        self, aggregator: ClusterAggregator, config: TrainingConfig, client_index: Mapping[str, int]
+        self,
+        aggregator: ClusterAggregator,
+        config: TrainingConfig,
+        client_index: Mapping[str, int],
+        cold_start: bool = False,
     ) -> None:
         self.aggregator, self.config, self.client_index = aggregator, config, client_index
+        self.cold_start = cold_start
         budget = config.aggregator.privacy_budget()
         assert budget is not None  # `account_for` makes an account only then
         self.delta = budget.delta
@@ -163,6 +250,26 @@ class PrivacyAccount:
 
     def new_ledger(self) -> PrivacyLedger:
         return PrivacyLedger.for_population(len(self.client_index))
+
+    def update_release(self) -> Optional[UpdateRelease]:
+        """The mechanism the algorithm's cold start reads clients' own updates through (None:
+        raw, or an algorithm without one)."""
+        mechanism = self.aggregator.cold_start_mechanism()
+        if not self.cold_start or mechanism is None:
+            return None
+        clip, noise_multiplier = mechanism
+        return UpdateRelease(clip, noise_multiplier, self.config.seed, self.aggregator.secure_noise)
+
+    def record_released(self, ledger: PrivacyLedger, released: Sequence[ReleasedUpdates]) -> None:
+        """Charges each client that sent a noised update its release's event (a raw one, read
+        outside the guarantee, is not accounted: the run says so)."""
+        replace_one = self.config.client_sampling == "fixed"
+        for updates in released:
+            if updates.noise_multiplier is None or not updates.client_ids:
+                continue
+            ids = updates.client_ids
+            positions = np.fromiter((self.client_index[c] for c in ids), np.int64, len(ids))
+            ledger.record(positions, release_event(updates.noise_multiplier, replace_one))
 
     def round_event(self, num_eligible: int) -> Any:
         """One round's event: the aggregator's noise, sampled from `num_eligible` clients."""
@@ -254,7 +361,20 @@ class PrivacyAccount:
             "neighboring_relation": ledger.neighboring_relation.name,
             "client_weighting": "uniform" if self.aggregator.uniform_weights else "algorithm's",
             **coverage(self.aggregator, releases),
+            **self.cold_start_record(),
         }
+
+    def cold_start_record(self) -> dict[str, Any]:
+        """summary.json's `cold_start` entry for an algorithm whose start reads clients' own
+        updates: private (its mechanism) or raw (outside epsilon)."""
+        if not self.cold_start:
+            return {}
+        release = self.update_release()
+        if release is None:
+            return {"cold_start": {"release": "raw", "covered_by_epsilon": False}}
+        record = {"release": "private", "covered_by_epsilon": True}
+        record.update(clip=release.clip, noise_multiplier=release.noise_multiplier)
+        return {"cold_start": record}
 
 
 def privacy_summary(

@@ -101,6 +101,14 @@ class AggregatorConfig:
         config.__set(self.kind, self.kind.with_noise_multiplier(self.options, noise_multiplier))
         return config
 
+    def with_cold_start_noise_multiplier(self, noise_multiplier: float) -> AggregatorConfig:
+        """These settings with the private cold start's noise multiplier set by the budget's
+        rule (`loop.accounting.cold_start_noise`)."""
+        config = object.__new__(AggregatorConfig)
+        options = self.kind.with_cold_start_noise_multiplier(self.options, noise_multiplier)
+        config.__set(self.kind, options)
+        return config
+
     def settings(self) -> dict[str, Any]:
         """What a run records of these settings (summary.json, checkpoints): the name, every
         named aggregator's settings (at their defaults but this one's: the record's layout is

@@ -6,7 +6,7 @@ each event's RDP vector once (`CachedRdpAccountant`, `loop.dp_events.event_rdp`)
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import dp_accounting as dpa
 import numpy as np
@@ -62,18 +62,23 @@ def calibrated_noise_multiplier(
     sample_size: int,
     round_event: Callable[[float], DpEvent] = dp_event.GaussianDpEvent,
     tol: float = 1e-4,
+    prior_event: Optional[DpEvent] = None,
 ) -> float:
     """The noise multiplier z (within `tol` above the least) whose `rounds` rounds, each
     `round_event(z)` under `sampling` of `sample_size` of `population` clients, reach
-    `target_epsilon` at `delta` without passing it (`dp_accounting.calibrate_dp_mechanism`).
-    A round of adaptive clipping (value and count noise composed) calibrates the same z as a
-    Gaussian round of that combined multiplier, the default."""
+    `target_epsilon` at `delta` without passing it (`dp_accounting.calibrate_dp_mechanism`),
+    composed after `prior_event` when given (a private cold start's release). A round of
+    adaptive clipping (value and count noise composed) calibrates the same z as a Gaussian
+    round of that combined multiplier, the default."""
     if not target_epsilon > 0 or rounds < 1:
         raise ValueError(f"target_epsilon must be > 0 and rounds >= 1: {target_epsilon}, {rounds}")
 
     def run_event(z: float) -> DpEvent:
         event = sampling_event(sampling, population, sample_size, round_event(z))
-        return dp_event.SelfComposedDpEvent(event, rounds)
+        rounds_event = dp_event.SelfComposedDpEvent(event, rounds)
+        if prior_event is None:
+            return rounds_event
+        return dp_event.ComposedDpEvent([prior_event, rounds_event])
 
     relation = relation_of_key(event_key(run_event(1.0))) or Relation.ADD_OR_REMOVE_ONE
 
@@ -96,6 +101,35 @@ def calibrated_noise_multiplier(
             lambda: CachedRdpAccountant(relation),
             run_event,
             target_epsilon,
+            delta,
+            bracket_interval=dpa.ExplicitBracketInterval(low, high),
+            tol=tol,
+        )
+    )
+
+
+def release_event(noise_multiplier: float, replace_one: bool) -> DpEvent:
+    """One Gaussian release of each client's own clipped update (`loop.update_release`), noise
+    `noise_multiplier` times the clip: sensitivity the clip under add-or-remove, twice it under
+    replace-one (the multiplier halved, as `dp_events.halved_noise` halves a round's)."""
+    return dp_event.GaussianDpEvent(noise_multiplier / 2 if replace_one else noise_multiplier)
+
+
+def release_noise_multiplier(
+    epsilon: float, delta: float, replace_one: bool, tol: float = 1e-4
+) -> float:
+    """The least noise multiplier (within `tol` above it) whose one release
+    (`release_event`) costs at most `epsilon` at `delta`."""
+    if not epsilon > 0:
+        raise ValueError(f"a release's epsilon must be > 0, got {epsilon}")
+    low, high = 1e-3, 1.0
+    while epsilon_of(release_event(high, replace_one), delta) > epsilon:
+        low, high = high, 2 * high
+    return float(
+        dpa.calibrate_dp_mechanism(
+            lambda: CachedRdpAccountant(Relation.ADD_OR_REMOVE_ONE),
+            lambda z: release_event(z, replace_one),
+            epsilon,
             delta,
             bracket_interval=dpa.ExplicitBracketInterval(low, high),
             tol=tol,

@@ -101,7 +101,9 @@ class Experiment:
             )
         self.server_optimizer = algorithm.server_optimizer(config.server_optimizer)
         algorithm.distribution.check_server_optimizer(algorithm.name, self.server_optimizer)
-        config, _ = accounting.calibrated(config, len(data.client_ids))  # --target_epsilon's z
+        config, _ = accounting.calibrated(  # --target_epsilon's z, the cold start's
+            config, len(data.client_ids), algorithm.cold_start_updates
+        )
         self.data, self.model, self.algorithm, self.config = data, model, algorithm, config
         self.round_metrics = tuple(round_metrics)
         self.timer = execution.timer
@@ -133,7 +135,11 @@ class Experiment:
         self.aggregator = aggregation.checked_aggregator(
             self.config, self.algorithm, metrics, execution
         )
-        self.account = accounting.account_for(self.aggregator, self.config, self.data.client_index)
+        self.account = accounting.account_for(
+            self.aggregator, self.config, self.data.client_index, self.algorithm.cold_start_updates
+        )
+        # How the algorithm's cold start reads clients' own updates (None: raw).
+        self.update_release = self.account.update_release() if self.account else None
         self.stopped_at_target = False  # the next round would pass --target_epsilon
         self.client_weighting = (  # a private mean counts every client once
             "uniform" if self.aggregator.uniform_weights else self.algorithm.client_weighting
@@ -224,13 +230,22 @@ class Experiment:
     def queries(self) -> ServerQueries:
         """What the algorithm may ask of the run as it stands now."""
         return ServerQueries(
-            self.calls, self.store, self.signature(), self.model, self.functional.initial_state
+            self.calls,
+            self.store,
+            self.signature(),
+            self.model,
+            self.functional.initial_state,
+            self.update_release,
         )
 
     def apply(self, decision: Decision) -> dict[str, int]:
-        """Applies an algorithm's decision to the run's state; returns the earlier clusters of
+        """Applies an algorithm's decision to the run's state (a private run's ledger charged
+        for the clients' updates it read: `Decision.released`); returns the earlier clusters of
         the clients it assigned."""
-        return apply_decision(self.state, decision, self.algorithm.name, self.anchor_tensors)
+        before = apply_decision(self.state, decision, self.algorithm.name, self.anchor_tensors)
+        if self.account is not None and self.state.privacy is not None:
+            self.account.record_released(self.state.privacy, decision.released)
+        return before
 
     @property
     def num_clusters(self) -> int:

@@ -1,8 +1,9 @@
-"""The `Queries` an algorithm is given: five read-only computations on the run as it stands.
+"""The `Queries` an algorithm is given: read-only computations on the run as it stands.
 
-The `Queries` an algorithm is given (`algorithms.base.Queries`): five read-only computations
-on the run as it stands, and nothing else of the loop, so that a decision cannot reach into the
-run's state. Tests of decisions pass a fake one (`tests/test_decisions.py`)."""
+The `Queries` an algorithm is given (`algorithms.base.Queries`): read-only computations on the
+run as it stands (local updates, raw or as a private run releases them; losses; stored models;
+predictions; initial models), and nothing else of the loop, so that a decision cannot reach
+into the run's state. Tests of decisions pass a fake one (`tests/test_decisions.py`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Optional
 import numpy as np
 
 from tff_clustered import weights as flat
+from tff_clustered.algorithms.base import ReleasedUpdates
 from tff_clustered.federated import client_work
 from tff_clustered.federated.signature import RoundIO, RoundSignature
 from tff_clustered.loop.client_store import ClientStore
@@ -20,6 +22,7 @@ from tff_clustered.loop.divergence import DivergenceError
 from tff_clustered.loop.round_calls import RoundCalls
 from tff_clustered.loop.state import cluster_capacity
 from tff_clustered.loop.training_call import LocalTraining, TrainRequest
+from tff_clustered.loop.update_release import UpdateRelease
 from tff_clustered.models.keras_models import ModelSpec, initial_weights
 from tff_clustered.seeds import PRETRAIN_SHUFFLE
 
@@ -27,13 +30,15 @@ from tff_clustered.seeds import PRETRAIN_SHUFFLE
 @dataclasses.dataclass(frozen=True)
 class ServerQueries:
     """`Queries` on a run whose current round is `_signature` and whose clients' own models are
-    in `_store`."""
+    in `_store`; `_release`: the mechanism a private run's individual updates go through before
+    the server reads them (None: they are read raw)."""
 
     _calls: RoundCalls
     _store: ClientStore
     _signature: RoundSignature
     _model: ModelSpec
     _initial_state: tuple[np.ndarray, ...]
+    _release: Optional[UpdateRelease] = None
 
     @property
     def _model_size(self) -> int:
@@ -81,6 +86,25 @@ class ServerQueries:
                 )
             rows += [np.asarray(o["model_delta"], np.float32) for o in outputs]
         return np.stack(rows) if rows else np.zeros((0, self._model_size), np.float32)
+
+    def released_updates(
+        self,
+        client_ids: Sequence[str],
+        start: np.ndarray,
+        epochs: int,
+        round_num: int = 0,
+        steps: Optional[int] = None,
+    ) -> ReleasedUpdates:
+        """The `local_updates` as the server may read them: through the private run's
+        `UpdateRelease` (clipped and noised, its noise keyed by `round_num` and each client's
+        index), or raw without one."""
+        updates = self.local_updates(client_ids, start, epochs, round_num, steps)
+        release = self._release
+        if release is None:
+            return ReleasedUpdates(tuple(client_ids), updates)
+        positions = [self._calls.client_index[c] for c in client_ids]
+        noised = release.apply(updates, positions, round_num)
+        return ReleasedUpdates(tuple(client_ids), noised, release.noise_multiplier, release.clip)
 
     def cluster_losses(self, cluster_models: np.ndarray, client_ids: Sequence[str]) -> np.ndarray:
         """Mean training loss of every cluster model on each client, (clients, clusters): with
