@@ -10,9 +10,9 @@ multiplier whose rounds reach it (`noise_calibration.calibrated_noise_multiplier
 and the target are the aggregator's settings' (`privacy_budget`).
 
 An algorithm whose start reads clients' own pre-training updates (what its `Releases`'
-`cold_start` names: FedGroup's cold start and newcomers, FeSEM's K-means) reads them through the private cold
-start's Gaussian mechanism (`loop.update_release`), and returns them in its decision
-(`Decision.released`): each client that sent one is charged that release's event
+`cold_start` names: FedGroup's cold start and newcomers, FeSEM's K-means) reads them through
+the private cold start's Gaussian mechanism (`loop.update_release`), and returns them in its
+decision (`Decision.released`): each client that sent one is charged that release's event
 (`noise_calibration.release_event`), unsampled, when the decision is applied. Its noise
 multiplier, unless given, is the least whose one release costs `cold_start_share` of the
 run's epsilon (the target, else the rounds' own epsilon at the given noise multiplier), and
