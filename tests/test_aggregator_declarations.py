@@ -35,6 +35,9 @@ def test_every_declared_setting_is_a_flag_of_its_name_default_and_bounds() -> No
         "dp_clip_learning_rate": 0.2,
         "dp_count_stddev": None,
         "dp_noise": "seeded",
+        "dp_cold_start": "private",
+        "dp_cold_start_share": 0.1,
+        "dp_cold_start_noise_multiplier": None,
         "dp_delta": 1e-5,
         "target_epsilon": 0.0,
         "robust_zeroing": True,
@@ -46,7 +49,12 @@ def test_every_declared_setting_is_a_flag_of_its_name_default_and_bounds() -> No
     assert {name: flag_values[name].default for name in expected} == expected
     assert flag_values["aggregator"].parser.enum_values == list(NAMED)
     assert NAMED == ("mean", "dp", "robust", "compression", "secure")
-    for bounded in ("dp_noise_multiplier", "dp_count_stddev", "target_epsilon"):
+    for bounded in (
+        "dp_noise_multiplier",
+        "dp_count_stddev",
+        "dp_cold_start_noise_multiplier",
+        "target_epsilon",
+    ):
         with pytest.raises(flags.IllegalFlagValueError):
             parsed(f"--{bounded}=-1")
     assert "--aggregator=robust/compression/secure:" in flag_values["robust_zeroing"].help
