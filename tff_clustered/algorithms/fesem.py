@@ -55,7 +55,7 @@ from tff_clustered.algorithms.base import (
     Similarity,
     check,
 )
-from tff_clustered.algorithms.cold_starts import clusters_of_local_models
+from tff_clustered.algorithms.cold_starts import clusters_of_local_models, independent_clusters
 from tff_clustered.algorithms.ifca import DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP
 from tff_clustered.federated.distributions import NearestCentreAfterTraining
 from tff_clustered.federated.signature import CLIENT_WEIGHTINGS
@@ -99,6 +99,20 @@ class FeSEM(Algorithm):
         fesem_init_epochs: int = option(
             1, "FeSEM: local epochs of every client's initial update from w0."
         )
+        fesem_init: str = option(
+            "kmeans",
+            "FeSEM's initial centers: K-means of every client's locally trained model (kmeans), "
+            "of their update directions (kmeans_directions), or K random models (random, the "
+            "FedGroup authors' code).",
+            ("kmeans", "kmeans_directions", "random"),
+        )
+        fesem_estep_on: str = option(
+            "trained",
+            "FeSEM E-step (Eq. 8) on the model a client trains this round, after its local "
+            "update (trained), or on its model of the last round it trained, before this "
+            "round's training (previous, the FedGroup authors' code).",
+            ("trained", "previous"),
+        )
 
     def __init__(self, options: Optional[Options] = None) -> None:
         super().__init__(options)
@@ -111,6 +125,8 @@ class FeSEM(Algorithm):
                 (self.options.fesem_init_epochs >= 1, "fesem_init_epochs must be >= 1"),
             ]
         )
+        # The E-step on the previous model reads each client's last trained model.
+        self.keep_client_models = self.options.fesem_estep_on == "previous"
         if self.client_estep:  # the round's aggregate is the M-step, weighted as asked
             self.distribution = NearestCentreAfterTraining()
             self.models_from_aggregate = True
@@ -142,21 +158,39 @@ class FeSEM(Algorithm):
 
     def init(self, run: RunInfo, queries: Queries) -> Decision:
         """Every client's W_i from one local update from w0; K-means (best of restarts) on
-        them gives the first assignment and the centers (members' means)."""
+        them (or on their update directions) gives the first assignment and the centers
+        (members' means). `random`: K independently initialised centers, nobody assigned."""
         o = self.options
+        if o.fesem_init == "random":
+            return independent_clusters(self.name, run, queries, self.num_clusters)
         sizes = [run.train_sizes[c] for c in run.client_ids]
         return clusters_of_local_models(
             self.name, run, queries, self.num_clusters, o.fesem_init_epochs, o.fesem_restarts,
-            self._weights(sizes),
+            self._weights(sizes), directions=o.fesem_init == "kmeans_directions",
         )  # fmt: skip
 
     def plan(
         self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
     ) -> Plan:
-        """Each sampled client trains from its current cluster's center."""
+        """Each sampled client trains from its current cluster's center. With the E-step on
+        the previous model, every sampled client first joins the center nearest the model of
+        the last round it trained (w0 if it never did); otherwise only a client without a
+        cluster does (its model is w0)."""
+        current = np.array([view.assignment.get(c, -1) for c in client_ids], np.int32)
+        clusters = current
+        width = run.num_trainable_values
+        centers = view.cluster_models[:, :width]
+        if self.options.fesem_estep_on == "previous":
+            clusters = clustering.nearest_centers(queries.client_models(client_ids), centers)
+        elif (clusters < 0).any():
+            start = clustering.nearest_centers(run.initial_model[None, :width], centers)[0]
+            clusters = np.where(clusters < 0, start, clusters).astype(np.int32)
         return Plan(
-            np.array([view.assignment[c] for c in client_ids], np.int32),
+            clusters,
             client_scalars=self.prox_scales(run, client_ids),
+            decision=Decision(  # the clients the E-step moved before training
+                assignment={c: int(k) for c, k, j in zip(client_ids, clusters, current) if k != j}
+            ),
         )
 
     def after_round(
@@ -173,6 +207,8 @@ class FeSEM(Algorithm):
         width = run.num_trainable_values
         distances = clustering.squared_center_distances(models[:, :width], centers[:, :width])
         labels = np.argmin(distances, axis=1).astype(np.int32)  # nearest center
+        if self.options.fesem_estep_on == "previous":  # the plan's E-step stands
+            labels = np.asarray(result.clusters, np.int32)
         weights = self._weights(result.num_examples)
         return Decision(
             assignment=dict(zip(result.client_ids, labels.tolist())),
