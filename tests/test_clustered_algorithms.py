@@ -21,6 +21,7 @@ from tff_clustered import options as options_lib
 from tff_clustered import weights as flat
 from tff_clustered.algorithms import algorithm_class, make_algorithm
 from tff_clustered.data import load_digits_clusters
+from tff_clustered.data.federated_data import FederatedData, from_arrays
 from tff_clustered.federated.batching import batches
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.execution import RunExecution
@@ -208,6 +209,54 @@ def test_fesem_recovers_planted_clusters_and_beats_fedavg() -> None:
     assert_similarity_shows_the_clusters(fesem)
     fs, fa = fesem.state.history[-1]["accuracy"], fedavg.state.history[-1]["accuracy"]
     assert fs >= fa + 0.3, (fs, fa)
+
+
+def uneven_planted_digits(heavy: int = 6) -> FederatedData:
+    """Digits in 3 label-permutation groups of 8 clients, where every fourth client holds its
+    training images `heavy` times over: `heavy` times the local steps and an update that
+    long, as Synthetic(1,1)'s lognormal sizes give a few clients."""
+    base = load_digits_clusters(num_clients=24, num_groups=3, seed=0)
+    train, test = {}, {}
+    for i, c in enumerate(base.client_ids):
+        own, held_out = base.arrays("train", c), base.arrays("test", c)
+        copies = heavy if i % 4 == 0 else 1
+        train[c] = (np.tile(own["x"], (copies, 1)), np.tile(own["y"], copies))
+        test[c] = (held_out["x"], held_out["y"])
+    return from_arrays("digits_uneven", train, test, 10, true_clusters=base.true_clusters)
+
+
+@pytest.fixture(scope="module")
+def uneven_digits() -> FederatedData:
+    return uneven_planted_digits()
+
+
+def largest_share(exp: Experiment) -> float:
+    """The largest cluster's share of the clients, over its planted share (1: balanced)."""
+    sizes = np.bincount(list(exp.state.assignment.values()), minlength=3)
+    return sizes.max() / (len(exp.state.assignment) / 3)
+
+
+def test_fesem_clusters_do_not_collapse_on_planted_groups(uneven_digits: FederatedData) -> None:
+    """No cluster holds more than twice its planted share, after the cold start and at the end,
+    where a quarter of the clients move six times as far in their first update. Fails with the
+    paper's K-means of the models (`--fesem_init=models`), which the next test pins."""
+    config = TrainingConfig(
+        rounds=6, clients_per_round=12, local_epochs=2, learning_rate=0.1, seed=2, eval_every=6
+    )
+    fesem = mlp_experiment("fesem", uneven_digits, config, num_clusters=3)
+    assert largest_share(fesem) <= 2, fesem.state.assignment
+    list(fesem.rounds())
+    assert largest_share(fesem) <= 2, fesem.state.assignment
+    assert ari_with_plant(fesem) > 0.9
+
+
+def test_fesem_paper_init_collapses_on_uneven_clients(uneven_digits: FederatedData) -> None:
+    """The paper's K-means of the locally trained models (`--fesem_init=models`) on the same
+    clients: the long updates decide the clusters, one holds more than twice its share. Why
+    the default clusters the updates' directions (docs/fesem.md)."""
+    config = TrainingConfig(rounds=1, clients_per_round=12, learning_rate=0.1, seed=2)
+    paper = mlp_experiment("fesem", uneven_digits, config, num_clusters=3, fesem_init="models")
+    assert largest_share(paper) > 2, paper.state.assignment
 
 
 def assert_similarity_shows_the_clusters(exp: Experiment) -> None:

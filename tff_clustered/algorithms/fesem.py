@@ -4,9 +4,16 @@ FeSEM (Long et al., "Multi-Center Federated Learning: Clients Clustering for Bet
 Personalization", World Wide Web 2023): federated stochastic EM over client models.
 
 Initialization (Alg. 1, "Initialize K, {W_i}, {W~^(k)}"): every client runs one local update
-from the common w0 (plain SGD, `--fesem_init_epochs`), giving W_i; K-means on the {W_i} from
+from the common w0 (plain SGD, `--fesem_init_epochs`), giving W_i; K-means from
 `--fesem_restarts` random initial centers, best run by intra-cluster distance, gives the
-initial assignments and centers W~^(k) (the mean of each cluster's W_i).
+initial assignments and centers W~^(k) (the mean of each cluster's W_i). By default
+(`--fesem_init=directions`, ours) K-means runs on the directions of the updates W_i - w0: with
+`models` (the paper's) it runs on the W_i themselves, where how far a client moved (its data's
+size and scale) outweighs where it went, and K-means then isolates the few clients that moved
+furthest and puts the rest in one cluster. `random` (the FedGroup authors' code) starts from K
+independently initialised centers; a client without a cluster joins the one nearest w0.
+`--fesem_estep_on=previous` (also theirs) runs the E-step before training, on the model of the
+last round the client trained.
 
 Alg. 1 then repeats E-step, M-step, local update. We run the same sequence from its local
 update on, so that the E-step always sees models trained from the current centers (never a
@@ -100,11 +107,12 @@ class FeSEM(Algorithm):
             1, "FeSEM: local epochs of every client's initial update from w0."
         )
         fesem_init: str = option(
-            "kmeans",
-            "FeSEM's initial centers: K-means of every client's locally trained model (kmeans), "
-            "of their update directions (kmeans_directions), or K random models (random, the "
+            "directions",
+            "FeSEM's first clusters: K-means of the directions of every client's first local "
+            "update (directions, ours), of the locally trained models themselves (models, the "
+            "paper's), or K random centers that each client joins by the E-step (random, the "
             "FedGroup authors' code).",
-            ("kmeans", "kmeans_directions", "random"),
+            ("directions", "models", "random"),
         )
         fesem_estep_on: str = option(
             "trained",
@@ -123,6 +131,11 @@ class FeSEM(Algorithm):
                 (self.prox_mu >= 0, f"{self.name}: fesem_mu must be >= 0"),
                 (self.options.fesem_restarts >= 1, "fesem_restarts must be >= 1"),
                 (self.options.fesem_init_epochs >= 1, "fesem_init_epochs must be >= 1"),
+                (
+                    not (self.client_estep and self.options.fesem_estep_on == "previous"),
+                    "--fesem_estep_on=previous is an E-step on the server: it needs "
+                    "--fesem_estep=server",
+                ),
             ]
         )
         # The E-step on the previous model reads each client's last trained model.
@@ -166,7 +179,7 @@ class FeSEM(Algorithm):
         sizes = [run.train_sizes[c] for c in run.client_ids]
         return clusters_of_local_models(
             self.name, run, queries, self.num_clusters, o.fesem_init_epochs, o.fesem_restarts,
-            self._weights(sizes), directions=o.fesem_init == "kmeans_directions",
+            self._weights(sizes), directions=o.fesem_init == "directions",
         )  # fmt: skip
 
     def plan(
