@@ -17,6 +17,7 @@ from conftest import (
 )
 from sklearn.metrics import adjusted_rand_score
 
+from tff_clustered import clustering
 from tff_clustered import options as options_lib
 from tff_clustered import weights as flat
 from tff_clustered.algorithms import algorithm_class, make_algorithm
@@ -257,6 +258,29 @@ def test_fesem_paper_init_collapses_on_uneven_clients(uneven_digits: FederatedDa
     config = TrainingConfig(rounds=1, clients_per_round=12, learning_rate=0.1, seed=2)
     paper = mlp_experiment("fesem", uneven_digits, config, num_clusters=3, fesem_init="models")
     assert largest_share(paper) > 2, paper.state.assignment
+
+
+def test_fesem_authors_variant_joins_the_center_nearest_the_previous_model() -> None:
+    """`--fesem_init=random --fesem_estep_on=previous` (the FedGroup authors' FeSEM): K random
+    centers and nobody assigned; a sampled client joins the center nearest the model it last
+    trained (w0 before its first round), trains from it and keeps its trained model, and
+    that center becomes its members' mean; the others are kept."""
+    config = dataclasses.replace(QUICK, rounds=1)
+    exp = experiment(
+        "fesem", config, num_clusters=3, fesem_init="random", fesem_estep_on="previous"
+    )
+    assert set(exp.state.assignment.values()) == {-1}
+    width = exp.run.num_trainable_values
+    centers = exp.state.cluster_models.copy()
+    nearest_w0 = clustering.nearest_centers(exp.run.initial_model[None, :width], centers[:, :width])
+    list(exp.rounds())
+    sampled = [c for c, k in exp.state.assignment.items() if k >= 0]
+    assert len(sampled) == QUICK.clients_per_round
+    assert {exp.state.assignment[c] for c in sampled} == {int(nearest_w0[0])}
+    trained = exp.queries.client_models(sampled)
+    for k in range(3):
+        expected = trained.mean(0) if k == nearest_w0[0] else centers[k]
+        np.testing.assert_allclose(exp.state.cluster_models[k], expected, rtol=1e-5, atol=1e-6)
 
 
 def assert_similarity_shows_the_clusters(exp: Experiment) -> None:

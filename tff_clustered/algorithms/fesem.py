@@ -194,7 +194,8 @@ class FeSEM(Algorithm):
         width = run.num_trainable_values
         centers = view.cluster_models[:, :width]
         if self.options.fesem_estep_on == "previous":
-            clusters = clustering.nearest_centers(queries.client_models(client_ids), centers)
+            previous = queries.client_models(client_ids)[:, :width]  # w0 if never trained
+            clusters = clustering.nearest_centers(previous, centers)
         elif (clusters < 0).any():
             start = clustering.nearest_centers(run.initial_model[None, :width], centers)[0]
             clusters = np.where(clusters < 0, start, clusters).astype(np.int32)
