@@ -179,8 +179,8 @@ def test_fesem_m_step_with_one_cluster_is_fedavg_weighted_as_asked(weighting: st
 
 
 def test_fesem_starts_from_kmeans_on_locally_trained_models() -> None:
-    """The first clustering is K-means on every client's model after a local update from w0
-    (never on w0 itself), and each center is the mean of its members' models."""
+    """The first clustering is K-means on every client's local update from w0 (its direction,
+    by default; never w0 itself), and each center is the mean of its members' models."""
     exp = experiment("fesem", num_clusters=3, fesem_init_epochs=2)
     ids = exp.data.client_ids
     w0 = exp.run.initial_model
