@@ -42,7 +42,7 @@ def clusters_of_local_models(
     w0; K-means (best of `restarts`, by intra-cluster distance) on their trainable values gives
     the first assignment, and each cluster model is its members' mean (weighted by `weights`,
     one per client, when given). With `directions`, K-means runs on the updates scaled to unit
-    length instead, so that how far a client moved (its number of local steps) does not
+    length instead, so that how far a client moved (its local steps, its inputs' scale) does not
     decide its cluster."""
     check_cluster_count(name, num_clusters, run)
     ids = list(run.client_ids)
