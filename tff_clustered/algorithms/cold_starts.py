@@ -77,19 +77,28 @@ def clusters_of_local_models(
     epochs: int,
     restarts: int,
     weights: Optional[np.ndarray] = None,
+    directions: bool = False,
 ) -> Decision:
     """Start of FeSEM and CGPFL: every client's model after `epochs` of plain local SGD from
     w0; K-means (best of `restarts`, by intra-cluster distance) on their trainable values gives
     the first assignment, and each cluster model is its members' mean (weighted by `weights`,
-    one per client, when given). The updates are read as the run releases them (clipped and
-    noised in a private run, each mean then `shrunk_toward_start`) and returned in the
-    decision's `released`."""
+    one per client, when given). With `directions`, K-means runs on the updates scaled to unit
+    length instead, so that how far a client moved (its local steps, its inputs' scale) does not
+    decide its cluster. The updates are read as the run releases them (clipped and noised in a
+    private run, each mean then `shrunk_toward_start`) and returned in the decision's
+    `released`."""
     check_cluster_count(name, num_clusters, run)
     ids = list(run.client_ids)
     released = queries.released_updates(ids, run.initial_model, epochs, 0)
-    models = run.initial_model[None, :] + released.updates
+    updates = released.updates
+    models = run.initial_model[None, :] + updates
+    width = run.num_trainable_values
+    points = models[:, :width]
+    if directions:
+        lengths = np.linalg.norm(updates[:, :width], axis=1, keepdims=True)
+        points = updates[:, :width] / np.maximum(lengths, np.finfo(np.float64).tiny)
     labels, _ = clustering.best_kmeans(
-        models[:, : run.num_trainable_values],
+        points,
         num_clusters,
         restarts,
         derived_seed(run.seed, ALGORITHM),

@@ -4,9 +4,16 @@ FeSEM (Long et al., "Multi-Center Federated Learning: Clients Clustering for Bet
 Personalization", World Wide Web 2023): federated stochastic EM over client models.
 
 Initialization (Alg. 1, "Initialize K, {W_i}, {W~^(k)}"): every client runs one local update
-from the common w0 (plain SGD, `--fesem_init_epochs`), giving W_i; K-means on the {W_i} from
+from the common w0 (plain SGD, `--fesem_init_epochs`), giving W_i; K-means from
 `--fesem_restarts` random initial centers, best run by intra-cluster distance, gives the
-initial assignments and centers W~^(k) (the mean of each cluster's W_i).
+initial assignments and centers W~^(k) (the mean of each cluster's W_i). By default
+(`--fesem_init=directions`, ours) K-means runs on the directions of the updates W_i - w0: with
+`models` (the paper's) it runs on the W_i themselves, where how far a client moved (its data's
+size and scale) outweighs where it went, and K-means then isolates the few clients that moved
+furthest and puts the rest in one cluster. `random` (the FedGroup authors' code) starts from K
+independently initialised centers; a client without a cluster joins the one nearest w0.
+`--fesem_estep_on=previous` (also theirs) runs the E-step before training, on the model of the
+last round the client trained.
 
 Alg. 1 then repeats E-step, M-step, local update. We run the same sequence from its local
 update on, so that the E-step always sees models trained from the current centers (never a
@@ -56,7 +63,7 @@ from tff_clustered.algorithms.base import (
     Similarity,
     check,
 )
-from tff_clustered.algorithms.cold_starts import clusters_of_local_models
+from tff_clustered.algorithms.cold_starts import clusters_of_local_models, independent_clusters
 from tff_clustered.algorithms.ifca import DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP
 from tff_clustered.federated.distributions import NearestCentreAfterTraining
 from tff_clustered.federated.signature import CLIENT_WEIGHTINGS
@@ -106,6 +113,21 @@ class FeSEM(Algorithm):
         fesem_init_epochs: int = option(
             1, "FeSEM: local epochs of every client's initial update from w0."
         )
+        fesem_init: str = option(
+            "directions",
+            "FeSEM's first clusters: K-means of the directions of every client's first local "
+            "update (directions, ours), of the locally trained models themselves (models, the "
+            "paper's), or K random centers that each client joins by the E-step (random, the "
+            "FedGroup authors' code).",
+            ("directions", "models", "random"),
+        )
+        fesem_estep_on: str = option(
+            "trained",
+            "FeSEM E-step (Eq. 8) on the model a client trains this round, after its local "
+            "update (trained), or on its model of the last round it trained, before this "
+            "round's training (previous, the FedGroup authors' code).",
+            ("trained", "previous"),
+        )
 
     def __init__(self, options: Optional[Options] = None) -> None:
         super().__init__(options)
@@ -116,8 +138,15 @@ class FeSEM(Algorithm):
                 (self.prox_mu >= 0, f"{self.name}: fesem_mu must be >= 0"),
                 (self.options.fesem_restarts >= 1, "fesem_restarts must be >= 1"),
                 (self.options.fesem_init_epochs >= 1, "fesem_init_epochs must be >= 1"),
+                (
+                    not (self.client_estep and self.options.fesem_estep_on == "previous"),
+                    "--fesem_estep_on=previous is an E-step on the server: it needs "
+                    "--fesem_estep=server",
+                ),
             ]
         )
+        # The E-step on the previous model reads each client's last trained model.
+        self.keep_client_models = self.options.fesem_estep_on == "previous"
         if self.client_estep:  # the round's aggregate is the M-step, weighted as asked
             self.distribution = NearestCentreAfterTraining()
             self.models_from_aggregate = True
@@ -149,21 +178,40 @@ class FeSEM(Algorithm):
 
     def init(self, run: RunInfo, queries: Queries) -> Decision:
         """Every client's W_i from one local update from w0; K-means (best of restarts) on
-        them gives the first assignment and the centers (members' means)."""
+        them (or on their update directions) gives the first assignment and the centers
+        (members' means). `random`: K independently initialised centers, nobody assigned."""
         o = self.options
+        if o.fesem_init == "random":
+            return independent_clusters(self.name, run, queries, self.num_clusters)
         sizes = [run.train_sizes[c] for c in run.client_ids]
         return clusters_of_local_models(
             self.name, run, queries, self.num_clusters, o.fesem_init_epochs, o.fesem_restarts,
-            self._weights(sizes),
+            self._weights(sizes), directions=o.fesem_init == "directions",
         )  # fmt: skip
 
     def plan(
         self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
     ) -> Plan:
-        """Each sampled client trains from its current cluster's center."""
+        """Each sampled client trains from its current cluster's center. With the E-step on
+        the previous model, every sampled client first joins the center nearest the model of
+        the last round it trained (w0 if it never did); otherwise only a client without a
+        cluster does (its model is w0)."""
+        current = np.array([view.assignment.get(c, -1) for c in client_ids], np.int32)
+        clusters = current
+        width = run.num_trainable_values
+        centers = view.cluster_models[:, :width]
+        if self.options.fesem_estep_on == "previous":
+            previous = queries.client_models(client_ids)[:, :width]  # w0 if never trained
+            clusters = clustering.nearest_centers(previous, centers)
+        elif (clusters < 0).any():
+            start = clustering.nearest_centers(run.initial_model[None, :width], centers)[0]
+            clusters = np.where(clusters < 0, start, clusters).astype(np.int32)
         return Plan(
-            np.array([view.assignment[c] for c in client_ids], np.int32),
+            clusters,
             client_scalars=self.prox_scales(run, client_ids),
+            decision=Decision(  # the clients the E-step moved before training
+                assignment={c: int(k) for c, k, j in zip(client_ids, clusters, current) if k != j}
+            ),
         )
 
     def after_round(
@@ -180,6 +228,8 @@ class FeSEM(Algorithm):
         width = run.num_trainable_values
         distances = clustering.squared_center_distances(models[:, :width], centers[:, :width])
         labels = np.argmin(distances, axis=1).astype(np.int32)  # nearest center
+        if self.options.fesem_estep_on == "previous":  # the plan's E-step stands
+            labels = np.asarray(result.clusters, np.int32)
         weights = self._weights(result.num_examples)
         return Decision(
             assignment=dict(zip(result.client_ids, labels.tolist())),
