@@ -73,11 +73,13 @@ BENCHMARK_HELP_FLAGS = (
     "cluster_sizes dfl_rounds eval_clients eval_rounds "
     "examples_per_client groups hidden_units input_dim learning_rate local_epochs "
     "madc_max_clients memory_execution memory_rounds memory_warmup model num_classes "
-    "population_algorithms population_dir population_dry_run population_executions "
+    "pfllib_dir pfllib_python pfllib_threads population_algorithms population_dir "
+    "population_dry_run population_executions "
     "population_plot population_rounds population_sizes rounds "
     "scaling_clients scaling_epochs scaling_rounds scoring_builds scoring_clients "
     "scoring_examples scratch_dir seed tf_logs tsdp_rounds "
-    "tsdp_trigger uapdfl_neighbours unequal_sizes"
+    "tsdp_trigger uapdfl_neighbours unequal_sizes vs_pfllib_cycles vs_pfllib_dir "
+    "vs_pfllib_workloads"
 ).split()
 
 
