@@ -383,3 +383,18 @@ def test_a_rerun_on_another_cpu_or_numerics_setting_is_named(
     )
     assert environment["TF_NUM_INTEROP_THREADS"] == "1"
     assert check_results.rerun_environment("# old\n")["TF_ENABLE_ONEDNN_OPTS"] == "1"
+
+
+def test_a_table_of_secure_noise_is_checked_but_never_rerun(tmp_path: Path) -> None:
+    """Secure noise is drawn from the operating system and recorded nowhere: its table's rows
+    are checked, and no rerun is attempted (it could only differ)."""
+    committed = Path(ROOT, "results", "fedgroup-digits")
+    markdown = (committed / "comparison.md").read_text()
+    assert "--dp_noise" not in markdown and "binaries/compare.py " in markdown
+    (tmp_path / "comparison.md").write_text(
+        markdown.replace("binaries/compare.py ", "binaries/compare.py --dp_noise=secure ", 1)
+    )
+    (tmp_path / "comparison.csv").write_text((committed / "comparison.csv").read_text())
+    check = check_results.check_table(str(tmp_path / "comparison.md"), None, 1e-6)
+    assert check.status == "skipped" and "--dp_noise=secure" in check.detail, check
+    assert "committed rows sound" in check.detail

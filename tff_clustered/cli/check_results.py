@@ -249,6 +249,12 @@ def check_table(
         return TableCheck("NOT PORTABLE", str(error))
     if recorded and data_root is None:
         return TableCheck("skipped", f"needs {', '.join(recorded)} (--with_data); {sound}")
+    if "--dp_noise=secure" in command:
+        return TableCheck(
+            "skipped",
+            f"its noise is secure (--dp_noise=secure: drawn from the operating system, never "
+            f"recorded), so no rerun can repeat it; {sound}",
+        )
     if data_root is not None:
         command = with_data_root(command, data_root)
     cell = sampled_cell(rows, all_seeds)
