@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Optional
+from typing import Any, Optional
 
 import dp_accounting
 import numpy as np
@@ -411,6 +411,33 @@ def test_a_checkpoint_older_than_the_aggregator_settings_resumes_as_the_mean() -
         "fedavg", training=TrainingConfig(aggregator=AggregatorConfig("dp", noise_multiplier=1.0))
     )
     assert not checkpoint.same_settings(before, dp.settings())
+
+
+def test_a_private_cold_start_older_checkpoint_resumes_only_as_the_raw_one_it_was() -> None:
+    """A private FedGroup run checkpointed before the private cold start read its cold start
+    raw: it resumes with --dp_cold_start=raw, and the private default is refused, naming the
+    setting (its ledger charged no cold start, so it must not claim one). FedAvg reads no
+    cold start: its old private checkpoint resumes under the default."""
+
+    def settings(algorithm: str, **dp: Any) -> dict:
+        aggregator = AggregatorConfig("dp", noise_multiplier=1.0, **dp)
+        return RunSpec(algorithm, training=TrainingConfig(aggregator=aggregator)).settings()
+
+    for algorithm, resumes_by_default in (("fedgroup", False), ("fedavg", True)):
+        now = settings(algorithm)
+        before = dict(now, training=dict(now["training"]))
+        before["training"]["aggregator"] = {
+            k: v for k, v in now["training"]["aggregator"].items() if not k.startswith("cold_start")
+        }
+        assert checkpoint.same_settings(before, now) is resumes_by_default, algorithm
+        assert checkpoint.same_settings(before, settings(algorithm, cold_start_release="raw")) is (
+            algorithm == "fedgroup"
+        )
+    fedgroup = settings("fedgroup")
+    old = dict(fedgroup, training=dict(fedgroup["training"]))
+    old["training"]["aggregator"] = before["training"]["aggregator"]
+    message = checkpoint.other_settings_message("c.npz", old, fedgroup)
+    assert "cold_start_release: checkpoint (none), now 'private'" in message, message
 
 
 def test_the_experiment_weighs_clients_uniformly_under_dp() -> None:

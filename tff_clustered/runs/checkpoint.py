@@ -36,6 +36,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from tff_clustered.algorithms import ALGORITHMS
 from tff_clustered.atomic_files import atomic_write_bytes, remove_orphan_temp_files, user_file_mode
 from tff_clustered.data.fingerprint import SourceFingerprint
 from tff_clustered.loop.config import AggregatorConfig
@@ -242,11 +243,25 @@ ADDED_SETTINGS = {
 }
 
 
+COLD_START_RELEASE = "training.aggregator.cold_start_release"
+
+
+def predated_values(old: dict[str, Any]) -> dict[str, Any]:
+    """The values a checkpoint's run had for the settings it predates (`ADDED_SETTINGS`), from
+    its flat settings `old`: a private run of an algorithm whose start reads clients' updates,
+    checkpointed before the private cold start existed, read them raw."""
+    values = dict(ADDED_SETTINGS)
+    algorithm = ALGORITHMS.get(str(old.get("algorithm")))
+    if old.get("training.aggregator.name") == "dp" and algorithm and algorithm.releases.cold_start:
+        values[COLD_START_RELEASE] = "raw"
+    return values
+
+
 def same_settings(saved: dict[str, Any], now: dict[str, Any]) -> bool:
     """Whether a checkpoint's settings are the run's, a setting the checkpoint predates
-    (`ADDED_SETTINGS`) counting as the value its run had."""
+    (`predated_values`) counting as the value its run had."""
     old, new = _flat_settings(saved), _flat_settings(now)
-    return {**{k: v for k, v in ADDED_SETTINGS.items() if k in new}, **old} == new
+    return {**{k: v for k, v in predated_values(old).items() if k in new}, **old} == new
 
 
 def _flat_settings(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
