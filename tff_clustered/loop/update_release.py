@@ -13,7 +13,8 @@ The noise comes from one place, `noise_generator`: `seeded`, a fixed function of
 (at its full width), the stream `COLD_START_NOISE`, the round and the client's index, so runs
 repeat and resume exactly; `secure`, every client's noise drawn from a Philox generator keyed
 by 128 bits of the operating system's secure generator (`secrets`), which nothing records, so
-no one can recompute it.
+no one can recompute it, each value the sum of `SECURE_NOISE_DRAWS` draws over its square root
+as the round's secure noise is.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tff_clustered.federated.cluster_dp import SECURE_NOISE_DRAWS
 from tff_clustered.seeds import COLD_START_NOISE
 
 
@@ -34,6 +36,14 @@ def noise_generator(seed: int, round_num: int, position: int, secure: bool) -> n
     if secure:
         return np.random.Generator(np.random.Philox(key=secrets.randbits(128)))
     return np.random.default_rng([int(seed), COLD_START_NOISE, int(round_num), int(position)])
+
+
+def standard_normal(generator: np.random.Generator, size: int, draws: int = 1) -> np.ndarray:
+    """`size` standard normal values from `generator`: one draw each, or the sum of `draws`
+    draws over its square root (secure noise, as the round's: Opacus's `secure_mode`)."""
+    if draws == 1:
+        return generator.standard_normal(size)
+    return generator.standard_normal((draws, size)).sum(axis=0) / np.sqrt(draws)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +72,10 @@ class UpdateRelease:
         noise = (
             np.stack(
                 [
-                    noise_generator(self.seed, round_num, p, self.secure).standard_normal(
-                        rows.shape[1]
+                    standard_normal(
+                        noise_generator(self.seed, round_num, p, self.secure),
+                        rows.shape[1],
+                        SECURE_NOISE_DRAWS if self.secure else 1,
                     )
                     for p in positions
                 ]
