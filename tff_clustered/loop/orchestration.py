@@ -375,7 +375,7 @@ class Experiment:
             self.aggregator, self.state, self.config, round_num, eligible
         )
         request = self.train_request(round_num, [], Plan(clusters=None), aggregator)
-        outcome = self.round_step.release(request, self.store)
+        outcome = self.round_step.run(request, self.store)
         self.state.cluster_models = outcome.cluster_models
         self.state.server_optimizer_state = outcome.optimizer_state
         self.state.aggregator_state = outcome.aggregator_state

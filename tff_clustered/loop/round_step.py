@@ -60,7 +60,10 @@ class RoundStep:
         started = time.perf_counter()
         trained = self.calls.train(request, store)
         outputs = trained.outputs
-        clusters = self.distribution.clusters(request.keys, outputs)
+        # a round of no client (an empty Poisson sample of a private run) runs for its
+        # aggregator's server side alone: its noise on the empty sums, the optimizer's step
+        no_client = np.zeros(0, np.int32)
+        clusters = self.distribution.clusters(request.keys, outputs) if outputs else no_client
         # Diverged clients were left out of the aggregate; they are left out of the store and
         # of what the algorithm sees too.
         finite = np.array([bool(o["finite"]) for o in outputs])
@@ -103,33 +106,12 @@ class RoundStep:
             trained.measurements,
         )
 
-    def release(self, request: TrainRequest, store: ClientStore) -> RoundOutcome:
-        """A round of no client (`request.client_ids` empty) run for its aggregator's server
-        side alone: a private mean's noise on the empty sums, the server optimizer's step. No
-        client trains; the store is untouched."""
-        started = time.perf_counter()
-        trained = self.calls.train(request, store)
-        nobody = np.zeros(0, np.int32)
-        round_num = request.round_num
-        check_finite(
-            trained.cluster_models, round_num, "aggregation", nobody, [], self.divergence_hint
-        )
-        return RoundOutcome(
-            round_result(round_num, [], nobody, [], request.cluster_models, False),
-            trained.cluster_models,
-            trained.optimizer_state,
-            0,
-            time.perf_counter() - started,
-            trained.aggregator_state,
-            trained.measurements,
-        )
-
 
 def empty_round_row(learning_rate: float, num_clusters: int) -> dict[str, Any]:
     """The row of a round that sampled no client (Poisson sampling may): the algorithm is not
     asked, nothing trains or is sent, no assignment changes (nor, outside a private run, any
-    model or state: `RoundStep.release`), and the training loss is NaN (no example was
-    seen)."""
+    model or state: a private run's `RoundStep.run` of no client moves them by its noise), and
+    the training loss is NaN (no example was seen)."""
     return {
         "learning_rate": learning_rate,
         "train_loss": math.nan,
@@ -161,7 +143,7 @@ def round_result(
         num_examples=np.array([float(o["num_examples"]) for o in outputs]),
         loss_sums=np.array([float(o["loss_sum"]) for o in outputs]),
         model_deltas=np.stack([np.asarray(o["model_delta"]) for o in outputs])
-        if with_deltas
+        if with_deltas and outputs
         else None,
         cluster_models_before=cluster_models_before,
         client_metrics={
