@@ -341,11 +341,8 @@ class Experiment:
         with Stopwatch() as planning:
             plan = self.algorithm.plan(self.run, self.view(), client_ids, self.queries)
             before = self.apply(plan.decision)
-        request = self.train_request(round_num, client_ids, plan, aggregator)
-        outcome = self.round_step.run(request, self.store)
-        self.state.cluster_models = models = outcome.cluster_models
-        self.state.server_optimizer_state = outcome.optimizer_state
-        self.state.aggregator_state = outcome.aggregator_state
+        request, outcome = self.federated_round(round_num, client_ids, plan, aggregator)
+        models = outcome.cluster_models
         with Stopwatch() as deciding:
             result = outcome.result
             decision = self.algorithm.after_round(self.run, self.view(), result, self.queries)
@@ -374,13 +371,25 @@ class Experiment:
         aggregator = aggregation.aggregator_round(
             self.aggregator, self.state, self.config, round_num, eligible
         )
-        request = self.train_request(round_num, [], Plan(clusters=None), aggregator)
+        _, outcome = self.federated_round(round_num, [], Plan(clusters=None), aggregator)
+        row.update(self.aggregator.measurement_columns(outcome.measurements, self.num_clusters))
+        return row
+
+    def federated_round(
+        self,
+        round_num: int,
+        client_ids: Sequence[str],
+        plan: Plan,
+        aggregator: Optional[AggregatorRound],
+    ) -> tuple[TrainRequest, RoundOutcome]:
+        """Runs the round's federated computation for `client_ids` (none: the aggregator's
+        server side alone) and keeps its models, optimizer and aggregator state."""
+        request = self.train_request(round_num, client_ids, plan, aggregator)
         outcome = self.round_step.run(request, self.store)
         self.state.cluster_models = outcome.cluster_models
         self.state.server_optimizer_state = outcome.optimizer_state
         self.state.aggregator_state = outcome.aggregator_state
-        row.update(self.aggregator.measurement_columns(outcome.measurements, self.num_clusters))
-        return row
+        return request, outcome
 
     def accounted(self, row: dict[str, Any], eligible: Sequence[str]) -> dict[str, Any]:
         """`row` with the round recorded in a private run's account (its epsilon columns)."""
