@@ -284,5 +284,5 @@ def test_train_round_reads_as_one_step_in_under_40_lines() -> None:
         for n in ast.walk(train_round)
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
     ]
-    for step in ("sample_clients", "plan", "run", "after_round", "training_row"):
+    for step in ("sample_clients", "plan", "federated_round", "after_round", "training_row"):
         assert calls.count(step) == 1, f"train_round calls {step} {calls.count(step)} times"
