@@ -74,3 +74,40 @@ def test_no_cache_is_kept_when_it_is_turned_off(
     assert leaf_cache.cache_path([os.path.join(root, "train", "d.json")], None) is None
     leaf.read_leaf_split(os.path.join(root, "train"))
     assert sorted(os.listdir(tmp_path)) == ["data"]
+
+
+def test_the_cache_keeps_within_its_bound_by_deleting_the_least_recently_used(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TFF_CLUSTERED_CACHE", str(cache))
+    a, b, c = (os.path.join(leaf_folder(str(tmp_path / name)), "train") for name in "abc")
+
+    def kept(train: str) -> str:
+        return os.path.basename(leaf_cache.cache_path([os.path.join(train, "d.json")], None))
+
+    for age, train in enumerate((a, b)):  # a written long ago, b later
+        leaf.read_leaf_split(train)
+        os.utime(cache / kept(train), ns=(10**18 + age, 10**18 + age))
+    leaf.read_leaf_split(a)  # read again: now the most recently used
+    sizes = {train: (cache / kept(train)).stat().st_size for train in (a, b)}
+    # room for all but the least recently used once c is kept (c is as large as a)
+    bound = sizes[a] + sizes[b] + sizes[a] - 1
+    monkeypatch.setattr(leaf_cache, "limit_bytes", lambda: bound)
+    leaf.read_leaf_split(c)
+    assert sorted(os.listdir(cache)) == sorted([kept(a), kept(c)])  # b, the least used, gone
+    monkeypatch.undo()
+    monkeypatch.setenv("TFF_CLUSTERED_CACHE", str(cache))
+    monkeypatch.setenv(leaf_cache.LIMIT_VARIABLE, "0")  # only the split just kept stays
+    leaf.read_leaf_split(b)
+    assert os.listdir(cache) == [kept(b)]
+
+
+def test_a_cache_bound_that_is_not_a_number_is_an_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(leaf_cache.LIMIT_VARIABLE, raising=False)
+    assert leaf_cache.limit_bytes() == leaf_cache.DEFAULT_LIMIT_MB * 2**20
+    monkeypatch.setenv(leaf_cache.LIMIT_VARIABLE, "lots")
+    with pytest.raises(ValueError, match="TFF_CLUSTERED_CACHE_MB='lots' is not a number"):
+        leaf_cache.limit_bytes()

@@ -12,6 +12,11 @@ same files loads the arrays instead: the same arrays, bit for bit, as parsing gi
 float32, labels as parsed). Only numeric features and Shakespeare's character ids are kept
 (Sent140's token lists are not arrays). `TFF_CLUSTERED_CACHE=off` keeps nothing; a cache
 folder that cannot be written keeps nothing either, and the files are parsed each time.
+
+The folder is bounded: after a split is kept, the least recently read or written splits are
+deleted until the kept ones take at most `$TFF_CLUSTERED_CACHE_MB` megabytes (default
+`DEFAULT_LIMIT_MB`; the split just kept is never deleted, even when it alone is larger). A read
+marks its file as used (its modification time), so the splits a user reads stay.
 """
 
 from __future__ import annotations
@@ -32,6 +37,23 @@ from tff_clustered.data.fingerprint import file_digest
 
 FORMAT = "leaf-arrays-1"  # changed whenever what is kept, or how, changes
 OFF = "off"
+LIMIT_VARIABLE = "TFF_CLUSTERED_CACHE_MB"
+DEFAULT_LIMIT_MB = 2048  # ours: some 40 FEMNIST-sized splits of the full LEAF FEMNIST
+
+
+def limit_bytes() -> int:
+    """The cache folder's bound in bytes, from `$TFF_CLUSTERED_CACHE_MB` (megabytes, a
+    non-negative integer; 0 keeps only the split just read); ValueError naming the variable
+    when it is not one."""
+    given = os.environ.get(LIMIT_VARIABLE, "").strip()
+    if not given:
+        return DEFAULT_LIMIT_MB * 2**20
+    if not given.isdigit():
+        raise ValueError(
+            f"{LIMIT_VARIABLE}={given!r} is not a number of megabytes: set it to a non-negative "
+            f"integer (default {DEFAULT_LIMIT_MB}), or TFF_CLUSTERED_CACHE=off to keep nothing"
+        )
+    return int(given) * 2**20
 
 
 def cache_folder() -> Optional[str]:
@@ -51,6 +73,7 @@ def cache_path(files: Sequence[str], num_classes: Optional[int]) -> Optional[str
     folder = cache_folder()
     if folder is None:
         return None
+    limit_bytes()  # a bound that is not a number is refused before any file is read
     paths = hashlib.sha256("\0".join(os.path.abspath(file) for file in files).encode())
     content = hashlib.sha256(FORMAT.encode())
     for file in files:
@@ -68,6 +91,8 @@ def read_cached(path: str) -> Optional[tuple[dict[str, ClientArrays], str, str]]
             x, y, ends = kept["x"], kept["y"], kept["ends"]
     except (OSError, ValueError, KeyError):
         return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # used now: the last to be deleted when the folder is over its bound
     starts = np.concatenate([[0], ends[:-1]])
     users = {
         user: (x[start:end], y[start:end])
@@ -101,3 +126,24 @@ def write_cached(path: str, users: dict[str, ClientArrays], kind: str, source: s
         if other.startswith(same_files) and other != name:
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(folder, other))
+    keep_within_limit(folder, name)
+
+
+def keep_within_limit(folder: str, kept: str) -> None:
+    """Deletes the least recently used splits of `folder` (by modification time) until the
+    splits take at most `limit_bytes()`; `kept`, just written, stays."""
+    limit = limit_bytes()
+    total, others = 0, []
+    for name in os.listdir(folder):
+        if name.startswith("leaf-") and name.endswith(".npz"):
+            with contextlib.suppress(OSError):
+                stat = os.stat(os.path.join(folder, name))
+                total += stat.st_size
+                if name != kept:
+                    others.append((stat.st_mtime_ns, stat.st_size, name))
+    for _, size, name in sorted(others):  # the least recently used first
+        if total <= limit:
+            return
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(folder, name))
+            total -= size
