@@ -29,8 +29,9 @@ from tff_clustered.comparison.table_format import RUN_COLUMNS
 
 RUN_KEY = ("setting", "algorithm", "seed")
 TRIAL_KEY = ("setting", "algorithm", "trial")
-# The .csv columns read as accuracies: an old table without one reads it as unknown (nan).
-ACCURACIES = ("max_accuracy", "final_accuracy", "final_client_mean_accuracy")
+# The .csv columns the writer reads as numbers in every row: one that is empty (or that an old
+# table lacks) is an unknown number, nan.
+NUMBERS = ("max_accuracy", "final_accuracy", "final_client_mean_accuracy", "floats_per_round")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,14 +87,14 @@ def spliced_csv(
 
 
 def writer_rows(text: str) -> list[dict[str, Any]]:
-    """A committed .csv's rows as `table_writer` takes them: an empty cell unknown (None; an
-    accuracy nan), a column the table predates unknown, each row's method its column's
+    """A committed .csv's rows as `table_writer` takes them: an empty cell unknown (None; one
+    of `NUMBERS` nan), a column the table predates unknown, each row's method its column's
     algorithm when the .csv has none."""
     rows = []
     for row in read_rows(text)[1]:
         cells: dict[str, Any] = {k: v for k, v in row.items() if v != ""}
         for name in RUN_COLUMNS:
-            cells.setdefault(name, "nan" if name in ACCURACIES else None)
+            cells.setdefault(name, "nan" if name in NUMBERS else None)
         cells["method"] = cells["method"] or row["algorithm"].partition(":")[0]
         rows.append(cells)
     return rows
