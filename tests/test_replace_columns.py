@@ -83,7 +83,7 @@ def test_a_replaced_column_takes_a_fresh_runs_rows_and_the_others_stay_byte_for_
     assert committed_problems(after["comparison.csv"], after["comparison.md"])[1] == []
 
 
-def test_other_columns_flags_are_still_refused_outside_a_table_and_a_replacement_takes_none() -> None:
+def test_other_columns_flags_are_refused_outside_a_table_and_a_replacement_takes_none() -> None:
     """FeSEM alone still refuses FedGroup's --pretrain_scale (the replacement above reran it
     with the table's whole command, which names the table's columns: --table_columns); a
     replacement takes no flag of a run (exit 2, naming it)."""
