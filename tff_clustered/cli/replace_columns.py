@@ -197,7 +197,7 @@ def run() -> int:
     ]
     print(f"rerunning {', '.join(replaced)} of {name} into {output_dir}", flush=True)
     done = subprocess.run(
-        [sys.executable, os.path.join(REPOSITORY, "binaries", "compare.py"), *arguments],
+        [sys.executable, os.path.join("binaries", "compare.py"), *arguments],
         cwd=REPOSITORY,
         stdin=subprocess.DEVNULL,
         env=table_commands.rerun_environment(committed.markdown),
