@@ -135,6 +135,7 @@ def row_key(header: Sequence[str], cells: Sequence[str]) -> tuple[str, ...]:
 
 
 def bold(text: str, on: bool) -> str:
+    """A cell's text in bold (the row's best mean) or plain."""
     plain = text.strip("*")
     return f"**{plain}**" if on else plain
 
