@@ -184,17 +184,17 @@ def test_with_data_the_data_root_comes_from_the_flag_the_variable_or_shared_data
 ) -> None:
     """--data_root, else $TFF_CLUSTERED_DATA, else ../shared/data; none of them: exit 2 with one
     line naming --data_root. Without --with_data there is no data root."""
-    monkeypatch.delenv(check_results.DATA_ROOT_VARIABLE, raising=False)
-    monkeypatch.setattr(check_results, "SHARED_DATA", str(tmp_path / "no_shared_data"))
+    monkeypatch.delenv(table_commands.DATA_ROOT_VARIABLE, raising=False)
+    monkeypatch.setattr(table_commands, "SHARED_DATA", str(tmp_path / "no_shared_data"))
     assert check_results.data_root_of_flags(False, None) is None
     with pytest.raises(SystemExit) as stopped:
         check_results.data_root_of_flags(True, None)
     assert stopped.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert "pass --data_root=DIR" in line
-    monkeypatch.setattr(check_results, "SHARED_DATA", str(tmp_path))
+    monkeypatch.setattr(table_commands, "SHARED_DATA", str(tmp_path))
     assert check_results.data_root_of_flags(True, None) == str(tmp_path)
-    monkeypatch.setenv(check_results.DATA_ROOT_VARIABLE, str(tmp_path / "variable"))
+    monkeypatch.setenv(table_commands.DATA_ROOT_VARIABLE, str(tmp_path / "variable"))
     (tmp_path / "variable").mkdir()
     assert check_results.data_root_of_flags(True, None) == str(tmp_path / "variable")
     (tmp_path / "flag").mkdir()
@@ -377,12 +377,12 @@ def test_a_rerun_on_another_cpu_or_numerics_setting_is_named(
         "# t\n\n- numerics: TensorFlow 2.14.1, oneDNN off (TF_ENABLE_ONEDNN_OPTS=0, "
         "TF_NUM_INTRAOP_THREADS unset, TF_NUM_INTEROP_THREADS=1); 2 CPUs usable\n"
     )
-    environment = check_results.rerun_environment(recorded)
+    environment = table_commands.rerun_environment(recorded)
     assert (
         environment["TF_ENABLE_ONEDNN_OPTS"] == "0" and "TF_NUM_INTRAOP_THREADS" not in environment
     )
     assert environment["TF_NUM_INTEROP_THREADS"] == "1"
-    assert check_results.rerun_environment("# old\n")["TF_ENABLE_ONEDNN_OPTS"] == "1"
+    assert table_commands.rerun_environment("# old\n")["TF_ENABLE_ONEDNN_OPTS"] == "1"
 
 
 def test_a_table_of_secure_noise_is_checked_but_never_rerun(tmp_path: Path) -> None:

@@ -355,6 +355,20 @@ def test_a_checkpoint_older_than_a_setting_resumes_at_the_value_its_run_had(
         checkpoint.load(path, {**now, "training": {"rounds": 4, "eval_clients": 0}})
 
 
+def test_a_uapdfl_checkpoint_older_than_its_alike_ratio_resumes_at_ratio_one(
+    tmp_path: Path,
+) -> None:
+    """`--uapdfl_alike_ratio` came after UA-PDFL checkpoints that lack it: their runs used 1."""
+    path = str(tmp_path / CHECKPOINT_NAME)
+    before = {"algorithm": "uapdfl", "algorithm_options": {"uapdfl_mu": 0.01}}
+    checkpoint.save(path, state(None), before)
+    now = {**before, "algorithm_options": {"uapdfl_mu": 0.01, "uapdfl_alike_ratio": 1.0}}
+    assert checkpoint.load(path, now) is not None
+    other = {**before, "algorithm_options": {"uapdfl_mu": 0.01, "uapdfl_alike_ratio": 1.2}}
+    with pytest.raises(CheckpointError, match="uapdfl_alike_ratio: checkpoint \\(none\\), now 1.2"):
+        checkpoint.load(path, other)
+
+
 def test_a_checkpoint_older_than_client_sampling_resumes_with_fixed_sampling(
     tmp_path: Path,
 ) -> None:

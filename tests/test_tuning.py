@@ -147,13 +147,52 @@ def test_tuning_reads_only_validation_examples(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_compare_plans_equal_trials_and_refuses_an_unknown_knob() -> None:
-    """`--plan_only` lists the same number of trials for every column; a knob no column
-    declares is refused (compare.py exits 2 on the ValueError, as on any bad flag)."""
-    common = ["binaries/compare.py", "--algorithms=fedavg,fedprox", "--plan_only"]
+    """`--plan_only` lists the same number of trials for every column, FedGroup's and FeSEM's
+    with their own knobs as the seed draws them; a knob no column declares is refused
+    (compare.py exits 2 on the ValueError, as on any bad flag)."""
+    common = ["binaries/compare.py", "--algorithms=fedavg,fedprox,fedgroup,fesem", "--plan_only"]
     planned = run_binary([*common, "--tune=all", "--tune_budget=3"])
     assert planned.returncode == 0, planned.stderr[-2000:]
     lines = [line for line in planned.stdout.splitlines() if line.startswith("tuning ")]
-    assert len([x for x in lines if " fedavg " in x]) == 3
-    assert len([x for x in lines if " fedprox " in x]) == 3
+    for algorithm in ("fedavg", "fedprox", "fedgroup", "fesem"):
+        assert len([x for x in lines if f" {algorithm} " in x]) == 3
+    for algorithm in ("fedgroup", "fesem"):
+        spec = RunSpec(algorithm, DIGITS, training=FEDPROX.training)
+        own = {k: v for k, v in tuning.tuned_space(spec, ["all"]).items() if k != "learning_rate"}
+        for index, values in enumerate(tuning.draw_trials(spec, own, 3, seed=0)):
+            line = f"tuning {algorithm} trial {index}: "
+            assert any(
+                x.startswith(line) and x.endswith(tuning.values_text(values)) for x in lines
+            ), (line, tuning.values_text(values), lines)
     with pytest.raises(ValueError, match="no method of the table searches bogus; give all"):
         tuning.check_knobs([FEDPROX], ["mu", "bogus"])
+
+
+# FedGroup's, FeSEM's and UA-PDFL's own knobs (docs/tuning.md), each a value its range holds.
+OWN_KNOBS = {
+    "fedgroup": {"pretrain_scale": {5, 10, 20, 40}, "pretrain_epochs": {1, 2, 5}},
+    "fesem": {"fesem_mu": {0.0, 0.001, 0.01, 0.1, 1.0}, "fesem_init": {"directions", "models"}},
+    "uapdfl": {"uapdfl_alike_ratio": (0.5, 1.5), "uapdfl_mu": (1e-3, 0.1)},
+}
+
+
+def test_fedgroup_fesem_and_uapdfl_knobs_are_drawn_from_their_ranges_seeded() -> None:
+    """Every declared knob of FedGroup, FeSEM and UA-PDFL is drawn, within its range, by more
+    than one value over 12 trials, the same for the same seed, and the values reach the options
+    of the runs (compare.py --plan_only lists them: the test above)."""
+    for algorithm, knobs in OWN_KNOBS.items():
+        spec = RunSpec(algorithm, DIGITS, training=FEDPROX.training)
+        space = tuning.tuned_space(spec, ["all"])
+        assert set(space) == {"learning_rate", *knobs}
+        trials = tuning.draw_trials(spec, space, 12, seed=0)
+        assert trials == tuning.draw_trials(spec, space, 12, seed=0)
+        for name, allowed in knobs.items():
+            drawn = [t[name] for t in trials]
+            inside = (
+                [allowed[0] <= v <= allowed[1] for v in drawn]
+                if isinstance(allowed, tuple)
+                else [v in allowed for v in drawn]
+            )
+            assert all(inside) and len(set(drawn)) > 1, (name, drawn)
+        options = tuning.with_values(spec, trials[0]).algorithm_options
+        assert all(getattr(options, name) == trials[0][name] for name in knobs)

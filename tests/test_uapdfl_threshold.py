@@ -53,3 +53,23 @@ def test_threshold_is_the_quantile_of_the_finite_divergences() -> None:
     assert quantile_threshold(div, 0.0) == pytest.approx(0.1)
     assert quantile_threshold(div, 0.5) == pytest.approx(0.3)
     assert quantile_threshold(np.array([np.nan]), 0.5) == np.inf
+
+
+@pytest.mark.parametrize(
+    "ratio, pairs_alike",
+    [(0.3, 5), (0.75, 9), (1.25, 12), (1.7, 14)],
+)
+def test_the_alike_ratio_counts_pairs_whose_updates_cosine_exceeds_one_minus_it(
+    ratio: float, pairs_alike: int
+) -> None:
+    """Six peers' small first-round updates of equal size, 30 degrees apart in a plane of
+    logits (the quadratic regime of Div): a pair i, j has cosine cos(30 |i - j| degrees), and
+    `--uapdfl_alike_ratio` r counts it alike when that cosine exceeds 1 - r (0.3: the 5
+    neighbouring pairs; 0.75: and the 4 at 60 degrees; 1.25: and the 3 at 90; 1.7: and the 2
+    at 120), of the 15 pairs."""
+    basis = np.linalg.qr(np.c_[np.ones(10), np.eye(10)[:, :2]])[0][:, 1:3]  # zero-mean plane
+    angles = np.radians(30 * np.arange(6))
+    updates = 0.01 * (np.cos(angles)[:, None] * basis[:, 0] + np.sin(angles)[:, None] * basis[:, 1])
+    start = np.zeros(10)
+    share = alike_share(softmax(start), softmax(start + updates), ratio=ratio)
+    assert share == pytest.approx(pairs_alike / 15)

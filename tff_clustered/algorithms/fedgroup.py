@@ -37,6 +37,7 @@ from tff_clustered.algorithms.base import (
 from tff_clustered.algorithms.cold_starts import shrunk_toward_start
 from tff_clustered.algorithms.fedprox import DEFAULT_MU, MU_HELP, MU_SEARCH
 from tff_clustered.options import option
+from tff_clustered.search_space import Choice
 from tff_clustered.seeds import ALGORITHM, derived_seed
 
 PAPER = (
@@ -44,6 +45,10 @@ PAPER = (
     "Clustering, ISPA 2021"
 )
 DEFAULT_GROUPS = 3
+# The values a tuned comparison tries for the cold start's scale alpha (the paper's 20, half
+# and a quarter of it, twice it) and for its pre-training epochs (the paper implies one); ours.
+PRETRAIN_SCALES = (5, 10, 20, 40)
+PRETRAIN_EPOCHS = (1, 2, 5)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +61,14 @@ class GroupState:
 @dataclasses.dataclass(frozen=True)
 class FedGroupOptions:
     num_clusters: int = option(DEFAULT_GROUPS, "FedGroup: groups m, each trained by FedAvg.")
-    pretrain_scale: int = option(20, "FedGroup alpha: alpha*m clients cluster at cold start.")
-    pretrain_epochs: int = option(1, "FedGroup: local epochs of cold-start pre-training.")
+    pretrain_scale: int = option(
+        20,
+        "FedGroup alpha: alpha*m clients cluster at cold start.",
+        search=Choice(PRETRAIN_SCALES),
+    )
+    pretrain_epochs: int = option(
+        1, "FedGroup: local epochs of cold-start pre-training.", search=Choice(PRETRAIN_EPOCHS)
+    )
     pretrain_steps: int = option(
         0,
         "FedGroup: pre-train for this many minibatches instead of --pretrain_epochs (the "

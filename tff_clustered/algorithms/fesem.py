@@ -68,6 +68,7 @@ from tff_clustered.algorithms.ifca import DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP
 from tff_clustered.federated.distributions import NearestCentreAfterTraining
 from tff_clustered.federated.signature import CLIENT_WEIGHTINGS
 from tff_clustered.options import option
+from tff_clustered.search_space import Choice
 
 
 class FeSEM(Algorithm):
@@ -91,7 +92,11 @@ class FeSEM(Algorithm):
     @dataclasses.dataclass(frozen=True)
     class Options:
         num_clusters: int = option(DEFAULT_CLUSTERS, NUM_CLUSTERS_HELP)
-        fesem_mu: float = option(0.0, "FeSEM distance term strength (constant mode).")
+        fesem_mu: float = option(
+            0.0,
+            "FeSEM distance term strength (constant mode).",
+            search=Choice((0.0, 0.001, 0.01, 0.1, 1.0)),
+        )
         fesem_reg: str = option(
             "constant",
             "FeSEM distance term: --mu, or 2 lambda n_avg/n_i.",
@@ -120,6 +125,7 @@ class FeSEM(Algorithm):
             "paper's), or K random centers that each client joins by the E-step (random, the "
             "FedGroup authors' code).",
             ("directions", "models", "random"),
+            search=Choice(("directions", "models")),
         )
         fesem_estep_on: str = option(
             "trained",

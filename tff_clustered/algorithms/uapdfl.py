@@ -37,7 +37,10 @@ acted yet, and carries it as a quantile, which follows Div's growth:
     norm of the output change) this says the two updates have a positive inner product (CFL's
     criterion, seen through the fingerprint). Peers that move together (IID: a shared drift
     plus noise) are mostly alike; peers pulled to different label priors are not. The share
-    of alike pairs is the level s (`uapdfl_alike_share`); it has no unit and no tuned value.
+    of alike pairs is the level s (`uapdfl_alike_share`); it has no unit. The sum's factor,
+    1 by default, is `--uapdfl_alike_ratio` r: a pair is alike when Div(i, j) < r (Div(w0, i)
+    + Div(w0, j)), which for two updates of equal size says their cosine exceeds 1 - r (a
+    knob a tuned comparison draws, docs/tuning.md).
   * th_I of round r + 1 is the s-quantile of the divergences the peers reported in round r
     (round 2: of all pairs after round 1; `uapdfl_threshold` in the log), so about a share s
     of the pairs a peer meets count as similar whatever Div's current scale is.
@@ -69,7 +72,7 @@ from tff_clustered.algorithms.dfl import Decentralized
 from tff_clustered.federated import client_work, local_training
 from tff_clustered.federated.peer_work import Inbox, train_mixed
 from tff_clustered.options import option
-from tff_clustered.search_space import LogUniform
+from tff_clustered.search_space import LogUniform, Uniform
 
 ABLATIONS = ("full", "without_cd", "without_lp")
 DIVERGENCES = ("skl", "js")
@@ -80,9 +83,6 @@ DROPOUT, PARTIAL, PERSONAL_HEAD, NO_REGIME = 0, 1, 2, -1
 REGIME_NAMES = {DROPOUT: "dropout", PARTIAL: "partial", PERSONAL_HEAD: "personal_head"}
 PROBABILITY_FLOOR = 1e-10
 UNIT_VALUE = 1.0  # every value of X_unit, the input the fingerprints are taken on (Eq. 4)
-# A pair of peers counts as alike at calibration when its Div is below this share of the sum
-# of the two peers' first-round movements (1: their updates are positively correlated).
-ALIKE_RATIO = 1.0
 
 
 def divergence(p: tf.Tensor, q: tf.Tensor, kind: str = "skl") -> tf.Tensor:
@@ -243,18 +243,21 @@ def divergence_matrix(p: np.ndarray, q: np.ndarray, kind: str = "skl") -> np.nda
     return divergence(p_rows, tf.constant(np.asarray(q, np.float64)), kind).numpy()[0]
 
 
-def alike_share(start: np.ndarray, ends: np.ndarray, kind: str = "skl") -> float:
+def alike_share(
+    start: np.ndarray, ends: np.ndarray, kind: str = "skl", ratio: float = 1.0
+) -> float:
     """The share of peer pairs whose first-round updates agree: `start` [C] the fingerprint of
     the common initial model, `ends` [n, C] the peers' after one round from it. A pair is
-    alike when Div(i, j) < ALIKE_RATIO (Div(w0, i) + Div(w0, j)) (in the quadratic
-    approximation of Div, when their updates have a positive inner product)."""
+    alike when Div(i, j) < ratio (Div(w0, i) + Div(w0, j)) (in the quadratic approximation of
+    Div, with ratio 1: when their updates have a positive inner product; with ratio r and
+    updates of equal size: when their cosine exceeds 1 - r)."""
     between = divergence_matrix(ends, ends, kind)
     moved = divergence_matrix(start[None, :], ends, kind)[0]
     i, j = np.triu_indices(len(ends), 1)
     if not len(i):
         return 1.0
     scale = moved[i] + moved[j]
-    alike = between[i, j] < ALIKE_RATIO * scale
+    alike = between[i, j] < ratio * scale
     return float(np.mean(np.where(scale > 0, alike, True)))
 
 
@@ -280,6 +283,13 @@ class UAPDFL(Decentralized):
             "UA-PDFL th_I, the divergence threshold (the paper gives none): 0 calibrates it "
             "from the run's own divergences (ours, see the file); X > 0 is the constant X.",
         )
+        uapdfl_alike_ratio: float = option(
+            1.0,
+            "UA-PDFL calibrated th_I (--uapdfl_threshold=0): a pair of peers is alike after "
+            "round 1 when Div(i, j) < r (Div(w0, i) + Div(w0, j)); 1 (ours): their updates "
+            "agree in sign; larger: more pairs alike, a higher th_I.",
+            search=Uniform(0.5, 1.5),
+        )
         uapdfl_mu: float = option(
             0.01,
             "UA-PDFL mu of the auxiliary alignment term (Eq. 12).",
@@ -301,6 +311,7 @@ class UAPDFL(Decentralized):
             [
                 (self.options.uapdfl_threshold >= 0, "uapdfl_threshold must be >= 0"),
                 (self.options.uapdfl_mu >= 0, "uapdfl_mu must be >= 0"),
+                (self.options.uapdfl_alike_ratio > 0, "uapdfl_alike_ratio must be > 0"),
             ]
         )
 
@@ -386,7 +397,7 @@ class UAPDFL(Decentralized):
             unit = np.full((1, *run.input_shape), UNIT_VALUE, np.float32)
             start = queries.predict_probabilities(run.initial_model[None, :], unit)[0, 0]
             ends = queries.predict_probabilities(decision.cluster_models, unit)[:, 0]
-            level = alike_share(start, ends, kind)
+            level = alike_share(start, ends, kind, self.options.uapdfl_alike_ratio)
             between = divergence_matrix(ends, ends, kind)
             divs = between[np.triu_indices(len(ends), 1)]
         else:

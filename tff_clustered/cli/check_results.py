@@ -55,11 +55,12 @@ from absl import app, flags
 from tff_clustered.cli import exits
 from tff_clustered.cli.launch import REPOSITORY
 from tff_clustered.cli.table_commands import (
-    DATA,
     Cell,
     data_paths,
     missing_data,
+    named_data_root,
     rerun_arguments,
+    rerun_environment,
     resolve_data_path,
     sampled_cell,
     table_command,
@@ -74,7 +75,6 @@ from tff_clustered.comparison.committed_tables import (
 from tff_clustered.comparison.numerics import (
     MACHINE_FIELDS,
     machine_fields,
-    recorded_variables,
 )
 from tff_clustered.run_folder import (
     COMPARISON_CSV,
@@ -84,12 +84,6 @@ from tff_clustered.run_folder import (
 ROOT = REPOSITORY
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("with_data", False, "Also the tables that read data (DATA/... in --data_root).")
-flags.DEFINE_string(
-    "data_root",
-    None,
-    "The folder DATA stands for in the tables' data paths (--data_dir=DATA/mnist), read with "
-    "--with_data; default $TFF_CLUSTERED_DATA, else ../shared/data next to the repository.",
-)
 flags.DEFINE_string("results", os.path.join(ROOT, "results"), "The folder of result tables.")
 flags.DEFINE_bool(
     "all_seeds",
@@ -112,34 +106,16 @@ flags.DEFINE_float(
     f"Largest accuracy difference counted as the same, at most {MAX_TOLERANCE}.",
     lower_bound=0.0,
 )
-DATA_ROOT_VARIABLE = "TFF_CLUSTERED_DATA"
-SHARED_DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 
 
 def data_root_of_flags(with_data: bool, data_root: Optional[str]) -> Optional[str]:
-    """The folder DATA stands for: --data_root, else $TFF_CLUSTERED_DATA, else ../shared/data
-    next to the repository when it exists; None without --with_data. A usage error when there
-    is none or the one named is not a folder."""
+    """The folder DATA stands for (`table_commands.named_data_root`); None without
+    --with_data, and a usage error for a --data_root without it."""
     if not with_data:
         if data_root is not None:
             raise exits.usage_error("--data_root is read with --with_data only; add --with_data")
         return None
-    named = data_root or os.environ.get(DATA_ROOT_VARIABLE)
-    if named:
-        source = f"--data_root={named}" if data_root else f"${DATA_ROOT_VARIABLE}={named}"
-        if not os.path.isdir(os.path.expanduser(named)):
-            raise exits.usage_error(
-                f"{source} is not a folder; pass --data_root=DIR, the folder holding the "
-                f"dataset folders the tables name as {DATA}/<folder>"
-            )
-        return os.path.abspath(os.path.expanduser(named))
-    if os.path.isdir(SHARED_DATA):
-        return SHARED_DATA
-    raise exits.usage_error(
-        f"--with_data needs the folder {DATA} stands for in the tables' commands "
-        f"(--data_dir={DATA}/mnist): pass --data_root=DIR (or set ${DATA_ROOT_VARIABLE}); "
-        f"there is no {SHARED_DATA}"
-    )
+    return named_data_root(data_root)
 
 
 def compare_cell(committed: dict, now: dict, tolerance: float) -> list[str]:
@@ -195,20 +171,6 @@ def machine_notes(committed: str, rerun: str) -> tuple[str, ...]:
 def machine_text(markdown: str) -> tuple[str, ...]:
     """A table's `MACHINE_FIELDS` header lines, as `field: value`."""
     return tuple(f"{field}: {value}" for field, value in machine_fields(markdown).items())
-
-
-def rerun_environment(committed: str) -> dict[str, str]:
-    """This process's environment with TensorFlow's numerics variables (oneDNN on or off,
-    thread counts) set or unset as the committed table's `- numerics:` line records them (as
-    they are here when it records none): the rerun uses the kernels the table was written
-    with, on this CPU."""
-    environment = dict(os.environ)
-    for name, value in recorded_variables(machine_fields(committed).get("numerics", "")).items():
-        if value is None:
-            environment.pop(name, None)
-        else:
-            environment[name] = value
-    return environment
 
 
 def check_table(

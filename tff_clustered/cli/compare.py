@@ -62,7 +62,7 @@ from tff_clustered.algorithms.fedgroup import discrepancy
 from tff_clustered.atomic_files import atomic_write_bytes
 
 # TensorFlow is imported (through these) before absl parses flags (see train.py).
-from tff_clustered.cli import exits, run_flags
+from tff_clustered.cli import exits, replace_columns, run_flags
 from tff_clustered.comparison import numerics, run_rows, table_writer, tuning
 from tff_clustered.comparison.setting_rows import SETTINGS_HELP, parse_setting
 from tff_clustered.comparison.table_defaults import (
@@ -120,6 +120,13 @@ flags.DEFINE_list(
 )
 flags.DEFINE_integer(
     "tune_budget", 8, "Trials per method (in each setting) of --tune.", lower_bound=1
+)
+flags.DEFINE_list(
+    "table_columns",
+    None,
+    "The columns of the whole table this command runs some of (set by --replace_columns): a "
+    "flag of any of them is accepted and read by the columns that take it, so that a table's "
+    "whole command reruns one column; each of --algorithms must be one of them.",
 )
 flags.DEFINE_bool(
     "plan_only",
@@ -312,9 +319,11 @@ def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     with run_flags.reported_errors("finished runs are kept, run again to continue"):
+        if FLAGS.replace_columns or FLAGS.committed_table:
+            return replace_columns.run()
         defaults_taken = apply_table_defaults(FLAGS.table)
         columns = parse_columns(FLAGS.algorithms)
-        run_flags.refuse_other_algorithms_flags([c.algorithm for c in columns])
+        run_flags.refuse_other_algorithms_flags(accepted_algorithms(columns))
         seeds = seeds_from_flags()
         # Each algorithm reads only its own options from the command line (an algorithm with
         # one model has no --num_clusters, one without a proximal term no --mu), so one
@@ -349,6 +358,21 @@ def main(argv: list[str]) -> int:
             rows, histories, tuned = run_planned(planned, base.data.dataset, output_dir)
             write_outputs(rows, histories, base, output_dir, defaults_taken, tuned)
     return 0
+
+
+def accepted_algorithms(columns: list[Column]) -> list[str]:
+    """The algorithms whose flags the command may give: its columns', or with --table_columns
+    those of the whole table its columns belong to (each of them one of the table's)."""
+    if not FLAGS.table_columns:
+        return [c.algorithm for c in columns]
+    table = parse_columns(FLAGS.table_columns)
+    outside = [c.label for c in columns if c.label not in [t.label for t in table]]
+    if outside:
+        raise ValueError(
+            f"--algorithms={','.join(FLAGS.algorithms)}: {', '.join(outside)} is not one of "
+            f"--table_columns={','.join(FLAGS.table_columns)}"
+        )
+    return [t.algorithm for t in table]
 
 
 def trials_of(planned: list[PlannedRun]) -> dict[PlannedRun, list[dict[str, Any]]]:

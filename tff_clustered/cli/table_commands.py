@@ -15,12 +15,22 @@ from absl import flags
 
 from tff_clustered.cli import exits
 from tff_clustered.cli.launch import REPOSITORY
+from tff_clustered.comparison.numerics import machine_fields, recorded_variables
 
 COMMAND = re.compile(r"^- command: `python binaries/compare\.py (.*)`\s*$", re.MULTILINE)
 # A recorded data path's stand-in for the folder of datasets (`--data_dir=DATA/mnist`), and
 # the compare.py flags that carry a data path.
 DATA = "DATA"
 DATA_FLAGS = ("data_dir", "tfds_dir", "glove_path")
+DATA_ROOT_VARIABLE = "TFF_CLUSTERED_DATA"
+SHARED_DATA = os.path.join(os.path.dirname(REPOSITORY), "shared", "data")
+flags.DEFINE_string(
+    "data_root",
+    None,
+    "The folder DATA stands for in the tables' data paths (--data_dir=DATA/mnist), read by "
+    "check_results.py --with_data and compare.py --replace_columns; default "
+    "$TFF_CLUSTERED_DATA, else ../shared/data next to the repository.",
+)
 
 
 def table_command(markdown: str) -> Optional[list[str]]:
@@ -151,3 +161,39 @@ def missing_data(tables: list[str], data_root: str) -> list[tuple[str, str, str]
             if here is not None and not os.path.exists(here):
                 missing.append((here, recorded, path))
     return missing
+
+
+def named_data_root(data_root: Optional[str]) -> str:
+    """The folder DATA stands for: `data_root` (--data_root), else $TFF_CLUSTERED_DATA, else
+    ../shared/data next to the repository when it exists. A usage error when there is none
+    or the one named is not a folder."""
+    named = data_root or os.environ.get(DATA_ROOT_VARIABLE)
+    if named:
+        source = f"--data_root={named}" if data_root else f"${DATA_ROOT_VARIABLE}={named}"
+        if not os.path.isdir(os.path.expanduser(named)):
+            raise exits.usage_error(
+                f"{source} is not a folder; pass --data_root=DIR, the folder holding the "
+                f"dataset folders the tables name as {DATA}/<folder>"
+            )
+        return os.path.abspath(os.path.expanduser(named))
+    if os.path.isdir(SHARED_DATA):
+        return SHARED_DATA
+    raise exits.usage_error(
+        f"a table's command names its data as {DATA}/<folder> (--data_dir={DATA}/mnist): pass "
+        f"--data_root=DIR, the folder holding them (or set ${DATA_ROOT_VARIABLE}); there is no "
+        f"{SHARED_DATA}"
+    )
+
+
+def rerun_environment(committed: str) -> dict[str, str]:
+    """This process's environment with TensorFlow's numerics variables (oneDNN on or off,
+    thread counts) set or unset as the committed table's `- numerics:` line records them (as
+    they are here when it records none): the rerun uses the kernels the table was written
+    with, on this CPU."""
+    environment = dict(os.environ)
+    for name, value in recorded_variables(machine_fields(committed).get("numerics", "")).items():
+        if value is None:
+            environment.pop(name, None)
+        else:
+            environment[name] = value
+    return environment

@@ -162,22 +162,43 @@ def write_tables(
     folder = ComparisonFolder(output_dir)
     atomic_write_bytes(folder.comparison_csv, long_form_csv(rows).encode())
     seeds = sorted({int(r["seed"]) for r in rows})
-    key = "final_client_mean_accuracy" if client_mean else "final_accuracy"
     lines = header(title, command, date, seeds, defaults_taken, machine)
+    lines += body_lines(
+        rows,
+        by_setting=by_setting,
+        client_mean=client_mean,
+        target_accuracy=target_accuracy,
+        tuning=tuning,
+    )
+    markdown = "\n".join(lines) + "\n"
+    atomic_write_bytes(folder.comparison_md, markdown.encode())
+    return markdown
+
+
+def body_lines(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    by_setting: bool,
+    client_mean: bool,
+    target_accuracy: float,
+    tuning: Sequence[str] = (),
+) -> list[str]:
+    """comparison.md under its header: the table, the `tuning` section, each cell's
+    diagnostics and each paper method's standing, all from `rows`."""
+    seeds = sorted({int(r["seed"]) for r in rows})
+    key = "final_client_mean_accuracy" if client_mean else "final_accuracy"
     if by_setting:
-        lines += [
+        lines = [
             SETTING_CAPTION.format(mean=CLIENT_MEAN if client_mean else POOLED),
             "",
             *setting_table(rows, key),
         ]
     else:
-        lines += algorithm_table(rows, target_accuracy)
+        lines = algorithm_table(rows, target_accuracy)
     lines += list(tuning)
     lines += diagnostics_section(rows, seeds)
     lines += standings_section(standings(rows, key if by_setting else "max_accuracy"))
-    markdown = "\n".join(lines) + "\n"
-    atomic_write_bytes(folder.comparison_md, markdown.encode())
-    return markdown
+    return lines
 
 
 def long_form_csv(rows: Sequence[Mapping[str, Any]]) -> str:

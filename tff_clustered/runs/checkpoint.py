@@ -236,6 +236,7 @@ ADDED_SETTINGS = {
     "training.client_sampling": "fixed",
     "training.eval_at_start": True,
     "algorithm_options.fesem_estep": "server",  # FeSEM's E-step, on the server before
+    "algorithm_options.uapdfl_alike_ratio": 1.0,  # UA-PDFL's calibration: a constant before
     **{
         f"training.aggregator.{name}": value
         for name, value in AggregatorConfig().settings().items()
