@@ -63,7 +63,13 @@ class FedGroupOptions:
         "FedGroup: pre-train for this many minibatches instead of --pretrain_epochs (the "
         "authors' code: 50 steps of batch 10); 0: use epochs.",
     )
-    cold_start: str = option("eager", "FedGroup: when newcomers are assigned.", ("eager", "lazy"))
+    cold_start: str = option(
+        "auto",
+        "FedGroup: when newcomers are assigned: eager (before round 1), lazy (when first sampled "
+        "or evaluated), or auto (eager while the newcomers are at most the run's client "
+        "trainings, rounds x clients_per_round, or the group cold start's clients; lazy beyond).",
+        ("auto", "eager", "lazy"),
+    )
     eta_g: float = option(0.0, "FedGroup: inter-group aggregation rate (0 = off).")
     inter_group_mode: str = option(
         "additive", "FedGroup: inter-group formula.", ("additive", "normalized")
@@ -135,6 +141,43 @@ class FedGroup(Algorithm):
             return 0.0
         return float(self.options.mu)
 
+    def clustered_count(self, present: int) -> int:
+        """Clients of the group cold start among `present` ones: alpha*m (RCC: m)."""
+        m = self.num_clusters
+        return (
+            m if self.clustering_method == "rcc" else min(self.options.pretrain_scale * m, present)
+        )
+
+    def run_choices(self, run: RunInfo) -> dict[str, tuple[str, str]]:
+        """`--cold_start=auto` (ours: the paper pre-trains every client before round 1, Alg. 1):
+        eager while the newcomers it would pre-train before they are needed are at most the
+        run's own client trainings (rounds x clients_per_round) or the group cold start's
+        clients, so eager never costs more than the training or the cold start the run does
+        anyway; lazy beyond. Counts only: a run of unknown length (`total_rounds` 0) is eager."""
+        if self.options.cold_start != "auto":
+            return {}
+        present = len(run.client_ids) - int(
+            round(self.options.newcomer_fraction * len(run.client_ids))
+        )
+        newcomers = len(run.client_ids) - self.clustered_count(present)
+        trainings = run.total_rounds * run.clients_per_round
+        bound = max(trainings, self.clustered_count(present))
+        if not run.total_rounds or newcomers <= bound:
+            mode, relation = "eager", "<="
+        else:
+            mode, relation = "lazy", ">"
+        why = (
+            f"{newcomers:,} newcomers to pre-train {relation} {bound:,} (the larger of the run's "
+            f"{trainings:,} client trainings, {run.total_rounds} rounds x "
+            f"{run.clients_per_round} clients, and the group cold start's "
+            f"{self.clustered_count(present):,} clients)"
+        )
+        return {"cold_start": (mode, why)}
+
+    def eager(self, run: RunInfo) -> bool:
+        """Whether newcomers are pre-trained before round 1 (`--cold_start`, `auto` resolved)."""
+        return self.run_choices(run).get("cold_start", (self.options.cold_start,))[0] == "eager"
+
     # -- Alg. 3: group cold start ------------------------------------------------------------
     def init(self, run: RunInfo, queries: Queries) -> Decision:
         options, m = self.options, self.num_clusters
@@ -143,9 +186,7 @@ class FedGroup(Algorithm):
         num_late = int(round(options.newcomer_fraction * len(ids)))
         late = set(rng.choice(ids, num_late, replace=False).tolist()) if num_late else set()
         present = [c for c in ids if c not in late]
-        count = (
-            m if self.clustering_method == "rcc" else min(options.pretrain_scale * m, len(present))
-        )
+        count = self.clustered_count(len(present))
         if count < m:
             raise ValueError(f"{self.name}: {len(present)} clients cannot form {m} groups")
         chosen = sorted(rng.choice(len(present), count, replace=False))
@@ -174,7 +215,7 @@ class FedGroup(Algorithm):
         assignment = {c: -1 for c in ids}
         assignment.update(zip(clustered, (int(g) for g in labels)))
         newcomers = Decision()
-        if options.cold_start == "eager":
+        if self.eager(run):
             pending = [c for c in present if assignment[c] < 0]
             newcomers = self.cold_start(run, state, pending, 0, queries)
             assignment.update(newcomers.assignment)
@@ -235,7 +276,7 @@ class FedGroup(Algorithm):
     def plan(
         self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
     ) -> Plan:
-        if self.options.cold_start == "eager":  # everyone present is assigned at once
+        if self.eager(run):  # everyone present is assigned at once
             candidates = self.eligible(run, view)
         else:
             candidates = client_ids
