@@ -374,8 +374,7 @@ def example_arrays(where: str, x: Any, y: Any) -> ClientArrays:
             f"{where}: its labels have shape {y.shape}, not one class index per example "
             "(one-hot?); give np.argmax(y, axis=1)"
         )
-    if y.ndim != 1:
-        y = y.reshape(len(y))
+    y = y if y.ndim == 1 else y.reshape(len(y))
     if len(x) != len(y):
         raise DataError(
             f"{where}: {len(x)} inputs but {len(y)} labels; every example needs exactly one label"

@@ -74,6 +74,29 @@ def pooled_scores_fn(
     client's own head (trainable tensors `head_start` on, stacked along a leading client axis):
     the model's layers below the head run once on the batch's rows with `weights`, and each
     row's head with its client's (`model.row_heads`): FedPer's personal models, one call."""
+    sums = pooled_sums_fn(model, head_start)
+    if head_start is not None:
+        return sums  # TFF traces a function's own parameters: none with a default
+
+    def score(
+        weights: tuple,
+        state: tuple,
+        x: tf.Tensor,
+        y: tf.Tensor,
+        rows: tf.Tensor,
+        client: tf.Tensor,
+        num_clients: tf.Tensor,
+        batch_size: tf.Tensor,
+    ) -> tuple[tf.Tensor, ...]:
+        return sums(weights, state, x, y, rows, client, num_clients, batch_size, ())
+
+    return score
+
+
+def pooled_sums_fn(
+    model: FunctionalModel, head_start: Optional[int]
+) -> Callable[..., tuple[tf.Tensor, ...]]:
+    """`pooled_scores_fn`'s sums, taking the clients' heads last (`()` without `head_start`)."""
 
     def logits_of(weights: tuple, state: tuple, x: tf.Tensor, heads: list) -> tf.Tensor:
         if head_start is None:
@@ -112,22 +135,7 @@ def pooled_scores_fn(
         scored = collections.OrderedDict(rows=rows, client=client)
         return ArrayBatches(scored, batch_size).reduce((zeros, zeros, zeros), step)
 
-    if head_start is not None:
-        return sums  # TFF traces a function's own parameters: none with a default
-
-    def score(
-        weights: tuple,
-        state: tuple,
-        x: tf.Tensor,
-        y: tf.Tensor,
-        rows: tf.Tensor,
-        client: tf.Tensor,
-        num_clients: tf.Tensor,
-        batch_size: tf.Tensor,
-    ) -> tuple[tf.Tensor, ...]:
-        return sums(weights, state, x, y, rows, client, num_clients, batch_size, ())
-
-    return score
+    return sums
 
 
 def pooled_examples_specs(input_spec: dict) -> tuple[tf.TensorSpec, tf.TensorSpec]:
