@@ -114,6 +114,17 @@ def test_fedgroup_lazy_cold_start_assigns_sampled_newcomers_in_the_plan() -> Non
     known = {c: g for c, g in assignment.items() if g >= 0}
     assert ari(known, {c: groups[c] for c in known}) == 1.0
     np.testing.assert_array_equal(plan.clusters, [assignment[c] for c in waiting[:5]])
+    # evaluation places each waiting client as the eager cold start would, once per run
+    eager = make_algorithm("fedgroup", num_clusters=3, pretrain_scale=2, cold_start="eager")
+    expected = eager.init(run, PlantedQueries(groups, seed=1)).assignment
+    scored = waiting[3:12]
+    calls = len(queries.calls)
+    first = fedgroup.evaluation_clusters(run, view, scored, queries)
+    np.testing.assert_array_equal(first, [expected[c] for c in scored])
+    assert len(queries.calls) == calls + 1  # one pre-training of the scored waiting clients
+    again = fedgroup.evaluation_clusters(run, view, waiting[:12], queries)
+    np.testing.assert_array_equal(again, [expected[c] for c in waiting[:12]])
+    assert queries.calls[-1] == ("local_updates", 3)  # only the three not placed before
 
 
 def test_fedgroup_auto_cold_start_is_eager_while_newcomers_fit_the_run_s_own_trainings() -> None:

@@ -117,6 +117,8 @@ class FedGroup(Algorithm):
 
     def __init__(self, options: Optional[FedGroupOptions] = None) -> None:
         super().__init__(options)
+        # The groups evaluation gave clients not assigned yet, for the state of one run.
+        self.evaluation_placements: tuple[object, dict[str, int]] = (None, {})
         o = self.options
         check(
             [
@@ -299,10 +301,21 @@ class FedGroup(Algorithm):
         self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
     ) -> np.ndarray:
         """A client not assigned yet (lazy cold start, a late newcomer) is scored with the
-        group its cold start would give it now (Eq. 9; RAC: a random one; its update noised
-        in a private run, and not charged: evaluation is outside the guarantee)."""
+        group the eager cold start gives it: pre-trained from w0 as in round 0, placed by Eq. 9
+        against the static group directions (its update noised in a private run, and not
+        charged: evaluation is outside the guarantee). That placement depends on the client
+        alone, so it is made once per run and reused by later evaluations (never by training:
+        a sampled client is placed by its own round's pre-training, `plan`). RAC: a random
+        group, drawn at each evaluation."""
         waiting = [c for c in client_ids if view.assignment.get(c, -1) < 0]
-        joined = self.cold_start(run, view.state, waiting, view.round_num, queries).assignment
+        if self.random_newcomers:
+            joined = self.cold_start(run, view.state, waiting, view.round_num, queries).assignment
+        else:
+            if self.evaluation_placements[0] is not view.state:  # another run, or resumed
+                self.evaluation_placements = (view.state, {})
+            joined = self.evaluation_placements[1]
+            missing = [c for c in waiting if c not in joined]
+            joined.update(self.cold_start(run, view.state, missing, 0, queries).assignment)
         return np.array([joined.get(c, view.assignment.get(c, -1)) for c in client_ids], np.int32)
 
     # -- Alg. 2 line 5: inter-group aggregation ----------------------------------------------
