@@ -131,7 +131,8 @@ def test_fedgroup_auto_cold_start_is_eager_while_newcomers_fit_the_run_s_own_tra
     """`--cold_start=auto` (the default): 54 newcomers (60 clients, alpha*m = 6 clustered) are
     pre-trained before round 1 when the run trains at least 54 clients (6 rounds x 10), or its
     length is unknown, and when first sampled beyond (4 rounds x 10 = 40); each choice decides
-    exactly as the option it picks, and says why with the counts."""
+    exactly as the option it picks, and says why with the counts. RAC's random newcomers cost
+    no pre-training: eager."""
     groups = planted(60, 3)
     auto = make_algorithm("fedgroup", num_clusters=3, pretrain_scale=2)
     assert auto.options.cold_start == "auto"
@@ -146,6 +147,8 @@ def test_fedgroup_auto_cold_start_is_eager_while_newcomers_fit_the_run_s_own_tra
         assert decided.assignment == chosen.init(run, PlantedQueries(groups)).assignment
         waiting = sum(g < 0 for g in decided.assignment.values())
         assert waiting == (54 if mode == "lazy" else 0)
+    rac = make_algorithm("fedgroup_rac", num_clusters=3, pretrain_scale=2)  # random newcomers
+    assert rac.run_choices(run)["cold_start"][0] == "eager"
 
 
 def round_result(groups: dict[str, int], queries: PlantedQueries, round_num: int) -> RoundResult:

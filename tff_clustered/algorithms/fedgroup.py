@@ -67,7 +67,7 @@ class FedGroupOptions:
         "auto",
         "FedGroup: when newcomers are assigned: eager (before round 1), lazy (when first sampled "
         "or evaluated), or auto (eager while the newcomers are at most the run's client "
-        "trainings, rounds x clients_per_round, or the group cold start's clients; lazy beyond).",
+        "trainings, rounds x clients_per_round, or alpha*m; lazy beyond).",
         ("auto", "eager", "lazy"),
     )
     eta_g: float = option(0.0, "FedGroup: inter-group aggregation rate (0 = off).")
@@ -153,9 +153,10 @@ class FedGroup(Algorithm):
     def run_choices(self, run: RunInfo) -> dict[str, tuple[str, str]]:
         """`--cold_start=auto` (ours: the paper pre-trains every client before round 1, Alg. 1):
         eager while the newcomers it would pre-train before they are needed are at most the
-        run's own client trainings (rounds x clients_per_round) or the group cold start's
-        clients, so eager never costs more than the training or the cold start the run does
-        anyway; lazy beyond. Counts only: a run of unknown length (`total_rounds` 0) is eager."""
+        run's own client trainings (rounds x clients_per_round) or the paper's group cold start
+        (alpha*m pre-trainings), so eager never costs more than the training or the cold start
+        the run does anyway; lazy beyond. RAC places newcomers at random, without pre-training:
+        eager. Counts only: a run of unknown length (`total_rounds` 0) is eager."""
         if self.options.cold_start != "auto":
             return {}
         present = len(run.client_ids) - int(
@@ -163,16 +164,16 @@ class FedGroup(Algorithm):
         )
         newcomers = len(run.client_ids) - self.clustered_count(present)
         trainings = run.total_rounds * run.clients_per_round
-        bound = max(trainings, self.clustered_count(present))
-        if not run.total_rounds or newcomers <= bound:
-            mode, relation = "eager", "<="
-        else:
-            mode, relation = "lazy", ">"
+        cold_start = self.options.pretrain_scale * self.num_clusters
+        bound = max(trainings, cold_start)
+        if self.random_newcomers:
+            return {"cold_start": ("eager", "RAC places newcomers at random, no pre-training")}
+        mode, relation = ("eager", "<=") if not trainings or newcomers <= bound else ("lazy", ">")
         why = (
             f"{newcomers:,} newcomers to pre-train {relation} {bound:,} (the larger of the run's "
             f"{trainings:,} client trainings, {run.total_rounds} rounds x "
-            f"{run.clients_per_round} clients, and the group cold start's "
-            f"{self.clustered_count(present):,} clients)"
+            f"{run.clients_per_round} clients, and the group cold start's alpha*m = "
+            f"{cold_start:,} pre-trainings)"
         )
         return {"cold_start": (mode, why)}
 
