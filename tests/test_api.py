@@ -205,3 +205,27 @@ def test_the_api_runs_a_dataset_and_model_by_their_records_as_the_runner_does(
     assert again.history[-1]["accuracy"] == by_runner["history"][-1]["accuracy"]
     with pytest.raises(ValueError, match="already a DataSpec"):
         tff_clustered.run("fedavg", data, model, output_dir=str(tmp_path / "x"), test={})
+
+
+def test_given_clients_are_held_as_their_own_arrays_and_split_as_before() -> None:
+    """`{client: (x, y)}` is held without a copy of its examples: each split's arrays are the
+    seeded shuffle `split_train_test` makes of the client's examples (x float32, y int32), as
+    they were when the splits were copied, gathered from the given arrays when asked for; given
+    test sets are the user's own arrays."""
+    from tff_clustered.data.federated_data import split_train_test
+    from tff_clustered.seeds import DataStream, data_rng
+
+    clients = two_group_clients(5)
+    data = api.federated_data(clients, seed=3)
+    rng = data_rng(3, DataStream.GIVEN_CLIENTS_SPLIT)
+    for client, (x, y) in clients.items():
+        for split, (xs, ys) in zip(("train", "test"), split_train_test(x, y, 0.8, rng)):
+            arrays = data.arrays(split, client)
+            np.testing.assert_array_equal(arrays["x"], xs)
+            np.testing.assert_array_equal(arrays["y"], ys)
+            assert arrays["x"].dtype == np.float32 and arrays["y"].dtype == np.int32
+        assert data.train_sizes[client] + data.test_sizes[client] == len(y)
+    assert all(held[0] is clients[c][0] for c, held in zip(clients, data.train_arrays.arrays))
+    assert data.client_index == {c: i for i, c in enumerate(clients)}
+    given_test = api.federated_data(clients, test=clients)
+    assert all(given_test.arrays("test", c)["x"] is x for c, (x, _) in clients.items())

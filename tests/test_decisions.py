@@ -4,6 +4,7 @@ a client's local update is its group's direction plus its own noise."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Optional
 
@@ -113,6 +114,41 @@ def test_fedgroup_lazy_cold_start_assigns_sampled_newcomers_in_the_plan() -> Non
     known = {c: g for c, g in assignment.items() if g >= 0}
     assert ari(known, {c: groups[c] for c in known}) == 1.0
     np.testing.assert_array_equal(plan.clusters, [assignment[c] for c in waiting[:5]])
+    # evaluation places each waiting client as the eager cold start would, once per run
+    eager = make_algorithm("fedgroup", num_clusters=3, pretrain_scale=2, cold_start="eager")
+    expected = eager.init(run, PlantedQueries(groups, seed=1)).assignment
+    scored = waiting[3:12]
+    calls = len(queries.calls)
+    first = fedgroup.evaluation_clusters(run, view, scored, queries)
+    np.testing.assert_array_equal(first, [expected[c] for c in scored])
+    assert len(queries.calls) == calls + 1  # one pre-training of the scored waiting clients
+    again = fedgroup.evaluation_clusters(run, view, waiting[:12], queries)
+    np.testing.assert_array_equal(again, [expected[c] for c in waiting[:12]])
+    assert queries.calls[-1] == ("local_updates", 3)  # only the three not placed before
+
+
+def test_fedgroup_auto_cold_start_is_eager_while_newcomers_fit_the_run_s_own_trainings() -> None:
+    """`--cold_start=auto` (the default): 54 newcomers (60 clients, alpha*m = 6 clustered) are
+    pre-trained before round 1 when the run trains at least 54 clients (6 rounds x 10), or its
+    length is unknown, and when first sampled beyond (4 rounds x 10 = 40); each choice decides
+    exactly as the option it picks, and says why with the counts. RAC's random newcomers cost
+    no pre-training: eager."""
+    groups = planted(60, 3)
+    auto = make_algorithm("fedgroup", num_clusters=3, pretrain_scale=2)
+    assert auto.options.cold_start == "auto"
+    for rounds, mode in ((6, "eager"), (0, "eager"), (4, "lazy")):
+        run = dataclasses.replace(run_info(list(groups)), total_rounds=rounds)
+        value, why = auto.run_choices(run)["cold_start"]
+        assert value == mode, why
+        assert "54 newcomers" in why and f"{rounds * 10} client trainings" in why
+        chosen = make_algorithm("fedgroup", num_clusters=3, pretrain_scale=2, cold_start=mode)
+        assert chosen.run_choices(run) == {}  # an explicit choice is not the data's
+        decided = auto.init(run, PlantedQueries(groups))
+        assert decided.assignment == chosen.init(run, PlantedQueries(groups)).assignment
+        waiting = sum(g < 0 for g in decided.assignment.values())
+        assert waiting == (54 if mode == "lazy" else 0)
+    rac = make_algorithm("fedgroup_rac", num_clusters=3, pretrain_scale=2)  # random newcomers
+    assert rac.run_choices(run)["cold_start"][0] == "eager"
 
 
 def round_result(groups: dict[str, int], queries: PlantedQueries, round_num: int) -> RoundResult:

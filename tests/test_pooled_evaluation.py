@@ -117,18 +117,43 @@ def test_pooled_scores_of_a_model_with_batchnorm_state() -> None:
     assert [pooled[c]["loss_sum"] for c in ids] != [initial[c]["loss_sum"] for c in ids]
 
 
-def test_a_personal_kind_that_joins_stored_layers_is_scored_client_by_client() -> None:
+@pytest.mark.parametrize("execution", ["tff", "in_process"])
+def test_a_personal_head_is_scored_pooled_as_client_by_client(execution: str) -> None:
+    """FedPer's personal kind: the shared layers run once on every client's examples and each
+    client's own head (from the store) on its rows, one call: each client's correct count is
+    the per-client path's (the logits are its bit for bit), its loss to float rounding."""
     data = load_digits_clusters(num_clients=6, num_groups=2, seed=4)
     model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
-    exp = trained("fedper", data, model, "in_process")
+    exp = trained("fedper", data, model, execution)
     ids = exp.data.client_ids
     clusters = np.zeros(len(ids), np.int32)
     models, keys = server_models(exp.state.cluster_models, "cluster", clusters)
     fed_round = exp.current_round()
+    assert exp.calls.row_head_start(fed_round) == 2  # the top Dense layer's kernel
     personal = exp.evaluator.score_kind("personal", models, keys, ids, exp.store, fed_round)
-    assert personal == exp.calls.score(fed_round, models, keys, ids, exp.store)
+    assert_same_results(personal, exp.calls.score(fed_round, models, keys, ids, exp.store))
     whole = exp.calls.score_pooled(models, keys, ids)  # the shared base with the initial head
     assert [personal[c]["num_correct"] for c in ids] != [whole[c]["num_correct"] for c in ids]
+
+
+def test_row_heads_start_where_dense_layers_run_to_the_output() -> None:
+    """A head run row by row starts at a Dense layer from which only Dense layers on vectors
+    and parameter-free activations follow: not below a BatchNorm layer, not at a Conv2D."""
+    import tensorflow as tf
+
+    from tff_clustered.models.functional import functional_model
+
+    layers = tf.keras.layers
+
+    def starts(*stack: tf.keras.layers.Layer, shape: tuple = (5,)) -> tuple:
+        model = tf.keras.Sequential([tf.keras.Input(shape), *stack])
+        return functional_model(model).row_head_starts
+
+    assert starts(layers.Dense(4, activation="relu"), layers.Dense(3)) == (0, 2)
+    assert starts(layers.Dense(4), layers.ReLU(), layers.Dense(3, use_bias=False)) == (0, 2)
+    assert starts(layers.Dense(4), layers.BatchNormalization(), layers.Dense(3)) == (4,)
+    conv = (layers.Conv2D(2, 3), layers.Flatten(), layers.Dense(3))
+    assert starts(*conv, shape=(6, 6, 1)) == (2,)
 
 
 def test_pooled_scores_of_a_single_logit_model() -> None:

@@ -77,7 +77,14 @@ def test_default_run_recovers_the_planted_groups_and_beats_fedavg(tmp_path: obje
     assert baseline["results"]["clusters"]["adjusted_rand_vs_planted"] == 0.0  # one model
     ours, theirs = summary["results"]["final_accuracy"], baseline["results"]["final_accuracy"]
     assert ours >= theirs + 0.3, (ours, theirs)
-    for line in ("adjusted Rand", "fedgroup - fedavg: final accuracy +", "membership.png"):
+    # --cold_start=auto: the 40 clients are all in the group cold start (alpha*m = 80)
+    assert summary["config"]["algorithm_choices"] == {"cold_start": "eager"}
+    for line in (
+        "adjusted Rand",
+        "fedgroup - fedavg: final accuracy +",
+        "membership.png",
+        "fedgroup: --cold_start=eager: 0 newcomers to pre-train <= 500",
+    ):
         assert line in done.stdout, done.stdout
 
     rows = read_csv(os.path.join(out, "metrics.csv"))

@@ -401,6 +401,13 @@ class Algorithm:
     def describe(self) -> dict[str, Any]:
         return dict(algorithm=self.name, **dataclasses.asdict(self.options))
 
+    def run_choices(self, run: RunInfo) -> dict[str, tuple[str, str]]:
+        """What this algorithm chose for this run where an option left it to the data (`auto`):
+        option -> (value, why, with the numbers). Said on stdout when a run starts and kept in
+        summary.json's config (`algorithm_choices`). A pure function of `run`: never of
+        measured time, so the same seed gives the same choice on any machine."""
+        return {}
+
     # -- what a comparison table reports of a run, beside the generic figures ----------------
     @classmethod
     def run_figures(cls, trained: Sequence[Mapping[str, Any]]) -> dict[str, Optional[float]]:

@@ -74,7 +74,13 @@ class FedGroupOptions:
         "FedGroup: pre-train for this many minibatches instead of --pretrain_epochs (the "
         "authors' code: 50 steps of batch 10); 0: use epochs.",
     )
-    cold_start: str = option("eager", "FedGroup: when newcomers are assigned.", ("eager", "lazy"))
+    cold_start: str = option(
+        "auto",
+        "FedGroup: when newcomers are assigned: eager (before round 1), lazy (when first sampled "
+        "or evaluated), or auto (eager while the newcomers are at most the run's client "
+        "trainings, rounds x clients_per_round, or alpha*m; lazy beyond).",
+        ("auto", "eager", "lazy"),
+    )
     eta_g: float = option(0.0, "FedGroup: inter-group aggregation rate (0 = off).")
     inter_group_mode: str = option(
         "additive", "FedGroup: inter-group formula.", ("additive", "normalized")
@@ -122,6 +128,8 @@ class FedGroup(Algorithm):
 
     def __init__(self, options: Optional[FedGroupOptions] = None) -> None:
         super().__init__(options)
+        # The groups evaluation gave clients not assigned yet, for the state of one run.
+        self.evaluation_placements: tuple[object, dict[str, int]] = (None, {})
         o = self.options
         check(
             [
@@ -146,6 +154,44 @@ class FedGroup(Algorithm):
             return 0.0
         return float(self.options.mu)
 
+    def clustered_count(self, present: int) -> int:
+        """Clients of the group cold start among `present` ones: alpha*m (RCC: m)."""
+        m = self.num_clusters
+        return (
+            m if self.clustering_method == "rcc" else min(self.options.pretrain_scale * m, present)
+        )
+
+    def run_choices(self, run: RunInfo) -> dict[str, tuple[str, str]]:
+        """`--cold_start=auto` (ours: the paper pre-trains every client before round 1, Alg. 1):
+        eager while the newcomers it would pre-train before they are needed are at most the
+        run's own client trainings (rounds x clients_per_round) or the paper's group cold start
+        (alpha*m pre-trainings), so eager never costs more than the training or the cold start
+        the run does anyway; lazy beyond. RAC places newcomers at random, without pre-training:
+        eager. Counts only: a run of unknown length (`total_rounds` 0) is eager."""
+        if self.options.cold_start != "auto":
+            return {}
+        present = len(run.client_ids) - int(
+            round(self.options.newcomer_fraction * len(run.client_ids))
+        )
+        newcomers = len(run.client_ids) - self.clustered_count(present)
+        trainings = run.total_rounds * run.clients_per_round
+        cold_start = self.options.pretrain_scale * self.num_clusters
+        bound = max(trainings, cold_start)
+        if self.random_newcomers:
+            return {"cold_start": ("eager", "RAC places newcomers at random, no pre-training")}
+        mode, relation = ("eager", "<=") if not trainings or newcomers <= bound else ("lazy", ">")
+        why = (
+            f"{newcomers:,} newcomers to pre-train {relation} {bound:,} (the larger of the run's "
+            f"{trainings:,} client trainings, {run.total_rounds} rounds x "
+            f"{run.clients_per_round} clients, and the group cold start's alpha*m = "
+            f"{cold_start:,} pre-trainings)"
+        )
+        return {"cold_start": (mode, why)}
+
+    def eager(self, run: RunInfo) -> bool:
+        """Whether newcomers are pre-trained before round 1 (`--cold_start`, `auto` resolved)."""
+        return self.run_choices(run).get("cold_start", (self.options.cold_start,))[0] == "eager"
+
     # -- Alg. 3: group cold start ------------------------------------------------------------
     def init(self, run: RunInfo, queries: Queries) -> Decision:
         options, m = self.options, self.num_clusters
@@ -154,9 +200,7 @@ class FedGroup(Algorithm):
         num_late = int(round(options.newcomer_fraction * len(ids)))
         late = set(rng.choice(ids, num_late, replace=False).tolist()) if num_late else set()
         present = [c for c in ids if c not in late]
-        count = (
-            m if self.clustering_method == "rcc" else min(options.pretrain_scale * m, len(present))
-        )
+        count = self.clustered_count(len(present))
         if count < m:
             raise ValueError(f"{self.name}: {len(present)} clients cannot form {m} groups")
         chosen = sorted(rng.choice(len(present), count, replace=False))
@@ -185,7 +229,7 @@ class FedGroup(Algorithm):
         assignment = {c: -1 for c in ids}
         assignment.update(zip(clustered, (int(g) for g in labels)))
         newcomers = Decision()
-        if options.cold_start == "eager":
+        if self.eager(run):
             pending = [c for c in present if assignment[c] < 0]
             newcomers = self.cold_start(run, state, pending, 0, queries)
             assignment.update(newcomers.assignment)
@@ -246,7 +290,7 @@ class FedGroup(Algorithm):
     def plan(
         self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
     ) -> Plan:
-        if self.options.cold_start == "eager":  # everyone present is assigned at once
+        if self.eager(run):  # everyone present is assigned at once
             candidates = self.eligible(run, view)
         else:
             candidates = client_ids
@@ -269,10 +313,21 @@ class FedGroup(Algorithm):
         self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries
     ) -> np.ndarray:
         """A client not assigned yet (lazy cold start, a late newcomer) is scored with the
-        group its cold start would give it now (Eq. 9; RAC: a random one; its update noised
-        in a private run, and not charged: evaluation is outside the guarantee)."""
+        group the eager cold start gives it: pre-trained from w0 as in round 0, placed by Eq. 9
+        against the static group directions (its update noised in a private run, and not
+        charged: evaluation is outside the guarantee). That placement depends on the client
+        alone, so it is made once per run and reused by later evaluations (never by training:
+        a sampled client is placed by its own round's pre-training, `plan`). RAC: a random
+        group, drawn at each evaluation."""
         waiting = [c for c in client_ids if view.assignment.get(c, -1) < 0]
-        joined = self.cold_start(run, view.state, waiting, view.round_num, queries).assignment
+        if self.random_newcomers:
+            joined = self.cold_start(run, view.state, waiting, view.round_num, queries).assignment
+        else:
+            if self.evaluation_placements[0] is not view.state:  # another run, or resumed
+                self.evaluation_placements = (view.state, {})
+            joined = self.evaluation_placements[1]
+            missing = [c for c in waiting if c not in joined]
+            joined.update(self.cold_start(run, view.state, missing, 0, queries).assignment)
         return np.array([joined.get(c, view.assignment.get(c, -1)) for c in client_ids], np.int32)
 
     # -- Alg. 2 line 5: inter-group aggregation ----------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
 
 import numpy as np
@@ -211,17 +211,9 @@ def from_checked_arrays(
             "both splits (regenerate the split, or drop the client from both)"
         )
     input_shape = np.shape(next(iter(train.values()))[0])[1:]
-    cleaned: dict[str, dict[str, collections.OrderedDict]] = {"train": {}, "test": {}}
-    for split_name, split in (("train", train), ("test", test)):
-        for cid, (x, y) in split.items():
-            cleaned[split_name][cid] = checked_client(
-                f"client {cid!r} ({split_name}){where}",
-                x,
-                y,
-                input_shape,
-                num_classes,
-                vocabulary_size,
-            )
+    cleaned = checked_splits(
+        train.items(), test.items(), input_shape, num_classes, vocabulary_size, where
+    )
     if public_x is not None:
         public_x = checked_public_inputs(public_x, input_shape, where)
     return FederatedData(
@@ -237,6 +229,34 @@ def from_checked_arrays(
         train_arrays=cleaned["train"],
         test_arrays=cleaned["test"],
     )
+
+
+def checked_splits(
+    train: Iterable[tuple[str, ClientArrays]],
+    test: Iterable[tuple[str, ClientArrays]],
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    vocabulary_size: Optional[int],
+    where: str,
+    keep: bool = True,
+) -> dict[str, dict[str, ClientArrayDict]]:
+    """Every client of both splits (client id, `(x, y)` pairs) checked by `checked_client`
+    (train first, `where` naming the data's source in the errors); their checked arrays by
+    split, or none when not `keep` (the caller holds the arrays itself)."""
+    cleaned: dict[str, dict[str, ClientArrayDict]] = {"train": {}, "test": {}}
+    for split_name, split in (("train", train), ("test", test)):
+        for cid, (x, y) in split:
+            checked = checked_client(
+                f"client {cid!r} ({split_name}){where}",
+                x,
+                y,
+                input_shape,
+                num_classes,
+                vocabulary_size,
+            )
+            if keep:
+                cleaned[split_name][cid] = checked
+    return cleaned
 
 
 def checked_client(
@@ -354,7 +374,7 @@ def example_arrays(where: str, x: Any, y: Any) -> ClientArrays:
             f"{where}: its labels have shape {y.shape}, not one class index per example "
             "(one-hot?); give np.argmax(y, axis=1)"
         )
-    y = y.reshape(len(y))
+    y = y if y.ndim == 1 else y.reshape(len(y))
     if len(x) != len(y):
         raise DataError(
             f"{where}: {len(x)} inputs but {len(y)} labels; every example needs exactly one label"
@@ -363,4 +383,4 @@ def example_arrays(where: str, x: Any, y: Any) -> ClientArrays:
         raise DataError(f"{where}: its labels contain NaN or infinity; give every example a class")
     if not np.all(np.equal(np.mod(y.astype(np.float64), 1), 0)):
         raise DataError(f"{where}: labels must be whole numbers (class indices); fix the labels")
-    return x, y.astype(np.int64)
+    return x, y.astype(np.int64, copy=False)  # the caller's own labels when they are int64

@@ -205,6 +205,7 @@ def arrays_digest(*splits: Mapping[str, Mapping[str, np.ndarray]]) -> str:
     for split in splits:
         for client in sorted(split):
             digest.update(client.encode())
-            for key in sorted(split[client]):
-                digest.update(np.ascontiguousarray(split[client][key]).tobytes())
+            arrays = split[client]  # once: a split may make a client's arrays when asked
+            for key in sorted(arrays):
+                digest.update(np.ascontiguousarray(arrays[key]).tobytes())
     return digest.hexdigest()[:16]

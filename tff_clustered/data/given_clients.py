@@ -7,22 +7,23 @@ naming the client and the fix.
 
 from __future__ import annotations
 
+import collections
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
 
-from tff_clustered.data.client_source import LazyClients
+from tff_clustered.data.client_source import ClientCounts, LazyClients
 from tff_clustered.data.client_source import federated_data as lazy_federated_data
 from tff_clustered.data.federated_data import (
+    ClientArrayDict,
     ClientArrays,
     Clients,
     DataError,
     FederatedData,
+    checked_splits,
     example_arrays,
-    from_checked_arrays,
-    split_train_test,
 )
 from tff_clustered.frameworks import tff
 from tff_clustered.options import article_of, checked_value, described
@@ -167,23 +168,114 @@ def checked_groups(planted_groups: Optional[Mapping[str, int]]) -> Optional[dict
     return {client_id(c, "planted_groups"): g for c, g in planted_groups.items()}
 
 
+class GivenSplit(Mapping):
+    """One split of the given clients -> their arrays (`FederatedData.train_arrays`), held as
+    the user's own arrays and, for a split carved out of them, each client's rows: a client's
+    rows are gathered and converted (x float32, y int32) when it is looked up, so the split
+    holds no copy of the examples. `rows` is one array of every client's row order
+    end to end, this split's share of client i being `rows[starts[i]:stops[i]]`; None: all of
+    each client's rows."""
+
+    def __init__(
+        self,
+        index: Mapping[str, int],
+        arrays: Sequence[ClientArrays],
+        rows: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None,
+    ) -> None:
+        self.index, self.arrays, self.rows = index, arrays, rows
+
+    def examples(self, client: str) -> ClientArrays:
+        """Client `client`'s `(x, y)` of this split as given (not converted)."""
+        i = self.index[client]
+        x, y = self.arrays[i]
+        if self.rows is None:
+            return x, y
+        order, starts, stops = self.rows
+        taken = order[starts[i] : stops[i]]
+        return x[taken], y[taken]
+
+    def size(self, i: int) -> int:
+        """Client number `i`'s examples in this split."""
+        if self.rows is None:
+            return len(self.arrays[i][1])
+        return int(self.rows[2][i] - self.rows[1][i])
+
+    def given(self) -> Iterator[tuple[str, ClientArrays]]:
+        """Each client's `(x, y)` of this split as given, in order (for the checks)."""
+        return ((c, self.examples(c)) for c in self.index)
+
+    def __getitem__(self, client: str) -> ClientArrayDict:
+        x, y = self.examples(client)
+        return collections.OrderedDict(x=np.asarray(x, np.float32), y=y.astype(np.int32))
+
+    def __iter__(self):  # noqa: ANN204 - Mapping's protocol
+        return iter(self.index)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
 def split_off_test_sets(
     train_arrays: dict[str, ClientArrays], test_fraction: float, seed: int
-) -> tuple[dict[str, ClientArrays], dict[str, ClientArrays]]:
+) -> tuple[GivenSplit, GivenSplit]:
     """Each client's examples shuffled (`DataStream.GIVEN_CLIENTS_SPLIT` of `seed`) and split:
-    `test_fraction` of them its test set, the rest its training set."""
+    `test_fraction` of them its test set, the rest its training set (as `split_train_test`
+    splits them), held as row orders into the given arrays."""
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     rng = data_rng(seed, DataStream.GIVEN_CLIENTS_SPLIT)
-    pairs = {}
-    for client, (x, y) in train_arrays.items():
+    sizes = np.fromiter((len(y) for _, y in train_arrays.values()), np.int64, len(train_arrays))
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    order = np.empty(int(sizes.sum()), np.min_scalar_type(int(sizes.max())))
+    for i, (client, (_, y)) in enumerate(train_arrays.items()):
         if len(y) < 2:  # each side of a client's split keeps at least one example
             raise DataError(
                 f"train client {client!r} has {len(y)} example(s); splitting off its test "
                 "set needs at least 2 (give it more, drop it, or give test=)"
             )
-        pairs[client] = split_train_test(x, y, 1 - test_fraction, rng)
-    return {c: pair[0] for c, pair in pairs.items()}, {c: pair[1] for c, pair in pairs.items()}
+        order[starts[i] : starts[i] + len(y)] = rng.permutation(len(y))
+    cuts = starts + np.clip(np.floor((1 - test_fraction) * sizes), 1, sizes - 1).astype(np.int64)
+    index = {c: i for i, c in enumerate(train_arrays)}
+    arrays = list(train_arrays.values())
+    return (
+        GivenSplit(index, arrays, (order, starts, cuts)),
+        GivenSplit(index, arrays, (order, cuts, starts + sizes)),
+    )
+
+
+def held_data(
+    name: str,
+    train: GivenSplit,
+    test: GivenSplit,
+    num_classes: int,
+    planted_groups: Optional[dict[str, int]],
+) -> FederatedData:
+    """The given clients' `FederatedData`, holding `train` and `test` as they are: every client
+    checked as `from_checked_arrays` checks it (the same errors, in the same order), its sizes
+    counted in one array per split (`ClientCounts`) over the splits' shared index."""
+    where = " in the given clients"
+    missing = sorted(set(train) ^ set(test))
+    if missing:
+        raise DataError(
+            f"client {missing[0]!r}{where} appears in only one of train/test; every client needs "
+            "both splits (regenerate the split, or drop the client from both)"
+        )
+    input_shape = np.shape(train.examples(next(iter(train)))[0])[1:]
+    checked_splits(train.given(), test.given(), input_shape, num_classes, None, where, keep=False)
+    ids = list(train.index)
+    counts = [
+        np.fromiter(map(split.size, range(len(ids))), np.int64, len(ids)) for split in (train, test)
+    ]
+    return FederatedData(
+        name=name,
+        input_shape=tuple(int(d) for d in input_shape),
+        num_classes=num_classes,
+        train_sizes=ClientCounts(ids, train.index, counts[0]),
+        test_sizes=ClientCounts(ids, train.index, counts[1][[test.index[c] for c in ids]]),
+        true_clusters=planted_groups,
+        train_arrays=train,
+        test_arrays=test,
+    )
 
 
 def federated_data(
@@ -230,21 +322,18 @@ def federated_data(
         return lazy_federated_data(name, source, true_clusters=planted_groups)
     train_arrays = client_arrays(train, x_key, y_key, "train")
     if test is None:
-        train_arrays, test_arrays = split_off_test_sets(train_arrays, test_fraction, seed)
+        held = split_off_test_sets(train_arrays, test_fraction, seed)
     else:
         test_arrays = client_arrays(test, x_key, y_key, "test")
+        held = tuple(
+            GivenSplit({c: i for i, c in enumerate(split)}, list(split.values()))
+            for split in (train_arrays, test_arrays)
+        )
     if num_classes is None:
-        labels = [y for split in (train_arrays, test_arrays) for _, y in split.values()]
+        labels = [y for split in held for _, y in split.arrays]
         num_classes = max(int(max(np.max(y) for y in labels if len(y))) + 1, 1)
     refuse_missing_groups(planted_groups, train_arrays)
-    return from_checked_arrays(
-        name,
-        train_arrays,
-        test_arrays,
-        num_classes,
-        true_clusters=planted_groups,
-        source="the given clients",
-    )
+    return held_data(name, *held, num_classes, planted_groups)
 
 
 def refuse_missing_groups(planted_groups: Optional[Mapping[str, int]], clients: Any) -> None:

@@ -122,12 +122,12 @@ class RoundCache:
             return build_predict_probabilities(self.model, self.input_spec)
         return graphs.in_process_predict(self.model, self.input_spec, self.device)
 
-    def pooled_scores(self) -> Callable[..., Any]:
-        """Scoring of one model on many clients' pooled examples (`pooled_scores_fn`) run by
-        this cache's execution."""
+    def pooled_scores(self, head_start: Optional[int] = None) -> Callable[..., Any]:
+        """Scoring of one model on many clients' pooled examples (`pooled_scores_fn`; with
+        `head_start`, each client's own head) run by this cache's execution."""
         if self.execution == "tff":
-            return build_pooled_scores(self.model, self.input_spec)
-        return graphs.in_process_pooled_scores(self.model, self.input_spec, self.device)
+            return build_pooled_scores(self.model, self.input_spec, head_start)
+        return graphs.in_process_pooled_scores(self.model, self.input_spec, self.device, head_start)
 
     def pooled_examples(self, x: np.ndarray, y: np.ndarray) -> Callable[[], tuple]:
         """Where `pooled_scores` finds pooled examples it scores many times: a callable giving

@@ -118,8 +118,12 @@ def in_process_predict(
 
 
 def in_process_pooled_scores(
-    model: FunctionalModel, input_spec: dict, device: Optional[str] = None
+    model: FunctionalModel,
+    input_spec: dict,
+    device: Optional[str] = None,
+    head_start: Optional[int] = None,
 ) -> Callable[..., tuple]:
     """`round.pooled_scores_fn`, run in this process."""
     check_device(device)
-    return GraphFunction(pooled_scores_fn(model), pooled_scores_specs(model, input_spec), device)
+    specs = pooled_scores_specs(model, input_spec, head_start)
+    return GraphFunction(pooled_scores_fn(model, head_start), specs, device)

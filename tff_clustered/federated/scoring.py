@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
-from typing import Callable
+from typing import Callable, Optional
 
 import tensorflow as tf
 
@@ -57,7 +57,9 @@ def build_predict_probabilities(model: FunctionalModel, input_spec: dict) -> tff
     return tff.tensorflow.computation(*types)(predict_probabilities_fn(model))
 
 
-def pooled_scores_fn(model: FunctionalModel) -> Callable[..., tuple[tf.Tensor, ...]]:
+def pooled_scores_fn(
+    model: FunctionalModel, head_start: Optional[int] = None
+) -> Callable[..., tuple[tf.Tensor, ...]]:
     """`(weights, state, x, y, rows, client, num_clients, batch_size) -> (loss_sum,
     num_correct, num_examples)`: one whole model scored, in inference mode, on the examples
     `rows` of the pooled arrays `x`, `y` (many clients' examples in one array; `client[i]` is
@@ -66,7 +68,15 @@ def pooled_scores_fn(model: FunctionalModel) -> Callable[..., tuple[tf.Tensor, .
     `local_training.evaluate_client` gives on that client's own arrays (equal up to the order of
     float additions). One call scores every client of a model, where the per-client `evaluate`
     makes one call per client; `x` and `y` may hold every client of a split and stay on the
-    worker between calls (`resident.WorkerArrays`), so a call sends only the row indices."""
+    worker between calls (`resident.WorkerArrays`), so a call sends only the row indices.
+
+    With `head_start` (one of `model.row_head_starts`), a last argument `heads` holds each
+    client's own head (trainable tensors `head_start` on, stacked along a leading client axis):
+    the model's layers below the head run once on the batch's rows with `weights`, and each
+    row's head with its client's (`model.row_heads`): FedPer's personal models, one call."""
+    sums = pooled_sums_fn(model, head_start)
+    if head_start is not None:
+        return sums  # TFF traces a function's own parameters: none with a default
 
     def score(
         weights: tuple,
@@ -78,9 +88,38 @@ def pooled_scores_fn(model: FunctionalModel) -> Callable[..., tuple[tf.Tensor, .
         num_clients: tf.Tensor,
         batch_size: tf.Tensor,
     ) -> tuple[tf.Tensor, ...]:
+        return sums(weights, state, x, y, rows, client, num_clients, batch_size, ())
+
+    return score
+
+
+def pooled_sums_fn(
+    model: FunctionalModel, head_start: Optional[int]
+) -> Callable[..., tuple[tf.Tensor, ...]]:
+    """`pooled_scores_fn`'s sums, taking the clients' heads last (`()` without `head_start`)."""
+
+    def logits_of(weights: tuple, state: tuple, x: tf.Tensor, heads: list) -> tf.Tensor:
+        if head_start is None:
+            return model.apply(weights, state, x, False, None)[0]
+        features = model.features(weights, state, x, head_start)
+        return model.row_heads(heads, features, head_start)
+
+    def sums(
+        weights: tuple,
+        state: tuple,
+        x: tf.Tensor,
+        y: tf.Tensor,
+        rows: tf.Tensor,
+        client: tf.Tensor,
+        num_clients: tf.Tensor,
+        batch_size: tf.Tensor,
+        heads: tuple,
+    ) -> tuple[tf.Tensor, ...]:
         def step(totals: tuple, batch: dict) -> tuple:
-            logits, _ = model.apply(weights, state, tf.gather(x, batch["rows"]), False, None)
-            labels, owner = tf.gather(y, batch["rows"]), batch["client"]
+            owner = batch["client"]
+            own_heads = [tf.gather(h, owner) for h in heads]
+            logits = logits_of(weights, state, tf.gather(x, batch["rows"]), own_heads)
+            labels = tf.gather(y, batch["rows"])
             correct = tf.cast(tf.equal(local_training.predicted_labels(logits), labels), tf.float32)
             per_example = (
                 local_training.example_losses(logits, labels),
@@ -96,7 +135,7 @@ def pooled_scores_fn(model: FunctionalModel) -> Callable[..., tuple[tf.Tensor, .
         scored = collections.OrderedDict(rows=rows, client=client)
         return ArrayBatches(scored, batch_size).reduce((zeros, zeros, zeros), step)
 
-    return score
+    return sums
 
 
 def pooled_examples_specs(input_spec: dict) -> tuple[tf.TensorSpec, tf.TensorSpec]:
@@ -108,8 +147,12 @@ def pooled_examples_specs(input_spec: dict) -> tuple[tf.TensorSpec, tf.TensorSpe
     )
 
 
-def pooled_scores_specs(model: FunctionalModel, input_spec: dict) -> tuple:
+def pooled_scores_specs(
+    model: FunctionalModel, input_spec: dict, head_start: Optional[int] = None
+) -> tuple:
+    """`pooled_scores_fn`'s argument specs; with `head_start`, the clients' stacked heads last."""
     layout = ModelLayout.of(model)
+    heads = () if head_start is None else layout.trainable_shapes[head_start:]
     return (
         tuple(tf.TensorSpec(s, tf.float32) for s in layout.trainable_shapes),
         tuple(tf.TensorSpec(s, tf.float32) for s in layout.state_shapes),
@@ -118,10 +161,13 @@ def pooled_scores_specs(model: FunctionalModel, input_spec: dict) -> tuple:
         tf.TensorSpec([None], tf.int32),
         tf.TensorSpec([], tf.int32),
         tf.TensorSpec([], tf.int64),
+        *([tuple(tf.TensorSpec([None, *s], tf.float32) for s in heads)] if heads else []),
     )
 
 
-def build_pooled_scores(model: FunctionalModel, input_spec: dict) -> tff.Computation:
+def build_pooled_scores(
+    model: FunctionalModel, input_spec: dict, head_start: Optional[int] = None
+) -> tff.Computation:
     """`pooled_scores_fn` as one TFF computation."""
-    types = [to_type(s) for s in pooled_scores_specs(model, input_spec)]
-    return tff.tensorflow.computation(*types)(pooled_scores_fn(model))
+    types = [to_type(s) for s in pooled_scores_specs(model, input_spec, head_start)]
+    return tff.tensorflow.computation(*types)(pooled_scores_fn(model, head_start))

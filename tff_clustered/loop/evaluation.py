@@ -197,12 +197,18 @@ class Evaluator:
         fed_round: FederatedRound,
     ) -> ClientResults:
         """Per-client test results of one model kind (`algorithms.base.MODEL_KINDS`) given its
-        `server_models`: whole models pooled, a personal model that joins each client's stored
-        tensors client by client (a decentralized peer's row is already its whole model)."""
+        `server_models`: whole models pooled; a personal model that joins each client's stored
+        tensors pooled too when those are a head of Dense layers (FedPer's: the layers below
+        scored once for every client's examples, each client's head on its own rows,
+        `ScoringCalls.row_head_start`), else client by client (a decentralized peer's row is
+        already its whole model)."""
         joins_store = bool(fed_round.io.store_in) or fed_round.signature.work.reads_own_model
         whole_rows = fed_round.signature.distribution.rows_are_whole_models
         if kind == "personal" and joins_store and not whole_rows:
-            return self.calls.score(fed_round, models, keys, client_ids, store)
+            head_start = self.calls.row_head_start(fed_round)
+            if head_start is None:
+                return self.calls.score(fed_round, models, keys, client_ids, store)
+            return self.calls.score_pooled(models, keys, client_ids, heads=(store, head_start))
         return self.calls.score_pooled(models, keys, client_ids)
 
     def fine_tuned(

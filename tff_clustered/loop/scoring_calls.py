@@ -59,7 +59,7 @@ class ScoringCalls:
         self.scored_clients = config.evaluation_sample(data.client_ids)
         self.example_bytes = 4 * (int(np.prod(data.input_shape)) + 1)  # float32 x, int32 y
         self._predict: Optional[Callable] = None
-        self._pooled_scores: Optional[Callable] = None
+        self._pooled_scores: dict[Optional[int], Callable] = {}
         self._pooled_splits: dict[str, Optional[PooledSplit]] = {}
 
     def whole_model_round(self, num_models: int) -> FederatedRound:
@@ -102,21 +102,36 @@ class ScoringCalls:
             results.update({c: {k: float(v) for k, v in r.items()} for c, r in zip(ids, scored)})
         return results
 
+    def row_head_start(self, fed_round: FederatedRound) -> Optional[int]:
+        """Where the clients' own tensors of `fed_round` start when they are exactly a head the
+        pooled scoring runs row by row (`FunctionalModel.row_head_starts`: Dense layers on top,
+        FedPer's personal layers), the model's rows independent; None otherwise (the clients
+        are scored by `score`, each with its joined model)."""
+        store_in, model = tuple(fed_round.io.store_in), self.rounds_cache.model
+        num_trainable = self.layout.num_trainable
+        if not store_in or fed_round.signature.work.reads_own_model or not model.rows_independent:
+            return None
+        head = tuple(range(store_in[0], num_trainable))
+        return store_in[0] if store_in == head and store_in[0] in model.row_head_starts else None
+
     def score_pooled(
         self,
         models: np.ndarray,
         keys: np.ndarray,
         client_ids: Sequence[str],
         split: str = "test",
+        heads: Optional[tuple[ClientStore, int]] = None,
     ) -> ClientResults:
         """The results `score` gives with whole models (nothing from the client store), in one
         call per model (and chunk, `pooled_chunks`): the `split` examples of every client that
-        `models[k]` scores, summed per client inside the computation (`pooled_sums`)."""
+        `models[k]` scores, summed per client inside the computation (`pooled_sums`). With
+        `heads` (the client store, `row_head_start`), each client's own head from the store
+        replaces the model's from that tensor on (`scoring.pooled_scores_fn`)."""
         keys = np.asarray(keys)
         results: ClientResults = {}
         for k in np.unique(keys):
             members = [client_ids[i] for i in np.flatnonzero(keys == k)]
-            (sums,) = self.pooled_sums([models[k]], members, split)
+            (sums,) = self.pooled_sums([models[k]], members, split, heads)
             for j, client in enumerate(members):
                 results[client] = {
                     name: float(values[j])
@@ -125,16 +140,24 @@ class ScoringCalls:
         return {c: results[c] for c in client_ids}
 
     def pooled_sums(
-        self, models: Sequence[np.ndarray], client_ids: Sequence[str], split: str = "test"
+        self,
+        models: Sequence[np.ndarray],
+        client_ids: Sequence[str],
+        split: str = "test",
+        heads: Optional[tuple[ClientStore, int]] = None,
     ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """For each flat whole model: the per-client loss sums, correct predictions and
         examples of `client_ids` on their `split` examples (`score_arrays`), each chunk of
-        clients (`pooled_chunks`) pooled once and scored by every model."""
+        clients (`pooled_chunks`) pooled once and scored by every model (with `heads`, each
+        client's own head from the store: `score_pooled`)."""
         parts: list[list[tuple[np.ndarray, ...]]] = [[] for _ in models]
         for chunk in self.pooled_chunks(split, client_ids):
             pooled = self.pooled_rows(split, chunk)
+            own = (
+                None if heads is None else (self.stored_heads(heads[0], chunk, heads[1]), heads[1])
+            )
             for model, scored in zip(models, parts):
-                scored.append(self.score_arrays(model, pooled, len(chunk)))
+                scored.append(self.score_arrays(model, pooled, len(chunk), own))
         return [
             (
                 np.concatenate([p[0] for p in scored]),
@@ -208,16 +231,29 @@ class ScoringCalls:
             dict(zip(ids, sizes)),
         )
 
+    def stored_heads(self, store: ClientStore, client_ids: Sequence[str], head_start: int) -> tuple:
+        """The clients' own tensors from `head_start` to the last trainable one, from `store`,
+        each stacked along a leading client axis (float32)."""
+        indices = tuple(range(head_start, self.layout.num_trainable))
+        own = [store.variables(c, indices) for c in client_ids]
+        return tuple(np.stack(t).astype(np.float32, copy=False) for t in zip(*own))
+
     def score_arrays(
-        self, model: np.ndarray, pooled: PooledRows, num_clients: int
+        self,
+        model: np.ndarray,
+        pooled: PooledRows,
+        num_clients: int,
+        heads: Optional[tuple[tuple, int]] = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-client loss sums, correct predictions and examples (float64, `num_clients` each)
-        of one flat whole `model` on `pooled` rows (`scoring.pooled_scores_fn`)."""
-        if self._pooled_scores is None:
-            self._pooled_scores = self.rounds_cache.pooled_scores()
+        of one flat whole `model` on `pooled` rows (`scoring.pooled_scores_fn`); `heads`: the
+        clients' stacked heads and the tensor they start at, which replace the model's."""
+        head_start = None if heads is None else heads[1]
+        if head_start not in self._pooled_scores:
+            self._pooled_scores[head_start] = self.rounds_cache.pooled_scores(head_start)
         split_at = self.layout.num_trainable
         variables = flat.unflatten(model, self.layout.shapes)
-        sums = self._pooled_scores(
+        sums = self._pooled_scores[head_start](
             tuple(variables[:split_at]),
             tuple(variables[split_at:]),
             *pooled.examples,
@@ -225,6 +261,7 @@ class ScoringCalls:
             pooled.client,
             np.int32(num_clients),
             np.int64(max(evaluation_batch_size(self.config.batch_size), POOLED_BATCH)),
+            *([] if heads is None else [heads[0]]),
         )
         loss_sum, num_correct, num_examples = (np.asarray(v, np.float64) for v in sums)
         return loss_sum, num_correct, num_examples

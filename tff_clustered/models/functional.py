@@ -59,6 +59,11 @@ ApplyFn = Callable[
 # `head_start`, flattened per example, in inference mode: the output of the feature extractor
 # g when the head h starts there (UA-PDFL's auxiliary representation, Eq. 11).
 FeaturesFn = Callable[[Sequence[tf.Tensor], Sequence[tf.Tensor], tf.Tensor, int], tf.Tensor]
+# (head tensors row by row, features, head_start) -> logits: the head that starts at trainable
+# tensor `head_start` (one of `FunctionalModel.row_heads`) on `features` (`FeaturesFn`'s), in
+# inference mode, row r with its own head tensors `[t[r] for t in head]` (trainable tensors
+# `head_start` on, each with a leading row axis): many clients' heads in one call.
+RowHeadsFn = Callable[[Sequence[tf.Tensor], tf.Tensor, int], tf.Tensor]
 BatchNorm, Dropout = tf.keras.layers.BatchNormalization, tf.keras.layers.Dropout
 
 
@@ -76,6 +81,11 @@ class FunctionalModel:
     # Each example's output depends on that example alone (no BatchNorm statistics, no
     # dropout draw shaped by the batch): extra rows in a batch change no other row's output.
     rows_independent: bool = False
+    # The trainable tensors a head run row by row (`row_heads`) may start at: those whose
+    # layer and every layer after it are Dense (on one vector per example) or parameter-free,
+    # one after the other.
+    row_head_starts: tuple[int, ...] = ()
+    row_heads: Optional[RowHeadsFn] = None
 
 
 def _shapes(variables: Sequence[tf.Variable]) -> tuple[tuple[int, ...], ...]:
@@ -369,6 +379,61 @@ class _Interpreter:
             )
         return value
 
+    def head_steps(self, head_start: int) -> tuple[_Step, ...]:
+        """The steps from the layer owning trainable tensor `head_start` to the output."""
+        for i, step in enumerate(self.steps):
+            if head_start in step.trainable:
+                return self.steps[i:]
+        raise ValueError(f"no layer of model {self.model_name} owns trainable tensor {head_start}")
+
+    def row_head_starts(self) -> tuple[int, ...]:
+        """The trainable tensors from whose layer on the model is a chain of Dense layers on
+        one vector per example and parameter-free layers (`row_heads` runs those)."""
+        starts = []
+        for i, step in enumerate(self.steps):
+            chain = self.steps[i:]
+            if step.trainable and all(_row_step(s, i == 0) for i, s in enumerate(chain)):
+                connected = all(a.outputs == b.inputs for a, b in zip(chain, chain[1:]))
+                if connected and chain[-1].outputs == (self.model_output,):
+                    starts.append(step.trainable[0])
+        return tuple(starts)
+
+    def row_heads(
+        self, head: Sequence[tf.Tensor], features: tf.Tensor, head_start: int
+    ) -> tf.Tensor:
+        """The head from `head_start` on `features`, row r with `[t[r] for t in head]` (see
+        `RowHeadsFn`): each Dense layer's matmul is one per row, the row's vector times its
+        own kernel, which gives the rows of the one matmul of a client's batch bit for bit
+        (tests/test_in_process_evaluation.py)."""
+        if head_start not in self.row_head_starts():
+            raise ValueError(f"model {self.model_name} has no head of Dense layers at {head_start}")
+        value = features
+        for step in self.head_steps(head_start):
+            if not step.trainable:
+                value = parameter_free_ops(step.layer, value)
+                continue
+            kernel = head[step.trainable[0] - head_start]
+            value = tf.matmul(value[:, None, :], kernel)[:, 0, :]
+            if step.layer.use_bias:
+                value = value + head[step.trainable[1] - head_start]
+            if step.layer.activation is not None:
+                value = step.layer.activation(value)
+        return value
+
+
+def _row_step(step: _Step, first: bool) -> bool:
+    """Whether `row_heads` runs `step`: a Dense layer called once on one vector per example,
+    or a parameter-free layer of one input after the head's first layer."""
+    layer = step.layer
+    if type(layer) is tf.keras.layers.Dense:
+        try:
+            rank = len(layer.input_shape)  # a shared layer has no one input shape: refused
+        except (AttributeError, RuntimeError):
+            return False
+        return rank == 2 and not step.state
+    parameter_free = type(layer) in (tf.keras.layers.Activation, tf.keras.layers.ReLU)
+    return not first and parameter_free and len(step.inputs) == 1
+
 
 def interpreted(model: tf.keras.Model, bn_momentum: Optional[float] = None) -> FunctionalModel:
     """The Keras `model` run by the interpreter (`bn_momentum` as in `functional_model`);
@@ -396,4 +461,6 @@ def interpreted(model: tf.keras.Model, bn_momentum: Optional[float] = None) -> F
         apply=interpreter.apply,
         features=interpreter.features,
         rows_independent=not any(type(step.layer) in (BatchNorm, Dropout) for step in steps),
+        row_head_starts=interpreter.row_head_starts(),
+        row_heads=interpreter.row_heads,
     )

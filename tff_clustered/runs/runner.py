@@ -234,6 +234,8 @@ def _started(
             else:
                 saved = read_checkpoint()
     experiment = build()
+    for option, (value, why) in experiment.algorithm.run_choices(experiment.run).items():
+        log(f"{experiment.algorithm.name}: --{option}={value}: {why}")
     if source is None:
         with timer.phase("validation"):
             source = data_source()
@@ -342,6 +344,10 @@ def write_outputs(
     config = dict(
         settings,
         algorithm_details=experiment.algorithm.describe(),
+        algorithm_choices={
+            option: value
+            for option, (value, _) in experiment.algorithm.run_choices(experiment.run).items()
+        },
         num_clients=len(experiment.data.client_ids),
         # How clients weigh in their cluster's mean: the algorithm's, or uniform under a
         # private aggregator (its sensitivity bound needs every client to count once).

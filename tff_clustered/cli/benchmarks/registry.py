@@ -6,6 +6,7 @@ name here, in `MODULES` and in `RUN_ORDER`."""
 from __future__ import annotations
 
 from tff_clustered.cli.benchmarks import (
+    api_population,
     client_data,
     client_scaling,
     clustering,
@@ -39,6 +40,7 @@ MODULES = {
     "memory": memory,
     "tff_client_costs": tff_client_costs,
     "population": population,
+    "api_population": api_population,
     "client_data": client_data,
     "vs_pfllib": vs_pfllib,
 }
@@ -60,6 +62,7 @@ RUN_ORDER = (
     "client_scaling",
     "clustering",
     "population",
+    "api_population",
     "client_data",
     "scoring_ways",
     "vs_pfllib",
