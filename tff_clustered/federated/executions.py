@@ -79,20 +79,32 @@ class RoundCache:
         # Where TFF's workers read each client's training examples themselves; None: sent.
         self.worker_data: Optional[WorkerData] = None
 
-    def read_on_worker(self, worker_data: Optional[WorkerData], mode: Optional[str] = None) -> None:
+    def read_on_worker(
+        self,
+        worker_data: Optional[WorkerData],
+        mode: Optional[str] = None,
+        refusal: Optional[str] = None,
+    ) -> None:
         """Builds rounds whose `next` takes each client's reference (`WorkerData.reference`)
         instead of its arrays, the TFF worker reading its examples, when the data can be read
-        there (`worker_data` given), the execution is "tff" and `mode` (default: the started
-        runtime's `client_data`) asks for it (`reads_on_worker`). Call it before the first
-        build."""
+        there (`worker_data` given; None: `refusal` says why not; one that is `local_only`
+        needs every worker on this machine), the execution is "tff" and `mode` (default: the
+        started runtime's `client_data`) asks for it (`reads_on_worker`). Call it before the
+        first build."""
         if self._built:
             raise ValueError("read_on_worker must come before the first round is built")
         mode = runtime.client_data() if mode is None else mode
-        if self.execution != "tff" or worker_data is None:
-            if mode == "read_on_worker" and self.execution == "tff":
+        if self.execution != "tff":
+            return
+        if worker_data is not None and worker_data.local_only and not runtime.workers_here():
+            worker_data, refusal = None, "its files are written here and --workers are elsewhere"
+        if worker_data is None:
+            if mode == "read_on_worker":
                 raise ValueError(
                     "--client_data=read_on_worker reads a file of TFF's SQL format "
-                    "(--dataset=tff_sql); this data can only be sent. Use --client_data=auto."
+                    "(--dataset=tff_sql), or files this process writes for workers on this "
+                    f"machine; this data can only be sent ({refusal or 'not read here'}). Use "
+                    "--client_data=auto."
                 )
             return
         if reads_on_worker(mode, worker_data):
