@@ -8,8 +8,8 @@ computations). It changes nothing of the run: what to store and apply is the cal
 
 from __future__ import annotations
 
-from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.data.client_files import worker_source
+from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.signature import ModelLayout
 from tff_clustered.loop.config import TrainingConfig
