@@ -32,6 +32,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
+from tff_clustered.data.client_source import CountedSizes
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.data.worker_reader import WorkerReader, worker_reader
 
@@ -63,8 +64,11 @@ def files_refusal(
 ) -> Optional[str]:
     """Why `data`'s training examples cannot be read on the worker from files written in
     `folder` (default: the temporary folder), or None when they can: an array whose dtype
-    `decode_raw` cannot read or whose example shape is not fully known, or a population whose
-    training arrays exceed `FREE_SPACE_SHARE` of the folder's free space."""
+    `decode_raw` cannot read or whose example shape is not fully known, a population whose
+    training arrays exceed `FREE_SPACE_SHARE` of the folder's free space, or a lazy source
+    that lists no sizes (its size is known only by reading every client)."""
+    if isinstance(data.train_sizes, CountedSizes):  # its size would read every client
+        return "its clients' sizes are known only by reading them"
     specs = example_specs(input_spec)
     for name, spec in specs.items():
         if spec.dtype not in DECODABLE or not spec.shape[1:].is_fully_defined():
