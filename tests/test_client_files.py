@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import os
-from typing import Any
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ from tff_clustered.runs.runner import spec_experiment
 from tff_clustered.runtime import context as runtime
 
 SPECS = collections.OrderedDict(
-    x=tf.TensorSpec([None, 8, 8], tf.float32), y=tf.TensorSpec([None], tf.int32)
+    x=tf.TensorSpec([None, 64], tf.float32), y=tf.TensorSpec([None], tf.int32)
 )
 
 
@@ -66,7 +65,7 @@ def test_a_run_reading_client_files_equals_the_run_sending_arrays(
             np.testing.assert_array_equal(a, b)
     # The rounds took references; the files of the sampled clients only were written.
     assert read["data_types"] == {"<index=int64,num_examples=int64>"}
-    assert sent["data_types"] == {"<x=float32[?,8,8],y=int32[?]>"}
+    assert sent["data_types"] == {"<x=float32[?,64],y=int32[?]>"}
     files = read["files"]
     assert 0 < len(files.written) <= 12
     assert sorted(os.listdir(files.folder)) == sorted(
@@ -95,7 +94,7 @@ def test_the_lean_proto_is_tffs_byte_for_byte() -> None:
         for i, n in enumerate((5, 0, 9)):
             data = (
                 collections.OrderedDict(
-                    x=rng.random((n, 8, 8), dtype=np.float32), y=rng.integers(0, 9, n, np.int32)
+                    x=rng.random((n, 64), dtype=np.float32), y=rng.integers(0, 9, n, np.int32)
                 )
                 if data_spec is SPECS
                 else collections.OrderedDict(index=np.int64(i), num_examples=np.int64(n))
@@ -136,15 +135,15 @@ def test_a_population_over_the_bound_is_sent(monkeypatch: pytest.MonkeyPatch) ->
     assert cache.worker_data is files
 
 
-def test_a_client_file_that_changed_is_named(tmp_path: Any) -> None:
+def test_a_client_file_that_changed_is_named() -> None:
     """A client's file of another length stops the read with a one-line error naming it."""
     files = ClientFiles(load_dataset("digits"), SPECS)
     client = files.data.client_ids[0]
     reference = files.reference(client, files.data.train_sizes[client])
     with open(files.path(files.index[client], "x"), "ab") as f:
-        f.write(np.zeros((1, 8, 8), np.float32).tobytes())
+        f.write(np.zeros((1, 64), np.float32).tobytes())
     with pytest.raises(tf.errors.InvalidArgumentError) as raised:
-        files.read(reference)
+        tf.function(files.read)(reference)  # as the worker runs it: a graph
     line = files.failure(str(raised.value))
     assert line is not None and line.startswith(f"client file {files.folder}")
     assert "its file changed while the run ran" in line
