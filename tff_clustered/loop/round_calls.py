@@ -31,4 +31,5 @@ class RoundCalls(TrainingCalls, ScoringCalls):
         TrainingCalls.__init__(self, data, layout, rounds_cache, config)
         ScoringCalls.__init__(self, data, layout, rounds_cache, config)
         if rounds_cache.execution == "tff":  # read on the worker when it can and gains
-            rounds_cache.read_on_worker(*worker_source(data, rounds_cache.input_spec))
+            worker_data, refusal = worker_source(data, rounds_cache.input_spec)
+            rounds_cache.read_on_worker(worker_data, refusal=refusal)
