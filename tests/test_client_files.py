@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import collections
 import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -147,3 +150,15 @@ def test_a_client_file_that_changed_is_named() -> None:
     line = files.failure(str(raised.value))
     assert line is not None and line.startswith(f"client file {files.folder}")
     assert "its file changed while the run ran" in line
+
+
+def test_the_folder_of_a_killed_run_is_removed_by_the_next(tmp_path: pathlib.Path) -> None:
+    """A folder whose process is gone (a SIGKILLed run) goes; a live process's stays."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], stdout=-1)
+    dead = tmp_path / f"{client_files.FOLDER_PREFIX}{int(gone.stdout)}-abc"
+    alive = tmp_path / f"{client_files.FOLDER_PREFIX}{os.getpid()}-def"
+    other = tmp_path / "tff_clustered-clients-notes"
+    for folder in (dead, alive, other):
+        folder.mkdir()
+    client_files.remove_orphaned_folders(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, other.name])

@@ -15,7 +15,8 @@ it, and the operating system's page cache keeps them (or drops them under pressu
 are a second copy of the training arrays, on the temporary folder's disk (in memory where that
 folder is a tmpfs), so a population whose training arrays exceed half that file system's free
 space (`FREE_SPACE_SHARE`) is sent instead (`files_refusal`). The folder is removed when the
-`ClientFiles` is collected or the process exits (a SIGKILLed process leaves it behind)."""
+`ClientFiles` is collected or the process exits; one a SIGKILLed process left behind is removed
+by the next run that writes files (`remove_orphaned_folders`)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ from tff_clustered.data.worker_reader import WorkerReader, worker_reader
 FREE_SPACE_SHARE = 0.5
 # Dtypes `tf.io.decode_raw` reads back (a data spec of another dtype is sent).
 DECODABLE = (tf.float16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8)
+# The files' folders in the temporary folder: this prefix, the process id, a random part.
+FOLDER_PREFIX = "tff_clustered-clients-"
 # A failed count check of a client's files read on the worker, as TF's Assert prints its data.
 FILES_CHECK = re.compile(r"assertion failed: \[(client file .*?:) \] \[(.*?)\]")
 
@@ -105,8 +108,11 @@ class ClientFiles:
 
     @functools.cached_property
     def folder(self) -> str:
-        """The files' folder, made on first use and removed with this object or at exit."""
-        folder = tempfile.mkdtemp(prefix="tff_clustered-clients-")
+        """The files' folder, made on first use (named by this process's id) and removed with
+        this object or at exit; the folders of processes that died without removing theirs
+        (SIGKILL) are removed first."""
+        remove_orphaned_folders(tempfile.gettempdir())
+        folder = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-")
         weakref.finalize(self, shutil.rmtree, folder, True)
         return folder
 
@@ -162,6 +168,20 @@ class ClientFiles:
                 "checkpoint) or pass --client_data=sent"
             )
         return None
+
+
+def remove_orphaned_folders(parent: str) -> None:
+    """Removes the `ClientFiles` folders in `parent` whose process no longer runs."""
+    for name in os.listdir(parent):
+        found = re.fullmatch(rf"{FOLDER_PREFIX}(\d+)-.*", name)
+        if found is None or int(found[1]) == os.getpid():
+            continue
+        try:
+            os.kill(int(found[1]), 0)  # signal 0: only whether the process exists
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        except PermissionError:  # another user's live process
+            continue
 
 
 def worker_source(
