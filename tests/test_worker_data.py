@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 from conftest import held_exclusively
 
-from tff_clustered.data import load_dataset, sqlite_files, tff_sql
+from tff_clustered.data import client_files, load_dataset, sqlite_files, tff_sql
 from tff_clustered.data.fingerprint import file_digest
 from tff_clustered.data.population import PopulationSpec, write_population_sql
 from tff_clustered.data.spec import DataSpec
@@ -119,7 +119,12 @@ def test_auto_reads_on_the_worker_what_was_measured_faster(population_file: str)
     assert worker_reader(load_dataset("digits")) is None
 
 
-def test_reading_on_the_worker_data_that_is_not_a_tff_sql_file_is_one_line() -> None:
+def test_reading_on_the_worker_data_that_is_not_a_tff_sql_file_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Data in memory is read on a local worker from files (`tests/test_client_files.py`)
+    unless they would not fit the temporary folder: then it can only be sent."""
+    monkeypatch.setattr(client_files, "FREE_SPACE_SHARE", 1e-12)
     spec = RunSpec(algorithm="fedavg", training=TrainingConfig(rounds=1, clients_per_round=2))
     with tff_runtime(RuntimeConfig(client_data="read_on_worker")):
         with pytest.raises(ValueError, match="read_on_worker reads a file of TFF's SQL format"):

@@ -207,10 +207,11 @@ flags.DEFINE_enum(
     "client_data",
     "auto",
     list(CLIENT_DATA),
-    "With --execution=tff and --dataset=tff_sql: how each sampled client's training examples "
-    "reach TFF's worker: sent as arrays by this process, or read_on_worker from the file (every "
-    "worker must open it at the same path); auto: the faster for the setting (docs/runtime.md). "
-    "Same results either way.",
+    "With --execution=tff: how each sampled client's training examples reach TFF's worker: sent "
+    "as arrays by this process, or read_on_worker: from the file of --dataset=tff_sql (every "
+    "worker must open it at the same path), or for data in memory from files this process "
+    "writes once in its temporary folder (workers on this machine); auto: the faster for the "
+    "setting (docs/runtime.md). Same results either way.",
 )
 flags.DEFINE_float(
     "worker_timeout",

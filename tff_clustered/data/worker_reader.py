@@ -48,6 +48,7 @@ class WorkerReader:
     num_classes: int
     mean_values: float = 0.0
     held_here: bool = False
+    local_only = False  # any worker that opens `path` reads it (not a field)
 
     @property
     def reference_spec(self) -> dict:

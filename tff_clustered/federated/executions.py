@@ -17,7 +17,12 @@ from tff_clustered.federated import graphs, grouping, in_process, sharded
 from tff_clustered.federated.resident import WorkerArrays
 from tff_clustered.federated.round import FederatedRound
 from tff_clustered.federated.round_functions import round_functions
-from tff_clustered.federated.round_inputs import WorkerData, client_input, client_seed
+from tff_clustered.federated.round_inputs import (
+    WorkerData,
+    client_examples,
+    client_input,
+    client_seed,
+)
 from tff_clustered.federated.scoring import (
     build_pooled_scores,
     build_predict_probabilities,
@@ -79,20 +84,32 @@ class RoundCache:
         # Where TFF's workers read each client's training examples themselves; None: sent.
         self.worker_data: Optional[WorkerData] = None
 
-    def read_on_worker(self, worker_data: Optional[WorkerData], mode: Optional[str] = None) -> None:
+    def read_on_worker(
+        self,
+        worker_data: Optional[WorkerData],
+        mode: Optional[str] = None,
+        refusal: Optional[str] = None,
+    ) -> None:
         """Builds rounds whose `next` takes each client's reference (`WorkerData.reference`)
         instead of its arrays, the TFF worker reading its examples, when the data can be read
-        there (`worker_data` given), the execution is "tff" and `mode` (default: the started
-        runtime's `client_data`) asks for it (`reads_on_worker`). Call it before the first
-        build."""
+        there (`worker_data` given; None: `refusal` says why not; one that is `local_only`
+        needs every worker on this machine), the execution is "tff" and `mode` (default: the
+        started runtime's `client_data`) asks for it (`reads_on_worker`). Call it before the
+        first build."""
         if self._built:
             raise ValueError("read_on_worker must come before the first round is built")
         mode = runtime.client_data() if mode is None else mode
-        if self.execution != "tff" or worker_data is None:
-            if mode == "read_on_worker" and self.execution == "tff":
+        if self.execution != "tff":
+            return
+        if worker_data is not None and worker_data.local_only and not runtime.workers_here():
+            worker_data, refusal = None, "its files are written here and --workers are elsewhere"
+        if worker_data is None:
+            if mode == "read_on_worker":
                 raise ValueError(
                     "--client_data=read_on_worker reads a file of TFF's SQL format "
-                    "(--dataset=tff_sql); this data can only be sent. Use --client_data=auto."
+                    "(--dataset=tff_sql), or files this process writes for workers on this "
+                    f"machine; this data can only be sent ({refusal or 'not read here'}). Use "
+                    "--client_data=auto."
                 )
             return
         if reads_on_worker(mode, worker_data):
@@ -144,12 +161,21 @@ def repeated_round(
     clients: Sequence[dict],
     num_clusters: int,
     hparams: dict,
+    client_ids: Optional[Sequence[str]] = None,
 ) -> Callable[[], None]:
     """A callable that runs one more round of `cache`'s clustered core on the same `clients`
-    (arrays, as `next` takes them), client i in cluster i mod `num_clusters`, every client's
-    weight 1: the fixed workload the benchmark and the GPU check time."""
+    (arrays, as `next` takes them; when the cache reads on the worker, each client's
+    reference by its id in `client_ids`), client i in cluster i mod `num_clusters`, every
+    client's weight 1: the fixed workload the benchmark and the GPU check time."""
     process = cache.get(RoundSignature(num_clusters, tuple(range(len(cache.initial_variables)))))
     state = process.initialize()
+    if cache.worker_data is not None:
+        if client_ids is None:
+            raise ValueError("a round that reads its clients on the worker needs their ids")
+        clients = [
+            cache.worker_data.reference(c, client_examples(data))
+            for c, data in zip(client_ids, clients)
+        ]
     inputs = [
         client_input(data, i % num_clusters, (), 1.0, client_seed(i, i))
         for i, data in enumerate(clients)

@@ -22,10 +22,12 @@ class WorkerData(Protocol):
     built with one takes each client's `reference(client_id, num_examples)` as its input's
     `data` (of `reference_spec`) and turns it into the client's arrays with `read` (TF ops)
     before the client work. `mean_values` and `held_here` (`worker_reader.WorkerReader`) are
-    what `executions.reads_on_worker` decides by."""
+    what `executions.reads_on_worker` decides by; `local_only`: only a worker on this machine
+    can read them (`client_files.ClientFiles`, files in this process's temporary folder)."""
 
     mean_values: float
     held_here: bool
+    local_only: bool
 
     @property
     def reference_spec(self) -> dict: ...

@@ -24,6 +24,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
+from tff_clustered.federated.client_values import client_values
 from tff_clustered.federated.grouping import example_count
 from tff_clustered.federated.round import ComposedRound, FederatedRound
 from tff_clustered.federated.round_inputs import ClientInput, WorkerData, client_examples
@@ -140,14 +141,14 @@ def share_next(
     partial_next: Callable[..., Any], state: ServerState, hparams: dict, share: list
 ) -> Any:
     """`partial_next` of one worker's share of the clients."""
-    return partial_next(state, share, hparams)
+    return partial_next(state, client_values(share, partial_next, 1), hparams)
 
 
 def share_evaluate(
     evaluate: Callable[..., Any], cluster_models: tuple, batch_size: int, share: list
 ) -> Any:
     """`evaluate` of one worker's share of the clients."""
-    return evaluate(cluster_models, share, batch_size)
+    return evaluate(cluster_models, client_values(share, evaluate, 1), batch_size)
 
 
 def run_shards(
@@ -179,7 +180,8 @@ class ShardedRound:
             if not clients:  # TFF cannot carry a federated value of no client
                 return self.finalized_alone(state)
             if len(workers) <= 1 or len(clients) <= 1:
-                return self.parts.next(state, clients, hparams)
+                next_round = self.parts.next
+                return next_round(state, client_values(clients, next_round, 1), hparams)
             self.parts.functions.aggregator.check_execution("tff", len(workers))
             execution = ShardedExecution(self.parts)
             return ComposedRound(execution, self.parts.functions.routes_rows).next(
@@ -208,7 +210,8 @@ class ShardedRound:
         """`parts.evaluate`, each worker scoring a share of the clients."""
         evaluate_clients = self.parts.evaluate  # built on first use, here rather than per thread
         if len(runtime.worker_contexts()) <= 1 or len(clients) <= 1:
-            return evaluate_clients(cluster_models, clients, batch_size)
+            values = client_values(clients, evaluate_clients, 1)
+            return evaluate_clients(cluster_models, values, batch_size)
         shares = run_shards(
             functools.partial(share_evaluate, evaluate_clients, cluster_models, batch_size),
             [example_count(c.data) for c in clients],

@@ -76,6 +76,13 @@ def worker_contexts() -> tuple[tuple[str, object], ...]:
     return _ACTIVE_WORKERS
 
 
+def workers_here() -> bool:
+    """Whether every worker of the started runtime runs on this machine (a loopback address:
+    the local worker, or `--workers` on localhost), so that it reads this machine's files."""
+    hosts = [address.rsplit(":", 1)[0].strip("[]") for address, _ in _ACTIVE_WORKERS]
+    return bool(hosts) and all(h in ("localhost", "::1") or h.startswith("127.") for h in hosts)
+
+
 def worker_binary_path() -> str:
     """Path of the C++ worker shipped in the tensorflow-federated wheel (found without importing
     TensorFlow: `worker_service` must stay single-threaded until it has its namespace)."""

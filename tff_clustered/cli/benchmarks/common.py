@@ -17,6 +17,7 @@ import numpy as np
 from absl import flags
 
 from tff_clustered.data import FederatedData, load_dataset
+from tff_clustered.data.client_files import worker_source
 from tff_clustered.federated.executions import RoundCache, repeated_round
 from tff_clustered.federated.round_inputs import round_hparams
 from tff_clustered.loop.config import TrainingConfig
@@ -123,14 +124,24 @@ def our_round_fn(
     epochs: Optional[int] = None,
 ) -> Callable[[], object]:
     """One round of the clustered core with clients spread over `num_clusters` clusters, run
-    by `execution` (TFF's runtime, or in this process)."""
+    by `execution` (TFF's runtime, or in this process); on TFF's runtime the clients reach the
+    worker as a run's would (`--client_data`: read from files for clients of 100 x 784 values,
+    `data/client_files.py`)."""
     keras_model = spec.build()
     cache = RoundCache(
         functional_model(keras_model, spec.input_spec()), spec.input_spec(), w0, execution
     )
+    ids = [f"c{i}" for i in range(len(clients))]
+    if execution == "tff":
+        sizes = {c: len(data["y"]) for c, data in zip(ids, clients)}
+        arrays = dict(zip(ids, clients))
+        data = FederatedData("benchmark", (FLAGS.input_dim,), FLAGS.num_classes, sizes, sizes)
+        data = dataclasses.replace(data, train_arrays=arrays, test_arrays=arrays)
+        worker_data, refusal = worker_source(data, spec.input_spec())
+        cache.read_on_worker(worker_data, refusal=refusal)
     epochs = FLAGS.local_epochs if epochs is None else epochs
     hparams = round_hparams(FLAGS.learning_rate, FLAGS.batch_size, epochs)
-    return repeated_round(cache, clients, num_clusters, hparams)
+    return repeated_round(cache, clients, num_clusters, hparams, ids)
 
 
 def digits_rounds_setup() -> tuple[FederatedData, ModelSpec, TrainingConfig]:
