@@ -196,3 +196,42 @@ def test_fedgroup_fesem_and_uapdfl_knobs_are_drawn_from_their_ranges_seeded() ->
             assert all(inside) and len(set(drawn)) > 1, (name, drawn)
         options = tuning.with_values(spec, trials[0]).algorithm_options
         assert all(getattr(options, name) == trials[0][name] for name in knobs)
+
+
+DIVERGING_TRIAL = """
+import sys
+from absl import app
+from tff_clustered.cli import compare, exits
+from tff_clustered.loop.divergence import DivergenceError
+
+trained = compare.table_row
+
+def table_row(run, dataset, execution):
+    if run.folder.endswith("trial01"):
+        raise DivergenceError("round 2: planted: the updates of 1 of 4 sampled clients are NaN")
+    return trained(run, dataset, execution)
+
+compare.table_row = table_row
+sys.argv = ["compare.py", *sys.argv[1:]]
+app.run(compare.main, flags_parser=exits.parse_flags)
+"""
+
+
+def test_a_trial_that_diverges_scores_nothing_and_the_tuning_goes_on(tmp_path: object) -> None:
+    """A trial whose training diverges (its values are too much for the data) is recorded
+    with no score, never chosen, and said so; the table's other trials and runs go on."""
+    out = str(tmp_path)
+    done = run_binary(
+        ["-c", DIVERGING_TRIAL, "--algorithms=fedavg", "--tune=learning_rate", "--tune_budget=2",
+         "--seeds=0", "--rounds=2", "--clients_per_round=4", "--execution=in_process",
+         f"--output_dir={out}"],
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tuning fedavg trial01 diverged: round 2: planted" in done.stdout
+    with open(f"{out}/tuning.csv") as f:
+        trials = [line.split(",") for line in f.read().splitlines()[1:]]
+    assert [(t[2], t[4], t[5]) for t in trials][1] == ("1", "nan", "0")
+    assert trials[0][5] == "1" and 0 <= float(trials[0][4]) <= 1
+    with open(f"{out}/comparison.md") as f:
+        assert "(trial01 diverged: no score)" in f.read()

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import os
 import shlex
 import sys
@@ -71,6 +72,7 @@ from tff_clustered.comparison.table_defaults import (
     TABLES,
     Defaults,
 )
+from tff_clustered.loop.divergence import DivergenceError
 from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.phases import PhaseTimer
 from tff_clustered.report import figures
@@ -403,7 +405,11 @@ def tune_methods(
                 output_dir, "tuning", os.path.relpath(run.folder, output_dir), f"trial{index:02d}"
             )
             spec = tuning.on_validation(tuning.with_values(run.spec, values))
-            row = table_row(run._replace(spec=spec, folder=folder), dataset, execution)
+            try:
+                row = table_row(run._replace(spec=spec, folder=folder), dataset, execution)
+            except DivergenceError as e:  # a trial's values may diverge: it scores nothing
+                print(f"tuning {run.column} trial{index:02d} diverged: {e}", flush=True)
+                row = {figure_key(): math.nan}
             scores.append(row[figure_key()])
         method = tuning.TunedMethod(run.setting, run.column, tuple(trials), tuple(scores))
         print(f"tuned {method.line()}", flush=True)

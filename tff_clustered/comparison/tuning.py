@@ -132,10 +132,13 @@ class TunedMethod:
     def line(self) -> str:
         """Its line in comparison.md: the chosen values and their validation score."""
         where = f"{self.setting} " if self.setting else ""
+        # a trial whose training diverged (compare.py) scored nothing: never chosen, said so
+        diverged = [f"trial{t:02d}" for t, score in enumerate(self.scores) if math.isnan(score)]
         return (
             f"{where}{self.column}: trial{self.chosen:02d} of {len(self.trials)}, "
             f"{values_text(self.trials[self.chosen])}, validation "
             f"{100 * self.scores[self.chosen]:.2f}%"
+            + (f" ({', '.join(diverged)} diverged: no score)" if diverged else "")
         )
 
 
