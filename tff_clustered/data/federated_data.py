@@ -314,12 +314,18 @@ def chosen_clients(
     return sorted(int(i) for i in rng.choice(available, num_clients, replace=False))
 
 
+def train_count(sizes: Any, train_fraction: float) -> Any:
+    """How many of a client's `sizes` examples (an int, or an array of clients' sizes) its
+    training side keeps when split: `train_fraction` of them, each side at least one."""
+    return np.clip(np.floor(train_fraction * np.asarray(sizes)), 1, np.asarray(sizes) - 1)
+
+
 def split_train_test(
     x: np.ndarray, y: np.ndarray, train_fraction: float, rng: np.random.Generator
 ) -> tuple[ClientArrays, ClientArrays]:
     """Shuffles one client's examples and splits them; each side keeps at least one example."""
     order = rng.permutation(len(y))
-    n_train = int(np.clip(np.floor(train_fraction * len(y)), 1, len(y) - 1))
+    n_train = int(train_count(len(y), train_fraction))
     tr, te = order[:n_train], order[n_train:]
     return (x[tr], y[tr]), (x[te], y[te])
 

@@ -24,6 +24,7 @@ from tff_clustered.data.federated_data import (
     FederatedData,
     checked_splits,
     example_arrays,
+    train_count,
 )
 from tff_clustered.frameworks import tff
 from tff_clustered.options import article_of, checked_value, described
@@ -234,7 +235,7 @@ def split_off_test_sets(
                 "set needs at least 2 (give it more, drop it, or give test=)"
             )
         order[starts[i] : starts[i] + len(y)] = rng.permutation(len(y))
-    cuts = starts + np.clip(np.floor((1 - test_fraction) * sizes), 1, sizes - 1).astype(np.int64)
+    cuts = starts + train_count(sizes, 1 - test_fraction).astype(np.int64)
     index = {c: i for i, c in enumerate(train_arrays)}
     arrays = list(train_arrays.values())
     return (
