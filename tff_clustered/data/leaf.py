@@ -20,6 +20,7 @@ used.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
@@ -40,6 +41,7 @@ from tff_clustered.data.leaf_examples import (
     word_ids,
     word_vocabulary,
 )
+from tff_clustered.data.leaf_numeric_json import NotNumericRows, numeric_leaf_json
 from tff_clustered.data.tweets import SEQUENCE_LENGTH
 
 PathLike = Union[str, os.PathLike]
@@ -88,27 +90,35 @@ def leaf_error(path: str, problem: str, fix: str = "re-run LEAF's preprocessing"
     return DataError(f"{path}: {problem}; {fix}".replace("\n", " "))
 
 
-def parsed_json(path: str) -> object:
-    """The JSON value of the file at `path`, parsed by orjson (several times faster than the
-    standard library on LEAF's numbers) into the same values: floats correctly rounded, and a
-    whole number below -2**63 or above 2**64, which orjson reads as a float, becomes the same
+def parsed_json(data: bytes) -> object:
+    """The JSON value of a file's bytes `data`, parsed by orjson (several times faster than
+    the standard library on LEAF's numbers) into the same values: floats correctly rounded, and
+    a whole number below -2**63 or above 2**64, which orjson reads as a float, becomes the same
     float32 / float64 array entry as the standard library's int would. What orjson refuses
     (invalid JSON, NaN, Infinity, numbers beyond a double's range, nesting over 1,024 levels,
     bytes that are not UTF-8) is parsed again by the standard library, which reads it as it
-    always did or raises its own error."""
-    with open(path, "rb") as f:
-        data = f.read()
+    always did or raises its own error. This is the reference reader: `leaf_numeric_json`
+    reads numeric files faster and leaves every other file to it."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         return json.loads(data.decode("utf-8"))
 
 
-def read_leaf_json(path: str) -> dict:
+def read_leaf_json(path: str, numeric_rows: bool = False) -> dict:
     """The JSON object of a LEAF file: a file that is not JSON, or not LEAF's object of
-    `users`, `num_samples` and `user_data`, is one error naming the file."""
+    `users`, `num_samples` and `user_data`, is one error naming the file. With `numeric_rows`,
+    a file of numeric examples is read by `leaf_numeric_json` (each user's non-empty `x`
+    already its float32 array), any other by the reference reader (`parsed_json`)."""
     try:
-        blob = parsed_json(path)
+        with open(path, "rb") as f:
+            data = f.read()
+        blob = None
+        if numeric_rows:
+            with contextlib.suppress(NotNumericRows):
+                blob = numeric_leaf_json(data)
+        if blob is None:
+            blob = parsed_json(data)
     except json.JSONDecodeError as e:
         raise leaf_error(
             path,
@@ -165,7 +175,9 @@ def read_leaf_examples(
     with examples (`example_kind`) and every user is converted as that kind; with it, it turns
     a user's raw `x` list into an array (raising ValueError on a bad one) and labels are class
     indices. Labels of numeric examples are checked against `num_classes` when given."""
-    users, user_data, num_samples = leaf_lists(path, read_leaf_json(path))
+    users, user_data, num_samples = leaf_lists(
+        path, read_leaf_json(path, numeric_rows=convert_inputs is None)
+    )
     kind: Optional[ExampleKind] = None
     clients: dict[str, ClientArrays] = {}
     for i, user in enumerate(users):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import collections
 import enum
 from collections.abc import Iterable, Sequence
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import numpy as np
 
@@ -66,9 +66,12 @@ def as_float_array(values: list, dtype: type, what: str) -> np.ndarray:
         raise ValueError(f"{what} hold a whole number too large for a float ({e})") from e
 
 
-def numeric_inputs(x: list) -> np.ndarray:
+def numeric_inputs(x: Union[list, np.ndarray]) -> np.ndarray:
     """A user's `x`: a list of equally long, non-empty lists of JSON numbers (no strings,
-    booleans or nulls, which NumPy would silently convert) -> float32 array."""
+    booleans or nulls, which NumPy would silently convert) -> float32 array. An array is
+    returned as it is: `leaf_numeric_json` made it from such rows."""
+    if isinstance(x, np.ndarray):
+        return x
 
     def numbers(i: int, row: object) -> int:
         if not isinstance(row, list):
@@ -180,7 +183,10 @@ def sent140_labels(y: object) -> np.ndarray:
 def example_kind(x: object) -> Optional[ExampleKind]:
     """The kind of a user's examples, from its first one (None: no example to tell by): a
     string is a Shakespeare window, a row of LEAF's 5 Sent140 strings (id, date, query, user,
-    text) a tweet, anything else numeric features (checked as such)."""
+    text) a tweet, anything else numeric features (checked as such; an array is numeric
+    features read by `leaf_numeric_json`)."""
+    if isinstance(x, np.ndarray):
+        return ExampleKind.FEATURES if len(x) else None
     if not isinstance(x, list) or not x:
         return None
     first = x[0]
