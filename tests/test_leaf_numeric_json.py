@@ -119,6 +119,10 @@ NOT_NUMERIC = {
     "invalid JSON": (GOOD[:-3], "not valid JSON"),
     "a repeated x": (GOOD.replace('"y": [0, 1]', '"x": [[5, 6], [7, 8]], "y": [0, 1]'), None),
     "a '[' inside a user name": (GOOD.replace('"a"', '"a["'), None),
+    "user_data that is not an object": (
+        '{"users": ["a"], "num_samples": [2], "user_data": [[1, 2]]}',
+        "must be an object by user",
+    ),
 }
 
 

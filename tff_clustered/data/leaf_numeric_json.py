@@ -100,21 +100,19 @@ def numeric_leaf_json(data: bytes) -> dict:
         raise NotNumericRows(str(e)) from e
     if not isinstance(document, simdjson.Object):
         raise NotNumericRows("not a JSON object")
-    blob = {
-        key: plain(document[key]) if key != "user_data" else None for key in unique_keys(document)
-    }
+    keys = unique_keys(document)
+    blob = {key: plain(document[key]) for key in keys if key != "user_data"}
     lists = list_count(blob)
-    user_data = document["user_data"] if "user_data" in blob else None
-    if isinstance(user_data, simdjson.Object):
+    if "user_data" in keys:
+        user_data = document["user_data"]
+        if not isinstance(user_data, simdjson.Object):
+            raise NotNumericRows("'user_data' is not an object")
         blob["user_data"] = {user: user_record(user_data[user]) for user in unique_keys(user_data)}
         lists += sum(
             list_count(record)
             + (1 + len(record["x"]) if isinstance(record.get("x"), np.ndarray) else 0)
             for record in blob["user_data"].values()
         )
-    elif "user_data" in blob:
-        blob["user_data"] = plain(user_data)
-        lists += list_count(blob["user_data"])
     if data.count(b"[") != lists:
         raise NotNumericRows("a row that holds a list, or a '[' inside a string")
     return blob
