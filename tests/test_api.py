@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import uuid
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ROOT, run_binary, worker_pids_with_tag
+from conftest import ROOT, TESTDATA, run_binary, worker_pids_with_tag
 
 import tff_clustered
 from tff_clustered.data import DataError
@@ -229,3 +230,36 @@ def test_given_clients_are_held_as_their_own_arrays_and_split_as_before() -> Non
     assert data.client_index == {c: i for i, c in enumerate(clients)}
     given_test = api.federated_data(clients, test=clients)
     assert all(given_test.arrays("test", c)["x"] is x for c, (x, _) in clients.items())
+
+
+def test_a_checkpoint_from_before_the_one_pass_digest_resumes_on_its_data_only(
+    tmp_path: object,
+) -> None:
+    """testdata/api_checkpoint_before_given_digest/ holds the checkpoint and CSVs made at 98d55b8 by
+    `run("fedavg", train=two_group_clients(), model_fn=small_model, training=TrainingConfig(
+    rounds=2, clients_per_round=4, local_epochs=1, batch_size=10, learning_rate=0.5, seed=0),
+    execution="in_process", checkpoint_every=1)`: its data fingerprint is the digest of every
+    split array, which a resume computes again instead of the one-pass digest."""
+    folder = os.path.join(tmp_path, "run")
+    os.makedirs(folder)
+    made = os.path.join(TESTDATA, "api_checkpoint_before_given_digest")
+    for name in ("checkpoint.npz", "metrics.csv", "clients.csv"):
+        shutil.copy(os.path.join(made, name), folder)
+    kwargs = dict(
+        model_fn=small_model,
+        training=tff_clustered.TrainingConfig(
+            rounds=2, clients_per_round=4, local_epochs=1, batch_size=10, learning_rate=0.5, seed=0
+        ),
+        execution="in_process",
+        checkpoint_every=1,
+        output_dir=folder,
+        resume=True,
+        log=lambda line: None,
+    )
+    result = tff_clustered.run("fedavg", train=two_group_clients(), **kwargs)
+    assert result.summary["results"]["final_accuracy"] == pytest.approx(0.5833333333333334)
+    assert "training" not in result.summary["phases"]["parts"]  # nothing trained again
+    other = two_group_clients()
+    other["c3"][0][0, 0] += 1.0
+    with pytest.raises(CheckpointError, match="fingerprint"):
+        tff_clustered.run("fedavg", train=other, **kwargs)

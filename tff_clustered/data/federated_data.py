@@ -8,10 +8,13 @@ that name the client, the source file and the fix.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
+import gc
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Protocol, TypeVar, Union
 
 import numpy as np
 
@@ -20,6 +23,12 @@ if TYPE_CHECKING:  # TFF is imported only when a ClientData is asked for (`clien
 
 ClientArrays = tuple[np.ndarray, np.ndarray]  # (x, y)
 ClientArrayDict = Mapping[str, np.ndarray]  # OrderedDict(x=..., y=...)
+Item = TypeVar("Item")
+
+# Clients whose examples one vectorized screen reads at once (`screened_examples`,
+# `refused_clients`): a block's arrays are concatenated, so its memory is bounded by this many
+# clients' examples.
+SCREEN_CLIENTS = 4096
 
 
 # A federated dataset: TFF's ClientData, or per-client arrays, each `(x, y)` or a mapping with
@@ -83,6 +92,9 @@ class FederatedData:
     # Where the examples are read from when a client is first needed (`client_source`); None:
     # every client's arrays are in `train_arrays` and `test_arrays`.
     source: Optional[ClientSource] = None
+    # A digest of every client's examples made while they were read (the Python API's given
+    # clients, `given_clients.federated_data`); None: `fingerprint.arrays_digest` of the arrays.
+    examples_digest: Optional[str] = None
     # The examples `test` holds: "test", or "validation" (held out of the training examples by
     # `--split=validation`, `data/validation.py`): what a run's evaluation rows say they scored.
     evaluated_split: str = "test"
@@ -238,11 +250,10 @@ def checked_splits(
     num_classes: int,
     vocabulary_size: Optional[int],
     where: str,
-    keep: bool = True,
 ) -> dict[str, dict[str, ClientArrayDict]]:
     """Every client of both splits (client id, `(x, y)` pairs) checked by `checked_client`
     (train first, `where` naming the data's source in the errors); their checked arrays by
-    split, or none when not `keep` (the caller holds the arrays itself)."""
+    split."""
     cleaned: dict[str, dict[str, ClientArrayDict]] = {"train": {}, "test": {}}
     for split_name, split in (("train", train), ("test", test)):
         for cid, (x, y) in split:
@@ -254,8 +265,7 @@ def checked_splits(
                 num_classes,
                 vocabulary_size,
             )
-            if keep:
-                cleaned[split_name][cid] = checked
+            cleaned[split_name][cid] = checked
     return cleaned
 
 
@@ -390,3 +400,195 @@ def example_arrays(where: str, x: Any, y: Any) -> ClientArrays:
     if not np.all(np.equal(np.mod(y.astype(np.float64), 1), 0)):
         raise DataError(f"{where}: labels must be whole numbers (class indices); fix the labels")
     return x, y.astype(np.int64, copy=False)  # the caller's own labels when they are int64
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused (as it was after): for a pass over millions of
+    clients that makes short-lived objects but no cycles, where each collection would walk
+    every object the process holds (the user's clients among them), doubling the pass."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+class DigestAside:
+    """A hash object (hashlib's) updated on a thread of its own, so that hashing a block of
+    examples overlaps reading the next (hashlib lets go of the GIL while it hashes a large
+    buffer). Updates keep their order; one waits while its predecessor is hashing, so at most
+    one block is held for it. Leaving the `with` block waits for the last update."""
+
+    def __init__(self, digest: Any) -> None:
+        self.digest = digest
+        self.thread = concurrent.futures.ThreadPoolExecutor(1, "digest")
+        self.pending: Optional[concurrent.futures.Future] = None
+
+    def update(self, data: Any) -> None:
+        self.wait()
+        self.pending = self.thread.submit(self.digest.update, data)
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            self.pending.result()  # an error of the hashing raises here
+            self.pending = None
+
+    def hexdigest(self) -> str:
+        self.wait()
+        return self.digest.hexdigest()
+
+    def __enter__(self) -> DigestAside:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if exc[0] is None:
+                self.wait()
+        finally:
+            self.thread.shutdown(wait=True)
+
+
+def in_blocks(items: Iterable[Item]) -> Iterator[tuple[list[Item], Optional[DataError]]]:
+    """`items` in lists of `SCREEN_CLIENTS`, each with None; when making an item raises a
+    DataError, the items before it and that error come last, so that a caller checks the items
+    before the faulty one first: their errors come first, as they would one item at a time."""
+    block: list[Item] = []
+    try:
+        for item in items:
+            block.append(item)
+            if len(block) == SCREEN_CLIENTS:
+                yield block, None
+                block = []
+    except DataError as error:
+        yield block, error
+        return
+    yield block, None
+
+
+def owners(bad_rows: np.ndarray, clients: Sequence[int], lengths: Sequence[int]) -> list[int]:
+    """The entries of `clients` owning a True of `bad_rows` (their rows end to end, client
+    k's `lengths[k]` of them)."""
+    if not bad_rows.any():
+        return []
+    owner = np.repeat(np.arange(len(clients)), lengths)
+    return [clients[k] for k in np.unique(owner[bad_rows])]
+
+
+def plain_examples(x: Any, y: Any) -> bool:
+    """Whether `example_arrays` takes `(x, y)` as they are, unless a fractional or non-finite
+    float label refuses them (`screened_examples` screens those): arrays of numbers, x with
+    at least one example of at least one value, y one label per example."""
+    return (
+        type(x) is np.ndarray
+        and type(y) is np.ndarray
+        and x.dtype.kind in "biuf"
+        and y.dtype.kind in "biuf"
+        and x.ndim >= 1
+        and x.size > 0
+        and y.ndim == 1
+        and len(x) == len(y)
+    )
+
+
+@dataclasses.dataclass
+class ExamplesRead:
+    """What one pass over clients' examples found (`read_examples`)."""
+
+    arrays: dict[str, ClientArrays]  # each client's (x, y) as `example_arrays` returns them
+    sizes: np.ndarray  # each client's examples, in order
+    input_shape: tuple[int, ...]
+    largest: int  # the largest label
+    doubted: list[int]  # the positions of the clients `checked_client` refuses
+
+
+def read_examples(
+    clients: Iterable[tuple[str, Any, Any]],
+    where: Callable[[str], str],
+    digest: Any,
+    input_shape: Optional[tuple[int, ...]] = None,
+    num_classes: Optional[int] = None,
+) -> ExamplesRead:
+    """Every client of `clients` (id, x, y) read in one pass, `SCREEN_CLIENTS` at a time, with
+    no NumPy call per client when the data is plain (`plain_examples`):
+
+    * `example_arrays` checks each client (`where(id)` naming it): plain arrays are taken as
+      they are, their float labels screened a block at a time (whole, finite); every other
+      client, and each one the screen doubts, goes through `example_arrays` itself, in order,
+      so the errors are its own;
+    * what `checked_client` would refuse once every client passed `example_arrays` is found a
+      block at a time (`doubted`): examples of another shape than `input_shape` (None: the
+      first client's), inputs not finite as float32, negative labels, labels beyond
+      `num_classes` (None: the classes are the labels');
+    * `digest` is updated with each block (`screened_block`)."""
+    read = ExamplesRead({}, np.zeros(0, np.int64), input_shape or (), -1, [])
+    sizes: list[np.ndarray] = []
+    for block, error in in_blocks(clients):
+        plain = [k for k, (_, x, y) in enumerate(block) if plain_examples(x, y)]
+        floats = [k for k in plain if block[k][2].dtype.kind == "f"]
+        doubted = set(range(len(block))) - set(plain)
+        if floats:
+            y = np.concatenate([block[k][2] for k in floats]).astype(np.float64)
+            whole = np.isfinite(y) & (np.mod(y, 1) == 0)
+            doubted.update(owners(~whole, floats, [len(block[k][2]) for k in floats]))
+        arrays = []
+        for k, (client, x, y) in enumerate(block):
+            if k in doubted:
+                x, y = example_arrays(where(client), x, y)
+            arrays.append((x, y.astype(np.int64, copy=False)))
+        if input_shape is None and arrays:
+            read.input_shape = input_shape = arrays[0][0].shape[1:]
+        at = len(read.arrays)
+        read.arrays.update(zip((client for client, _, _ in block), arrays))
+        sizes.append(np.fromiter((len(y) for _, y in arrays), np.int64, len(arrays)))
+        screened = screened_block(
+            [client for client, _, _ in block], arrays, input_shape, num_classes, read, digest
+        )
+        read.doubted += [at + k for k in screened]
+        if error is not None:
+            raise error
+    read.sizes = np.concatenate(sizes) if sizes else read.sizes
+    return read
+
+
+def screened_block(
+    clients: Sequence[str],
+    arrays: Sequence[ClientArrays],
+    input_shape: tuple[int, ...],
+    num_classes: Optional[int],
+    read: ExamplesRead,
+    digest: Any,
+) -> list[int]:
+    """The positions in `arrays` (a block of `clients`' `(x, y)` that passed `example_arrays`)
+    of the clients `checked_client` refuses: examples of another shape than `input_shape`,
+    inputs not finite as float32, labels below 0 or (with `num_classes`) beyond the classes.
+    From the same concatenation of the block's examples, raises `read.largest` to its largest
+    label and updates `digest` with the block: the lengths of the encoded ids, the ids, the
+    sizes, the inputs as float32 and the labels as int64 (of the clients of `input_shape`:
+    another is refused, so the bytes need no delimiter)."""
+    shaped = [k for k, (x, _) in enumerate(arrays) if x.shape[1:] == input_shape]
+    doubted = sorted(set(range(len(arrays))) - set(shaped))
+    ids = [client.encode() for client in clients]
+    digest.update(np.fromiter(map(len, ids), np.int64, len(ids)).tobytes())
+    digest.update(b"".join(ids))
+    lengths = [len(arrays[k][1]) for k in shaped]
+    digest.update(np.array(lengths, np.int64).tobytes())
+    if not shaped:
+        return doubted
+    xs = [arrays[k][0] for k in shaped]
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range is refused
+        if len({x.dtype for x in xs}) > 1:  # each converted alone, as a round converts it
+            xs = [np.asarray(x, np.float32) for x in xs]
+        x = np.ascontiguousarray(np.concatenate(xs), np.float32)
+    if xs[0].dtype.kind == "f":
+        bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1)
+        doubted += owners(bad, shaped, lengths)
+    y = np.concatenate([arrays[k][1] for k in shaped])
+    read.largest = max(read.largest, int(y.max()))
+    bad = (y < 0) | (y >= num_classes) if num_classes is not None else y < 0
+    doubted += owners(bad, shaped, lengths)
+    digest.update(x)
+    digest.update(y)
+    return sorted(set(doubted))

@@ -21,14 +21,21 @@ from tff_clustered.data.federated_data import (
     ClientArrays,
     Clients,
     DataError,
+    DigestAside,
+    ExamplesRead,
     FederatedData,
-    checked_splits,
-    example_arrays,
+    checked_client,
+    gc_paused,
+    read_examples,
     train_count,
 )
 from tff_clustered.frameworks import tff
 from tff_clustered.options import article_of, checked_value, described
 from tff_clustered.seeds import DataStream, data_rng
+
+# The version of the given clients' digest (`read_examples`), before its digits: a checkpoint
+# made before it holds `fingerprint.arrays_digest` of the split arrays (16 hex digits alone).
+GIVEN_DIGEST = "given-v2"
 
 
 def is_client_data(clients: object) -> bool:
@@ -37,51 +44,76 @@ def is_client_data(clients: object) -> bool:
     return tff.imported and isinstance(clients, tff.simulation.datasets.ClientData)
 
 
-def client_arrays(clients: Clients, x_key: str, y_key: str, split: str) -> dict[str, ClientArrays]:
-    """Per-client `(x, y)` NumPy arrays from a ClientData or a mapping of clients, each client's
-    checked by `example_arrays` (numbers, one whole-number label per example; their range is
-    `from_checked_arrays`'s to check); client ids become strings, two ids that are the same
+def client_arrays(
+    clients: Clients,
+    x_key: str,
+    y_key: str,
+    split: str,
+    digest: Any,
+    input_shape: Optional[tuple[int, ...]] = None,
+    num_classes: Optional[int] = None,
+) -> ExamplesRead:
+    """Per-client `(x, y)` NumPy arrays from a ClientData or a mapping of clients, read in one
+    pass (`read_examples`: each client's checked by `example_arrays`, what `checked_client`
+    refuses found, `digest` updated); client ids become strings, two ids that are the same
     string (1 and "1") are refused rather than merged."""
     if is_client_data(clients):
-        arrays = {
-            str(client): example_arrays(
-                f"{split} client {client!r}",
-                *clientdata_examples(clients, client, x_key, y_key, split),
-            )
+        given = (
+            (str(client), *clientdata_examples(clients, client, x_key, y_key, split))
             for client in clients.client_ids
-        }
+        )
+        read = read_examples(
+            given, lambda client: f"{split} client {client!r}", digest, input_shape, num_classes
+        )
     elif isinstance(clients, Mapping):
-        arrays = {}
         original: dict[str, Any] = {}
-        for client, value in clients.items():
-            where = f"{split} client {client!r}"
-            cid = client_id(client, split)
-            if cid in original:
-                raise DataError(
-                    f"{split} clients {original[cid]!r} and {client!r} are both client {cid!r} "
-                    "(ids are compared as strings); rename one so no client's data is lost"
-                )
-            original[cid] = client
-            if isinstance(value, Mapping):
-                if x_key not in value or y_key not in value:
-                    raise DataError(
-                        f"{where} has keys {sorted(map(str, value))}; pass x_key= and y_key="
-                    )
-                value = (value[x_key], value[y_key])
-            elif not isinstance(value, (tuple, list)) or len(value) != 2:
-                raise DataError(
-                    f"{where}: its value is {described_briefly(value)}, not an (x, y) pair; give "
-                    f"(inputs, labels) or a mapping with keys {x_key!r} and {y_key!r}"
-                )
-            arrays[cid] = example_arrays(where, *value)
+        read = read_examples(
+            mapped_examples(clients, x_key, y_key, split, original),
+            lambda cid: f"{split} client {original[cid]!r}",
+            digest,
+            input_shape,
+            num_classes,
+        )
     else:
         raise TypeError(
             f"{split} data must be a tff.simulation.datasets.ClientData or a mapping of client "
             f"ids to (x, y), got {type(clients).__name__}"
         )
-    if not arrays:
+    if not read.arrays:
         raise DataError(f"the {split} data has no clients; give at least one client with examples")
-    return arrays
+    return read
+
+
+def mapped_examples(
+    clients: Mapping, x_key: str, y_key: str, split: str, original: dict[str, Any]
+) -> Iterator[tuple[str, Any, Any]]:
+    """Each client of a mapping as `(id, x, y)`, its value an `(x, y)` pair or a mapping with
+    `x_key` and `y_key`; `original` records each id's key as given (for the errors)."""
+    for client, value in clients.items():
+        cid = client if type(client) is str else client_id(client, split)
+        if cid in original:
+            raise DataError(
+                f"{split} clients {original[cid]!r} and {client!r} are both client {cid!r} "
+                "(ids are compared as strings); rename one so no client's data is lost"
+            )
+        original[cid] = client
+        if type(value) is tuple and len(value) == 2:  # the common case, before the ABC check
+            yield cid, value[0], value[1]
+            continue
+        if isinstance(value, Mapping):
+            if x_key not in value or y_key not in value:
+                raise DataError(
+                    f"{split} client {client!r} has keys {sorted(map(str, value))}; pass x_key= "
+                    "and y_key="
+                )
+            value = (value[x_key], value[y_key])
+        elif not isinstance(value, (tuple, list)) or len(value) != 2:
+            raise DataError(
+                f"{split} client {client!r}: its value is {described_briefly(value)}, not an "
+                f"(x, y) pair; give (inputs, labels) or a mapping with keys {x_key!r} and "
+                f"{y_key!r}"
+            )
+        yield cid, value[0], value[1]
 
 
 def clientdata_examples(
@@ -195,15 +227,11 @@ class GivenSplit(Mapping):
         taken = order[starts[i] : stops[i]]
         return x[taken], y[taken]
 
-    def size(self, i: int) -> int:
-        """Client number `i`'s examples in this split."""
+    def sizes(self) -> np.ndarray:
+        """Each client's examples in this split, in the index's order."""
         if self.rows is None:
-            return len(self.arrays[i][1])
-        return int(self.rows[2][i] - self.rows[1][i])
-
-    def given(self) -> Iterator[tuple[str, ClientArrays]]:
-        """Each client's `(x, y)` of this split as given, in order (for the checks)."""
-        return ((c, self.examples(c)) for c in self.index)
+            return np.fromiter((len(y) for _, y in self.arrays), np.int64, len(self.arrays))
+        return (self.rows[2] - self.rows[1]).astype(np.int64)
 
     def __getitem__(self, client: str) -> ClientArrayDict:
         x, y = self.examples(client)
@@ -216,66 +244,104 @@ class GivenSplit(Mapping):
         return len(self.index)
 
 
+def ends_before(counts: np.ndarray) -> np.ndarray:
+    """Where each of runs of `counts` items laid end to end starts."""
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+
+
 def split_off_test_sets(
-    train_arrays: dict[str, ClientArrays], test_fraction: float, seed: int
+    read: ExamplesRead, test_fraction: float, seed: int, digest: Any
 ) -> tuple[GivenSplit, GivenSplit]:
     """Each client's examples shuffled (`DataStream.GIVEN_CLIENTS_SPLIT` of `seed`) and split:
     `test_fraction` of them its test set, the rest its training set (as `split_train_test`
-    splits them), held as row orders into the given arrays."""
+    splits them), held as row orders into the given arrays (`digest` updated with them).
+    Clients of one size in a row are shuffled at once (`shuffled_rows`)."""
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    rng = data_rng(seed, DataStream.GIVEN_CLIENTS_SPLIT)
-    sizes = np.fromiter((len(y) for _, y in train_arrays.values()), np.int64, len(train_arrays))
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    order = np.empty(int(sizes.sum()), np.min_scalar_type(int(sizes.max())))
-    for i, (client, (_, y)) in enumerate(train_arrays.items()):
-        if len(y) < 2:  # each side of a client's split keeps at least one example
-            raise DataError(
-                f"train client {client!r} has {len(y)} example(s); splitting off its test "
-                "set needs at least 2 (give it more, drop it, or give test=)"
-            )
-        order[starts[i] : starts[i] + len(y)] = rng.permutation(len(y))
+    sizes = read.sizes
+    few = np.flatnonzero(sizes < 2)  # each side of a client's split keeps at least one example
+    if few.size:
+        client = list(read.arrays)[few[0]]
+        raise DataError(
+            f"train client {client!r} has {sizes[few[0]]} example(s); splitting off its test "
+            "set needs at least 2 (give it more, drop it, or give test=)"
+        )
+    starts = ends_before(sizes)
+    order = shuffled_rows(sizes, data_rng(seed, DataStream.GIVEN_CLIENTS_SPLIT))
     cuts = starts + train_count(sizes, 1 - test_fraction).astype(np.int64)
-    index = {c: i for i, c in enumerate(train_arrays)}
-    arrays = list(train_arrays.values())
+    digest.update(order.astype(np.int64).tobytes())
+    digest.update(cuts.tobytes())
+    index = {c: i for i, c in enumerate(read.arrays)}
+    arrays = list(read.arrays.values())
     return (
         GivenSplit(index, arrays, (order, starts, cuts)),
         GivenSplit(index, arrays, (order, cuts, starts + sizes)),
     )
 
 
+# Rows shuffled by one call of `Generator.permuted` (a bound on its array's memory).
+SHUFFLED_ROWS = 1 << 22
+
+
+def shuffled_rows(sizes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """`rng.permutation(n)` of each client's `n` of `sizes` in turn, laid end to end (in the
+    smallest unsigned type that holds them). Each run of clients of one size is shuffled by
+    `rng.permuted` along rows, which draws as those permutations one after another would."""
+    order = np.empty(int(sizes.sum()), np.min_scalar_type(int(sizes.max())))
+    changes = np.flatnonzero(np.diff(sizes)) + 1
+    at = 0
+    for first, stop in zip(np.concatenate([[0], changes]), np.append(changes, len(sizes))):
+        n = int(sizes[first])
+        for part in range(first, stop, max(SHUFFLED_ROWS // n, 1)):
+            clients = min(stop - part, max(SHUFFLED_ROWS // n, 1))
+            rows = np.tile(np.arange(n), (clients, 1))
+            rng.permuted(rows, axis=1, out=rows)
+            order[at : at + rows.size] = rows.ravel()
+            at += rows.size
+    return order
+
+
 def held_data(
     name: str,
-    train: GivenSplit,
-    test: GivenSplit,
+    held: tuple[GivenSplit, GivenSplit],
+    reads: tuple[ExamplesRead, ExamplesRead],
     num_classes: int,
     planted_groups: Optional[dict[str, int]],
+    digest: Any,
 ) -> FederatedData:
-    """The given clients' `FederatedData`, holding `train` and `test` as they are: every client
-    checked as `from_checked_arrays` checks it (the same errors, in the same order), its sizes
-    counted in one array per split (`ClientCounts`) over the splits' shared index."""
+    """The given clients' `FederatedData`, holding the `held` train and test splits as they
+    are, their clients checked as `from_checked_arrays` checks them (the same errors, in the
+    same order: the clients each split's `reads` found refused, by `checked_client`), its
+    sizes counted in one array per split (`ClientCounts`) over the splits' shared index, its
+    examples' digest the one `digest` made while reading them."""
+    train, test = held
     where = " in the given clients"
-    missing = sorted(set(train) ^ set(test))
+    missing = [] if train.index is test.index else sorted(set(train) ^ set(test))
     if missing:
         raise DataError(
             f"client {missing[0]!r}{where} appears in only one of train/test; every client needs "
             "both splits (regenerate the split, or drop the client from both)"
         )
-    input_shape = np.shape(train.examples(next(iter(train)))[0])[1:]
-    checked_splits(train.given(), test.given(), input_shape, num_classes, None, where, keep=False)
+    input_shape = reads[0].input_shape
+    for split_name, split, read in zip(("train", "test"), held, reads):
+        ids = list(split.index) if read.doubted else []
+        for i in read.doubted:
+            context = f"client {ids[i]!r} ({split_name}){where}"
+            checked_client(context, *split.examples(ids[i]), input_shape, num_classes)
     ids = list(train.index)
-    counts = [
-        np.fromiter(map(split.size, range(len(ids))), np.int64, len(ids)) for split in (train, test)
-    ]
+    test_sizes = test.sizes()
+    if test.index is not train.index:
+        test_sizes = test_sizes[[test.index[c] for c in ids]]
     return FederatedData(
         name=name,
         input_shape=tuple(int(d) for d in input_shape),
         num_classes=num_classes,
-        train_sizes=ClientCounts(ids, train.index, counts[0]),
-        test_sizes=ClientCounts(ids, train.index, counts[1][[test.index[c] for c in ids]]),
+        train_sizes=ClientCounts(ids, train.index, train.sizes()),
+        test_sizes=ClientCounts(ids, train.index, test_sizes),
         true_clusters=planted_groups,
         train_arrays=train,
         test_arrays=test,
+        examples_digest=f"{GIVEN_DIGEST}:{digest.hexdigest()[:16]}",
     )
 
 
@@ -321,20 +387,23 @@ def federated_data(
         source = clientdata_source(train, test, x_key, y_key, num_classes)
         refuse_missing_groups(planted_groups, source.client_ids)
         return lazy_federated_data(name, source, true_clusters=planted_groups)
-    train_arrays = client_arrays(train, x_key, y_key, "train")
-    if test is None:
-        held = split_off_test_sets(train_arrays, test_fraction, seed)
-    else:
-        test_arrays = client_arrays(test, x_key, y_key, "test")
-        held = tuple(
-            GivenSplit({c: i for i, c in enumerate(split)}, list(split.values()))
-            for split in (train_arrays, test_arrays)
-        )
-    if num_classes is None:
-        labels = [y for split in held for _, y in split.arrays]
-        num_classes = max(int(max(np.max(y) for y in labels if len(y))) + 1, 1)
-    refuse_missing_groups(planted_groups, train_arrays)
-    return held_data(name, *held, num_classes, planted_groups)
+    with gc_paused(), DigestAside(hashlib.sha256()) as digest:  # a pass over every client
+        train_read = client_arrays(train, x_key, y_key, "train", digest, None, num_classes)
+        if test is None:
+            held = split_off_test_sets(train_read, test_fraction, seed, digest)
+            reads = (train_read, train_read)  # one pass read both splits' examples
+        else:
+            shape = train_read.input_shape
+            test_read = client_arrays(test, x_key, y_key, "test", digest, shape, num_classes)
+            reads = (train_read, test_read)
+            held = tuple(
+                GivenSplit({c: i for i, c in enumerate(read.arrays)}, list(read.arrays.values()))
+                for read in reads
+            )
+        if num_classes is None:
+            num_classes = max(max(read.largest for read in reads) + 1, 1)
+        refuse_missing_groups(planted_groups, train_read.arrays)
+        return held_data(name, held, reads, num_classes, planted_groups, digest)
 
 
 def refuse_missing_groups(planted_groups: Optional[Mapping[str, int]], clients: Any) -> None:

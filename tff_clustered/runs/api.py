@@ -35,7 +35,7 @@ from tff_clustered import weights
 from tff_clustered.algorithms import algorithm_class, make_algorithm, make_options
 from tff_clustered.data.federated_data import Clients, FederatedData, first_line
 from tff_clustered.data.fingerprint import SourceFingerprint, arrays_digest
-from tff_clustered.data.given_clients import federated_data
+from tff_clustered.data.given_clients import GIVEN_DIGEST, federated_data
 from tff_clustered.data.registry import load_dataset, source_fingerprint
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
@@ -298,6 +298,7 @@ def run(
         checkpoint.refuse_held_run_folder(output_dir, resume, overwrite)
         saved = None
         if resume:  # refuses other settings or data first
+            settings = resumable_settings(output_dir, settings, data)
             saved = checkpoint.load(RunFolder(output_dir).checkpoint, settings, source)
             refuse_another_model(output_dir, saved, values)
 
@@ -373,8 +374,26 @@ def refuse_another_model(output_dir: str, saved: Optional[RunState], values: int
 
 
 def fingerprint(data: FederatedData) -> str:
-    """A digest of every client's examples (in-memory data has no files to fingerprint), or
-    for a lazily read source its own fingerprint: a checkpoint resumes only on the same data."""
+    """A digest of every client's examples (in-memory data has no files to fingerprint): the
+    one made as they were read, or `arrays_digest` of their arrays; for a lazily read source
+    its own fingerprint: a checkpoint resumes only on the same data."""
     if data.source is not None:
         return data.source.fingerprint()
-    return arrays_digest(data.train_arrays, data.test_arrays)
+    return data.examples_digest or arrays_digest(data.train_arrays, data.test_arrays)
+
+
+def resumable_settings(
+    output_dir: str, settings: dict[str, Any], data: FederatedData
+) -> dict[str, Any]:
+    """`settings` as the checkpoint in `output_dir` holds them when it predates the digest of
+    given clients made as they are read (`given_clients.GIVEN_DIGEST`): its data fingerprint
+    is then `arrays_digest` of the split arrays, computed again here (a pass over every
+    example), so that its run resumes on the same data and on no other."""
+    if data.examples_digest is None or not data.examples_digest.startswith(GIVEN_DIGEST):
+        return settings
+    saved = checkpoint.saved_settings(RunFolder(output_dir).checkpoint) or {}
+    made = saved.get("data", {}).get("fingerprint") if isinstance(saved.get("data"), dict) else None
+    if not isinstance(made, str) or ":" in made:
+        return settings
+    old = arrays_digest(data.train_arrays, data.test_arrays)
+    return {**settings, "data": {**settings["data"], "fingerprint": old}}

@@ -195,6 +195,16 @@ def _read(path: str) -> tuple[dict, Any]:
     return meta, arrays
 
 
+def saved_settings(path: str) -> Optional[dict[str, Any]]:
+    """The settings a checkpoint at `path` was made with; None when there is none or it cannot
+    be read (`load` then says why)."""
+    try:
+        saved = decode_tree(_read(path)[0].get("settings"), {}) if os.path.exists(path) else None
+    except (CheckpointError, StateDecodeError, RecursionError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
 def load(
     path: str,
     settings: dict[str, Any],
