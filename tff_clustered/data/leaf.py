@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from typing import Callable, Optional, Union
 
@@ -48,23 +49,58 @@ PathLike = Union[str, os.PathLike]
 
 
 def leaf_json_files(path: PathLike) -> list[str]:
-    """The JSON files of one split: `path` itself, or every `*.json` in the directory."""
+    """The JSON files of one split: `path` itself, or every `*.json` in the directory; each a
+    regular file (`regular_file`)."""
     path = os.fspath(path)
-    if os.path.isfile(path):
-        return [path]
     if os.path.isdir(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".json"))
-        if files:
-            return files
+        if not files:
+            raise DataError(
+                f"no *.json file in {path}; LEAF writes them to data/train/ and data/test/ "
+                "(run LEAF's preprocess.sh, then point --data_dir at the folder holding train/ "
+                "and test/)"
+            )
+    elif os.path.lexists(path):
+        files = [path]
+    else:
         raise DataError(
-            f"no *.json file in {path}; LEAF writes them to data/train/ and data/test/ "
-            "(run LEAF's preprocess.sh, then point --data_dir at the folder holding train/ "
-            "and test/)"
+            f"{path} does not exist; download and preprocess the dataset with LEAF "
+            "(https://github.com/TalwalkarLab/leaf) and point --data_dir at its data/ folder"
         )
-    raise DataError(
-        f"{path} does not exist; download and preprocess the dataset with LEAF "
-        "(https://github.com/TalwalkarLab/leaf) and point --data_dir at its data/ folder"
-    )
+    for file in files:
+        regular_file(file)
+    return files
+
+
+# What a path that is not a regular file is, by `stat.S_IFMT` of its mode.
+FILE_KINDS = {
+    stat.S_IFDIR: "a folder",
+    stat.S_IFIFO: "a named pipe (FIFO)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def regular_file(path: str) -> None:
+    """DataError unless `path` is a regular file once its symlinks are resolved: a LEAF file
+    is read whole and hashed, and a folder, a named pipe (read forever) or a device is not
+    one."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise leaf_error(
+            path,
+            f"cannot be opened ({e.strerror}: a broken symlink or a symlink loop?)",
+            "remove it or point it at a LEAF JSON file",
+        ) from e
+    if not stat.S_ISREG(mode):
+        kind = FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise leaf_error(
+            path,
+            f"is {kind}, not a LEAF JSON file",
+            "move it out of the split's folder or rename it (every *.json there is read)",
+        )
 
 
 def leaf_split_files(data_dir: PathLike) -> list[str]:
@@ -151,6 +187,15 @@ def leaf_lists(path: str, blob: dict) -> tuple[list[str], dict, Optional[list[in
     duplicates = sorted(u for u, n in collections.Counter(users).items() if n > 1)
     if duplicates:
         raise leaf_error(path, f"user {duplicates[0]!r} is listed twice in 'users'")
+    listed = set(users)
+    unlisted = next((user for user in user_data if user not in listed), None)
+    if unlisted is not None:
+        raise leaf_error(
+            path,
+            f"user {unlisted!r} has data in 'user_data' but is not listed in 'users' (LEAF lists "
+            "every user: the file is damaged or edited)",
+            "add it to 'users' and 'num_samples', or remove its data",
+        )
     if num_samples is not None:
         if not isinstance(num_samples, list) or not all(
             type(n) is int and n >= 0 for n in num_samples
