@@ -39,6 +39,7 @@ from tff_clustered.data.leaf_examples import (
     check_labels,
     converted_examples,
     example_kind,
+    finite_inputs,
     word_ids,
     word_vocabulary,
 )
@@ -120,6 +121,7 @@ class LeafExamples:
     clients: dict[str, ClientArrays]
     kind: Optional[ExampleKind]
     source: str
+    cached: bool = False  # read from the arrays `leaf_cache` kept
 
 
 def leaf_error(path: str, problem: str, fix: str = "re-run LEAF's preprocessing") -> DataError:
@@ -259,7 +261,7 @@ def read_leaf_examples(
                     f"user {user!r} has num_samples={num_samples[i]} but {len(labels)} examples",
                     "fix num_samples or the data",
                 )
-        if inputs.dtype.kind == "f" and not np.all(np.isfinite(inputs)):
+        if not finite_inputs(inputs):
             raise leaf_error(path, f"user {user!r} has NaN or infinite inputs", "clean the data")
         clients[user] = (inputs, labels)
     return LeafExamples(clients, kind, path)
@@ -317,16 +319,18 @@ def read_leaf_split_examples(
     paths: Union[PathLike, Sequence[PathLike]],
     convert_inputs: Optional[Callable[[list], np.ndarray]] = None,
     num_classes: Optional[int] = None,
+    from_cache: bool = True,
 ) -> LeafExamples:
     """All files of one split, users merged in file order (`merged_user`), one kind; read
-    from the arrays kept beside them when these files were read before (`leaf_cache`)."""
+    from the arrays kept beside them when these files were read before (`leaf_cache`), unless
+    not `from_cache` (the split is parsed, and kept again)."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     names = [file for path in paths for file in leaf_json_files(path)]
     kept = None if convert_inputs is not None else leaf_cache.cache_path(names, num_classes)
-    cached = leaf_cache.read_cached(kept) if kept else None
+    cached = leaf_cache.read_cached(kept, num_classes) if kept and from_cache else None
     if cached is not None:
         clients, kind, source = cached
-        return LeafExamples(clients, ExampleKind(kind), source)
+        return LeafExamples(clients, ExampleKind(kind), source, cached=True)
     split = parsed_split(names, convert_inputs, num_classes)
     if kept and split.kind in (ExampleKind.FEATURES, ExampleKind.CHARACTERS):
         leaf_cache.write_cached(kept, split.clients, split.kind.value, split.source)
@@ -375,11 +379,36 @@ def load_leaf(
     when a split may miss the top classes (labels are then checked against it). Shakespeare
     predicts one of 81 characters and Sent140 one of 2 classes, so `num_classes` is refused
     there.
+
+    A split read from the arrays `leaf_cache` kept, whose data then fails a check (the two
+    splits' users or shapes disagree: a cache file edited, or written by other code), is
+    parsed again from its files (and kept again): an error then is the files' own.
     """
     splits = {
         split: read_leaf_split_examples(paths, num_classes=num_classes)
         for split, paths in (("train", train), ("test", test))
     }
+    try:
+        return leaf_federation(splits, train, test, num_classes, name, image_shape)
+    except DataError:
+        if not any(examples.cached for examples in splits.values()):
+            raise
+    parsed = {
+        split: read_leaf_split_examples(paths, num_classes=num_classes, from_cache=False)
+        for split, paths in (("train", train), ("test", test))
+    }
+    return leaf_federation(parsed, train, test, num_classes, name, image_shape)
+
+
+def leaf_federation(
+    splits: dict[str, LeafExamples],
+    train: Union[PathLike, Sequence[PathLike]],
+    test: Union[PathLike, Sequence[PathLike]],
+    num_classes: Optional[int],
+    name: str,
+    image_shape: Optional[tuple[int, ...]],
+) -> FederatedData:
+    """`load_leaf`'s federation of the splits read from `train` and `test`."""
     typed = one_kind(splits.values())
     kind = typed.kind if typed else None
     source = f"LEAF files {train!s} / {test!s}"
