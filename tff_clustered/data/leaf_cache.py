@@ -9,7 +9,8 @@ the split's file paths, then its content key: the cache's format, every file's b
 (`fingerprint.file_digest`: a changed file is another key, so a stale cache is never read, and
 is deleted when its successor is written) and the reader's `num_classes`. The next read of the
 same files loads the arrays instead: the same arrays, bit for bit, as parsing gives (inputs
-float32, labels as parsed). Only numeric features and Shakespeare's character ids are kept
+float32, labels as parsed). A kept file that cannot be read, whose arrays are not the ones
+written or that fails parsing's checks is parsed again and rewritten (`read_cached`). Only numeric features and Shakespeare's character ids are kept
 (Sent140's token lists are not arrays). `TFF_CLUSTERED_CACHE=off` keeps nothing; a cache
 folder that cannot be written keeps nothing either, and the files are parsed each time.
 
