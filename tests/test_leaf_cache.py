@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import signal
 from collections.abc import Callable
 
 import numpy as np
@@ -156,6 +157,7 @@ DAMAGES = {
     "a flipped byte": flipped_byte,
     "cut in half": cut_in_half,
     "empty": lambda path: os.truncate(path, 0),
+    "a named pipe": lambda path: os.remove(path) or os.mkfifo(path),
     "arrays saved over": saved_over,
     "NaN": rewritten(lambda c: (with_x(c, lambda x: x * np.nan), "numeric features")),
     "label 7": rewritten(
@@ -185,7 +187,16 @@ def test_a_damaged_or_edited_cache_file_is_parsed_again_and_rewritten(
     parsed = leaf.load_leaf(train, test, num_classes=2)
     kept = leaf_cache.cache_path([os.path.join(train, "d.json")], 2)
     DAMAGES[damage](kept)
-    again = leaf.load_leaf(train, test, num_classes=2)
+
+    def hung(*_: object) -> None:
+        raise AssertionError(f"the read of {kept} hung")
+
+    signal.signal(signal.SIGALRM, hung)
+    signal.alarm(30)  # a read of a named pipe waits for a writer forever
+    try:
+        again = leaf.load_leaf(train, test, num_classes=2)
+    finally:
+        signal.alarm(0)
     assert again.client_ids == parsed.client_ids
     for user in parsed.client_ids:
         for key in ("x", "y"):

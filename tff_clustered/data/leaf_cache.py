@@ -3,16 +3,17 @@
 Parsing LEAF's JSON is most of a LEAF run's start-up (FEMNIST's 86 MB: seconds), and the same
 files are read by every run on them. After a split is read (`leaf.read_leaf_split_examples`),
 its users' arrays are written once, atomically, to `cache_folder()`: `$TFF_CLUSTERED_CACHE`,
-else `$XDG_CACHE_HOME/tff_clustered`, else `~/.cache/tff_clustered` (never into the data's
-own folders, which may be read-only or listed by the user's scripts). A file's name digests
-the split's file paths, then its content key: the cache's format, every file's bytes
+else `$XDG_CACHE_HOME/tff_clustered`, else `~/.cache/tff_clustered` (never into the data's own
+folders, which may be read-only or listed by the user's scripts). A file's name digests the
+split's file paths, then its content key: the cache's format, every file's bytes
 (`fingerprint.file_digest`: a changed file is another key, so a stale cache is never read, and
 is deleted when its successor is written) and the reader's `num_classes`. The next read of the
 same files loads the arrays instead: the same arrays, bit for bit, as parsing gives (inputs
 float32, labels as parsed). A kept file that cannot be read, whose arrays are not the ones
-written or that fails parsing's checks is parsed again and rewritten (`read_cached`). Only numeric features and Shakespeare's character ids are kept
-(Sent140's token lists are not arrays). `TFF_CLUSTERED_CACHE=off` keeps nothing; a cache
-folder that cannot be written keeps nothing either, and the files are parsed each time.
+written or that fails parsing's checks is parsed again and rewritten (`read_cached`). Only
+numeric features and Shakespeare's character ids are kept (Sent140's token lists are not
+arrays). `TFF_CLUSTERED_CACHE=off` keeps nothing; a cache folder that cannot be written keeps
+nothing either, and the files are parsed each time.
 
 The folder is bounded: after a split is kept, the least recently read or written splits are
 deleted until the kept ones take at most `$TFF_CLUSTERED_CACHE_MB` megabytes (default
@@ -27,6 +28,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 import zipfile
 from collections.abc import Sequence
 from typing import Optional
@@ -100,6 +102,8 @@ def read_cached(
     arrays saved over the ones written (the CRC-32s the file's meta recorded are not theirs)
     by `crc32s`, at no cost: the zip's directory holds them."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a named pipe there would never end
+            return None
         with np.load(path, allow_pickle=False) as kept:
             meta = json.loads(bytes(kept["meta"]).decode())
             if meta["crc32"] != crc32s(kept.zip):
