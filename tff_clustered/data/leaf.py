@@ -62,14 +62,17 @@ def leaf_json_files(path: PathLike) -> list[str]:
                 "and test/)"
             )
     elif os.path.lexists(path):
-        files = [path]
+        regular_file(path, "point --data_dir at a LEAF data/ folder of train/ and test/ files")
+        return [path]
     else:
         raise DataError(
             f"{path} does not exist; download and preprocess the dataset with LEAF "
             "(https://github.com/TalwalkarLab/leaf) and point --data_dir at its data/ folder"
         )
     for file in files:
-        regular_file(file)
+        regular_file(
+            file, "move it out of the split's folder or rename it (every *.json there is read)"
+        )
     return files
 
 
@@ -83,25 +86,18 @@ FILE_KINDS = {
 }
 
 
-def regular_file(path: str) -> None:
+def regular_file(path: str, fix: str) -> None:
     """DataError unless `path` is a regular file once its symlinks are resolved: a LEAF file
     is read whole and hashed, and a folder, a named pipe (read forever) or a device is not
-    one."""
+    one; `fix` ends the error."""
     try:
         mode = os.stat(path).st_mode
     except OSError as e:
-        raise leaf_error(
-            path,
-            f"cannot be opened ({e.strerror}: a broken symlink or a symlink loop?)",
-            "remove it or point it at a LEAF JSON file",
-        ) from e
+        problem = f"cannot be opened ({e.strerror}: a broken symlink or a symlink loop?)"
+        raise leaf_error(path, problem, fix) from e
     if not stat.S_ISREG(mode):
         kind = FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
-        raise leaf_error(
-            path,
-            f"is {kind}, not a LEAF JSON file",
-            "move it out of the split's folder or rename it (every *.json there is read)",
-        )
+        raise leaf_error(path, f"is {kind}, not a LEAF JSON file", fix)
 
 
 def leaf_split_files(data_dir: PathLike) -> list[str]:
