@@ -161,9 +161,9 @@ class ClientFiles:
             with contextlib.suppress(OSError):
                 os.remove(path + ".tmp")
             raise DataError(
-                f"client {client_id!r}'s examples ({size_text(array.nbytes)}) cannot be written "
-                f"to the temporary folder {self.folder} ({e.strerror or e}); free space there, "
-                "or set TMPDIR to a folder with room, or pass --client_data=sent"
+                f"the examples of client {client_id!r} ({size_text(array.nbytes)}) cannot be "
+                f"written to the temporary folder {self.folder} ({e.strerror or e}); free space "
+                "there, or set TMPDIR to a folder with room, or pass --client_data=sent"
             ) from None
 
     def path(self, index: int, name: str) -> str:
