@@ -17,16 +17,27 @@ BOOTSTRAP_DIR="${BOOTSTRAP_DIR:-$PWD/.bootstrap}"
 UV_PIN="uv==0.13.9"
 MANUAL_FIX="install Python 3.11 yourself (pyenv install 3.11; on Ubuntu 24.04 the deadsnakes PPA: add-apt-repository ppa:deadsnakes/ppa && apt-get install python3.11 python3.11-venv) and rerun, or set PYTHON=/path/to/python3.11, or use the Dockerfile (README)"
 
+# The version (3.11.4) of the interpreter $1, printed by it, or status 1 when it does not print
+# one: a program that is no Python (a script that exits 0) passes a check of exit codes alone.
+python_version() {
+  local said
+  said=$("$1" -c 'import sys; print("python %d.%d.%d" % sys.version_info[:3])' 2>/dev/null) || return 1
+  [[ "$said" =~ ^python\ ([0-9]+\.[0-9]+\.[0-9]+)$ ]] || return 1
+  echo "${BASH_REMATCH[1]}"
+}
+
 supported() {
-  "$1" -c 'import sys; sys.exit(0 if (3, 9) <= sys.version_info[:2] <= (3, 11) else 1)' 2>/dev/null
+  local version
+  version=$(python_version "$1") || return 1
+  [[ "$version" =~ ^3\.(9|10|11)\. ]]
 }
 
 has_venv() {
-  "$1" -c 'import venv, ensurepip' 2>/dev/null
+  [ "$("$1" -c 'import venv, ensurepip; print("venv")' 2>/dev/null)" = "venv" ]
 }
 
 version_of() {
-  "$1" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null || echo "unknown version"
+  python_version "$1" || echo "unknown version"
 }
 
 fail() {
@@ -36,6 +47,7 @@ fail() {
 
 if [ -n "${PYTHON:-}" ]; then
   command -v "$PYTHON" >/dev/null 2>&1 || fail "PYTHON=$PYTHON is not an executable; fix: point PYTHON at a Python 3.9-3.11, or unset it to let the setup find or fetch one."
+  python_version "$PYTHON" >/dev/null || fail "PYTHON=$PYTHON is not a Python interpreter (it did not print its version for -c 'import sys; print(sys.version_info)'); fix: point PYTHON at a Python 3.9-3.11, or unset it to let the setup find or fetch one."
   supported "$PYTHON" || fail "PYTHON=$PYTHON is Python $(version_of "$PYTHON"), and TensorFlow Federated 0.87 needs 3.9, 3.10 or 3.11; fix: point PYTHON at one of those, or unset it to let the setup find or fetch one."
   has_venv "$PYTHON" || fail "PYTHON=$PYTHON has no 'venv'/'ensurepip' module, so .venv cannot be made; fix: install it (for example 'apt-get install python3.11-venv'), or unset PYTHON."
   command -v "$PYTHON"

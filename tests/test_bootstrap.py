@@ -169,6 +169,20 @@ def test_python_set_by_the_user_is_the_only_one_considered(sandbox: pathlib.Path
     assert result.returncode == 0 and result.stdout.strip() == str(older)
 
 
+def test_a_program_that_is_no_python_is_refused_or_passed_over(sandbox: pathlib.Path) -> None:
+    """A program that exits 0 whatever it is asked (no Python) is refused in one line when it
+    is $PYTHON, and passed over on PATH, where a real Python 3.10 behind it is taken."""
+    silent = sandbox / "bin" / "python3.11"
+    _executable(silent, "#!/usr/bin/env bash\nexit 0\n")
+    result = _run(sandbox, PYTHON=str(silent))
+    assert result.returncode == 2
+    assert f"PYTHON={silent} is not a Python interpreter" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+    shim = _shim(sandbox, "python3.10", 10)
+    result = _run(sandbox)
+    assert result.returncode == 0 and result.stdout.strip() == str(shim), result.stderr
+
+
 def test_the_bootstrap_builds_the_venv_from_the_interpreter_the_script_chose() -> None:
     bootstrap = (ROOT / "scripts" / "bootstrap.sh").read_text()
     assert "PY=$(bash scripts/python_for_venv.sh) || exit $?" in bootstrap

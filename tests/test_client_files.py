@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ import tensorflow as tf
 
 from tff_clustered.data import client_files, load_dataset
 from tff_clustered.data.client_files import ClientFiles, files_refusal, worker_source
+from tff_clustered.data.federated_data import DataError
 from tff_clustered.federated import executions, round_inputs, sharded
 from tff_clustered.federated.client_values import serialized
 from tff_clustered.frameworks import tff, to_type
@@ -162,3 +164,25 @@ def test_the_folder_of_a_killed_run_is_removed_by_the_next(tmp_path: pathlib.Pat
         folder.mkdir()
     client_files.remove_orphaned_folders(str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, other.name])
+
+
+def test_a_full_temporary_folder_is_one_error_naming_it_and_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client's file that cannot be written (the disk full: its part is `/dev/full`) is one
+    error naming the folder and the fix, its part removed; a refusal for lack of room gives
+    sizes in units that do not round them to 0."""
+    files = ClientFiles(load_dataset("digits"), SPECS)
+    client = files.data.client_ids[0]
+    part = files.path(files.index[client], "x") + ".tmp"
+    os.symlink("/dev/full", part)
+    with pytest.raises(DataError) as raised:
+        files.reference(client, files.data.train_sizes[client])
+    line = str(raised.value)
+    assert f"temporary folder {files.folder} (No space left on device)" in line
+    assert "set TMPDIR" in line and "\n" not in line
+    assert os.listdir(files.folder) == []
+    free = shutil.disk_usage(files.folder)._replace(free=200_000)
+    monkeypatch.setattr(client_files.shutil, "disk_usage", lambda _: free)
+    why = files_refusal(files.data, SPECS)
+    assert why is not None and "(200 KB; set TMPDIR" in why and " 0 MB" not in why

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
+import signal
 
 import numpy as np
 import pytest
@@ -122,6 +124,10 @@ GOOD_USER = {"x": [[0.0, 1.0], [1.0, 0.0]], "y": [0, 1]}
             "'b' is listed",
         ),
         (
+            {"users": ["a"], "num_samples": [2], "user_data": {"a": GOOD_USER, "b": GOOD_USER}},
+            "'b' has data in 'user_data' but is not listed in 'users'",
+        ),
+        (
             {
                 "users": ["a"],
                 "num_samples": [2],
@@ -168,6 +174,43 @@ def test_missing_leaf_data_says_what_to_download(tmp_path: object) -> None:
         load_leaf(tmp_path / "empty", tmp_path / "empty")
     with pytest.raises(DataError, match="needs --data_dir"):
         load_dataset("leaf")
+
+
+@pytest.mark.parametrize("cache", ["on", "off"])
+@pytest.mark.parametrize("kind", ["folder", "symlink loop", "broken symlink", "fifo"])
+def test_a_json_name_that_is_not_a_regular_file_is_refused_naming_it(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, kind: str, cache: str
+) -> None:
+    """Only regular files (symlinks resolved) are read as a split's *.json: a folder, a symlink
+    loop or a dangling one is one error naming it, and a named pipe is refused, not read
+    forever, with the LEAF cache on (it hashes the files) or off."""
+    monkeypatch.setenv("TFF_CLUSTERED_CACHE", str(tmp_path / "cache") if cache == "on" else "off")
+    for split in ("train", "test"):
+        write_leaf(
+            str(tmp_path / split / "a.json"),
+            {"users": ["a"], "num_samples": [2], "user_data": {"a": GOOD_USER}},
+        )
+    odd = tmp_path / "train" / "odd.json"
+    if kind == "folder":
+        odd.mkdir()
+    elif kind == "symlink loop":
+        odd.symlink_to(odd)
+    elif kind == "broken symlink":
+        odd.symlink_to(tmp_path / "gone.json")
+    else:
+        os.mkfifo(odd)
+
+    def hung(*_: object) -> None:
+        raise AssertionError(f"the read of {odd} hung")
+
+    signal.signal(signal.SIGALRM, hung)
+    signal.alarm(30)  # a read of the pipe waits for a writer forever
+    try:
+        with pytest.raises(DataError, match=f"^{odd}: (is a|cannot be opened)") as raised:
+            load_leaf(tmp_path / "train", tmp_path / "test")
+    finally:
+        signal.alarm(0)
+    assert "\n" not in str(raised.value)
 
 
 def test_client_in_only_one_split_is_named(tmp_path: object) -> None:

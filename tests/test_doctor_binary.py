@@ -4,8 +4,11 @@ problem with its fix and a non-zero exit."""
 from __future__ import annotations
 
 import os
+import pathlib
+import sqlite3
 import uuid
 
+import pytest
 from conftest import TESTDATA, run_binary, worker_pids_with_tag
 
 DOCTOR = os.path.join("binaries", "doctor.py")
@@ -39,3 +42,44 @@ def test_doctor_passes_here_and_reports_bad_folders_with_fixes(tmp_path: object)
     assert bad.returncode == 1
     assert "PROBLEM  --data_dir" in bad.stdout and "PROBLEM  --tfds_dir" in bad.stdout
     assert bad.stdout.count("fix: ") == 2 and "2 problem(s)" in bad.stdout
+
+
+def doctor_data(capsys: pytest.CaptureFixture, **given: str) -> tuple[int, str]:
+    """The doctor's data checks of the flags `given` (in this process): problems, output."""
+    from absl.testing import flagsaver
+
+    from tff_clustered.cli import doctor
+
+    if not doctor.FLAGS.is_parsed():
+        doctor.FLAGS.mark_as_parsed()
+    report = doctor.Report()
+    with flagsaver.flagsaver(**{"data_dir": None, "glove_path": None, "tfds_dir": None, **given}):
+        capsys.readouterr()
+        doctor.check_data(report)
+    return report.problems, capsys.readouterr().out
+
+
+def test_doctor_checks_data_as_the_loaders_read_it(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A SQLite file is what train.py's tff_sql takes; a GloVe file that is not GloVe text, a
+    TFDS folder holding no prepared dataset and a LEAF split holding a named pipe are
+    problems, each with its fix."""
+    population = tmp_path / "pop.sqlite"
+    sqlite3.connect(population).execute("CREATE TABLE client_metadata (client_id TEXT)")
+    problems, out = doctor_data(capsys, data_dir=str(population))
+    assert problems == 0 and "can serve: tff_sql" in out, out
+    (tmp_path / "glove.6B.300d.txt").write_text("a\n")
+    (tmp_path / "not_tfds").mkdir()
+    problems, out = doctor_data(
+        capsys, glove_path=str(tmp_path / "glove.6B.300d.txt"), tfds_dir=str(tmp_path / "not_tfds")
+    )
+    assert problems == 2 and "PROBLEM  --glove_path" in out and "PROBLEM  --tfds_dir" in out
+    problems, out = doctor_data(capsys, tfds_dir=os.path.join(TESTDATA, "tfds_tiny"))
+    assert problems == 0 and "can serve: cifar10 3.0.2" in out, out
+    for split in ("train", "test"):
+        (tmp_path / "leaf" / split).mkdir(parents=True)
+        (tmp_path / "leaf" / split / "a.json").write_text("{}")
+    os.mkfifo(tmp_path / "leaf" / "train" / "pipe.json")
+    problems, out = doctor_data(capsys, data_dir=str(tmp_path / "leaf"))
+    assert problems == 1 and "pipe.json: is a named pipe" in out, out

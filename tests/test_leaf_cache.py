@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
+import signal
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -108,6 +111,96 @@ def test_a_cache_bound_that_is_not_a_number_is_an_error_naming_it(
 ) -> None:
     monkeypatch.delenv(leaf_cache.LIMIT_VARIABLE, raising=False)
     assert leaf_cache.limit_bytes() == leaf_cache.DEFAULT_LIMIT_MB * 2**20
-    monkeypatch.setenv(leaf_cache.LIMIT_VARIABLE, "lots")
-    with pytest.raises(ValueError, match="TFF_CLUSTERED_CACHE_MB='lots' is not a number"):
-        leaf_cache.limit_bytes()
+    for given in ("lots", "²", "-1", "1e3", "١٢"):  # "²" and "١٢" are str.isdigit()
+        monkeypatch.setenv(leaf_cache.LIMIT_VARIABLE, given)
+        with pytest.raises(ValueError, match=f"TFF_CLUSTERED_CACHE_MB='{given}' is not a number"):
+            leaf_cache.limit_bytes()
+
+
+def flipped_byte(path: str) -> None:
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 3)  # among x's values
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+def cut_in_half(path: str) -> None:
+    os.truncate(path, os.path.getsize(path) // 2)
+
+
+def saved_over(path: str) -> None:
+    """The arrays saved again by NumPy, one value NaN, the meta as it was."""
+    with np.load(path) as kept:
+        arrays = {name: kept[name] for name in kept.files}
+    arrays["x"] = arrays["x"].copy()
+    arrays["x"][0, 0] = np.nan
+    np.savez(path, **arrays)
+
+
+def rewritten(change: Callable[[dict], tuple[dict, str]]) -> Callable[[str], None]:
+    """The kept split written again by `write_cached` itself (so readable, CRCs and all), its
+    users' arrays and kind changed by `change`."""
+
+    def damage(path: str) -> None:
+        clients, kind, source = leaf_cache.read_cached(path, None)
+        leaf_cache.write_cached(path, *change(dict(clients)), source)
+
+    return damage
+
+
+def with_x(clients: dict, x: Callable[[np.ndarray], np.ndarray]) -> dict:
+    return {user: (x(inputs), labels) for user, (inputs, labels) in clients.items()}
+
+
+DAMAGES = {
+    "a flipped byte": flipped_byte,
+    "cut in half": cut_in_half,
+    "empty": lambda path: os.truncate(path, 0),
+    "a named pipe": lambda path: os.remove(path) or os.mkfifo(path),
+    "arrays saved over": saved_over,
+    "NaN": rewritten(lambda c: (with_x(c, lambda x: x * np.nan), "numeric features")),
+    "label 7": rewritten(
+        lambda c: ({u: (x, np.full_like(y, 7)) for u, (x, y) in c.items()}, "numeric features")
+    ),
+    "labels of another dtype": rewritten(
+        lambda c: ({u: (x, y.astype(np.int64)) for u, (x, y) in c.items()}, "numeric features")
+    ),
+    "fewer users": rewritten(lambda c: ({"u0": c["u0"]}, "numeric features")),
+    "another shape": rewritten(lambda c: (with_x(c, lambda x: x[:, :3]), "numeric features")),
+    "another kind": rewritten(lambda c: (c, "Sent140 tweet rows")),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_or_edited_cache_file_is_parsed_again_and_rewritten(
+    damage: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kept split that cannot be read (a flipped byte, cut, empty), whose arrays are not the
+    ones written, or whose content fails a check of parsing or of the federation (NaN, a label
+    beyond the classes, another dtype, users or shape the test split lacks) is parsed again
+    from its intact files, and kept again."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TFF_CLUSTERED_CACHE", str(cache))
+    root = leaf_folder(str(tmp_path / "data"))
+    train, test = os.path.join(root, "train"), os.path.join(root, "test")
+    parsed = leaf.load_leaf(train, test, num_classes=2)
+    kept = leaf_cache.cache_path([os.path.join(train, "d.json")], 2)
+    DAMAGES[damage](kept)
+
+    def hung(*_: object) -> None:
+        raise AssertionError(f"the read of {kept} hung")
+
+    signal.signal(signal.SIGALRM, hung)
+    signal.alarm(30)  # a read of a named pipe waits for a writer forever
+    try:
+        again = leaf.load_leaf(train, test, num_classes=2)
+    finally:
+        signal.alarm(0)
+    assert again.client_ids == parsed.client_ids
+    for user in parsed.client_ids:
+        for key in ("x", "y"):
+            a, b = parsed.arrays("train", user)[key], again.arrays("train", user)[key]
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    clients, _, _ = leaf_cache.read_cached(kept, 2)  # kept again, whole
+    assert sorted(clients) == ["u0", "u1"]

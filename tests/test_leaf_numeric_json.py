@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import simdjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tff_clustered.data import leaf
+from tff_clustered.data import leaf, leaf_numeric_json
 from tff_clustered.data.federated_data import DataError
 from tff_clustered.data.leaf_numeric_json import NotNumericRows, numeric_leaf_json
 
@@ -160,3 +162,85 @@ def test_a_leaf_file_of_numeric_rows_is_read_by_simdjson(monkeypatch: pytest.Mon
         assert leaf.read_leaf_file(path).keys() == fast.keys()
     x, y = fast["a"]
     assert x.dtype == np.float32 and x.tolist() == [[1, 2], [3, 4]] and y.tolist() == [0, 1]
+
+
+class ScanCounter:
+    """simdjson's `Object` and `Array` behind proxies that add up the keys each lookup by key
+    scans (simdjson's lookup walks an object's keys from the first until it finds the key)."""
+
+    def __init__(self) -> None:
+        self.scanned = 0
+        counter = self
+
+        class Object:
+            def __init__(self, node: simdjson.Object) -> None:
+                self.node = node
+
+            def __getitem__(self, key: str) -> object:
+                counter.scanned += list(self.node.keys()).index(key) + 1
+                return counter.wrap(self.node[key])
+
+            def __len__(self) -> int:
+                return len(self.node)
+
+            def keys(self) -> list[str]:
+                return list(self.node.keys())
+
+            def as_dict(self) -> dict:
+                return self.node.as_dict()
+
+        class Array:
+            def __init__(self, node: simdjson.Array) -> None:
+                self.node = node
+
+            def __len__(self) -> int:
+                return len(self.node)
+
+            def __iter__(self) -> Iterator[object]:
+                return (counter.wrap(item) for item in self.node)
+
+            def as_list(self) -> list:
+                return self.node.as_list()
+
+            def as_buffer(self, *, of_type: str) -> object:
+                return self.node.as_buffer(of_type=of_type)
+
+        class Parser:
+            def parse(self, data: bytes) -> object:
+                return counter.wrap(simdjson.Parser().parse(data))
+
+        self.Object, self.Array, self.Parser = Object, Array, Parser
+
+    def wrap(self, node: object) -> object:
+        if isinstance(node, simdjson.Object):
+            return self.Object(node)
+        if isinstance(node, simdjson.Array):
+            return self.Array(node)
+        return node
+
+
+@pytest.mark.parametrize("users", [10, 3000])
+def test_a_files_users_are_read_in_linear_time(
+    users: int, monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    """Reading a LEAF file scans at most as many keys as the file has bytes (simdjson's lookup
+    by key scans; looking each of 100,000 users up took a minute), and reads the same arrays."""
+    names = [f"u{i}" for i in range(users)]
+    text = json.dumps(
+        {
+            "users": names,
+            "num_samples": [1] * users,
+            "user_data": {name: {"x": [[i, 0.5]], "y": [i % 3]} for i, name in enumerate(names)},
+        }
+    )
+    path = os.path.join(str(tmp_path), "data.json")
+    with open(path, "w") as f:
+        f.write(text)
+    counter = ScanCounter()
+    monkeypatch.setattr(leaf_numeric_json, "simdjson", counter)
+    clients = leaf.read_leaf_file(path)
+    assert counter.scanned <= len(text)
+    reference = leaf.parsed_json(text.encode())["user_data"]
+    assert list(clients) == names
+    for name, (x, _) in clients.items():
+        assert x.tobytes() == np.asarray(reference[name]["x"], np.float32).tobytes()

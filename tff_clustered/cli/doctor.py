@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import os
 import platform
 import sys
 import time
 from collections.abc import Callable
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -26,9 +28,17 @@ from absl import app, flags
 
 from tff_clustered.cli import exits, logs
 from tff_clustered.cli.launch import REPOSITORY
+from tff_clustered.data.federated_data import DataError
+from tff_clustered.data.fingerprint import SQLITE_MAGIC
+from tff_clustered.data.image_formats import TFDS_NAMES, tfds_root
+from tff_clustered.data.leaf import leaf_split_files
 from tff_clustered.data.medmnist import pathmnist_path
 from tff_clustered.data.mnist import FASHION_MNIST, MNIST
 from tff_clustered.data.mnist_writers import WRITERS_FILE
+from tff_clustered.data.registry import TFF_DATABASES
+from tff_clustered.data.sent140 import read_glove
+from tff_clustered.data.stackoverflow import STACKOVERFLOW_FILE
+from tff_clustered.data.tff_sql import tff_sql_path
 from tff_clustered.runtime.context import tff_runtime, worker_binary_path
 
 FLAGS = flags.FLAGS
@@ -161,15 +171,26 @@ def mnist_files(folder: str) -> bool:
     )
 
 
+def leaf_layout(folder: str) -> bool:
+    """Whether `folder` has LEAF's train/ and test/ *.json, every one a regular file (else the
+    loader's DataError naming it: a folder, a named pipe, a symlink loop)."""
+    splits = [os.path.join(folder, split) for split in ("train", "test")]
+    if not all(glob.glob(os.path.join(split, "*.json")) for split in splits):
+        return False
+    return bool(leaf_split_files(folder))
+
+
+def database(file: str) -> Callable[[str], bool]:
+    """Whether a folder holds the SQLite database `file` (`sqlite_file`)."""
+    return lambda folder: sqlite_file(folder, file)
+
+
 DATASETS: dict[str, Callable[[str], bool]] = {
     "mnist / mnist_partitioned / fashion_mnist (IDX or npz)": mnist_files,
     "mnist_writers (MNIST files and writers.npz)": lambda d: (
         mnist_files(d) and os.path.isfile(os.path.join(d, WRITERS_FILE))
     ),
-    "leaf / femnist / sent140 (train/ and test/ JSON)": lambda d: bool(
-        glob.glob(os.path.join(d, "train", "*.json"))
-        and glob.glob(os.path.join(d, "test", "*.json"))
-    ),
+    "leaf / femnist / sent140 (train/ and test/ JSON)": leaf_layout,
     "cifar10": lambda d: os.path.isdir(os.path.join(d, "cifar-10-batches-py")),
     "cifar100": lambda d: os.path.isdir(os.path.join(d, "cifar-100-python")),
     "svhn": lambda d: (
@@ -177,44 +198,115 @@ DATASETS: dict[str, Callable[[str], bool]] = {
         and os.path.isfile(os.path.join(d, "test_32x32.mat"))
     ),
     "pathmnist": lambda d: os.path.isfile(pathmnist_path(d)),
+    **{
+        f"{name} ({file})": database(file)
+        for name, file in {**TFF_DATABASES, "tff_stackoverflow": STACKOVERFLOW_FILE}.items()
+    },
+    "tff_sql (the folder's one .sqlite file)": lambda d: (
+        len(glob.glob(os.path.join(d, "*.sqlite"))) == 1 and bool(sqlite_file(tff_sql_path(d)))
+    ),
 }
+
+
+def sqlite_file(*path: str) -> bool:
+    """Whether the file `path` (joined) is a SQLite database (its header); False when it is
+    absent, DataError when it is another file."""
+    file = os.path.join(*path)
+    if not os.path.isfile(file):
+        return False
+    with open(file, "rb") as f:
+        if f.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+            raise DataError(f"{file} is not a SQLite database (its first bytes); fetch it again")
+    return True
 
 
 def check_data(report: Report) -> None:
     print("data")
     report.ok("embedded", "digits, digits_* and synthetic need no files")
-    if FLAGS.data_dir:
-        folder = os.path.abspath(FLAGS.data_dir)
+    check_data_dir(report, FLAGS.data_dir)
+    check_glove(report, FLAGS.glove_path)
+    check_tfds(report, FLAGS.tfds_dir)
+
+
+def check_data_dir(report: Report, data_dir: Optional[str]) -> None:
+    """Which datasets `--data_dir` can serve, as train.py finds them: a folder's layouts
+    (`DATASETS`), or a SQLite file for --dataset=tff_sql."""
+    if not data_dir:
+        report.note("--data_dir", "not given (pass the folder you give train.py to check it)")
+        return
+    folder = os.path.abspath(data_dir)
+    try:
+        if os.path.isfile(folder) and sqlite_file(folder):
+            report.ok("--data_dir", f"{folder} can serve: tff_sql (a SQLite file)")
+            return
         if not os.path.isdir(folder):
             report.problem(
-                "--data_dir", f"{folder} is not a folder", "point --data_dir at an existing folder"
+                "--data_dir",
+                f"{folder} is neither a folder nor a SQLite file"
+                if os.path.exists(folder)
+                else f"{folder} does not exist",
+                "point --data_dir at an existing folder, or at a population's .sqlite file "
+                "(--dataset=tff_sql)",
             )
-        else:
-            served = [name for name, present in DATASETS.items() if present(folder)]
-            if served:
-                report.ok("--data_dir", f"{folder} can serve: {'; '.join(served)}")
-            else:
-                report.problem(
-                    "--data_dir",
-                    f"{folder} holds none of the known layouts",
-                    "see docs/data.md ('Pointing it at real data') for the files each "
-                    "dataset needs",
-                )
+            return
+        served = [name for name, present in DATASETS.items() if present(folder)]
+    except DataError as e:
+        report.problem("--data_dir", str(e), "see docs/data.md ('Pointing it at real data')")
+        return
+    if served:
+        report.ok("--data_dir", f"{folder} can serve: {'; '.join(served)}")
     else:
-        report.note("--data_dir", "not given (pass the folder you give train.py to check it)")
-    for flag, check, fix in (
-        ("glove_path", os.path.isfile, "point --glove_path at glove.6B.300d.txt"),
-        (
-            "tfds_dir",
-            os.path.isdir,
-            "point --tfds_dir at a TFDS data folder (~/tensorflow_datasets)",
-        ),
-    ):
-        value = getattr(FLAGS, flag)
-        if value and not check(value):
-            report.problem(f"--{flag}", f"{value} does not exist", fix)
-        elif value:
-            report.ok(f"--{flag}", os.path.abspath(value))
+        report.problem(
+            "--data_dir",
+            f"{folder} holds none of the known layouts",
+            "see docs/data.md ('Pointing it at real data') for the files each dataset needs",
+        )
+
+
+def check_glove(report: Report, path: Optional[str]) -> None:
+    """Whether `--glove_path` is GloVe text: its first line a word and its vector
+    (`sent140.read_glove`)."""
+    if not path:
+        return
+    try:
+        read_glove(path, set(), lines=1)
+    except DataError as e:
+        report.problem("--glove_path", str(e), "point --glove_path at glove.6B.300d.txt")
+        return
+    report.ok("--glove_path", os.path.abspath(path))
+
+
+def check_tfds(report: Report, path: Optional[str]) -> None:
+    """Which prepared TFDS datasets `--tfds_dir` holds: a `<name>/<version>/` folder with its
+    `dataset_info.json` (readable JSON) and TFRecord files, as `tfds.builder` reads them."""
+    if not path:
+        return
+    fix = "point --tfds_dir at a TFDS data folder (~/tensorflow_datasets) holding " + ", ".join(
+        TFDS_NAMES.values()
+    )
+    if not os.path.isdir(path):
+        report.problem("--tfds_dir", f"{path} is not a folder", fix)
+        return
+    found = []
+    for name in TFDS_NAMES.values():
+        for info in glob.glob(os.path.join(tfds_root(name, path), name, "*", "dataset_info.json")):
+            version = os.path.dirname(info)
+            try:
+                with open(info) as f:
+                    json.load(f)
+            except (OSError, ValueError) as e:
+                report.problem("--tfds_dir", f"{info} cannot be read ({e})", "prepare it again")
+                return
+            if not glob.glob(os.path.join(version, "*.tfrecord*")):
+                report.problem(
+                    "--tfds_dir", f"{version} holds no TFRecord files", "prepare it again"
+                )
+                return
+            found.append(f"{name} {os.path.basename(version)}")
+    if found:
+        report.ok("--tfds_dir", f"{os.path.abspath(path)} can serve: {', '.join(found)}")
+    else:
+        report.problem("--tfds_dir", f"{path} holds no prepared TFDS dataset", fix)
 
 
 def main(argv: list[str]) -> int:

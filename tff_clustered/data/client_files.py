@@ -14,13 +14,16 @@ Nothing is kept in the worker's memory between rounds: it reads a client's files
 it, and the operating system's page cache keeps them (or drops them under pressure). The files
 are a second copy of the training arrays, on the temporary folder's disk (in memory where that
 folder is a tmpfs), so a population whose training arrays exceed half that file system's free
-space (`FREE_SPACE_SHARE`) is sent instead (`files_refusal`). The folder is removed when the
+space (`FREE_SPACE_SHARE`) is sent instead (`files_refusal`); a write that fails all the same
+(the disk filled during the run) is one error naming the folder and the fix, its part removed
+(`ClientFiles.write`). The folder is removed when the
 `ClientFiles` is collected or the process exits; one a SIGKILLed process left behind is removed
 by the next run that writes files (`remove_orphaned_folders`)."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 import re
@@ -34,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.data.client_source import CountedSizes
-from tff_clustered.data.federated_data import FederatedData
+from tff_clustered.data.federated_data import DataError, FederatedData
 from tff_clustered.data.worker_reader import WorkerReader, worker_reader
 
 # A population's training arrays are written as files only within this share of the free space
@@ -76,14 +79,26 @@ def files_refusal(
     for name, spec in specs.items():
         if spec.dtype not in DECODABLE or not spec.shape[1:].is_fully_defined():
             return f"its {name!r} arrays ({spec.dtype.name}, {spec.shape}) cannot be written raw"
-    free = shutil.disk_usage(folder or tempfile.gettempdir()).free
+    folder = folder or tempfile.gettempdir()
+    free = shutil.disk_usage(folder).free
     needed = training_bytes(data, specs)
     if needed > FREE_SPACE_SHARE * free:
         return (
-            f"its training arrays ({needed / 1e6:.0f} MB) exceed {FREE_SPACE_SHARE:.0%} of the "
-            f"temporary folder's free space ({free / 1e6:.0f} MB; set TMPDIR to a larger one)"
+            f"its training arrays ({size_text(needed)}) exceed {FREE_SPACE_SHARE:.0%} of the "
+            f"free space of the temporary folder {folder} ({size_text(free)}; set TMPDIR to a "
+            "folder with more)"
         )
     return None
+
+
+def size_text(size: int) -> str:
+    """`size` bytes in the largest unit that keeps it at least 1 (B, KB, MB, GB, TB: powers of
+    1000), to 3 significant digits: never a 0 MB for a few kilobytes."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 999.5:  # 999.5 KB would read 1e+03 KB
+            return f"{size:.3g} {unit}"
+        size /= 1000
+    return f"{size:.3g} TB"
 
 
 class ClientFiles:
@@ -129,11 +144,27 @@ class ClientFiles:
         if client_id not in self.written:
             (arrays,) = self.data.arrays_of("train", [client_id])
             for name, spec in self.specs.items():
-                path = self.path(index, name)
-                np.ascontiguousarray(arrays[name], spec.dtype.as_numpy_dtype).tofile(path + ".tmp")
-                os.replace(path + ".tmp", path)
+                array = np.ascontiguousarray(arrays[name], spec.dtype.as_numpy_dtype)
+                self.write(client_id, self.path(index, name), array)
             self.written.add(client_id)
         return collections.OrderedDict(index=np.int64(index), num_examples=np.int64(num_examples))
+
+    def write(self, client_id: str, path: str, array: np.ndarray) -> None:
+        """`array`'s bytes as the file `path`, whole or not at all: a write that fails (the
+        temporary folder's disk full) removes its part and is one DataError naming the folder
+        and the fix."""
+        try:
+            with open(path + ".tmp", "wb") as f:
+                f.write(array.data)
+            os.replace(path + ".tmp", path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.remove(path + ".tmp")
+            raise DataError(
+                f"the examples of client {client_id!r} ({size_text(array.nbytes)}) cannot be "
+                f"written to the temporary folder {self.folder} ({e.strerror or e}); free space "
+                "there, or set TMPDIR to a folder with room, or pass --client_data=sent"
+            ) from None
 
     def path(self, index: int, name: str) -> str:
         return os.path.join(self.folder, f"{index}.{name}")

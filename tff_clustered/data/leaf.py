@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from typing import Callable, Optional, Union
 
@@ -38,6 +39,7 @@ from tff_clustered.data.leaf_examples import (
     check_labels,
     converted_examples,
     example_kind,
+    finite_inputs,
     word_ids,
     word_vocabulary,
 )
@@ -48,23 +50,54 @@ PathLike = Union[str, os.PathLike]
 
 
 def leaf_json_files(path: PathLike) -> list[str]:
-    """The JSON files of one split: `path` itself, or every `*.json` in the directory."""
+    """The JSON files of one split: `path` itself, or every `*.json` in the directory; each a
+    regular file (`regular_file`)."""
     path = os.fspath(path)
-    if os.path.isfile(path):
-        return [path]
     if os.path.isdir(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".json"))
-        if files:
-            return files
+        if not files:
+            raise DataError(
+                f"no *.json file in {path}; LEAF writes them to data/train/ and data/test/ "
+                "(run LEAF's preprocess.sh, then point --data_dir at the folder holding train/ "
+                "and test/)"
+            )
+    elif os.path.lexists(path):
+        regular_file(path, "point --data_dir at a LEAF data/ folder of train/ and test/ files")
+        return [path]
+    else:
         raise DataError(
-            f"no *.json file in {path}; LEAF writes them to data/train/ and data/test/ "
-            "(run LEAF's preprocess.sh, then point --data_dir at the folder holding train/ "
-            "and test/)"
+            f"{path} does not exist; download and preprocess the dataset with LEAF "
+            "(https://github.com/TalwalkarLab/leaf) and point --data_dir at its data/ folder"
         )
-    raise DataError(
-        f"{path} does not exist; download and preprocess the dataset with LEAF "
-        "(https://github.com/TalwalkarLab/leaf) and point --data_dir at its data/ folder"
-    )
+    for file in files:
+        regular_file(
+            file, "move it out of the split's folder or rename it (every *.json there is read)"
+        )
+    return files
+
+
+# What a path that is not a regular file is, by `stat.S_IFMT` of its mode.
+FILE_KINDS = {
+    stat.S_IFDIR: "a folder",
+    stat.S_IFIFO: "a named pipe (FIFO)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def regular_file(path: str, fix: str) -> None:
+    """DataError unless `path` is a regular file once its symlinks are resolved: a LEAF file
+    is read whole and hashed, and a folder, a named pipe (read forever) or a device is not
+    one; `fix` ends the error."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        problem = f"cannot be opened ({e.strerror}: a broken symlink or a symlink loop?)"
+        raise leaf_error(path, problem, fix) from e
+    if not stat.S_ISREG(mode):
+        kind = FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise leaf_error(path, f"is {kind}, not a LEAF JSON file", fix)
 
 
 def leaf_split_files(data_dir: PathLike) -> list[str]:
@@ -84,6 +117,7 @@ class LeafExamples:
     clients: dict[str, ClientArrays]
     kind: Optional[ExampleKind]
     source: str
+    cached: bool = False  # read from the arrays `leaf_cache` kept
 
 
 def leaf_error(path: str, problem: str, fix: str = "re-run LEAF's preprocessing") -> DataError:
@@ -151,6 +185,15 @@ def leaf_lists(path: str, blob: dict) -> tuple[list[str], dict, Optional[list[in
     duplicates = sorted(u for u, n in collections.Counter(users).items() if n > 1)
     if duplicates:
         raise leaf_error(path, f"user {duplicates[0]!r} is listed twice in 'users'")
+    listed = set(users)
+    unlisted = next((user for user in user_data if user not in listed), None)
+    if unlisted is not None:
+        raise leaf_error(
+            path,
+            f"user {unlisted!r} has data in 'user_data' but is not listed in 'users' (LEAF lists "
+            "every user: the file is damaged or edited)",
+            "add it to 'users' and 'num_samples', or remove its data",
+        )
     if num_samples is not None:
         if not isinstance(num_samples, list) or not all(
             type(n) is int and n >= 0 for n in num_samples
@@ -214,7 +257,7 @@ def read_leaf_examples(
                     f"user {user!r} has num_samples={num_samples[i]} but {len(labels)} examples",
                     "fix num_samples or the data",
                 )
-        if inputs.dtype.kind == "f" and not np.all(np.isfinite(inputs)):
+        if not finite_inputs(inputs):
             raise leaf_error(path, f"user {user!r} has NaN or infinite inputs", "clean the data")
         clients[user] = (inputs, labels)
     return LeafExamples(clients, kind, path)
@@ -272,16 +315,18 @@ def read_leaf_split_examples(
     paths: Union[PathLike, Sequence[PathLike]],
     convert_inputs: Optional[Callable[[list], np.ndarray]] = None,
     num_classes: Optional[int] = None,
+    from_cache: bool = True,
 ) -> LeafExamples:
     """All files of one split, users merged in file order (`merged_user`), one kind; read
-    from the arrays kept beside them when these files were read before (`leaf_cache`)."""
+    from the arrays kept beside them when these files were read before (`leaf_cache`), unless
+    not `from_cache` (the split is parsed, and kept again)."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     names = [file for path in paths for file in leaf_json_files(path)]
     kept = None if convert_inputs is not None else leaf_cache.cache_path(names, num_classes)
-    cached = leaf_cache.read_cached(kept) if kept else None
+    cached = leaf_cache.read_cached(kept, num_classes) if kept and from_cache else None
     if cached is not None:
         clients, kind, source = cached
-        return LeafExamples(clients, ExampleKind(kind), source)
+        return LeafExamples(clients, ExampleKind(kind), source, cached=True)
     split = parsed_split(names, convert_inputs, num_classes)
     if kept and split.kind in (ExampleKind.FEATURES, ExampleKind.CHARACTERS):
         leaf_cache.write_cached(kept, split.clients, split.kind.value, split.source)
@@ -330,11 +375,36 @@ def load_leaf(
     when a split may miss the top classes (labels are then checked against it). Shakespeare
     predicts one of 81 characters and Sent140 one of 2 classes, so `num_classes` is refused
     there.
+
+    A split read from the arrays `leaf_cache` kept, whose data then fails a check (the two
+    splits' users or shapes disagree: a cache file edited, or written by other code), is
+    parsed again from its files (and kept again): an error then is the files' own.
     """
     splits = {
         split: read_leaf_split_examples(paths, num_classes=num_classes)
         for split, paths in (("train", train), ("test", test))
     }
+    try:
+        return leaf_federation(splits, train, test, num_classes, name, image_shape)
+    except DataError:
+        if not any(examples.cached for examples in splits.values()):
+            raise
+    parsed = {
+        split: read_leaf_split_examples(paths, num_classes=num_classes, from_cache=False)
+        for split, paths in (("train", train), ("test", test))
+    }
+    return leaf_federation(parsed, train, test, num_classes, name, image_shape)
+
+
+def leaf_federation(
+    splits: dict[str, LeafExamples],
+    train: Union[PathLike, Sequence[PathLike]],
+    test: Union[PathLike, Sequence[PathLike]],
+    num_classes: Optional[int],
+    name: str,
+    image_shape: Optional[tuple[int, ...]],
+) -> FederatedData:
+    """`load_leaf`'s federation of the splits read from `train` and `test`."""
     typed = one_kind(splits.values())
     kind = typed.kind if typed else None
     source = f"LEAF files {train!s} / {test!s}"

@@ -117,7 +117,12 @@ def check_labels(y: object, num_classes: Optional[int]) -> np.ndarray:
     bad = non_number_types(y)
     if bad:
         raise ValueError(f"labels hold {', '.join(bad)} values where class indices belong")
-    labels = as_float_array(y, np.float64, "labels")
+    return class_indices(as_float_array(y, np.float64, "labels"), num_classes)
+
+
+def class_indices(labels: np.ndarray, num_classes: Optional[int]) -> np.ndarray:
+    """`labels` as they are, checked: whole non-negative numbers below `num_classes` if given
+    (ValueError naming the first problem)."""
     if not np.all(np.isfinite(labels)) or np.any(np.mod(labels, 1) != 0) or np.any(labels < 0):
         raise ValueError("labels must be whole non-negative numbers (class indices)")
     if num_classes is not None and labels.size and labels.max() >= num_classes:
@@ -126,6 +131,11 @@ def check_labels(y: object, num_classes: Optional[int]) -> np.ndarray:
             " (raise --num_classes if the dataset has more)"
         )
     return labels
+
+
+def finite_inputs(inputs: np.ndarray) -> bool:
+    """Whether `inputs` hold no NaN or infinity (integer inputs always do)."""
+    return inputs.dtype.kind != "f" or bool(np.all(np.isfinite(inputs)))
 
 
 def character_windows(x: object) -> np.ndarray:

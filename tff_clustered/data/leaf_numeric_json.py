@@ -17,7 +17,13 @@ all of one length, in objects without a repeated key. It refuses:
 - strings, booleans, nulls or lists where a row's numbers belong, and ragged or empty rows;
 - Shakespeare's and Sent140's examples;
 - a `[` inside a string, which the check that no row holds a list (a count of the file's `[`)
-  cannot tell from a list.
+  cannot tell from a list;
+- a file whose users, looked up one by one, would scan more keys than it has bytes
+  (`too_many_users`). simdjson finds an object's value by scanning its keys from the first
+  (`Object.__getitem__`), and its only iterators over values convert them whole into Python
+  values, so looking up each of N users scans N^2/2 keys: 100,000 users took a minute. Within
+  the bound the scans cost about as much as simdjson's parse at most (LEAF's files hold a few
+  hundred users in megabytes); beyond it the reference reader's linear read is the faster.
 
 The values are the same bit for bit: simdjson rounds each decimal to the nearest double as
 orjson does, a whole number becomes the double Python's `float(int)` gives (which is how NumPy
@@ -90,6 +96,12 @@ def numeric_rows(x: Node) -> Union[np.ndarray, list]:
     return values.astype(np.float32).reshape(len(x), length)
 
 
+def too_many_users(users: int, size: int) -> bool:
+    """Whether looking each of `users` users up in a file of `size` bytes would scan more
+    keys (users^2 / 2) than the file has bytes."""
+    return users * users > 2 * size
+
+
 def numeric_leaf_json(data: bytes) -> dict:
     """The JSON object of a LEAF file's bytes `data` as the reference reader gives it, except
     that each user's non-empty `x` is already its float32 array (examples, features);
@@ -107,6 +119,8 @@ def numeric_leaf_json(data: bytes) -> dict:
         user_data = document["user_data"]
         if not isinstance(user_data, simdjson.Object):
             raise NotNumericRows("'user_data' is not an object")
+        if too_many_users(len(user_data), len(data)):
+            raise NotNumericRows("more users than a linear read by key allows")
         blob["user_data"] = {user: user_record(user_data[user]) for user in unique_keys(user_data)}
         lists += sum(
             list_count(record)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Optional
 
 import numpy as np
 
@@ -25,8 +26,12 @@ GLOVE_HELP = (
 )
 
 
-def read_glove(path: str, vocabulary: set[str]) -> dict[str, np.ndarray]:
-    """Vectors of the words in `vocabulary`, streaming the (large) GloVe text file once."""
+def read_glove(
+    path: str, vocabulary: set[str], lines: Optional[int] = None
+) -> dict[str, np.ndarray]:
+    """Vectors of the words in `vocabulary`, streaming the (large) GloVe text file once (its
+    first `lines` only, when given: the doctor's check); the first line's vector is checked
+    whatever its word, so a file that is not GloVe text is refused."""
     if not path or not os.path.isfile(path):
         raise DataError(f"GloVe file {path!r} not found; {GLOVE_HELP}")
     vectors: dict[str, np.ndarray] = {}
@@ -44,7 +49,7 @@ def read_glove(path: str, vocabulary: set[str]) -> dict[str, np.ndarray]:
                         raise ValueError("no vector after the first word")
                     if named_dim is not None and dim != named_dim:
                         raise ValueError(f"{dim} values where the file name says {named_dim}")
-                if word in vocabulary:
+                if word in vocabulary or line_number == 1:
                     values = np.asarray(rest.split(), dtype=np.float32)
                     if len(values) != dim:
                         raise ValueError(f"{len(values)} values, expected {dim}")
@@ -52,6 +57,8 @@ def read_glove(path: str, vocabulary: set[str]) -> dict[str, np.ndarray]:
                         raise ValueError("NaN or infinite values")
                     vectors[word] = values
                 line_number += 1
+                if lines is not None and line_number > lines:
+                    break
     except (ValueError, OSError) as e:  # UnicodeDecodeError is a ValueError
         message = first_line(e)
         raise DataError(
