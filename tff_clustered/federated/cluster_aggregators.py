@@ -80,6 +80,9 @@ class ClusterAggregator:
     # It is built from its settings alone, so the command line (`--aggregator`) and `run`
     # take it by name; a `tff.aggregators` factory is a Python object, given to `run` only.
     named: ClassVar[bool] = True
+    # Its settings that only a cold start reading clients' own updates uses (`cold_start_
+    # mechanism`): given for algorithms without one, they are refused (`cli.run_flags`).
+    cold_start_settings: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def options_type(cls) -> type:
