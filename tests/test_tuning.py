@@ -7,20 +7,24 @@ import dataclasses
 import json
 import os
 from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from conftest import TRAIN_IN_ONE_PROCESS, history_rows, run_binary
 
+import tff_clustered
 from tff_clustered.comparison import tuning
-from tff_clustered.data import registry
+from tff_clustered.data import registry, validation
+from tff_clustered.data.federated_data import DataError, FederatedData, from_arrays
 from tff_clustered.data.registry import load_dataset
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.data.validation import validation_size
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.execution import RunExecution
 from tff_clustered.runs import runner
-from tff_clustered.runs.run_spec import RunSpec
+from tff_clustered.runs.run_spec import ModelChoice, RunSpec
 from tff_clustered.runtime.context import RuntimeConfig
 
 DIGITS = DataSpec("digits", num_clients=12)
@@ -65,6 +69,43 @@ def test_the_validation_split_is_a_seeded_part_of_each_clients_training_examples
         or not np.array_equal(view.test_arrays[c]["x"], other.test_arrays[c]["x"])
         for c in data.client_ids
     )
+
+
+def one_example_clients(*larger: int) -> FederatedData:
+    """8 clients of one training example each, but clients `larger` of 3, seen as a
+    `--split=validation` run sees them."""
+    rng = np.random.default_rng(0)
+    sizes = [3 if i in larger else 1 for i in range(8)]
+    arrays = {
+        f"c{i}": (rng.normal(size=(n, 4)).astype(np.float32), np.arange(n) % 2)
+        for i, n in enumerate(sizes)
+    }
+    return validation.validation_view(from_arrays("tiny", arrays, arrays, 2), seed=0)
+
+
+def test_no_validation_example_is_refused_and_a_cluster_without_any_scores_nothing(
+    tmp_path: Path,
+) -> None:
+    """Issue 64: every client of 1 training example has no validation example: refused where
+    the split is made, naming it and the fix, instead of TF's "Expected multiples[0] >= 0" in
+    the scoring; an evaluation sample of such clients is refused too; clusters whose members
+    have none (IFCA's, with one client of 3 examples) score nothing and the run goes on."""
+    with pytest.raises(DataError, match="no client of tiny has a validation example .* or use"):
+        one_example_clients()
+    data = one_example_clients(5)
+    assert [data.test_sizes[f"c{i}"] for i in range(8)] == [0] * 5 + [1] + [0] * 2
+    training = TrainingConfig(rounds=1, clients_per_round=3, local_epochs=1)
+    def run(algorithm: str, output_dir: Path, **args: Any) -> tff_clustered.RunResult:
+        return tff_clustered.run(
+            algorithm, data, ModelChoice("mclr"), output_dir=str(output_dir),
+            execution="in_process", log=lambda line: None, **args,
+        )  # fmt: skip
+
+    sample = dataclasses.replace(training, eval_clients=1)  # c0's alone (seed 0)
+    with pytest.raises(DataError, match="none of the 1 scored clients .* has a validation ex"):
+        run("fedavg", tmp_path / "a", training=sample)
+    done = run("ifca", tmp_path / "b", training=training, options={"num_clusters": 2})
+    assert [row["round"] for row in done.history] == [0, 1]
 
 
 def test_the_default_split_records_and_loads_as_before() -> None:
