@@ -85,9 +85,13 @@ def test_a_setting_the_chosen_mode_does_not_read_is_refused() -> None:
             "--dp_cold_start_share set with --dp_cold_start=raw",
         ),
         ({"target_quantile": 0.7}, "--dp_target_quantile set with --dp_clipping=fixed"),
+        (
+            {"noise_multiplier": 0.0, "cold_start_noise_multiplier": 2.0},
+            "--dp_cold_start_noise_multiplier set with --dp_noise_multiplier=0, which does not",
+        ),
     ):
         with pytest.raises(ValueError, match=message):
-            AggregatorConfig("dp", noise_multiplier=1.0, **settings)
+            AggregatorConfig("dp", **{"noise_multiplier": 1.0, **settings})
     flag_values = parsed("--aggregator=dp", "--dp_noise_multiplier=1", "--dp_cold_start=raw")
     assert aggregator_config_from_flags(flag_values).options.cold_start_release == "raw"
     with pytest.raises(ValueError, match="--dp_cold_start_share set with --dp_cold_start=raw"):

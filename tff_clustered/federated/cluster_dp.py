@@ -207,6 +207,12 @@ class DPOptions(AggregatorOptions):
                 "--dp_cold_start=raw",
                 "--dp_cold_start=private",
             ),
+            (  # clipping only: the cold start has no noise to add, its updates are read raw
+                self.noise_multiplier == 0,
+                ("cold_start_share", "cold_start_noise_multiplier"),
+                "--dp_noise_multiplier=0",
+                "a noise multiplier above 0",
+            ),
         )
         defaults = DPOptions.__dataclass_fields__
         for applies, names, mode, other_mode in unused_in_mode:
