@@ -155,7 +155,11 @@ class Mistaken(NormBoundedMean):
 
     def finalize(self, *args: Any) -> tuple:
         means, stepped, state, measured = super().finalize(*args)
-        return means, tf.cast(stepped, tf.float32) if self.mistake else stepped, state, measured
+        if self.mistake == "updated":
+            stepped = tf.cast(stepped, tf.float32)
+        if self.mistake == "measured":
+            measured = {"dropped_count": [0.0]}
+        return means, stepped, state, measured
 
 
 def test_a_users_aggregator_returning_other_values_is_named_once_traced(tmp_path: object) -> None:
@@ -168,6 +172,8 @@ def test_a_users_aggregator_returning_other_values_is_named_once_traced(tmp_path
         ("fewer", "Mistaken.preprocess returned delta of 3 values, expected 4 values"),
         ("updated", "Mistaken.finalize returned updated of shape (1,) float32, expected shape "
          "(1,) bool"),
+        ("measured", "Mistaken.finalize returned measurements[dropped_count] = [0.0] (a list), "
+         "expected a tensor of shape (1,) (one value per cluster)"),
     ):  # fmt: skip
         with pytest.raises(ValueError) as refused:
             run_with(1.0, str(tmp_path / mistake), Mistaken(mistake=mistake))

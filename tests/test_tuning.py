@@ -241,6 +241,7 @@ def test_tuning_flags_that_would_do_nothing_or_never_end_are_refused(tmp_path: o
     assert tuning.MAX_BUDGET == 1000
     cases = [
         (["--tune="], "--tune= names no knob: give all, or some of learning_rate"),
+        (["--tune=,"], "--tune=, names no knob"),
         (["--tune_budget=3"], "--tune_budget=3 set without --tune, which does not use it"),
         (["--tune=all", "--tune_budget=99999999999999999999"], "--tune_budget=9999"),
         (["--tune=all", "--tune_budget=1001"], "1001 is not an integer in the range [1, 1000]"),

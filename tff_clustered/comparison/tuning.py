@@ -49,12 +49,12 @@ def tuned_space(spec: RunSpec, knobs: Sequence[str]) -> dict[str, search_space.S
 def check_knobs(specs: Sequence[RunSpec], knobs: Sequence[str]) -> None:
     """Refuses a `--tune` knob no method of the table declares, naming those they do."""
     declared = {name for spec in specs for name in method_space(spec)}
-    if not knobs:
+    if not any(k.strip() for k in knobs):
         raise ValueError(
-            f"--tune= names no knob: give all, or some of {', '.join(sorted(declared))} "
-            "(or leave --tune unset for an untuned table)"
+            f"--tune={','.join(knobs)} names no knob: give all, or some of "
+            f"{', '.join(sorted(declared))} (or leave --tune unset for an untuned table)"
         )
-    unknown = [k for k in knobs if k != ALL_KNOBS and k not in declared]
+    unknown = [k.strip() or "''" for k in knobs if k != ALL_KNOBS and k not in declared]
     if unknown:
         raise ValueError(
             f"--tune={','.join(knobs)}: no method of the table searches {', '.join(unknown)}; "

@@ -288,9 +288,10 @@ class ClusterAggregator:
                 tuple(sums),
                 tf.TensorSpec(total_weight.shape, tf.bool),
                 slot["state"],
-                None,  # what the round reports: any tensors, by name
+                None,  # what the round reports: checked below, any [K] tensors by name
             ),
         )
+        check_measurements(self, measured, total_weight.shape)
         return means, updated, self.server_slot(state, inputs), measured
 
     def initial_slot(self, num_clusters: int) -> Any:
@@ -432,6 +433,25 @@ def checked_output(
                     f"{tensor_text(wanted)}"
                 )
     return tuple(got)
+
+
+def check_measurements(aggregator: ClusterAggregator, measured: Any, shape: Any) -> None:
+    """What `finalize` reports must be a dict of tensors of `shape` ([K], a value per
+    cluster: metrics.csv's `NAME_cluster_k`); another is a ValueError naming it."""
+    where = f"{type(aggregator).__name__}.finalize"
+    if not isinstance(measured, Mapping):
+        raise ValueError(
+            f"{where} returned measurements of {output_text(measured)}; expected a dict of "
+            f"tensors of shape {tf.TensorShape(shape)} (one value per cluster)"
+        )
+    for key, value in measured.items():
+        tensor = hasattr(value, "shape") and hasattr(value, "dtype")
+        if not tensor or not tf.TensorShape(value.shape).is_compatible_with(shape):
+            got = f"of {tensor_text(value)}" if tensor else f"= {described(value)}"
+            raise ValueError(
+                f"{where} returned measurements[{key}] {got}, expected a tensor of shape "
+                f"{tf.TensorShape(shape)} (one value per cluster)"
+            )
 
 
 def leaf_paths(structure: Any, prefix: str = "") -> list[str]:
