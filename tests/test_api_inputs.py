@@ -11,6 +11,7 @@ suite sees the same cases every time in a few seconds.
 from __future__ import annotations
 
 import collections
+import functools
 import re
 from collections.abc import Iterator
 from typing import Any, Callable
@@ -436,6 +437,21 @@ def test_resuming_with_another_model_of_the_same_size_names_what_differs(tmp_pat
 
 class MaxNormDense(tf.keras.layers.Dense):
     """A Dense layer of another class (the same weights)."""
+
+
+def test_a_cold_start_setting_for_an_algorithm_without_a_cold_start_is_refused() -> None:
+    """Issue 64: FedAvg and IFCA read no clients' updates at a cold start, so a private
+    aggregator's cold-start settings changed for them do nothing: refused naming the setting
+    and its flag (the command line refuses the flags: tests/test_train_binary.py)."""
+    raw = tff_clustered.ClusterDP(1.0, cold_start_release="raw")
+    for algorithm in ("fedavg", "ifca"):
+        refused = functools.partial(run, algorithm=algorithm, aggregator=raw)
+        message = assert_named_error(refused, "raw")
+        assert message.startswith(f"{algorithm} has no cold start that reads clients' updates, "
+                                  "so the dp aggregator's cold_start_release='raw' "
+                                  "(--dp_cold_start) would do nothing"), message  # fmt: skip
+    with pytest.raises(ReachedTheRun):  # the default settings
+        run(aggregator=tff_clustered.ClusterDP(1.0))
 
 
 def test_the_checks_are_the_same_for_a_tff_client_data() -> None:

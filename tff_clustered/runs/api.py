@@ -39,7 +39,7 @@ from tff_clustered.data.given_clients import federated_data
 from tff_clustered.data.registry import load_dataset, source_fingerprint
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
-from tff_clustered.loop.aggregation import check_aggregator
+from tff_clustered.loop.aggregation import check_aggregator, check_cold_start_settings
 from tff_clustered.loop.client_store import checked_store_choice
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.execution import RunExecution
@@ -266,6 +266,7 @@ def run(
         )
     built = make_algorithm(algorithm, options)  # its range checks, before any work
     check_aggregator(built, training.aggregator.build())
+    check_cold_start_settings(built, training.aggregator)
     unknown = sorted(set(data_args) - set(DATA_ARGUMENTS))
     if unknown:
         raise TypeError(
