@@ -85,15 +85,17 @@ def held_exclusively(path: str) -> Iterator[None]:
         process.wait(timeout=60)
 
 
-# The start of a `python -c` script that runs train.py's main in this one process, as `app.run`
-# would, importing TensorFlow once for several runs: `ARGUMENT` is the JSON of sys.argv[1], and
-# `run_train(argv)` prints each run's exit code and stderr as one JSON line.
+# The start of a `python -c` script that runs a binary's main (train.py's, or BINARY's given as
+# sys.argv[2]) in this one process, as `app.run` would, importing TensorFlow once for several
+# runs: `ARGUMENT` is the JSON of sys.argv[1], and `run_train(argv)` prints each run's exit
+# code and stderr as one JSON line.
 TRAIN_IN_ONE_PROCESS = """
 import contextlib, io, json, sys
 ARGUMENT = json.loads(sys.argv[1])
-sys.argv = ["train.py"]
+BINARY = sys.argv[2] if len(sys.argv) > 2 else "train"
+sys.argv = [BINARY + ".py"]
 from tff_clustered.cli import launch
-train = launch.imported("train")
+train = launch.imported(BINARY)
 from absl import app, flags
 from tff_clustered.cli import exits
 from tff_clustered.runtime import signals
@@ -104,7 +106,7 @@ def run_train(argv):
     code = 0
     with contextlib.redirect_stderr(stderr):
         try:
-            app.run(train.main, argv=["train.py", *argv], flags_parser=exits.parse_flags)
+            app.run(train.main, argv=[BINARY + ".py", *argv], flags_parser=exits.parse_flags)
         except SystemExit as e:
             code = e.code
     print(json.dumps([code, stderr.getvalue()]), flush=True)

@@ -72,6 +72,32 @@ def test_the_flags_make_the_settings_and_refuse_another_aggregators() -> None:
         AggregatorConfig("robust", zeroing=False)  # the flag's setting is robust_zeroing
 
 
+def test_a_setting_the_chosen_mode_does_not_read_is_refused() -> None:
+    """A cold-start setting with the raw cold start, an adaptive one with the fixed clip:
+    refused naming the flag and the mode, in code as on the command line (issue 64, item 12)."""
+    for settings, message in (
+        (
+            {"cold_start_release": "raw", "cold_start_noise_multiplier": 2.0},
+            "--dp_cold_start_noise_multiplier set with --dp_cold_start=raw, which does not",
+        ),
+        (
+            {"cold_start_release": "raw", "cold_start_share": 0.5},
+            "--dp_cold_start_share set with --dp_cold_start=raw",
+        ),
+        ({"target_quantile": 0.7}, "--dp_target_quantile set with --dp_clipping=fixed"),
+        (
+            {"noise_multiplier": 0.0, "cold_start_noise_multiplier": 2.0},
+            "--dp_cold_start_noise_multiplier set with --dp_noise_multiplier=0, which does not",
+        ),
+    ):
+        with pytest.raises(ValueError, match=message):
+            AggregatorConfig("dp", **{"noise_multiplier": 1.0, **settings})
+    flag_values = parsed("--aggregator=dp", "--dp_noise_multiplier=1", "--dp_cold_start=raw")
+    assert aggregator_config_from_flags(flag_values).options.cold_start_release == "raw"
+    with pytest.raises(ValueError, match="--dp_cold_start_share set with --dp_cold_start=raw"):
+        ClusterDP(1.0, cold_start_release="raw", cold_start_share=0.5).options()
+
+
 def test_what_the_loop_reads_is_declared() -> None:
     """Noise and its account, uniform weights, what individual updates void, the executions
     and bits: each a declaration of the aggregator, the mean's the plain answers."""

@@ -11,6 +11,8 @@ suite sees the same cases every time in a few seconds.
 from __future__ import annotations
 
 import collections
+import functools
+import re
 from collections.abc import Iterator
 from typing import Any, Callable
 
@@ -25,6 +27,7 @@ import tff_clustered
 from tff_clustered.algorithms import ALGORITHMS, make_options
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.state import RunState
+from tff_clustered.models.description import architecture
 from tff_clustered.options import base_type, field_types
 from tff_clustered.run_folder import RunFolder
 from tff_clustered.runs import api, checkpoint
@@ -397,6 +400,58 @@ def test_resuming_with_a_model_of_another_size_names_both_sizes(tmp_path: Any) -
         run(clients, output_dir, resume=True)
     with pytest.raises(ReachedTheRun):  # another model in a new folder starts afresh
         run(clients, str(tmp_path / "new"), model_fn=wider)
+
+
+def test_resuming_with_another_model_of_the_same_size_names_what_differs(tmp_path: Any) -> None:
+    """Issue 64: a model_fn of the same size but another activation (relu -> tanh) or layer
+    class continued the checkpoint's run in the new model; refused, naming the layer and the
+    setting. The model that made it resumes; a checkpoint that predates the record (the test
+    above) resumes on its size."""
+    clients = clients_of([4, 5, 6])
+    data = api.federated_data(clients)
+
+    def hidden(activation: str, layer: type = tf.keras.layers.Dense) -> Callable[[], Any]:
+        return lambda: tf.keras.Sequential(
+            [tf.keras.layers.InputLayer(input_shape=(FEATURES,)), layer(4, activation=activation)]
+            + [tf.keras.layers.Dense(2)]
+        )
+
+    relu = hidden("relu")
+    made = relu()
+    settings = api.run_settings(
+        "fedavg", make_options("fedavg"), TrainingConfig(), data, "custom", architecture(made)
+    )
+    state = RunState(round_num=1, cluster_models=np.zeros((1, api.model_values(made)), np.float32))
+    output_dir = str(tmp_path)
+    checkpoint.save(RunFolder(output_dir).checkpoint, state, settings)
+    for other, differs in (
+        (hidden("tanh"), "model_architecture.layer 1 Dense.activation: checkpoint 'relu', now "),
+        (hidden("relu", MaxNormDense), "layer 1 Dense: checkpoint (this layer), now (none)"),
+    ):
+        with pytest.raises(checkpoint.CheckpointError, match=re.escape(differs)) as refused:
+            run(clients, output_dir, model_fn=other, resume=True)
+        assert "\n" not in str(refused.value)
+    with pytest.raises(ReachedTheRun):
+        run(clients, output_dir, model_fn=relu, resume=True)
+
+
+class MaxNormDense(tf.keras.layers.Dense):
+    """A Dense layer of another class (the same weights)."""
+
+
+def test_a_cold_start_setting_for_an_algorithm_without_a_cold_start_is_refused() -> None:
+    """Issue 64: FedAvg and IFCA read no clients' updates at a cold start, so a private
+    aggregator's cold-start settings changed for them do nothing: refused naming the setting
+    and its flag (the command line refuses the flags: tests/test_train_binary.py)."""
+    raw = tff_clustered.ClusterDP(1.0, cold_start_release="raw")
+    for algorithm in ("fedavg", "ifca"):
+        refused = functools.partial(run, algorithm=algorithm, aggregator=raw)
+        message = assert_named_error(refused, "raw")
+        assert message.startswith(f"{algorithm} has no cold start that reads clients' updates, "
+                                  "so the dp aggregator's cold_start_release='raw' "
+                                  "(--dp_cold_start) would do nothing"), message  # fmt: skip
+    with pytest.raises(ReachedTheRun):  # the default settings
+        run(aggregator=tff_clustered.ClusterDP(1.0))
 
 
 def test_the_checks_are_the_same_for_a_tff_client_data() -> None:

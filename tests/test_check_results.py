@@ -5,6 +5,7 @@ as DATA under --data_root."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 from pathlib import Path
 
@@ -325,6 +326,13 @@ def test_malformed_tables_are_failures_that_do_not_stop_the_others(tmp_path: Pat
         SOUND.replace("1,0.9,0.85", "1,0,0").replace("2,0.9,0.9", "2,0,0"),
         SUMMARY,
     )
+    # issue 64: a .csv that is a folder (a traceback) or not UTF-8 (a line without the file)
+    table_files(tmp_path / "folder", "", SUMMARY)
+    os.remove(tmp_path / "folder" / "comparison.csv")
+    os.mkdir(tmp_path / "folder" / "comparison.csv")
+    table_files(tmp_path / "latin1", "", SUMMARY)
+    latin1 = SOUND.replace("digits", "d\xeft").encode("latin-1")
+    (tmp_path / "latin1" / "comparison.csv").write_bytes(latin1)
     done = run_binary([os.path.join("binaries", "check_results.py"), f"--results={tmp_path}"])
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     expected = {
@@ -332,12 +340,58 @@ def test_malformed_tables_are_failures_that_do_not_stop_the_others(tmp_path: Pat
         "no_final": "comparison.csv: no final_accuracy column",
         "nan": "final_accuracy is nan",
         "zeroed": "the .md says 85.00 ± 5.00 for digits / fedavg",
+        "folder": f"{tmp_path}/folder/comparison.csv is a folder, not a file",
+        "latin1": f"{tmp_path}/latin1/comparison.csv is not UTF-8 text (invalid continuation",
     }
     lines = done.stdout.splitlines()
     for folder, message in expected.items():
         (line,) = [x for x in lines if f"/{folder}/comparison.md" in x]
         assert line.startswith("MALFORMED") and message in line, line
-    assert lines[-1].startswith("checked the committed rows of 4 tables; reran 0 cells (0 runs)")
+    assert lines[-1].startswith("checked the committed rows of 6 tables; reran 0 cells (0 runs)")
+
+
+DIAGNOSED = HEADER.replace("\n", ",clusters,cluster_sizes\n") + "".join(
+    f"digits,{algorithm},{s},0.9,{a},{k},{sizes}\n"
+    for algorithm in ("fedavg", "ifca")
+    for s, a, k, sizes in zip(range(3), (0.8, 0.85, 0.9), (1, 2, 3), ("40", "20+20", "20+10+10"))
+)
+DIAGNOSTICS = (
+    "Diagnostics per seed (0/1/2): clusters in use at the end.\n\n"
+    "| setting | algorithm | diagnostics |\n|---|---|---|\n"
+    + "".join(
+        f"| digits | {a} | clusters 1/2/3; sizes 40 / 20+20 / 20+10+10 |\n"
+        for a in ("fedavg", "ifca")
+    )
+)
+
+
+def test_rows_of_swapped_seeds_are_named_by_their_per_seed_records(tmp_path: Path) -> None:
+    """Issue 64: seeds 1 and 2 of the second column swapped keep its mean and std, and only
+    the first cell is rerun: the .md's per-seed diagnostics (in seed order) and, where the
+    table's folder holds them, the runs' own summary.json name the rows."""
+    problems = committed_tables.committed_problems
+    assert problems(DIAGNOSED, DIAGNOSTICS)[1] == []
+    swapped = DIAGNOSED.replace("ifca,1,", "ifca,x,").replace("ifca,2,", "ifca,1,")
+    swapped = swapped.replace("ifca,x,", "ifca,2,")
+    assert problems(swapped, DIAGNOSTICS)[1] == [
+        "the .md's diagnostics of digits / ifca say clusters 1/2/3, its .csv rows of seeds "
+        "0/1/2 give 1/3/2 (rows of other seeds?)",
+        "the .md's diagnostics of digits / ifca say sizes 40 / 20+20 / 20+10+10, its .csv rows "
+        "of seeds 0/1/2 give 40 / 20+10+10 / 20+20 (rows of other seeds?)",
+    ]
+    rows = committed_tables.read_csv(SOUND)[0]
+    assert committed_tables.run_output_problems(rows, str(tmp_path)) == []  # no runs kept
+    for seed, final in enumerate((0.8, 0.9, 0.85)):  # the runs of seeds 1 and 2 swapped
+        run = tmp_path / f"s{seed}" / "fedavg"
+        run.mkdir(parents=True)
+        results = {"final_accuracy": final, "max_accuracy": 0.9}
+        summary = {"config": {"training": {"seed": seed}}, "results": results}
+        (run / "summary.json").write_text(json.dumps(summary))
+    assert committed_tables.run_output_problems(rows, str(tmp_path)) == [
+        f"digits / fedavg / seed {seed} has final_accuracy {row} (its run's {run}), from "
+        f"{tmp_path}/s{seed}/fedavg/summary.json"
+        for seed, row, run in ((1, "0.85", "0.9"), (2, "0.9", "0.85"))
+    ]
 
 
 def test_the_sampled_cell_is_the_first_rows_lowest_seed_or_all_its_seeds() -> None:

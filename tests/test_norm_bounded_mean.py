@@ -5,10 +5,12 @@ records its settings, and resumes only with them."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
 from types import ModuleType
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -90,14 +92,16 @@ def digits_model() -> tf.keras.Model:
     return EXAMPLE.digits_model()
 
 
-def run_with(max_norm: float, output_dir: str, **more: object) -> tff_clustered.RunResult:
+def run_with(
+    max_norm: float, output_dir: str, aggregator: object = None, **more: object
+) -> tff_clustered.RunResult:
     return tff_clustered.run(
         "fedavg",
         DataSpec("digits", num_clients=CLIENTS),
         digits_model,
         output_dir=output_dir,
         training=tff_clustered.TrainingConfig(rounds=2, clients_per_round=CLIENTS),
-        aggregator=NormBoundedMean(max_norm=max_norm),
+        aggregator=aggregator or NormBoundedMean(max_norm=max_norm),
         execution="in_process",
         log=lambda _: None,
         **more,
@@ -134,3 +138,51 @@ def test_a_real_run_drops_every_client_beyond_the_bound_and_keeps_the_others(
     assert [row["accuracy"] for row in again.history] == accuracy  # finished: the same run
     with pytest.raises(CheckpointError, match="max_norm"):
         run_with(0.5, str(tmp_path / "dropped"), resume=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mistaken(NormBoundedMean):
+    """The example with one `mistake` of a user's in what it returns."""
+
+    mistake: str = ""
+    name: ClassVar[str] = "mistaken"
+
+    def preprocess(self, *args: Any) -> tuple:
+        delta, weight, stats = super().preprocess(*args)
+        if self.mistake == "shape":  # the model's first tensor is (64, 16)
+            delta = (tf.zeros([8, 128]), *delta[1:])
+        return delta[:-1] if self.mistake == "fewer" else delta, weight, stats
+
+    def finalize(self, *args: Any) -> tuple:
+        means, stepped, state, measured = super().finalize(*args)
+        if self.mistake == "updated":
+            stepped = tf.cast(stepped, tf.float32)
+        if self.mistake == "measured":
+            measured = {"dropped_count": [0.0]}
+        return means, stepped, state, measured
+
+
+def test_a_users_aggregator_returning_other_values_is_named_once_traced(tmp_path: object) -> None:
+    """Issue 64: a wrong shape was TF's "Dimensions must be equal, but are 8 and 128", a
+    tensor fewer a 107-line nest error, a list field "unhashable type: 'list'": each is now
+    one line naming the class, the method and what differs, before any round runs."""
+    for mistake, message in (
+        ("shape", "Mistaken.preprocess returned delta[0] of shape (8, 128) float32, expected "
+         "shape (64, 16) float32"),
+        ("fewer", "Mistaken.preprocess returned delta of 3 values, expected 4 values"),
+        ("updated", "Mistaken.finalize returned updated of shape (1,) float32, expected shape "
+         "(1,) bool"),
+        ("measured", "Mistaken.finalize returned measurements[dropped_count] = [0.0] (a list), "
+         "expected a tensor of shape (1,) (one value per cluster)"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError) as refused:
+            run_with(1.0, str(tmp_path / mistake), Mistaken(mistake=mistake))
+        assert str(refused.value) == message
+    with pytest.raises(TypeError, match=r"^Listed: field bounds is \[1.0, 2.0\] \(a list\), wh"):
+        Listed()
+
+
+@dataclasses.dataclass(frozen=True)
+class Listed(NormBoundedMean):
+    bounds: Any = dataclasses.field(default_factory=lambda: [1.0, 2.0])
+    name: ClassVar[str] = "listed"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import run_binary
 
+from tff_clustered.cli import replace_columns
 from tff_clustered.comparison import column_replacement, table_writer, tuning
 from tff_clustered.comparison.committed_tables import committed_problems
 
@@ -167,3 +168,18 @@ def test_a_setting_tables_cells_tuning_and_standings_are_spliced_as_a_full_rewri
             "- fedavg: rerun",
             dict(by_setting=True, client_mean=True, target_accuracy=0.9),
         )
+
+
+def test_a_committed_file_that_is_a_folder_or_not_utf8_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 64: a comparison.csv that is a folder was a traceback, one not UTF-8 an exit-2
+    line without the file: each is one ValueError (exit 2) naming the path."""
+    (tmp_path / "comparison.md").write_text("# t\n")
+    (tmp_path / "comparison.csv").mkdir()
+    with pytest.raises(ValueError, match=f"^{tmp_path}/comparison.csv is a folder, not a file"):
+        replace_columns.read_table(str(tmp_path), "--committed_table")
+    (tmp_path / "comparison.csv").rmdir()
+    (tmp_path / "comparison.csv").write_bytes(b"setting\n\xff\n")
+    with pytest.raises(ValueError, match=f"^{tmp_path}/comparison.csv is not UTF-8 text"):
+        replace_columns.read_table(str(tmp_path), "--committed_table")

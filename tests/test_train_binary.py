@@ -375,6 +375,11 @@ BAD_FLAGS = [
     (["--aggregator=dp", "--dp_noise_multiplier=1e-20"], "(--dp_noise_multiplier) must be 0"),
     (["--aggregator=dp", "--target_epsilon=1e300"], "--target_epsilon must be in [0, 1e+06]"),
     (["--aggregator=dp", "--dp_noise_multiplier=1", "--dp_clip=1e300"], "(--dp_clip) must be"),
+    # Privacy flags that would do nothing (issue 64, item 12)
+    (
+        ["--algorithm=ifca", "--aggregator=dp", "--dp_noise_multiplier=1", "--dp_cold_start=raw"],
+        "--algorithm=ifca takes no --dp_cold_start: it has no cold start",
+    ),
 ]
 
 # Runs train.py's main once per case in one process (importing TensorFlow once, not per case),

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
+import os
 from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from conftest import history_rows, run_binary
+from conftest import TRAIN_IN_ONE_PROCESS, history_rows, run_binary
 
+import tff_clustered
 from tff_clustered.comparison import tuning
-from tff_clustered.data import registry
+from tff_clustered.data import registry, validation
+from tff_clustered.data.federated_data import DataError, FederatedData, from_arrays
 from tff_clustered.data.registry import load_dataset
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.data.validation import validation_size
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.execution import RunExecution
 from tff_clustered.runs import runner
-from tff_clustered.runs.run_spec import RunSpec
+from tff_clustered.runs.run_spec import ModelChoice, RunSpec
 from tff_clustered.runtime.context import RuntimeConfig
 
 DIGITS = DataSpec("digits", num_clients=12)
@@ -65,6 +71,43 @@ def test_the_validation_split_is_a_seeded_part_of_each_clients_training_examples
     )
 
 
+def one_example_clients(*larger: int) -> FederatedData:
+    """8 clients of one training example each, but clients `larger` of 3, seen as a
+    `--split=validation` run sees them."""
+    rng = np.random.default_rng(0)
+    sizes = [3 if i in larger else 1 for i in range(8)]
+    arrays = {
+        f"c{i}": (rng.normal(size=(n, 4)).astype(np.float32), np.arange(n) % 2)
+        for i, n in enumerate(sizes)
+    }
+    return validation.validation_view(from_arrays("tiny", arrays, arrays, 2), seed=0)
+
+
+def test_no_validation_example_is_refused_and_a_cluster_without_any_scores_nothing(
+    tmp_path: Path,
+) -> None:
+    """Issue 64: every client of 1 training example has no validation example: refused where
+    the split is made, naming it and the fix, instead of TF's "Expected multiples[0] >= 0" in
+    the scoring; an evaluation sample of such clients is refused too; clusters whose members
+    have none (IFCA's, with one client of 3 examples) score nothing and the run goes on."""
+    with pytest.raises(DataError, match="no client of tiny has a validation example .* or use"):
+        one_example_clients()
+    data = one_example_clients(5)
+    assert [data.test_sizes[f"c{i}"] for i in range(8)] == [0] * 5 + [1] + [0] * 2
+    training = TrainingConfig(rounds=1, clients_per_round=3, local_epochs=1)
+    def run(algorithm: str, output_dir: Path, **args: Any) -> tff_clustered.RunResult:
+        return tff_clustered.run(
+            algorithm, data, ModelChoice("mclr"), output_dir=str(output_dir),
+            execution="in_process", log=lambda line: None, **args,
+        )  # fmt: skip
+
+    sample = dataclasses.replace(training, eval_clients=1)  # c0's alone (seed 0)
+    with pytest.raises(DataError, match="none of the 1 scored clients .* has a validation ex"):
+        run("fedavg", tmp_path / "a", training=sample)
+    done = run("ifca", tmp_path / "b", training=training, options={"num_clusters": 2})
+    assert [row["round"] for row in done.history] == [0, 1]
+
+
 def test_the_default_split_records_and_loads_as_before() -> None:
     spec = RunSpec("fedavg", DIGITS)
     assert "split" not in spec.settings()
@@ -90,6 +133,19 @@ def test_the_same_seed_draws_the_same_trials_and_every_method_the_same_learning_
 def test_the_best_trial_is_the_first_of_the_highest_and_never_a_nan() -> None:
     assert tuning.best_trial([0.5, float("nan"), 0.7, 0.7]) == 2
     assert tuning.best_trial([float("nan"), 0.1]) == 1
+    # every trial diverged: none is chosen, and the method's line says why and what to lower
+    assert tuning.best_trial([float("nan"), float("nan")]) is None
+    trials = ({"learning_rate": 0.05}, {"learning_rate": 0.3})
+    method = tuning.TunedMethod("iid", "fedavg", trials, (float("nan"), float("nan")))
+    assert method.line() == (
+        "iid fedavg: no trial of 2 chosen: every trial diverged (learning rates 0.05 to 0.3), "
+        "so fedavg has no values to test and no row; lower --learning_rate (the trials draw "
+        "within a factor of 4 of it) or the range of its knobs"
+    )
+    assert tuning.tuning_csv([method]).splitlines()[1:] == [
+        "iid,fedavg,0,--learning_rate=0.05,nan,0",
+        "iid,fedavg,1,--learning_rate=0.3,nan,0",
+    ]
 
 
 class ReadRecorder(Mapping):
@@ -168,6 +224,40 @@ def test_compare_plans_equal_trials_and_refuses_an_unknown_knob() -> None:
         tuning.check_knobs([FEDPROX], ["mu", "bogus"])
 
 
+# compare.py's main run once per case in one process, as compare.py would (conftest's).
+EACH_COMPARE_CASE = (
+    TRAIN_IN_ONE_PROCESS
+    + """
+for case in ARGUMENT:
+    run_train(case)
+"""
+)
+
+
+def test_tuning_flags_that_would_do_nothing_or_never_end_are_refused(tmp_path: object) -> None:
+    """An empty --tune=, --tune_budget without --tune and a budget past `MAX_BUDGET` (which
+    --plan_only would list forever) exit 2 naming the flag, nothing written (issue 64)."""
+    plan = ["--algorithms=fedavg", "--plan_only", f"--output_dir={tmp_path}"]
+    assert tuning.MAX_BUDGET == 1000
+    cases = [
+        (["--tune="], "--tune= names no knob: give all, or some of learning_rate"),
+        (["--tune=,"], "--tune=, names no knob"),
+        (["--tune_budget=3"], "--tune_budget=3 set without --tune, which does not use it"),
+        (["--tune=all", "--tune_budget=99999999999999999999"], "--tune_budget=9999"),
+        (["--tune=all", "--tune_budget=1001"], "1001 is not an integer in the range [1, 1000]"),
+    ]
+    done = run_binary(
+        ["-c", EACH_COMPARE_CASE, json.dumps([[*plan, *given] for given, _ in cases]), "compare"]
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
+    assert len(results) == len(cases), done.stdout[-2000:]
+    for (given, message), (code, stderr) in zip(cases, results):
+        assert code == 2 and message in stderr, (given, stderr[-2000:])
+        assert stderr.count("\n") <= 2 and "Traceback" not in stderr, (given, stderr)
+    assert not os.listdir(tmp_path)
+
+
 # FedGroup's, FeSEM's and UA-PDFL's own knobs (docs/tuning.md), each a value its range holds.
 OWN_KNOBS = {
     "fedgroup": {"pretrain_scale": {5, 10, 20, 40}, "pretrain_epochs": {1, 2, 5}},
@@ -207,7 +297,7 @@ from tff_clustered.loop.divergence import DivergenceError
 trained = compare.table_row
 
 def table_row(run, dataset, execution):
-    if run.folder.endswith("trial01"):
+    if run.folder.endswith("trial01") or "/fedprox/trial" in run.folder:
         raise DivergenceError("round 2: planted: the updates of 1 of 4 sampled clients are NaN")
     return trained(run, dataset, execution)
 
@@ -219,10 +309,13 @@ app.run(compare.main, flags_parser=exits.parse_flags)
 
 def test_a_trial_that_diverges_scores_nothing_and_the_tuning_goes_on(tmp_path: object) -> None:
     """A trial whose training diverges (its values are too much for the data) is recorded
-    with no score, never chosen, and said so; the table's other trials and runs go on."""
+    with no score, never chosen, and said so; the table's other trials and runs go on. A method
+    every trial of which diverged (FedProx's, planted) has no trial chosen: no test run, no row,
+    and its Tuning line says so (issue 64: it took a NaN trial's values to the test split)."""
     out = str(tmp_path)
     done = run_binary(
-        ["-c", DIVERGING_TRIAL, "--algorithms=fedavg", "--tune=learning_rate", "--tune_budget=2",
+        ["-c", DIVERGING_TRIAL, "--algorithms=fedavg,fedprox", "--tune=learning_rate",
+         "--tune_budget=2",
          "--seeds=0", "--rounds=2", "--clients_per_round=4", "--execution=in_process",
          f"--output_dir={out}"],
         timeout=300,
@@ -233,5 +326,11 @@ def test_a_trial_that_diverges_scores_nothing_and_the_tuning_goes_on(tmp_path: o
         trials = [line.split(",") for line in f.read().splitlines()[1:]]
     assert [(t[2], t[4], t[5]) for t in trials][1] == ("1", "nan", "0")
     assert trials[0][5] == "1" and 0 <= float(trials[0][4]) <= 1
+    assert [(t[1], t[4], t[5]) for t in trials][2:] == [("fedprox", "nan", "0")] * 2
     with open(f"{out}/comparison.md") as f:
-        assert "(trial01 diverged: no score)" in f.read()
+        table = f.read()
+    assert "(trial01 diverged: no score)" in table
+    assert "- fedprox: no trial of 2 chosen: every trial diverged (learning rates" in table
+    with open(f"{out}/comparison.csv") as f:
+        assert [row.split(",")[1] for row in f.read().splitlines()[1:]] == ["fedavg"]
+    assert not os.path.exists(f"{out}/fedprox")

@@ -63,3 +63,11 @@ def aggregator_config_from_flags(flag_values: flags.FlagValues = FLAGS) -> Aggre
         if flag.present or flag.value != flag.default:
             settings[field] = flag.value
     return AggregatorConfig(flag_values.aggregator, **settings)
+
+
+def cold_start_flags() -> list[str]:
+    """The flags of the named aggregators' settings that only a cold start reading clients'
+    updates uses (their `cold_start_settings`: `--dp_cold_start`, ...)."""
+    declared = declared_options()
+    names = {n for name in NAMED for n in AGGREGATORS[name].cold_start_settings}
+    return [declared[n].flag for n in declared if n in names]

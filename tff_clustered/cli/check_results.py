@@ -5,9 +5,11 @@ Do the committed result tables still hold? Two checks of every table under `resu
 1. its committed values, every row: the .csv has the columns compared, each run's
    `final_accuracy` and `max_accuracy` are finite numbers in [0, 1] (the max not below the
    final), each (setting, algorithm) has one row for each seed the header lists, and the .md's
-   summary cells (mean ± std over seeds) are those of the .csv's rows. A table that fails is
-   reported MALFORMED, naming the file and what is wrong, and the other tables are checked
-   (a compare.py table whose .csv is missing too);
+   summary cells (mean ± std over seeds) are those of the .csv's rows, its per-seed
+   diagnostics those of the rows in seed order, and each row is its run's where the folder
+   keeps the runs (`committed_tables.per_seed_problems`, `run_output_problems`). A table that
+   fails is reported MALFORMED, naming the file and what is wrong, and the other tables are
+   checked (a compare.py table whose .csv is missing, a folder or not UTF-8 too);
 2. a sample of its cells rerun with the command written in its .md file, comparing the final
    and max accuracy with the committed .csv: its first row's algorithm and setting, the lowest
    seed committed for it, or with --all_seeds every seed committed for it (one compare.py run).
@@ -71,6 +73,8 @@ from tff_clustered.comparison.committed_tables import (
     committed_problems,
     problems_text,
     read_csv,
+    read_table_file,
+    run_output_problems,
 )
 from tff_clustered.comparison.numerics import (
     MACHINE_FIELDS,
@@ -182,9 +186,11 @@ def check_table(
     that read data). A table written by compare.py (its .md names the command) whose .csv is
     missing is MALFORMED: its rows cannot be checked; another .md without one is skipped."""
     csv_path = markdown_path[: -len(".md")] + ".csv"
-    with open(markdown_path, errors="replace") as f:
-        markdown = f.read()
-    if not os.path.exists(csv_path):
+    try:
+        markdown = read_table_file(markdown_path)
+    except ValueError as error:
+        return TableCheck("MALFORMED", str(error))
+    if not os.path.lexists(csv_path):
         if table_command(markdown) is None:
             return TableCheck("skipped", "no .csv beside it")
         return TableCheck(
@@ -193,10 +199,11 @@ def check_table(
             "restore it, or remove the table",
         )
     try:
-        with open(csv_path, encoding="utf-8") as f:
-            rows, problems = committed_problems(f.read(), markdown)
-    except UnicodeDecodeError as error:
-        rows, problems = [], [f"not UTF-8 text ({error.reason} at byte {error.start})"]
+        rows, problems = committed_problems(read_table_file(csv_path), markdown)
+    except ValueError as error:
+        return TableCheck("MALFORMED", str(error))
+    if not problems:
+        problems = run_output_problems(rows, os.path.dirname(markdown_path))
     if problems:
         return TableCheck("MALFORMED", f"{os.path.basename(csv_path)}: {problems_text(problems)}")
     sound = f"its {len(rows)} committed rows sound"

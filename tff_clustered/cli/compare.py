@@ -121,7 +121,11 @@ flags.DEFINE_list(
     "split with every seed (docs/tuning.md).",
 )
 flags.DEFINE_integer(
-    "tune_budget", 8, "Trials per method (in each setting) of --tune.", lower_bound=1
+    "tune_budget",
+    8,
+    f"Trials per method (in each setting) of --tune (at most {tuning.MAX_BUDGET}).",
+    lower_bound=1,
+    upper_bound=tuning.MAX_BUDGET,
 )
 flags.DEFINE_list(
     "table_columns",
@@ -338,8 +342,13 @@ def main(argv: list[str]) -> int:
         )
         settings = FLAGS.settings if FLAGS.table in SETTING_TABLES else [None]
         planned = plan_runs(columns, seeds, settings, output_dir)
-        if FLAGS.tune:
+        if FLAGS["tune"].present:
             tuning.check_knobs([run.spec for run in planned], FLAGS.tune)
+        elif FLAGS["tune_budget"].present:
+            raise ValueError(
+                f"--tune_budget={FLAGS.tune_budget} set without --tune, which does not use it: "
+                "add --tune=all (or some knobs), or leave it unset"
+            )
         if defaults_taken:
             print(f"{FLAGS.table} table on {base.data.dataset}, defaults of the flags not given:")
             print("\n".join(f"  {line}" for line in defaults_taken), flush=True)
@@ -414,12 +423,17 @@ def tune_methods(
         method = tuning.TunedMethod(run.setting, run.column, tuple(trials), tuple(scores))
         print(f"tuned {method.line()}", flush=True)
         tuned[(run.setting, run.column)] = method
+    # A method every trial of which diverged has no values to test: no test runs, no row; its
+    # Tuning line says why (`TunedMethod.line`).
     chosen = [
         run._replace(
             spec=tuning.with_values(run.spec, tuned[(run.setting, run.column)].chosen_values)
         )
         for run in planned
+        if tuned[(run.setting, run.column)].chosen is not None
     ]
+    if not chosen:
+        raise ValueError(f"tuning: {'; '.join(m.line() for m in tuned.values())}")
     return chosen, list(tuned.values())
 
 

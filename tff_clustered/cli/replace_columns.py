@@ -28,7 +28,11 @@ from tff_clustered.atomic_files import atomic_write_bytes
 from tff_clustered.cli import table_commands
 from tff_clustered.cli.launch import REPOSITORY
 from tff_clustered.comparison import column_replacement
-from tff_clustered.comparison.committed_tables import committed_problems, problems_text
+from tff_clustered.comparison.committed_tables import (
+    committed_problems,
+    problems_text,
+    read_table_file,
+)
 from tff_clustered.comparison.numerics import machine_fields
 from tff_clustered.comparison.table_defaults import SETTING_TABLES
 from tff_clustered.run_folder import ComparisonFolder
@@ -81,13 +85,9 @@ def read_table(folder: str, name: str) -> column_replacement.TableFiles:
     for path in (files.comparison_csv, files.comparison_md):
         if not os.path.exists(path):
             raise ValueError(f"{name} has no {path}: give the folder of a compare.py table")
-        with open(path, encoding="utf-8") as f:
-            texts.append(f.read())
+        texts.append(read_table_file(path))
     tuning = os.path.join(folder, TUNING_CSV)
-    tuning_csv = None
-    if os.path.exists(tuning):
-        with open(tuning, encoding="utf-8") as f:
-            tuning_csv = f.read()
+    tuning_csv = read_table_file(tuning) if os.path.exists(tuning) else None
     return column_replacement.TableFiles(texts[0], texts[1], tuning_csv)
 
 

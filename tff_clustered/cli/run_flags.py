@@ -271,7 +271,9 @@ def record_from_flags(cls: type[Record]) -> Record:
 
 def refuse_other_algorithms_flags(algorithms: Sequence[str]) -> None:
     """A flag given on the command line that none of `algorithms` takes is an error (it would
-    otherwise be silently ignored, e.g. --mu for FedGroup, which is FedGrouProx's)."""
+    otherwise be silently ignored, e.g. --mu for FedGroup, which is FedGrouProx's), and so is
+    an aggregator's cold-start setting (`--dp_cold_start*`) when none of them has a cold start
+    that reads clients' updates (FedAvg, IFCA)."""
     classes = [algorithm_class(a) for a in algorithms]
     own = set().union(*(options_lib.names(cls.Options) for cls in classes))
     for other in ALGORITHMS.values():
@@ -279,13 +281,29 @@ def refuse_other_algorithms_flags(algorithms: Sequence[str]) -> None:
             if name not in own and FLAGS[name].present:
                 hints = [cls.refused[name] for cls in classes if name in cls.refused]
                 hint = hints[0] if hints else f"it is an option of {other.name}"
-                which = ",".join(algorithms)
-                flagfiles = flagfiles_given(sys.argv[1:])
-                source = f" (set in {', '.join(flagfiles)}?)" if flagfiles else ""
-                raise ValueError(
-                    f"--algorithm{'s' if len(algorithms) > 1 else ''}={which} "
-                    f"take{'' if len(algorithms) > 1 else 's'} no --{name}{source}: {hint}"
+                refuse_flag(algorithms, name, hint)
+    if not any(cls.releases.cold_start for cls in classes):
+        with_one = [name for name, cls in ALGORITHMS.items() if cls.releases.cold_start]
+        for name in aggregator_flags.cold_start_flags():
+            if FLAGS[name].present:
+                refuse_flag(
+                    algorithms,
+                    name,
+                    "it has no cold start that reads clients' updates, the only use of the flag "
+                    f"(those of {', '.join(with_one)} do)",
                 )
+
+
+def refuse_flag(algorithms: Sequence[str], name: str, hint: str) -> None:
+    """Raises the one-line error that `algorithms` take no `--name`, with `hint` (why) and the
+    flagfiles that may have set it."""
+    which = ",".join(algorithms)
+    flagfiles = flagfiles_given(sys.argv[1:])
+    source = f" (set in {', '.join(flagfiles)}?)" if flagfiles else ""
+    raise ValueError(
+        f"--algorithm{'s' if len(algorithms) > 1 else ''}={which} "
+        f"take{'' if len(algorithms) > 1 else 's'} no --{name}{source}: {hint}"
+    )
 
 
 def flagfiles_given(args: Sequence[str]) -> list[str]:

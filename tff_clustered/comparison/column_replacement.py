@@ -173,16 +173,17 @@ def spliced_markdown(committed: str, fresh: str, columns: Sequence[str]) -> list
         replaced = cells[1] in columns if by_algorithm else any(c in columns for c in header)
         if replaced or (by_algorithm and header[2].startswith("vs ") and standings_move):
             lines[i] = spliced_line(header, cells, index[key], columns)
-    fresh_tuning = {line.split(": trial")[0]: line for line in fresh.splitlines()}
+    fresh_tuning = {line.split(": ", 1)[0]: line for line in fresh.splitlines()}
     for i, line in enumerate(lines):
         if tuning_line_column(line) in columns:
-            lines[i] = fresh_tuning.get(line.split(": trial")[0], line)
+            lines[i] = fresh_tuning.get(line.split(": ", 1)[0], line)
     return lines
 
 
 def tuning_line_column(line: str) -> Optional[str]:
-    """The column of a Tuning line (`- SETTING COLUMN: trialNN of ...`), None for another."""
-    found = re.match(r"^- (?:\S+ )?(\S+): trial\d+ of ", line)
+    """The column of a Tuning line (`- SETTING COLUMN: trialNN of ...`, or `...: no trial of
+    N chosen: ...` when every trial diverged), None for another."""
+    found = re.match(r"^- (?:\S+ )?(\S+): (?:trial\d+|no trial) of ", line)
     return found.group(1) if found else None
 
 

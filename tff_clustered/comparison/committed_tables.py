@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
+import os
 import statistics
 from collections.abc import Iterator, Sequence
 
 from tff_clustered.comparison.table_format import CLIENT_MEAN, SEEDS, SUMMARY_COLUMNS
+from tff_clustered.run_folder import ComparisonFolder
 
 COMPARED = ("final_accuracy", "max_accuracy")
 REQUIRED_COLUMNS = ("setting", "algorithm", "seed", *COMPARED)
@@ -26,6 +29,24 @@ REQUIRED_COLUMNS = ("setting", "algorithm", "seed", *COMPARED)
 # `final_client_mean_accuracy` when their caption says CLIENT_MEAN (two decimals).
 # How many of a table's problems `problems_text` names (then "and N more").
 PROBLEMS_SHOWN = 3
+
+
+def read_table_file(path: str) -> str:
+    """A table's file as text; one that is not a file (a folder), cannot be read or is not
+    UTF-8 is a ValueError of one line naming `path` and the fix."""
+    if not os.path.isfile(path):
+        what = "a folder" if os.path.isdir(path) else "missing"
+        raise ValueError(f"{path} is {what}, not a file: restore the table's file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} is not UTF-8 text ({error.reason} at byte {error.start}): restore the "
+            "table's file as compare.py wrote it"
+        ) from None
+    except OSError as error:
+        raise ValueError(f"{path} cannot be read ({error.strerror}): fix its permissions") from None
 
 
 def read_csv(text: str) -> tuple[list[dict[str, str]], list[str]]:
@@ -165,6 +186,51 @@ def summary_problems(rows: Sequence[dict[str, str]], markdown: str) -> Iterator[
             )
 
 
+# The .md's per-seed diagnostics (`table_writer.diagnostics_text`) that are .csv columns: the
+# label, the column and how each seed's value is shown.
+PER_SEED_COLUMNS = {
+    "clusters": ("clusters", "{:.0f}"),
+    "epsilon": ("epsilon", "{:.2f}"),
+    "rounds": ("rounds_trained", "{:.0f}"),
+}
+
+
+def per_seed_problems(rows: Sequence[dict[str, str]], markdown: str) -> Iterator[str]:
+    """Each cell's per-seed diagnostics in the .md (`clusters 4/3/3; sizes 20+20 / ...`, one
+    value per seed in the seeds' order) must be its .csv rows' values in the order of their
+    seeds: rows whose seeds were swapped keep every mean and std but not this order."""
+    for _, (header, *table_rows) in markdown_tables(markdown):
+        if header != ["setting", "algorithm", "diagnostics"]:
+            continue
+        for setting, algorithm, text in (r[:3] for r in table_rows if len(r) >= 3):
+            cell = [r for r in rows if (r["setting"], r["algorithm"]) == (setting, algorithm)]
+            cell.sort(key=lambda r: int(r["seed"]) if r["seed"].isdigit() else -1)
+            for part in text.split("; "):
+                label, _, shown = part.partition(" ")
+                if label == "sizes":
+                    values = [r.get("cluster_sizes") or "-" for r in cell]
+                    expected = " / ".join(values)
+                elif label in PER_SEED_COLUMNS:
+                    column, fmt = PER_SEED_COLUMNS[label]
+                    expected = "/".join(per_seed_value(r.get(column, ""), fmt) for r in cell)
+                else:
+                    continue
+                if shown != expected:
+                    seeds = "/".join(r["seed"] for r in cell)
+                    yield (
+                        f"the .md's diagnostics of {setting} / {algorithm} say {label} {shown}, "
+                        f"its .csv rows of seeds {seeds} give {expected} (rows of other seeds?)"
+                    )
+
+
+def per_seed_value(text: str, fmt: str) -> str:
+    """A .csv cell as the .md's diagnostics show it (`-` when it has none)."""
+    try:
+        return fmt.format(float(text))
+    except ValueError:
+        return "-"
+
+
 def committed_problems(csv_text: str, markdown: str) -> tuple[list[dict[str, str]], list[str]]:
     """A table's committed rows and every problem `read_csv`, `row_problems`,
     `seeds_problems` and `summary_problems` find (none: the rows are sound)."""
@@ -183,6 +249,7 @@ def committed_problems(csv_text: str, markdown: str) -> tuple[list[dict[str, str
         seen.setdefault(key, line)
     if not problems:
         problems += seeds_problems(rows, markdown)
+        problems += per_seed_problems(rows, markdown)
         try:
             problems += summary_problems(rows, markdown)
         except ValueError as error:
@@ -194,3 +261,40 @@ def problems_text(problems: Sequence[str]) -> str:
     """The first `PROBLEMS_SHOWN` problems, and how many more."""
     more = len(problems) - PROBLEMS_SHOWN
     return "; ".join(problems[:PROBLEMS_SHOWN]) + (f"; and {more} more" if more > 0 else "")
+
+
+def run_output_problems(rows: Sequence[dict[str, str]], folder: str) -> list[str]:
+    """Each row against its run's own outputs where the table's folder holds them (compare.py's
+    output folder: `[sSEED/][SETTING/]ALGORITHM/summary.json`; a committed table keeps none):
+    the run's seed and its final and max accuracy must be the row's. A row of seed 1 that
+    holds seed 2's figures (and back) keeps every mean and std, not this."""
+    several = len({r["seed"] for r in rows}) > 1
+    problems = []
+    for row in rows:
+        algorithm, _, k = row["algorithm"].partition(":")
+        column = f"{algorithm}_k{k}" if k else algorithm
+        seed = int(row["seed"]) if several else None
+        places = [ComparisonFolder(folder).run(seed, s, column) for s in (row["setting"], None)]
+        found = [p.summary_json for p in places if os.path.isfile(p.summary_json)]
+        if not found:
+            continue
+        where = f"{row['setting']} / {row['algorithm']} / seed {row['seed']}"
+        try:
+            summary = json.loads(read_table_file(found[0]))
+            ran = {
+                "seed": str(summary["config"]["training"]["seed"]),
+                **{name: float(summary["results"][name]) for name in COMPARED},
+            }
+        except (ValueError, KeyError, TypeError) as error:
+            problems.append(f"{where}: its run's {found[0]} cannot be read ({error})")
+            continue
+        moved = [
+            f"{name} {row[name]} (its run's {ran[name]:.6g})"
+            for name in COMPARED
+            if not abs(float(row[name]) - ran[name]) <= 1e-5
+        ]
+        if ran["seed"] != row["seed"]:
+            moved.insert(0, f"seed {row['seed']} (its run's {ran['seed']})")
+        if moved:
+            problems.append(f"{where} has {', '.join(moved)}, from {found[0]}")
+    return problems

@@ -25,6 +25,9 @@ from tff_clustered.seeds import TUNING, rng_for
 
 # `--tune=all`: every knob of each method's search space.
 ALL_KNOBS = "all"
+# The most trials `--tune_budget` gives each method: already days of runs for a small table
+# (`--plan_only` lists each trial, so a budget without bound would never finish listing).
+MAX_BUDGET = 1000
 
 
 def method_space(spec: RunSpec) -> dict[str, search_space.Space]:
@@ -46,7 +49,12 @@ def tuned_space(spec: RunSpec, knobs: Sequence[str]) -> dict[str, search_space.S
 def check_knobs(specs: Sequence[RunSpec], knobs: Sequence[str]) -> None:
     """Refuses a `--tune` knob no method of the table declares, naming those they do."""
     declared = {name for spec in specs for name in method_space(spec)}
-    unknown = [k for k in knobs if k != ALL_KNOBS and k not in declared]
+    if not any(k.strip() for k in knobs):
+        raise ValueError(
+            f"--tune={','.join(knobs)} names no knob: give all, or some of "
+            f"{', '.join(sorted(declared))} (or leave --tune unset for an untuned table)"
+        )
+    unknown = [k.strip() or "''" for k in knobs if k != ALL_KNOBS and k not in declared]
     if unknown:
         raise ValueError(
             f"--tune={','.join(knobs)}: no method of the table searches {', '.join(unknown)}; "
@@ -95,10 +103,13 @@ def on_validation(spec: RunSpec) -> RunSpec:
     return dataclasses.replace(spec, data=dataclasses.replace(spec.data, split="validation"))
 
 
-def best_trial(scores: Sequence[float]) -> int:
+def best_trial(scores: Sequence[float]) -> Optional[int]:
     """The trial of the highest score, the first of equal ones; a NaN score (a run that scored
-    nothing) never wins unless every score is NaN."""
+    nothing: its training diverged) never wins, and when every score is NaN no trial does
+    (None)."""
     ranked = [(-math.inf if math.isnan(s) else s) for s in scores]
+    if all(math.isnan(s) for s in scores):
+        return None
     return ranked.index(max(ranked))
 
 
@@ -120,18 +131,30 @@ class TunedMethod:
     scores: tuple[float, ...]
 
     @property
-    def chosen(self) -> int:
-        """The index of the chosen trial (`best_trial`)."""
+    def chosen(self) -> Optional[int]:
+        """The index of the chosen trial (`best_trial`); None when every trial diverged."""
         return best_trial(self.scores)
 
     @property
     def chosen_values(self) -> dict[str, Any]:
         """The chosen trial's values, which the table's test runs take."""
+        if self.chosen is None:
+            raise ValueError(self.line())
         return self.trials[self.chosen]
 
     def line(self) -> str:
-        """Its line in comparison.md: the chosen values and their validation score."""
+        """Its line in comparison.md: the chosen values and their validation score, or that
+        every trial diverged (no values to test: the method's test runs are not made)."""
         where = f"{self.setting} " if self.setting else ""
+        if self.chosen is None:
+            rates = [t["learning_rate"] for t in self.trials if "learning_rate" in t]
+            tried = f" (learning rates {min(rates):.3g} to {max(rates):.3g})" if rates else ""
+            return (
+                f"{where}{self.column}: no trial of {len(self.trials)} chosen: every trial "
+                f"diverged{tried}, so {self.column} has no values to test and no row; lower "
+                "--learning_rate (the trials draw within a factor of 4 of it) or the range of "
+                "its knobs"
+            )
         # a trial whose training diverged (compare.py) scored nothing: never chosen, said so
         diverged = [f"trial{t:02d}" for t, score in enumerate(self.scores) if math.isnan(score)]
         return (

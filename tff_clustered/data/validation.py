@@ -19,7 +19,12 @@ from typing import Any
 import numpy as np
 
 from tff_clustered.data.client_source import SourceArrays
-from tff_clustered.data.federated_data import ClientArrayDict, ClientSource, FederatedData
+from tff_clustered.data.federated_data import (
+    ClientArrayDict,
+    ClientSource,
+    DataError,
+    FederatedData,
+)
 from tff_clustered.seeds import DataStream, data_rng
 
 # The share of each client's training examples held out as its validation set.
@@ -107,6 +112,13 @@ def validation_view(data: FederatedData, seed: int) -> FederatedData:
     """`data` as a `--split=validation` run sees it: each client's training examples cut into
     those it trains on (`train`) and its validation examples (`test`, what the run scores),
     `evaluated_split` "validation"; the test examples are dropped, never read."""
+    if not any(validation_size(n) for n in data.train_sizes.values()):
+        raise DataError(
+            f"--split=validation: no client of {data.name} has a validation example (a client "
+            f"holds out {VALIDATION_FRACTION:.0%} of its training examples, at least one from 2 "
+            "on, and these have at most 1 each); give the clients more training examples, or "
+            "use --split=test"
+        )
     index = data.client_index
     if data.source is not None:
         source: ClientSource = CarvedSource(data.source, seed, index)

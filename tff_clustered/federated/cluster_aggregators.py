@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.federated.clustered_mean import cluster_mean
-from tff_clustered.options import checked_fields
+from tff_clustered.options import checked_fields, described
 
 AggregatorState = dict[str, np.ndarray]  # each entry one row per cluster
 
@@ -80,6 +80,9 @@ class ClusterAggregator:
     # It is built from its settings alone, so the command line (`--aggregator`) and `run`
     # take it by name; a `tff.aggregators` factory is a Python object, given to `run` only.
     named: ClassVar[bool] = True
+    # Its settings that only a cold start reading clients' own updates uses (`cold_start_
+    # mechanism`): given for algorithms without one, they are refused (`cli.run_flags`).
+    cold_start_settings: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def options_type(cls) -> type:
@@ -151,6 +154,7 @@ class ClusterAggregator:
         Python values. A subclass's own range checks follow, in its `__post_init__`."""
         for name, value in checked_fields(self, type(self).__name__).items():
             object.__setattr__(self, name, value)
+        check_hashable(self)
 
     def divergence_hint(self) -> str:
         """What of this aggregator's settings may have made a model non-finite, and the fix,
@@ -274,9 +278,20 @@ class ClusterAggregator:
     ) -> tuple[tuple, tf.Tensor, Any, collections.OrderedDict]:
         """`finalize` on the server state's slot: `(means, updated, new slot, measurements)`."""
         inputs = slot["inputs"]
-        means, updated, state, measured = self.finalize(
-            sums, total_weight, stats, slot["state"], inputs
+        finalized = self.finalize(sums, total_weight, stats, slot["state"], inputs)
+        means, updated, state, measured = checked_output(
+            self,
+            "finalize",
+            finalized,
+            ("means", "updated", "state", "measurements"),
+            (
+                tuple(sums),
+                tf.TensorSpec(total_weight.shape, tf.bool),
+                slot["state"],
+                None,  # what the round reports: checked below, any [K] tensors by name
+            ),
         )
+        check_measurements(self, measured, total_weight.shape)
         return means, updated, self.server_slot(state, inputs), measured
 
     def initial_slot(self, num_clusters: int) -> Any:
@@ -354,6 +369,114 @@ class PrivacyBudget:
     # read raw, outside the guarantee), and the noise multiplier when given.
     cold_start_share: float = 0.0
     cold_start_noise_multiplier: Optional[float] = None
+
+
+def check_hashable(aggregator: ClusterAggregator) -> None:
+    """Refuses a field of an unhashable value (a list, a dict, an array): an aggregator is part
+    of the round's signature, the built round's cache key. A TypeError naming the field."""
+    for field in dataclasses.fields(aggregator):
+        if not (field.compare if field.hash is None else field.hash):
+            continue  # not part of its hash
+        value = getattr(aggregator, field.name)
+        try:
+            hash(value)
+        except TypeError:
+            raise TypeError(
+                f"{type(aggregator).__name__}: field {field.name} is {described(value)}, which "
+                "cannot be hashed (an aggregator is part of the round's cache key); give a tuple "
+                "or another hashable value"
+            ) from None
+
+
+def checked_output(
+    aggregator: ClusterAggregator,
+    method: str,
+    got: Any,
+    names: Sequence[str],
+    expected: Sequence[Any],
+) -> tuple:
+    """What `aggregator.method` returned (`got`), checked against what the round expects
+    (`expected`, one entry per name of `names`; None: any tensors) while the round is traced,
+    before TensorFlow meets it: the number of values, each one's structure, and each tensor's
+    shape and dtype. A ValueError of one line names the aggregator, the method, the value and
+    what differs (a user's own aggregator's mistake otherwise surfaces deep in TF)."""
+    where = f"{type(aggregator).__name__}.{method}"
+    if not isinstance(got, (tuple, list)) or len(got) != len(names):
+        raise ValueError(
+            f"{where} returned {output_text(got)}; it must return {len(names)} values "
+            f"({', '.join(names)})"
+        )
+    for name, value, want in zip(names, got, expected):
+        if want is None:
+            continue
+        try:
+            tf.nest.assert_same_structure(want, value, check_types=False)
+        except (ValueError, TypeError):
+            raise ValueError(
+                f"{where} returned {name} of {output_text(value)}, expected {output_text(want)}"
+            ) from None
+        leaves = zip(leaf_paths(want), tf.nest.flatten(want), tf.nest.flatten(value))
+        for path, wanted, leaf in leaves:
+            label = f"{name}{path}"
+            if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+                try:
+                    leaf = tf.convert_to_tensor(leaf)
+                except (TypeError, ValueError):
+                    raise ValueError(
+                        f"{where} returned {label} = {described(leaf)}, not a tensor; expected "
+                        f"{tensor_text(wanted)}"
+                    ) from None
+            same_dtype = tf.as_dtype(leaf.dtype) == tf.as_dtype(wanted.dtype)
+            if not same_dtype or not tf.TensorShape(leaf.shape).is_compatible_with(wanted.shape):
+                raise ValueError(
+                    f"{where} returned {label} of {tensor_text(leaf)}, expected "
+                    f"{tensor_text(wanted)}"
+                )
+    return tuple(got)
+
+
+def check_measurements(aggregator: ClusterAggregator, measured: Any, shape: Any) -> None:
+    """What `finalize` reports must be a dict of tensors of `shape` ([K], a value per
+    cluster: metrics.csv's `NAME_cluster_k`); another is a ValueError naming it."""
+    where = f"{type(aggregator).__name__}.finalize"
+    if not isinstance(measured, Mapping):
+        raise ValueError(
+            f"{where} returned measurements of {output_text(measured)}; expected a dict of "
+            f"tensors of shape {tf.TensorShape(shape)} (one value per cluster)"
+        )
+    for key, value in measured.items():
+        tensor = hasattr(value, "shape") and hasattr(value, "dtype")
+        if not tensor or not tf.TensorShape(value.shape).is_compatible_with(shape):
+            got = f"of {tensor_text(value)}" if tensor else f"= {described(value)}"
+            raise ValueError(
+                f"{where} returned measurements[{key}] {got}, expected a tensor of shape "
+                f"{tf.TensorShape(shape)} (one value per cluster)"
+            )
+
+
+def leaf_paths(structure: Any, prefix: str = "") -> list[str]:
+    """Each leaf's path in `structure`, in `tf.nest.flatten`'s order: `[0]`, `[state][clip]`."""
+    if isinstance(structure, Mapping):
+        return [p for k in sorted(structure) for p in leaf_paths(structure[k], f"{prefix}[{k}]")]
+    if isinstance(structure, (tuple, list)):
+        return [p for i, v in enumerate(structure) for p in leaf_paths(v, f"{prefix}[{i}]")]
+    return [prefix]
+
+
+def tensor_text(value: Any) -> str:
+    """A tensor as an error names it: `shape (8, 128) float32`."""
+    return f"shape {tf.TensorShape(value.shape)} {tf.as_dtype(value.dtype).name}"
+
+
+def output_text(value: Any) -> str:
+    """A returned value's structure, short: `3 values`, `a dict of keys a, b`, a tensor's shape."""
+    if isinstance(value, (tuple, list)):
+        return f"{len(value)} value{'s' * (len(value) != 1)}"
+    if isinstance(value, Mapping):
+        return f"a dict of keys {', '.join(map(str, value)) or '(none)'}"
+    if isinstance(value, (tf.Tensor, tf.Variable, np.ndarray)):
+        return f"a tensor of {tensor_text(value)}"
+    return described(value)
 
 
 def spec_of(value: Any) -> tf.TensorSpec:

@@ -64,7 +64,7 @@ from tff_clustered.federated.cluster_aggregators import (
     divide_rows,
     geometric_quantile_step,
 )
-from tff_clustered.options import option
+from tff_clustered.options import flag_name, option
 
 # Where the noise's key comes from (`DPOptions.noise`): the run's seed, or the OS's CSPRNG.
 DP_NOISE_SOURCES = ("seeded", "secure")
@@ -193,14 +193,36 @@ class DPOptions(AggregatorOptions):
                 "over the clip norm; 0: clipping only, no privacy) or --target_epsilon (the "
                 "noise multiplier whose rounds reach it)"
             )
-        if self.clipping == "fixed":
-            adaptive_only = ("target_quantile", "clip_learning_rate", "count_stddev")
-            defaults = DPOptions.__dataclass_fields__
-            given = [f"--dp_{n}" for n in adaptive_only if getattr(self, n) != defaults[n].default]
-            if given:
+        # Settings only another mode reads, set away from their defaults: refused, not ignored.
+        unused_in_mode = (
+            (
+                self.clipping == "fixed",
+                ("target_quantile", "clip_learning_rate", "count_stddev"),
+                "--dp_clipping=fixed",
+                "--dp_clipping=adaptive",
+            ),
+            (
+                self.cold_start_release == "raw",
+                ("cold_start_share", "cold_start_noise_multiplier"),
+                "--dp_cold_start=raw",
+                "--dp_cold_start=private",
+            ),
+            (  # clipping only: the cold start has no noise to add, its updates are read raw
+                self.noise_multiplier == 0,
+                ("cold_start_share", "cold_start_noise_multiplier"),
+                "--dp_noise_multiplier=0",
+                "a noise multiplier above 0",
+            ),
+        )
+        defaults = DPOptions.__dataclass_fields__
+        for applies, names, mode, other_mode in unused_in_mode:
+            given = [
+                flag_name(defaults[n]) for n in names if getattr(self, n) != defaults[n].default
+            ]
+            if applies and given:
                 raise ValueError(
-                    f"{', '.join(given)} set with --dp_clipping=fixed, which does not use them: "
-                    "add --dp_clipping=adaptive, or leave them unset"
+                    f"{', '.join(f'--{g}' for g in given)} set with {mode}, which does not use "
+                    f"them: add {other_mode}, or leave them unset"
                 )
         if self.noise_multiplier == 0 and self.target_epsilon > 0:
             raise ValueError(
@@ -253,6 +275,11 @@ class ClusterDP(ClusterAggregator):
         "expected number of clients; clients weigh uniformly"
     )
     Options: ClassVar[type] = DPOptions
+    cold_start_settings: ClassVar[tuple[str, ...]] = (
+        "cold_start_release",
+        "cold_start_share",
+        "cold_start_noise_multiplier",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the types first: ClusterDP(noise_multiplier="1") is refused

@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from tff_clustered.federated import client_work, local_training, server_optimizers
 from tff_clustered.federated.batching import ArrayBatches
+from tff_clustered.federated.cluster_aggregators import checked_output
 from tff_clustered.federated.distributors import ClientSide, Distributor, Received
 from tff_clustered.federated.round_inputs import ClientInput, ClientSeed
 from tff_clustered.federated.round_specs import RoundSpecs
@@ -195,12 +196,15 @@ class RoundFunctions(RoundSpecs):
             for i, row in zip(io.shared, settled.selected)
         )
         weight = result.num_examples if signature.client_weighting == "num_examples" else 1.0
-        shared_delta, weight, stats = self.aggregator.preprocess(
-            hparams.get("aggregator", {}),
-            shared_delta,
-            cluster,
-            weight * tf.cast(finite, tf.float32),
-            seed.dropout,
+        weight = weight * tf.cast(finite, tf.float32)
+        shared_delta, weight, stats = checked_output(
+            self.aggregator,
+            "preprocess",
+            self.aggregator.preprocess(
+                hparams.get("aggregator", {}), shared_delta, cluster, weight, seed.dropout
+            ),
+            ("delta", "weight", "stats"),
+            (shared_delta, weight, tf.TensorSpec([self.aggregator.stats_width], tf.float32)),
         )
         cluster_weight = tf.one_hot(cluster, k, dtype=tf.float32) * weight
         cluster_weight *= tf.cast(finite, tf.float32)

@@ -25,8 +25,9 @@ import numpy as np
 
 from tff_clustered.algorithms.base import Algorithm
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
-from tff_clustered.loop.config import TrainingConfig
+from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.state import RunState
+from tff_clustered.options import flag_name
 from tff_clustered.runtime import context as runtime
 from tff_clustered.seeds import DP_NOISE, derived_key
 
@@ -71,6 +72,24 @@ def check_aggregator(algorithm: Algorithm, aggregator: ClusterAggregator) -> Non
         f"{voided}; use --aggregator=mean, {own_mode}or an algorithm whose models come from "
         "the aggregate only (fedavg, fedper, ifca, fedgroup, ...)"
     )
+
+
+def check_cold_start_settings(algorithm: Algorithm, config: AggregatorConfig) -> None:
+    """Refuses an aggregator's cold-start setting (its `cold_start_settings`, e.g. DP's
+    `cold_start_release`) changed from its default for an algorithm without a cold start
+    that reads clients' updates (FedAvg, IFCA): it would do nothing. (The command line refuses
+    the flags themselves, for every column of a table: `cli.run_flags`.)"""
+    if algorithm.cold_start_updates:
+        return
+    fields = {f.name: f for f in dataclasses.fields(config.kind.options_type())}
+    for name in config.kind.cold_start_settings:
+        value = getattr(config.options, name)
+        if value != fields[name].default:
+            raise ValueError(
+                f"{algorithm.name} has no cold start that reads clients' updates, so the "
+                f"{config.name} aggregator's {name}={value!r} (--{flag_name(fields[name])}) "
+                f"would do nothing; leave it at its default ({fields[name].default!r})"
+            )
 
 
 def checked_aggregator(

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from tff_clustered import weights as flat
-from tff_clustered.data.federated_data import FederatedData
+from tff_clustered.data.federated_data import DataError, FederatedData
 from tff_clustered.federated.executions import RoundCache
 from tff_clustered.federated.round import FederatedRound
 from tff_clustered.federated.round_inputs import evaluation_batch_size, evaluation_input
@@ -57,6 +57,14 @@ class ScoringCalls:
         # The clients every evaluation scores (`TrainingConfig.evaluation_sample`): their
         # examples are the ones pooled once and kept.
         self.scored_clients = config.evaluation_sample(data.client_ids)
+        if not any(data.test_sizes[c] for c in self.scored_clients):
+            sample = f" (the --eval_clients={config.eval_clients} sample)"
+            raise DataError(
+                f"none of the {len(self.scored_clients)} scored clients"
+                f"{sample if config.eval_clients else ''} has a {data.evaluated_split} example, "
+                "so no evaluation would score anything; "
+                "score more clients (a larger --eval_clients, or 0: all) or give them more examples"
+            )
         self.example_bytes = 4 * (int(np.prod(data.input_shape)) + 1)  # float32 x, int32 y
         self._predict: Optional[Callable] = None
         self._pooled_scores: dict[Optional[int], Callable] = {}
@@ -248,6 +256,9 @@ class ScoringCalls:
         """Per-client loss sums, correct predictions and examples (float64, `num_clients` each)
         of one flat whole `model` on `pooled` rows (`scoring.pooled_scores_fn`); `heads`: the
         clients' stacked heads and the tensor they start at, which replace the model's."""
+        if len(pooled.rows) == 0:  # none of the clients has an example of the split
+            none = np.zeros(num_clients, np.float64)
+            return none, none.copy(), none.copy()
         head_start = None if heads is None else heads[1]
         if head_start not in self._pooled_scores:
             self._pooled_scores[head_start] = self.rounds_cache.pooled_scores(head_start)

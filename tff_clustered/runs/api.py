@@ -39,11 +39,12 @@ from tff_clustered.data.given_clients import GIVEN_DIGEST, federated_data
 from tff_clustered.data.registry import load_dataset, source_fingerprint
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
-from tff_clustered.loop.aggregation import check_aggregator
+from tff_clustered.loop.aggregation import check_aggregator, check_cold_start_settings
 from tff_clustered.loop.client_store import checked_store_choice
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.execution import RunExecution
 from tff_clustered.loop.state import RunState
+from tff_clustered.models.description import architecture
 from tff_clustered.models.functional import functional_model
 from tff_clustered.models.keras_models import ModelSpec
 from tff_clustered.options import checked, checked_value, described
@@ -93,13 +94,13 @@ def keras_model_spec(
 
 def keras_model_spec_and_values(
     model_fn: Callable[[], tf.keras.Model], data: FederatedData, name: str = "custom"
-) -> tuple[ModelSpec, int]:
-    """`keras_model_spec` and the number of values its model holds (`model_values`: a resumed
-    checkpoint's models must have as many), from the one model the check builds."""
+) -> tuple[ModelSpec, tf.keras.Model]:
+    """`keras_model_spec` and the one model the check builds (its values, `model_values`, and
+    its `architecture`: what a resumed checkpoint's model must match)."""
     model = checked_model(model_fn, data)
     spec = ModelSpec(name, tuple(data.input_shape), data.num_classes, model_fn)
     functional_model(model, spec.input_spec())  # refuses a model no round can train
-    return spec, model_values(model)
+    return spec, model
 
 
 def checked_model(model_fn: Callable[[], tf.keras.Model], data: FederatedData) -> tf.keras.Model:
@@ -265,6 +266,7 @@ def run(
         )
     built = make_algorithm(algorithm, options)  # its range checks, before any work
     check_aggregator(built, training.aggregator.build())
+    check_cold_start_settings(built, training.aggregator)
     unknown = sorted(set(data_args) - set(DATA_ARGUMENTS))
     if unknown:
         raise TypeError(
@@ -289,11 +291,14 @@ def run(
                 spec = RunSpec(algorithm, train, model_fn, options, training)
                 settings, source = spec.settings(), source_fingerprint(train)
             model = model_fn.spec_for(data)
-            values = model_values(model.build())
+            keras_model = model.build()
             model_name, model_fn = model_fn.model, model.build
         else:
-            model, values = keras_model_spec_and_values(model_fn, data, model_name)
-        settings = settings or run_settings(algorithm, options, training, data, model_name)
+            model, keras_model = keras_model_spec_and_values(model_fn, data, model_name)
+        values = model_values(keras_model)
+        settings = settings or run_settings(
+            algorithm, options, training, data, model_name, architecture(keras_model)
+        )
         # Before a worker writes its log there: another run's folder, or one not to write over.
         checkpoint.refuse_held_run_folder(output_dir, resume, overwrite)
         saved = None
@@ -345,16 +350,25 @@ def given_data(
 
 
 def run_settings(
-    algorithm: str, options: Any, training: TrainingConfig, data: FederatedData, model_name: str
+    algorithm: str,
+    options: Any,
+    training: TrainingConfig,
+    data: FederatedData,
+    model_name: str,
+    model_architecture: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
-    """What defines a run's results, kept in its checkpoints: resuming needs the same."""
-    return {
+    """What defines a run's results, kept in its checkpoints: resuming needs the same (the
+    model's `architecture` too, when given: a resume with another model is refused)."""
+    settings = {
         "algorithm": algorithm,
         "algorithm_options": dataclasses.asdict(options),
         "training": training.settings(),
         "data": {"name": data.name, "fingerprint": fingerprint(data)},
         "model": model_name,
     }
+    if model_architecture is not None:
+        settings[checkpoint.MODEL_ARCHITECTURE] = model_architecture
+    return settings
 
 
 def refuse_another_model(output_dir: str, saved: Optional[RunState], values: int) -> None:

@@ -255,6 +255,10 @@ ADDED_SETTINGS = {
 
 
 COLD_START_RELEASE = "training.aggregator.cold_start_release"
+# The model's layers (`models.description.architecture`), which a run of a given model records
+# in its settings; a checkpoint made before it was recorded resumes on its other settings (and
+# the number of its model's values, `api.refuse_another_model`).
+MODEL_ARCHITECTURE = "model_architecture"
 
 
 def predated_values(old: dict[str, Any]) -> dict[str, Any]:
@@ -271,8 +275,23 @@ def predated_values(old: dict[str, Any]) -> dict[str, Any]:
 def same_settings(saved: dict[str, Any], now: dict[str, Any]) -> bool:
     """Whether a checkpoint's settings are the run's, a setting the checkpoint predates
     (`predated_values`) counting as the value its run had."""
-    old, new = _flat_settings(saved), _flat_settings(now)
+    old, new = _compared(saved, now)
     return {**{k: v for k, v in predated_values(old).items() if k in new}, **old} == new
+
+
+def _compared(saved: dict[str, Any], now: dict[str, Any]) -> tuple[dict, dict]:
+    """The flat settings of a checkpoint and of the run, to compare: without the model's
+    architecture when the checkpoint predates its record (`MODEL_ARCHITECTURE`)."""
+    old, new = _flat_settings(saved), _flat_settings(now)
+    if MODEL_ARCHITECTURE not in saved:
+        new = {k: v for k, v in new.items() if not k.startswith(f"{MODEL_ARCHITECTURE}.")}
+    return old, new
+
+
+def _layer(key: str) -> str:
+    """The model layer a flat setting of `MODEL_ARCHITECTURE` belongs to, as a key of its own
+    (`model_architecture.layer 1 Dense`); another setting itself."""
+    return ".".join(key.split(".")[:2]) if key.startswith(f"{MODEL_ARCHITECTURE}.") else key
 
 
 def _flat_settings(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -290,19 +309,30 @@ def other_settings_message(path: str, saved: dict[str, Any], now: dict[str, Any]
     """Why a checkpoint made under other settings is refused: only the settings that differ,
     each as `name: checkpoint X, now Y` (the name is its flag's where that is unambiguous, e.g.
     `rounds`, else its path, e.g. `training.server_optimizer.learning_rate`), and the fix."""
-    old, new = _flat_settings(saved), _flat_settings(now)
-    differing = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    old, new = _compared(saved, now)
+    # a model layer one side lacks is named once, not by each of its settings
+    layers = [{_layer(k) for k in side if _layer(k) != k} for side in (old, new)]
+    differing = sorted(
+        {
+            _layer(k) if _layer(k) in layers[0] ^ layers[1] else k
+            for k in old.keys() | new.keys()
+            if old.get(k) != new.get(k)
+        }
+    )
     last = [k.rsplit(".", 1)[-1] for k in old.keys() | new.keys()]
 
     def name(key: str) -> str:
         short = key.rsplit(".", 1)[-1]
-        return short if last.count(short) == 1 else key
+        unique = last.count(short) == 1 and not key.startswith(MODEL_ARCHITECTURE)
+        return short if unique else key
 
-    def shown(settings: dict[str, Any], key: str) -> str:
+    def shown(settings: dict[str, Any], key: str, side: int) -> str:
+        if key in layers[side]:
+            return "(this layer)"
         return repr(settings[key]) if key in settings else "(none)"
 
     details = "; ".join(
-        f"{name(k)}: checkpoint {shown(old, k)}, now {shown(new, k)}" for k in differing
+        f"{name(k)}: checkpoint {shown(old, k, 0)}, now {shown(new, k, 1)}" for k in differing
     )
     return (
         f"checkpoint {path} belongs to a run with other settings ({details}); resume with the "
