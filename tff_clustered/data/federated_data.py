@@ -25,6 +25,7 @@ ClientArrays = tuple[np.ndarray, np.ndarray]  # (x, y)
 ClientArrayDict = Mapping[str, np.ndarray]  # OrderedDict(x=..., y=...)
 Item = TypeVar("Item")
 
+INT64 = np.dtype(np.int64)  # the labels' type once checked (NumPy's own, native-endian dtype)
 # Clients whose examples one vectorized screen reads at once (`screened_examples`,
 # `refused_clients`): a block's arrays are concatenated, so its memory is bounded by this many
 # clients' examples.
@@ -533,11 +534,12 @@ def read_examples(
             y = np.concatenate([block[k][2] for k in floats]).astype(np.float64)
             whole = np.isfinite(y) & (np.mod(y, 1) == 0)
             doubted.update(owners(~whole, floats, [len(block[k][2]) for k in floats]))
-        arrays = []
-        for k, (client, x, y) in enumerate(block):
-            if k in doubted:
-                x, y = example_arrays(where(client), x, y)
-            arrays.append((x, y.astype(np.int64, copy=False)))
+        arrays = [
+            example_arrays(where(client), x, y)
+            if k in doubted
+            else (x, y if y.dtype is INT64 else y.astype(np.int64))
+            for k, (client, x, y) in enumerate(block)
+        ]
         if input_shape is None and arrays:
             read.input_shape = input_shape = arrays[0][0].shape[1:]
         at = len(read.arrays)

@@ -271,7 +271,7 @@ def split_off_test_sets(
     cuts = starts + train_count(sizes, 1 - test_fraction).astype(np.int64)
     digest.update(order.astype(np.int64).tobytes())
     digest.update(cuts.tobytes())
-    index = {c: i for i, c in enumerate(read.arrays)}
+    index = dict(zip(read.arrays, range(len(read.arrays))))
     arrays = list(read.arrays.values())
     return (
         GivenSplit(index, arrays, (order, starts, cuts)),

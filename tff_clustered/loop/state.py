@@ -7,6 +7,7 @@ policy (a non-finite model stops the run, naming the round, clusters and clients
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
@@ -64,8 +65,9 @@ class RunState:
     def assign(self, clusters: Mapping[str, int]) -> dict[str, int]:
         """Sets the clients' clusters (-1: unassigned) and counts the change; returns the
         clusters they had before (-1: none)."""
-        before = {c: self.assignment.get(c, -1) for c in clusters}
-        after = {c: int(k) for c, k in clusters.items()}
+        held = self.assignment.get
+        before = dict(zip(clusters, map(held, clusters, itertools.repeat(-1))))
+        after = dict(zip(clusters, map(int, clusters.values())))
         self.assignment.update(after)
         for k, n in cluster_counts(before.values(), len(before)).items():
             self._counts[k] -= n

@@ -1,15 +1,17 @@
 """`api_population`: the Python API on large in-memory populations, a process per run.
 
-`api_population` (run only when named): for each of `--api_population_sizes` (10,000 and
-100,000; 1,000,000 when named) a process of its own builds `{client: (x, y)}` of 20 examples of
+`api_population` (run only when named): for each of `--api_population_sizes` (10,000,
+100,000 and 1,000,000) a process of its own builds `{client: (x, y)}` of 20 examples of
 32 float32 features (labels from 4 planted groups, as `data/population.py` draws them), 20% of
 each client's examples split off as its test set by the API, and runs each of
 `--api_population_algorithms` (FedPer, FedGroup at its default cold start) through
 `tff_clustered.run`, in process, 20 clients a round for `--api_population_rounds` (5) rounds,
 1,000 sampled clients evaluated at the start and the end. Per run: the input's bytes, the peak
 resident memory beyond the input (RSS sampled in the run's process, less its RSS once the
-input is built and TensorFlow imported), the run's seconds, seconds per round, per evaluation
-and of it the cold start of evaluated clients, and the algorithm's cold start before round 1."""
+input is built and TensorFlow imported), the run's seconds and of them the setup before round
+1 with its phases (reading and checking the clients, `loading`; the model's check and the
+settings, `validation`; building the rounds; the algorithm's cold start), seconds per round,
+per evaluation and of it the cold start of evaluated clients."""
 
 from __future__ import annotations
 
@@ -30,7 +32,9 @@ from tff_clustered.cli.benchmarks.common import FLAGS, Benchmark, Setup
 from tff_clustered.cli.launch import REPOSITORY
 
 flags.DEFINE_list(
-    "api_population_sizes", ["10000", "100000"], "Clients of each API population (1000000: 10^6)."
+    "api_population_sizes",
+    ["10000", "100000", "1000000"],
+    "Clients of each API population.",
 )
 flags.DEFINE_list(
     "api_population_algorithms", ["fedper", "fedgroup"], "Algorithms of the API population runs."
@@ -39,6 +43,8 @@ flags.DEFINE_integer("api_population_rounds", 5, "Rounds of each API run.", lowe
 
 EXAMPLES, FEATURES, CLASSES, GROUPS = 20, 32, 10, 4
 CLIENTS_PER_ROUND, EVAL_CLIENTS = 20, 1000
+# The phases of a run before its first round (`loop/phases.py`).
+SETUP_PHASES = ("loading", "validation", "runtime", "building", "cold_start")
 SAMPLE_SECONDS = 0.02  # how often the run's resident memory is read
 CHUNK = 10_000  # clients drawn at once
 
@@ -133,7 +139,8 @@ def run_figures(result: Any, run_seconds: float) -> dict[str, Any]:
         "eval_s": round(eval_s, 4),
         "eval_cold_start_s": round(float(rows[last].get("eval_assign_seconds") or 0.0), 4),
         "eval0_s": round(float(phases.get("evaluation", 0.0)) - eval_s, 4),
-        "cold_start_s": round(float(phases.get("cold_start", 0.0)), 3),
+        **{f"{phase}_s": round(float(phases.get(phase, 0.0)), 2) for phase in SETUP_PHASES},
+        "setup_s": round(sum(float(phases.get(phase, 0.0)) for phase in SETUP_PHASES), 2),
         "accuracy": rows[last].get("accuracy"),
         "cold_start": result.summary["config"].get("algorithm_options", {}).get("cold_start"),
     }
@@ -215,6 +222,10 @@ def print_table(runs: list[dict[str, Any]]) -> None:
         "beyond_mb",
         "beyond_x",
         "run_s",
+        "setup_s",
+        "loading_s",
+        "validation_s",
+        "building_s",
         "cold_start_s",
         "round_s",
         "eval_s",
@@ -222,9 +233,10 @@ def print_table(runs: list[dict[str, Any]]) -> None:
     )
     print(
         "| clients | algorithm | cold start | input MB | beyond MB | beyond / input | run s "
-        "| cold start s | s/round | s/evaluation | of which cold start |"
+        "| setup s | loading s | validation s | building s | cold start s | s/round "
+        "| s/evaluation | of which cold start |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         if "error" in r:
             print(f"| {r['clients']:,} | {r['algorithm']} | failed: {r['error'][-80:]} |")
