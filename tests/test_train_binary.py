@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -500,20 +501,52 @@ def test_tensorflow_logs_are_hidden_unless_asked_for(
     assert "tensorflow/" in done.stdout + done.stderr
 
 
-def test_an_existing_run_is_not_overwritten_without_resume(two_round_run: tuple) -> None:
+def with_a_nan_weight(folder: str) -> str:
+    """A copy of the run in `folder` whose checkpoint has one cluster model value NaN."""
+    path = os.path.join(folder, "checkpoint.npz")
+    with np.load(path, allow_pickle=False) as data:
+        entries = {name: data[name] for name in data.files}
+    meta = json.loads(entries[checkpoint.META_ENTRY].tobytes().decode())
+    name = meta["state"]["fields"]["cluster_models"]["ndarray"]
+    entries[name] = entries[name].copy()
+    entries[name].flat[0] = np.nan
+    with open(path, "wb") as f:
+        np.savez(f, **entries)
+    return path
+
+
+def test_a_refused_run_writes_nothing_in_the_run_folder(
+    two_round_run: tuple, tmp_path: object
+) -> None:
+    """A run not asked to continue the folder's run, a resume under other settings, and a
+    resume of a damaged checkpoint (one NaN weight: no run checkpoints one, and resumed it
+    was blamed on the learning rate) are refused before a TFF worker writes its log there."""
     out = two_round_run[0]
-    before = open(os.path.join(out, "metrics.csv")).read()
-    again = [*QUICK, "--rounds=2", f"--output_dir={out}"]
-    other_settings = [*QUICK, "--rounds=3", f"--output_dir={out}", "--resume"]
-    # Both in one process (`EACH_BAD_FLAGS_CASE`): TensorFlow imported once.
-    done = run_binary(["-c", EACH_BAD_FLAGS_CASE, json.dumps([again, other_settings])])
+    damaged = str(tmp_path / "damaged")
+    shutil.copytree(out, damaged)
+    damaged_checkpoint = with_a_nan_weight(damaged)
+    listed = {folder: sorted(os.listdir(folder)) for folder in (out, damaged)}
+    metrics = open(os.path.join(out, "metrics.csv")).read()
+    cases = [
+        [*QUICK, "--rounds=2", f"--output_dir={out}"],
+        [*QUICK, "--rounds=3", f"--output_dir={out}", "--resume"],
+        [*QUICK, "--rounds=2", f"--output_dir={damaged}", "--resume"],
+    ]
+    # All in one process (`EACH_BAD_FLAGS_CASE`): TensorFlow imported once.
+    done = run_binary(["-c", EACH_BAD_FLAGS_CASE, json.dumps(cases)])
     assert done.returncode == 0, done.stderr[-3000:]
-    (code, stderr), (other_code, other_stderr) = [
+    (again, again_err), (other, other_err), (nan, nan_err) = [
         json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")
     ]
-    assert code == 2 and "--resume" in stderr
-    assert open(os.path.join(out, "metrics.csv")).read() == before
-    assert other_code == 2 and "rounds" in other_stderr  # other settings: refused
+    assert again == 2 and "--resume" in again_err
+    assert other == 2 and "rounds" in other_err  # other settings: refused
+    assert nan == 2 and nan_err.strip().splitlines()[-1] == (
+        f"error: checkpoint {damaged_checkpoint} is damaged: a cluster model in it has NaN or "
+        "infinite values, which no run checkpoints; restore the file from a copy, or start "
+        "over with --overwrite or in a new --output_dir"
+    )
+    assert {folder: sorted(os.listdir(folder)) for folder in (out, damaged)} == listed
+    assert open(os.path.join(out, "metrics.csv")).read() == metrics
 
 
 @pytest.mark.skipif(not os.path.exists(SHARED_LEAF_FILE), reason="../shared/data not present")
