@@ -72,13 +72,7 @@ def one_line_on_signals(before: str, after: str) -> Iterator[None]:
     `hung up`) and exit code 130 / 143 / 129."""
     stop_cleanly_on_signals()
     try:
-        try:
-            yield
-        except Exception:
-            # An error that follows a signal is its consequence (a computation on the runtime
-            # its handler stopped): the signal's line.
-            reraise_received_signal()
-            raise
+        yield
         # A signal whose exception was swallowed (raised inside a garbage-collection callback
         # or a `__del__`, where Python ignores exceptions) still ends the work with its line.
         reraise_received_signal()

@@ -49,7 +49,11 @@ import tempfile
 from collections.abc import Iterator
 from typing import Optional
 
-from tff_clustered.runtime.signals import keep_swallowed_signals_quiet, raise_terminated
+from tff_clustered.runtime.signals import (
+    Terminated,
+    keep_swallowed_signals_quiet,
+    raise_terminated,
+)
 from tff_clustered.runtime.worker_connection import (
     WorkerConnection,
     WorkerLostError,
@@ -220,6 +224,8 @@ class TffRuntime:
         self._outer_default_context: object = None
         # Every worker connection this runtime made, closed when it stops.
         self._connections: list[WorkerConnection] = []
+        # The stopping signal whose handler stopped the workers, if one did.
+        self.stopped_by_signal: Optional[int] = None
         self.started = False
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -333,12 +339,13 @@ class TffRuntime:
 
         The handler leaves this runtime's (stopped) context as TFF's default until the work
         unwinds through `stop`. Python ignores an exception raised inside a garbage-collection
-        callback or a `__del__`, where a handler can run: the work then goes on to its next
-        step (`reraise_received_signal`), and its computations must fail there, naming the
-        stopped runtime, rather than run on TFF's own context, which starts a worker of its own
-        that nothing stops (it outlived its run, parent PID 1)."""
+        callback or a `__del__`, where a handler can run: the work then goes on, and its next
+        computation must fail (`tff_runtime` raises the signal's `Terminated` for it) rather
+        than run on TFF's own context, which starts a worker of its own that nothing stops (it
+        outlived its run, parent PID 1)."""
 
         def on_stopping_signal(signum: int, frame: object) -> None:
+            self.stopped_by_signal = signum
             self._stop_workers()
             raise_terminated(signum)
 
@@ -361,9 +368,16 @@ def _default_context() -> object:
 
 @contextlib.contextmanager
 def tff_runtime(config: RuntimeConfig = RuntimeConfig()) -> Iterator[TffRuntime]:
-    """`with tff_runtime(): ...` runs the body on a fresh context and always stops its worker."""
+    """`with tff_runtime(): ...` runs the body on a fresh context and always stops its worker.
+    An error of the body after a stopping signal stopped the workers is its consequence (the
+    body went on after Python swallowed the signal's exception): the signal's `Terminated`
+    is raised instead."""
     runtime = TffRuntime(config)
     try:
         yield runtime.start()
+    except Exception:
+        if runtime.stopped_by_signal is None:
+            raise
+        raise Terminated(runtime.stopped_by_signal) from None
     finally:
         runtime.stop()
