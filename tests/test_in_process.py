@@ -489,11 +489,13 @@ def test_execution_settings_that_cannot_work_are_refused_with_the_fix() -> None:
         RoundCache(functional, spec.input_spec(), initial_weights(spec, 0), "gpu")
 
 
-# The training step of the model of issue 64's abort (a LayerNormalization, which TFF's builder
-# runs with the FusedBatchNorm kernels), called `CALLS` times from two threads, as
-# `InProcessExecution.train_clients` calls one client's graph, under oneDNN (TF's default on
-# AVX-512 CPUs only, so set here): before its calls ran one at a time, this aborted the process
-# with heap corruption in each of 6 tries of 500 calls.
+# The model of issue 64's abort (a LayerNormalization, which TFF's builder runs with the
+# FusedBatchNorm kernels) under oneDNN (TF's default on AVX-512 CPUs only, so set here): its
+# training step called `CALLS` times from two threads, as `InProcessExecution.train_clients`
+# calls one client's graph, and its forward run on batches of 16 sizes in one loop of parallel
+# iterations, as `ClientScoring` scores clients of other sizes. Before such a graph ran one
+# call and one iteration at a time, each aborted the process with heap corruption (6 of 6
+# tries of 500 calls; 3 of 3 of 1,500 loops).
 CONCURRENT_CALLS_SCRIPT = textwrap.dedent(
     """
     import concurrent.futures, json
@@ -528,7 +530,21 @@ CONCURRENT_CALLS_SCRIPT = textwrap.dedent(
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         same = all(pool.map(same_as_alone, range(CALLS)))
-    print(json.dumps({"same": same, "one_call_at_a_time": flags}))
+
+    def forward_of_each_size(weights, x):
+        def forward(i):  # batch i: the first 4 + i rows of x[i]
+            return tf.reduce_sum(model.apply(weights, (), x[i, : 4 + i], False)[0])
+
+        each = tf.range(tf.shape(x)[0])
+        return tf.map_fn(forward, each, parallel_iterations=10, fn_output_signature=tf.float32)
+
+    loop_graph = GraphFunction(
+        forward_of_each_size, [weight_specs, tf.TensorSpec([None, None, 8])], None
+    )
+    x = rng.random((16, 20, 8), np.float32)
+    first = loop_graph(weights, x)
+    same_in_loops = all(np.array_equal(loop_graph(weights, x), first) for _ in range(CALLS))
+    print(json.dumps({"same": [same, same_in_loops], "one_call_at_a_time": flags}))
     """
 )
 
@@ -539,4 +555,5 @@ def test_a_graph_whose_kernels_cannot_run_twice_at_once_runs_one_call_at_a_time(
     )
     assert result.returncode == 0, result.stderr[-2000:]
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
-    assert outcome == {"same": True, "one_call_at_a_time": {"dense": False, "layer_norm": True}}
+    want = {"same": [True, True], "one_call_at_a_time": {"dense": False, "layer_norm": True}}
+    assert outcome == want
