@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import errno
 import os
+import uuid
 
 import numpy as np
 import pytest
-from conftest import run_binary
+from conftest import run_binary, worker_pids_with_tag
 
 from tff_clustered.algorithms import make_algorithm
 from tff_clustered.algorithms.base import RunInfo
@@ -172,25 +173,44 @@ def test_a_worker_lost_after_a_signal_reports_the_signal(
     assert lost.returncode == 3 and "error: TFF worker localhost:1 stopped answering" in lost.stderr
 
 
+# A SIGHUP whose exception Python swallows (raised inside a garbage-collection callback) while
+# a TFF runtime runs, and the work going on to a computation.
+SIGNAL_SWALLOWED_IN_A_RUNTIME = """
+import gc, os, signal
+from tff_clustered.cli import exits
+from tff_clustered.runtime import signals
+signals.stop_at_once_on_signals("probe.py")
+import tensorflow as tf
+from tff_clustered.frameworks import tff
+from tff_clustered.runtime.context import tff_runtime
+
+def main(argv):
+    one = tff.tensorflow.computation(lambda: tf.constant(1))
+    with tff_runtime():
+        one()
+        def collected(phase, info):
+            if phase == "start":
+                gc.callbacks.remove(collected)
+                os.kill(os.getpid(), signal.SIGHUP)
+        gc.callbacks.append(collected)
+        gc.collect()
+        one()
+    print("finished")
+exits.run_main("probe.py", main)
+"""
+
+
 def test_a_signal_swallowed_where_python_ignores_exceptions_still_stops_with_its_line() -> None:
     """A signal's exception raised inside a garbage-collection callback is ignored by Python
     ("Exception ignored in ..."): the work must still end with the signal's line and code,
-    not exit 0 as if nothing had arrived."""
-    script = (
-        "import gc, os, signal\n"
-        "from tff_clustered.cli import exits\n"
-        "from tff_clustered.runtime import signals\n"
-        "signals.stop_at_once_on_signals('probe.py')\n"
-        "def main(argv):\n"
-        "    def collected(phase, info):\n"
-        "        if phase == 'start':\n"
-        "            gc.callbacks.remove(collected)\n"
-        "            os.kill(os.getpid(), signal.SIGHUP)\n"
-        "    gc.callbacks.append(collected)\n"
-        "    gc.collect()\n"
-        "    print('finished')\n"
-        "exits.run_main('probe.py', main)\n"
+    not exit 0 as if nothing had arrived, print no traceback, and the computation after it
+    must not start a worker of TFF's own that nothing stops (issue 64: one outlived its run)."""
+    tag = uuid.uuid4().hex
+    done = run_binary(
+        ["-c", SIGNAL_SWALLOWED_IN_A_RUNTIME], {"TFF_CLUSTERED_RUN_TAG": tag}, timeout=120
     )
-    done = run_binary(["-c", script])
     assert done.returncode == 129, done.stderr
-    assert done.stderr.strip().endswith("probe.py: hung up"), done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "probe.py: hung up", done.stderr
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr
+    assert "finished" not in done.stdout
+    assert worker_pids_with_tag(tag) == [], "a TFF worker outlived its run"

@@ -141,6 +141,27 @@ def test_foreign_or_damaged_contents_are_refused(
         checkpoint.load(str(path), SETTINGS)
 
 
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        (lambda s: s.cluster_models.__setitem__((1, 3), np.nan), "a cluster model"),
+        (lambda s: setattr(s, "anchor", np.array([0.5, np.inf], np.float32)), "the anchor model"),
+        (lambda s: s.client_models["a"][1].__setitem__(2, -np.inf), "a client's own model"),
+    ],
+)
+def test_a_checkpoint_with_a_non_finite_weight_is_refused_as_damaged(
+    tmp_path: Path, damage: object, named: str
+) -> None:
+    """No run checkpoints a non-finite model (it stops first): the file was damaged, and
+    resumed, its first round blamed the learning rate."""
+    path = str(tmp_path / CHECKPOINT_NAME)
+    damaged = state(None)
+    damage(damaged)
+    checkpoint.save(path, damaged, SETTINGS)
+    with pytest.raises(CheckpointError, match=f"^checkpoint {path} is damaged: {named} in it"):
+        checkpoint.load(path, SETTINGS)
+
+
 def test_truncated_or_foreign_files_and_other_settings_are_refused(tmp_path: Path) -> None:
     path = tmp_path / CHECKPOINT_NAME
     checkpoint.save(str(path), state(None), SETTINGS)

@@ -538,6 +538,42 @@ def test_unsupported_layers_are_named(
         functional_model(keras_model)
 
 
+def noisy(x: tf.Tensor) -> tf.Tensor:
+    return x + tf.random.normal(tf.shape(x))
+
+
+def doubled(x: tf.Tensor) -> tf.Tensor:
+    return 2.0 * x
+
+
+@pytest.mark.parametrize(
+    "layer, drawing",
+    [
+        (lambda: tf.keras.layers.GaussianNoise(0.1, name="noise"), True),
+        (lambda: tf.keras.layers.GaussianDropout(0.2, name="noise"), True),
+        (lambda: tf.keras.layers.Lambda(noisy, name="noise"), True),  # TFF's builder
+        (lambda: tf.keras.layers.Dense(4, activation=noisy, name="noise"), True),  # interpreter
+        (lambda: tf.keras.layers.Activation(noisy, name="noise"), True),
+        (lambda: tf.keras.layers.Lambda(doubled, name="noise"), False),
+        (lambda: tf.keras.layers.Dense(4, activation=doubled, name="noise"), False),
+    ],
+)
+def test_a_layer_drawing_unseeded_random_numbers_is_refused_naming_it(
+    layer: Callable[[], tf.keras.layers.Layer], drawing: bool
+) -> None:
+    """Its draws follow no seed of the run: the same seed twice trained two models (issue 64).
+    A function of the user's that draws nothing is run."""
+    keras_model = tf.keras.Sequential(
+        [tf.keras.Input((6,)), tf.keras.layers.Dense(4), layer(), tf.keras.layers.Dense(2)]
+    )
+    input_spec = ModelSpec("m", (6,), 2, lambda: keras_model).input_spec()
+    if not drawing:
+        functional_model(keras_model, input_spec)
+        return
+    with pytest.raises(ValueError, match=r"^layer noise of model .* draws random numbers \(Ran"):
+        functional_model(keras_model, input_spec)
+
+
 PARAMETER_FREE_CASES = {  # each supported layer kind, with its non-default settings
     "Flatten": ((3, 4, 2), lambda: tf.keras.layers.Flatten()),
     "Reshape": ((24,), lambda: tf.keras.layers.Reshape((4, -1, 2))),

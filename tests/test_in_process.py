@@ -487,3 +487,73 @@ def test_execution_settings_that_cannot_work_are_refused_with_the_fix() -> None:
     functional = functional_model(spec.build(), spec.input_spec())
     with pytest.raises(ValueError, match="execution must be one of"):
         RoundCache(functional, spec.input_spec(), initial_weights(spec, 0), "gpu")
+
+
+# The model of issue 64's abort (a LayerNormalization, which TFF's builder runs with the
+# FusedBatchNorm kernels) under oneDNN (TF's default on AVX-512 CPUs only, so set here): its
+# training step called `CALLS` times from two threads, as `InProcessExecution.train_clients`
+# calls one client's graph, and its forward run on batches of 16 sizes in one loop of parallel
+# iterations, as `ClientScoring` scores clients of other sizes. Before such a graph ran one
+# call and one iteration at a time, each aborted the process with heap corruption (6 of 6
+# tries of 500 calls; 3 of 3 of 1,500 loops).
+CONCURRENT_CALLS_SCRIPT = textwrap.dedent(
+    """
+    import concurrent.futures, json
+    import numpy as np
+    import tensorflow as tf
+    from tff_clustered.federated.graphs import GraphFunction
+    from tff_clustered.models.functional import functional_model
+
+    CALLS = 1000
+    layers = tf.keras.layers
+    spec = {"x": tf.TensorSpec([None, 8], tf.float32), "y": tf.TensorSpec([None], tf.int32)}
+    flags = {}
+    for name, norm in (("dense", layers.Dense(8)), ("layer_norm", layers.LayerNormalization())):
+        keras_model = tf.keras.Sequential([layers.InputLayer((8,)), layers.Dense(8), norm])
+        model = functional_model(keras_model, spec)
+
+        def step(weights, x):
+            logits, _ = model.apply(weights, (), x, True)
+            return tf.gradients(tf.reduce_sum(logits), list(weights))
+
+        weight_specs = tuple(tf.TensorSpec(s, tf.float32) for s in model.trainable_shapes)
+        step_graph = GraphFunction(step, [weight_specs, tf.TensorSpec([None, 8])], None)
+        flags[name] = step_graph.one_call_at_a_time
+    rng = np.random.default_rng(0)
+    weights = tuple(rng.random(s, np.float32) for s in model.trainable_shapes)
+    batches = [rng.random((n, 8), np.float32) for n in (20, 16, 5)]
+    alone = [step_graph(weights, x) for x in batches]
+
+    def same_as_alone(i):
+        got = step_graph(weights, batches[i % 3])
+        return all(np.array_equal(a, b) for a, b in zip(got, alone[i % 3]))
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        same = all(pool.map(same_as_alone, range(CALLS)))
+
+    def forward_of_each_size(weights, x):
+        def forward(i):  # batch i: the first 4 + i rows of x[i]
+            return tf.reduce_sum(model.apply(weights, (), x[i, : 4 + i], False)[0])
+
+        each = tf.range(tf.shape(x)[0])
+        return tf.map_fn(forward, each, parallel_iterations=10, fn_output_signature=tf.float32)
+
+    loop_graph = GraphFunction(
+        forward_of_each_size, [weight_specs, tf.TensorSpec([None, None, 8])], None
+    )
+    x = rng.random((16, 20, 8), np.float32)
+    first = loop_graph(weights, x)
+    same_in_loops = all(np.array_equal(loop_graph(weights, x), first) for _ in range(CALLS))
+    print(json.dumps({"same": [same, same_in_loops], "one_call_at_a_time": flags}))
+    """
+)
+
+
+def test_a_graph_whose_kernels_cannot_run_twice_at_once_runs_one_call_at_a_time() -> None:
+    result = run_binary(
+        ["-c", CONCURRENT_CALLS_SCRIPT], env_extra={"TF_ENABLE_ONEDNN_OPTS": "1"}, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    want = {"same": [True, True], "one_call_at_a_time": {"dense": False, "layer_norm": True}}
+    assert outcome == want

@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -285,13 +286,20 @@ def test_outputs_hold_per_client_and_per_cluster_results(tmp_path: object) -> No
     assert tensorboard_images(str(out)) == {"membership": [3], "labels": [3]}  # IFCA: no matrix
 
 
-def start_as_foreground_job(args: list[str], **env: str) -> subprocess.Popen:
-    """train.py with `args`, stdout and stderr piped, as a terminal's foreground job: a shell
-    starts background jobs with SIGINT ignored and a child inherits that, so a suite started
-    with `&` would see Ctrl-C ignored. TensorFlow's log level is a shell's (unset) unless given:
-    importing TensorFlow sets TF_CPP_MIN_LOG_LEVEL=1 in this process's environment, and a child
-    that inherits it prints TensorFlow's import-time errors, as a user asking for them would."""
+def start_as_job(args: list[str], background: bool = False, **env: str) -> subprocess.Popen:
+    """train.py with `args`, stdout and stderr piped, as a terminal's foreground job, or with
+    `background` as long runs are started, `(nohup train.py ... &)`: SIGINT and SIGHUP
+    ignored. A shell starts background jobs with SIGINT ignored and a child inherits that, so
+    a suite started with `&` would see Ctrl-C ignored: a foreground job gets SIGINT's default
+    back. TensorFlow's log level is a shell's (unset) unless given: importing TensorFlow sets
+    TF_CPP_MIN_LOG_LEVEL=1 in this process's environment, and a child that inherits it prints
+    TensorFlow's import-time errors, as a user asking for them would."""
     inherited = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+
+    def as_the_shell_starts_it() -> None:
+        for signum in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN if background else signal.SIG_DFL)
+
     return subprocess.Popen(
         [sys.executable, TRAIN, *args],
         cwd=ROOT,
@@ -300,7 +308,7 @@ def start_as_foreground_job(args: list[str], **env: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=as_the_shell_starts_it,
     )
 
 
@@ -319,7 +327,7 @@ def test_ctrl_c_sigterm_or_sighup_stop_cleanly_with_one_line_and_no_worker(
     process exits (no worker is alive once the exit code is known)."""
     tag = uuid.uuid4().hex
     out = str(tmp_path / "interrupted")
-    process = start_as_foreground_job(
+    process = start_as_job(
         [*QUICK, "--rounds=200", f"--output_dir={out}"],
         TFF_CLUSTERED_RUN_TAG=tag,
         TF_CPP_MIN_LOG_LEVEL="2",
@@ -339,6 +347,32 @@ def test_ctrl_c_sigterm_or_sighup_stop_cleanly_with_one_line_and_no_worker(
     assert worker_pids_with_tag(tag) == [], "the worker outlived its run"
 
 
+def test_a_run_started_in_the_background_ends_with_its_accounted_wall_and_no_worker(
+    tmp_path: object,
+) -> None:
+    """`(nohup train.py ... &)` ignores SIGINT, and a worker inherited that: it ignored the
+    SIGINT that stops it and was killed 10 s later, the run ending 11.5 s after its accounted
+    wall (issue 64). Now it ends within seconds of its time line, its worker gone."""
+    tag = uuid.uuid4().hex
+    process = start_as_job(
+        ["--algorithm=fedavg", "--rounds=2", f"--output_dir={tmp_path / 'background'}"],
+        background=True,
+        TFF_CLUSTERED_RUN_TAG=tag,
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONUNBUFFERED="1",  # each line read when it is printed
+    )
+    assert process.stdout is not None
+    timed_at = None
+    for line in process.stdout:
+        if line.startswith("time: "):  # the run's phases and wall, logged as it ends
+            timed_at = time.monotonic()
+    _, stderr = process.communicate(timeout=120)
+    ended_after_s = time.monotonic() - (timed_at or 0.0)
+    assert process.returncode == 0 and timed_at is not None, stderr[-2000:]
+    assert worker_pids_with_tag(tag) == [], "the worker outlived its run"
+    assert ended_after_s < 5.0, f"the process ended {ended_after_s:.1f} s after its time line"
+
+
 @pytest.mark.parametrize(
     "signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)]
 )
@@ -347,7 +381,7 @@ def test_a_signal_during_start_up_is_one_line_and_never_swallowed(
 ) -> None:
     """Mid-import (TensorFlow takes seconds to import): no traceback, nothing written."""
     out = tmp_path / "early"
-    process = start_as_foreground_job([*QUICK, f"--output_dir={out}"])
+    process = start_as_job([*QUICK, f"--output_dir={out}"])
     time.sleep(1.0)
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=60)
@@ -472,20 +506,52 @@ def test_tensorflow_logs_are_hidden_unless_asked_for(
     assert "tensorflow/" in done.stdout + done.stderr
 
 
-def test_an_existing_run_is_not_overwritten_without_resume(two_round_run: tuple) -> None:
+def with_a_nan_weight(folder: str) -> str:
+    """A copy of the run in `folder` whose checkpoint has one cluster model value NaN."""
+    path = os.path.join(folder, "checkpoint.npz")
+    with np.load(path, allow_pickle=False) as data:
+        entries = {name: data[name] for name in data.files}
+    meta = json.loads(entries[checkpoint.META_ENTRY].tobytes().decode())
+    name = meta["state"]["fields"]["cluster_models"]["ndarray"]
+    entries[name] = entries[name].copy()
+    entries[name].flat[0] = np.nan
+    with open(path, "wb") as f:
+        np.savez(f, **entries)
+    return path
+
+
+def test_a_refused_run_writes_nothing_in_the_run_folder(
+    two_round_run: tuple, tmp_path: object
+) -> None:
+    """A run not asked to continue the folder's run, a resume under other settings, and a
+    resume of a damaged checkpoint (one NaN weight: no run checkpoints one, and resumed it
+    was blamed on the learning rate) are refused before a TFF worker writes its log there."""
     out = two_round_run[0]
-    before = open(os.path.join(out, "metrics.csv")).read()
-    again = [*QUICK, "--rounds=2", f"--output_dir={out}"]
-    other_settings = [*QUICK, "--rounds=3", f"--output_dir={out}", "--resume"]
-    # Both in one process (`EACH_BAD_FLAGS_CASE`): TensorFlow imported once.
-    done = run_binary(["-c", EACH_BAD_FLAGS_CASE, json.dumps([again, other_settings])])
+    damaged = str(tmp_path / "damaged")
+    shutil.copytree(out, damaged)
+    damaged_checkpoint = with_a_nan_weight(damaged)
+    listed = {folder: sorted(os.listdir(folder)) for folder in (out, damaged)}
+    metrics = open(os.path.join(out, "metrics.csv")).read()
+    cases = [
+        [*QUICK, "--rounds=2", f"--output_dir={out}"],
+        [*QUICK, "--rounds=3", f"--output_dir={out}", "--resume"],
+        [*QUICK, "--rounds=2", f"--output_dir={damaged}", "--resume"],
+    ]
+    # All in one process (`EACH_BAD_FLAGS_CASE`): TensorFlow imported once.
+    done = run_binary(["-c", EACH_BAD_FLAGS_CASE, json.dumps(cases)])
     assert done.returncode == 0, done.stderr[-3000:]
-    (code, stderr), (other_code, other_stderr) = [
+    (again, again_err), (other, other_err), (nan, nan_err) = [
         json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")
     ]
-    assert code == 2 and "--resume" in stderr
-    assert open(os.path.join(out, "metrics.csv")).read() == before
-    assert other_code == 2 and "rounds" in other_stderr  # other settings: refused
+    assert again == 2 and "--resume" in again_err
+    assert other == 2 and "rounds" in other_err  # other settings: refused
+    assert nan == 2 and nan_err.strip().splitlines()[-1] == (
+        f"error: checkpoint {damaged_checkpoint} is damaged: a cluster model in it has NaN or "
+        "infinite values, which no run checkpoints; restore the file from a copy, or start "
+        "over with --overwrite or in a new --output_dir"
+    )
+    assert {folder: sorted(os.listdir(folder)) for folder in (out, damaged)} == listed
+    assert open(os.path.join(out, "metrics.csv")).read() == metrics
 
 
 @pytest.mark.skipif(not os.path.exists(SHARED_LEAF_FILE), reason="../shared/data not present")

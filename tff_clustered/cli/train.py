@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from typing import Any
+from typing import Any, Union
 
 from absl import app, flags
 
@@ -79,11 +79,12 @@ def main(argv: list[str]) -> int:
             )
             # Before a worker writes its log there, and before any data is loaded.
             checkpoint.refuse_held_run_folder(output_dir, FLAGS.resume, FLAGS.overwrite)
+            resume = runner.resumed(spec, output_dir) if FLAGS.resume else False
             execution = run_flags.execution_from_flags(output_dir, TIMER)
         with contextlib.ExitStack() as running:
             with TIMER.phase("runtime"):
                 running.enter_context(tff_runtime(execution.runtime))
-            summary = run(spec, output_dir, execution)
+            summary = run(spec, output_dir, execution, resume)
             print_results(spec, summary["results"])
             if baseline:
                 baseline_spec = dataclasses.replace(
@@ -93,7 +94,9 @@ def main(argv: list[str]) -> int:
                 )
                 baseline_dir = RunFolder(output_dir).baseline(baseline).path
                 print(f"{baseline} on the same clients, seed and training flags:")
-                baseline_summary = run(baseline_spec, baseline_dir, execution.timed_anew())
+                baseline_summary = run(
+                    baseline_spec, baseline_dir, execution.timed_anew(), FLAGS.resume
+                )
     if baseline:
         print_results(baseline_spec, baseline_summary["results"])
         ours, theirs = summary["results"], baseline_summary["results"]
@@ -120,13 +123,19 @@ def outputs_line(folder: RunFolder) -> str:
     )
 
 
-def run(spec: RunSpec, output_dir: str, execution: RunExecution) -> dict[str, Any]:
+def run(
+    spec: RunSpec,
+    output_dir: str,
+    execution: RunExecution,
+    resume: Union[bool, runner.Resumed],
+) -> dict[str, Any]:
+    """`spec` run in `output_dir`; `resume`: --resume, or the checkpoint as read already."""
     return runner.run(
         spec,
         output_dir,
         execution,
         checkpoint_every=FLAGS.checkpoint_every,
-        resume=FLAGS.resume,
+        resume=resume,
         overwrite=FLAGS.overwrite,
     )
 

@@ -68,6 +68,20 @@ def vectorisable(graph: tf.Graph) -> bool:
     return len(ops) <= VECTORISE_MAX_OPS and "EmptyTensorList" not in ops
 
 
+# Ops whose kernel cannot run twice at once. A session keeps one kernel object per op of its
+# graph and shares it between the calls it runs at the same time, and between the iterations
+# of a loop it runs in parallel; TF 2.14's oneDNN FusedBatchNorm kernels (oneDNN is TF's
+# default on CPUs with AVX-512) keep one run's sizes and buffers in that object (`depth_`,
+# `mean_values_`, `variance_values_`: tensorflow/tensorflow PR #99852 moves them into
+# `Compute`), so two threads running the same graph at once, or two iterations of a loop on
+# batches of other sizes (scoring clients of other sizes), corrupt the heap ("corrupted size
+# vs. prev_size", exit 134) or the results. Keras's LayerNormalization uses these kernels (TFF's
+# builder runs it: `models/functional.py`; the interpreter's BatchNorm does not).
+ONE_CALL_AT_A_TIME_OPS = frozenset(
+    f"FusedBatchNorm{grad}{version}" for grad in ("", "Grad") for version in ("", "V2", "V3")
+)
+
+
 class GraphFunction:
     """`fn` traced once into its own graph from `specs` and run by a session.
 
@@ -75,7 +89,12 @@ class GraphFunction:
     context, which a `tf.function` called eagerly has), as inside a TFF computation: this runs
     the functions the way TFF's own TensorFlow executor does, as graphs, in this process. Ops go
     to `device` or to TensorFlow's choice (a GPU when it sees one); ops with CPU kernels only
-    (tf.data) stay on the CPU."""
+    (tf.data) stay on the CPU.
+
+    Calls from several threads run at once, except on a graph holding an op of
+    `ONE_CALL_AT_A_TIME_OPS` (`one_call_at_a_time`), whose calls run one after another and whose
+    loops run one iteration after another: each call's results are the same either way, so the
+    run's are too."""
 
     def __init__(self, fn: Callable[..., Any], specs: Sequence[Any], device: Optional[str]):
         self.graph = tf.Graph()
@@ -84,6 +103,9 @@ class GraphFunction:
                 lambda s: tf.compat.v1.placeholder(s.dtype, s.shape), tuple(specs)
             )
             self.outputs = fn(*self.inputs)
+        self.one_call_at_a_time = not ONE_CALL_AT_A_TIME_OPS.isdisjoint(graph_op_types(self.graph))
+        if self.one_call_at_a_time:
+            self._loops_one_iteration_at_a_time()
         self.placeholders = tf.nest.flatten(self.inputs)
         logical_cpus = len(tf.config.list_logical_devices("CPU"))
         config = tf.compat.v1.ConfigProto(
@@ -92,16 +114,35 @@ class GraphFunction:
             device_count={"CPU": max(logical_cpus, 1)},
         )
         self.session = tf.compat.v1.Session(graph=self.graph, config=config)
-        # A session optimizes its graph on the first run (long for a large graph such as the
-        # Sent140 LSTM's client work); calls from other threads wait for it rather than each
-        # optimizing it again.
-        self._first_run = threading.Lock()
+        # Held by a call that must run alone: every call of a `one_call_at_a_time` graph, and
+        # the first call of any graph (a session optimizes its graph on its first run, long for
+        # a large graph such as the Sent140 LSTM's client work: calls from other threads wait
+        # for it rather than each optimizing it again).
+        self._alone = threading.Lock()
         self._ran = False
+
+    def _loops_one_iteration_at_a_time(self) -> None:
+        """The graph made again with every loop's `parallel_iterations` 1 (its functions'
+        loops too), and the inputs and outputs its own."""
+        graph_def = self.graph.as_graph_def()
+        for node in [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]:
+            if "parallel_iterations" in node.attr:
+                node.attr["parallel_iterations"].i = 1
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            tf.graph_util.import_graph_def(graph_def, name="")
+
+        def imported(element: Any) -> Any:
+            return self.graph.as_graph_element(element.name)
+
+        self.inputs = tf.nest.map_structure(imported, self.inputs)
+        self.outputs = tf.nest.map_structure(imported, self.outputs)
 
     def __call__(self, *args: Any) -> Any:
         tf.nest.assert_same_structure(self.inputs, tuple(args), check_types=False)
         feed = dict(zip(self.placeholders, tf.nest.flatten(tuple(args))))
-        with contextlib.nullcontext() if self._ran else self._first_run:
+        concurrent = self._ran and not self.one_call_at_a_time
+        with contextlib.nullcontext() if concurrent else self._alone:
             outputs = self.session.run(self.outputs, feed_dict=feed)
             self._ran = True
         return outputs

@@ -175,7 +175,7 @@ def tff_built(model: tf.keras.Model, input_spec: dict, refusal: str = "") -> Fun
         input_spec=collections.OrderedDict(input_spec),
     )
     try:
-        trial_step(functional, input_spec)
+        graph = trial_step(functional, input_spec)
     except Exception as e:  # TF's errors: what TFF's worker would fail with
         lines = [line.strip() for line in getattr(e, "message", str(e)).splitlines()]
         reason = next((line for line in lines if line and not line.endswith(":")), "")
@@ -185,6 +185,7 @@ def tff_built(model: tf.keras.Model, input_spec: dict, refusal: str = "") -> Fun
             f"other models, fails on it ({type(e).__name__}: {reason}); change that layer "
             "(an LSTM's dropout: a Dropout layer after the LSTM)"
         ) from None
+    refuse_unseeded_randomness(model, graph)
     non_trainable = tuple(functional.initial_weights[1])
 
     def apply(
@@ -209,9 +210,10 @@ def tff_built(model: tf.keras.Model, input_spec: dict, refusal: str = "") -> Fun
     )
 
 
-def trial_step(functional: tff.learning.models.FunctionalModel, input_spec: dict) -> None:
+def trial_step(functional: tff.learning.models.FunctionalModel, input_spec: dict) -> tf.Graph:
     """`functional`'s logits (training and inference) and gradients on one batch of zeros of
-    `input_spec`'s `x` (its unknown sizes 1), run in a graph as TFF's computations run them."""
+    `input_spec`'s `x` (its unknown sizes 1), run in a graph as TFF's computations run them;
+    returns the graph."""
     spec = input_spec["x"]
     shape = [1 if size is None else size for size in spec.shape]
     with tf.Graph().as_default() as graph:
@@ -224,6 +226,89 @@ def trial_step(functional: tff.learning.models.FunctionalModel, input_spec: dict
         gradients = tf.gradients(tf.reduce_sum(logits[1]), trainable)
         with tf.compat.v1.Session(graph=graph) as session:
             session.run([logits, [g for g in gradients if g is not None]])
+    return graph
+
+
+# TF 2.14's ops that draw random numbers from a state of their own (the kernel's generator, a
+# `tf.random.Generator`'s variable), whatever seed a run passes: `tf.random.normal` and the
+# like, Keras's GaussianNoise, GaussianDropout, AlphaDropout and random preprocessing layers.
+# A model holding one trains differently from the same seed. (The interpreter's Dropout draws
+# with stateless ops from the run's seed: `layer_ops.dropout`.)
+UNSEEDED_RANDOM_OPS = frozenset(
+    {
+        "Multinomial",
+        "NonDeterministicInts",
+        "ParameterizedTruncatedNormal",
+        "RandomCrop",
+        "RandomGamma",
+        "RandomPoisson",
+        "RandomPoissonV2",
+        "RandomShuffle",
+        "RandomStandardNormal",
+        "RandomUniform",
+        "RandomUniformInt",
+        "RngReadAndSkip",
+        "RngSkip",
+        "SampleDistortedBoundingBox",
+        "SampleDistortedBoundingBoxV2",
+        "StatefulRandomBinomial",
+        "StatefulStandardNormal",
+        "StatefulStandardNormalV2",
+        "StatefulTruncatedNormal",
+        "StatefulUniform",
+        "StatefulUniformFullInt",
+        "StatefulUniformInt",
+        "TruncatedNormal",
+    }
+)
+
+
+def refuse_unseeded_randomness(
+    model: tf.keras.Model, graph: tf.Graph, suspects: Sequence[str] = ()
+) -> None:
+    """ValueError naming the layers of `model` whose ops in `graph` (a trace of the model's
+    training step, its functions included) draw unseeded random numbers
+    (`UNSEEDED_RANDOM_OPS`), and the fix. Layers are found by the name scopes of their ops
+    (Keras's), else are the `suspects` (the interpreter's ops have no layer scopes)."""
+    graph_def = graph.as_graph_def()
+    nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+    drawing = [node for node in nodes if node.op in UNSEEDED_RANDOM_OPS]
+    if not drawing:
+        return
+    layers = {layer.name for layer in model.submodules if isinstance(layer, tf.keras.layers.Layer)}
+    named = sorted({part for n in drawing for part in n.name.split("/") if part in layers})
+    named = named or sorted(suspects)
+    where = f"layer {', '.join(named)} of model {model.name}" if named else f"model {model.name}"
+    ops = ", ".join(sorted({node.op for node in drawing}))
+    raise ValueError(
+        f"{where} draws random numbers ({ops}) that the run's seed does not seed: the same "
+        "seed would train differently each time; remove it, or use a Dropout layer, whose "
+        "masks follow the run's seed"
+    )
+
+
+def _calling_user_functions(steps: Sequence[_Step]) -> list[str]:
+    """The layers among `steps` that call a function from outside Keras and TensorFlow (an
+    activation of the user's): the only code of the user the interpreter runs."""
+    names = []
+    for step in steps:
+        functions = [getattr(step.layer, a, None) for a in ("activation", "recurrent_activation")]
+        modules = [getattr(f, "__module__", None) or "" for f in functions if f is not None]
+        if any(m.split(".")[0] not in ("keras", "tensorflow") for m in modules):
+            names.append(step.layer.name)
+    return names
+
+
+def _training_step_graph(model: tf.keras.Model, functional: FunctionalModel) -> tf.Graph:
+    """`functional.apply` in training mode, traced into a graph (not run)."""
+    with tf.Graph().as_default() as graph:
+        trainable, state = (
+            [tf.compat.v1.placeholder(tf.float32, shape) for shape in shapes]
+            for shapes in (functional.trainable_shapes, functional.state_shapes)
+        )
+        x = tf.compat.v1.placeholder(model.inputs[0].dtype, model.inputs[0].shape)
+        functional.apply(trainable, state, x, True, tf.constant([0, 0]))
+    return graph
 
 
 def _interpreted_steps(
@@ -452,7 +537,7 @@ def interpreted(model: tf.keras.Model, bn_momentum: Optional[float] = None) -> F
         num_trainable=len(trainable_of),
         num_state=len(state_of),
     )
-    return FunctionalModel(
+    functional = FunctionalModel(
         trainable_shapes=_shapes(model.trainable_weights),
         state_shapes=_shapes(model.non_trainable_weights),
         state_owner=tuple(owner),
@@ -464,3 +549,7 @@ def interpreted(model: tf.keras.Model, bn_momentum: Optional[float] = None) -> F
         row_head_starts=interpreter.row_head_starts(),
         row_heads=interpreter.row_heads,
     )
+    suspects = _calling_user_functions(steps)
+    if suspects:  # traced only then: Keras's and TensorFlow's functions draw nothing unseeded
+        refuse_unseeded_randomness(model, _training_step_graph(model, functional), suspects)
+    return functional

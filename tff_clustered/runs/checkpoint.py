@@ -235,7 +235,36 @@ def load(
     if not same_settings(saved, settings):
         raise CheckpointError(other_settings_message(path, saved, settings))
     refuse_changed_data(path, meta.get(DATA_SOURCE_ENTRY), data_source, warn)
+    refuse_non_finite_models(path, state)
     return state
+
+
+def refuse_non_finite_models(path: str, state: RunState) -> None:
+    """`CheckpointError` naming checkpoint `path` damaged when a model it holds (a cluster
+    model, the anchor, a client's own model in the memory store) has a NaN or infinite value:
+    a run stops at a non-finite model before it checkpoints one (`loop/divergence.py`), so
+    the file was changed since; resumed, its first round would blame the learning rate."""
+    models = {
+        "a cluster model": state.cluster_models,
+        "the anchor model": state.anchor,
+        "a client's own model": state.client_models,  # the disk store's index: no models
+    }
+    for what, held in models.items():
+        if any(not np.isfinite(a).all() for a in _float_arrays(held)):
+            raise CheckpointError(
+                f"checkpoint {path} is damaged: {what} in it has NaN or infinite values, which "
+                "no run checkpoints; restore the file from a copy, or start over with "
+                "--overwrite or in a new --output_dir"
+            )
+
+
+def _float_arrays(value: Any) -> Iterator[np.ndarray]:
+    """The float arrays in `value` and in the tuples, lists and dicts inside it."""
+    if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+        yield value
+    elif isinstance(value, (tuple, list, dict)):
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from _float_arrays(item)
 
 
 # Settings added after checkpoints were made without them, with the value such a checkpoint's

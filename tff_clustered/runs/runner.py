@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -73,12 +73,30 @@ def spec_experiment(
     return build_experiment(data, model, algorithm, spec.training, execution, round_metrics)
 
 
+class Resumed(NamedTuple):
+    """A run folder's checkpoint as a resume reads it before anything starts (`resumed`)."""
+
+    state: Optional[RunState]  # None: the folder holds no checkpoint
+    # The files the run's data is read from, as they are now (None: no checkpoint to check
+    # them against; the run fingerprints them once it has loaded its data).
+    data_source: Optional[SourceFingerprint]
+
+
+def resumed(spec: RunSpec, output_dir: str, log: Callable[[str], None] = print) -> Resumed:
+    """The checkpoint in `output_dir`, read and checked against `spec`'s settings and data
+    files (`checkpoint.load`, which refuses it with a `CheckpointError`): before a TFF worker
+    starts and writes its log in the folder, which a refused resume leaves as it found it."""
+    source = source_fingerprint(spec.data) if checkpoint.exists(output_dir) else None
+    state = checkpoint.load(RunFolder(output_dir).checkpoint, spec.settings(), source, log)
+    return Resumed(state, source)
+
+
 def run(
     spec: RunSpec,
     output_dir: str,
     execution: Optional[RunExecution] = None,
     checkpoint_every: int = 5,
-    resume: bool = False,
+    resume: Union[bool, Resumed] = False,
     log: Callable[[str], None] = print,
     round_metrics: Sequence[RoundMetric] = (),
     overwrite: bool = False,
@@ -86,20 +104,28 @@ def run(
     """Runs (or resumes) `spec`, writing metrics.csv, clients.csv, TensorBoard events,
     summary.json, curves.png, checkpoints. `execution`: how rounds run and where the clients'
     models live (default: one local TFF worker, a timer started now; a disk store's file goes
-    in `output_dir`); a run may resume under another execution or store. `overwrite`: see
-    `run_experiment`.
+    in `output_dir`); a run may resume under another execution or store. `resume`: True, or
+    the checkpoint as `resumed` read it already. `overwrite`: see `run_experiment`.
 
     Returns the summary, with the per-round rows under `history`."""
     execution = (RunExecution() if execution is None else execution).in_folder(output_dir)
+    read = resume if isinstance(resume, Resumed) else None
+
+    def data_source() -> SourceFingerprint:
+        if read is not None and read.data_source is not None:
+            return read.data_source
+        return source_fingerprint(spec.data)
+
     summary, _ = run_experiment(
         lambda: spec_experiment(spec, execution, round_metrics),
         spec.settings(),
         output_dir,
         execution.timer,
         checkpoint_every,
-        resume,
+        read is not None or resume is True,
         log,
-        data_source=lambda: source_fingerprint(spec.data),
+        data_source=data_source,
+        read_checkpoint=None if read is None else (lambda: read.state),
         overwrite=overwrite,
     )
     return summary

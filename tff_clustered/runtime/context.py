@@ -10,7 +10,9 @@ so that it can guarantee it stops:
 * on normal exit, on an exception, on Ctrl-C, SIGTERM and SIGHUP (`stop()` via `atexit`/signal
   handler);
 * even when the parent is SIGKILLed: the worker is started with `PR_SET_PDEATHSIG`, so the
-  kernel kills it when its parent dies.
+  kernel kills it when its parent dies;
+* at once when the run was started in the background: the worker starts with SIGINT and
+  SIGTERM at their default action, even when its parent ignores them (`prepare_worker_child`).
 
 `start()` does not wait for the local worker to answer (it takes about a second to start): the
 run loads its data and builds its rounds meanwhile, and the first call to the worker waits
@@ -47,7 +49,11 @@ import tempfile
 from collections.abc import Iterator
 from typing import Optional
 
-from tff_clustered.runtime.signals import raise_terminated
+from tff_clustered.runtime.signals import (
+    Terminated,
+    keep_swallowed_signals_quiet,
+    raise_terminated,
+)
 from tff_clustered.runtime.worker_connection import (
     WorkerConnection,
     WorkerLostError,
@@ -99,12 +105,25 @@ def worker_binary_path() -> str:
 
 
 _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)  # loaded here: no dlopen in a forked child
+_LIBC.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+_LIBC.signal.restype = ctypes.c_void_p
+_SIG_DFL = None  # a null handler: the signal's default action
+# The signals that stop a worker (`stop_process`) or its parent (`signals.STOPPING_SIGNALS`).
+_WORKER_STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def die_with_parent() -> None:
-    """preexec_fn: ask the kernel to SIGKILL the worker when its parent process dies (one
-    libc call in the child between fork and exec)."""
+def prepare_worker_child() -> None:
+    """preexec_fn of a worker, in the child between fork and exec (calls into libc only):
+
+    * the kernel SIGKILLs the worker when its parent process dies;
+    * SIGINT, SIGTERM and SIGHUP take their default action (end the worker) and are not
+      blocked: a signal ignored in the parent stays ignored across exec, and a run started in
+      the background (`nohup ... &`, a shell's `&` without job control) ignores SIGINT, which
+      `stop_process` sends (its worker then ran until killed 10 s later)."""
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    for signum in _WORKER_STOPPING_SIGNALS:
+        _LIBC.signal(signum, _SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _WORKER_STOPPING_SIGNALS)
 
 
 def stop_process(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
@@ -205,6 +224,8 @@ class TffRuntime:
         self._outer_default_context: object = None
         # Every worker connection this runtime made, closed when it stops.
         self._connections: list[WorkerConnection] = []
+        # The stopping signal whose handler stopped the workers, if one did.
+        self.stopped_by_signal: Optional[int] = None
         self.started = False
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -256,6 +277,16 @@ class TffRuntime:
 
             tff.framework.set_default_context(self._outer_default_context)
             self._outer_default_context = None
+        self._stop_workers()
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
+        self.started = False
+
+    def _stop_workers(self) -> None:
+        """Closes this runtime's executors on their workers while they still answer, then
+        stops the local worker (SIGINT, then SIGKILL). A computation run on this runtime's
+        context afterwards fails, naming the stopped runtime."""
         connections, self._connections = self._connections, []
         lost = any(connection.lost for connection in connections)
         for connection in connections:
@@ -266,10 +297,6 @@ class TffRuntime:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
-        for signum, handler in self._previous_handlers.items():
-            signal.signal(signum, handler)
-        self._previous_handlers.clear()
-        self.started = False
 
     def __enter__(self) -> TffRuntime:
         return self.start()
@@ -303,16 +330,26 @@ class TffRuntime:
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
+            preexec_fn=prepare_worker_child,
         )
         return f"localhost:{port}"
 
     def _install_signal_handlers(self) -> None:
-        """SIGTERM and SIGHUP stop the worker first, then end the work (`Terminated`)."""
+        """SIGTERM and SIGHUP stop the worker first, then end the work (`Terminated`).
+
+        The handler leaves this runtime's (stopped) context as TFF's default until the work
+        unwinds through `stop`. Python ignores an exception raised inside a garbage-collection
+        callback or a `__del__`, where a handler can run: the work then goes on, and its next
+        computation must fail (`tff_runtime` raises the signal's `Terminated` for it) rather
+        than run on TFF's own context, which starts a worker of its own that nothing stops (it
+        outlived its run, parent PID 1)."""
 
         def on_stopping_signal(signum: int, frame: object) -> None:
-            self.stop()
+            self.stopped_by_signal = signum
+            self._stop_workers()
             raise_terminated(signum)
+
+        keep_swallowed_signals_quiet()
 
         for signum in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(signum) == signal.SIG_IGN:
@@ -331,9 +368,16 @@ def _default_context() -> object:
 
 @contextlib.contextmanager
 def tff_runtime(config: RuntimeConfig = RuntimeConfig()) -> Iterator[TffRuntime]:
-    """`with tff_runtime(): ...` runs the body on a fresh context and always stops its worker."""
+    """`with tff_runtime(): ...` runs the body on a fresh context and always stops its worker.
+    An error of the body after a stopping signal stopped the workers is its consequence (the
+    body went on after Python swallowed the signal's exception): the signal's `Terminated`
+    is raised instead."""
     runtime = TffRuntime(config)
     try:
         yield runtime.start()
+    except Exception:
+        if runtime.stopped_by_signal is None:
+            raise
+        raise Terminated(runtime.stopped_by_signal) from None
     finally:
         runtime.stop()

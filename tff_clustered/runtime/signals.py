@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+from typing import Any
 
 # Signals the process was started with ignored (`stop_at_once_on_signals`): never handled.
 _IGNORED: set[int] = set()
@@ -51,6 +53,26 @@ def reraise_received_signal() -> None:
         raise KeyboardInterrupt if _RECEIVED[0] == signal.SIGINT else Terminated(_RECEIVED[0])
 
 
+def keep_swallowed_signals_quiet() -> None:
+    """A signal's handler runs wherever the main thread is, also inside a garbage-collection
+    callback or a `__del__`, where Python ignores the handler's exception and prints it as
+    "Exception ignored in ..." with a traceback (TensorFlow's `_xla_gc_callback`, issue 64).
+    Such an exception is recorded (`_RECEIVED`) and raised again at the work's next step
+    (`reraise_received_signal`): it is not printed. Other ignored exceptions are, as before."""
+    global _HOOK_BEFORE_QUIET
+    if sys.unraisablehook is not _quiet_about_signals:
+        _HOOK_BEFORE_QUIET, sys.unraisablehook = sys.unraisablehook, _quiet_about_signals
+
+
+def _quiet_about_signals(unraisable: Any) -> None:
+    if _RECEIVED and isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated)):
+        return
+    _HOOK_BEFORE_QUIET(unraisable)
+
+
+_HOOK_BEFORE_QUIET = sys.unraisablehook
+
+
 def stop_at_once_on_signals(binary: str) -> None:
     """From a binary's first lines until its work starts (imports, flag parsing): Ctrl-C,
     SIGTERM or SIGHUP end the process at once with one line and 130 / 143 / 129. Nothing is
@@ -76,6 +98,7 @@ def stop_cleanly_on_signals() -> None:
     `KeyboardInterrupt`, SIGTERM and SIGHUP `Terminated`, so that the run stops between two
     steps, its worker is stopped and its last checkpoint is kept."""
     _RECEIVED.clear()
+    keep_swallowed_signals_quiet()
     for signum in STOPPING_SIGNALS:
         if signum not in _IGNORED:
             handler = raise_interrupted if signum == signal.SIGINT else raise_terminated

@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Optional
 
-from tff_clustered.runtime.context import die_with_parent, stop_process, worker_binary_path
+from tff_clustered.runtime.context import prepare_worker_child, stop_process, worker_binary_path
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
@@ -104,7 +104,7 @@ def start_worker(port: int, max_concurrent_calls: int, log_path: str) -> subproc
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
+            preexec_fn=prepare_worker_child,
         )
     deadline = time.monotonic() + 60
     while True:
