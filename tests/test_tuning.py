@@ -95,6 +95,7 @@ def test_no_validation_example_is_refused_and_a_cluster_without_any_scores_nothi
     data = one_example_clients(5)
     assert [data.test_sizes[f"c{i}"] for i in range(8)] == [0] * 5 + [1] + [0] * 2
     training = TrainingConfig(rounds=1, clients_per_round=3, local_epochs=1)
+
     def run(algorithm: str, output_dir: Path, **args: Any) -> tff_clustered.RunResult:
         return tff_clustered.run(
             algorithm, data, ModelChoice("mclr"), output_dir=str(output_dir),
