@@ -3,12 +3,12 @@ problem with its fix and a non-zero exit."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import sqlite3
 import uuid
 
-import pytest
 from conftest import TESTDATA, run_binary, worker_pids_with_tag
 
 DOCTOR = os.path.join("binaries", "doctor.py")
@@ -44,42 +44,49 @@ def test_doctor_passes_here_and_reports_bad_folders_with_fixes(tmp_path: object)
     assert bad.stdout.count("fix: ") == 2 and "2 problem(s)" in bad.stdout
 
 
-def doctor_data(capsys: pytest.CaptureFixture, **given: str) -> tuple[int, str]:
-    """The doctor's data checks of the flags `given` (in this process): problems, output."""
-    from absl.testing import flagsaver
-
-    from tff_clustered.cli import doctor
-
-    if not doctor.FLAGS.is_parsed():
-        doctor.FLAGS.mark_as_parsed()
-    report = doctor.Report()
-    with flagsaver.flagsaver(**{"data_dir": None, "glove_path": None, "tfds_dir": None, **given}):
-        capsys.readouterr()
+# The doctor's data checks of several sets of flags, in one process of its own (the doctor's
+# flags and train.py's, which other tests import, cannot be defined in one process): a JSON list
+# of [problems, output] per set.
+DATA_CHECKS = """
+import contextlib, io, json, sys
+from absl.testing import flagsaver
+from tff_clustered.cli import doctor
+doctor.FLAGS.mark_as_parsed()
+found = []
+for given in json.loads(sys.argv[1]):
+    report, out = doctor.Report(), io.StringIO()
+    flags = {"data_dir": None, "glove_path": None, "tfds_dir": None, **given}
+    with flagsaver.flagsaver(**flags), contextlib.redirect_stdout(out):
         doctor.check_data(report)
-    return report.problems, capsys.readouterr().out
+    found.append([report.problems, out.getvalue()])
+print(json.dumps(found))
+"""
 
 
-def test_doctor_checks_data_as_the_loaders_read_it(
-    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture
-) -> None:
+def test_doctor_checks_data_as_the_loaders_read_it(tmp_path: pathlib.Path) -> None:
     """A SQLite file is what train.py's tff_sql takes; a GloVe file that is not GloVe text, a
     TFDS folder holding no prepared dataset and a LEAF split holding a named pipe are
     problems, each with its fix."""
     population = tmp_path / "pop.sqlite"
     sqlite3.connect(population).execute("CREATE TABLE client_metadata (client_id TEXT)")
-    problems, out = doctor_data(capsys, data_dir=str(population))
-    assert problems == 0 and "can serve: tff_sql" in out, out
     (tmp_path / "glove.6B.300d.txt").write_text("a\n")
     (tmp_path / "not_tfds").mkdir()
-    problems, out = doctor_data(
-        capsys, glove_path=str(tmp_path / "glove.6B.300d.txt"), tfds_dir=str(tmp_path / "not_tfds")
-    )
-    assert problems == 2 and "PROBLEM  --glove_path" in out and "PROBLEM  --tfds_dir" in out
-    problems, out = doctor_data(capsys, tfds_dir=os.path.join(TESTDATA, "tfds_tiny"))
-    assert problems == 0 and "can serve: cifar10 3.0.2" in out, out
     for split in ("train", "test"):
         (tmp_path / "leaf" / split).mkdir(parents=True)
         (tmp_path / "leaf" / split / "a.json").write_text("{}")
     os.mkfifo(tmp_path / "leaf" / "train" / "pipe.json")
-    problems, out = doctor_data(capsys, data_dir=str(tmp_path / "leaf"))
-    assert problems == 1 and "pipe.json: is a named pipe" in out, out
+    cases = [
+        {"data_dir": str(population)},
+        {"glove_path": str(tmp_path / "glove.6B.300d.txt"), "tfds_dir": str(tmp_path / "not_tfds")},
+        {"tfds_dir": os.path.join(TESTDATA, "tfds_tiny")},
+        {"data_dir": str(tmp_path / "leaf")},
+    ]
+    done = run_binary(["-c", DATA_CHECKS, json.dumps(cases)], timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (sqlite, sqlite_out), (bad, bad_out), (tfds, tfds_out), (leaf, leaf_out) = json.loads(
+        done.stdout.strip().splitlines()[-1]
+    )
+    assert sqlite == 0 and "can serve: tff_sql" in sqlite_out, sqlite_out
+    assert bad == 2 and "PROBLEM  --glove_path" in bad_out and "PROBLEM  --tfds_dir" in bad_out
+    assert tfds == 0 and "can serve: cifar10 3.0.2" in tfds_out, tfds_out
+    assert leaf == 1 and "pipe.json: is a named pipe" in leaf_out, leaf_out

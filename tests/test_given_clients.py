@@ -5,7 +5,7 @@ row orders as one `rng.permutation` per client."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -46,14 +46,9 @@ def reference_error(clients: dict, num_classes: Optional[int]) -> Optional[str]:
 
 def split_only(arrays: dict) -> tuple:
     """The run's own train/test split of `arrays` (its row orders, from the same seed)."""
-
-    class NoDigest:
-        def update(self, data: Any) -> None:
-            pass
-
     sizes = np.array([len(y) for _, y in arrays.values()])
     read = fd.ExamplesRead(arrays, sizes, (), 0, [])
-    return given_clients.split_off_test_sets(read, 0.2, 0, NoDigest())
+    return given_clients.split_off_test_sets(read, 0.2, 0, fd.Unhashed())
 
 
 def first_error(clients: dict, num_classes: Optional[int]) -> Optional[str]:

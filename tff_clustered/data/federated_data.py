@@ -417,6 +417,13 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+class Unhashed:
+    """A digest that hashes nothing, for examples read without a fingerprint."""
+
+    def update(self, data: Any) -> None:
+        del data
+
+
 class DigestAside:
     """A hash object (hashlib's) updated on a thread of its own, so that hashing a block of
     examples overlaps reading the next (hashlib lets go of the GIL while it hashes a large

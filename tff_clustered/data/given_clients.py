@@ -24,6 +24,7 @@ from tff_clustered.data.federated_data import (
     DigestAside,
     ExamplesRead,
     FederatedData,
+    Unhashed,
     checked_client,
     gc_paused,
     read_examples,
@@ -49,14 +50,15 @@ def client_arrays(
     x_key: str,
     y_key: str,
     split: str,
-    digest: Any,
+    digest: Any = None,
     input_shape: Optional[tuple[int, ...]] = None,
     num_classes: Optional[int] = None,
 ) -> ExamplesRead:
     """Per-client `(x, y)` NumPy arrays from a ClientData or a mapping of clients, read in one
     pass (`read_examples`: each client's checked by `example_arrays`, what `checked_client`
     refuses found, `digest` updated); client ids become strings, two ids that are the same
-    string (1 and "1") are refused rather than merged."""
+    string (1 and "1") are refused rather than merged. No `digest`: nothing is hashed."""
+    digest = Unhashed() if digest is None else digest
     if is_client_data(clients):
         given = (
             (str(client), *clientdata_examples(clients, client, x_key, y_key, split))
