@@ -344,7 +344,7 @@ class Algorithm:
     # -- decisions ------------------------------------------------------------------------------
     def init(self, run: RunInfo, queries: Queries) -> Decision:
         """Before round 1: by default one cluster holding everybody, from the initial model."""
-        return Decision(assignment={c: 0 for c in run.client_ids}, state=None)
+        return Decision(assignment=dict.fromkeys(run.client_ids, 0), state=None)
 
     def eligible(self, run: RunInfo, view: ServerView) -> Sequence[str]:
         """Clients that may be sampled in `view.round_num + 1` (default: all)."""
