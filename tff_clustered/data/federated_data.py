@@ -427,22 +427,25 @@ class Unhashed:
 class DigestAside:
     """A hash object (hashlib's) updated on a thread of its own, so that hashing a block of
     examples overlaps reading the next (hashlib lets go of the GIL while it hashes a large
-    buffer). Updates keep their order; one waits while its predecessor is hashing, so at most
-    one block is held for it. Leaving the `with` block waits for the last update."""
+    buffer). One thread takes the updates in their order; an update waits while more than
+    `PENDING` are queued, so at most about two blocks are held for it. Leaving the `with`
+    block waits for the last update."""
+
+    PENDING = 8  # updates queued at most: a block makes 5
 
     def __init__(self, digest: Any) -> None:
         self.digest = digest
         self.thread = concurrent.futures.ThreadPoolExecutor(1, "digest")
-        self.pending: Optional[concurrent.futures.Future] = None
+        self.pending: collections.deque[concurrent.futures.Future] = collections.deque()
 
     def update(self, data: Any) -> None:
-        self.wait()
-        self.pending = self.thread.submit(self.digest.update, data)
+        while len(self.pending) >= self.PENDING:
+            self.pending.popleft().result()  # an error of the hashing raises here
+        self.pending.append(self.thread.submit(self.digest.update, data))
 
     def wait(self) -> None:
-        if self.pending is not None:
-            self.pending.result()  # an error of the hashing raises here
-            self.pending = None
+        while self.pending:
+            self.pending.popleft().result()
 
     def hexdigest(self) -> str:
         self.wait()

@@ -296,7 +296,7 @@ def shuffled_rows(sizes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         n = int(sizes[first])
         for part in range(first, stop, max(SHUFFLED_ROWS // n, 1)):
             clients = min(stop - part, max(SHUFFLED_ROWS // n, 1))
-            rows = np.tile(np.arange(n), (clients, 1))
+            rows = np.tile(np.arange(n, dtype=order.dtype), (clients, 1))
             rng.permuted(rows, axis=1, out=rows)
             order[at : at + rows.size] = rows.ravel()
             at += rows.size
