@@ -26,9 +26,8 @@ ClientArrayDict = Mapping[str, np.ndarray]  # OrderedDict(x=..., y=...)
 Item = TypeVar("Item")
 
 INT64 = np.dtype(np.int64)  # the labels' type once checked (NumPy's own, native-endian dtype)
-# Clients whose examples one vectorized screen reads at once (`screened_examples`,
-# `refused_clients`): a block's arrays are concatenated, so its memory is bounded by this many
-# clients' examples.
+# Clients whose examples one pass (`read_examples`) checks at once: a block's arrays are
+# concatenated, so its memory is bounded by this many clients' examples.
 SCREEN_CLIENTS = 4096
 
 
@@ -490,7 +489,7 @@ def owners(bad_rows: np.ndarray, clients: Sequence[int], lengths: Sequence[int])
 
 def plain_examples(x: Any, y: Any) -> bool:
     """Whether `example_arrays` takes `(x, y)` as they are, unless a fractional or non-finite
-    float label refuses them (`screened_examples` screens those): arrays of numbers, x with
+    float label refuses them (`read_examples` screens those): arrays of numbers, x with
     at least one example of at least one value, y one label per example."""
     return (
         type(x) is np.ndarray
@@ -555,10 +554,11 @@ def read_examples(
         at = len(read.arrays)
         read.arrays.update(zip((client for client, _, _ in block), arrays))
         sizes.append(np.fromiter((len(y) for _, y in arrays), np.int64, len(arrays)))
-        screened = screened_block(
-            [client for client, _, _ in block], arrays, input_shape, num_classes, read, digest
+        screened, largest = screened_block(
+            [client for client, _, _ in block], arrays, sizes[-1], input_shape, num_classes, digest
         )
         read.doubted += [at + k for k in screened]
+        read.largest = max(read.largest, largest)
         if error is not None:
             raise error
     read.sizes = np.concatenate(sizes) if sizes else read.sizes
@@ -568,27 +568,27 @@ def read_examples(
 def screened_block(
     clients: Sequence[str],
     arrays: Sequence[ClientArrays],
+    sizes: np.ndarray,
     input_shape: tuple[int, ...],
     num_classes: Optional[int],
-    read: ExamplesRead,
     digest: Any,
-) -> list[int]:
-    """The positions in `arrays` (a block of `clients`' `(x, y)` that passed `example_arrays`)
-    of the clients `checked_client` refuses: examples of another shape than `input_shape`,
-    inputs not finite as float32, labels below 0 or (with `num_classes`) beyond the classes.
-    From the same concatenation of the block's examples, raises `read.largest` to its largest
-    label and updates `digest` with the block: the lengths of the encoded ids, the ids, the
-    sizes, the inputs as float32 and the labels as int64 (of the clients of `input_shape`:
-    another is refused, so the bytes need no delimiter)."""
+) -> tuple[list[int], int]:
+    """The positions in `arrays` (a block of `clients`' `(x, y)` that passed `example_arrays`,
+    `sizes` examples each) of the clients `checked_client` refuses: examples of another shape
+    than `input_shape`, inputs not finite as float32, labels below 0 or (with `num_classes`)
+    beyond the classes; and the block's largest label (-1: none checked). From the same
+    concatenation of the block's examples, updates `digest` with the block: the lengths of the
+    encoded ids, the ids, the sizes, the inputs as float32 and the labels as int64 (of the
+    clients of `input_shape`: another is refused, so the bytes need no delimiter)."""
     shaped = [k for k, (x, _) in enumerate(arrays) if x.shape[1:] == input_shape]
     doubted = sorted(set(range(len(arrays))) - set(shaped))
     ids = [client.encode() for client in clients]
     digest.update(np.fromiter(map(len, ids), np.int64, len(ids)).tobytes())
     digest.update(b"".join(ids))
-    lengths = [len(arrays[k][1]) for k in shaped]
-    digest.update(np.array(lengths, np.int64).tobytes())
+    lengths = sizes[shaped]
+    digest.update(lengths.tobytes())
     if not shaped:
-        return doubted
+        return doubted, -1
     xs = [arrays[k][0] for k in shaped]
     with np.errstate(over="ignore"):  # a float64 beyond float32's range is refused
         if len({x.dtype for x in xs}) > 1:  # each converted alone, as a round converts it
@@ -598,9 +598,8 @@ def screened_block(
         bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1)
         doubted += owners(bad, shaped, lengths)
     y = np.concatenate([arrays[k][1] for k in shaped])
-    read.largest = max(read.largest, int(y.max()))
     bad = (y < 0) | (y >= num_classes) if num_classes is not None else y < 0
     doubted += owners(bad, shaped, lengths)
     digest.update(x)
     digest.update(y)
-    return sorted(set(doubted))
+    return sorted(set(doubted)), int(y.max())
