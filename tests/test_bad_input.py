@@ -136,41 +136,56 @@ def test_the_flagfiles_named_in_a_refusal_are_read_as_absl_reads_them() -> None:
     assert run_flags.flagfiles_given(["--flagfile"]) == []
 
 
-WORKER_LOST_AFTER_A_SIGNAL = """
+# An error raised after a signal's exception was absorbed: the worker lost, or TensorFlow's
+# eager context left half made by the handler's exception (seen once in CI after a Ctrl-C:
+# exit 1 with "Was eager Context initialized?").
+ERROR_AFTER_A_SIGNAL = """
 import os, signal, sys, time
 from tff_clustered.cli import exits, run_flags
 from tff_clustered.runtime import signals
 from tff_clustered.runtime.context import WorkerLostError
 
-signum = getattr(signal, sys.argv[1]) if len(sys.argv) > 1 else None
+ERRORS = {
+    "worker": WorkerLostError("TFF worker localhost:1 stopped answering (StatusCode.UNAVAILABLE)."),
+    "eager": TypeError("Expected `context` argument in EagerTensor constructor to have a `_handle`"),
+    "value": ValueError("a value error that follows the signal"),
+}
+kind, signame = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None
 with run_flags.reported_errors("the last checkpoint is kept, continue with --resume"):
-    if signum is not None:
+    if signame is not None:
         try:
-            os.kill(os.getpid(), signum)
+            os.kill(os.getpid(), getattr(signal, signame))
             time.sleep(5)
         except (KeyboardInterrupt, signals.Terminated):
             pass  # absorbed, as a gRPC call in flight can absorb a handler's exception
-    raise WorkerLostError("TFF worker localhost:1 stopped answering (StatusCode.UNAVAILABLE).")
+    raise ERRORS[kind]
 """
 
 
+@pytest.mark.parametrize("kind", ["worker", "eager", "value"])
 @pytest.mark.parametrize(
     "signame, code, said", [("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted")]
 )
-def test_a_worker_lost_after_a_signal_reports_the_signal(
-    signame: str, code: int, said: str
+def test_an_error_after_a_signal_reports_the_signal(
+    kind: str, signame: str, code: int, said: str
 ) -> None:
     """The runtime's SIGTERM handler stops the worker; a call in flight then fails with
-    UNAVAILABLE. The user stopped the run: the signal's line and exit code, not a worker
-    failure (seen once in CI: exit 3 and "restart the worker" after a SIGTERM)."""
-    stopped = run_binary(["-c", WORKER_LOST_AFTER_A_SIGNAL, signame])
+    UNAVAILABLE (seen once in CI: exit 3 and "restart the worker" after a SIGTERM), or the
+    handler's exception leaves TensorFlow half initialized. The user stopped the run: the
+    signal's line and exit code, not the error that followed."""
+    stopped = run_binary(["-c", ERROR_AFTER_A_SIGNAL, kind, signame])
     assert stopped.returncode == code, stopped.stderr[-2000:]
     assert stopped.stderr.strip().splitlines()[-1] == (
         f"{said}; the last checkpoint is kept, continue with --resume"
     )
-    assert "stopped answering" not in stopped.stderr and "Traceback" not in stopped.stderr
-    lost = run_binary(["-c", WORKER_LOST_AFTER_A_SIGNAL])  # no signal: the worker's failure
+    assert "error:" not in stopped.stderr and "Traceback" not in stopped.stderr
+
+
+def test_an_error_without_a_signal_is_reported_as_itself() -> None:
+    lost = run_binary(["-c", ERROR_AFTER_A_SIGNAL, "worker"])
     assert lost.returncode == 3 and "error: TFF worker localhost:1 stopped answering" in lost.stderr
+    bug = run_binary(["-c", ERROR_AFTER_A_SIGNAL, "eager"])
+    assert bug.returncode == 1 and "TypeError: Expected `context`" in bug.stderr
 
 
 # A SIGHUP whose exception Python swallows (raised inside a garbage-collection callback) while

@@ -351,23 +351,27 @@ def reported_errors(on_interrupt: str) -> Iterator[None]:
 def _exit_codes_of_errors(on_interrupt: str) -> Iterator[None]:
     try:
         yield
-    except (ValueError, DataError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except WorkerLostError as e:
-        signals.reraise_received_signal()  # the worker was stopped by a signal's handler
-        # The worker is named at once, and the process ends without the interpreter's
-        # shutdown: after a lost connection, TensorFlow's and gRPC's native teardown waits on
-        # the lost worker. The runtime has stopped and every file was written atomically by
-        # then.
-        exits.exit_at_once(f"error: {e}", 3)
-    except OSError as e:
-        if e.errno not in OUTPUT_ERRNOS:
-            raise
-        # A write that failed mid-run (disk full, a folder made read-only): the atomic
-        # writers left the previous files whole.
-        where = e.filename or "the output folder"
-        # The system's own text gets the general fix; a message of ours names its own.
-        fix = "free space or fix the folder; " if e.strerror == os.strerror(e.errno) else ""
-        print(f"error: {where}: {e.strerror}; {fix}({on_interrupt})", file=sys.stderr)
-        raise SystemExit(2) from None
+    except Exception as e:
+        # An error that follows a signal is its consequence: the TFF worker stopped by the
+        # signal's handler no longer answers a call in flight, or the handler's exception
+        # left TensorFlow's eager context half made ("Was eager Context initialized?"). The
+        # user asked the run to stop: the signal's line and exit code, not this error.
+        signals.reraise_received_signal()
+        if isinstance(e, (ValueError, DataError, CheckpointError)):
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        if isinstance(e, WorkerLostError):
+            # The worker is named at once, and the process ends without the interpreter's
+            # shutdown: after a lost connection, TensorFlow's and gRPC's native teardown
+            # waits on the lost worker. The runtime has stopped and every file was written
+            # atomically by then.
+            exits.exit_at_once(f"error: {e}", 3)
+        if isinstance(e, OSError) and e.errno in OUTPUT_ERRNOS:
+            # A write that failed mid-run (disk full, a folder made read-only): the atomic
+            # writers left the previous files whole.
+            where = e.filename or "the output folder"
+            # The system's own text gets the general fix; a message of ours names its own.
+            fix = "free space or fix the folder; " if e.strerror == os.strerror(e.errno) else ""
+            print(f"error: {where}: {e.strerror}; {fix}({on_interrupt})", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
