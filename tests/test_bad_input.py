@@ -147,7 +147,7 @@ from tff_clustered.runtime.context import WorkerLostError
 
 ERRORS = {
     "worker": WorkerLostError("TFF worker localhost:1 stopped answering (StatusCode.UNAVAILABLE)."),
-    "eager": TypeError("Expected `context` argument in EagerTensor constructor to have a `_handle`"),
+    "eager": TypeError("Expected `context` argument in EagerTensor constructor to have"),
     "value": ValueError("a value error that follows the signal"),
 }
 kind, signame = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None
