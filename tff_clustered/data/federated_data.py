@@ -13,8 +13,9 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Optional, Protocol, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
 
 import numpy as np
 
@@ -23,7 +24,6 @@ if TYPE_CHECKING:  # TFF is imported only when a ClientData is asked for (`clien
 
 ClientArrays = tuple[np.ndarray, np.ndarray]  # (x, y)
 ClientArrayDict = Mapping[str, np.ndarray]  # OrderedDict(x=..., y=...)
-Item = TypeVar("Item")
 
 INT64 = np.dtype(np.int64)  # the labels' type once checked (NumPy's own, native-endian dtype)
 # Clients whose examples one pass (`read_examples`) checks at once: a block's arrays are
@@ -461,21 +461,16 @@ class DigestAside:
             self.thread.shutdown(wait=True)
 
 
-def in_blocks(items: Iterable[Item]) -> Iterator[tuple[list[Item], Optional[DataError]]]:
-    """`items` in lists of `SCREEN_CLIENTS`, each with None; when making an item raises a
-    DataError, the items before it and that error come last, so that a caller checks the items
-    before the faulty one first: their errors come first, as they would one item at a time."""
-    block: list[Item] = []
-    try:
-        for item in items:
-            block.append(item)
-            if len(block) == SCREEN_CLIENTS:
-                yield block, None
-                block = []
-    except DataError as error:
-        yield block, error
-        return
-    yield block, None
+@dataclasses.dataclass
+class GivenBlock:
+    """Up to `SCREEN_CLIENTS` clients as given, in order, for `read_examples`: each one's id,
+    inputs and labels; `error` is what the client after the last one raised (the clients
+    before it are checked first, so their errors come first, as one client at a time)."""
+
+    ids: Sequence[str]
+    xs: Sequence[Any]
+    ys: Sequence[Any]
+    error: Optional[DataError] = None
 
 
 def owners(bad_rows: np.ndarray, clients: Sequence[int], lengths: Sequence[int]) -> list[int]:
@@ -503,26 +498,45 @@ def plain_examples(x: Any, y: Any) -> bool:
     )
 
 
+DTYPE, SHAPE = operator.attrgetter("dtype"), operator.attrgetter("shape")
+
+
+def plain_sizes(xs: Sequence[Any], ys: Sequence[Any]) -> Optional[np.ndarray]:
+    """Each client's examples when every `(x, y)` of a block is `plain_examples` (None when
+    one may not be), found by a few calls over the whole block rather than one per client."""
+    if set(map(type, xs)) != {np.ndarray} or set(map(type, ys)) != {np.ndarray}:
+        return None
+    if any(d.kind not in "biuf" for d in set(map(DTYPE, xs)) | set(map(DTYPE, ys))):
+        return None
+    x_shapes, y_shapes = set(map(SHAPE, xs)), set(map(SHAPE, ys))
+    if any(len(s) != 1 for s in y_shapes) or any(not s or 0 in s for s in x_shapes):
+        return None  # y not one label per example; x without an example of one value
+    sizes = np.fromiter(map(len, ys), np.int64, len(ys))
+    same = np.array_equal(np.fromiter(map(len, xs), np.int64, len(xs)), sizes)
+    return sizes if same else None
+
+
 @dataclasses.dataclass
 class ExamplesRead:
     """What one pass over clients' examples found (`read_examples`)."""
 
-    arrays: dict[str, ClientArrays]  # each client's (x, y) as `example_arrays` returns them
+    arrays: list[ClientArrays]  # each client's (x, y) as `example_arrays` returns them
     sizes: np.ndarray  # each client's examples, in order
     input_shape: tuple[int, ...]
     largest: int  # the largest label
     doubted: list[int]  # the positions of the clients `checked_client` refuses
+    index: dict[str, int] = dataclasses.field(default_factory=dict)  # id -> position
 
 
 def read_examples(
-    clients: Iterable[tuple[str, Any, Any]],
+    blocks: Iterable[GivenBlock],
     where: Callable[[str], str],
     digest: Any,
     input_shape: Optional[tuple[int, ...]] = None,
     num_classes: Optional[int] = None,
 ) -> ExamplesRead:
-    """Every client of `clients` (id, x, y) read in one pass, `SCREEN_CLIENTS` at a time, with
-    no NumPy call per client when the data is plain (`plain_examples`):
+    """Every client of `blocks` read in one pass, a block at a time, with no NumPy call per
+    client when a block's data is plain (`plain_sizes`, else `plain_examples` per client):
 
     * `example_arrays` checks each client (`where(id)` naming it): plain arrays are taken as
       they are, their float labels screened a block at a time (whole, finite); every other
@@ -532,72 +546,87 @@ def read_examples(
       block at a time (`doubted`): examples of another shape than `input_shape` (None: the
       first client's), inputs not finite as float32, negative labels, labels beyond
       `num_classes` (None: the classes are the labels');
-    * `digest` is updated with each block (`screened_block`)."""
-    read = ExamplesRead({}, np.zeros(0, np.int64), input_shape or (), -1, [])
+    * `digest` is updated with each block (`screened_block`).
+
+    The clients' ids are the blocks' (`index` is left to the caller that made them)."""
+    read = ExamplesRead([], np.zeros(0, np.int64), input_shape or (), -1, [])
     sizes: list[np.ndarray] = []
-    for block, error in in_blocks(clients):
-        plain = [k for k, (_, x, y) in enumerate(block) if plain_examples(x, y)]
-        floats = [k for k in plain if block[k][2].dtype.kind == "f"]
-        doubted = set(range(len(block))) - set(plain)
-        if floats:
-            y = np.concatenate([block[k][2] for k in floats]).astype(np.float64)
+    for block in blocks:
+        xs, ys = block.xs, block.ys
+        block_sizes = plain_sizes(xs, ys)
+        if block_sizes is None:
+            plain = [k for k, (x, y) in enumerate(zip(xs, ys)) if plain_examples(x, y)]
+            doubted = set(range(len(xs))) - set(plain)
+            label_types = {ys[k].dtype for k in plain}
+        else:
+            plain, doubted, label_types = range(len(xs)), set(), set(map(DTYPE, ys))
+        if any(t.kind == "f" for t in label_types):
+            floats = [k for k in plain if ys[k].dtype.kind == "f"]
+            y = np.concatenate([ys[k] for k in floats]).astype(np.float64)
             whole = np.isfinite(y) & (np.mod(y, 1) == 0)
-            doubted.update(owners(~whole, floats, [len(block[k][2]) for k in floats]))
-        arrays = [
-            example_arrays(where(client), x, y)
-            if k in doubted
-            else (x, y if y.dtype is INT64 else y.astype(np.int64))
-            for k, (client, x, y) in enumerate(block)
-        ]
-        if input_shape is None and arrays:
-            read.input_shape = input_shape = arrays[0][0].shape[1:]
-        at = len(read.arrays)
-        read.arrays.update(zip((client for client, _, _ in block), arrays))
-        sizes.append(np.fromiter((len(y) for _, y in arrays), np.int64, len(arrays)))
+            doubted.update(owners(~whole, floats, [len(ys[k]) for k in floats]))
+        if doubted or label_types != {INT64}:
+            arrays = [
+                example_arrays(where(client), x, y)
+                if k in doubted
+                else (x, y if y.dtype is INT64 else y.astype(np.int64))
+                for k, (client, x, y) in enumerate(zip(block.ids, xs, ys))
+            ]
+            xs, ys = [x for x, _ in arrays], [y for _, y in arrays]
+            block_sizes = np.fromiter(map(len, ys), np.int64, len(ys))
+        if input_shape is None and len(xs):
+            read.input_shape = input_shape = xs[0].shape[1:]
         screened, largest = screened_block(
-            [client for client, _, _ in block], arrays, sizes[-1], input_shape, num_classes, digest
+            block.ids, xs, ys, block_sizes, input_shape, num_classes, digest
         )
-        read.doubted += [at + k for k in screened]
+        read.doubted += [len(read.arrays) + k for k in screened]
         read.largest = max(read.largest, largest)
-        if error is not None:
-            raise error
+        read.arrays += zip(xs, ys)
+        sizes.append(block_sizes)
+        if block.error is not None:
+            raise block.error
     read.sizes = np.concatenate(sizes) if sizes else read.sizes
     return read
 
 
 def screened_block(
     clients: Sequence[str],
-    arrays: Sequence[ClientArrays],
+    xs: Sequence[np.ndarray],
+    ys: Sequence[np.ndarray],
     sizes: np.ndarray,
     input_shape: tuple[int, ...],
     num_classes: Optional[int],
     digest: Any,
 ) -> tuple[list[int], int]:
-    """The positions in `arrays` (a block of `clients`' `(x, y)` that passed `example_arrays`,
-    `sizes` examples each) of the clients `checked_client` refuses: examples of another shape
-    than `input_shape`, inputs not finite as float32, labels below 0 or (with `num_classes`)
-    beyond the classes; and the block's largest label (-1: none checked). From the same
-    concatenation of the block's examples, updates `digest` with the block: the lengths of the
-    encoded ids, the ids, the sizes, the inputs as float32 and the labels as int64 (of the
-    clients of `input_shape`: another is refused, so the bytes need no delimiter)."""
-    shaped = [k for k, (x, _) in enumerate(arrays) if x.shape[1:] == input_shape]
-    doubted = sorted(set(range(len(arrays))) - set(shaped))
-    ids = [client.encode() for client in clients]
+    """The positions in a block of `clients`' inputs `xs` and labels `ys` (that passed
+    `example_arrays`, `sizes` examples each) of the clients `checked_client` refuses: examples
+    of another shape than `input_shape`, inputs not finite as float32, labels below 0 or (with
+    `num_classes`) beyond the classes; and the block's largest label (-1: none checked). From
+    the same concatenation of the block's examples, updates `digest` with the block: the
+    lengths of the encoded ids, the ids, the sizes, the inputs as float32 and the labels as
+    int64 (of the clients of `input_shape`: another is refused, so the bytes need no
+    delimiter)."""
+    if all(shape[1:] == input_shape for shape in set(map(SHAPE, xs))):
+        shaped: Sequence[int] = range(len(xs))
+    else:
+        shaped = [k for k, x in enumerate(xs) if x.shape[1:] == input_shape]
+        xs, ys = [xs[k] for k in shaped], [ys[k] for k in shaped]
+    doubted = sorted(set(range(len(clients))) - set(shaped))
+    ids = list(map(str.encode, clients))
     digest.update(np.fromiter(map(len, ids), np.int64, len(ids)).tobytes())
     digest.update(b"".join(ids))
     lengths = sizes[shaped]
     digest.update(lengths.tobytes())
     if not shaped:
         return doubted, -1
-    xs = [arrays[k][0] for k in shaped]
     with np.errstate(over="ignore"):  # a float64 beyond float32's range is refused
-        if len({x.dtype for x in xs}) > 1:  # each converted alone, as a round converts it
+        if len(set(map(DTYPE, xs))) > 1:  # each converted alone, as a round converts it
             xs = [np.asarray(x, np.float32) for x in xs]
         x = np.ascontiguousarray(np.concatenate(xs), np.float32)
     if xs[0].dtype.kind == "f":
         bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1)
         doubted += owners(bad, shaped, lengths)
-    y = np.concatenate([arrays[k][1] for k in shaped])
+    y = np.concatenate(ys)
     bad = (y < 0) | (y >= num_classes) if num_classes is not None else y < 0
     doubted += owners(bad, shaped, lengths)
     digest.update(x)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import collections
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy as np
 from tff_clustered.data.client_source import ClientCounts, LazyClients
 from tff_clustered.data.client_source import federated_data as lazy_federated_data
 from tff_clustered.data.federated_data import (
+    SCREEN_CLIENTS,
     ClientArrayDict,
     ClientArrays,
     Clients,
@@ -24,6 +26,7 @@ from tff_clustered.data.federated_data import (
     DigestAside,
     ExamplesRead,
     FederatedData,
+    GivenBlock,
     Unhashed,
     checked_client,
     gc_paused,
@@ -59,63 +62,176 @@ def client_arrays(
     refuses found, `digest` updated); client ids become strings, two ids that are the same
     string (1 and "1") are refused rather than merged. No `digest`: nothing is hashed."""
     digest = Unhashed() if digest is None else digest
+    ids = GivenIds(split)
     if is_client_data(clients):
-        given = (
-            (str(client), *clientdata_examples(clients, client, x_key, y_key, split))
-            for client in clients.client_ids
-        )
-        read = read_examples(
-            given, lambda client: f"{split} client {client!r}", digest, input_shape, num_classes
-        )
+        keys = in_chunks(str(client) for client in clients.client_ids)
+        chunks: Iterator[Sequence[Sequence]] = ((chunk, chunk) for chunk in keys)
+
+        def examples(clients_ids: Sequence[str], _: Sequence) -> GivenExamples:
+            def read(client: str) -> ClientArrays:
+                return clientdata_examples(clients, client, x_key, y_key, split)
+
+            return examples_in_turn(clients_ids, read)
+
     elif isinstance(clients, Mapping):
-        original: dict[str, Any] = {}
-        read = read_examples(
-            mapped_examples(clients, x_key, y_key, split, original),
-            lambda cid: f"{split} client {original[cid]!r}",
-            digest,
-            input_shape,
-            num_classes,
-        )
+        chunks = (tuple(zip(*chunk)) for chunk in in_chunks(clients.items()))
+
+        def examples(clients_ids: Sequence[str], values: Sequence) -> GivenExamples:
+            return pairs(clients_ids, values, x_key, y_key, f"{split} client", ids.key)
+
     else:
         raise TypeError(
             f"{split} data must be a tff.simulation.datasets.ClientData or a mapping of client "
             f"ids to (x, y), got {type(clients).__name__}"
         )
+    read = read_examples(
+        ids.blocks(chunks, examples),
+        lambda client: f"{split} client {ids.key(client)!r}",
+        digest,
+        input_shape,
+        num_classes,
+    )
     if not read.arrays:
         raise DataError(f"the {split} data has no clients; give at least one client with examples")
+    read.index = ids.index
     return read
 
 
-def mapped_examples(
-    clients: Mapping, x_key: str, y_key: str, split: str, original: dict[str, Any]
-) -> Iterator[tuple[str, Any, Any]]:
-    """Each client of a mapping as `(id, x, y)`, its value an `(x, y)` pair or a mapping with
-    `x_key` and `y_key`; `original` records each id's key as given (for the errors)."""
-    for client, value in clients.items():
-        cid = client if type(client) is str else client_id(client, split)
-        if cid in original:
-            raise DataError(
-                f"{split} clients {original[cid]!r} and {client!r} are both client {cid!r} "
-                "(ids are compared as strings); rename one so no client's data is lost"
-            )
-        original[cid] = client
-        if type(value) is tuple and len(value) == 2:  # the common case, before the ABC check
-            yield cid, value[0], value[1]
-            continue
+def in_chunks(items: Iterable[Any]) -> Iterator[list[Any]]:
+    """`items` in lists of `SCREEN_CLIENTS` (the last one shorter)."""
+    items = iter(items)
+    while chunk := list(itertools.islice(items, SCREEN_CLIENTS)):
+        yield chunk
+
+
+# Inputs and labels of clients in a row, up to the first client refused, with its position and
+# its error (None: none refused).
+GivenExamples = tuple[Sequence[Any], Sequence[Any], Optional[tuple[int, DataError]]]
+
+
+class GivenIds:
+    """The ids of one split's clients as one pass reads them (`blocks`): each client's key as a
+    string (an int key in digits), its position (`index`), and its key as given when that was
+    not a string (`key`, for the errors). A key that is neither, or two keys that are one
+    string (1 and "1"), is refused where it comes, as one client at a time would find it."""
+
+    def __init__(self, split: str) -> None:
+        self.split = split
+        self.index: dict[str, int] = {}
+        self.given: dict[str, Any] = {}  # the keys given as other than strings, by id
+
+    def key(self, client: str) -> Any:
+        return self.given.get(client, client)
+
+    def blocks(
+        self,
+        chunks: Iterable[Sequence[Sequence]],
+        examples: Callable[[Sequence[str], Sequence], GivenExamples],
+    ) -> Iterator[GivenBlock]:
+        """A block of each chunk of `(keys, values)`: its clients' ids (`ids_of`) and their
+        `examples(ids, values)`, up to the first client refused, whose error ends the last."""
+        for keys, values in chunks:
+            ids, error = self.ids_of(keys)
+            xs, ys, refused = examples(ids, values[: len(ids)])
+            at, error = refused or (len(ids), error)
+            yield GivenBlock(ids[:at], xs[:at], ys[:at], error)
+            if error is not None:
+                return
+
+    def ids_of(self, keys: Sequence[Any]) -> tuple[Sequence[str], Optional[DataError]]:
+        """The ids of `keys` (placed in `index`), up to the first key that is not an id or
+        repeats one, with its error."""
+        kinds, error = set(map(type, keys)), None
+        if kinds == {str}:
+            ids: Sequence[str] = keys
+        elif kinds == {int}:
+            ids = list(map(str, keys))
+        else:
+            ids = []
+            for key in keys:
+                try:
+                    ids.append(client_id(key, self.split))
+                except DataError as refused:
+                    error = refused
+                    break
+        at = len(self.index)
+        self.index.update(zip(ids, range(at, at + len(ids))))
+        if len(self.index) < at + len(ids):  # an id repeated: the first repeat ends the ids
+            ids, error = self.before_repeat(ids, keys, at)
+        if kinds != {str}:
+            self.given.update(zip(ids, keys))
+        return ids, error
+
+    def before_repeat(
+        self, ids: Sequence[str], keys: Sequence[Any], at: int
+    ) -> tuple[Sequence[str], DataError]:
+        """The ids of a chunk (its clients after the first `at`) before the first that repeats
+        an id, and the error naming both keys."""
+        seen = set(itertools.islice(self.index, at))  # the ids before the chunk, in order
+        first: dict[str, int] = {}
+        for k, client in enumerate(ids):
+            if client in seen or client in first:
+                earlier = self.key(client) if client in seen else keys[first[client]]
+                return ids[:k], DataError(
+                    f"{self.split} clients {earlier!r} and {keys[k]!r} are both client "
+                    f"{client!r} (ids are compared as strings); rename one so no client's data "
+                    "is lost"
+                )
+            first[client] = k
+        raise AssertionError("no repeated id in a chunk whose ids repeat one")
+
+
+def examples_in_turn(
+    values: Sequence[Any], examples: Callable[[Any], ClientArrays]
+) -> GivenExamples:
+    """`examples(value)` of each of `values` in turn, up to the first DataError."""
+    xs: list[Any] = []
+    ys: list[Any] = []
+    for value in values:
+        try:
+            x, y = examples(value)
+        except DataError as error:
+            return xs, ys, (len(xs), error)
+        xs.append(x)
+        ys.append(y)
+    return xs, ys, None
+
+
+def pairs(
+    clients: Sequence[str],
+    values: Sequence[Any],
+    x_key: str,
+    y_key: str,
+    what: str,
+    key: Callable[[str], Any],
+) -> GivenExamples:
+    """The inputs and labels of `clients`' values in a mapping, each an `(x, y)` pair or a
+    mapping with `x_key` and `y_key`; errors name `what` and the client's key as given
+    (`key(id)`). Values that are all 2-tuples are taken apart by one call."""
+    if set(map(type, values)) == {tuple} and set(map(len, values)) == {2}:
+        xs, ys = zip(*values) if values else ((), ())
+        return xs, ys, None
+
+    def pair(k: int) -> ClientArrays:
+        value = values[k]
+        if type(value) is tuple and len(value) == 2:
+            return value
         if isinstance(value, Mapping):
             if x_key not in value or y_key not in value:
                 raise DataError(
-                    f"{split} client {client!r} has keys {sorted(map(str, value))}; pass x_key= "
-                    "and y_key="
+                    f"{what} {key(clients[k])!r} has keys {sorted(map(str, value))}; pass "
+                    "x_key= and y_key="
                 )
-            value = (value[x_key], value[y_key])
-        elif not isinstance(value, (tuple, list)) or len(value) != 2:
+            return value[x_key], value[y_key]
+        if not isinstance(value, (tuple, list)) or len(value) != 2:
             raise DataError(
-                f"{split} client {client!r}: its value is {described_briefly(value)}, not an "
+                f"{what} {key(clients[k])!r}: its value is {described_briefly(value)}, not an "
                 f"(x, y) pair; give (inputs, labels) or a mapping with keys {x_key!r} and "
                 f"{y_key!r}"
             )
-        yield cid, value[0], value[1]
+        return value[0], value[1]
+
+    return examples_in_turn(range(len(values)), pair)
 
 
 def clientdata_examples(
@@ -263,7 +379,7 @@ def split_off_test_sets(
     sizes = read.sizes
     few = np.flatnonzero(sizes < 2)  # each side of a client's split keeps at least one example
     if few.size:
-        client = list(read.arrays)[few[0]]
+        client = next(itertools.islice(read.index, int(few[0]), None))
         raise DataError(
             f"train client {client!r} has {sizes[few[0]]} example(s); splitting off its test "
             "set needs at least 2 (give it more, drop it, or give test=)"
@@ -273,11 +389,9 @@ def split_off_test_sets(
     cuts = starts + train_count(sizes, 1 - test_fraction).astype(np.int64)
     digest.update(order.astype(np.int64).tobytes())
     digest.update(cuts.tobytes())
-    index = dict(zip(read.arrays, range(len(read.arrays))))
-    arrays = list(read.arrays.values())
     return (
-        GivenSplit(index, arrays, (order, starts, cuts)),
-        GivenSplit(index, arrays, (order, cuts, starts + sizes)),
+        GivenSplit(read.index, read.arrays, (order, starts, cuts)),
+        GivenSplit(read.index, read.arrays, (order, cuts, starts + sizes)),
     )
 
 
@@ -398,13 +512,10 @@ def federated_data(
             shape = train_read.input_shape
             test_read = client_arrays(test, x_key, y_key, "test", digest, shape, num_classes)
             reads = (train_read, test_read)
-            held = tuple(
-                GivenSplit({c: i for i, c in enumerate(read.arrays)}, list(read.arrays.values()))
-                for read in reads
-            )
+            held = tuple(GivenSplit(read.index, read.arrays) for read in reads)
         if num_classes is None:
             num_classes = max(max(read.largest for read in reads) + 1, 1)
-        refuse_missing_groups(planted_groups, train_read.arrays)
+        refuse_missing_groups(planted_groups, train_read.index)
         return held_data(name, held, reads, num_classes, planted_groups, digest)
 
 
