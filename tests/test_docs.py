@@ -94,7 +94,60 @@ def test_algorithms_table_sits_between_the_markers(docs_tables: ModuleType) -> N
     start, end = page.index(docs_tables.START), page.index(docs_tables.END)
     names = [line.split("|")[1].strip().strip("`") for line in page[start:end].splitlines()[3:]]
     assert names == list(docs_tables.PAGES)
-    assert docs_tables.START not in read(README), "the algorithm table moved to docs/"
+    readme = read(README)
+    assert docs_tables.START not in readme, "the algorithm table moved to docs/"
+    assert f"{len(docs_tables.PAGES)} algorithms in all" in " ".join(readme.split())
+
+
+def test_readme_is_read_in_ten_minutes() -> None:
+    lines = read(README).splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines (at most {README_MAX_LINES}): move detail one link "
+        "away into docs/ (docs/results.md, docs/algorithms.md, ...)"
+    )
+    sections = [line[3:].strip() for line in prose_lines(read(README)) if line.startswith("## ")]
+    assert sections == README_SECTIONS
+
+
+def test_every_docs_page_is_linked_from_the_readme() -> None:
+    targets = {
+        os.path.normpath(os.path.join(ROOT, target.partition("#")[0]))
+        for target in LINK.findall("\n".join(prose_lines(read(README))))
+    }
+    unlinked = [os.path.relpath(page, ROOT) for page in DOCS_PAGES if page not in targets]
+    assert not unlinked, f"README.md links no {unlinked}: add them to 'Where to go next'"
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/results.md"])
+def test_every_result_row_names_its_table_and_command(document: str) -> None:
+    """Each row of a results table with a command column links a committed table under
+    results/ and names the flagfile of configs/ that wrote it."""
+    rows = []
+    command_column = None
+    for line in read(os.path.join(ROOT, document)).splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not line.startswith("|"):
+            command_column = None
+        elif COMMAND_COLUMN in cells:
+            command_column = cells.index(COMMAND_COLUMN)
+        elif command_column is not None and not set(cells[0]) <= set("-:"):
+            rows.append(cells[command_column])
+    assert len(rows) >= 6, f"{document}: no results table with a {COMMAND_COLUMN!r} column"
+    results = os.path.join(ROOT, "results")
+    opened = False
+    for cell in rows:
+        if cell == "the same":  # the row above's table and command
+            assert opened, f"{document}: 'the same' opens a table"
+            continue
+        links = LINK.findall(cell)
+        flagfiles = re.findall(r"`([\w.-]+\.flags)\b", cell)
+        assert links and flagfiles, f"{document}: no table or no flagfile in {cell}"
+        table = os.path.normpath(os.path.join(ROOT, os.path.dirname(document), links[0]))
+        assert os.path.commonpath([table, results]) == results, f"{document}: {links[0]}"
+        assert os.path.isfile(table), f"{document}: no {links[0]}"
+        assert "- command: `" in read(table), f"{links[0]} records no command"
+        assert os.path.isfile(os.path.join(ROOT, "configs", flagfiles[0])), flagfiles[0]
+        opened = True
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: os.path.relpath(p, ROOT))
