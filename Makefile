@@ -20,7 +20,7 @@ benchmark: $(STAMP)
 doctor: $(STAMP)
 	$(VENV)/bin/python binaries/doctor.py $(ARGS)
 
-# The documentation's tables that come from the code: docs/options.md and the README's
+# The documentation's tables that come from the code: docs/options.md and docs/algorithms.md's
 # algorithm table (tests/test_docs.py checks that they are up to date).
 docs: $(STAMP)
 	$(VENV)/bin/python binaries/docs_tables.py $(ARGS)

@@ -7,8 +7,8 @@ Writes the documentation tables that come from the code, so that they cannot dri
   (the fields of its `Options`, declared with `options.option(default, help)`): flag, default
   and help text; then every aggregator of `tff_clustered.federated.aggregators.AGGREGATORS`
   with its summary and its options, as the algorithms';
-* the algorithms table of `README.md`, between the lines `<!-- algorithms:start -->` and
-  `<!-- algorithms:end -->`.
+* the algorithms table of `docs/algorithms.md` (which the README links), between the lines
+  `<!-- algorithms:start -->` and `<!-- algorithms:end -->`.
 
   .venv/bin/python binaries/docs_tables.py            # rewrite both (also: make docs)
   .venv/bin/python binaries/docs_tables.py --check    # exit 1 if either is out of date
@@ -38,7 +38,7 @@ from tff_clustered.federated.aggregators import AGGREGATORS
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
 
 ROOT = REPOSITORY
-README = os.path.join(ROOT, "README.md")
+ALGORITHMS_PAGE = os.path.join(ROOT, "docs", "algorithms.md")
 OPTIONS_PAGE = os.path.join(ROOT, "docs", "options.md")
 START, END = "<!-- algorithms:start -->", "<!-- algorithms:end -->"
 REGENERATE = ".venv/bin/python binaries/docs_tables.py"
@@ -241,22 +241,23 @@ def aggregators_section(aggregators: Mapping[str, type[ClusterAggregator]]) -> l
     return out
 
 
-def readme_with_table(readme: str, table: str) -> str:
-    """`readme` with the text between the two marker lines replaced by `table`."""
-    if readme.count(START) != 1 or readme.count(END) != 1:
-        raise ValueError(f"README.md must hold the lines {START} and {END} once each")
-    head, rest = readme.split(START, 1)
+def page_with_table(page: str, table: str) -> str:
+    """`page` (docs/algorithms.md) with the text between the two marker lines replaced by
+    `table`."""
+    if page.count(START) != 1 or page.count(END) != 1:
+        raise ValueError(f"docs/algorithms.md must hold the lines {START} and {END} once each")
+    head, rest = page.split(START, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{START}\n{table}{END}{tail}"
 
 
 def generated() -> dict[str, str]:
     """Path -> the text it should have."""
-    with open(README, encoding="utf-8") as f:
-        readme = f.read()
+    with open(ALGORITHMS_PAGE, encoding="utf-8") as f:
+        page = f.read()
     return {
         OPTIONS_PAGE: options_page(ALGORITHMS),
-        README: readme_with_table(readme, algorithms_table(ALGORITHMS, "docs/")),
+        ALGORITHMS_PAGE: page_with_table(page, algorithms_table(ALGORITHMS, "")),
     }
 
 
