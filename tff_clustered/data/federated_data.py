@@ -619,11 +619,14 @@ def screened_block(
     digest.update(lengths.tobytes())
     if not shaped:
         return doubted, -1
-    with np.errstate(over="ignore"):  # a float64 beyond float32's range is refused
+    with np.errstate(over="ignore", invalid="ignore"):  # beyond float32's range: refused
         if len(set(map(DTYPE, xs))) > 1:  # each converted alone, as a round converts it
             xs = [np.asarray(x, np.float32) for x in xs]
         x = np.ascontiguousarray(np.concatenate(xs), np.float32)
-    if xs[0].dtype.kind == "f":
+        # One sum is finite unless an input is not (or the sum passes float32's range: then
+        # each example is looked at).
+        suspect = xs[0].dtype.kind == "f" and not np.isfinite(x.sum())
+    if suspect:
         bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1)
         doubted += owners(bad, shaped, lengths)
     y = np.concatenate(ys)

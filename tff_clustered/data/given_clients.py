@@ -387,8 +387,8 @@ def split_off_test_sets(
     starts = ends_before(sizes)
     order = shuffled_rows(sizes, data_rng(seed, DataStream.GIVEN_CLIENTS_SPLIT))
     cuts = starts + train_count(sizes, 1 - test_fraction).astype(np.int64)
-    digest.update(order.astype(np.int64).tobytes())
-    digest.update(cuts.tobytes())
+    digest.update(order.astype(np.int64))
+    digest.update(cuts)
     return (
         GivenSplit(read.index, read.arrays, (order, starts, cuts)),
         GivenSplit(read.index, read.arrays, (order, cuts, starts + sizes)),

@@ -238,7 +238,7 @@ class Experiment:
             self.update_release,
         )
 
-    def apply(self, decision: Decision) -> dict[str, int]:
+    def apply(self, decision: Decision) -> Mapping[str, int]:
         """Applies an algorithm's decision to the run's state (a private run's ledger charged
         for the clients' updates it read: `Decision.released`); returns the earlier clusters of
         the clients it assigned."""

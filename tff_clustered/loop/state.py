@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import types
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -62,16 +62,24 @@ class RunState:
         sizes[held] = counts[counts > 0]
         return sizes
 
-    def assign(self, clusters: Mapping[str, int]) -> dict[str, int]:
+    def assign(self, clusters: Mapping[str, int]) -> Mapping[str, int]:
         """Sets the clients' clusters (-1: unassigned) and counts the change; returns the
-        clusters they had before (-1: none)."""
-        held = self.assignment.get
-        before = dict(zip(clusters, map(held, clusters, itertools.repeat(-1))))
-        after = dict(zip(clusters, map(int, clusters.values())))
-        self.assignment.update(after)
-        for k, n in cluster_counts(before.values(), len(before)).items():
-            self._counts[k] -= n
-        for k, n in cluster_counts(after.values(), len(after)).items():
+        clusters they had before (-1: none). A run's first assignment of a population holds no
+        earlier cluster to read (`Unassigned`), and clusters given as ints are not copied
+        before they are set."""
+        if self.assignment:
+            held = self.assignment.get
+            before: Mapping[str, int] = dict(
+                zip(clusters, map(held, clusters, itertools.repeat(-1)))
+            )
+            for k, n in cluster_counts(before.values(), len(before)).items():
+                self._counts[k] -= n
+        else:
+            before = Unassigned(clusters)
+        if set(map(type, clusters.values())) != {int}:
+            clusters = dict(zip(clusters, map(int, clusters.values())))
+        self.assignment.update(clusters)
+        for k, n in cluster_counts(clusters.values(), len(clusters)).items():
             self._counts[k] = self._counts.get(k, 0) + n
         return before
 
@@ -92,6 +100,24 @@ class RunState:
         return [c for c in client_ids if self.assignment.get(c, -1) >= 0]
 
 
+class Unassigned(Mapping[str, int]):
+    """Clients none of whom had a cluster: -1 for each, without a dict of them."""
+
+    def __init__(self, clients: Mapping[str, Any]) -> None:
+        self.clients = clients
+
+    def __getitem__(self, client: str) -> int:
+        if client not in self.clients:
+            raise KeyError(client)
+        return -1
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.clients)
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+
 def cluster_counts(clusters: Iterable[int], count: int) -> dict[int, int]:
     """Clients per cluster among `count` clients' `clusters` (-1, unassigned, left out); a
     TypeError for a cluster that is not a whole number (a damaged checkpoint's)."""
@@ -99,13 +125,14 @@ def cluster_counts(clusters: Iterable[int], count: int) -> dict[int, int]:
         held = np.fromiter(clusters, np.int64, count)
     except (TypeError, ValueError, OverflowError) as e:
         raise TypeError(f"a client's cluster is not a cluster number: {e}") from None
-    found, sizes = np.unique(held[held >= 0], return_counts=True)
-    return dict(zip(found.tolist(), sizes.tolist()))
+    sizes = np.bincount(held[held >= 0])
+    found = np.flatnonzero(sizes)
+    return dict(zip(found.tolist(), sizes[found].tolist()))
 
 
 def apply_decision(
     state: RunState, decision: Decision, algorithm: str, anchor_tensors: Sequence[int]
-) -> dict[str, int]:
+) -> Mapping[str, int]:
     """Applies `algorithm`'s decision to `state`: assignments, cluster models (checked against
     the model's size), the split, the anchor (only where the algorithm declares anchor tensors),
     its own state and the similarity it clustered on. Returns the clusters the clients it

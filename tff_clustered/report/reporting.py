@@ -9,6 +9,7 @@ import contextlib
 import csv
 import errno
 import io
+import itertools
 import json
 import math
 import os
@@ -277,19 +278,20 @@ def cluster_recovery(
     an assignment) and, when the data has planted groups, how well they recover them: the
     adjusted Rand index of the assignment against the groups (1: the same partition up to
     renaming; about 0: no better than chance; one cluster for everyone scores 0)."""
-    assigned = sorted(c for c, k in assignment.items() if k >= 0)
-    clusters = [int(assignment[c]) for c in assigned]
-    sizes = np.bincount(clusters).tolist() if clusters else []
+    every = np.fromiter(map(int, assignment.values()), np.int64, len(assignment))
+    clusters = every[every >= 0]
+    sizes = np.bincount(clusters).tolist() if len(clusters) else []
     recovery: dict[str, Any] = {
         "cluster_sizes": sizes,
         "clusters_in_use": int(np.count_nonzero(sizes)),
     }
-    if planted and assigned:
+    if planted and len(clusters):
         from sklearn.metrics import adjusted_rand_score
 
-        groups = [int(planted[c]) for c in assigned]
-        recovery.update(
-            planted_groups=len(set(groups)),
+        assigned = itertools.compress(assignment, every >= 0)
+        groups = np.fromiter(map(int, map(planted.__getitem__, assigned)), np.int64, len(clusters))
+        recovery.update(  # the pairs' order does not change the index
+            planted_groups=len(np.unique(groups)),
             adjusted_rand_vs_planted=float(adjusted_rand_score(groups, clusters)),
         )
     return recovery

@@ -59,9 +59,11 @@ def encode_tree(value: Any, arrays: dict[str, np.ndarray]) -> Any:
         items = sorted(value, key=repr) if kind in ("set", "frozenset") else value
         return {kind: [encode_tree(v, arrays) for v in items]}
     if isinstance(value, dict):
-        if len(value) >= COLUMNS_FROM and all(
-            type(k) is str and type(v) is int for k, v in value.items()
-        ):  # a population's clusters: two arrays, not a JSON pair per client
+        if (  # a population's clusters: two arrays, not a JSON pair per client
+            len(value) >= COLUMNS_FROM
+            and set(map(type, value)) == {str}
+            and set(map(type, value.values())) == {int}
+        ):
             keys, values = f"a{len(arrays)}", f"a{len(arrays) + 1}"
             arrays[keys] = np.array(list(value), dtype=str)
             arrays[values] = np.fromiter(value.values(), np.int64, len(value))
