@@ -18,7 +18,7 @@ from types import ModuleType
 
 from absl import flags
 
-from tff_clustered.cli import logs
+from tff_clustered.cli import exits, logs
 from tff_clustered.runtime import signals
 
 # When the binary's process began its imports: a run's phases count from here (`train.py`).
@@ -47,8 +47,18 @@ def imported(binary: str, loads_tensorflow: bool = True) -> ModuleType:
 
 
 def launch(binary: str, loads_tensorflow: bool = True) -> None:
-    """Runs `binary`'s work (`work()` of its module, `imported`)."""
-    imported(binary, loads_tensorflow).work()
+    """Runs `binary`'s work (`work()` of its module, `imported`). A binary that loads
+    TensorFlow ends as soon as its work has (`exits.end_now`), not seconds after its last
+    line."""
+    module = imported(binary, loads_tensorflow)
+    if not loads_tensorflow:
+        module.work()
+        return
+    try:
+        module.work()
+    except SystemExit as e:
+        exits.end_now(e.code)
+    exits.end_now(0)
 
 
 # The console entry points (`setup.cfg`'s console_scripts), one per binary.
