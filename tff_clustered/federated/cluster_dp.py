@@ -84,8 +84,7 @@ MIN_NOISE_MULTIPLIER = 1e-6
 # noised fraction b below the clip is in [0, 1]: one round moves it by up to a factor
 # exp(rate max(q, 1 - q)). The rate is refused where that passes e (rate 2 at q = 0.5, ten times
 # the paper's 0.2): a faster clip follows the noise on b, not the update norms (a rate of 88 took
-# the clip from 1 to 1e-19 in two rounds:
-# e^-44 in a round whose clients are all under it).
+# the clip from 1 to 1e-19 in two rounds; e^-44 in one round of every update under the clip).
 MAX_CLIP_STEP = 1.0
 # Noise of this standard deviation per value (or more) on a cluster's sum is at least a
 # model's usual weights (|w| well below 1): a model made non-finite is then blamed on it.
