@@ -303,18 +303,34 @@ def predated_values(old: dict[str, Any]) -> dict[str, Any]:
 
 def same_settings(saved: dict[str, Any], now: dict[str, Any]) -> bool:
     """Whether a checkpoint's settings are the run's, a setting the checkpoint predates
-    (`predated_values`) counting as the value its run had."""
+    (`predated_settings`) counting as the value its run had."""
     old, new = _compared(saved, now)
-    return {**{k: v for k, v in predated_values(old).items() if k in new}, **old} == new
+    return old == new
+
+
+def predated_settings(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The flat settings of `new` that flat settings `old` (a checkpoint's, or a baseline's:
+    `scripts/compare_run_outputs.py`) predate, each at the value the run that made `old` had:
+    an `ADDED_SETTINGS` setting at its `predated_values` value (another value is a change of
+    the run, not returned), and the model's layers when `old` has no record of them
+    (`MODEL_ARCHITECTURE`: the run's other settings decide)."""
+    values = predated_values(old)
+    architecture = f"{MODEL_ARCHITECTURE}."
+    recorded = any(k.startswith(architecture) for k in old)
+    return {
+        k: v
+        for k, v in new.items()
+        if k not in old
+        and ((k in values and values[k] == v) or (k.startswith(architecture) and not recorded))
+    }
 
 
 def _compared(saved: dict[str, Any], now: dict[str, Any]) -> tuple[dict, dict]:
-    """The flat settings of a checkpoint and of the run, to compare: without the model's
-    architecture when the checkpoint predates its record (`MODEL_ARCHITECTURE`)."""
+    """The flat settings of a checkpoint and of the run, to compare: the run's without those
+    the checkpoint predates at the value its run had (`predated_settings`)."""
     old, new = _flat_settings(saved), _flat_settings(now)
-    if MODEL_ARCHITECTURE not in saved:
-        new = {k: v for k, v in new.items() if not k.startswith(f"{MODEL_ARCHITECTURE}.")}
-    return old, new
+    predated = predated_settings(old, new)
+    return old, {k: v for k, v in new.items() if k not in predated}
 
 
 def _layer(key: str) -> str:
