@@ -25,6 +25,7 @@ refused, naming the first file that changed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import io
@@ -32,7 +33,7 @@ import json
 import os
 import zipfile
 from collections.abc import Callable, Iterator
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 import numpy as np
 
@@ -299,6 +300,37 @@ def predated_values(old: dict[str, Any]) -> dict[str, Any]:
     if old.get("training.aggregator.name") == "dp" and algorithm and algorithm.releases.cold_start:
         values[COLD_START_RELEASE] = "raw"
     return values
+
+
+# Algorithm options whose default changed: (the default a checkpoint made before the change
+# holds, today's). FedGroup's --cold_start was eager until auto became its default (2026-11-29).
+EARLIER_DEFAULTS = {"cold_start": ("eager", "auto")}
+OptionsT = TypeVar("OptionsT")
+
+
+def options_as_checkpointed(
+    path: str, options: OptionsT, log: Callable[[str], None] = print
+) -> OptionsT:
+    """An algorithm's `options` for resuming the checkpoint at `path`: an option at today's
+    default of `EARLIER_DEFAULTS` takes the earlier default when the checkpoint's run had it,
+    which is what that run did (said through `log`); the others, and options without a
+    checkpoint, as given. The settings are compared after (`load`)."""
+    saved = saved_settings(path)
+    ran = saved.get("algorithm_options") if saved is not None else None
+    if not isinstance(ran, dict) or not dataclasses.is_dataclass(options):
+        return options
+    earlier = {
+        name: before
+        for name, (before, now) in EARLIER_DEFAULTS.items()
+        if getattr(options, name, None) == now and ran.get(name) == before
+    }
+    for name, before in earlier.items():
+        now = EARLIER_DEFAULTS[name][1]
+        log(
+            f"resuming {path} with --{name}={before}, which its run had (the default before "
+            f"--{name}={now} was); start over (--overwrite) to run with --{name}={now}"
+        )
+    return dataclasses.replace(options, **earlier) if earlier else options
 
 
 def same_settings(saved: dict[str, Any], now: dict[str, Any]) -> bool:
