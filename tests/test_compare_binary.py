@@ -5,13 +5,14 @@ from __future__ import annotations
 import csv
 import functools
 import glob
+import json
 import os
 import uuid
 
 import pytest
-from conftest import ROOT, run_binary, worker_pids_with_tag
+from conftest import ROOT, TRAIN_IN_ONE_PROCESS, run_binary, worker_pids_with_tag
 
-from tff_clustered.run_folder import LOCK_NAME
+from tff_clustered.run_folder import LOCK_NAME, RunFolder
 from tff_clustered.runs import checkpoint
 
 
@@ -255,3 +256,58 @@ def test_a_tables_digits_defaults_stay_on_the_digits_and_every_default_names_its
     assert cifar[1].startswith("resolved cifar100 100 ") and cifar[1].endswith(" 1000 8 0.05")
     assert "FedAC Sec. 5.1 on CIFAR-100: classes_per_client=8" in cifar
     assert any(line.startswith("this project's (FedAC has lr 0.01") for line in cifar)
+
+
+# compare.py's main run once per case in one process (importing TensorFlow once), as `app.run`
+# would: each case's exit code and stderr as a JSON line.
+EACH_COMPARE_CASE = (
+    TRAIN_IN_ONE_PROCESS
+    + """
+for case in ARGUMENT:
+    run_train(case)
+"""
+)
+
+
+def compare_cases(cases: list[list[str]]) -> list[tuple[int, str]]:
+    done = run_binary(["-c", EACH_COMPARE_CASE, json.dumps(cases), "compare"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [tuple(json.loads(line)) for line in done.stdout.splitlines() if line.startswith("[")]
+
+
+def test_overwrite_reruns_the_cells_that_a_changed_command_or_a_lost_checkpoint_refuses(
+    tmp_path: object,
+) -> None:
+    """A cell's run folder made under other settings (--rounds changed), or holding a finished
+    run whose checkpoint is gone, is refused naming --overwrite, which compare.py now takes:
+    it reruns the command's cells from scratch in their folders."""
+    out = str(tmp_path / "table")
+    cell = RunFolder(os.path.join(out, "fedavg"))
+    run = [
+        "--algorithms=fedavg",
+        "--execution=in_process",
+        "--local_epochs=1",
+        f"--output_dir={out}",
+    ]
+    first = compare_cases([[*run, "--rounds=1"], [*run, "--rounds=2"]])
+    assert first[0][0] == 0, first[0][1][-2000:]
+    code, stderr = first[1]
+    assert code == 2 and "rounds: checkpoint 1, now 2" in stderr, stderr[-2000:]
+    assert "start over with --overwrite" in stderr
+    assert [r["round"] for r in read_rows(cell.metrics_csv)] == ["0", "1"]  # left as it was
+    os.remove(cell.checkpoint)
+    again = compare_cases([[*run, "--rounds=1"], [*run, "--rounds=2", "--overwrite"]])
+    code, stderr = again[0]
+    assert code == 2 and "no checkpoint.npz to resume from; pass --overwrite to replace it" in (
+        stderr
+    ), stderr[-2000:]
+    assert again[1][0] == 0, again[1][1][-2000:]
+    assert [r["round"] for r in read_rows(cell.metrics_csv)] == ["0", "1", "2"]
+    assert checkpoint.saved_settings(cell.checkpoint)["training"]["rounds"] == 2
+    with open(os.path.join(out, "comparison.md")) as f:
+        assert "2 rounds" in f.read()
+
+
+def read_rows(path: str) -> list[dict[str, str]]:
+    with open(path) as f:
+        return list(csv.DictReader(f))

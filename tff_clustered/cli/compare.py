@@ -40,7 +40,9 @@ model, the sampling and every algorithm's choices) and writes mean ± std over t
 each cell's diagnostics per seed (clusters formed, FedTSDP's triggers, UA-PDFL's regimes), the
 command and the date. Each run is kept under OUTPUT_DIR/[sSEED/][SETTING/]ALGORITHM/ with its
 checkpoint; running the same command again continues or reuses them, so a stopped table
-resumes where it stopped. Flags given on the command line always win over a table's defaults;
+resumes where it stopped (`--overwrite` reruns them from scratch instead: a run folder made
+under other settings is refused without it). Flags given on the command line always win over
+a table's defaults;
 a baseline the paper ran differently keeps that difference relative to them (UA-PDFL's
 DFedAvgM: twice the local work, half the rounds).
 """
@@ -133,6 +135,15 @@ flags.DEFINE_list(
     "The columns of the whole table this command runs some of (set by --replace_columns): a "
     "flag of any of them is accepted and read by the columns that take it, so that a table's "
     "whole command reruns one column; each of --algorithms must be one of them.",
+)
+flags.DEFINE_bool(
+    "overwrite",
+    False,
+    "Rerun every run of this command from scratch (each cell of its --algorithms, --settings "
+    "and --seeds, and their --tune trials): each run folder's run is deleted and a new one "
+    "made there. Without it a finished run is read back and a stopped one continues; a run "
+    "made under other settings is refused. Interrupted, the same command without --overwrite "
+    "continues the new runs.",
 )
 flags.DEFINE_bool(
     "plan_only",
@@ -295,7 +306,8 @@ def run_one(spec: RunSpec, output_dir: str, execution: RunExecution) -> dict[str
         output_dir,
         execution,
         checkpoint_every=FLAGS.checkpoint_every,
-        resume=True,
+        resume=not FLAGS.overwrite,
+        overwrite=FLAGS.overwrite,
         log=lambda message: None,
         # Eq. 4's discrepancy reads each client's own update, which any aggregator but the
         # mean keeps inside its per-cluster sums.

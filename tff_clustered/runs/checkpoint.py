@@ -114,7 +114,7 @@ def refuse_overwriting(output_dir: str, resume: bool, overwrite: bool) -> None:
     if SUMMARY_JSON in held:
         raise CheckpointError(
             f"{output_dir} holds a finished run ({SUMMARY_JSON}) but no {CHECKPOINT_NAME} to "
-            "resume from; pass --overwrite instead of --resume to replace it, or choose a new "
+            "resume from; pass --overwrite to replace it with a new run, or choose a new "
             "--output_dir"
         )
 
@@ -413,7 +413,8 @@ def other_settings_message(path: str, saved: dict[str, Any], now: dict[str, Any]
     )
     return (
         f"checkpoint {path} belongs to a run with other settings ({details}); resume with the "
-        "checkpoint's values (the same flags as its run), or choose another --output_dir"
+        "checkpoint's values (the same flags as its run), start over with --overwrite, or "
+        "choose another --output_dir"
     )
 
 
