@@ -311,3 +311,64 @@ def test_overwrite_reruns_the_cells_that_a_changed_command_or_a_lost_checkpoint_
 def read_rows(path: str) -> list[dict[str, str]]:
     with open(path) as f:
         return list(csv.DictReader(f))
+
+
+# The cells of the privacy table planned for several command lines, in one process: each
+# command's (setting, column, the run's aggregator settings) per cell, or its error.
+PRIVATE_ROWS = """
+import json, sys
+sys.argv = ["compare.py"]
+from tff_clustered.cli import launch
+compare = launch.imported("compare")
+from absl import flags
+
+def cells(*argv):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["compare.py", "--table=privacy", "--data_dir=/nowhere", *argv])
+    compare.apply_table_defaults("privacy")
+    columns = compare.parse_columns(flags.FLAGS.algorithms)
+    try:
+        return compare.plan_runs(columns, [0], flags.FLAGS.settings, "out")
+    except ValueError as e:
+        return str(e)
+
+secure = cells("--dp_noise=secure")
+named = cells(
+    "--aggregator=dp", "--dp_clipping=adaptive", "--dp_noise=secure", "--target_epsilon=8"
+)
+print(json.dumps({
+    "secure": [[r.setting, r.column, r.spec.training.aggregator.settings()] for r in secure],
+    "same_runs": [a.spec == b.spec and a.folder == b.folder for a, b in zip(secure, named)],
+    "seeded": [r.spec.training.aggregator.settings().get("noise") for r in cells()],
+    "no_private_row": cells("--dp_noise=secure", "--settings=mean"),
+}))
+"""
+
+
+def test_one_dp_flag_gives_every_private_row_of_the_table_its_setting() -> None:
+    """`--dp_noise=secure` alone on the privacy table makes every private cell's noise secure
+    (adaptive clipping and each row's epsilon as ever): the same runs as the command that named
+    --aggregator=dp --dp_clipping=adaptive --dp_noise=secure --target_epsilon=8 for it. The mean
+    row takes none of it; without a row that takes it, the flag is refused as before."""
+    done = run_binary(["-c", PRIVATE_ROWS])
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    cells = found["secure"]
+    assert {(s, c) for s, c, _ in cells} == {
+        (s, c)
+        for s in ("mean", "epsilon:8", "epsilon:4", "epsilon:1")
+        for c in ("fedavg", "ifca", "fedgroup", "fesem", "fedper")
+    }
+    for setting, _, aggregator in cells:
+        if setting == "mean":
+            assert aggregator["name"] == "mean" and aggregator["noise"] == "seeded"
+            continue
+        assert aggregator["name"] == "dp" and aggregator["noise"] == "secure"
+        assert aggregator["clipping"] == "adaptive"
+        assert aggregator["target_epsilon"] == float(setting.split(":")[1])
+    assert found["same_runs"] == [True] * len(cells)
+    assert set(found["seeded"]) == {"seeded"}  # without the flag, every row's noise is seeded
+    assert found["no_private_row"] == (
+        "--dp_noise set with --aggregator=mean, which does not use them: add --aggregator=dp, "
+        "or leave them unset"
+    )
