@@ -26,11 +26,14 @@ instruction set, oneDNN setting and version (docs/reproducibility.md), so `compa
 A checkpoint is read as the package writes it (`tff_clustered/runs/checkpoint.py`: an `.npz`
 of arrays whose entry `meta.json` holds the state as JSON, each array referenced by entry
 name), with the file format alone, not the package's loader: the comparison must outlive the
-code it checks (only the machine's description comes from `comparison/numerics.py`). The JSON
-trees are walked together; at each `{"ndarray": name}` the two arrays' dtypes, shapes and bytes
-must be equal. Only the fields in `EXEMPT_SUFFIXES` are left out (see there), and a state
-class that moved to another module (`TreeComparison`) is reported beside `ok`, not as a
-difference: its values are compared as ever.
+code it checks (only the machine's description comes from `comparison/numerics.py`, and the
+tables of what changed without changing a result from the package: `state_encoding.RELOCATED`,
+`checkpoint.ADDED_SETTINGS`). The JSON trees are walked together; at each `{"ndarray": name}`
+the two arrays' dtypes, shapes and bytes must be equal. Only the fields in `EXEMPT_SUFFIXES`
+are left out (see there); a state class that moved to another module (`TreeComparison`), and a
+setting recorded by one run's code and predated by the other's at the value that one's run had
+(`first_difference_in_settings`: the settings a resume accepts), are reported beside `ok`,
+not as a difference: the values are compared as ever.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 from tff_clustered.comparison.numerics import NUMERICS_VARIABLES, cpuinfo_fields
+from tff_clustered.runs.checkpoint import MODEL_ARCHITECTURE, predated_settings
 from tff_clustered.runs.state_encoding import RELOCATED
 
 # The repository whose code is run: this script's, or `--root` (another checkout's code
@@ -575,11 +579,66 @@ def first_difference_in_checkpoint(ours: str, theirs: str, notes: list[str]) -> 
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
         return f"unreadable checkpoint: {e}"
     comparison = TreeComparison(arrays_a, arrays_b)
-    found = comparison.first_difference(meta_a, meta_b, "checkpoint")
+    settings = [meta.pop("settings", None) for meta in (meta_a, meta_b)]
+    found = first_difference_in_settings(comparison, *settings, notes)
+    found = found or comparison.first_difference(meta_a, meta_b, "checkpoint")
     notes.extend(f"class moved: {move}" for move in sorted(comparison.moved))
     if found is None and len(arrays_a) != len(arrays_b):
         return f"checkpoint: {len(arrays_a)} arrays != {len(arrays_b)}"
     return found
+
+
+def first_difference_in_settings(
+    comparison: TreeComparison, baseline: Any, rerun: Any, notes: list[str]
+) -> Optional[str]:
+    """The first difference of two checkpoints' settings (their JSON), compared flat
+    (`flat_settings`) in any order. A setting one run's code records and the other's predates
+    is none when it has the value the older run had (`checkpoint.predated_settings`, the rule
+    a resume follows), and is added to `notes`; a setting in one run only otherwise, or a
+    value that differs, is the difference."""
+    if not (is_settings(baseline) and is_settings(rerun)):
+        return comparison.first_difference(baseline, rerun, "checkpoint.settings")
+    a, b = flat_settings(baseline), flat_settings(rerun)
+    for older, predated in (
+        ("the baseline", predated_settings(a, b)),
+        ("the rerun", predated_settings(b, a)),
+    ):
+        if predated:
+            names = sorted({setting_name(key) for key in predated})
+            notes.append(f"settings {older} predates: {', '.join(names)}")
+            a, b = ({k: v for k, v in side.items() if k not in predated} for side in (a, b))
+    only = sorted(a.keys() ^ b.keys())
+    if only:
+        side = "the baseline" if only[0] in a else "the rerun"
+        return f"checkpoint.settings.{only[0]}: in {side} only"
+    for key in sorted(a):
+        found = comparison.first_difference(a[key], b[key], f"checkpoint.settings.{key}")
+        if found:
+            return found
+    return None
+
+
+def setting_name(key: str) -> str:
+    """A flat setting as a note names it: the model's layers as one (`MODEL_ARCHITECTURE`)."""
+    return key.split(".")[0] if key.startswith(f"{MODEL_ARCHITECTURE}.") else key
+
+
+def is_settings(encoded: Any) -> bool:
+    """Whether `encoded` is a JSON-encoded dict (a checkpoint's settings, or a dict in them)."""
+    return isinstance(encoded, dict) and set(encoded) == {"dict"}
+
+
+def flat_settings(encoded: Any, prefix: str = "") -> dict[str, Any]:
+    """A checkpoint's settings as its JSON encodes them (each dict `{"dict": [[key, value],
+    ...]}`), flat as `checkpoint.py` compares them: `training.aggregator.name` -> the value's
+    JSON."""
+    flat: dict[str, Any] = {}
+    for key, value in encoded["dict"]:
+        if is_settings(value):
+            flat.update(flat_settings(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def first_difference_in_bytes(ours: str, theirs: str) -> Optional[str]:

@@ -435,6 +435,36 @@ def test_resuming_with_another_model_of_the_same_size_names_what_differs(tmp_pat
         run(clients, output_dir, model_fn=relu, resume=True)
 
 
+def test_a_fedgroup_checkpoint_from_before_cold_start_auto_resumes_with_eager(
+    tmp_path: Any,
+) -> None:
+    """The API as train.py (tests/test_train_binary.py): a FedGroup checkpoint of a run with
+    --cold_start=eager, the default before auto, resumes with the options at today's default
+    as that run ran, saying so; another value given is refused as another setting."""
+    clients = clients_of([4, 5, 6])
+    data = api.federated_data(clients)
+    made = dense_model()
+    eager = make_options("fedgroup", num_clusters=1, cold_start="eager")
+    settings = api.run_settings(
+        "fedgroup", eager, TrainingConfig(), data, "custom", architecture(made)
+    )
+    state = RunState(round_num=1, cluster_models=np.zeros((1, api.model_values(made)), np.float32))
+    output_dir = str(tmp_path)
+    checkpoint.save(RunFolder(output_dir).checkpoint, state, settings)
+    said: list[str] = []
+    with pytest.raises(ReachedTheRun):
+        run(clients, output_dir, algorithm="fedgroup", options={"num_clusters": 1}, resume=True,
+            log=said.append)  # fmt: skip
+    assert said == [
+        f"resuming {RunFolder(output_dir).checkpoint} with --cold_start=eager, which its run had "
+        "(the default before --cold_start=auto was); start over (--overwrite) to run with "
+        "--cold_start=auto"
+    ]
+    lazy = {"num_clusters": 1, "cold_start": "lazy"}
+    with pytest.raises(checkpoint.CheckpointError, match="cold_start: checkpoint 'eager', now"):
+        run(clients, output_dir, algorithm="fedgroup", options=lazy, resume=True)
+
+
 class MaxNormDense(tf.keras.layers.Dense):
     """A Dense layer of another class (the same weights)."""
 

@@ -497,6 +497,14 @@ def test_the_python_api_takes_the_aggregator_and_refuses_it_where_the_flags_do(
 BAD_DP_SETTINGS = [
     (dict(noise_multiplier=1.0, adaptive=True, clip_learning_rate=np.inf), "clip_learning_rate"),
     (dict(noise_multiplier=1.0, adaptive=True, clip_learning_rate=1e6), "clip_learning_rate"),
+    # 88 took the clip from 1 to 1e-19 in two rounds: a rate whose one round can move the clip by
+    # more than a factor e is refused, at the default quantile and at a skewed one
+    (dict(noise_multiplier=1.0, adaptive=True, clip_learning_rate=88.0), "clip_learning_rate"),
+    (dict(noise_multiplier=1.0, adaptive=True, clip_learning_rate=2.01), "clip_learning_rate"),
+    (
+        dict(noise_multiplier=1.0, adaptive=True, target_quantile=0.9, clip_learning_rate=1.2),
+        "clip_learning_rate",
+    ),
     (dict(noise_multiplier=1.0, adaptive=True, count_stddev=np.inf), "count_stddev"),
     (dict(noise_multiplier=1.0, adaptive=True, count_stddev=np.nan), "count_stddev"),
     (dict(noise_multiplier=1e-300), "noise_multiplier"),  # the accountant divided by 0
@@ -522,8 +530,25 @@ def test_dp_settings_outside_their_range_are_refused_naming_the_argument(
 def test_dp_settings_at_their_bounds_are_taken() -> None:
     ClusterDP(noise_multiplier=1e-6)
     ClusterDP(noise_multiplier=0.0, clip=float(np.finfo(np.float32).max))
-    ClusterDP(noise_multiplier=1.0, adaptive=True, clip_learning_rate=88.0, count_stddev=1e30)
+    ClusterDP(noise_multiplier=1.0, adaptive=True, clip_learning_rate=2.0, count_stddev=1e30)
+    ClusterDP(noise_multiplier=1.0, adaptive=True, target_quantile=0.9, clip_learning_rate=1.1)
     AggregatorConfig("dp", target_epsilon=1e6)
+
+
+def test_a_clip_learning_rate_is_refused_with_its_bound_and_the_step_it_allows() -> None:
+    """The geometric step exp(-rate (b - q)) moves the clip by up to exp(rate max(q, 1 - q)):
+    the message gives the bound at the run's quantile, for the API and the flags alike."""
+    with pytest.raises(ValueError, match=r"must be in \[0, 2\] at target_quantile q = 0.5: "):
+        ClusterDP(noise_multiplier=1.0, adaptive=True, clip_learning_rate=88.0)
+    bound = r"--dp_clip_learning_rate\) must be in \[0, 1.25\] at target_quantile q = 0.2: .*e\^1"
+    with pytest.raises(ValueError, match=bound):
+        AggregatorConfig(
+            "dp",
+            noise_multiplier=1.0,
+            clipping="adaptive",
+            target_quantile=0.2,
+            clip_learning_rate=1.3,
+        )
 
 
 def test_an_absurd_target_epsilon_is_refused_with_the_range() -> None:

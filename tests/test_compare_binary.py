@@ -5,13 +5,14 @@ from __future__ import annotations
 import csv
 import functools
 import glob
+import json
 import os
 import uuid
 
 import pytest
-from conftest import ROOT, run_binary, worker_pids_with_tag
+from conftest import ROOT, TRAIN_IN_ONE_PROCESS, run_binary, worker_pids_with_tag
 
-from tff_clustered.run_folder import LOCK_NAME
+from tff_clustered.run_folder import LOCK_NAME, RunFolder
 from tff_clustered.runs import checkpoint
 
 
@@ -255,3 +256,119 @@ def test_a_tables_digits_defaults_stay_on_the_digits_and_every_default_names_its
     assert cifar[1].startswith("resolved cifar100 100 ") and cifar[1].endswith(" 1000 8 0.05")
     assert "FedAC Sec. 5.1 on CIFAR-100: classes_per_client=8" in cifar
     assert any(line.startswith("this project's (FedAC has lr 0.01") for line in cifar)
+
+
+# compare.py's main run once per case in one process (importing TensorFlow once), as `app.run`
+# would: each case's exit code and stderr as a JSON line.
+EACH_COMPARE_CASE = (
+    TRAIN_IN_ONE_PROCESS
+    + """
+for case in ARGUMENT:
+    run_train(case)
+"""
+)
+
+
+def compare_cases(cases: list[list[str]]) -> list[tuple[int, str]]:
+    done = run_binary(["-c", EACH_COMPARE_CASE, json.dumps(cases), "compare"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [tuple(json.loads(line)) for line in done.stdout.splitlines() if line.startswith("[")]
+
+
+def test_overwrite_reruns_the_cells_that_a_changed_command_or_a_lost_checkpoint_refuses(
+    tmp_path: object,
+) -> None:
+    """A cell's run folder made under other settings (--rounds changed), or holding a finished
+    run whose checkpoint is gone, is refused naming --overwrite, which compare.py now takes:
+    it reruns the command's cells from scratch in their folders."""
+    out = str(tmp_path / "table")
+    cell = RunFolder(os.path.join(out, "fedavg"))
+    run = [
+        "--algorithms=fedavg",
+        "--execution=in_process",
+        "--local_epochs=1",
+        f"--output_dir={out}",
+    ]
+    first = compare_cases([[*run, "--rounds=1"], [*run, "--rounds=2"]])
+    assert first[0][0] == 0, first[0][1][-2000:]
+    code, stderr = first[1]
+    assert code == 2 and "rounds: checkpoint 1, now 2" in stderr, stderr[-2000:]
+    assert "start over with --overwrite" in stderr
+    assert [r["round"] for r in read_rows(cell.metrics_csv)] == ["0", "1"]  # left as it was
+    os.remove(cell.checkpoint)
+    again = compare_cases([[*run, "--rounds=1"], [*run, "--rounds=2", "--overwrite"]])
+    code, stderr = again[0]
+    assert code == 2 and "no checkpoint.npz to resume from; pass --overwrite to replace it" in (
+        stderr
+    ), stderr[-2000:]
+    assert again[1][0] == 0, again[1][1][-2000:]
+    assert [r["round"] for r in read_rows(cell.metrics_csv)] == ["0", "1", "2"]
+    assert checkpoint.saved_settings(cell.checkpoint)["training"]["rounds"] == 2
+    with open(os.path.join(out, "comparison.md")) as f:
+        assert "2 rounds" in f.read()
+
+
+def read_rows(path: str) -> list[dict[str, str]]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+# The cells of the privacy table planned for several command lines, in one process: each
+# command's (setting, column, the run's aggregator settings) per cell, or its error.
+PRIVATE_ROWS = """
+import json, sys
+sys.argv = ["compare.py"]
+from tff_clustered.cli import launch
+compare = launch.imported("compare")
+from absl import flags
+
+def cells(*argv):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["compare.py", "--table=privacy", "--data_dir=/nowhere", *argv])
+    compare.apply_table_defaults("privacy")
+    columns = compare.parse_columns(flags.FLAGS.algorithms)
+    try:
+        return compare.plan_runs(columns, [0], flags.FLAGS.settings, "out")
+    except ValueError as e:
+        return str(e)
+
+secure = cells("--dp_noise=secure")
+named = cells(
+    "--aggregator=dp", "--dp_clipping=adaptive", "--dp_noise=secure", "--target_epsilon=8"
+)
+print(json.dumps({
+    "secure": [[r.setting, r.column, r.spec.training.aggregator.settings()] for r in secure],
+    "same_runs": [a.spec == b.spec and a.folder == b.folder for a, b in zip(secure, named)],
+    "seeded": [r.spec.training.aggregator.settings().get("noise") for r in cells()],
+    "no_private_row": cells("--dp_noise=secure", "--settings=mean"),
+}))
+"""
+
+
+def test_one_dp_flag_gives_every_private_row_of_the_table_its_setting() -> None:
+    """`--dp_noise=secure` alone on the privacy table makes every private cell's noise secure
+    (adaptive clipping and each row's epsilon as ever): the same runs as the command that named
+    --aggregator=dp --dp_clipping=adaptive --dp_noise=secure --target_epsilon=8 for it. The mean
+    row takes none of it; without a row that takes it, the flag is refused as before."""
+    done = run_binary(["-c", PRIVATE_ROWS])
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    cells = found["secure"]
+    assert {(s, c) for s, c, _ in cells} == {
+        (s, c)
+        for s in ("mean", "epsilon:8", "epsilon:4", "epsilon:1")
+        for c in ("fedavg", "ifca", "fedgroup", "fesem", "fedper")
+    }
+    for setting, _, aggregator in cells:
+        if setting == "mean":
+            assert aggregator["name"] == "mean" and aggregator["noise"] == "seeded"
+            continue
+        assert aggregator["name"] == "dp" and aggregator["noise"] == "secure"
+        assert aggregator["clipping"] == "adaptive"
+        assert aggregator["target_epsilon"] == float(setting.split(":")[1])
+    assert found["same_runs"] == [True] * len(cells)
+    assert set(found["seeded"]) == {"seeded"}  # without the flag, every row's noise is seeded
+    assert found["no_private_row"] == (
+        "--dp_noise set with --aggregator=mean, which does not use them: add --aggregator=dp, "
+        "or leave them unset"
+    )

@@ -24,12 +24,22 @@ def script() -> ModuleType:
     return load_script(os.path.join("scripts", "compare_run_outputs.py"))
 
 
-def write_checkpoint(path: Path, weights: np.ndarray, history_seconds: float = 0.5) -> None:
+SETTINGS = {"algorithm": "fedavg", "seed": 0}
+
+
+def encoded(settings: dict) -> dict:
+    """Nested settings as a checkpoint's JSON holds them (`state_encoding.encode_tree`)."""
+    return {"dict": [[k, encoded(v) if isinstance(v, dict) else v] for k, v in settings.items()]}
+
+
+def write_checkpoint(
+    path: Path, weights: np.ndarray, history_seconds: float = 0.5, settings: dict = SETTINGS
+) -> None:
     """A checkpoint as tff_clustered/checkpoint.py writes one: arrays by entry name and the
     state as JSON in the `meta.json` entry, with a metrics row holding a timing."""
     meta = {
         "format": 3,
-        "settings": {"dict": [["algorithm", "fedavg"], ["seed", 0]]},
+        "settings": encoded(settings),
         "state": {
             "dataclass": "tff_clustered.loop.state:RunState",
             "fields": {
@@ -56,10 +66,14 @@ def write_checkpoint(path: Path, weights: np.ndarray, history_seconds: float = 0
 
 
 def write_run(
-    folder: Path, weights: np.ndarray = RUN["weights"], loss: str = "0.25", seconds: str = "1.5"
+    folder: Path,
+    weights: np.ndarray = RUN["weights"],
+    loss: str = "0.25",
+    seconds: str = "1.5",
+    settings: dict = SETTINGS,
 ) -> None:
     folder.mkdir(parents=True)
-    write_checkpoint(folder / "checkpoint.npz", weights, float(seconds))
+    write_checkpoint(folder / "checkpoint.npz", weights, float(seconds), settings)
     (folder / "metrics.csv").write_text(
         f"round,accuracy,loss,train_seconds\n0,0.1,2.3,\n3,0.5,{loss},{seconds}\n"
     )
@@ -203,3 +217,47 @@ def test_a_state_class_moved_to_another_module_is_noted_not_a_difference(
     found = verdicts(script, baseline, other)
     assert found["fedavg"] == f"ok (class moved: {old_name} -> {new_name})"
     assert found["ifca"].startswith("DIFFERS: checkpoint.npz: checkpoint.state.dataclass: ")
+
+
+def test_settings_added_since_the_baseline_at_the_value_its_run_had_are_noted_not_differences(
+    script: ModuleType, tmp_path: Path
+) -> None:
+    """A setting the rerun's code records and the baseline's predates (`checkpoint.
+    ADDED_SETTINGS`, the model's layers) is not a difference at the value the baseline's run
+    had, as a resume accepts it, whichever of the two is older; at another value, or a setting
+    no table lists, it is. The settings' order does not count."""
+    added = {
+        **SETTINGS,
+        "training": {"eval_clients": 0, "client_sampling": "fixed"},
+        "model_architecture": {"layer 1 Dense": {"units": 4}},
+    }
+    reordered = dict(reversed(list(added.items())))
+    baseline = recorded(script, tmp_path / "a", old={}, new={"settings": added}, other={})
+    other = recorded(
+        script,
+        tmp_path / "b",
+        old={"settings": reordered},
+        new={},
+        other={"settings": {**SETTINGS, "training": {"eval_clients": 5}}},
+    )
+    found = verdicts(script, baseline, other)
+    assert found["old"] == (
+        "ok (settings the baseline predates: model_architecture, training.client_sampling, "
+        "training.eval_clients)"
+    )
+    assert found["new"] == (
+        "ok (settings the rerun predates: model_architecture, training.client_sampling, "
+        "training.eval_clients)"
+    )
+    assert found["other"] == (
+        "DIFFERS: checkpoint.npz: checkpoint.settings.training.eval_clients: in the rerun only"
+    )
+    same = recorded(script, tmp_path / "c", old={"settings": added}, new={"settings": added})
+    again = recorded(script, tmp_path / "d", old={"settings": reordered}, new={"settings": added})
+    assert verdicts(script, same, again) == {"old": "ok", "new": "ok"}
+    changed = recorded(
+        script, tmp_path / "e", old={"settings": {**SETTINGS, "seed": 1}}, new={"settings": added}
+    )
+    assert verdicts(script, same, changed)["old"] == (
+        "DIFFERS: checkpoint.npz: checkpoint.settings.seed: 0 != 1"
+    )

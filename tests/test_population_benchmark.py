@@ -21,6 +21,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 from conftest import run_binary
 
+from tff_clustered import atomic_files
 from tff_clustered.cli.benchmarks.population_goals import goal_checks
 from tff_clustered.data import population
 
@@ -158,8 +159,8 @@ def test_a_killed_writers_temporary_file_is_removed_by_the_next_writer(tmp_path:
         text=True,
         check=True,
     )
-    dead = f"{spec.file_name}.{done.stdout.strip()}-abcd1234{population.PARTIAL_SUFFIX}"
-    alive = f"{spec.file_name}.{os.getpid()}-abcd1234{population.PARTIAL_SUFFIX}"
+    dead = f"{atomic_files.TEMP_PREFIX}{done.stdout.strip()}-abcd1234"
+    alive = f"{atomic_files.TEMP_PREFIX}{os.getpid()}-abcd1234"
     for name in (dead, alive):
         (tmp_path / name).write_bytes(b"partial")
     assert population.population_file(spec, str(tmp_path)) == (str(tmp_path / spec.file_name), True)

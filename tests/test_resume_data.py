@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import sqlite3
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -406,10 +407,18 @@ def test_a_damaged_data_record_is_refused(leaf_copy: Path) -> None:
 def test_holding_a_run_folder_removes_only_our_orphan_temp_files(tmp_path: Path) -> None:
     folder = tmp_path / "run"
     folder.mkdir()
-    fd, made = tempfile.mkstemp(prefix=atomic_files.TEMP_PREFIX, dir=folder)  # as a write does
+    fd, made = tempfile.mkstemp(prefix=atomic_files.TEMP_PREFIX, dir=folder)  # an older write's
     os.close(fd)
-    orphans = {os.path.basename(made), ".tmp-abcd_123"}
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    # a write of a process that ended, and one of a running process (this one's), which is kept
+    orphans = {os.path.basename(made), ".tmp-abcd_123", f".tmp-{ended}-abcd_123"}
     kept = {".tmp-abc", ".tmp-abcd1234.json", "x.tmp-abcd1234", "metrics.csv", ".tmp-ABCD1234"}
+    kept.add(f".tmp-{os.getpid()}-abcd1234")
     for name in orphans | kept:
         (folder / name).write_bytes(b"1" * 1700)
     (folder / ".tmp-dir12345").mkdir()  # a folder of that name is not ours

@@ -35,6 +35,21 @@ def test_privacy_levels_set_each_rows_aggregator() -> None:
     assert parse_setting("epsilon:4")(spec).data == spec.data
 
 
+def test_each_row_takes_the_command_lines_settings_of_its_aggregator() -> None:
+    """Settings given on the command line without naming the row's aggregator (`--dp_noise=
+    secure`, `--dp_clip=0.3`, `--robust_zeroing=false`) go to the rows of the aggregators that
+    take them, over the rows' defaults; a row's own setting (epsilon:E) wins."""
+    given = {"noise": "secure", "clip": 0.3, "target_epsilon": 2.0, "robust_zeroing": False}
+    spec = RunSpec("fedavg")
+    private = parse_setting("epsilon:4", given)(spec).training.aggregator.options
+    assert (private.noise, private.clip, private.clipping) == ("secure", 0.3, "adaptive")
+    assert (private.target_epsilon, private.noise_multiplier) == (4.0, None)
+    assert parse_setting("clip", given)(spec).training.aggregator.options.noise == "secure"
+    assert parse_setting("mean", given)(spec).training.aggregator == AggregatorConfig()
+    robust = parse_setting("robust", given)(spec).training.aggregator
+    assert robust == AggregatorConfig("robust", robust_zeroing=False)
+
+
 def test_robust_aggregator_rows() -> None:
     spec = RunSpec("ifca")
     compression = parse_setting("compression:4:1000")(spec).training.aggregator

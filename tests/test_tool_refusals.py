@@ -63,7 +63,9 @@ def test_a_checkpoint_of_other_settings_names_only_those_that_differ(tmp_path: P
         "mu: checkpoint 0.0, now 1.0; rounds: checkpoint 50, now 80; "
         "training.server_optimizer.learning_rate: checkpoint 1.0, now 0.5"
     )
-    assert message.endswith("(the same flags as its run), or choose another --output_dir")
+    assert message.endswith(
+        "(the same flags as its run), start over with --overwrite, or choose another --output_dir"
+    )
     assert "\n" not in message and "clients_per_round" not in message
 
 

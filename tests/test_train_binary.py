@@ -577,3 +577,47 @@ def test_short_training_run_on_the_real_leaf_file(tmp_path: object) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_csv(os.path.join(out, "metrics.csv"))
     assert float(rows[-1]["accuracy"]) > float(rows[0]["accuracy"])
+
+
+def test_a_fedgroup_checkpoint_from_before_cold_start_auto_resumes_with_eager(
+    tmp_path: object,
+) -> None:
+    """FedGroup's --cold_start was eager until auto became its default: a checkpoint of then
+    records eager (as one of --cold_start=eager does now), and resuming it with today's default
+    continues the run as it ran, eager, saying so, though auto would be lazy for this run (38
+    newcomers against 5 client trainings and alpha*m = 2). A --cold_start given otherwise is
+    refused as another setting."""
+    out = str(tmp_path / "fedgroup")
+    run = [
+        "--algorithm=fedgroup",
+        "--num_clusters=2",
+        "--pretrain_scale=1",
+        "--rounds=1",
+        "--clients_per_round=5",
+        "--local_epochs=1",
+        "--execution=in_process",
+        f"--output_dir={out}",
+    ]
+    cases = [
+        [*run, "--cold_start=eager"],
+        [*run, "--resume"],
+        [*run, "--resume", "--cold_start=lazy"],
+    ]
+    done = run_binary(["-c", EACH_BAD_FLAGS_CASE, json.dumps(cases)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    (made, made_err), (resumed, resumed_err), (lazy, lazy_err) = [
+        json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")
+    ]
+    assert made == 0 and resumed == 0, (made_err[-2000:], resumed_err[-2000:])
+    said = done.stdout.split(json.dumps([made, made_err]))[1]
+    assert (
+        f"resuming {RunFolder(out).checkpoint} with --cold_start=eager, which its run had (the "
+        "default before --cold_start=auto was); start over (--overwrite) to run with "
+        "--cold_start=auto"
+    ) in said
+    assert "--cold_start=lazy" not in said  # auto was not resolved: the run is eager
+    with open(RunFolder(out).summary_json) as f:
+        config = json.load(f)["config"]
+    assert config["algorithm_options"]["cold_start"] == "eager"
+    assert config["algorithm_choices"] == {}
+    assert lazy == 2 and "cold_start: checkpoint 'eager', now 'lazy'" in lazy_err, lazy_err

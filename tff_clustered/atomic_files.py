@@ -1,9 +1,12 @@
 """Files written atomically: a reader sees the old file or the new one, never a torn one.
 
-Each file is written to a temporary file in the same folder, flushed to disk, then renamed over
-the old one (`os.replace` is atomic on POSIX). A process killed between creating the temporary
-file and renaming it leaves it behind; the next run to hold the folder deletes it
-(`remove_orphan_temp_files`).
+Each file is written to a temporary file of its writer's own in the same folder (`temp_file`),
+then published at its path in one step (`publish`: renamed over the old one with `os.replace`,
+or linked where no file is yet, both atomic on POSIX). A process killed between creating the
+temporary file and publishing it leaves it behind; the next writer in the folder deletes it
+(`remove_orphan_temp_files`), and leaves the temporary files of writers still running alone,
+so that folders several processes write at once (a population's, `data/population.py`) are
+cleaned too.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ import contextlib
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 
-# `atomic_write_bytes`' temporary files: `tempfile.mkstemp(prefix=TEMP_PREFIX)` names them with
-# 8 characters of [a-z0-9_]. A process killed between creating one and renaming it leaves it.
+# The temporary files' names: `TEMP_PREFIX`, the writer's process id, `-` and 8 characters of
+# [a-z0-9_] (`tempfile.mkstemp`'s). Versions before the process id named them without it.
 TEMP_PREFIX = ".tmp-"
-ORPHAN_TEMP_FILE = re.compile(re.escape(TEMP_PREFIX) + r"[a-z0-9_]{8}")
+ORPHAN_TEMP_FILE = re.compile(re.escape(TEMP_PREFIX) + r"(?:(\d+)-)?[a-z0-9_]{8}")
 
 
 def _read_umask() -> int:
@@ -35,39 +39,82 @@ def user_file_mode() -> int:
     return 0o666 & ~_UMASK
 
 
-def atomic_write_bytes(path: str, payload: bytes) -> None:
-    """Writes `payload` to `path` so that readers see the old or the new file, never a mix. The
-    file takes the user's umask like any file they write (a temporary file would be 0600)."""
+@contextlib.contextmanager
+def temp_file(path: str) -> Iterator[str]:
+    """A new empty temporary file beside `path` (its folder made if needed), this writer's
+    alone: its name holds this process's id (`remove_orphan_temp_files` spares a running
+    writer's) and a random part (threads of one process). It has the mode the published file
+    should have (the user's umask; `mkstemp` gives 0600), and is deleted when the block ends,
+    unless `publish` has moved it to `path`."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=directory)
+    fd, temp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=directory)
     try:
         os.fchmod(fd, user_file_mode())
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
+        os.close(fd)
+        yield temp
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+
+
+def publish(temp: str, path: str, replace: bool = True) -> bool:
+    """Puts the written temporary file `temp` at `path` in one step, and makes that lasting
+    (the folder synced). `replace`: over any file at `path` (`os.replace`); else only where
+    there is none (`os.link`, refused when `path` exists: another writer's, published first,
+    is kept). Returns whether `temp` is now at `path`."""
+    if replace:
+        os.replace(temp, path)
+    else:
+        try:
+            os.link(temp, path)  # atomic, and refused when `path` exists
+        except FileExistsError:
+            return False
+    dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+    return True
+
+
+def atomic_write_bytes(path: str, payload: bytes) -> None:
+    """Writes `payload` to `path` so that readers see the old or the new file, never a mix. The
+    file takes the user's umask like any file they write."""
+    with temp_file(path) as temp:
+        with open(temp, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        publish(temp, path)
 
 
 def remove_orphan_temp_files(folder: str) -> list[str]:
-    """Deletes the temporary files killed runs left in `folder` (names matching
-    `ORPHAN_TEMP_FILE` exactly, regular files only) and returns their names. Call it only while
-    holding the folder (`checkpoint.hold_run_folder`): no other run can then be writing one."""
+    """Deletes the temporary files killed writers left in `folder` (names matching
+    `ORPHAN_TEMP_FILE` exactly, regular files only, whose writer is not running on this
+    machine; one named without a process id, by an older version, counts as left) and returns
+    their names. A running writer's is left alone, so any writer may call it on a folder others
+    write in too."""
     removed = []
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
-        if ORPHAN_TEMP_FILE.fullmatch(name) and os.path.isfile(path) and not os.path.islink(path):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-                removed.append(name)
+        found = ORPHAN_TEMP_FILE.fullmatch(name)
+        if found is None or not os.path.isfile(path) or os.path.islink(path):
+            continue
+        if found[1] is not None and process_is_running(int(found[1])):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            removed.append(name)
     return removed
+
+
+def process_is_running(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (a signal 0 reaches it or is refused)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -6,6 +6,9 @@ declare (`--dp_clip`, `--robust_zeroing`, ...: `options.define_flags`), and the
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from typing import Any
+
 from absl import flags
 
 from tff_clustered import options as options_lib
@@ -54,15 +57,32 @@ def define_aggregator_flags(flag_values: flags.FlagValues = FLAGS) -> None:
 define_aggregator_flags()
 
 
-def aggregator_config_from_flags(flag_values: flags.FlagValues = FLAGS) -> AggregatorConfig:
-    """The aggregator settings the flags give: each setting a flag sets (given, or set to
-    another value than its default); one of another aggregator is refused, naming its flag."""
+def given_settings(flag_values: flags.FlagValues = FLAGS) -> dict[str, Any]:
+    """The aggregator settings the flags set (given, or set to another value than their
+    default), by field name, whichever aggregators declare them."""
     settings = {}
     for field, declared in declared_options().items():
         flag = flag_values[declared.flag]
         if flag.present or flag.value != flag.default:
             settings[field] = flag.value
-    return AggregatorConfig(flag_values.aggregator, **settings)
+    return settings
+
+
+def aggregator_config_from_flags(
+    flag_values: flags.FlagValues = FLAGS, rows: Collection[str] = ()
+) -> AggregatorConfig:
+    """The aggregator settings the flags give (`given_settings`) for `--aggregator`. A setting
+    of another aggregator is refused, naming its flag, unless one of `rows` declares it: the
+    aggregators a comparison table's rows run (`setting_rows.row_aggregator`), which take it
+    (`setting_rows.parse_setting`)."""
+    declared = declared_options()
+    chosen = flag_values.aggregator
+    settings = {
+        field: value
+        for field, value in given_settings(flag_values).items()
+        if chosen in declared[field].users or not set(declared[field].users) & set(rows)
+    }
+    return AggregatorConfig(chosen, **settings)
 
 
 def cold_start_flags() -> list[str]:

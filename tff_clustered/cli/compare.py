@@ -21,6 +21,8 @@ accuracy, rounds to a target, the Eq. 4 discrepancy and the values sent per roun
 `--table=privacy` and `--table=aggregation`: one row per aggregator each cluster's updates go
 through (`mean`, `clip`, `epsilon:E`; `robust`, `compression[:BITS[:THRESHOLD]]`, `secure`:
 `tff_clustered/comparison/setting_rows.py`), one column per algorithm, in FedGroup's MNIST setup.
+A setting of a row's aggregator given on the command line is every such row's: `--table=privacy
+--dp_noise=secure` makes each private row's noise secure (no --aggregator needed).
 
 `--table=fedtsdp` (FedTSDP, Tables 3-5): one row per partition setting (`iid`,
 `dirichlet:BETA`, `pathological`), one column per algorithm, final test accuracy (%).
@@ -40,7 +42,9 @@ model, the sampling and every algorithm's choices) and writes mean ± std over t
 each cell's diagnostics per seed (clusters formed, FedTSDP's triggers, UA-PDFL's regimes), the
 command and the date. Each run is kept under OUTPUT_DIR/[sSEED/][SETTING/]ALGORITHM/ with its
 checkpoint; running the same command again continues or reuses them, so a stopped table
-resumes where it stopped. Flags given on the command line always win over a table's defaults;
+resumes where it stopped (`--overwrite` reruns them from scratch instead: a run folder made
+under other settings is refused without it). Flags given on the command line always win over
+a table's defaults;
 a baseline the paper ran differently keeps that difference relative to them (UA-PDFL's
 DFedAvgM: twice the local work, half the rounds).
 """
@@ -63,9 +67,9 @@ from tff_clustered.algorithms.fedgroup import discrepancy
 from tff_clustered.atomic_files import atomic_write_bytes
 
 # TensorFlow is imported (through these) before absl parses flags (see train.py).
-from tff_clustered.cli import exits, replace_columns, run_flags
+from tff_clustered.cli import aggregator_flags, exits, replace_columns, run_flags
 from tff_clustered.comparison import numerics, run_rows, table_writer, tuning
-from tff_clustered.comparison.setting_rows import SETTINGS_HELP, parse_setting
+from tff_clustered.comparison.setting_rows import SETTINGS_HELP, parse_setting, row_aggregator
 from tff_clustered.comparison.table_defaults import (
     PROTOCOLS,
     SETTING_TABLES,
@@ -98,7 +102,9 @@ flags.DEFINE_list(
     "settings",
     None,
     "Rows of the fedtsdp, fedac, uapdfl, privacy and aggregation tables: a partition or an "
-    f"aggregator ({SETTINGS_HELP}); natural keeps the dataset's own clients (e.g. mnist_writers).",
+    f"aggregator ({SETTINGS_HELP}); natural keeps the dataset's own clients (e.g. mnist_writers). "
+    "An aggregator row takes the settings of its aggregator given on the command line (e.g. "
+    "--dp_noise=secure: every private row's noise secure).",
 )
 flags.DEFINE_float("target_accuracy", 0.9, "Accuracy for the rounds-to-target column.")
 flags.DEFINE_list(
@@ -133,6 +139,15 @@ flags.DEFINE_list(
     "The columns of the whole table this command runs some of (set by --replace_columns): a "
     "flag of any of them is accepted and read by the columns that take it, so that a table's "
     "whole command reruns one column; each of --algorithms must be one of them.",
+)
+flags.DEFINE_bool(
+    "overwrite",
+    False,
+    "Rerun every run of this command from scratch (each cell of its --algorithms, --settings "
+    "and --seeds, and their --tune trials): each run folder's run is deleted and a new one "
+    "made there. Without it a finished run is read back and a stopped one continues; a run "
+    "made under other settings is refused. Interrupted, the same command without --overwrite "
+    "continues the new runs.",
 )
 flags.DEFINE_bool(
     "plan_only",
@@ -196,12 +211,23 @@ def parse_columns(given: list[str]) -> list[Column]:
 
 
 def column_spec(column: Column) -> RunSpec:
-    """The run the flags describe for one column (its K, if it sets one)."""
-    spec = run_flags.run_spec_from_flags(column.algorithm)
+    """The run the flags describe for one column (its K, if it sets one), the settings of the
+    rows' aggregators left to the rows (`row_aggregators`)."""
+    spec = run_flags.run_spec_from_flags(column.algorithm, row_aggregators())
     if column.num_clusters is None:
         return spec
     options = dataclasses.replace(spec.algorithm_options, num_clusters=column.num_clusters)
     return dataclasses.replace(spec, algorithm_options=options)
+
+
+def row_aggregators() -> set[str]:
+    """The aggregators the rows of a table with a row per setting run (`--settings`:
+    `setting_rows.row_aggregator`): a setting of theirs given on the command line without
+    naming them in `--aggregator` (`--dp_noise=secure` on the privacy table) is each such
+    row's (`parse_setting`)."""
+    if FLAGS.table not in SETTING_TABLES:
+        return set()
+    return {a for a in map(row_aggregator, FLAGS.settings or []) if a is not None}
 
 
 def plan_runs(
@@ -209,7 +235,8 @@ def plan_runs(
 ) -> list[PlannedRun]:
     """Every run of the table, seed by seed (so that an early stop leaves whole tables), each
     as its paper's protocol runs that algorithm (`table_protocol`)."""
-    changes = {s: parse_setting(s) for s in settings if s is not None}
+    given = aggregator_flags.given_settings()
+    changes = {s: parse_setting(s, given) for s in settings if s is not None}
     planned = []
     for seed in seeds:
         for setting in settings:
@@ -295,7 +322,8 @@ def run_one(spec: RunSpec, output_dir: str, execution: RunExecution) -> dict[str
         output_dir,
         execution,
         checkpoint_every=FLAGS.checkpoint_every,
-        resume=True,
+        resume=not FLAGS.overwrite,
+        overwrite=FLAGS.overwrite,
         log=lambda message: None,
         # Eq. 4's discrepancy reads each client's own update, which any aggregator but the
         # mean keeps inside its per-cluster sums.

@@ -11,7 +11,7 @@ import dataclasses
 import errno
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import TypeVar
 
 from absl import flags
@@ -228,8 +228,10 @@ flags.DEFINE_integer(
 )
 
 
-def run_spec_from_flags(algorithm: str) -> RunSpec:
-    """The run that the parsed flags describe, for `algorithm`."""
+def run_spec_from_flags(algorithm: str, row_aggregators: Collection[str] = ()) -> RunSpec:
+    """The run that the parsed flags describe, for `algorithm`; the settings of the
+    `row_aggregators` (a comparison table's rows') are left to those rows
+    (`aggregator_flags.aggregator_config_from_flags`)."""
     return RunSpec(
         algorithm=algorithm,
         data=record_from_flags(DataSpec),
@@ -258,7 +260,7 @@ def run_spec_from_flags(algorithm: str) -> RunSpec:
                 momentum=FLAGS.server_momentum,
                 epsilon=FLAGS.server_epsilon,
             ),
-            aggregator=aggregator_flags.aggregator_config_from_flags(),
+            aggregator=aggregator_flags.aggregator_config_from_flags(rows=row_aggregators),
         ),
     )
 

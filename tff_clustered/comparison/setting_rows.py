@@ -14,16 +14,19 @@ each setting is a change to every run of its row.
   robust with the tensors of more than THRESHOLD values quantized to BITS bits (TFF's 8 and
   20000 unset); `secure`, robust with TFF's bounded integer sum. A row takes the command
   line's settings of its aggregator when the command line names it (`--aggregator=dp` and its
-  `--dp_*` flags for the private rows), else its defaults: for the private rows adaptive
-  clipping toward the median update norm (Andrew et al., NeurIPS 2021, TFF's
-  `tff.learning.dp_aggregator`).
+  `--dp_*` flags for the private rows), else its defaults, over which it takes the settings
+  of its aggregator the command line gives without naming it (`--dp_noise=secure` alone: every
+  private row's noise secure). The private rows' defaults: adaptive clipping toward the median
+  update norm (Andrew et al., NeurIPS 2021, TFF's `tff.learning.dp_aggregator`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+import types
+from collections.abc import Mapping
+from typing import Any, Callable, Optional
 
 from tff_clustered.loop.config import AggregatorConfig, named_at_defaults
 from tff_clustered.runs.run_spec import RunSpec
@@ -52,18 +55,30 @@ SETTINGS_HELP = (
     "compression:4:1000)"
 )
 SpecChange = Callable[[RunSpec], RunSpec]
+EMPTY: Mapping[str, Any] = types.MappingProxyType({})
 
 
-def parse_setting(setting: str) -> SpecChange:
+def row_aggregator(setting: str) -> Optional[str]:
+    """The aggregator the row of `setting` runs (`clip` and `epsilon:E`: dp), None for a
+    partition."""
+    name = setting.partition(":")[0]
+    if name not in AGGREGATOR_ROWS:
+        return None
+    return "dp" if name in ("clip", "epsilon") else name
+
+
+def parse_setting(setting: str, command_line: Mapping[str, Any] = EMPTY) -> SpecChange:
     """The change `setting` makes to each run of its row; an unknown setting, or a value where
-    none belongs (or none where one must be), is an error naming the choices."""
+    none belongs (or none where one must be), is an error naming the choices.
+    `command_line`: the aggregator settings the command line gives, by field name
+    (`aggregator_flags.given_settings`), which an aggregator row takes over its defaults."""
     name, colon, value = setting.partition(":")
     if colon and not value:
         raise ValueError(
             f"setting {setting!r}: a value after ':', or no ':'; use one of {SETTINGS_HELP}"
         )
     if name in AGGREGATOR_ROWS:
-        return aggregator_change(setting, name, value)
+        return aggregator_change(setting, name, value, command_line)
     partition = parse_partition(setting, name, value)
     return lambda spec: dataclasses.replace(spec, data=dataclasses.replace(spec.data, **partition))
 
@@ -81,7 +96,9 @@ def parse_partition(setting: str, name: str, beta: str) -> dict[str, Any]:
         raise ValueError(f"setting {setting!r}: BETA must be a number") from None
 
 
-def aggregator_change(setting: str, name: str, value: str) -> SpecChange:
+def aggregator_change(
+    setting: str, name: str, value: str, command_line: Mapping[str, Any]
+) -> SpecChange:
     """An aggregator row -> the change of each run's aggregator (see the module docstring)."""
     numbers = parse_numbers(setting, value)
     takes = {"epsilon": (1, 1), "compression": (0, 2)}.get(name, (0, 0))
@@ -89,7 +106,10 @@ def aggregator_change(setting: str, name: str, value: str) -> SpecChange:
         raise ValueError(f"setting {setting!r}: use one of {SETTINGS_HELP}")
     if name == "epsilon" and not numbers[0] > 0:
         raise ValueError(f"setting {setting!r}: E must be > 0")
-    config = "dp" if name in ("clip", "epsilon") else name
+    config = row_aggregator(setting)
+    assert config is not None
+    taken = AggregatorConfig.taken_by(config)
+    given_here = {k: v for k, v in command_line.items() if k in taken}
     changes: dict[str, Any] = {}
     if name == "clip":
         changes = dict(noise_multiplier=0.0, target_epsilon=0.0)
@@ -103,11 +123,12 @@ def aggregator_change(setting: str, name: str, value: str) -> SpecChange:
 
     def change(spec: RunSpec) -> RunSpec:
         given = spec.training.aggregator
-        if given.name != config:
-            own = dict(noise_multiplier=0.0, clipping="adaptive") if config == "dp" else {}
-            given = AggregatorConfig(config, **own)
         try:
-            aggregator = given.with_settings(**changes)
+            if given.name == config:
+                aggregator = given.with_settings(**changes)
+            else:
+                own = dict(noise_multiplier=0.0, clipping="adaptive") if config == "dp" else {}
+                aggregator = AggregatorConfig(config, **{**own, **given_here, **changes})
         except ValueError as e:
             raise ValueError(f"setting {setting!r}: {e}") from None
         return dataclasses.replace(

@@ -28,18 +28,15 @@ scanning every example of the population.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import os
-import re
 import sqlite3
-import tempfile
 
 import numpy as np
 import tensorflow as tf
 
-from tff_clustered.atomic_files import user_file_mode
+from tff_clustered import atomic_files
 from tff_clustered.data.sql_clients import CLIENT_INDEX
 from tff_clustered.seeds import DataStream, data_rng
 
@@ -186,16 +183,16 @@ def client_rows(
 
 def write_population_sql(spec: PopulationSpec, path: str, replace: bool = True) -> bool:
     """Writes the population to `path` in TFF's SQL format (see the module docstring), through
-    a temporary file of this writer's own (`partial_file`) published at the end, so that
-    `path` is either absent or whole, whatever other writers of it do at the same time.
-    `replace`: the file published over any at `path` (`os.replace`); else a file already at
-    `path` (another writer's, published first) is kept and this one's discarded. Returns
-    whether this writer's file is at `path`."""
+    a temporary file of this writer's own published at the end (`atomic_files`), so that
+    `path` is either absent or whole, whatever other writers of it do at the same time; the
+    temporary files of writers killed before (no longer running) are deleted first.
+    `replace`: the file published over any at `path`; else a file already at `path` (another
+    writer's, published first) is kept and this one's discarded. Returns whether this writer's
+    file is at `path`."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    remove_orphan_partial_files(path)
-    partial = partial_file(path)
-    try:
+    atomic_files.remove_orphan_temp_files(folder)
+    with atomic_files.temp_file(path) as partial:
         template = ExampleTemplate.of(spec.num_features)
         connection = sqlite3.connect(partial)
         try:
@@ -221,62 +218,7 @@ def write_population_sql(spec: PopulationSpec, path: str, replace: bool = True) 
                 connection.execute(CLIENT_INDEX)
         finally:
             connection.close()
-        if replace:
-            os.replace(partial, path)
-            return True
-        try:
-            os.link(partial, path)  # atomic, and refused when `path` exists
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(partial)
-
-
-# A writer's temporary file: the population file's name, the writer's process id and a random
-# part, `PARTIAL_SUFFIX`.
-PARTIAL_SUFFIX = ".partial"
-
-
-def partial_file(path: str) -> str:
-    """A new empty temporary file beside `path`, this writer's alone: its name holds this
-    process's id (`remove_orphan_partial_files`) and a random part (threads of one process)."""
-    fd, partial = tempfile.mkstemp(
-        prefix=f"{os.path.basename(path)}.{os.getpid()}-",
-        suffix=PARTIAL_SUFFIX,
-        dir=os.path.dirname(os.path.abspath(path)),
-    )
-    os.fchmod(fd, user_file_mode())  # the mode the published file should have, not 0600
-    os.close(fd)
-    return partial
-
-
-def remove_orphan_partial_files(path: str) -> list[str]:
-    """Deletes the temporary files of `path` whose writer is no longer running on this machine
-    (killed while writing), and returns their names; another writer's file is left alone."""
-    folder, name = os.path.split(os.path.abspath(path))
-    orphan = re.compile(re.escape(name) + r"\.(\d+)-[a-z0-9_]+" + re.escape(PARTIAL_SUFFIX))
-    removed = []
-    for entry in sorted(os.listdir(folder)):
-        found = orphan.fullmatch(entry)
-        if found is None or process_is_running(int(found[1])):
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(folder, entry))
-            removed.append(entry)
-    return removed
-
-
-def process_is_running(pid: int) -> bool:
-    """Whether process `pid` exists on this machine (a signal 0 reaches it or is refused)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        return atomic_files.publish(partial, path, replace)
 
 
 def population_file(spec: PopulationSpec, folder: str) -> tuple[str, bool]:

@@ -80,9 +80,12 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 # bounds nothing; near z = 1e-16 a run's epsilon leaves float32 (its metrics and TensorBoard
 # scalars), and below 1e-154 z^2 underflows to 0 in the accountant (a division by zero).
 MIN_NOISE_MULTIPLIER = 1e-6
-# The adaptive clip's step multiplies it by exp(-rate (b - q)), |b - q| <= 1: above
-# ln(FLOAT32_MAX) one step can take the clip to 0 or infinity.
-MAX_CLIP_LEARNING_RATE = math.log(FLOAT32_MAX)
+# The adaptive clip's step multiplies it by exp(-rate (b - q)) (Andrew et al. 2021), where the
+# noised fraction b below the clip is in [0, 1]: one round moves it by up to a factor
+# exp(rate max(q, 1 - q)). The rate is refused where that passes e (rate 2 at q = 0.5, ten times
+# the paper's 0.2): a faster clip follows the noise on b, not the update norms (a rate of 88 took
+# the clip from 1 to 1e-19 in two rounds; e^-44 in one round of every update under the clip).
+MAX_CLIP_STEP = 1.0
 # Noise of this standard deviation per value (or more) on a cluster's sum is at least a
 # model's usual weights (|w| well below 1): a model made non-finite is then blamed on it.
 BLAMED_NOISE_STDDEV = 1.0
@@ -128,7 +131,8 @@ class DPOptions(AggregatorOptions):
     )
     clip_learning_rate: float = option(
         0.2,
-        "with --dp_clipping=adaptive: the clip's geometric learning rate.",
+        "with --dp_clipping=adaptive: the clip's geometric learning rate, at most "
+        "1/max(q, 1 - q) for --dp_target_quantile q (one round moves the clip by at most e).",
         flag="dp_clip_learning_rate",
     )
     count_stddev: Optional[float] = option(
@@ -284,6 +288,7 @@ class ClusterDP(ClusterAggregator):
     def __post_init__(self) -> None:
         super().__post_init__()  # the types first: ClusterDP(noise_multiplier="1") is refused
         z, clip, rate = self.noise_multiplier, self.clip, self.clip_learning_rate
+        max_rate = max_clip_learning_rate(self.target_quantile)
         checks = [
             (
                 z == 0 or MIN_NOISE_MULTIPLIER <= z <= FLOAT32_MAX,
@@ -301,11 +306,11 @@ class ClusterDP(ClusterAggregator):
             (0 <= self.target_quantile <= 1, "target_quantile", "in [0, 1]"),
             (self.noise in DP_NOISE_SOURCES, "noise", f"one of {DP_NOISE_SOURCES}"),
             (
-                0 <= rate <= MAX_CLIP_LEARNING_RATE,
+                0 <= rate <= max_rate,
                 "clip_learning_rate",
-                f"in [0, {MAX_CLIP_LEARNING_RATE:.4g}] (a step multiplies the clip by up to "
-                "exp(rate), which overflows float32 above ln(3.4e38) = 88.72; Andrew et al. "
-                "use 0.2)",
+                f"in [0, {max_rate:.4g}] at target_quantile q = {self.target_quantile:g}: one "
+                "round multiplies the clip by up to exp(rate x max(q, 1 - q)), kept within a "
+                f"factor e^{MAX_CLIP_STEP:g} (Andrew et al. 2021 use 0.2)",
             ),
             (
                 self.count_stddev is None or 0 <= self.count_stddev <= FLOAT32_MAX,
@@ -343,9 +348,11 @@ class ClusterDP(ClusterAggregator):
     def divergence_hint(self) -> str:
         """The DP settings when they may have made a model non-finite: noise of a standard
         deviation per value on a cluster's sum (at the clip the run started with) of at least
-        `BLAMED_NOISE_STDDEV`, or an adaptive clip moving by more than e per round."""
+        `BLAMED_NOISE_STDDEV`, or an adaptive clip moving by more than e^(1/2) per round (half
+        the step `max_clip_learning_rate` allows: a rate above 1 at q = 0.5)."""
         std = self.value_noise_multiplier * self.clip
-        fast_clip = self.adaptive and self.clip_learning_rate > 1
+        fast_rate = max_clip_learning_rate(self.target_quantile) / 2
+        fast_clip = self.adaptive and self.clip_learning_rate > fast_rate
         if std < BLAMED_NOISE_STDDEV and not fast_clip:
             return ""
         fixes = ["--dp_noise_multiplier", "--dp_clip"] + ["--dp_clip_learning_rate"] * fast_clip
@@ -570,6 +577,13 @@ def noise_keys(round_key: tf.Tensor, num_clusters: int, per_cluster: int) -> lis
         tf.random.experimental.stateless_split(row, per_cluster)
         for row in tf.unstack(tf.random.experimental.stateless_split(key, num_clusters))
     ]
+
+
+def max_clip_learning_rate(target_quantile: float) -> float:
+    """The largest adaptive clip learning rate at `target_quantile` q: one round multiplies
+    the clip by exp(-rate (b - q)), b in [0, 1], so by at most exp(rate max(q, 1 - q)), which
+    this keeps within e^`MAX_CLIP_STEP`."""
+    return MAX_CLIP_STEP / max(target_quantile, 1.0 - target_quantile)
 
 
 def check_cold_start(release: str, share: float) -> None:

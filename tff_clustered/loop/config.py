@@ -58,6 +58,11 @@ class AggregatorConfig:
         object.__setattr__(self, "options", options)
         self.build()
 
+    @staticmethod
+    def taken_by(name: str) -> frozenset[str]:
+        """The settings the aggregator `name` takes (its `Options`' fields)."""
+        return frozenset(f.name for f in dataclasses.fields(aggregator_class(name).options_type()))
+
     @classmethod
     def of(cls, aggregator: ClusterAggregator) -> AggregatorConfig:
         """The settings of a built aggregator (`aggregator.options()`), a user's own subclass

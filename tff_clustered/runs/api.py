@@ -264,6 +264,8 @@ def run(
             f"options for {algorithm} must be a mapping or {cls.__name__}.Options, got "
             f"{described(options)}"
         )
+    if resume:  # an option whose default changed: as the checkpoint's run had it
+        options = checkpoint.options_as_checkpointed(RunFolder(output_dir).checkpoint, options, log)
     built = make_algorithm(algorithm, options)  # its range checks, before any work
     check_aggregator(built, training.aggregator.build())
     check_cold_start_settings(built, training.aggregator)

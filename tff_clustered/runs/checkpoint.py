@@ -25,6 +25,7 @@ refused, naming the first file that changed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import io
@@ -32,7 +33,7 @@ import json
 import os
 import zipfile
 from collections.abc import Callable, Iterator
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 import numpy as np
 
@@ -113,7 +114,7 @@ def refuse_overwriting(output_dir: str, resume: bool, overwrite: bool) -> None:
     if SUMMARY_JSON in held:
         raise CheckpointError(
             f"{output_dir} holds a finished run ({SUMMARY_JSON}) but no {CHECKPOINT_NAME} to "
-            "resume from; pass --overwrite instead of --resume to replace it, or choose a new "
+            "resume from; pass --overwrite to replace it with a new run, or choose a new "
             "--output_dir"
         )
 
@@ -301,20 +302,67 @@ def predated_values(old: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+# Algorithm options whose default changed: (the default a checkpoint made before the change
+# holds, today's). FedGroup's --cold_start was eager until auto became its default (2026-11-29).
+EARLIER_DEFAULTS = {"cold_start": ("eager", "auto")}
+OptionsT = TypeVar("OptionsT")
+
+
+def options_as_checkpointed(
+    path: str, options: OptionsT, log: Callable[[str], None] = print
+) -> OptionsT:
+    """An algorithm's `options` for resuming the checkpoint at `path`: an option at today's
+    default of `EARLIER_DEFAULTS` takes the earlier default when the checkpoint's run had it,
+    which is what that run did (said through `log`); the others, and options without a
+    checkpoint, as given. The settings are compared after (`load`)."""
+    saved = saved_settings(path)
+    ran = saved.get("algorithm_options") if saved is not None else None
+    if not isinstance(ran, dict) or not dataclasses.is_dataclass(options):
+        return options
+    earlier = {
+        name: before
+        for name, (before, now) in EARLIER_DEFAULTS.items()
+        if getattr(options, name, None) == now and ran.get(name) == before
+    }
+    for name, before in earlier.items():
+        now = EARLIER_DEFAULTS[name][1]
+        log(
+            f"resuming {path} with --{name}={before}, which its run had (the default before "
+            f"--{name}={now} was); start over (--overwrite) to run with --{name}={now}"
+        )
+    return dataclasses.replace(options, **earlier) if earlier else options
+
+
 def same_settings(saved: dict[str, Any], now: dict[str, Any]) -> bool:
     """Whether a checkpoint's settings are the run's, a setting the checkpoint predates
-    (`predated_values`) counting as the value its run had."""
+    (`predated_settings`) counting as the value its run had."""
     old, new = _compared(saved, now)
-    return {**{k: v for k, v in predated_values(old).items() if k in new}, **old} == new
+    return old == new
+
+
+def predated_settings(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The flat settings of `new` that flat settings `old` (a checkpoint's, or a baseline's:
+    `scripts/compare_run_outputs.py`) predate, each at the value the run that made `old` had:
+    an `ADDED_SETTINGS` setting at its `predated_values` value (another value is a change of
+    the run, not returned), and the model's layers when `old` has no record of them
+    (`MODEL_ARCHITECTURE`: the run's other settings decide)."""
+    values = predated_values(old)
+    architecture = f"{MODEL_ARCHITECTURE}."
+    recorded = any(k.startswith(architecture) for k in old)
+    return {
+        k: v
+        for k, v in new.items()
+        if k not in old
+        and ((k in values and values[k] == v) or (k.startswith(architecture) and not recorded))
+    }
 
 
 def _compared(saved: dict[str, Any], now: dict[str, Any]) -> tuple[dict, dict]:
-    """The flat settings of a checkpoint and of the run, to compare: without the model's
-    architecture when the checkpoint predates its record (`MODEL_ARCHITECTURE`)."""
+    """The flat settings of a checkpoint and of the run, to compare: the run's without those
+    the checkpoint predates at the value its run had (`predated_settings`)."""
     old, new = _flat_settings(saved), _flat_settings(now)
-    if MODEL_ARCHITECTURE not in saved:
-        new = {k: v for k, v in new.items() if not k.startswith(f"{MODEL_ARCHITECTURE}.")}
-    return old, new
+    predated = predated_settings(old, new)
+    return old, {k: v for k, v in new.items() if k not in predated}
 
 
 def _layer(key: str) -> str:
@@ -365,7 +413,8 @@ def other_settings_message(path: str, saved: dict[str, Any], now: dict[str, Any]
     )
     return (
         f"checkpoint {path} belongs to a run with other settings ({details}); resume with the "
-        "checkpoint's values (the same flags as its run), or choose another --output_dir"
+        "checkpoint's values (the same flags as its run), start over with --overwrite, or "
+        "choose another --output_dir"
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable, NamedTuple, Optional, Union
 
@@ -80,15 +81,28 @@ class Resumed(NamedTuple):
     # The files the run's data is read from, as they are now (None: no checkpoint to check
     # them against; the run fingerprints them once it has loaded its data).
     data_source: Optional[SourceFingerprint]
+    spec: RunSpec  # the run resumed: `checkpointed_spec`
 
 
 def resumed(spec: RunSpec, output_dir: str, log: Callable[[str], None] = print) -> Resumed:
-    """The checkpoint in `output_dir`, read and checked against `spec`'s settings and data
-    files (`checkpoint.load`, which refuses it with a `CheckpointError`): before a TFF worker
-    starts and writes its log in the folder, which a refused resume leaves as it found it."""
+    """The checkpoint in `output_dir`, read and checked against the settings and data files of
+    `spec` as it resumes it (`checkpointed_spec`; `checkpoint.load`, which refuses it with a
+    `CheckpointError`): before a TFF worker starts and writes its log in the folder, which a
+    refused resume leaves as it found it."""
+    spec = checkpointed_spec(spec, output_dir, log)
     source = source_fingerprint(spec.data) if checkpoint.exists(output_dir) else None
     state = checkpoint.load(RunFolder(output_dir).checkpoint, spec.settings(), source, log)
-    return Resumed(state, source)
+    return Resumed(state, source, spec)
+
+
+def checkpointed_spec(spec: RunSpec, output_dir: str, log: Callable[[str], None]) -> RunSpec:
+    """`spec` with the algorithm options its checkpoint in `output_dir` ran with where their
+    default changed since (`checkpoint.options_as_checkpointed`)."""
+    path = RunFolder(output_dir).checkpoint
+    options = checkpoint.options_as_checkpointed(path, spec.algorithm_options, log)
+    if options is spec.algorithm_options:
+        return spec
+    return dataclasses.replace(spec, algorithm_options=options)
 
 
 def run(
@@ -105,11 +119,16 @@ def run(
     summary.json, curves.png, checkpoints. `execution`: how rounds run and where the clients'
     models live (default: one local TFF worker, a timer started now; a disk store's file goes
     in `output_dir`); a run may resume under another execution or store. `resume`: True, or
-    the checkpoint as `resumed` read it already. `overwrite`: see `run_experiment`.
+    the checkpoint as `resumed` read it already (either resumes the spec its checkpoint ran:
+    `checkpointed_spec`). `overwrite`: see `run_experiment`.
 
     Returns the summary, with the per-round rows under `history`."""
     execution = (RunExecution() if execution is None else execution).in_folder(output_dir)
     read = resume if isinstance(resume, Resumed) else None
+    if read is not None:
+        spec = read.spec
+    elif resume:
+        spec = checkpointed_spec(spec, output_dir, log)
 
     def data_source() -> SourceFingerprint:
         if read is not None and read.data_source is not None:
