@@ -527,6 +527,10 @@ class ExamplesRead:
     doubted: list[int]  # the positions of the clients `checked_client` refuses
     index: dict[str, int] = dataclasses.field(default_factory=dict)  # id -> position
 
+    def by_client(self) -> dict[str, ClientArrays]:
+        """Each client's (x, y) by its id."""
+        return dict(zip(self.index, self.arrays))
+
 
 def read_examples(
     blocks: Iterable[GivenBlock],

@@ -240,8 +240,7 @@ def load_tff_cifar100(
         lambda client: cifar100_parsing(train.serializable_dataset_fn(client)),
     )
     try:
-        read = client_arrays(parsed, "image", CIFAR100_LABELS[classes], "train")
-        arrays = dict(zip(read.index, read.arrays))
+        arrays = client_arrays(parsed, "image", CIFAR100_LABELS[classes], "train").by_client()
     except DataError as e:  # a client listed in client_metadata without examples
         raise not_cifar100(str(e).split(";")[0]) from None
     except Exception as e:  # damaged pages or records: sqlite3 inside tf.data, TFF's parser
