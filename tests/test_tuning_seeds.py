@@ -141,6 +141,14 @@ def test_several_seeds_score_each_trial_on_each_and_keep_the_first_seeds_draws(
     header, *lines = csv_text.splitlines()
     assert header.endswith(",chosen,validation_std,validation_seed0,validation_seed1")
     assert "with seeds 0, 1 (--tune_seeds=2) and scored by the mean" in markdown
+    # the default folder of a table tuned otherwise is another: no run is shared
+    planned = run_binary(
+        ["binaries/compare.py", "--algorithms=fedavg", "--tune=all", "--seeds=0,1",
+         "--tune_seeds=2", "--tune_widenings=1", "--plan_only"]
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    assert "tuning: each trial on seeds 0, 1; up to 1 search beyond an edge" in planned.stdout
+    assert planned.stdout.rstrip().endswith("compare-fedgroup-digits-seeds0-1-tuned-2seeds-widen1")
 
 
 def summary_results(folder: Path) -> dict[str, Any]:
@@ -237,7 +245,8 @@ def test_a_value_at_the_edge_is_searched_beyond_it_at_most_twice() -> None:
     assert "trials 04-07 drew --learning_rate beyond the top of [0.025, 0.4], in [0.4, 1.6]" in line
     assert line.endswith(
         f"; --learning_rate={edge.value:.3g} lies at the top of the range searched, [0.025, 6.4]: "
-        "the optimum may lie beyond it (after 2 searches beyond, the most --tune_widenings allows)"
+        "the optimum may lie beyond it (after 2 searches beyond it, the most --tune_widenings "
+        "allows)"
     )
     assert tuned(FEDPROX, ["all"], 2, rising)[0] == method
 

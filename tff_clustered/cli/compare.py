@@ -110,7 +110,8 @@ flags.DEFINE_list(
 flags.DEFINE_string(
     "output_dir",
     None,
-    "Where outputs go (default runs/compare-TABLE-DATASET-sSEED, or -seedsA-B-C).",
+    "Where outputs go (default runs/compare-TABLE-DATASET-sSEED, or -seedsA-B-C; tuned: then "
+    "-tuned, -Nseeds with --tune_seeds=N, -widenW with --tune_widenings=W).",
 )
 flags.DEFINE_list(
     "tune",
@@ -353,7 +354,7 @@ def main(argv: list[str]) -> int:
         # command line serves the whole table.
         base = column_spec(columns[0])
         seed_part = f"s{seeds[0]}" if len(seeds) == 1 else "seeds" + "-".join(map(str, seeds))
-        tuned_part = "-tuned" if FLAGS.tune else ""
+        tuned_part = tuned_folder_part() if FLAGS.tune else ""
         output_dir = FLAGS.output_dir or os.path.join(
             "runs", f"compare-{FLAGS.table}-{base.data.dataset}-{seed_part}{tuned_part}"
         )
@@ -375,8 +376,8 @@ def main(argv: list[str]) -> int:
             if plan and (len(plan.seeds) > 1 or plan.widenings):
                 print(
                     f"tuning: each trial on seeds {', '.join(map(str, plan.seeds))}; up to "
-                    f"{plan.widenings} searches beyond an edge of {plan.budget} trials each, "
-                    "drawn once the trials above are scored"
+                    f"{tuning.searches_text(plan.widenings)} beyond an edge of {plan.budget} "
+                    "trials each, drawn once the trials above are scored"
                 )
             print(f"{len(planned)} runs; outputs would be in {output_dir}")
             return 0
@@ -386,6 +387,15 @@ def main(argv: list[str]) -> int:
             rows, histories, tuned = run_planned(planned, base.data.dataset, output_dir, plan)
             write_outputs(rows, histories, base, output_dir, defaults_taken, tuned, plan)
     return 0
+
+
+def tuned_folder_part() -> str:
+    """The default output folder's end for a tuned table: `-tuned`, then `-Nseeds` with
+    `--tune_seeds=N` > 1 and `-widenW` with `--tune_widenings=W` > 0, so that tables tuned
+    otherwise (whose test runs may take other values) never share their runs."""
+    seeds = f"-{FLAGS.tune_seeds}seeds" if FLAGS.tune_seeds > 1 else ""
+    widen = f"-widen{FLAGS.tune_widenings}" if FLAGS.tune_widenings > 0 else ""
+    return f"-tuned{seeds}{widen}"
 
 
 def accepted_algorithms(columns: list[Column]) -> list[str]:

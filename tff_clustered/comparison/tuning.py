@@ -225,6 +225,11 @@ class Trial:
         return float(np.std(self.seed_scores, ddof=1))
 
 
+def searches_text(count: int) -> str:
+    """`1 search`, `2 searches`."""
+    return f"{count} search" + ("es" if count != 1 else "")
+
+
 def edge_name(side: str) -> str:
     return "top" if side == search_space.HIGH else "bottom"
 
@@ -271,7 +276,9 @@ class Edge:
         if self.widenings == 0:
             why = "no search beyond it: --tune_widenings=0"
         else:
-            why = f"after {self.widenings} searches beyond, the most --tune_widenings allows"
+            why = (
+                f"after {searches_text(self.widenings)} beyond it, the most --tune_widenings allows"
+            )
         return f"{where}: the optimum may lie beyond it ({why})"
 
 
