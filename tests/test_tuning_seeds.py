@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_binary
+from conftest import ROOT, run_binary
 from test_tuning import DIGITS, EACH_COMPARE_CASE, FEDPROX
 
 from tff_clustered import search_space
 from tff_clustered.cli import table_commands
 from tff_clustered.comparison import tuning
+from tff_clustered.data.spec import DataSpec
+from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.runs.run_spec import RunSpec
 
 # compare.py with every run replaced by one that trains nothing: its final accuracy is a
@@ -197,6 +199,41 @@ def test_a_trials_score_is_the_mean_of_its_seeds_validation_accuracies(tmp_path:
         line = next(x for x in f.read().splitlines() if x.startswith("- fedavg: trial"))
     assert f"validation {100 * float(chosen['validation_accuracy']):.2f}% ± " in line
     assert "points above the runner-up trial0" in line and "times their spread" in line
+
+
+def test_the_committed_femnist_tuning_replayed_is_the_same_and_says_its_edge() -> None:
+    """results/fedgroup-femnist_leaf-tuned replayed through `tuning.tune` with one seed and no
+    widening, each trial scored as its tuning.csv records: the same trials are drawn, the same
+    chosen, tuning.csv and the Tuning section's first lines come out byte for byte, and each
+    method's line ends saying its learning rate 0.0117 lies at the top of the range searched."""
+    folder = Path(ROOT) / "results" / "fedgroup-femnist_leaf-tuned"
+    committed_csv = (folder / "tuning.csv").read_text()
+    rows = [line.split(",") for line in committed_csv.splitlines()[1:]]
+    plan = tuning.TuningPlan.of_table(["all"], 4, [0, 1, 2])
+    training = TrainingConfig(learning_rate=0.003)  # configs/fedgroup_femnist.flags
+    methods = []
+    for column in dict.fromkeys(row[1] for row in rows):
+        recorded = {int(r[2]): (r[3], float(r[4])) for r in rows if r[1] == column}
+
+        def score_trial(
+            index: int, values: dict[str, Any], recorded: dict = recorded
+        ) -> tuple[float, ...]:
+            text, score = recorded[index]
+            assert tuning.values_text(values) == text
+            return (score,)
+
+        spec = RunSpec(column, DataSpec("femnist_leaf"), training=training)
+        methods.append(tuning.tune(plan, spec, None, column, score_trial))
+    assert tuning.tuning_csv(methods) == committed_csv
+    markdown = (folder / "comparison.md").read_text()
+    lines = tuning.tuning_lines(methods, plan)
+    assert "\n".join(lines[:4]) in markdown
+    edge = (
+        "; --learning_rate=0.0117 lies at the top of the range searched, [0.00075, 0.012]: the "
+        "optimum may lie beyond it (no search beyond it: --tune_widenings=0)"
+    )
+    for line in lines[5:]:
+        assert line.endswith(edge) and line[: -len(edge)] in markdown.splitlines(), line
 
 
 # A method's tuning with `tuning.tune`, scored without training: a trial's score on each seed
