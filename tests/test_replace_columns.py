@@ -119,15 +119,20 @@ def written(folder: Path, rows: list[dict], trials: list[tuning.TunedMethod]) ->
         target_accuracy=0.9,
         command="python binaries/compare.py --table=fedac",
         date="today",
-        tuning=tuning.tuning_lines(trials, 2, 0),
+        tuning=tuning.tuning_lines(trials, tuning.TuningPlan(("all",), 2, (0, 1))),
     )
     return {"md": body, "csv": (folder / "comparison.csv").read_text()}
 
 
 def trials_of(column: str, score: float) -> list[tuning.TunedMethod]:
-    values = ({"learning_rate": 0.1}, {"learning_rate": 0.2})
+    """A method's two trials in each setting, tuned over seeds 0 and 1 (`--tune_seeds=2`: the
+    tuning.csv of a score per seed and the Tuning lines of a margin)."""
+    trials = tuple(
+        tuning.Trial({"learning_rate": rate}, (mean - 0.01, mean + 0.01))
+        for rate, mean in ((0.1, 0.5), (0.2, score))
+    )
     return [
-        tuning.TunedMethod(setting, column, values, (0.5, score))
+        tuning.TunedMethod(setting, column, trials, seeds=(0, 1))
         for setting in ("iid", "dirichlet:0.5")
     ]
 

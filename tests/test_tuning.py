@@ -136,8 +136,8 @@ def test_the_best_trial_is_the_first_of_the_highest_and_never_a_nan() -> None:
     assert tuning.best_trial([float("nan"), 0.1]) == 1
     # every trial diverged: none is chosen, and the method's line says why and what to lower
     assert tuning.best_trial([float("nan"), float("nan")]) is None
-    trials = ({"learning_rate": 0.05}, {"learning_rate": 0.3})
-    method = tuning.TunedMethod("iid", "fedavg", trials, (float("nan"), float("nan")))
+    trials = tuple(tuning.Trial({"learning_rate": rate}, (float("nan"),)) for rate in (0.05, 0.3))
+    method = tuning.TunedMethod("iid", "fedavg", trials, seeds=(0,))
     assert method.line() == (
         "iid fedavg: no trial of 2 chosen: every trial diverged (learning rates 0.05 to 0.3), "
         "so fedavg has no values to test and no row; lower --learning_rate (the trials draw "

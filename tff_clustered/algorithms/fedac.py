@@ -209,12 +209,12 @@ class FedAC(Algorithm):
         fedac_merge_separation: float = option(
             cnt_settings.MERGE_SEPARATION,
             "FedAC CNT (relative): merge a cluster separated from its nearest by less.",
-            search=Uniform(1.0, 3.0),
+            search=Uniform(1.0, 3.0, limits=(0.0, 3.0)),
         )
         fedac_split_separation: float = option(
             cnt_settings.SPLIT_SEPARATION,
             "FedAC CNT (relative): split a cluster whose two sides are separated by more.",
-            search=Uniform(3.0, 6.0),
+            search=Uniform(3.0, 6.0, limits=(3.0, math.inf)),
         )
         fedac_bimodality: float = option(
             cnt_settings.UNIMODAL_BIMODALITY,

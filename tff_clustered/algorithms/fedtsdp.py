@@ -36,6 +36,7 @@ inference with them; that is inherent to the method as the paper describes it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
@@ -91,13 +92,13 @@ class FedTSDP(Algorithm):
         hopkins_threshold: float = option(
             0.65,
             "FedTSDP h_th: re-cluster when H > h_th (--tsdp_trigger=paper).",
-            search=Uniform(0.55, 0.8),
+            search=Uniform(0.55, 0.8, limits=(0.0, 1.0)),
         )
         tsdp_trigger_z: float = option(
             4.0,
             "FedTSDP calibrated trigger (ours): H must exceed the reference sets' mean H by this "
             "many of their standard deviations.",
-            search=Uniform(2.0, 6.0),
+            search=Uniform(2.0, 6.0, limits=(0.0, math.inf)),
         )
         tsdp_reference_sets: int = option(
             32, "FedTSDP calibrated trigger (ours): reference sets per round."

@@ -288,7 +288,7 @@ class UAPDFL(Decentralized):
             "UA-PDFL calibrated th_I (--uapdfl_threshold=0): a pair of peers is alike after "
             "round 1 when Div(i, j) < r (Div(w0, i) + Div(w0, j)); 1 (ours): their updates "
             "agree in sign; larger: more pairs alike, a higher th_I.",
-            search=Uniform(0.5, 1.5),
+            search=Uniform(0.5, 1.5, limits=(0.0, 2.0)),
         )
         uapdfl_mu: float = option(
             0.01,

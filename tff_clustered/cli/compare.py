@@ -116,15 +116,16 @@ flags.DEFINE_list(
 flags.DEFINE_string(
     "output_dir",
     None,
-    "Where outputs go (default runs/compare-TABLE-DATASET-sSEED, or -seedsA-B-C).",
+    "Where outputs go (default runs/compare-TABLE-DATASET-sSEED, or -seedsA-B-C; tuned: then "
+    "-tuned, -Nseeds with --tune_seeds=N, -widenW with --tune_widenings=W).",
 )
 flags.DEFINE_list(
     "tune",
     None,
     "Tune every method first: all (the learning rate and each method's declared knobs, "
     "docs/options.md) or some knobs (e.g. learning_rate,mu). Each method gets --tune_budget "
-    "trials on the validation split with the lowest seed; its best values then run on the test "
-    "split with every seed (docs/tuning.md).",
+    "trials on the validation split with the lowest seed (--tune_seeds: the N lowest); its best "
+    "values then run on the test split with every seed (docs/tuning.md).",
 )
 flags.DEFINE_integer(
     "tune_budget",
@@ -133,6 +134,23 @@ flags.DEFINE_integer(
     lower_bound=1,
     upper_bound=tuning.MAX_BUDGET,
 )
+flags.DEFINE_integer(
+    "tune_seeds",
+    1,
+    "Seeds each trial of --tune runs with: the table's N lowest (1 to the number of --seeds); "
+    "a trial scores the mean of their validation accuracies (docs/tuning.md).",
+)
+flags.DEFINE_integer(
+    "tune_widenings",
+    0,
+    "Searches beyond an edge each method of --tune may add: while its chosen value of a range "
+    "lies at the range's edge, --tune_budget trials more just beyond it (at most "
+    f"{tuning.MAX_WIDENINGS}; 0: none, the Tuning line says the optimum may lie beyond).",
+    lower_bound=0,
+    upper_bound=tuning.MAX_WIDENINGS,
+)
+# The flags only --tune reads.
+TUNING_FLAGS = ("tune_budget", "tune_seeds", "tune_widenings")
 flags.DEFINE_list(
     "table_columns",
     None,
@@ -364,39 +382,48 @@ def main(argv: list[str]) -> int:
         # command line serves the whole table.
         base = column_spec(columns[0])
         seed_part = f"s{seeds[0]}" if len(seeds) == 1 else "seeds" + "-".join(map(str, seeds))
-        tuned_part = "-tuned" if FLAGS.tune else ""
+        tuned_part = tuned_folder_part() if FLAGS.tune else ""
         output_dir = FLAGS.output_dir or os.path.join(
             "runs", f"compare-{FLAGS.table}-{base.data.dataset}-{seed_part}{tuned_part}"
         )
         settings = FLAGS.settings if FLAGS.table in SETTING_TABLES else [None]
         planned = plan_runs(columns, seeds, settings, output_dir)
-        if FLAGS["tune"].present:
-            tuning.check_knobs([run.spec for run in planned], FLAGS.tune)
-        elif FLAGS["tune_budget"].present:
-            raise ValueError(
-                f"--tune_budget={FLAGS.tune_budget} set without --tune, which does not use it: "
-                "add --tune=all (or some knobs), or leave it unset"
-            )
+        plan = tuning_plan([run.spec for run in planned], seeds)
         if defaults_taken:
             print(f"{FLAGS.table} table on {base.data.dataset}, defaults of the flags not given:")
             print("\n".join(f"  {line}" for line in defaults_taken), flush=True)
         if FLAGS.plan_only:
             print("\n".join(map(describe, planned)))
-            for run, trials in trials_of(planned).items() if FLAGS.tune else ():
+            for run, trials in trials_of(planned, plan).items() if plan else ():
                 print(
                     "\n".join(
                         f"tuning {run.column} trial {i}: {tuning.values_text(t)}"
                         for i, t in enumerate(trials)
                     )
                 )
+            if plan and (len(plan.seeds) > 1 or plan.widenings):
+                print(
+                    f"tuning: each trial on seeds {', '.join(map(str, plan.seeds))}; up to "
+                    f"{tuning.searches_text(plan.widenings)} beyond an edge of {plan.budget} "
+                    "trials each, drawn once the trials above are scored"
+                )
             print(f"{len(planned)} runs; outputs would be in {output_dir}")
             return 0
         # The table folder is held for the whole comparison (each run also holds its own
         # subfolder), before the worker writes its log there: a second compare on it is refused.
         with checkpoint.hold_run_folder(output_dir):
-            rows, histories, tuned = run_planned(planned, base.data.dataset, output_dir)
-            write_outputs(rows, histories, base, output_dir, defaults_taken, tuned)
+            rows, histories, tuned = run_planned(planned, base.data.dataset, output_dir, plan)
+            write_outputs(rows, histories, base, output_dir, defaults_taken, tuned, plan)
     return 0
+
+
+def tuned_folder_part() -> str:
+    """The default output folder's end for a tuned table: `-tuned`, then `-Nseeds` with
+    `--tune_seeds=N` > 1 and `-widenW` with `--tune_widenings=W` > 0, so that tables tuned
+    otherwise (whose test runs may take other values) never share their runs."""
+    seeds = f"-{FLAGS.tune_seeds}seeds" if FLAGS.tune_seeds > 1 else ""
+    widen = f"-widen{FLAGS.tune_widenings}" if FLAGS.tune_widenings > 0 else ""
+    return f"-tuned{seeds}{widen}"
 
 
 def accepted_algorithms(columns: list[Column]) -> list[str]:
@@ -414,41 +441,87 @@ def accepted_algorithms(columns: list[Column]) -> list[str]:
     return [t.algorithm for t in table]
 
 
-def trials_of(planned: list[PlannedRun]) -> dict[PlannedRun, list[dict[str, Any]]]:
-    """Each method's trials (`tuning.draw_trials`), keyed by its planned run of the table's
-    lowest seed: the seed the trials are drawn and run with (the one a check of the committed
-    table reruns, `table_commands.sampled_cell`)."""
-    first = min(run.seed for run in planned)
+def tuning_plan(specs: list[RunSpec], seeds: list[int]) -> Optional[tuning.TuningPlan]:
+    """The table's tuning (`--tune` and the flags it reads), None without --tune; a knob no
+    method declares, a --tune_seeds outside the table's seeds or a tuning flag without --tune
+    is a ValueError naming it."""
+    if not FLAGS["tune"].present:
+        given = [name for name in TUNING_FLAGS if FLAGS[name].present]
+        if given:
+            raise ValueError(
+                f"--{given[0]}={FLAGS[given[0]].value} set without --tune, which does not use "
+                "it: add --tune=all (or some knobs), or leave it unset"
+            )
+        return None
+    tuning.check_knobs(specs, FLAGS.tune)
+    return tuning.TuningPlan.of_table(
+        FLAGS.tune, FLAGS.tune_budget, seeds, FLAGS.tune_seeds, FLAGS.tune_widenings
+    )
+
+
+def trials_of(
+    planned: list[PlannedRun], plan: tuning.TuningPlan
+) -> dict[PlannedRun, list[dict[str, Any]]]:
+    """Each method's first trials (`tuning.draw_trials`), keyed by its planned run of the
+    table's lowest seed: the seed the trials are drawn with (and the one a check of the
+    committed table reruns, `table_commands.sampled_cell`)."""
     return {
         run: tuning.draw_trials(
-            run.spec, tuning.tuned_space(run.spec, FLAGS.tune), FLAGS.tune_budget, first
+            run.spec, tuning.tuned_space(run.spec, plan.knobs), plan.budget, plan.seed
         )
         for run in planned
-        if run.seed == first
+        if run.seed == plan.seed
     }
 
 
+def trial_score(
+    run: PlannedRun,
+    index: int,
+    values: dict[str, Any],
+    output_dir: str,
+    dataset: str,
+    execution: RunExecution,
+) -> float:
+    """Trial `index` of `run`'s method with `values`, run (or read back) on the validation
+    split with `run`'s seed under OUTPUT_DIR/tuning/[sSEED/][SETTING/]ALGORITHM/trialNN/: the
+    table's figure, NaN when its training diverged."""
+    folder = os.path.join(
+        output_dir, "tuning", os.path.relpath(run.folder, output_dir), f"trial{index:02d}"
+    )
+    spec = tuning.on_validation(tuning.with_values(run.spec, values))
+    try:
+        row = table_row(run._replace(spec=spec, folder=folder), dataset, execution)
+    except DivergenceError as e:  # a trial's values may diverge: it scores nothing
+        print(f"tuning {run.column} trial{index:02d} diverged: {e} (seed {run.seed})", flush=True)
+        return math.nan
+    return row[figure_key()]
+
+
 def tune_methods(
-    planned: list[PlannedRun], dataset: str, output_dir: str, execution: RunExecution
+    planned: list[PlannedRun],
+    dataset: str,
+    output_dir: str,
+    execution: RunExecution,
+    plan: tuning.TuningPlan,
 ) -> tuple[list[PlannedRun], list[tuning.TunedMethod]]:
-    """Every method tuned (`comparison/tuning.py`): its trials run (or read back) on the
-    validation split under OUTPUT_DIR/tuning/, scored by the table's figure; returns the
-    planned runs with each method's chosen values, and the tunings."""
+    """Every method tuned (`tuning.tune`): its trials run (or read back) on the validation
+    split under OUTPUT_DIR/tuning/, each with every seed of the plan, scored by the table's
+    figure; returns the planned runs with each method's chosen values, and the tunings."""
     tuned: dict[tuple[Optional[str], str], tuning.TunedMethod] = {}
-    for run, trials in trials_of(planned).items():
-        scores = []
-        for index, values in enumerate(trials):
-            folder = os.path.join(
-                output_dir, "tuning", os.path.relpath(run.folder, output_dir), f"trial{index:02d}"
+    for run in planned:
+        if run.seed != plan.seed:
+            continue
+        by_seed = {r.seed: r for r in planned if (r.setting, r.column) == (run.setting, run.column)}
+
+        def score_trial(
+            index: int, values: dict[str, Any], by_seed: dict[int, PlannedRun] = by_seed
+        ) -> tuple[float, ...]:
+            return tuple(
+                trial_score(by_seed[seed], index, values, output_dir, dataset, execution)
+                for seed in plan.seeds
             )
-            spec = tuning.on_validation(tuning.with_values(run.spec, values))
-            try:
-                row = table_row(run._replace(spec=spec, folder=folder), dataset, execution)
-            except DivergenceError as e:  # a trial's values may diverge: it scores nothing
-                print(f"tuning {run.column} trial{index:02d} diverged: {e}", flush=True)
-                row = {figure_key(): math.nan}
-            scores.append(row[figure_key()])
-        method = tuning.TunedMethod(run.setting, run.column, tuple(trials), tuple(scores))
+
+        method = tuning.tune(plan, run.spec, run.setting, run.column, score_trial)
         print(f"tuned {method.line()}", flush=True)
         tuned[(run.setting, run.column)] = method
     # A method every trial of which diverged has no values to test: no test runs, no row; its
@@ -486,18 +559,21 @@ def table_row(run: PlannedRun, dataset: str, execution: RunExecution) -> dict[st
 
 
 def run_planned(
-    planned: list[PlannedRun], dataset: str, output_dir: str
+    planned: list[PlannedRun],
+    dataset: str,
+    output_dir: str,
+    plan: Optional[tuning.TuningPlan] = None,
 ) -> tuple[list[dict[str, Any]], dict[tuple[str, str], list], list[tuning.TunedMethod]]:
     """Runs (or reads back, when finished) every planned run on one TFF runtime, each method
-    tuned first with `--tune`: the table's rows, each (setting, algorithm)'s histories and the
-    tunings."""
+    tuned first by `plan` (`--tune`): the table's rows, each (setting, algorithm)'s histories
+    and the tunings."""
     rows: list[dict[str, Any]] = []
     histories: dict[tuple[str, str], list] = {}
     tuned: list[tuning.TunedMethod] = []
     execution = run_flags.execution_from_flags(output_dir, PhaseTimer())
     with tff_runtime(execution.runtime):
-        if FLAGS.tune:
-            planned, tuned = tune_methods(planned, dataset, output_dir, execution)
+        if plan is not None:
+            planned, tuned = tune_methods(planned, dataset, output_dir, execution, plan)
         for run in planned:
             row = table_row(run, dataset, execution)
             history = row.pop("history")
@@ -520,6 +596,7 @@ def write_outputs(
     output_dir: str,
     defaults_taken: list[str],
     tuned: Sequence[tuning.TunedMethod] = (),
+    plan: Optional[tuning.TuningPlan] = None,
 ) -> None:
     """comparison.md / .csv / .png in `output_dir`, with the command, the date, the table's
     defaults it took (`apply_table_defaults`) and this machine's CPU and TensorFlow numerics
@@ -540,9 +617,7 @@ def write_outputs(
         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         defaults_taken=defaults_taken,
         machine=numerics.machine_lines(),
-        tuning=tuning.tuning_lines(tuned, FLAGS.tune_budget, min(r["seed"] for r in rows))
-        if tuned
-        else (),
+        tuning=tuning.tuning_lines(tuned, plan) if tuned and plan else (),
     )
     if tuned:
         atomic_write_bytes(

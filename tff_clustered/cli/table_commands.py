@@ -92,7 +92,8 @@ def rerun_arguments(command: list[str], cell: Cell) -> list[str]:
     """`command` (flagfiles expanded: `table_command`) narrowed to `cell`: its
     algorithm (without the other algorithms' options, which its run never reads and
     compare.py refuses for it), its setting when the table has setting rows (the setting is
-    then a partition, not the dataset's name), its seeds."""
+    then a partition, not the dataset's name), its seeds (with the seeds its trials ran with,
+    `tuning_seeds_of`: a `--tune_seeds=N` table's trials need its N lowest seeds)."""
     from tff_clustered import options as options_lib
     from tff_clustered.algorithms import ALGORITHMS, algorithm_class
 
@@ -104,10 +105,30 @@ def rerun_arguments(command: list[str], cell: Cell) -> list[str]:
         return not argument.startswith("--") or name not in every_option or name in own
 
     narrowed = [a for a in command if kept(a)]
-    narrowed += [f"--algorithms={cell.algorithm}", f"--seeds={','.join(map(str, cell.seeds))}"]
+    seeds = sorted({*cell.seeds, *tuning_seeds_of(command)})
+    narrowed += [f"--algorithms={cell.algorithm}", f"--seeds={','.join(map(str, seeds))}"]
     if any(a.startswith("--settings=") for a in command) or ":" in cell.setting:
         narrowed.append(f"--settings={cell.setting}")
     return narrowed
+
+
+def given_value(command: Sequence[str], name: str) -> Optional[str]:
+    """The value `command` gives `--name` (the last one given), None when not given."""
+    given = [a.split("=", 1)[1] for a in command if a.startswith(f"--{name}=")]
+    return given[-1] if given else None
+
+
+def tuning_seeds_of(command: Sequence[str]) -> list[int]:
+    """The seeds the trials of a `--tune_seeds=N` table ran with, its N lowest `--seeds`, which
+    a rerun of its cell keeps (the cell's rows alone are compared); none without it, or when
+    the values are not numbers (compare.py then refuses them itself)."""
+    count, seeds = given_value(command, "tune_seeds"), given_value(command, "seeds")
+    if count is None or seeds is None:
+        return []
+    try:
+        return sorted(int(s) for s in seeds.split(","))[: int(count)]
+    except ValueError:
+        return []
 
 
 def data_flag(argument: str) -> Optional[tuple[str, str]]:
