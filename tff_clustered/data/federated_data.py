@@ -513,19 +513,31 @@ def end_to_end(arrays: Sequence[np.ndarray], dtype: Any) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate(arrays), dtype)
 
 
-def plain_sizes(xs: Sequence[Any], ys: Sequence[Any]) -> Optional[np.ndarray]:
-    """Each client's examples when every `(x, y)` of a block is `plain_examples` (None when
-    one may not be), found by a few calls over the whole block rather than one per client."""
-    if set(map(type, xs)) != {np.ndarray} or set(map(type, ys)) != {np.ndarray}:
+ARRAY_KIND = operator.attrgetter("__class__", "dtype", "shape")
+
+
+def plain_sizes(xs: Sequence[Any], ys: Sequence[Any]) -> Optional[tuple[np.ndarray, set]]:
+    """Each client's examples and the labels' dtypes when every `(x, y)` of a block is
+    `plain_examples` (None when one may not be), found from the set of the block's kinds of
+    array (class, dtype, shape: one pass over the inputs, one over the labels) rather than
+    one call per client; the sizes are read client by client only when the shapes differ."""
+    try:
+        x_kinds, y_kinds = set(map(ARRAY_KIND, xs)), set(map(ARRAY_KIND, ys))
+    except Exception:  # noqa: BLE001 - not arrays: `plain_examples` tells client by client
         return None
-    if any(d.kind not in "biuf" for d in set(map(DTYPE, xs)) | set(map(DTYPE, ys))):
+    if any(kind is not np.ndarray or d.kind not in "biuf" for kind, d, _ in x_kinds | y_kinds):
         return None
-    x_shapes, y_shapes = set(map(SHAPE, xs)), set(map(SHAPE, ys))
+    x_shapes, y_shapes = {s for _, _, s in x_kinds}, {s for _, _, s in y_kinds}
     if any(len(s) != 1 for s in y_shapes) or any(not s or 0 in s for s in x_shapes):
         return None  # y not one label per example; x without an example of one value
+    label_types = {d for _, d, _ in y_kinds}
+    if len(x_shapes) == len(y_shapes) == 1:  # every client of one size
+        size = next(iter(y_shapes))[0]
+        same = next(iter(x_shapes))[0] == size
+        return (np.full(len(ys), size, np.int64), label_types) if same else None
     sizes = np.fromiter(map(len, ys), np.int64, len(ys))
     same = np.array_equal(np.fromiter(map(len, xs), np.int64, len(xs)), sizes)
-    return sizes if same else None
+    return (sizes, label_types) if same else None
 
 
 @dataclasses.dataclass
@@ -569,13 +581,13 @@ def read_examples(
     sizes: list[np.ndarray] = []
     for block in blocks:
         xs, ys = block.xs, block.ys
-        block_sizes = plain_sizes(xs, ys)
-        if block_sizes is None:
+        found = plain_sizes(xs, ys)
+        if found is None:  # some client is doubted: the sizes are counted once checked below
             plain = [k for k, (x, y) in enumerate(zip(xs, ys)) if plain_examples(x, y)]
             doubted = set(range(len(xs))) - set(plain)
             label_types = {ys[k].dtype for k in plain}
         else:
-            plain, doubted, label_types = range(len(xs)), set(), set(map(DTYPE, ys))
+            (block_sizes, label_types), plain, doubted = found, range(len(xs)), set()
         if any(t.kind == "f" for t in label_types):
             floats = [k for k in plain if ys[k].dtype.kind == "f"]
             y = np.concatenate([ys[k] for k in floats]).astype(np.float64)
