@@ -387,7 +387,8 @@ def split_off_test_sets(
     starts = ends_before(sizes)
     order = shuffled_rows(sizes, data_rng(seed, DataStream.GIVEN_CLIENTS_SPLIT))
     cuts = starts + train_count(sizes, 1 - test_fraction).astype(np.int64)
-    digest.update(order.astype(np.int64))
+    for start in range(0, len(order), ORDER_PIECE):  # as int64, a piece at a time
+        digest.update(order[start : start + ORDER_PIECE].astype(np.int64))
     digest.update(cuts)
     return (
         GivenSplit(read.index, read.arrays, (order, starts, cuts)),
@@ -397,6 +398,9 @@ def split_off_test_sets(
 
 # Rows shuffled by one call of `Generator.permuted` (a bound on its array's memory).
 SHUFFLED_ROWS = 1 << 22
+# Rows of the split's order hashed at once, as int64 (8 MB: the whole order as int64 would
+# be 8 bytes a row of the population's examples).
+ORDER_PIECE = 1 << 20
 
 
 def shuffled_rows(sizes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
