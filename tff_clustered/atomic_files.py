@@ -15,7 +15,8 @@ import contextlib
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
 
 # The temporary files' names: `TEMP_PREFIX`, the writer's process id, `-` and 8 characters of
 # [a-z0-9_] (`tempfile.mkstemp`'s). Versions before the process id named them without it.
@@ -78,15 +79,21 @@ def publish(temp: str, path: str, replace: bool = True) -> bool:
     return True
 
 
-def atomic_write_bytes(path: str, payload: bytes) -> None:
-    """Writes `payload` to `path` so that readers see the old or the new file, never a mix. The
-    file takes the user's umask like any file they write."""
+def atomic_write(path: str, write: Callable[[BinaryIO], Any]) -> None:
+    """Writes `path` by `write(file)` so that readers see the old or the new file, never a mix
+    (a large file, such as a checkpoint of a million clients, written straight to the disk
+    with no copy of it in memory). The file takes the user's umask like any file they write."""
     with temp_file(path) as temp:
         with open(temp, "wb") as f:
-            f.write(payload)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         publish(temp, path)
+
+
+def atomic_write_bytes(path: str, payload: bytes) -> None:
+    """Writes `payload` to `path` atomically (`atomic_write`)."""
+    atomic_write(path, lambda f: f.write(payload))
 
 
 def remove_orphan_temp_files(folder: str) -> list[str]:

@@ -28,7 +28,6 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
-import io
 import json
 import os
 import zipfile
@@ -38,7 +37,7 @@ from typing import Any, Optional, TypeVar
 import numpy as np
 
 from tff_clustered.algorithms import ALGORITHMS
-from tff_clustered.atomic_files import atomic_write_bytes, remove_orphan_temp_files, user_file_mode
+from tff_clustered.atomic_files import atomic_write, remove_orphan_temp_files, user_file_mode
 from tff_clustered.data.fingerprint import SourceFingerprint
 from tff_clustered.loop.config import AggregatorConfig
 from tff_clustered.loop.state import RunState
@@ -161,9 +160,8 @@ def save(
     }
     if data_source is not None:
         meta[DATA_SOURCE_ENTRY] = data_source.to_json()
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays, **{META_ENTRY: np.frombuffer(json.dumps(meta).encode(), np.uint8)})
-    atomic_write_bytes(path, buffer.getvalue())
+    entries = {**arrays, META_ENTRY: np.frombuffer(json.dumps(meta).encode(), np.uint8)}
+    atomic_write(path, lambda f: np.savez(f, **entries))
 
 
 def _read(path: str) -> tuple[dict, Any]:
