@@ -48,7 +48,8 @@ def split_only(arrays: dict) -> tuple:
     """The run's own train/test split of `arrays` (its row orders, from the same seed)."""
     sizes = np.array([len(y) for _, y in arrays.values()])
     index = dict(zip(arrays, range(len(arrays))))
-    read = fd.ExamplesRead(list(arrays.values()), sizes, (), 0, [], index)
+    xs, ys = [x for x, _ in arrays.values()], [y for _, y in arrays.values()]
+    read = fd.ExamplesRead(xs, ys, sizes, (), 0, [], index)
     return given_clients.split_off_test_sets(read, 0.2, 0, fd.Unhashed())
 
 

@@ -544,7 +544,8 @@ def plain_sizes(xs: Sequence[Any], ys: Sequence[Any]) -> Optional[tuple[np.ndarr
 class ExamplesRead:
     """What one pass over clients' examples found (`read_examples`)."""
 
-    arrays: list[ClientArrays]  # each client's (x, y) as `example_arrays` returns them
+    xs: list[np.ndarray]  # each client's inputs and labels as `example_arrays` returns them
+    ys: list[np.ndarray]
     sizes: np.ndarray  # each client's examples, in order
     input_shape: tuple[int, ...]
     largest: int  # the largest label
@@ -553,7 +554,7 @@ class ExamplesRead:
 
     def by_client(self) -> dict[str, ClientArrays]:
         """Each client's (x, y) by its id."""
-        return dict(zip(self.index, self.arrays))
+        return dict(zip(self.index, zip(self.xs, self.ys)))
 
 
 def read_examples(
@@ -577,7 +578,7 @@ def read_examples(
     * `digest` is updated with each block (`screened_block`).
 
     The clients' ids are the blocks' (`index` is left to the caller that made them)."""
-    read = ExamplesRead([], np.zeros(0, np.int64), input_shape or (), -1, [])
+    read = ExamplesRead([], [], np.zeros(0, np.int64), input_shape or (), -1, [])
     sizes: list[np.ndarray] = []
     for block in blocks:
         xs, ys = block.xs, block.ys
@@ -607,9 +608,10 @@ def read_examples(
         screened, largest = screened_block(
             block.ids, xs, ys, block_sizes, input_shape, num_classes, digest
         )
-        read.doubted += [len(read.arrays) + k for k in screened]
+        read.doubted += [len(read.xs) + k for k in screened]
         read.largest = max(read.largest, largest)
-        read.arrays += zip(xs, ys)
+        read.xs += xs
+        read.ys += ys
         sizes.append(block_sizes)
         if block.error is not None:
             raise block.error

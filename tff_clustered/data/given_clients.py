@@ -91,7 +91,7 @@ def client_arrays(
         input_shape,
         num_classes,
     )
-    if not read.arrays:
+    if not read.xs:
         raise DataError(f"the {split} data has no clients; give at least one client with examples")
     read.index = ids.index
     return read
@@ -330,15 +330,16 @@ class GivenSplit(Mapping):
     def __init__(
         self,
         index: Mapping[str, int],
-        arrays: Sequence[ClientArrays],
+        xs: Sequence[np.ndarray],
+        ys: Sequence[np.ndarray],
         rows: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None,
     ) -> None:
-        self.index, self.arrays, self.rows = index, arrays, rows
+        self.index, self.xs, self.ys, self.rows = index, xs, ys, rows
 
     def examples(self, client: str) -> ClientArrays:
         """Client `client`'s `(x, y)` of this split as given (not converted)."""
         i = self.index[client]
-        x, y = self.arrays[i]
+        x, y = self.xs[i], self.ys[i]
         if self.rows is None:
             return x, y
         order, starts, stops = self.rows
@@ -348,7 +349,7 @@ class GivenSplit(Mapping):
     def sizes(self) -> np.ndarray:
         """Each client's examples in this split, in the index's order."""
         if self.rows is None:
-            return np.fromiter((len(y) for _, y in self.arrays), np.int64, len(self.arrays))
+            return np.fromiter(map(len, self.ys), np.int64, len(self.ys))
         return (self.rows[2] - self.rows[1]).astype(np.int64)
 
     def __getitem__(self, client: str) -> ClientArrayDict:
@@ -391,8 +392,8 @@ def split_off_test_sets(
         digest.update(order[start : start + ORDER_PIECE].astype(np.int64))
     digest.update(cuts)
     return (
-        GivenSplit(read.index, read.arrays, (order, starts, cuts)),
-        GivenSplit(read.index, read.arrays, (order, cuts, starts + sizes)),
+        GivenSplit(read.index, read.xs, read.ys, (order, starts, cuts)),
+        GivenSplit(read.index, read.xs, read.ys, (order, cuts, starts + sizes)),
     )
 
 
@@ -516,7 +517,7 @@ def federated_data(
             shape = train_read.input_shape
             test_read = client_arrays(test, x_key, y_key, "test", digest, shape, num_classes)
             reads = (train_read, test_read)
-            held = tuple(GivenSplit(read.index, read.arrays) for read in reads)
+            held = tuple(GivenSplit(read.index, read.xs, read.ys) for read in reads)
         if num_classes is None:
             num_classes = max(max(read.largest for read in reads) + 1, 1)
         refuse_missing_groups(planted_groups, train_read.index)
