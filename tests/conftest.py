@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -111,6 +112,39 @@ def run_train(argv):
             code = e.code
     print(json.dumps([code, stderr.getvalue()]), flush=True)
 """
+
+# `TRAIN_IN_ONE_PROCESS` running BINARY's main once per argv of ARGUMENT, in order, each run's
+# exit code, stderr and stdout printed as one JSON line `["run", code, stderr, stdout]`.
+EACH_RUN = (
+    TRAIN_IN_ONE_PROCESS
+    + """
+for argv in ARGUMENT:
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        run_train(argv)
+    *stdout, result = printed.getvalue().splitlines()
+    print(json.dumps(["run", *json.loads(result), "\\n".join(stdout)]), flush=True)
+"""
+)
+
+
+def runs_in_one_process(
+    argvs: list[list[str]],
+    binary: str = "train",
+    env_extra: dict[str, str | None] | None = None,
+    timeout: float = 900,
+) -> list[subprocess.CompletedProcess]:
+    """`binaries/BINARY.py` run with each of `argvs` in turn, all in one process (TensorFlow
+    imported once, not per run): each run's exit code, stdout and stderr, as if it had been a
+    process of its own (its Python-level output; TensorFlow's C++ logs are the process's)."""
+    done = run_binary(["-c", EACH_RUN, json.dumps(argvs), binary], env_extra, timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('["run"')]
+    assert len(results) == len(argvs), done.stdout[-3000:] + done.stderr[-3000:]
+    return [
+        subprocess.CompletedProcess([f"{binary}.py", *argv], code, stdout, stderr)
+        for argv, (_, code, stderr, stdout) in zip(argvs, results)
+    ]
 
 
 def worker_pids_with_tag(tag: str) -> list[int]:

@@ -9,11 +9,10 @@ import csv
 import functools
 import json
 import os
-import subprocess
 
 import dp_accounting as dpa
 import pytest
-from conftest import DP_POISSON_DIGITS, TRAIN_IN_ONE_PROCESS, run_binary
+from conftest import DP_POISSON_DIGITS, runs_in_one_process
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
 RUN = [*DP_POISSON_DIGITS, "--eval_every=100"]
@@ -45,35 +44,16 @@ RUNS = {
         "clipped",
     ),
 }
-# Runs train.py's main for each run in this one process, as `app.run` would (TensorFlow and
-# TFF imported once, not per run): exit code, stdout and stderr of each, as JSON lines.
-EACH_RUN = (
-    TRAIN_IN_ONE_PROCESS
-    + """
-for argv in ARGUMENT:
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        run_train(argv)
-    *stdout, result = printed.getvalue().splitlines()
-    print(json.dumps(["run", *json.loads(result), "\\n".join(stdout)]), flush=True)
-"""
-)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, object]]:
-    """Each of `RUNS` by name: (its output folder, its finished run as a CompletedProcess)."""
+    """Each of `RUNS` by name, all in one process of train.py's main (TensorFlow imported
+    once): (its output folder, its finished run as a CompletedProcess)."""
     root = tmp_path_factory.mktemp("privacy_runs")
     folders = {name: str(root / folder) for name, (_, folder) in RUNS.items()}
     argvs = [[*flags, f"--output_dir={folders[name]}"] for name, (flags, _) in RUNS.items()]
-    done = run_binary(["-c", EACH_RUN, json.dumps(argvs)])
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('["run"')]
-    assert len(results) == len(RUNS), done.stdout[-3000:] + done.stderr[-3000:]
-    return {
-        name: (folders[name], subprocess.CompletedProcess(argv, code, stdout, stderr))
-        for (name, argv), (_, code, stderr, stdout) in zip(zip(RUNS, argvs), results)
-    }
+    return {name: (folders[name], done) for name, done in zip(RUNS, runs_in_one_process(argvs))}
 
 
 @functools.cache
