@@ -528,6 +528,7 @@ def test_a_refused_run_writes_nothing_in_the_run_folder(runs_in_one: dict) -> No
 def runs_in_one(tmp_path_factory: pytest.TempPathFactory, two_round_run: tuple) -> dict:
     """The module's train.py runs that need no process of their own, all in one (TensorFlow
     imported once, not per run) with one TFF_CLUSTERED_RUN_TAG: IFCA's outputs, a divergence,
+    a short run on the real LEAF file when ../shared/data holds it,
     the `BAD_FLAGS` cases and one on a folder held as a first run would hold it, and runs
     refused in `two_round_run`'s folder or a damaged copy of it (what they must leave as it
     was is read before they run)."""
@@ -545,6 +546,8 @@ def runs_in_one(tmp_path_factory: pytest.TempPathFactory, two_round_run: tuple) 
         "outputs": ["--algorithm=ifca", "--num_clusters=4", "--rounds=3"],
         "divergence": ["--algorithm=fedavg", "--learning_rate=1e8", "--rounds=3"],
     }
+    if os.path.exists(SHARED_LEAF_FILE):
+        named["leaf"] = leaf_flags(root / "leaf_data")
     folders = {name: root / name for name in named}
     refused = [
         [*QUICK, "--rounds=2", f"--output_dir={out}"],
@@ -579,25 +582,25 @@ def runs_in_one(tmp_path_factory: pytest.TempPathFactory, two_round_run: tuple) 
 
 
 @pytest.mark.skipif(not os.path.exists(SHARED_LEAF_FILE), reason="../shared/data not present")
-def test_short_training_run_on_the_real_leaf_file(tmp_path: object) -> None:
-    for split in ("train", "test"):
-        os.makedirs(tmp_path / "leaf" / split)
-        os.symlink(os.path.abspath(SHARED_LEAF_FILE), tmp_path / "leaf" / split / "mytest.json")
-    out = str(tmp_path / "run")
-    done = run_binary(
-        [
-            TRAIN,
-            "--dataset=leaf",
-            f"--data_dir={tmp_path / 'leaf'}",
-            "--num_classes=10",
-            "--model=mclr",
-            "--algorithm=fedavg",
-            "--rounds=5",
-            "--local_epochs=1",
-            "--learning_rate=0.01",
-            f"--output_dir={out}",
-        ]
-    )
+def test_short_training_run_on_the_real_leaf_file(runs_in_one: dict) -> None:
+    out, done = runs_in_one["leaf"]
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_csv(os.path.join(out, "metrics.csv"))
     assert float(rows[-1]["accuracy"]) > float(rows[0]["accuracy"])
+
+
+def leaf_flags(folder: Path) -> list[str]:
+    """A short run on the real LEAF file (../shared/data), its splits linked into `folder`."""
+    for split in ("train", "test"):
+        os.makedirs(folder / split)
+        os.symlink(os.path.abspath(SHARED_LEAF_FILE), folder / split / "mytest.json")
+    return [
+        "--dataset=leaf",
+        f"--data_dir={folder}",
+        "--num_classes=10",
+        "--model=mclr",
+        "--algorithm=fedavg",
+        "--rounds=5",
+        "--local_epochs=1",
+        "--learning_rate=0.01",
+    ]
