@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -29,16 +30,21 @@ def tff_context() -> Iterator[object]:
         yield runtime
 
 
+def binary_env(env_extra: dict[str, str | None] | None = None) -> dict[str, str]:
+    """The environment of a binary run by a test: this one's with `env_extra` (None: unset),
+    TensorFlow's C++ logs at level 2 unless given."""
+    env = dict(os.environ, **(env_extra or {}))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return {k: v for k, v in env.items() if v is not None}
+
+
 def run_binary(
     args: list[str], env_extra: dict[str, str | None] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **(env_extra or {}))
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env = {k: v for k, v in env.items() if v is not None}
     return subprocess.run(
         [sys.executable, *args],
         cwd=ROOT,
-        env=env,
+        env=binary_env(env_extra),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -111,6 +117,76 @@ def run_train(argv):
             code = e.code
     print(json.dumps([code, stderr.getvalue()]), flush=True)
 """
+
+# `TRAIN_IN_ONE_PROCESS` running BINARY's main once per argv of ARGUMENT, in order, each run's
+# exit code, stderr and stdout printed as one JSON line `["run", code, stderr, stdout]`; an
+# argv "wait" waits for a line on stdin instead (`started_runs`).
+EACH_RUN = (
+    TRAIN_IN_ONE_PROCESS
+    + """
+for argv in ARGUMENT:
+    if argv == "wait":
+        sys.stdin.readline()
+        continue
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        run_train(argv)
+    *stdout, result = printed.getvalue().splitlines()
+    print(json.dumps(["run", *json.loads(result), "\\n".join(stdout)]), flush=True)
+"""
+)
+
+
+def runs_in_one_process(
+    argvs: list[list[str]],
+    binary: str = "train",
+    env_extra: dict[str, str | None] | None = None,
+    timeout: float = 900,
+) -> list[subprocess.CompletedProcess]:
+    """`binaries/BINARY.py` run with each of `argvs` in turn, all in one process (TensorFlow
+    imported once, not per run): each run's exit code, stdout and stderr, as if it had been a
+    process of its own (its Python-level output; TensorFlow's C++ logs are the process's)."""
+    done = run_binary(["-c", EACH_RUN, json.dumps(argvs), binary], env_extra, timeout)
+    return each_run(done, argvs, binary)
+
+
+def started_runs(
+    argvs: list, binary: str = "train", env_extra: dict[str, str | None] | None = None
+) -> subprocess.Popen:
+    """`runs_in_one_process` started, not waited for: each "wait" among `argvs` waits for a
+    line on the process's stdin (`finished_runs` sends them)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", EACH_RUN, json.dumps(argvs), binary],
+        cwd=ROOT,
+        env=binary_env(env_extra),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finished_runs(
+    process: subprocess.Popen, timeout: float = 900
+) -> list[subprocess.CompletedProcess]:
+    """The runs of a `started_runs` process, its waits let go now, once it has finished."""
+    argvs = json.loads(process.args[3])
+    stdout, stderr = process.communicate("go\n" * argvs.count("wait"), timeout=timeout)
+    done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    return each_run(done, [argv for argv in argvs if argv != "wait"], process.args[4])
+
+
+def each_run(
+    done: subprocess.CompletedProcess, argvs: list[list[str]], binary: str
+) -> list[subprocess.CompletedProcess]:
+    """The runs an `EACH_RUN` process `done` ran, one CompletedProcess each."""
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('["run"')]
+    assert len(results) == len(argvs), done.stdout[-3000:] + done.stderr[-3000:]
+    return [
+        subprocess.CompletedProcess([f"{binary}.py", *argv], code, stdout, stderr)
+        for argv, (_, code, stderr, stdout) in zip(argvs, results)
+    ]
 
 
 def worker_pids_with_tag(tag: str) -> list[int]:

@@ -10,28 +10,94 @@ import os
 import uuid
 
 import pytest
-from conftest import ROOT, TRAIN_IN_ONE_PROCESS, run_binary, worker_pids_with_tag
+from conftest import (
+    ROOT,
+    TRAIN_IN_ONE_PROCESS,
+    run_binary,
+    runs_in_one_process,
+    worker_pids_with_tag,
+)
 
 from tff_clustered.run_folder import LOCK_NAME, RunFolder
 from tff_clustered.runs import checkpoint
 
+TABLE_III = ["--algorithms=fedavg,ifca", "--rounds=12"]
+FEDTSDP_TABLE = [
+    "--table=fedtsdp",
+    "--algorithms=fedavg,fedtsdp",
+    "--settings=iid,dirichlet:0.2",
+    "--rounds=1",
+]
+REFUSED = [
+    (["--algorithms=fedavg,fedmagic"], "fedmagic"),
+    # an option none of the listed algorithms takes is refused, not silently dropped
+    (["--algorithms=fedavg,fedgroup", "--mu=1"], "take no --mu"),
+    (["--algorithms=ifca,fesem", "--pretrain_epochs=2"], "take no --pretrain_epochs"),
+]
 
-def test_compare_writes_table_iii_and_clustered_methods_beat_fedavg(tmp_path: object) -> None:
-    tag = uuid.uuid4().hex
-    out = str(tmp_path / "cmp")
-    done = run_binary(
-        [
-            os.path.join("binaries", "compare.py"),
-            "--algorithms=fedavg,ifca",
-            "--rounds=12",
-            f"--output_dir={out}",
-        ],
-        {"TFF_CLUSTERED_RUN_TAG": tag},
+
+@pytest.fixture(scope="module")
+def compare_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The module's compare.py runs, in two processes of compare's main (TensorFlow imported
+    once in each, not per run), each with a TFF_CLUSTERED_RUN_TAG of its own: Table III and
+    the FedTSDP table; then Table III again in the same folder (its rows read in between),
+    the `REFUSED` flags, a FedTSDP table with a bad setting, and a compare on a table folder
+    held as a first run would hold it."""
+    root = tmp_path_factory.mktemp("compare")
+    folders = {name: root / name for name in ("table_iii", "fedtsdp", "held")}
+    refused = [root / f"refused_{i}" for i in range(len(REFUSED))]
+    for folder in refused:
+        folder.mkdir()
+    tags = [uuid.uuid4().hex, uuid.uuid4().hex]
+    table_iii = [*TABLE_III, f"--output_dir={folders['table_iii']}"]
+    first = runs_in_one_process(
+        [table_iii, [*FEDTSDP_TABLE, f"--output_dir={folders['fedtsdp']}"]],
+        "compare",
+        {"TFF_CLUSTERED_RUN_TAG": tags[0]},
     )
+    left = worker_pids_with_tag(tags[0])
+    table_iii_rows = read_rows(str(folders["table_iii"] / "comparison.csv"))
+    with checkpoint.hold_run_folder(str(folders["held"])):
+        second = runs_in_one_process(
+            [
+                table_iii,
+                *(
+                    [*flags, f"--output_dir={folder}"]
+                    for (flags, _), folder in zip(REFUSED, refused)
+                ),
+                ["--table=fedtsdp", "--settings=dirichlet"],
+                ["--algorithms=fedavg", f"--output_dir={folders['held']}"],
+            ],
+            "compare",
+            {"TFF_CLUSTERED_RUN_TAG": tags[1]},
+        )
+    return {
+        "folders": folders,
+        "table_iii": first[0],
+        "table_iii_rows": table_iii_rows,
+        "table_iii_again": second[0],
+        "fedtsdp": first[1],
+        "workers_left": [left, worker_pids_with_tag(tags[1])],
+        "refused": list(zip(refused, second[1 : 1 + len(REFUSED)])),
+        "fedtsdp_bad_setting": second[-2],
+        "held": second[-1],
+    }
+
+
+def read_rows(path: str) -> dict[str, dict]:
+    """A comparison.csv's rows by algorithm (none if the file is missing)."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {r["algorithm"]: r for r in csv.DictReader(f)}
+
+
+def test_compare_writes_table_iii_and_clustered_methods_beat_fedavg(compare_runs: dict) -> None:
+    done = compare_runs["table_iii"]
+    out = str(compare_runs["folders"]["table_iii"])
     assert done.returncode == 0, done.stderr[-3000:]
-    assert worker_pids_with_tag(tag) == []
-    with open(os.path.join(out, "comparison.csv")) as f:
-        rows = {r["algorithm"]: r for r in csv.DictReader(f)}
+    assert compare_runs["workers_left"][0] == []
+    rows = compare_runs["table_iii_rows"]
     assert list(rows) == ["fedavg", "ifca"]
     for r in rows.values():
         for column in ("max_accuracy", "final_accuracy"):
@@ -48,73 +114,40 @@ def test_compare_writes_table_iii_and_clustered_methods_beat_fedavg(tmp_path: ob
     for name in ("comparison.md", "comparison.png", "ifca/metrics.csv"):
         assert os.path.exists(os.path.join(out, name))
     # Running it again reuses the finished runs instead of recomputing or overwriting them.
-    again = run_binary(
-        [
-            os.path.join("binaries", "compare.py"),
-            "--algorithms=fedavg,ifca",
-            "--rounds=12",
-            f"--output_dir={out}",
-        ]
-    )
+    again = compare_runs["table_iii_again"]
     assert again.returncode == 0, again.stderr[-3000:]
-    with open(os.path.join(out, "comparison.csv")) as f:
-        assert [r["max_accuracy"] for r in csv.DictReader(f)] == [
-            r["max_accuracy"] for r in rows.values()
-        ]
+    assert [r["max_accuracy"] for r in read_rows(os.path.join(out, "comparison.csv")).values()] == [
+        r["max_accuracy"] for r in rows.values()
+    ]
 
 
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--algorithms=fedavg,fedmagic"], "fedmagic"),
-        # an option none of the listed algorithms takes is refused, not silently dropped
-        (["--algorithms=fedavg,fedgroup", "--mu=1"], "take no --mu"),
-        (["--algorithms=ifca,fesem", "--pretrain_epochs=2"], "take no --pretrain_epochs"),
-    ],
-)
+@pytest.mark.parametrize("flags, message", REFUSED)
 def test_compare_rejects_bad_algorithms_and_options(
-    tmp_path: object, flags: list, message: str
+    compare_runs: dict, flags: list, message: str
 ) -> None:
-    done = run_binary([os.path.join("binaries", "compare.py"), *flags, f"--output_dir={tmp_path}"])
+    folder, done = compare_runs["refused"][REFUSED.index((flags, message))]
     assert done.returncode == 2 and message in done.stderr, done.stderr[-2000:]
-    assert not os.listdir(tmp_path)
+    assert not os.listdir(folder)
 
 
 def test_a_second_compare_on_a_held_table_folder_is_refused_before_its_worker(
-    tmp_path: object,
+    compare_runs: dict,
 ) -> None:
     """The same compare started twice: the second is refused at once, naming the first's pid,
     and writes nothing into the table folder (no worker log either)."""
-    tag = uuid.uuid4().hex
-    held = str(tmp_path / "table")
-    with checkpoint.hold_run_folder(held):
-        done = run_binary(
-            [os.path.join("binaries", "compare.py"), "--algorithms=fedavg", f"--output_dir={held}"],
-            {"TFF_CLUSTERED_RUN_TAG": tag},
-        )
+    done = compare_runs["held"]
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"is in use by another run (pid {os.getpid()})" in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
-    assert os.listdir(held) == [LOCK_NAME]
-    assert worker_pids_with_tag(tag) == []
+    assert os.listdir(compare_runs["folders"]["held"]) == [LOCK_NAME]
+    assert compare_runs["workers_left"][1] == []
 
 
-def test_compare_writes_the_fedtsdp_table_shape(tmp_path: object) -> None:
-    tag = uuid.uuid4().hex
-    out = str(tmp_path / "tsdp")
-    done = run_binary(
-        [
-            os.path.join("binaries", "compare.py"),
-            "--table=fedtsdp",
-            "--algorithms=fedavg,fedtsdp",
-            "--settings=iid,dirichlet:0.2",
-            "--rounds=1",
-            f"--output_dir={out}",
-        ],
-        {"TFF_CLUSTERED_RUN_TAG": tag},
-    )
+def test_compare_writes_the_fedtsdp_table_shape(compare_runs: dict) -> None:
+    done = compare_runs["fedtsdp"]
+    out = str(compare_runs["folders"]["fedtsdp"])
     assert done.returncode == 0, done.stderr[-3000:]
-    assert worker_pids_with_tag(tag) == []
+    assert compare_runs["workers_left"][0] == []
     table = open(os.path.join(out, "comparison.md")).read().splitlines()
     assert "| setting | fedavg | fedtsdp |" in table
     diagnostics_start = next(i for i, line in enumerate(table) if line.startswith("Diagnostics"))
@@ -135,9 +168,7 @@ def test_compare_writes_the_fedtsdp_table_shape(tmp_path: object) -> None:
         (s, a) for s in ("iid", "dirichlet:0.2") for a in ("fedavg", "fedtsdp")
     }
     assert os.path.exists(os.path.join(out, "dirichlet-0.2", "fedtsdp", "metrics.csv"))
-    bad = run_binary(
-        [os.path.join("binaries", "compare.py"), "--table=fedtsdp", "--settings=dirichlet"]
-    )
+    bad = compare_runs["fedtsdp_bad_setting"]
     assert bad.returncode == 2 and "dirichlet:BETA" in bad.stderr
 
 
@@ -161,9 +192,7 @@ for path in sorted(glob.glob("configs/*.flags")):
 def test_every_paper_table_flagfile_plans_three_seeds_of_its_columns() -> None:
     """configs/*.flags, the README's table commands: each parses, passes every algorithm's
     option checks and plans seeds 0-2 of its columns, without data (`--plan_only`)."""
-    done = run_binary(["-c", PLAN_EVERY_TABLE])
-    assert done.returncode == 0, done.stderr[-3000:]
-    plans = done.stdout.split("== ")[1:]
+    plans = table_flags_probe()[0].split("== ")[1:]
     assert len(plans) == len(glob.glob(os.path.join(ROOT, "configs", "*.flags"))) - 1
     for plan in plans:
         path = plan.splitlines()[0]
@@ -175,13 +204,8 @@ def test_every_paper_table_flagfile_plans_three_seeds_of_its_columns() -> None:
         assert "runs; outputs would be in" in plan, plan
 
 
+# After `PLAN_EVERY_TABLE` (its imports) in one process: `table_flags_probe`.
 COLUMNS_OF_FESEM_TABLE = """
-import sys
-sys.argv = ["compare.py"]
-from tff_clustered.cli import launch
-compare = launch.imported("compare")
-from absl import flags
-
 flags.FLAGS(["compare.py", "--table=fesem"])
 compare.apply_table_defaults("fesem")
 for column in compare.parse_columns(flags.FLAGS.algorithms):
@@ -197,19 +221,22 @@ for bad in (["fedavg:3"], ["fesem:0"], ["fesem:x"], ["fesem:2", "fesem:2"], ["no
 
 
 @functools.cache
-def table_flags_probe() -> tuple[str, str]:
-    """One process (TensorFlow loads once) for the checks of a table's flags: the stdout of
-    `COLUMNS_OF_FESEM_TABLE`, then that of `DEFAULTS_BY_DATASET`."""
-    done = run_binary(["-c", COLUMNS_OF_FESEM_TABLE + "\nprint('@@')\n" + DEFAULTS_BY_DATASET])
+def table_flags_probe() -> tuple[str, str, str]:
+    """One process (TensorFlow loads once) for the checks of the tables' flags: the stdout of
+    `PLAN_EVERY_TABLE`, then that of `COLUMNS_OF_FESEM_TABLE`, then `DEFAULTS_BY_DATASET`'s."""
+    script = "\nprint('@@')\nflags.FLAGS.unparse_flags()\n".join(
+        [PLAN_EVERY_TABLE, COLUMNS_OF_FESEM_TABLE, DEFAULTS_BY_DATASET]
+    )
+    done = run_binary(["-c", script])
     assert done.returncode == 0, done.stderr[-3000:]
-    columns, defaults = done.stdout.split("@@\n")
-    return columns, defaults
+    plans, columns, defaults = done.stdout.split("@@\n")
+    return plans, columns, defaults
 
 
 def test_a_column_per_k_runs_the_algorithm_with_that_many_clusters() -> None:
     """FeSEM's Table 2 has a column per K: `fesem:2` is FeSEM with K = 2 in its own folder;
     a K for an algorithm without clusters, a K below 1 or a repeated column is refused."""
-    stdout = table_flags_probe()[0]
+    stdout = table_flags_probe()[1]
     lines = stdout.splitlines()
     assert "fesem:2 fesem fesem_k2 2" in lines and "fesem:4 fesem fesem_k4 4" in lines
     assert "ifca:3 ifca ifca_k3 3" in lines and "local local local -" in lines
@@ -242,7 +269,7 @@ def test_a_tables_digits_defaults_stay_on_the_digits_and_every_default_names_its
     0.99); on Fashion-MNIST the paper's protocol (batch 50, N_com = 5, decay 0.95, 30 peers,
     150 rounds), a flag given on the command line winning; FedAC's on CIFAR-100 its n = 8
     classes per client. Each value taken is listed under where it comes from."""
-    stdout = table_flags_probe()[1]
+    stdout = table_flags_probe()[2]
     digits, fashion, cifar = (block.splitlines() for block in stdout.split("== ")[1:])
     assert digits[1] == "resolved digits_dirichlet 10 3 10 0.99 20 2 0.05"
     assert any(line.startswith("the embedded digits' scale: num_clients=10,") for line in digits)
@@ -294,7 +321,7 @@ def test_overwrite_reruns_the_cells_that_a_changed_command_or_a_lost_checkpoint_
     code, stderr = first[1]
     assert code == 2 and "rounds: checkpoint 1, now 2" in stderr, stderr[-2000:]
     assert "start over with --overwrite" in stderr
-    assert [r["round"] for r in read_rows(cell.metrics_csv)] == ["0", "1"]  # left as it was
+    assert [r["round"] for r in csv_rows(cell.metrics_csv)] == ["0", "1"]  # left as it was
     os.remove(cell.checkpoint)
     again = compare_cases([[*run, "--rounds=1"], [*run, "--rounds=2", "--overwrite"]])
     code, stderr = again[0]
@@ -302,13 +329,13 @@ def test_overwrite_reruns_the_cells_that_a_changed_command_or_a_lost_checkpoint_
         stderr
     ), stderr[-2000:]
     assert again[1][0] == 0, again[1][1][-2000:]
-    assert [r["round"] for r in read_rows(cell.metrics_csv)] == ["0", "1", "2"]
+    assert [r["round"] for r in csv_rows(cell.metrics_csv)] == ["0", "1", "2"]
     assert checkpoint.saved_settings(cell.checkpoint)["training"]["rounds"] == 2
     with open(os.path.join(out, "comparison.md")) as f:
         assert "2 rounds" in f.read()
 
 
-def read_rows(path: str) -> list[dict[str, str]]:
+def csv_rows(path: str) -> list[dict[str, str]]:
     with open(path) as f:
         return list(csv.DictReader(f))
 

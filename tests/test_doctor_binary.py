@@ -9,19 +9,23 @@ import pathlib
 import sqlite3
 import uuid
 
-from conftest import TESTDATA, run_binary, worker_pids_with_tag
+from conftest import TESTDATA, run_binary, runs_in_one_process, worker_pids_with_tag
 
 DOCTOR = os.path.join("binaries", "doctor.py")
 
 
 def test_doctor_passes_here_and_reports_bad_folders_with_fixes(tmp_path: object) -> None:
+    """Both runs in one process of the doctor's main (TensorFlow imported once)."""
     tag = uuid.uuid4().hex
-    good = run_binary(
+    good, bad = runs_in_one_process(
         [
-            DOCTOR,
-            f"--data_dir={os.path.join(TESTDATA, 'svhn_tiny')}",
-            f"--glove_path={os.path.join(TESTDATA, 'sent140_tiny', 'glove_tiny.300d.txt')}",
+            [
+                f"--data_dir={os.path.join(TESTDATA, 'svhn_tiny')}",
+                f"--glove_path={os.path.join(TESTDATA, 'sent140_tiny', 'glove_tiny.300d.txt')}",
+            ],
+            [f"--data_dir={tmp_path}", f"--tfds_dir={tmp_path / 'nowhere'}"],
         ],
+        "doctor",
         {"TFF_CLUSTERED_RUN_TAG": tag},
     )
     assert good.returncode == 0, good.stdout + good.stderr[-2000:]
@@ -35,10 +39,6 @@ def test_doctor_passes_here_and_reports_bad_folders_with_fixes(tmp_path: object)
     ):
         assert expected in good.stdout, good.stdout
     assert not worker_pids_with_tag(tag)
-    bad = run_binary(
-        [DOCTOR, f"--data_dir={tmp_path}", f"--tfds_dir={tmp_path / 'nowhere'}"],
-        {"TFF_CLUSTERED_RUN_TAG": tag},
-    )
     assert bad.returncode == 1
     assert "PROBLEM  --data_dir" in bad.stdout and "PROBLEM  --tfds_dir" in bad.stdout
     assert bad.stdout.count("fix: ") == 2 and "2 problem(s)" in bad.stdout

@@ -414,9 +414,12 @@ def test_client_groups_pad_only_where_it_pays() -> None:
     assert 1 <= len(groups) < len(set(sizes))
 
 
+# One experiment per device of the JSON sys.argv[1] in turn, each a round with TensorFlow's
+# placement log on, followed on stderr by the line `PLACED_MARK` and on stdout by a JSON line.
+PLACED_MARK = "=== placed above"
 PLACEMENT_SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys
     import tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -426,47 +429,62 @@ PLACEMENT_SCRIPT = textwrap.dedent(
     from tff_clustered.loop.config import TrainingConfig
     from tff_clustered.loop.execution import RunExecution
     from tff_clustered.loop.orchestration import Experiment
-    data = load_digits_clusters(num_clients=4, num_groups=2, seed=0)
-    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
-    config = TrainingConfig(rounds=1, clients_per_round=2, seed=0)
-    device = sys.argv[1] or None
-    in_process = RunExecution.of("in_process", device)
-    exp = Experiment(data, model, make_algorithm("fedavg"), config, execution=in_process)
     tf.debugging.set_log_device_placement(True)
-    exp.start()
-    list(exp.rounds())
-    import os
-    children = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                command = f.read()
-        except OSError:
-            continue
-        if parent == os.getpid() and b"worker_binary" in command:
-            children.append(pid)
-    result = {"accuracy": exp.state.history[-1]["accuracy"], "workers": children}
-    print(json.dumps(result))
+    for device in json.loads(sys.argv[1]):
+        data = load_digits_clusters(num_clients=4, num_groups=2, seed=0)
+        model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=8)
+        config = TrainingConfig(rounds=1, clients_per_round=2, seed=0)
+        in_process = RunExecution.of("in_process", device or None)
+        exp = Experiment(data, model, make_algorithm("fedavg"), config, execution=in_process)
+        exp.start()
+        list(exp.rounds())
+        children = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    command = f.read()
+            except OSError:
+                continue
+            if parent == os.getpid() and b"worker_binary" in command:
+                children.append(pid)
+        result = {"accuracy": exp.state.history[-1]["accuracy"], "workers": children}
+        print(PLACED_MARK, file=sys.stderr, flush=True)
+        print(json.dumps(result), flush=True)
     """
-)
+).replace("PLACED_MARK", repr(PLACED_MARK))
+DEVICES = ["/CPU:1", ""]
 
 
-@pytest.mark.parametrize("device", ["/CPU:1", ""])
-def test_in_process_rounds_run_on_the_named_device_without_a_tff_worker(device: str) -> None:
+@pytest.fixture(scope="module")
+def placements() -> dict[str, tuple[str, dict]]:
+    """By device of `DEVICES`: (the placement log of its experiment, its JSON line), all in
+    one process (one TensorFlow import) split into two logical CPUs."""
+    result = run_binary(
+        ["-c", PLACEMENT_SCRIPT, json.dumps(DEVICES)],
+        env_extra={"TF_CPP_MIN_LOG_LEVEL": "0"},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    logs = result.stderr.split(PLACED_MARK + "\n")
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(logs) == len(lines) + 1 == len(DEVICES) + 1, result.stdout + result.stderr[-3000:]
+    return {device: (log, json.loads(line)) for device, log, line in zip(DEVICES, logs, lines)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_in_process_rounds_run_on_the_named_device_without_a_tff_worker(
+    device: str, placements: dict
+) -> None:
     """With two logical CPUs, `device="/CPU:1"` puts the training's matmuls on the second and
     TensorFlow's default leaves them on the first; no TFF computation runs (none is needed).
     On a GPU machine the same log shows `device:GPU:0` (see docs/gpu.md)."""
-    result = run_binary(
-        ["-c", PLACEMENT_SCRIPT, device], env_extra={"TF_CPP_MIN_LOG_LEVEL": "0"}, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    log, result = placements[device]
     # The model's forward (a function call), its loss and gradient, the batch gather of the
     # training loop and the per-cluster sum: the work that must land on the device.
-    placed = placement.placed_devices(result.stderr)
+    placed = placement.placed_devices(log)
     assert placement.training_ops_elsewhere(placed, device or "/CPU:0") == []
-    result = json.loads(result.stdout.strip().splitlines()[-1])
     assert result["workers"] == []  # nothing of TFF's was started
     assert 0.0 <= result["accuracy"] <= 1.0
 

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_binary
+from conftest import run_binary, runs_in_one_process
 
 from tff_clustered.cli import replace_columns
 from tff_clustered.comparison import column_replacement, table_writer, tuning
@@ -30,13 +30,12 @@ TABLE = [
 TIMINGS = ("train_seconds", "server_seconds", "eval_seconds", "checkpoint_seconds")
 
 
-def test_a_replaced_column_takes_a_fresh_runs_rows_and_the_others_stay_byte_for_byte(
-    tmp_path: Path,
-) -> None:
-    """The committed FeSEM row altered (a sound table that no run gives): replaced, it is the
-    row FeSEM gives in the whole table's run, timings aside; FedGroup's lines of the .csv and
-    the .md are byte for byte the committed ones; the header names the rerun; the table is
-    sound for check_results.py."""
+@pytest.fixture(scope="module")
+def replacement(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The table run whole and kept as committed with its FeSEM row altered (a sound table
+    that no run gives); then, in one compare.py process, the FeSEM column replaced, FeSEM
+    alone with FedGroup's --pretrain_scale and a replacement given a run's flag."""
+    tmp_path = tmp_path_factory.mktemp("replace_columns")
     table = tmp_path / "table"
     done = run_binary(["binaries/compare.py", *TABLE, f"--output_dir={table}"])
     assert done.returncode == 0, done.stderr[-2000:]
@@ -57,19 +56,36 @@ def test_a_replaced_column_takes_a_fresh_runs_rows_and_the_others_stay_byte_for_
     cells = fesem_line.split(" | ")
     cells[2:4] = ["90.0", "80.0"]
     (committed / "comparison.md").write_text(markdown.replace(fesem_line, " | ".join(cells)))
-    assert committed_problems(altered, (committed / "comparison.md").read_text())[1] == []
     before = {p: (committed / p).read_text() for p in ("comparison.md", "comparison.csv")}
-
-    replaced = run_binary(
+    replaced, alone, mixed = runs_in_one_process(
         [
-            "binaries/compare.py",
-            "--replace_columns=fesem",
-            f"--committed_table={committed}",
-            f"--output_dir={tmp_path / 'rerun'}",
-        ]
+            [
+                "--replace_columns=fesem",
+                f"--committed_table={committed}",
+                f"--output_dir={tmp_path / 'rerun'}",
+            ],
+            ["--algorithms=fesem", "--pretrain_scale=2", "--plan_only"],
+            ["--replace_columns=fesem", "--committed_table=x", "--rounds=3"],
+        ],
+        "compare",
     )
-    assert replaced.returncode == 0, replaced.stderr[-2000:]
     after = {p: (committed / p).read_text() for p in ("comparison.md", "comparison.csv")}
+    return dict(
+        fesem=fesem, before=before, after=after, replaced=replaced, alone=alone, mixed=mixed
+    )
+
+
+def test_a_replaced_column_takes_a_fresh_runs_rows_and_the_others_stay_byte_for_byte(
+    replacement: dict,
+) -> None:
+    """The committed FeSEM row altered (a sound table that no run gives): replaced, it is the
+    row FeSEM gives in the whole table's run, timings aside; FedGroup's lines of the .csv and
+    the .md are byte for byte the committed ones; the header names the rerun; the table is
+    sound for check_results.py."""
+    before, after, fesem = replacement["before"], replacement["after"], replacement["fesem"]
+    assert committed_problems(before["comparison.csv"], before["comparison.md"])[1] == []
+    replaced = replacement["replaced"]
+    assert replaced.returncode == 0, replaced.stderr[-2000:]
     for name in after:
         kept = [x for x in before[name].splitlines() if "fesem" not in x]
         assert [x for x in after[name].splitlines() if "fesem" not in x] == kept
@@ -84,16 +100,15 @@ def test_a_replaced_column_takes_a_fresh_runs_rows_and_the_others_stay_byte_for_
     assert committed_problems(after["comparison.csv"], after["comparison.md"])[1] == []
 
 
-def test_other_columns_flags_are_refused_outside_a_table_and_a_replacement_takes_none() -> None:
+def test_other_columns_flags_are_refused_outside_a_table_and_a_replacement_takes_none(
+    replacement: dict,
+) -> None:
     """FeSEM alone still refuses FedGroup's --pretrain_scale (the replacement above reran it
     with the table's whole command, which names the table's columns: --table_columns); a
     replacement takes no flag of a run (exit 2, naming it)."""
-    alone = ["binaries/compare.py", "--algorithms=fesem", "--pretrain_scale=2", "--plan_only"]
-    refused = run_binary(alone)
+    refused = replacement["alone"]
     assert refused.returncode == 2 and "takes no --pretrain_scale" in refused.stderr
-    mixed = run_binary(
-        ["binaries/compare.py", "--replace_columns=fesem", "--committed_table=x", "--rounds=3"]
-    )
+    mixed = replacement["mixed"]
     assert mixed.returncode == 2 and "drop --rounds" in mixed.stderr
 
 

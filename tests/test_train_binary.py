@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,8 +22,10 @@ import tensorflow as tf
 from conftest import (
     ROOT,
     SHARED_LEAF_FILE,
-    TRAIN_IN_ONE_PROCESS,
+    finished_runs,
     run_binary,
+    runs_in_one_process,
+    started_runs,
     worker_pids_with_tag,
 )
 
@@ -181,38 +184,45 @@ def saved_state(folder: str) -> object:
 def check_killed_run_resumes(tmp_path: object, flags: list) -> tuple[str, str]:
     """A run of `flags` killed (SIGKILL) after round 5 and resumed ends as the run left alone
     does: metrics, results, per-client rows and TensorBoard points. Returns the two folders
-    (uninterrupted, resumed)."""
+    (uninterrupted, resumed). The resumption and then the uninterrupted run share a process
+    (one TensorFlow import), started while the run to kill starts: the resumption is its
+    first run, as in a process of its own."""
     reference = str(tmp_path / "reference")
-    done = run_binary([TRAIN, *flags, f"--output_dir={reference}"])
-    assert done.returncode == 0, done.stderr[-3000:]
-
-    tag = uuid.uuid4().hex
     out = str(tmp_path / "killed")
-    env = dict(os.environ, TFF_CLUSTERED_RUN_TAG=tag, TF_CPP_MIN_LOG_LEVEL="2")
-    process = subprocess.Popen(
-        [sys.executable, TRAIN, *flags, f"--output_dir={out}"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
+    runs = started_runs(
+        ["wait", [*flags, f"--output_dir={out}", "--resume"], [*flags, f"--output_dir={reference}"]]
     )
-    metrics = os.path.join(out, "metrics.csv")
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if os.path.exists(metrics) and len(read_csv(metrics)) >= 6:  # rounds 0..5 done
-            break
-        time.sleep(0.05)
-    assert process.poll() is None, "the run finished before it could be killed"
-    assert worker_pids_with_tag(tag), "the tagged worker should be running now"
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert_no_worker_left(tag)  # PR_SET_PDEATHSIG: the worker dies with its parent
-    assert len(read_csv(metrics)) < 13
-
-    done = run_binary([TRAIN, *flags, f"--output_dir={out}", "--resume"])
+    try:
+        tag = uuid.uuid4().hex
+        env = dict(os.environ, TFF_CLUSTERED_RUN_TAG=tag, TF_CPP_MIN_LOG_LEVEL="2")
+        process = subprocess.Popen(
+            [sys.executable, TRAIN, *flags, f"--output_dir={out}"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+        )
+        metrics = os.path.join(out, "metrics.csv")
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if os.path.exists(metrics) and len(read_csv(metrics)) >= 6:  # rounds 0..5 done
+                break
+            time.sleep(0.05)
+        assert process.poll() is None, "the run finished before it could be killed"
+        assert worker_pids_with_tag(tag), "the tagged worker should be running now"
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        assert_no_worker_left(tag)  # PR_SET_PDEATHSIG: the worker dies with its parent
+        assert len(read_csv(metrics)) < 13
+    except BaseException:
+        runs.kill()
+        runs.communicate()
+        raise
+    resumed, done = finished_runs(runs)  # the resumption starts now
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "resuming" in done.stdout
+    assert "resuming" in resumed.stdout
     assert without_timing(read_csv(metrics)) == without_timing(
         read_csv(os.path.join(reference, "metrics.csv"))
     )
@@ -250,14 +260,11 @@ def tensorboard_images(folder: str) -> dict[str, list[int]]:
     return steps
 
 
-def test_outputs_hold_per_client_and_per_cluster_results(tmp_path: object) -> None:
+def test_outputs_hold_per_client_and_per_cluster_results(runs_in_one: dict) -> None:
     """IFCA: every client is scored every round (one not assigned yet with its lowest-loss
     cluster); the paper's `accuracy` pools the assigned ones only; clients.csv adds up to both
     and to the per-cluster accuracies."""
-    out = tmp_path / "run"
-    done = run_binary(
-        [TRAIN, "--algorithm=ifca", "--num_clusters=4", "--rounds=3", f"--output_dir={out}"]
-    )
+    out, done = runs_in_one["outputs"]
     assert done.returncode == 0, done.stderr[-2000:]
     clients = read_csv(str(out / "clients.csv"))
     metrics = read_csv(str(out / "metrics.csv"))
@@ -416,44 +423,28 @@ BAD_FLAGS = [
     ),
 ]
 
-# Runs train.py's main once per case in one process (importing TensorFlow once, not per case),
-# as `app.run` would: exit code and stderr of each case, as JSON lines.
-EACH_BAD_FLAGS_CASE = (
-    TRAIN_IN_ONE_PROCESS
-    + """
-for case in ARGUMENT:
-    run_train(case)
-"""
-)
 
-
-def test_bad_flags_exit_non_zero_with_a_clear_message(tmp_path: object) -> None:
+def test_bad_flags_exit_non_zero_with_a_clear_message(runs_in_one: dict) -> None:
     """Each case as train.py runs it: exit 2 (absl's own rejections included), the message,
-    nothing written, no worker left. (`test_help_ends_without_a_traceback` checks that the
-    process ends without TFF's exit-time traceback.)"""
-    tag = uuid.uuid4().hex
-    held = str(tmp_path / "held")
-    expected = [
-        *BAD_FLAGS,
-        # The same command started twice: this test holds the folder as the first run would.
-        (["--rounds=1"], f"{held} is in use by another run (pid {os.getpid()}); wait for it"),
-    ]
-    cases = [[*given, f"--output_dir={tmp_path / str(i)}"] for i, (given, _) in enumerate(expected)]
-    cases[-1][-1] = f"--output_dir={held}"
-    with checkpoint.hold_run_folder(held):
-        done = run_binary(
-            ["-c", EACH_BAD_FLAGS_CASE, json.dumps(cases)], {"TFF_CLUSTERED_RUN_TAG": tag}
-        )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert os.listdir(held) == [LOCK_NAME]
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
+    nothing written, no worker left. The last case is the same command started twice: the
+    folder is held as the first run would hold it. (`test_help_ends_without_a_traceback`
+    checks that the process ends without TFF's exit-time traceback.)"""
+    held = runs_in_one["held"]
+    assert runs_in_one["held_listing"] == [LOCK_NAME]
+    expected = [*BAD_FLAGS, (["--rounds=1"], held_message(held))]
+    results = runs_in_one["bad_flags"]
     assert len(results) == len(expected)
-    for i, ((given, message), (code, stderr)) in enumerate(zip(expected, results)):
-        assert code == 2, (given, stderr[-2000:])
-        assert message in stderr, (given, stderr[-2000:])
-        assert "Traceback" not in stderr, (given, stderr[-2000:])
-        assert not os.path.exists(tmp_path / str(i) / "metrics.csv")
-    assert_no_worker_left(tag)
+    for (given, message), (out, done) in zip(expected, results):
+        assert done.returncode == 2, (given, done.stderr[-2000:])
+        assert message in done.stderr, (given, done.stderr[-2000:])
+        assert "Traceback" not in done.stderr, (given, done.stderr[-2000:])
+        assert not os.path.exists(out / "metrics.csv")
+    assert_no_worker_left(runs_in_one["tag"])
+
+
+def held_message(folder: str) -> str:
+    """train.py's refusal of a run folder this test process holds."""
+    return f"{folder} is in use by another run (pid {os.getpid()}); wait for it"
 
 
 def test_help_ends_without_a_traceback() -> None:
@@ -462,19 +453,14 @@ def test_help_ends_without_a_traceback() -> None:
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
-def test_divergence_stops_with_a_clear_error_and_no_nan_output(tmp_path: object) -> None:
-    tag = uuid.uuid4().hex
-    out = tmp_path / "run"
-    done = run_binary(
-        [TRAIN, "--algorithm=fedavg", "--learning_rate=1e8", "--rounds=3", f"--output_dir={out}"],
-        {"TFF_CLUSTERED_RUN_TAG": tag},
-    )
+def test_divergence_stops_with_a_clear_error_and_no_nan_output(runs_in_one: dict) -> None:
+    out, done = runs_in_one["divergence"]
     assert done.returncode == 2, done.stderr[-2000:]
     assert "round 1:" in done.stderr and "lower --learning_rate" in done.stderr
     assert "Traceback" not in done.stderr
     metrics = (out / "metrics.csv").read_text() if (out / "metrics.csv").exists() else ""
     assert "nan" not in metrics.lower()
-    assert_no_worker_left(tag)
+    assert_no_worker_left(runs_in_one["tag"])
 
 
 # TensorFlow's own logging left at its defaults, as a user's shell has it.
@@ -499,9 +485,9 @@ def test_tensorflow_logs_are_hidden_unless_asked_for(
     quiet = done.stdout + done.stderr
     assert "tensorflow/" not in quiet and "AutoGraph" not in quiet
     assert len(quiet.splitlines()) <= 4, quiet
-    done = run_binary(
-        [TRAIN, "--rounds=1", "--tf_logs", f"--output_dir={tmp_path / 'shown'}"], TF_DEFAULT_LOGS
-    )
+    # (In process: TFF's import and worker are not needed to see TensorFlow's own lines.)
+    shown = ["--rounds=1", "--execution=in_process", "--tf_logs"]
+    done = run_binary([TRAIN, *shown, f"--output_dir={tmp_path / 'shown'}"], TF_DEFAULT_LOGS)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "tensorflow/" in done.stdout + done.stderr
 
@@ -520,60 +506,84 @@ def with_a_nan_weight(folder: str) -> str:
     return path
 
 
-def test_a_refused_run_writes_nothing_in_the_run_folder(
-    two_round_run: tuple, tmp_path: object
-) -> None:
+def test_a_refused_run_writes_nothing_in_the_run_folder(runs_in_one: dict) -> None:
     """A run not asked to continue the folder's run, a resume under other settings, and a
     resume of a damaged checkpoint (one NaN weight: no run checkpoints one, and resumed it
-    was blamed on the learning rate) are refused before a TFF worker writes its log there."""
+    was blamed on the learning rate) are refused before a TFF worker writes its log there
+    (`runs_in_one`: the cases in `two_round_run`'s folder and a damaged copy of it)."""
+    (again, other, nan), before = runs_in_one["refused"], runs_in_one["refused_before"]
+    assert again.returncode == 2 and "--resume" in again.stderr
+    assert other.returncode == 2 and "rounds" in other.stderr  # other settings: refused
+    assert nan.returncode == 2 and nan.stderr.strip().splitlines()[-1] == (
+        f"error: checkpoint {before['damaged_checkpoint']} is damaged: a cluster model in it "
+        "has NaN or infinite values, which no run checkpoints; restore the file from a copy, "
+        "or start over with --overwrite or in a new --output_dir"
+    )
+    listed = before["listed"]
+    assert {folder: sorted(os.listdir(folder)) for folder in listed} == listed
+    assert open(os.path.join(before["out"], "metrics.csv")).read() == before["metrics"]
+
+
+@pytest.fixture(scope="module")
+def runs_in_one(tmp_path_factory: pytest.TempPathFactory, two_round_run: tuple) -> dict:
+    """The module's train.py runs that need no process of their own, all in one (TensorFlow
+    imported once, not per run) with one TFF_CLUSTERED_RUN_TAG: IFCA's outputs, a divergence,
+    a short run on the real LEAF file when ../shared/data holds it,
+    the `BAD_FLAGS` cases and one on a folder held as a first run would hold it, and runs
+    refused in `two_round_run`'s folder or a damaged copy of it (what they must leave as it
+    was is read before they run)."""
+    root = tmp_path_factory.mktemp("in_one_process")
     out = two_round_run[0]
-    damaged = str(tmp_path / "damaged")
+    damaged = str(root / "damaged")
     shutil.copytree(out, damaged)
-    damaged_checkpoint = with_a_nan_weight(damaged)
-    listed = {folder: sorted(os.listdir(folder)) for folder in (out, damaged)}
-    metrics = open(os.path.join(out, "metrics.csv")).read()
-    cases = [
+    before = {
+        "out": out,
+        "damaged_checkpoint": with_a_nan_weight(damaged),
+        "listed": {folder: sorted(os.listdir(folder)) for folder in (out, damaged)},
+        "metrics": open(os.path.join(out, "metrics.csv")).read(),
+    }
+    named = {
+        "outputs": ["--algorithm=ifca", "--num_clusters=4", "--rounds=3"],
+        "divergence": ["--algorithm=fedavg", "--learning_rate=1e8", "--rounds=3"],
+    }
+    if os.path.exists(SHARED_LEAF_FILE):
+        named["leaf"] = leaf_flags(root / "leaf_data")
+    folders = {name: root / name for name in named}
+    refused = [
         [*QUICK, "--rounds=2", f"--output_dir={out}"],
         [*QUICK, "--rounds=3", f"--output_dir={out}", "--resume"],
         [*QUICK, "--rounds=2", f"--output_dir={damaged}", "--resume"],
     ]
-    # All in one process (`EACH_BAD_FLAGS_CASE`): TensorFlow imported once.
-    done = run_binary(["-c", EACH_BAD_FLAGS_CASE, json.dumps(cases)])
-    assert done.returncode == 0, done.stderr[-3000:]
-    (again, again_err), (other, other_err), (nan, nan_err) = [
-        json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")
-    ]
-    assert again == 2 and "--resume" in again_err
-    assert other == 2 and "rounds" in other_err  # other settings: refused
-    assert nan == 2 and nan_err.strip().splitlines()[-1] == (
-        f"error: checkpoint {damaged_checkpoint} is damaged: a cluster model in it has NaN or "
-        "infinite values, which no run checkpoints; restore the file from a copy, or start "
-        "over with --overwrite or in a new --output_dir"
-    )
-    assert {folder: sorted(os.listdir(folder)) for folder in (out, damaged)} == listed
-    assert open(os.path.join(out, "metrics.csv")).read() == metrics
+    held = str(root / "held")
+    bad_folders = [root / f"bad_{i}" for i in range(len(BAD_FLAGS))]
+    bad_flags = [[*given, f"--output_dir={f}"] for (given, _), f in zip(BAD_FLAGS, bad_folders)]
+    bad_flags.append(["--rounds=1", f"--output_dir={held}"])
+    tag = uuid.uuid4().hex
+    with checkpoint.hold_run_folder(held):
+        done = runs_in_one_process(
+            [
+                *([*flags, f"--output_dir={folders[name]}"] for name, flags in named.items()),
+                *refused,
+                *bad_flags,
+            ],
+            env_extra={"TFF_CLUSTERED_RUN_TAG": tag},
+        )
+    results = dict(zip(named, done))
+    rest = done[len(named) :]
+    return {
+        **{name: (folders[name], results[name]) for name in named},
+        "refused": rest[: len(refused)],
+        "refused_before": before,
+        "bad_flags": list(zip([*bad_folders, Path(held)], rest[len(refused) :])),
+        "held": held,
+        "held_listing": sorted(os.listdir(held)),
+        "tag": tag,
+    }
 
 
 @pytest.mark.skipif(not os.path.exists(SHARED_LEAF_FILE), reason="../shared/data not present")
-def test_short_training_run_on_the_real_leaf_file(tmp_path: object) -> None:
-    for split in ("train", "test"):
-        os.makedirs(tmp_path / "leaf" / split)
-        os.symlink(os.path.abspath(SHARED_LEAF_FILE), tmp_path / "leaf" / split / "mytest.json")
-    out = str(tmp_path / "run")
-    done = run_binary(
-        [
-            TRAIN,
-            "--dataset=leaf",
-            f"--data_dir={tmp_path / 'leaf'}",
-            "--num_classes=10",
-            "--model=mclr",
-            "--algorithm=fedavg",
-            "--rounds=5",
-            "--local_epochs=1",
-            "--learning_rate=0.01",
-            f"--output_dir={out}",
-        ]
-    )
+def test_short_training_run_on_the_real_leaf_file(runs_in_one: dict) -> None:
+    out, done = runs_in_one["leaf"]
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_csv(os.path.join(out, "metrics.csv"))
     assert float(rows[-1]["accuracy"]) > float(rows[0]["accuracy"])
@@ -603,13 +613,9 @@ def test_a_fedgroup_checkpoint_from_before_cold_start_auto_resumes_with_eager(
         [*run, "--resume"],
         [*run, "--resume", "--cold_start=lazy"],
     ]
-    done = run_binary(["-c", EACH_BAD_FLAGS_CASE, json.dumps(cases)])
-    assert done.returncode == 0, done.stderr[-3000:]
-    (made, made_err), (resumed, resumed_err), (lazy, lazy_err) = [
-        json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")
-    ]
-    assert made == 0 and resumed == 0, (made_err[-2000:], resumed_err[-2000:])
-    said = done.stdout.split(json.dumps([made, made_err]))[1]
+    made, resumed, lazy = runs_in_one_process(cases)
+    assert made.returncode == 0 and resumed.returncode == 0, (made.stderr[-2000:], resumed.stderr)
+    said = resumed.stdout
     assert (
         f"resuming {RunFolder(out).checkpoint} with --cold_start=eager, which its run had (the "
         "default before --cold_start=auto was); start over (--overwrite) to run with "
@@ -620,4 +626,22 @@ def test_a_fedgroup_checkpoint_from_before_cold_start_auto_resumes_with_eager(
         config = json.load(f)["config"]
     assert config["algorithm_options"]["cold_start"] == "eager"
     assert config["algorithm_choices"] == {}
-    assert lazy == 2 and "cold_start: checkpoint 'eager', now 'lazy'" in lazy_err, lazy_err
+    assert lazy.returncode == 2, lazy.stderr[-2000:]
+    assert "cold_start: checkpoint 'eager', now 'lazy'" in lazy.stderr, lazy.stderr[-2000:]
+
+
+def leaf_flags(folder: Path) -> list[str]:
+    """A short run on the real LEAF file (../shared/data), its splits linked into `folder`."""
+    for split in ("train", "test"):
+        os.makedirs(folder / split)
+        os.symlink(os.path.abspath(SHARED_LEAF_FILE), folder / split / "mytest.json")
+    return [
+        "--dataset=leaf",
+        f"--data_dir={folder}",
+        "--num_classes=10",
+        "--model=mclr",
+        "--algorithm=fedavg",
+        "--rounds=5",
+        "--local_epochs=1",
+        "--learning_rate=0.01",
+    ]

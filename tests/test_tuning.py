@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import TRAIN_IN_ONE_PROCESS, history_rows, run_binary
+from conftest import history_rows, run_binary, runs_in_one_process
 
 import tff_clustered
 from tff_clustered.comparison import tuning
@@ -203,12 +202,38 @@ def test_tuning_reads_only_validation_examples(monkeypatch: pytest.MonkeyPatch) 
     assert reads and history_rows(test_run)[-1]["accuracy"] < 0.2
 
 
-def test_compare_plans_equal_trials_and_refuses_an_unknown_knob() -> None:
+# Flags of compare.py's tuning that would do nothing or never end, and the refusal of each.
+REFUSED_TUNING = [
+    (["--tune="], "--tune= names no knob: give all, or some of learning_rate"),
+    (["--tune=,"], "--tune=, names no knob"),
+    (["--tune_budget=3"], "--tune_budget=3 set without --tune, which does not use it"),
+    (["--tune=all", "--tune_budget=99999999999999999999"], "--tune_budget=9999"),
+    (["--tune=all", "--tune_budget=1001"], "1001 is not an integer in the range [1, 1000]"),
+]
+
+
+@pytest.fixture(scope="module")
+def compare_plans(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """In one process of compare.py's main (TensorFlow imported once): the plan of a tuned
+    table, then each of `REFUSED_TUNING` planned into an empty folder."""
+    folder = tmp_path_factory.mktemp("refused_tuning")
+    plan = ["--algorithms=fedavg", "--plan_only", f"--output_dir={folder}"]
+    planned, *refused = runs_in_one_process(
+        [
+            ["--algorithms=fedavg,fedprox,fedgroup,fesem", "--plan_only", "--tune=all"]
+            + ["--tune_budget=3"],
+            *([*plan, *given] for given, _ in REFUSED_TUNING),
+        ],
+        "compare",
+    )
+    return {"planned": planned, "refused": refused, "folder": folder}
+
+
+def test_compare_plans_equal_trials_and_refuses_an_unknown_knob(compare_plans: dict) -> None:
     """`--plan_only` lists the same number of trials for every column, FedGroup's and FeSEM's
     with their own knobs as the seed draws them; a knob no column declares is refused
     (compare.py exits 2 on the ValueError, as on any bad flag)."""
-    common = ["binaries/compare.py", "--algorithms=fedavg,fedprox,fedgroup,fesem", "--plan_only"]
-    planned = run_binary([*common, "--tune=all", "--tune_budget=3"])
+    planned = compare_plans["planned"]
     assert planned.returncode == 0, planned.stderr[-2000:]
     lines = [line for line in planned.stdout.splitlines() if line.startswith("tuning ")]
     for algorithm in ("fedavg", "fedprox", "fedgroup", "fesem"):
@@ -225,38 +250,19 @@ def test_compare_plans_equal_trials_and_refuses_an_unknown_knob() -> None:
         tuning.check_knobs([FEDPROX], ["mu", "bogus"])
 
 
-# compare.py's main run once per case in one process, as compare.py would (conftest's).
-EACH_COMPARE_CASE = (
-    TRAIN_IN_ONE_PROCESS
-    + """
-for case in ARGUMENT:
-    run_train(case)
-"""
-)
-
-
-def test_tuning_flags_that_would_do_nothing_or_never_end_are_refused(tmp_path: object) -> None:
+def test_tuning_flags_that_would_do_nothing_or_never_end_are_refused(compare_plans: dict) -> None:
     """An empty --tune=, --tune_budget without --tune and a budget past `MAX_BUDGET` (which
     --plan_only would list forever) exit 2 naming the flag, nothing written (issue 64)."""
-    plan = ["--algorithms=fedavg", "--plan_only", f"--output_dir={tmp_path}"]
     assert tuning.MAX_BUDGET == 1000
-    cases = [
-        (["--tune="], "--tune= names no knob: give all, or some of learning_rate"),
-        (["--tune=,"], "--tune=, names no knob"),
-        (["--tune_budget=3"], "--tune_budget=3 set without --tune, which does not use it"),
-        (["--tune=all", "--tune_budget=99999999999999999999"], "--tune_budget=9999"),
-        (["--tune=all", "--tune_budget=1001"], "1001 is not an integer in the range [1, 1000]"),
-    ]
-    done = run_binary(
-        ["-c", EACH_COMPARE_CASE, json.dumps([[*plan, *given] for given, _ in cases]), "compare"]
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
-    assert len(results) == len(cases), done.stdout[-2000:]
-    for (given, message), (code, stderr) in zip(cases, results):
-        assert code == 2 and message in stderr, (given, stderr[-2000:])
-        assert stderr.count("\n") <= 2 and "Traceback" not in stderr, (given, stderr)
-    assert not os.listdir(tmp_path)
+    results = compare_plans["refused"]
+    assert len(results) == len(REFUSED_TUNING)
+    for (given, message), done in zip(REFUSED_TUNING, results):
+        assert done.returncode == 2 and message in done.stderr, (given, done.stderr[-2000:])
+        assert done.stderr.count("\n") <= 2 and "Traceback" not in done.stderr, (
+            given,
+            done.stderr,
+        )
+    assert not os.listdir(compare_plans["folder"])
 
 
 # FedGroup's, FeSEM's and UA-PDFL's own knobs (docs/tuning.md), each a value its range holds.

@@ -17,7 +17,7 @@ import numpy as np
 import portpicker
 import pytest
 import tensorflow_federated as tff
-from conftest import ROOT, run_binary
+from conftest import ROOT, finished_runs, started_runs
 
 from tff_clustered.algorithms import make_options
 from tff_clustered.data.population import PopulationSpec, write_population_sql
@@ -293,20 +293,24 @@ def test_a_silent_worker_is_named_within_twice_its_timeout_and_stays_lost() -> N
 
 
 def test_a_worker_killed_mid_run_is_named_and_the_run_resumes(tmp_path: object) -> None:
+    """A run on two workers, one of them killed after round 2: the run stops naming it (exit
+    3, one line), and resumed once the worker is back ends as the uninterrupted run. The
+    resumption and then the uninterrupted run share one train.py process (one TensorFlow
+    import), started with the run whose worker is killed: the resumption is its first run."""
     ports = [portpicker.pick_unused_port() for _ in range(2)]
     services = [start_worker_service(p) for p in ports]
     workers = f"--workers=127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}"
-    args = [TRAIN, "--rounds=6", "--clients_per_round=6", "--local_epochs=1", workers]
-    args += ["--checkpoint_every=1", "--algorithm=fedavg"]
+    flags = ["--rounds=6", "--clients_per_round=6", "--local_epochs=1", workers]
+    flags += ["--checkpoint_every=1", "--algorithm=fedavg"]
+    reference = str(tmp_path / "reference")
+    out = str(tmp_path / "killed")
+    runs = started_runs(
+        ["wait", [*flags, f"--output_dir={out}", "--resume"], [*flags, f"--output_dir={reference}"]]
+    )
     try:
-        reference = str(tmp_path / "reference")
-        done = run_binary([*args, f"--output_dir={reference}"])
-        assert done.returncode == 0, done.stderr[-3000:]
-
-        out = str(tmp_path / "killed")
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         process = subprocess.Popen(
-            [sys.executable, *args, f"--output_dir={out}"],
+            [sys.executable, TRAIN, *flags, f"--output_dir={out}"],
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -333,15 +337,19 @@ def test_a_worker_killed_mid_run_is_named_and_the_run_resumes(tmp_path: object) 
         assert len(read_csv(metrics)) < 7
 
         services[1] = start_worker_service(ports[1])
-        done = run_binary([*args, f"--output_dir={out}", "--resume"])
+        resumed, done = finished_runs(runs)  # the resumption starts now
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert "resuming" in resumed.stdout
         assert done.returncode == 0, done.stderr[-3000:]
-        assert "resuming" in done.stdout
 
         def strip(rows: list[dict]) -> list[dict]:
             return [{k: v for k, v in r.items() if not k.endswith("_seconds")} for r in rows]
 
         assert strip(read_csv(metrics)) == strip(read_csv(os.path.join(reference, "metrics.csv")))
     finally:
+        if runs.poll() is None:
+            runs.kill()
+            runs.communicate()
         for service in services:
             stop(service)
 
