@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, run_binary
-from test_tuning import DIGITS, EACH_COMPARE_CASE, FEDPROX
+from conftest import ROOT, run_binary, runs_in_one_process
+from test_tuning import DIGITS, FEDPROX
 
 from tff_clustered import search_space
 from tff_clustered.cli import table_commands
@@ -364,15 +364,10 @@ def test_bad_tune_seeds_and_widenings_are_refused_in_one_line(tmp_path: Path) ->
         (["--tune_widenings=1"], "--tune_widenings=1 set without --tune"),
         (["--tune=all", "--tune_widenings=3"], "3 is not an integer in the range [0, 2]"),
     ]  # fmt: skip
-    done = run_binary(
-        ["-c", EACH_COMPARE_CASE, json.dumps([[*plan, *given] for given, _ in cases]), "compare"]
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("[")]
-    assert len(results) == len(cases), done.stdout[-2000:]
-    for (given, message), (code, stderr) in zip(cases, results):
-        assert code == 2 and message in stderr, (given, stderr[-2000:])
-        assert stderr.count("\n") <= 2 and "Traceback" not in stderr, (given, stderr)
+    results = runs_in_one_process([[*plan, *given] for given, _ in cases], "compare")
+    for (given, message), done in zip(cases, results, strict=True):
+        assert done.returncode == 2 and message in done.stderr, (given, done.stderr[-2000:])
+        assert done.stderr.count("\n") <= 2 and "Traceback" not in done.stderr, given
     assert not os.listdir(tmp_path)
     with pytest.raises(ValueError, match=r"^--tune_seeds=3: .* or more seeds in --seeds$"):
         tuning.TuningPlan.of_table(["all"], 4, [1, 0], 3)

@@ -435,7 +435,18 @@ def tune(
     method = TunedMethod(setting, column, tuple(trials), plan.seeds, tuple(widenings))
     if method.chosen is None:
         return method
-    edges = tuple(
+    return dataclasses.replace(method, edges=edges_chosen(method, searched, steps, plan))
+
+
+def edges_chosen(
+    method: TunedMethod,
+    searched: Mapping[str, Any],
+    steps: Mapping[str, float],
+    plan: TuningPlan,
+) -> tuple[Edge, ...]:
+    """The edges of the ranges `searched` that `method`'s chosen values lie at, each saying
+    whether a search beyond it (by `steps`) would pass the knob's limits."""
+    return tuple(
         Edge(
             name,
             method.chosen_values[name],
@@ -446,7 +457,6 @@ def tune(
         )
         for name, side in edges_of(searched, method.chosen_values).items()
     )
-    return dataclasses.replace(method, edges=edges)
 
 
 def tuning_lines(tuned: Sequence[TunedMethod], plan: TuningPlan) -> list[str]:
