@@ -226,7 +226,7 @@ def test_given_clients_are_held_as_their_own_arrays_and_split_as_before() -> Non
             np.testing.assert_array_equal(arrays["y"], ys)
             assert arrays["x"].dtype == np.float32 and arrays["y"].dtype == np.int32
         assert data.train_sizes[client] + data.test_sizes[client] == len(y)
-    assert all(held[0] is clients[c][0] for c, held in zip(clients, data.train_arrays.arrays))
+    assert all(x is clients[c][0] for c, x in zip(clients, data.train_arrays.xs, strict=True))
     assert data.client_index == {c: i for i, c in enumerate(clients)}
     given_test = api.federated_data(clients, test=clients)
     assert all(given_test.arrays("test", c)["x"] is x for c, (x, _) in clients.items())
