@@ -61,7 +61,7 @@ import numpy as np
 
 from tff_clustered.comparison.numerics import NUMERICS_VARIABLES, cpuinfo_fields
 from tff_clustered.runs.checkpoint import MODEL_ARCHITECTURE, predated_settings
-from tff_clustered.runs.state_encoding import RELOCATED
+from tff_clustered.runs.state_encoding import RELOCATED, dict_keys
 
 # The repository whose code is run: this script's, or `--root` (another checkout's code
 # compared with this script, e.g. a branch that does not hold it yet).
@@ -523,11 +523,8 @@ class TreeComparison:
             return first_difference_in_arrays(
                 self.arrays_a[a["ndarray"]], self.arrays_b[b["ndarray"]], at
             )
-        if set(a) == {"str_int_dict"} and set(b) == {"str_int_dict"}:
-            pairs = zip(a["str_int_dict"], b["str_int_dict"], ("keys", "values"))
-            return self.first_in_arrays(
-                (f"{at}.{part}", name_a, name_b) for name_a, name_b, part in pairs
-            )
+        if set(a) | set(b) <= set(COLUMN_DICTS) and len(a) == len(b) == 1:
+            return self.first_difference_in_column_dicts(a, b, at)
         if list(a) != list(b):
             return f"{at}: keys {sorted(a)} != {sorted(b)}"
         if set(a) == {"dataclass", "fields"} and a["dataclass"] != b["dataclass"]:
@@ -544,12 +541,26 @@ class TreeComparison:
                 return found
         return None
 
-    def first_in_arrays(self, names: Iterator[tuple[str, str, str]]) -> Optional[str]:
-        for at, name_a, name_b in names:
-            found = first_difference_in_arrays(self.arrays_a[name_a], self.arrays_b[name_b], at)
-            if found:
-                return found
-        return None
+    def first_difference_in_column_dicts(self, a: dict, b: dict, at: str) -> Optional[str]:
+        """Two long str -> int dicts kept as a keys array and a values array, either way of
+        keeping the keys (`COLUMN_DICTS`: a checkpoint of before the keys were kept as lines
+        compares with one of after by its keys, not its bytes)."""
+        ((kind_a, (keys_a, values_a)),), ((kind_b, (keys_b, values_b)),) = a.items(), b.items()
+        values = self.arrays_a[values_a], self.arrays_b[values_b]
+        found = first_difference_in_arrays(*values, f"{at}.values")
+        if found:
+            return found
+        keys = (
+            np.array(dict_keys(kind, arrays[name], array), dtype=str)
+            for kind, arrays, name, array in zip(
+                (kind_a, kind_b), (self.arrays_a, self.arrays_b), (keys_a, keys_b), values
+            )
+        )
+        return first_difference_in_arrays(*keys, f"{at}.keys")
+
+
+# The ways a checkpoint keeps a long str -> int dict (`state_encoding.encode_tree`).
+COLUMN_DICTS = ("str_int_dict", "str_int_lines")
 
 
 def is_pair(item: Any) -> bool:

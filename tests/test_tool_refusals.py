@@ -71,7 +71,7 @@ def test_a_checkpoint_of_other_settings_names_only_those_that_differ(tmp_path: P
 
 # What `benchmark.py --help` lists: its own flags and those of every benchmark module.
 BENCHMARK_HELP_FLAGS = (
-    "api_population_algorithms api_population_rounds api_population_sizes "
+    "api_population_algorithms api_population_repeats api_population_rounds api_population_sizes "
     "batch_size benchmarks client_data_rounds client_data_settings clients cluster_dim "
     "cluster_sizes dfl_rounds eval_clients eval_rounds "
     "examples_per_client groups hidden_units input_dim learning_rate local_epochs "

@@ -15,7 +15,7 @@ import functools
 import gc
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol, Union
 
 import numpy as np
 
@@ -99,9 +99,10 @@ class FederatedData:
     # `--split=validation`, `data/validation.py`): what a run's evaluation rows say they scored.
     evaluated_split: str = "test"
 
-    @property
-    def client_ids(self) -> list[str]:
-        return list(self.source.client_ids if self.source else self.train_arrays)
+    @functools.cached_property
+    def client_ids(self) -> tuple[str, ...]:
+        """The clients' ids, in order (made once: a population may hold millions)."""
+        return tuple(self.source.client_ids if self.source else self.train_arrays)
 
     @functools.cached_property
     def train(self) -> tff.simulation.datasets.ClientData:
@@ -499,45 +500,59 @@ def plain_examples(x: Any, y: Any) -> bool:
 
 
 DTYPE, SHAPE = operator.attrgetter("dtype"), operator.attrgetter("shape")
-C_CONTIGUOUS = operator.attrgetter("flags.c_contiguous")
 
 
-def end_to_end(arrays: Sequence[np.ndarray], dtype: Any) -> np.ndarray:
+def end_to_end(
+    arrays: Sequence[np.ndarray], dtype: Any, dtypes: Optional[set[np.dtype]] = None
+) -> np.ndarray:
     """`arrays` (of one shape but the first axis) concatenated as a C-contiguous array of
-    `dtype`: the bytes of their buffers joined when they are all of `dtype` and C-contiguous
-    (thousands of small arrays: 2.5x faster than `np.concatenate`, which handles each array
-    as an object), else concatenated and converted."""
-    if set(map(DTYPE, arrays)) == {np.dtype(dtype)} and all(map(C_CONTIGUOUS, arrays)):
-        joined = np.frombuffer(b"".join(arrays), dtype)
-        return joined.reshape(-1, *arrays[0].shape[1:])
+    `dtype`: the bytes of their buffers joined when they are all of `dtype` (`dtypes`, the
+    set of their dtypes when the caller knows it) and C-contiguous (`bytes.join` refuses an
+    array that is not; thousands of small arrays: 2.5x faster than `np.concatenate`, which
+    handles each array as an object), else concatenated and converted."""
+    if (set(map(DTYPE, arrays)) if dtypes is None else dtypes) == {np.dtype(dtype)}:
+        try:
+            joined = np.frombuffer(b"".join(arrays), dtype)
+        except TypeError:  # an array that is not C-contiguous
+            pass
+        else:
+            return joined.reshape(-1, *arrays[0].shape[1:])
     return np.ascontiguousarray(np.concatenate(arrays), dtype)
 
 
-ARRAY_KIND = operator.attrgetter("__class__", "dtype", "shape")
+class PlainBlock(NamedTuple):
+    """What `plain_sizes` found of a block whose every `(x, y)` is `plain_examples`."""
+
+    sizes: np.ndarray  # each client's examples
+    label_types: set[np.dtype]
+    input_types: set[np.dtype]
+    input_shapes: set[tuple[int, ...]]
 
 
-def plain_sizes(xs: Sequence[Any], ys: Sequence[Any]) -> Optional[tuple[np.ndarray, set]]:
-    """Each client's examples and the labels' dtypes when every `(x, y)` of a block is
-    `plain_examples` (None when one may not be), found from the set of the block's kinds of
-    array (class, dtype, shape: one pass over the inputs, one over the labels) rather than
-    one call per client; the sizes are read client by client only when the shapes differ."""
+def plain_sizes(xs: Sequence[Any], ys: Sequence[Any]) -> Optional[PlainBlock]:
+    """Each client's examples and the block's dtypes and input shapes when every `(x, y)` of a
+    block is `plain_examples` (None when one may not be), found from the sets of the block's
+    classes, dtypes and shapes (a pass over the inputs and one over the labels for each)
+    rather than one call per client; the sizes are read client by client only when the shapes
+    differ."""
     try:
-        x_kinds, y_kinds = set(map(ARRAY_KIND, xs)), set(map(ARRAY_KIND, ys))
+        classes = set(map(type, xs)) | set(map(type, ys))
+        x_types, y_types = set(map(DTYPE, xs)), set(map(DTYPE, ys))
+        x_shapes, y_shapes = set(map(SHAPE, xs)), set(map(SHAPE, ys))
     except Exception:  # noqa: BLE001 - not arrays: `plain_examples` tells client by client
         return None
-    if any(kind is not np.ndarray or d.kind not in "biuf" for kind, d, _ in x_kinds | y_kinds):
+    if classes != {np.ndarray} or any(d.kind not in "biuf" for d in x_types | y_types):
         return None
-    x_shapes, y_shapes = {s for _, _, s in x_kinds}, {s for _, _, s in y_kinds}
     if any(len(s) != 1 for s in y_shapes) or any(not s or 0 in s for s in x_shapes):
         return None  # y not one label per example; x without an example of one value
-    label_types = {d for _, d, _ in y_kinds}
     if len(x_shapes) == len(y_shapes) == 1:  # every client of one size
         size = next(iter(y_shapes))[0]
-        same = next(iter(x_shapes))[0] == size
-        return (np.full(len(ys), size, np.int64), label_types) if same else None
+        if next(iter(x_shapes))[0] != size:
+            return None
+        return PlainBlock(np.full(len(ys), size, np.int64), y_types, x_types, x_shapes)
     sizes = np.fromiter(map(len, ys), np.int64, len(ys))
     same = np.array_equal(np.fromiter(map(len, xs), np.int64, len(xs)), sizes)
-    return (sizes, label_types) if same else None
+    return PlainBlock(sizes, y_types, x_types, x_shapes) if same else None
 
 
 @dataclasses.dataclass
@@ -588,7 +603,8 @@ def read_examples(
             doubted = set(range(len(xs))) - set(plain)
             label_types = {ys[k].dtype for k in plain}
         else:
-            (block_sizes, label_types), plain, doubted = found, range(len(xs)), set()
+            block_sizes, label_types = found.sizes, found.label_types
+            plain, doubted = range(len(xs)), set()
         if any(t.kind == "f" for t in label_types):
             floats = [k for k in plain if ys[k].dtype.kind == "f"]
             y = np.concatenate([ys[k] for k in floats]).astype(np.float64)
@@ -605,8 +621,11 @@ def read_examples(
             block_sizes = np.fromiter(map(len, ys), np.int64, len(ys))
         if input_shape is None and len(xs):
             read.input_shape = input_shape = xs[0].shape[1:]
+        # The inputs' dtypes and shapes as `plain_sizes` found them, unless some were checked
+        # (and so perhaps converted) by `example_arrays` since.
+        kinds = None if found is None or doubted else found
         screened, largest = screened_block(
-            block.ids, xs, ys, block_sizes, input_shape, num_classes, digest
+            block.ids, xs, ys, block_sizes, input_shape, num_classes, digest, kinds
         )
         read.doubted += [len(read.xs) + k for k in screened]
         read.largest = max(read.largest, largest)
@@ -627,6 +646,7 @@ def screened_block(
     input_shape: tuple[int, ...],
     num_classes: Optional[int],
     digest: Any,
+    kinds: Optional[PlainBlock] = None,
 ) -> tuple[list[int], int]:
     """The positions in a block of `clients`' inputs `xs` and labels `ys` (that passed
     `example_arrays`, `sizes` examples each) of the clients `checked_client` refuses: examples
@@ -635,33 +655,45 @@ def screened_block(
     the same concatenation of the block's examples, updates `digest` with the block: the
     lengths of the encoded ids, the ids, the sizes, the inputs as float32 and the labels as
     int64 (of the clients of `input_shape`: another is refused, so the bytes need no
-    delimiter)."""
-    if all(shape[1:] == input_shape for shape in set(map(SHAPE, xs))):
+    delimiter). `kinds`: the inputs' dtypes and shapes, when `plain_sizes` found them."""
+    if all(s[1:] == input_shape for s in (kinds.input_shapes if kinds else set(map(SHAPE, xs)))):
         shaped: Sequence[int] = range(len(xs))
     else:
         shaped = [k for k, x in enumerate(xs) if x.shape[1:] == input_shape]
-        xs, ys = [xs[k] for k in shaped], [ys[k] for k in shaped]
+        xs, ys, kinds = [xs[k] for k in shaped], [ys[k] for k in shaped], None
     doubted = sorted(set(range(len(clients))) - set(shaped))
-    ids = list(map(str.encode, clients))
-    digest.update(np.fromiter(map(len, ids), np.int64, len(ids)).tobytes())
-    digest.update(b"".join(ids))
+    id_lengths, ids = encoded_ids(clients)
+    digest.update(id_lengths.tobytes())
+    digest.update(ids)
     lengths = sizes[shaped]
     digest.update(lengths.tobytes())
     if not shaped:
         return doubted, -1
     with np.errstate(over="ignore", invalid="ignore"):  # beyond float32's range: refused
-        if len(set(map(DTYPE, xs))) > 1:  # each converted alone, as a round converts it
-            xs = [np.asarray(x, np.float32) for x in xs]
-        x = end_to_end(xs, np.float32)
+        input_types = kinds.input_types if kinds else set(map(DTYPE, xs))
+        if len(input_types) > 1:  # each converted alone, as a round converts it
+            xs, input_types = [np.asarray(x, np.float32) for x in xs], {np.dtype(np.float32)}
+        x = end_to_end(xs, np.float32, input_types)
         # One sum is finite unless an input is not (or the sum passes float32's range: then
         # each example is looked at).
         suspect = xs[0].dtype.kind == "f" and not np.isfinite(x.sum())
     if suspect:
         bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1)
         doubted += owners(bad, shaped, lengths)
-    y = end_to_end(ys, np.int64)
+    y = end_to_end(ys, np.int64, {INT64} if kinds else None)  # plain labels: made int64
     bad = (y < 0) | (y >= num_classes) if num_classes is not None else y < 0
     doubted += owners(bad, shaped, lengths)
     digest.update(x)
     digest.update(y)
     return sorted(set(doubted)), int(y.max())
+
+
+def encoded_ids(clients: Sequence[str]) -> tuple[np.ndarray, bytes]:
+    """Each of `clients`' length in UTF-8 bytes, and their UTF-8 bytes end to end (encoded by
+    one call: when the bytes are as many as the characters, every id is ASCII, one byte a
+    character)."""
+    joined = "".join(clients).encode()
+    lengths = np.fromiter(map(len, clients), np.int64, len(clients))
+    if len(joined) != int(lengths.sum()):  # an id beyond ASCII: each one's bytes counted
+        lengths = np.fromiter((len(c.encode()) for c in clients), np.int64, len(clients))
+    return lengths, joined

@@ -74,7 +74,7 @@ def client_arrays(
             return examples_in_turn(clients_ids, read)
 
     elif isinstance(clients, Mapping):
-        chunks = (tuple(zip(*chunk)) for chunk in in_chunks(clients.items()))
+        chunks = zip(in_chunks(clients.keys()), in_chunks(clients.values()))
 
         def examples(clients_ids: Sequence[str], values: Sequence) -> GivenExamples:
             return pairs(clients_ids, values, x_key, y_key, f"{split} client", ids.key)

@@ -278,7 +278,7 @@ def cluster_recovery(
     an assignment) and, when the data has planted groups, how well they recover them: the
     adjusted Rand index of the assignment against the groups (1: the same partition up to
     renaming; about 0: no better than chance; one cluster for everyone scores 0)."""
-    every = np.fromiter(map(int, assignment.values()), np.int64, len(assignment))
+    every = np.fromiter(assignment.values(), np.int64, len(assignment))
     clusters = every[every >= 0]
     sizes = np.bincount(clusters).tolist() if len(clusters) else []
     recovery: dict[str, Any] = {

@@ -65,13 +65,35 @@ def encode_tree(value: Any, arrays: dict[str, np.ndarray]) -> Any:
             and set(map(type, value.values())) == {int}
         ):
             keys, values = f"a{len(arrays)}", f"a{len(arrays) + 1}"
-            arrays[keys] = np.array(list(value), dtype=str)
             arrays[values] = np.fromiter(value.values(), np.int64, len(value))
+            lines = "\n".join(value)
+            if lines.count("\n") == len(value) - 1:  # no key holds a line break
+                arrays[keys] = np.frombuffer(lines.encode("utf-8", "surrogatepass"), np.uint8)
+                return {"str_int_lines": [keys, values]}
+            arrays[keys] = np.array(list(value), dtype=str)
             return {"str_int_dict": [keys, values]}
         return {
             "dict": [[encode_tree(k, arrays), encode_tree(v, arrays)] for k, v in value.items()]
         }
     raise TypeError(f"a checkpoint cannot hold a {type(value).__name__}")
+
+
+def dict_keys(kind: str, keys: np.ndarray, values: np.ndarray) -> list[str]:
+    """The keys of a dict of str -> int kept as two arrays: `keys` an array of strings
+    ("str_int_dict") or the UTF-8 bytes of the keys one per line ("str_int_lines"), as many as
+    `values` (int64)."""
+    if values.dtype != np.int64 or values.ndim != 1:
+        raise StateDecodeError("a dict's values are not integers")
+    if kind == "str_int_dict" and keys.dtype.kind == "U" and keys.shape == values.shape:
+        return keys.tolist()
+    if kind == "str_int_lines" and keys.dtype == np.uint8 and keys.ndim == 1:
+        try:
+            lines = keys.tobytes().decode("utf-8", "surrogatepass").split("\n")
+        except UnicodeDecodeError:
+            lines = []
+        if len(lines) == len(values):
+            return lines
+    raise StateDecodeError("a dict's keys are not as many strings as its values")
 
 
 def _dataclass(name: str) -> type:
@@ -116,13 +138,11 @@ def decode_tree(tree: Any, arrays: Any) -> Any:
             if kind in ("set", "frozenset") and not all(_hashable(v) for v in items):
                 raise StateDecodeError(f"a {kind} holds an unhashable item")
             return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[kind](items)
-        if kind == "str_int_dict" and isinstance(body, list) and len(body) == 2:
+        if kind in ("str_int_dict", "str_int_lines") and isinstance(body, list) and len(body) == 2:
             if not all(isinstance(name, str) and name in arrays for name in body):
                 raise StateDecodeError(f"the arrays {body!r} of a dict are missing")
             keys, values = (arrays[name] for name in body)
-            if keys.dtype.kind != "U" or values.dtype != np.int64 or keys.shape != values.shape:
-                raise StateDecodeError("a dict's keys are not strings or its values not integers")
-            return dict(zip(keys.tolist(), values.tolist()))
+            return dict(zip(dict_keys(kind, keys, values), values.tolist()))
         if kind == "dict" and isinstance(body, list):
             if not all(isinstance(pair, list) and len(pair) == 2 for pair in body):
                 raise StateDecodeError("a dict entry is not a (key, value) pair")

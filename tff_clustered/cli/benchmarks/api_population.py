@@ -16,6 +16,7 @@ per evaluation and of it the cold start of evaluated clients."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import statistics
@@ -40,6 +41,13 @@ flags.DEFINE_list(
     "api_population_algorithms", ["fedper", "fedgroup"], "Algorithms of the API population runs."
 )
 flags.DEFINE_integer("api_population_rounds", 5, "Rounds of each API run.", lower_bound=2)
+flags.DEFINE_integer(
+    "api_population_repeats",
+    3,
+    "Runs of each population and algorithm, in turns over the populations (so the machine's "
+    "drift falls on each alike); a row is the run of the median wall, with every run's wall.",
+    lower_bound=1,
+)
 
 EXAMPLES, FEATURES, CLASSES, GROUPS = 20, 32, 10, 4
 CLIENTS_PER_ROUND, EVAL_CLIENTS = 20, 1000
@@ -215,6 +223,16 @@ def measured_run(num_clients: int, algorithm: str) -> dict[str, Any]:
         return figures
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of the median wall among `runs` (of an even number, the lower of the two
+    middle ones), with every run's wall (`run_s_all`); the first failed run if one failed."""
+    failed = [run for run in runs if "error" in run]
+    if failed:
+        return failed[0]
+    ordered = sorted(runs, key=lambda run: run["run_s"])
+    return {**ordered[(len(ordered) - 1) // 2], "run_s_all": [run["run_s"] for run in ordered]}
+
+
 def print_table(runs: list[dict[str, Any]]) -> None:
     """The runs as docs/performance.md's Markdown table."""
     columns = (
@@ -234,27 +252,39 @@ def print_table(runs: list[dict[str, Any]]) -> None:
     print(
         "| clients | algorithm | cold start | input MB | beyond MB | beyond / input | run s "
         "| setup s | loading s | validation s | building s | cold start s | s/round "
-        "| s/evaluation | of which cold start |"
+        "| s/evaluation | of which cold start | every run's s | x the run of a tenth the clients |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         if "error" in r:
             print(f"| {r['clients']:,} | {r['algorithm']} | failed: {r['error'][-80:]} |")
             continue
         cells = " | ".join(f"{r[k]:g}" for k in columns)
-        print(f"| {r['clients']:,} | {r['algorithm']} | {r['cold_start'] or '-'} | {cells} |")
+        walls = ", ".join(f"{s:g}" for s in r["run_s_all"])
+        tenth = f"{r['x_tenth']:g}" if "x_tenth" in r else "-"
+        print(
+            f"| {r['clients']:,} | {r['algorithm']} | {r['cold_start'] or '-'} | {cells} "
+            f"| {walls} | {tenth} |"
+        )
 
 
 def api_population_benchmark(setup: Setup) -> dict:
     """Every algorithm on every population, smallest first, each run a process of its own; the
     report's entry. The synthetic workload of `setup` is not used."""
     del setup
-    runs = []
-    for size in sorted({int(s) for s in FLAGS.api_population_sizes}):
-        for algorithm in FLAGS.api_population_algorithms:
+    sizes = sorted({int(s) for s in FLAGS.api_population_sizes})
+    cases = [(size, algorithm) for size in sizes for algorithm in FLAGS.api_population_algorithms]
+    measured: dict[tuple[int, str], list[dict[str, Any]]] = {case: [] for case in cases}
+    for _ in range(FLAGS.api_population_repeats):
+        for size, algorithm in cases:
             entry = measured_run(size, algorithm)
-            runs.append(entry)
+            measured[size, algorithm].append(entry)
             print(f"  {size:,} clients, {algorithm}: {json.dumps(entry)}", flush=True)
+    runs = [median_run(measured[case]) for case in cases]
+    for run in runs:
+        smaller = measured.get((run["clients"] // 10, run["algorithm"]))
+        if smaller and "error" not in run and run["clients"] % 10 == 0:
+            run["x_tenth"] = round(run["run_s"] / median_run(smaller).get("run_s", math.nan), 2)
     print_table(runs)
     return {
         "rounds": FLAGS.api_population_rounds,
