@@ -9,7 +9,7 @@ run: $(STAMP)
 	$(VENV)/bin/python binaries/train.py --flagfile=configs/default_run.flags $(ARGS)
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -n 2 --durations=15 tests $(ARGS)
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup --durations=15 tests $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tff_clustered binaries tests examples scripts

@@ -22,6 +22,20 @@ SHARED_LEAF_FILE = os.path.join(ROOT, "..", "shared", "data", "leaf_synthetic_1_
 os.environ.setdefault("TFF_CLUSTERED_CACHE", tempfile.mkdtemp(prefix="tff_clustered_cache-"))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that read a module-scoped fixture (often whole runs, built once and read by
+    several tests) are one group: `make test`'s `--dist loadgroup` runs a group on one worker,
+    so such a fixture is built once rather than on each worker its tests were spread over.
+    Groups start first (xdist orders its units by size); every other test goes to whichever
+    worker is free."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        fixtures = info.name2fixturedefs.values() if info is not None else ()
+        if any(defs and defs[-1].scope == "module" for defs in fixtures):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
 @pytest.fixture(scope="session")
 def tff_context() -> Iterator[object]:
     from tff_clustered.runtime.context import tff_runtime

@@ -99,10 +99,9 @@ class FederatedData:
     # `--split=validation`, `data/validation.py`): what a run's evaluation rows say they scored.
     evaluated_split: str = "test"
 
-    @functools.cached_property
-    def client_ids(self) -> tuple[str, ...]:
-        """The clients' ids, in order (made once: a population may hold millions)."""
-        return tuple(self.source.client_ids if self.source else self.train_arrays)
+    @property
+    def client_ids(self) -> list[str]:
+        return list(self.source.client_ids if self.source else self.train_arrays)
 
     @functools.cached_property
     def train(self) -> tff.simulation.datasets.ClientData:
@@ -596,34 +595,9 @@ def read_examples(
     read = ExamplesRead([], [], np.zeros(0, np.int64), input_shape or (), -1, [])
     sizes: list[np.ndarray] = []
     for block in blocks:
-        xs, ys = block.xs, block.ys
-        found = plain_sizes(xs, ys)
-        if found is None:  # some client is doubted: the sizes are counted once checked below
-            plain = [k for k, (x, y) in enumerate(zip(xs, ys)) if plain_examples(x, y)]
-            doubted = set(range(len(xs))) - set(plain)
-            label_types = {ys[k].dtype for k in plain}
-        else:
-            block_sizes, label_types = found.sizes, found.label_types
-            plain, doubted = range(len(xs)), set()
-        if any(t.kind == "f" for t in label_types):
-            floats = [k for k in plain if ys[k].dtype.kind == "f"]
-            y = np.concatenate([ys[k] for k in floats]).astype(np.float64)
-            whole = np.isfinite(y) & (np.mod(y, 1) == 0)
-            doubted.update(owners(~whole, floats, [len(ys[k]) for k in floats]))
-        if doubted or label_types != {INT64}:
-            arrays = [
-                example_arrays(where(client), x, y)
-                if k in doubted
-                else (x, y if y.dtype is INT64 else y.astype(np.int64))
-                for k, (client, x, y) in enumerate(zip(block.ids, xs, ys))
-            ]
-            xs, ys = [x for x, _ in arrays], [y for _, y in arrays]
-            block_sizes = np.fromiter(map(len, ys), np.int64, len(ys))
+        xs, ys, block_sizes, kinds = block_examples(block, where)
         if input_shape is None and len(xs):
             read.input_shape = input_shape = xs[0].shape[1:]
-        # The inputs' dtypes and shapes as `plain_sizes` found them, unless some were checked
-        # (and so perhaps converted) by `example_arrays` since.
-        kinds = None if found is None or doubted else found
         screened, largest = screened_block(
             block.ids, xs, ys, block_sizes, input_shape, num_classes, digest, kinds
         )
@@ -636,6 +610,39 @@ def read_examples(
             raise block.error
     read.sizes = np.concatenate(sizes) if sizes else read.sizes
     return read
+
+
+def block_examples(
+    block: GivenBlock, where: Callable[[str], str]
+) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray, Optional[PlainBlock]]:
+    """A block's inputs and labels as `example_arrays` returns them (`read_examples`' first
+    step), each client's examples, and what `plain_sizes` found of the inputs' dtypes and
+    shapes (None when it found none, or some client went through `example_arrays`, which may
+    convert its inputs)."""
+    xs, ys = block.xs, block.ys
+    found = plain_sizes(xs, ys)
+    if found is None:  # some client is doubted: the sizes are counted once checked below
+        plain = [k for k, (x, y) in enumerate(zip(xs, ys)) if plain_examples(x, y)]
+        doubted = set(range(len(xs))) - set(plain)
+        label_types = {ys[k].dtype for k in plain}
+    else:
+        sizes, label_types = found.sizes, found.label_types
+        plain, doubted = range(len(xs)), set()
+    if any(t.kind == "f" for t in label_types):
+        floats = [k for k in plain if ys[k].dtype.kind == "f"]
+        y = np.concatenate([ys[k] for k in floats]).astype(np.float64)
+        whole = np.isfinite(y) & (np.mod(y, 1) == 0)
+        doubted.update(owners(~whole, floats, [len(ys[k]) for k in floats]))
+    if doubted or label_types != {INT64}:
+        arrays = [
+            example_arrays(where(client), x, y)
+            if k in doubted
+            else (x, y if y.dtype is INT64 else y.astype(np.int64))
+            for k, (client, x, y) in enumerate(zip(block.ids, xs, ys))
+        ]
+        xs, ys = [x for x, _ in arrays], [y for _, y in arrays]
+        sizes = np.fromiter(map(len, ys), np.int64, len(ys))
+    return list(xs), list(ys), sizes, None if found is None or doubted else found
 
 
 def screened_block(

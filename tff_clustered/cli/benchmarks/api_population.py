@@ -11,7 +11,10 @@ resident memory beyond the input (RSS sampled in the run's process, less its RSS
 input is built and TensorFlow imported), the run's seconds and of them the setup before round
 1 with its phases (reading and checking the clients, `loading`; the model's check and the
 settings, `validation`; building the rounds; the algorithm's cold start), seconds per round,
-per evaluation and of it the cold start of evaluated clients."""
+per evaluation and of it the cold start of evaluated clients. Each case runs
+`--api_population_repeats` times (3), in turns over the populations; its row is the run of the
+median wall, with every run's wall and the median's ratio to the median of the run of a tenth
+the clients (the API's growth with the population: 1,000,000 against 100,000)."""
 
 from __future__ import annotations
 
