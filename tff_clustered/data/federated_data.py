@@ -103,6 +103,11 @@ class FederatedData:
     def client_ids(self) -> list[str]:
         return list(self.source.client_ids if self.source else self.train_arrays)
 
+    @property
+    def num_clients(self) -> int:
+        """How many clients there are (no list of their ids made)."""
+        return len(self.source.client_ids if self.source else self.train_arrays)
+
     @functools.cached_property
     def train(self) -> tff.simulation.datasets.ClientData:
         """The training split as TFF's `ClientData` (made on first use; a run never asks)."""

@@ -94,15 +94,15 @@ class Experiment:
         (memory, disk, or auto by the population's size), the disk store's file in its
         `store_folder`; results are the same either way."""
         execution = RunExecution() if execution is None else execution
-        if config.clients_per_round > len(data.client_ids):
+        if config.clients_per_round > data.num_clients:
             raise ValueError(
                 f"clients_per_round={config.clients_per_round} exceeds the "
-                f"{len(data.client_ids)} clients of {data.name}; lower it"
+                f"{data.num_clients} clients of {data.name}; lower it"
             )
         self.server_optimizer = algorithm.server_optimizer(config.server_optimizer)
         algorithm.distribution.check_server_optimizer(algorithm.name, self.server_optimizer)
         config, _ = accounting.calibrated(  # --target_epsilon's z, the cold start's
-            config, len(data.client_ids), algorithm.cold_start_updates
+            config, data.num_clients, algorithm.cold_start_updates
         )
         self.data, self.model, self.algorithm, self.config = data, model, algorithm, config
         self.round_metrics = tuple(round_metrics)
@@ -189,7 +189,7 @@ class Experiment:
     def open_client_store(self, execution: RunExecution) -> None:
         """The store of the clients' own models `execution` chooses, every client initial."""
         size = len(flat.flatten(self.initial_variables))
-        self.store_kind = store_kind(execution.client_store, len(self.data.client_ids), size)
+        self.store_kind = store_kind(execution.client_store, self.data.num_clients, size)
         self.store_folder = execution.store_folder
         self.store = self.new_store()
 

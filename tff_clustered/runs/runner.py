@@ -393,7 +393,7 @@ def write_outputs(
             option: value
             for option, (value, _) in experiment.algorithm.run_choices(experiment.run).items()
         },
-        num_clients=len(experiment.data.client_ids),
+        num_clients=experiment.data.num_clients,
         # How clients weigh in their cluster's mean: the algorithm's, or uniform under a
         # private aggregator (its sensitivity bound needs every client to count once).
         client_weighting=experiment.client_weighting,

@@ -151,7 +151,7 @@ def digits_rounds_setup() -> tuple[FederatedData, ModelSpec, TrainingConfig]:
     spec = model_spec("tsdp_cnn", data.input_shape, data.num_classes, image_shape=(8, 8, 1))
     config = TrainingConfig(
         rounds=10_000,
-        clients_per_round=len(data.client_ids),
+        clients_per_round=data.num_clients,
         local_epochs=2,
         batch_size=10,
         learning_rate=0.05,

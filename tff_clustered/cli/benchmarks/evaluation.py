@@ -69,7 +69,7 @@ def evaluation_speed(setup: Setup) -> dict:
         rounds=10_000, clients_per_round=20, local_epochs=20, batch_size=10, seed=FLAGS.seed
     )
     examples = sum(data.test_sizes.values())
-    out: dict = {"clients": len(data.client_ids), "test_examples": examples}
+    out: dict = {"clients": data.num_clients, "test_examples": examples}
     for execution in ("tff", "in_process"):
         exp = Experiment(
             data, spec, make_algorithm("fedavg"), config, execution=RunExecution.of(execution)

@@ -44,7 +44,7 @@ def uapdfl_vs_fedavg(setup: Setup) -> dict:
     slope, intercept = np.polyfit(counts, seconds, 1) if len(counts) > 1 else (0.0, seconds[0])
     ratios = {str(n): round(s / fedavg, 3) for n, s in zip(counts, seconds)}
     print(
-        f"UA-PDFL vs FedAvg, {len(data.client_ids)} digits clients every round, tsdp_cnn: "
+        f"UA-PDFL vs FedAvg, {data.num_clients} digits clients every round, tsdp_cnn: "
         f"FedAvg {fedavg:.3f} s/round; UA-PDFL "
         + ", ".join(f"N_com={n} {s:.3f} s ({s / fedavg:.2f}x)" for n, s in zip(counts, seconds))
         + f"; +{slope / fedavg:.3f} FedAvg rounds per extra neighbour",
