@@ -91,6 +91,14 @@ def test_run_on_a_dict_of_arrays_in_process_returns_models_and_resumes(tmp_path:
     assert PHASES[1:] == tuple(p for p in PHASES if p in first)  # all but imports
     assert first["parts"]["training"] > 0 and "training" not in resumed["parts"]
     np.testing.assert_array_equal(again.cluster_models, result.cluster_models)
+    # A lost clients.csv: the resume says which rows are lost and ends, leaving no stale picture.
+    folder = os.path.join(tmp_path, "ifca")
+    assert os.path.exists(os.path.join(folder, "membership.png"))
+    os.unlink(os.path.join(folder, "clients.csv"))
+    said: list[str] = []
+    tff_clustered.run("ifca", resume=True, **dict(kwargs, log=said.append))
+    assert any("clients.csv is missing" in line and "(0 to 4)" in line for line in said), said
+    assert not os.path.exists(os.path.join(folder, "membership.png"))
     other = dict(clients, c0=(clients["c0"][0] + 1, clients["c0"][1]))
     with pytest.raises(CheckpointError, match="fingerprint"):
         tff_clustered.run("ifca", resume=True, **dict(kwargs, train=other))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
@@ -66,12 +67,17 @@ def write_membership_png(
     """Clients (rows) by evaluated rounds (columns), coloured by the cluster each client was
     scored with; white where it had no assignment yet. With the data's `planted` groups, a
     strip on the left shows each client's group (in greys), so recovered groups show as bands
-    that match the strip."""
-    plt = pyplot()
-    with open(clients_csv, newline="") as f:
-        rows = list(csv.DictReader(f))
+    that match the strip. No rows (no clients.csv: a resumed run's file was lost and no round
+    was evaluated since): no picture, and none left from before."""
+    rows = []
+    if os.path.exists(clients_csv):
+        with open(clients_csv, newline="") as f:
+            rows = list(csv.DictReader(f))
     if not rows:
+        if os.path.exists(path):
+            os.unlink(path)
         return
+    plt = pyplot()
     clients = list(dict.fromkeys(r["client"] for r in rows))[:MAX_CLIENTS_SHOWN]
     rounds = sorted({int(r["round"]) for r in rows})
     index = {c: i for i, c in enumerate(clients)}

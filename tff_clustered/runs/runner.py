@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable, NamedTuple, Optional, Union
 
@@ -217,6 +218,14 @@ def _run_in_folder(
         build, settings, folder, resume, log, data_source, timer, read_checkpoint
     )
     rounds = experiment.config.rounds
+    evaluated = [r["round"] for r in experiment.state.history if "accuracy" in r]
+    if saved is not None and evaluated and not os.path.exists(folder.clients_csv):
+        log(
+            f"{folder.clients_csv} is missing: its rows of the rounds evaluated before the "
+            f"checkpoint ({evaluated[0]} to {evaluated[-1]}) are lost; the run goes on and "
+            "writes the rows of the rounds it evaluates from now (restore the file from a copy "
+            "first to keep them)"
+        )
     with timer.phase("outputs"):
         clients_csv = reporting.ClientsCsv(
             folder.clients_csv,
