@@ -15,6 +15,8 @@ import pytest
 from conftest import DP_POISSON_DIGITS, runs_in_one_process
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
+from tff_clustered.loop import accounting
+
 RUN = [*DP_POISSON_DIGITS, "--eval_every=100"]
 Q = 10 / 40
 # The target stops it after round 24 of 29 (a run of 30 rounds or more would first vectorise its
@@ -34,6 +36,8 @@ RUNS = {
     ),
     "secure": (SECURE, "secure"),
     "secure_resumed": ([*SECURE, "--resume"], "secure"),
+    # Ditto's personal models in the disk store's file: state a deployment keeps on devices
+    "ditto": ([*SECURE, "--algorithm=ditto", "--client_store=disk"], "ditto"),
     "no_noise_nor_target": ([*RUN, "--rounds=2"], "refused"),
     "clipped": (
         [
@@ -107,15 +111,30 @@ def test_a_private_run_ends_with_its_epsilon_and_what_it_does_not_cover(runs: di
     assert line == [
         f"privacy: epsilon {privacy['epsilon']:.4g} at delta 1e-05, seeded noise; not covered "
         "(summary.json's privacy.not_covered): exact training metrics; evaluation; the sample; "
-        "the noise"
+        "the clients' data sizes and labels; the noise"
     ]
+    assert privacy["device_side"] == []  # FedAvg keeps no client's model
     assert privacy["covers"][0].startswith("the cluster models")
     assert "recomputable from --seed" in privacy["not_covered"][-1]
     secure_out, secure = runs["secure"]
     assert secure.returncode == 0, secure.stderr[-3000:]
     privacy = finished(secure_out)[1]["privacy"]
-    assert privacy["noise"] == "secure" and len(privacy["not_covered"]) == 3
+    assert privacy["noise"] == "secure" and len(privacy["not_covered"]) == 4
     assert "secure noise; not covered" in secure.stdout
+
+
+def test_a_private_run_names_the_client_models_it_keeps_as_device_side_state(
+    runs: dict,
+) -> None:
+    """Ditto's personal models, trained without noise and kept in the run's client store, are
+    named as what a deployment keeps on the devices: summary.json's `privacy.device_side` and
+    the end of the `privacy:` line (FedAvg, keeping none, names none: above)."""
+    out, done = runs["ditto"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    privacy = finished(out)[1]["privacy"]
+    assert privacy["device_side"] == [accounting.CLIENT_MODELS]
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("privacy: epsilon")]
+    assert line.endswith("; kept on the devices, not released: each client's own model"), line
 
 
 def test_a_resumed_secure_run_says_its_noise_is_fresh(runs: dict) -> None:

@@ -37,6 +37,7 @@ from dp_accounting.dp_event import DpEvent
 
 from tff_clustered.algorithms.base import ReleasedUpdates, Releases, RunInfo
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator, PrivacyBudget
+from tff_clustered.loop.client_store import NO_MODEL, StoreIndex
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.dp_events import sampling_event
 from tff_clustered.loop.noise_calibration import (
@@ -64,6 +65,17 @@ LOOP_RELEASES = (
     "its own data",
     "the sample: which clients each round samples, drawn from --seed, which the run folder "
     "records (epsilon's amplification by sampling assumes it secret)",
+    "the clients' data sizes and labels: each client's train_examples and test_examples in "
+    "clients.csv and its examples per label in labels.png and TensorBoard's labels image, "
+    "counted from its own data",
+)
+# summary.json's `privacy.device_side` of a run whose client store holds a model a client
+# trained: state a deployment keeps on the device, which this simulation writes.
+CLIENT_MODELS = (
+    "each client's own model: the model or personal layers a trained client keeps (FedPer's "
+    "head, Ditto's personal model, ...), trained on its own data without noise; a deployment "
+    "keeps it on the device and releases none of it, this simulation keeps it in the client "
+    "store (checkpoint.npz, or the store's file beside it)"
 )
 SEEDED_NOISE = (
     "the noise: seeded (--dp_noise=seeded), recomputable from --seed, so nothing is private "
@@ -95,10 +107,12 @@ def privacy_line(privacy: Mapping[str, Any]) -> str:
     """The line a private run ends with: its epsilon at its delta, its noise, and what its
     epsilon does not cover (each item's what; the details in summary.json)."""
     uncovered = "; ".join(item.split(":")[0] for item in privacy["not_covered"])
+    device_side = "; ".join(item.split(":")[0] for item in privacy.get("device_side", ()))
     noise = f", {privacy['noise']} noise" if "noise" in privacy else ""
+    kept = f"; kept on the devices, not released: {device_side}" if device_side else ""
     return (
         f"privacy: epsilon {privacy['epsilon']:.4g} at delta {privacy['delta']:g}{noise}; not "
-        f"covered (summary.json's privacy.not_covered): {uncovered}"
+        f"covered (summary.json's privacy.not_covered): {uncovered}{kept}"
     )
 
 
@@ -346,10 +360,15 @@ class PrivacyAccount:
         return row
 
     def summary(
-        self, ledger: PrivacyLedger, stopped_at_target: bool, releases: Releases
+        self,
+        ledger: PrivacyLedger,
+        stopped_at_target: bool,
+        releases: Releases,
+        client_models: bool = False,
     ) -> dict[str, Any]:
         """summary.json's `privacy` block (`releases`: what the algorithm sends beside the
-        aggregate, stated in `covers` and `not_covered`)."""
+        aggregate, stated in `covers` and `not_covered`; `client_models`: the run's client
+        store holds models clients trained, stated in `device_side`)."""
         return {
             "epsilon": ledger.epsilon(self.delta),
             "delta": self.delta,
@@ -361,6 +380,7 @@ class PrivacyAccount:
             "neighboring_relation": ledger.neighboring_relation.name,
             "client_weighting": "uniform" if self.aggregator.uniform_weights else "algorithm's",
             **coverage(self.aggregator, releases),
+            "device_side": [CLIENT_MODELS] if client_models else [],
             **self.cold_start_record(),
         }
 
@@ -387,4 +407,9 @@ def privacy_summary(
     algorithm sends `releases` beside the aggregate."""
     if account is None or state.privacy is None:
         return None
-    return account.summary(state.privacy, stopped_at_target, releases)
+    client_models = state.client_models
+    if isinstance(client_models, StoreIndex):  # the disk store's: slots of trained models
+        trained = bool(np.any(client_models.slots != NO_MODEL))
+    else:
+        trained = bool(client_models)
+    return account.summary(state.privacy, stopped_at_target, releases, trained)
