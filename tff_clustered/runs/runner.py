@@ -218,14 +218,8 @@ def _run_in_folder(
         build, settings, folder, resume, log, data_source, timer, read_checkpoint
     )
     rounds = experiment.config.rounds
-    evaluated = [r["round"] for r in experiment.state.history if "accuracy" in r]
-    if saved is not None and evaluated and not os.path.exists(folder.clients_csv):
-        log(
-            f"{folder.clients_csv} is missing: its rows of the rounds evaluated before the "
-            f"checkpoint ({evaluated[0]} to {evaluated[-1]}) are lost; the run goes on and "
-            "writes the rows of the rounds it evaluates from now (restore the file from a copy "
-            "first to keep them)"
-        )
+    if saved is not None:
+        _say_lost_client_rows(experiment.state.history, folder, log)
     with timer.phase("outputs"):
         clients_csv = reporting.ClientsCsv(
             folder.clients_csv,
@@ -313,6 +307,21 @@ def _started(
             f"labels per client: {experiment.data.name}",
         )
     return experiment, None, source
+
+
+def _say_lost_client_rows(
+    history: Sequence[dict[str, Any]], folder: RunFolder, log: Callable[[str], None]
+) -> None:
+    """A resumed run whose clients.csv is gone says which rounds' rows are lost (it goes on,
+    writing the rows of the rounds it evaluates from now)."""
+    evaluated = [r["round"] for r in history if "accuracy" in r]
+    if evaluated and not os.path.exists(folder.clients_csv):
+        log(
+            f"{folder.clients_csv} is missing: its rows of the rounds evaluated before the "
+            f"checkpoint ({evaluated[0]} to {evaluated[-1]}) are lost; the run goes on and "
+            "writes the rows of the rounds it evaluates from now (restore the file from a copy "
+            "first to keep them)"
+        )
 
 
 def _rounds_written(
