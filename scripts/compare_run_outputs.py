@@ -61,7 +61,7 @@ import numpy as np
 
 from tff_clustered.comparison.numerics import NUMERICS_VARIABLES, cpuinfo_fields
 from tff_clustered.runs.checkpoint import MODEL_ARCHITECTURE, predated_settings
-from tff_clustered.runs.state_encoding import RELOCATED, dict_keys
+from tff_clustered.runs.state_encoding import COLUMN_DICTS, RELOCATED, column_dict
 
 # The repository whose code is run: this script's, or `--root` (another checkout's code
 # compared with this script, e.g. a branch that does not hold it yet).
@@ -542,25 +542,17 @@ class TreeComparison:
         return None
 
     def first_difference_in_column_dicts(self, a: dict, b: dict, at: str) -> Optional[str]:
-        """Two long str -> int dicts kept as a keys array and a values array, either way of
-        keeping the keys (`COLUMN_DICTS`: a checkpoint of before the keys were kept as lines
-        compares with one of after by its keys, not its bytes)."""
-        ((kind_a, (keys_a, values_a)),), ((kind_b, (keys_b, values_b)),) = a.items(), b.items()
-        values = self.arrays_a[values_a], self.arrays_b[values_b]
-        found = first_difference_in_arrays(*values, f"{at}.values")
-        if found:
-            return found
-        keys = (
-            np.array(dict_keys(kind, arrays[name], array), dtype=str)
-            for kind, arrays, name, array in zip(
-                (kind_a, kind_b), (self.arrays_a, self.arrays_b), (keys_a, keys_b), values
-            )
+        """Two long str -> int dicts kept as arrays, either way a checkpoint keeps them
+        (`state_encoding.COLUMN_DICTS`: one of before the keys were kept as text compares with
+        one of after by its keys and values, not its bytes)."""
+        ((kind_a, body_a),), ((kind_b, body_b),) = a.items(), b.items()
+        keys_a, values_a = column_dict(kind_a, body_a, self.arrays_a)
+        keys_b, values_b = column_dict(kind_b, body_b, self.arrays_b)
+        return first_difference_in_arrays(
+            values_a, values_b, f"{at}.values"
+        ) or first_difference_in_arrays(
+            np.array(keys_a, dtype=str), np.array(keys_b, dtype=str), f"{at}.keys"
         )
-        return first_difference_in_arrays(*keys, f"{at}.keys")
-
-
-# The ways a checkpoint keeps a long str -> int dict (`state_encoding.encode_tree`).
-COLUMN_DICTS = ("str_int_dict", "str_int_lines")
 
 
 def is_pair(item: Any) -> bool:

@@ -418,7 +418,7 @@ def test_a_population_s_assignment_is_kept_as_two_arrays_and_read_back_exactly(
     checkpoint.save(path, saved, SETTINGS)
     with np.load(path, allow_pickle=False) as stored:
         meta = stored["meta.json"].tobytes().decode()
-    assert "str_int_lines" in meta and "client 4999" not in meta
+    assert "str_int_text" in meta and "client 4999" not in meta
     loaded = checkpoint.load(path, SETTINGS)
     assert loaded.assignment == many
     assert list(loaded.assignment) == list(many)
@@ -431,14 +431,14 @@ def test_a_population_s_assignment_is_kept_as_two_arrays_and_read_back_exactly(
     ids=["line break", "empty", "beyond ascii", "surrogate"],
 )
 def test_a_population_s_ids_of_any_text_read_back_exactly(tmp_path: Path, odd_key: str) -> None:
-    """The ids are kept as UTF-8 lines, or as an array of strings when one holds a line break;
-    an id that is empty, beyond ASCII or a lone surrogate reads back as it was."""
+    """The ids are kept as their UTF-8 text end to end with each one's length: an id that holds
+    a line break, is empty, beyond ASCII or a lone surrogate reads back as it was."""
     path = str(tmp_path / CHECKPOINT_NAME)
     many = {odd_key: 3, **{f"client {i}": i % 5 for i in range(2000)}}
     checkpoint.save(path, dataclasses.replace(state(None), assignment=many), SETTINGS)
     with np.load(path, allow_pickle=False) as stored:
         meta = stored["meta.json"].tobytes().decode()
-    assert ("str_int_dict" if "\n" in odd_key else "str_int_lines") in meta
+    assert "str_int_text" in meta
     assert list(checkpoint.load(path, SETTINGS).assignment.items()) == list(many.items())
 
 
@@ -451,9 +451,9 @@ def test_a_checkpoint_keeping_ids_as_an_array_of_strings_still_resumes(tmp_path:
         entries = dict(stored)
     meta = json.loads(entries["meta.json"].tobytes())
     fields = meta["state"]["fields"]
-    keys, values = fields["assignment"].pop("str_int_lines")
-    fields["assignment"]["str_int_dict"] = [keys, values]
-    entries[keys] = np.array(list(many), dtype=str)
+    text, _, values = fields["assignment"].pop("str_int_text")
+    fields["assignment"]["str_int_dict"] = [text, values]
+    entries[text] = np.array(list(many), dtype=str)
     entries["meta.json"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     np.savez(path, **entries)
     assert checkpoint.load(path, SETTINGS).assignment == many

@@ -64,35 +64,45 @@ def encode_tree(value: Any, arrays: dict[str, np.ndarray]) -> Any:
             and set(map(type, value)) == {str}
             and set(map(type, value.values())) == {int}
         ):
-            keys, values = f"a{len(arrays)}", f"a{len(arrays) + 1}"
+            text, lengths, values = (f"a{len(arrays) + k}" for k in range(3))
+            arrays[text] = np.frombuffer("".join(value).encode(*UTF8), np.uint8)
+            arrays[lengths] = np.fromiter(map(len, value), np.int64, len(value))
             arrays[values] = np.fromiter(value.values(), np.int64, len(value))
-            lines = "\n".join(value)
-            if lines.count("\n") == len(value) - 1:  # no key holds a line break
-                arrays[keys] = np.frombuffer(lines.encode("utf-8", "surrogatepass"), np.uint8)
-                return {"str_int_lines": [keys, values]}
-            arrays[keys] = np.array(list(value), dtype=str)
-            return {"str_int_dict": [keys, values]}
+            return {"str_int_text": [text, lengths, values]}
         return {
             "dict": [[encode_tree(k, arrays), encode_tree(v, arrays)] for k, v in value.items()]
         }
     raise TypeError(f"a checkpoint cannot hold a {type(value).__name__}")
 
 
-def dict_keys(kind: str, keys: np.ndarray, values: np.ndarray) -> list[str]:
-    """The keys of a dict of str -> int kept as two arrays: `keys` an array of strings
-    ("str_int_dict") or the UTF-8 bytes of the keys one per line ("str_int_lines"), as many as
-    `values` (int64)."""
+# The keys' text: UTF-8, a lone surrogate (a valid str, not valid UTF-8) passed through.
+UTF8 = ("utf-8", "surrogatepass")
+# A long str -> int dict's arrays, by the kind that keeps it: its keys' text end to end and each
+# key's length in characters (older checkpoints: an array of strings), then its values.
+COLUMN_DICTS = {"str_int_text": 3, "str_int_dict": 2}
+
+
+def column_dict(kind: str, body: Any, arrays: Any) -> tuple[list[str], np.ndarray]:
+    """The keys and values (int64) of a str -> int dict kept as arrays (`COLUMN_DICTS`);
+    `StateDecodeError` for arrays that are missing or do not hold one key per value."""
+    if not (isinstance(body, list) and len(body) == COLUMN_DICTS[kind]):
+        raise StateDecodeError(f"a dict's arrays {body!r} are not {COLUMN_DICTS[kind]} names")
+    if not all(isinstance(name, str) and name in arrays for name in body):
+        raise StateDecodeError(f"the arrays {body!r} of a dict are missing")
+    *keys, values = (arrays[name] for name in body)
     if values.dtype != np.int64 or values.ndim != 1:
         raise StateDecodeError("a dict's values are not integers")
-    if kind == "str_int_dict" and keys.dtype.kind == "U" and keys.shape == values.shape:
-        return keys.tolist()
-    if kind == "str_int_lines" and keys.dtype == np.uint8 and keys.ndim == 1:
+    if kind == "str_int_dict" and keys[0].dtype.kind == "U" and keys[0].shape == values.shape:
+        return keys[0].tolist(), values
+    text, lengths = keys if kind == "str_int_text" else (None, None)
+    if text is not None and text.dtype == np.uint8 and lengths.shape == values.shape:
         try:
-            lines = keys.tobytes().decode("utf-8", "surrogatepass").split("\n")
+            decoded = text.tobytes().decode(*UTF8)
         except UnicodeDecodeError:
-            lines = []
-        if len(lines) == len(values):
-            return lines
+            decoded = None
+        ends = np.cumsum(lengths).tolist() if lengths.dtype == np.int64 else [-1]
+        if decoded is not None and (ends[-1] if ends else 0) == len(decoded):
+            return [decoded[a:b] for a, b in zip([0, *ends[:-1]], ends)], values
     raise StateDecodeError("a dict's keys are not as many strings as its values")
 
 
@@ -138,11 +148,9 @@ def decode_tree(tree: Any, arrays: Any) -> Any:
             if kind in ("set", "frozenset") and not all(_hashable(v) for v in items):
                 raise StateDecodeError(f"a {kind} holds an unhashable item")
             return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[kind](items)
-        if kind in ("str_int_dict", "str_int_lines") and isinstance(body, list) and len(body) == 2:
-            if not all(isinstance(name, str) and name in arrays for name in body):
-                raise StateDecodeError(f"the arrays {body!r} of a dict are missing")
-            keys, values = (arrays[name] for name in body)
-            return dict(zip(dict_keys(kind, keys, values), values.tolist()))
+        if kind in COLUMN_DICTS:
+            keys, values = column_dict(kind, body, arrays)
+            return dict(zip(keys, values.tolist()))
         if kind == "dict" and isinstance(body, list):
             if not all(isinstance(pair, list) and len(pair) == 2 for pair in body):
                 raise StateDecodeError("a dict entry is not a (key, value) pair")
