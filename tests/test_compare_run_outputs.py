@@ -261,3 +261,25 @@ def test_settings_added_since_the_baseline_at_the_value_its_run_had_are_noted_no
     assert verdicts(script, same, changed)["old"] == (
         "DIFFERS: checkpoint.npz: checkpoint.settings.seed: 0 != 1"
     )
+
+
+def test_a_long_dict_compares_by_its_keys_and_values_across_the_ways_a_checkpoint_keeps_it(
+    script: ModuleType,
+) -> None:
+    """A population's assignment kept as an array of strings (older checkpoints) and as text
+    with lengths (`state_encoding.encode_tree` now) is the same dict when its keys and values
+    are; one key or one value changed is a difference."""
+    from tff_clustered.runs.state_encoding import encode_tree
+
+    clients = {f"c{i}": i % 3 for i in range(2000)}
+    new: dict[str, np.ndarray] = {}
+    tree = encode_tree(clients, new)
+    old = {"k": np.array(list(clients), dtype=str), "v": np.fromiter(clients.values(), np.int64)}
+    older = {"str_int_dict": ["k", "v"]}
+    assert script.TreeComparison(old, new).first_difference(older, tree, "a") is None
+    renamed = dict(old, k=np.array([*list(clients)[:-1], "other"], dtype=str))
+    found = script.TreeComparison(renamed, new).first_difference(older, tree, "a")
+    assert found is not None and found.startswith("a.keys")
+    moved = dict(old, v=old["v"] + (np.arange(2000) == 7))
+    found = script.TreeComparison(moved, new).first_difference(older, tree, "a")
+    assert found is not None and found.startswith("a.values")
