@@ -37,7 +37,7 @@ from dp_accounting.dp_event import DpEvent
 
 from tff_clustered.algorithms.base import ReleasedUpdates, Releases, RunInfo
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator, PrivacyBudget
-from tff_clustered.loop.client_store import NO_MODEL, StoreIndex
+from tff_clustered.loop.client_store import holds_trained_models
 from tff_clustered.loop.config import TrainingConfig
 from tff_clustered.loop.dp_events import sampling_event
 from tff_clustered.loop.noise_calibration import (
@@ -407,9 +407,5 @@ def privacy_summary(
     algorithm sends `releases` beside the aggregate."""
     if account is None or state.privacy is None:
         return None
-    client_models = state.client_models
-    if isinstance(client_models, StoreIndex):  # the disk store's: slots of trained models
-        trained = bool(np.any(client_models.slots != NO_MODEL))
-    else:
-        trained = bool(client_models)
+    trained = holds_trained_models(state.client_models)
     return account.summary(state.privacy, stopped_at_target, releases, trained)

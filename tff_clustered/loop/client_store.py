@@ -86,6 +86,14 @@ class StoreIndex:
 ClientModels = Union[dict[str, Variables], StoreIndex]
 
 
+def holds_trained_models(models: ClientModels) -> bool:
+    """Whether a checkpoint's client models hold one a client trained (the memory store keeps
+    only those; the disk store's index names a slot for each)."""
+    if isinstance(models, StoreIndex):
+        return bool(np.any(models.slots != NO_MODEL))
+    return bool(models)
+
+
 class ClientStore(abc.ABC):
     """Each client's own model, read and written by variable indices."""
 
