@@ -331,13 +331,16 @@ def test_ctrl_c_sigterm_or_sighup_stop_cleanly_with_one_line_and_no_worker(
     tmp_path: object, signum: int, code: int, said: str
 ) -> None:
     """The run stops between two steps, keeps its checkpoint and stops its worker before the
-    process exits (no worker is alive once the exit code is known)."""
+    process exits (no worker is alive once the exit code is known), and removes the clients'
+    files it wrote for the worker (a signal left them in the temporary folder: issue 64)."""
     tag = uuid.uuid4().hex
-    out = str(tmp_path / "interrupted")
+    out, temporary = str(tmp_path / "interrupted"), tmp_path / "tmp"
+    temporary.mkdir()
     process = start_as_job(
-        [*QUICK, "--rounds=200", f"--output_dir={out}"],
+        [*QUICK, "--rounds=200", f"--output_dir={out}", "--client_data=read_on_worker"],
         TFF_CLUSTERED_RUN_TAG=tag,
         TF_CPP_MIN_LOG_LEVEL="2",
+        TMPDIR=str(temporary),
     )
     deadline = time.monotonic() + 300
     while not os.path.exists(os.path.join(out, "checkpoint.npz")) and time.monotonic() < deadline:
@@ -352,6 +355,7 @@ def test_ctrl_c_sigterm_or_sighup_stop_cleanly_with_one_line_and_no_worker(
     assert "Traceback" not in stderr, stderr[-2000:]
     assert os.path.exists(os.path.join(out, "checkpoint.npz"))
     assert worker_pids_with_tag(tag) == [], "the worker outlived its run"
+    assert not list(temporary.glob("tff_clustered-clients-*")), "the clients' files are left"
 
 
 def test_a_run_started_in_the_background_ends_with_its_accounted_wall_and_no_worker(

@@ -85,12 +85,15 @@ def one_line_on_signals(before: str, after: str) -> Iterator[None]:
 
 
 def exit_at_once(line: str, code: int) -> NoReturn:
-    """`line` on stderr and exit `code`, skipping the interpreter's shutdown. Called outermost,
-    once the block has unwound (its TFF worker stopped, its files closed): at shutdown a
-    TensorFlow or gRPC thread that wakes into the finalizing interpreter can abort the whole
-    process ("terminate called ... FATAL: exception not rethrown", exit 134), as a SIGTERM
-    to model_matrix.py did once in 7 tries."""
+    """`line` on stderr and exit `code`, skipping the interpreter's shutdown but not the
+    `atexit` functions (temporary folders removed: the clients' files a TFF worker read,
+    issue 64; logs flushed). Called outermost, once the block has unwound (its TFF worker
+    stopped, its files closed): at shutdown a TensorFlow or gRPC thread that wakes into the
+    finalizing interpreter can abort the whole process ("terminate called ... FATAL: exception
+    not rethrown", exit 134), as a SIGTERM to model_matrix.py did once in 7 tries. Unlike
+    `end_now`, no thread is waited for: a stopped run's threads may be inside a long call."""
     print(line, file=sys.stderr)
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
