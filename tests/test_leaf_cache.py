@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import signal
 from collections.abc import Callable
 
@@ -138,6 +139,13 @@ def saved_over(path: str) -> None:
     np.savez(path, **arrays)
 
 
+def other_splits_file(path: str) -> None:
+    """The test split's kept file copied over the training split's: readable and whole."""
+    folder = os.path.dirname(path)
+    other = next(name for name in os.listdir(folder) if name != os.path.basename(path))
+    shutil.copyfile(os.path.join(folder, other), path)
+
+
 def rewritten(change: Callable[[dict], tuple[dict, str]]) -> Callable[[str], None]:
     """The kept split written again by `write_cached` itself (so readable, CRCs and all), its
     users' arrays and kind changed by `change`."""
@@ -159,6 +167,7 @@ DAMAGES = {
     "empty": lambda path: os.truncate(path, 0),
     "a named pipe": lambda path: os.remove(path) or os.mkfifo(path),
     "arrays saved over": saved_over,
+    "the other split's file": other_splits_file,
     "NaN": rewritten(lambda c: (with_x(c, lambda x: x * np.nan), "numeric features")),
     "label 7": rewritten(
         lambda c: ({u: (x, np.full_like(y, 7)) for u, (x, y) in c.items()}, "numeric features")

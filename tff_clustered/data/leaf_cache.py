@@ -45,7 +45,7 @@ from tff_clustered.data.leaf_examples import (
     finite_inputs,
 )
 
-FORMAT = "leaf-arrays-2"  # changed whenever what is kept, or how, changes
+FORMAT = "leaf-arrays-3"  # changed whenever what is kept, or how, changes
 OFF = "off"
 LIMIT_VARIABLE = "TFF_CLUSTERED_CACHE_MB"
 DEFAULT_LIMIT_MB = 2048  # ours: some 40 FEMNIST-sized splits of the full LEAF FEMNIST
@@ -100,7 +100,8 @@ def read_cached(
     split is then parsed again, and the file rewritten. A changed byte is caught by the zip
     format's CRC-32 of each array, which NumPy's read checks, a cut file by the zip format, and
     arrays saved over the ones written (the CRC-32s the file's meta recorded are not theirs)
-    by `crc32s`, at no cost: the zip's directory holds them."""
+    by `crc32s`, at no cost: the zip's directory holds them, and a file kept for other LEAF
+    files (another split's, copied over) by the name its meta recorded."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a named pipe there would never end
             return None
@@ -108,6 +109,8 @@ def read_cached(
             meta = json.loads(bytes(kept["meta"]).decode())
             if meta["crc32"] != crc32s(kept.zip):
                 raise ValueError("arrays other than the ones written with its users")
+            if meta["name"] != os.path.basename(path):
+                raise ValueError("kept for other files")
             split = checked_split(meta, kept["x"], kept["y"], kept["ends"], num_classes)
     except Exception:  # only a copy: whatever fails to read or to check is parsed again
         return None
@@ -180,7 +183,13 @@ def write_cached(path: str, users: dict[str, ClientArrays], kind: str, source: s
         ends=np.cumsum([len(y) for _, y in arrays], dtype=np.int64),
     )
     with zipfile.ZipFile(payload, "a") as kept:
-        meta = {"users": list(users), "kind": kind, "source": source, "crc32": crc32s(kept)}
+        meta = {
+            "users": list(users),
+            "kind": kind,
+            "source": source,
+            "crc32": crc32s(kept),
+            "name": os.path.basename(path),  # its key: the LEAF files' paths and contents
+        }
         with kept.open("meta.npy", "w") as f:
             np.lib.format.write_array(f, np.frombuffer(json.dumps(meta).encode(), np.uint8))
     try:
