@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import signal
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from conftest import SHARED_LEAF_FILE, TESTDATA
 
 from tff_clustered.data import (
     DataError,
+    leaf,
     load_dataset,
     load_digits_clusters,
     load_leaf,
@@ -211,6 +213,39 @@ def test_a_json_name_that_is_not_a_regular_file_is_refused_naming_it(
     finally:
         signal.alarm(0)
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("cache", ["on", "off"])
+@pytest.mark.parametrize("denied", ["file", "folder"])
+def test_a_split_this_user_may_not_read_is_refused_naming_the_permission(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, denied: str, cache: str
+) -> None:
+    """A *.json file that cannot be opened, or a split's folder that cannot be listed, is one
+    error naming it, the permission and chmod, before the cache hashes it; with the cache on it
+    was "free space or fix the folder ... continue with --resume", off "re-run LEAF's
+    preprocessing" (issue 64 probe). Denied here by the calls themselves: root may read any."""
+    monkeypatch.setenv("TFF_CLUSTERED_CACHE", str(tmp_path / "cache") if cache == "on" else "off")
+    for split in ("train", "test"):
+        write_leaf(
+            str(tmp_path / split / "a.json"),
+            {"users": ["a"], "num_samples": [2], "user_data": {"a": GOOD_USER}},
+        )
+    path = tmp_path / "test" if denied == "folder" else tmp_path / "test" / "a.json"
+    opened, listed = open, os.listdir
+
+    def denying(call: Callable[..., object]) -> Callable[..., object]:
+        def denied_call(target: object, *args: object) -> object:
+            if os.fspath(target) == str(path):
+                raise PermissionError(13, "Permission denied", str(path))
+            return call(target, *args)
+
+        return denied_call
+
+    monkeypatch.setattr(leaf, "open", denying(opened), raising=False)
+    monkeypatch.setattr(os, "listdir", denying(listed))
+    refusal = f"^{path}: cannot be (read|listed) \\(Permission denied\\); make it readable"
+    with pytest.raises(DataError, match=refusal):
+        load_leaf(tmp_path / "train", tmp_path / "test")
 
 
 def test_client_in_only_one_split_is_named(tmp_path: object) -> None:

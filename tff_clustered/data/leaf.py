@@ -54,7 +54,12 @@ def leaf_json_files(path: PathLike) -> list[str]:
     regular file (`regular_file`)."""
     path = os.fspath(path)
     if os.path.isdir(path):
-        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".json"))
+        try:
+            names = os.listdir(path)
+        except OSError as e:
+            fix = "make it readable (chmod u+rx) by the user running this"
+            raise leaf_error(path, f"cannot be listed ({e.strerror})", fix) from e
+        files = sorted(os.path.join(path, f) for f in names if f.endswith(".json"))
         if not files:
             raise DataError(
                 f"no *.json file in {path}; LEAF writes them to data/train/ and data/test/ "
@@ -87,9 +92,9 @@ FILE_KINDS = {
 
 
 def regular_file(path: str, fix: str) -> None:
-    """DataError unless `path` is a regular file once its symlinks are resolved: a LEAF file
-    is read whole and hashed, and a folder, a named pipe (read forever) or a device is not
-    one; `fix` ends the error."""
+    """DataError unless `path` is a regular file once its symlinks are resolved that this
+    process can open: a LEAF file is read whole and hashed, and a folder, a named pipe (read
+    forever) or a device is not one; `fix` ends the error."""
     try:
         mode = os.stat(path).st_mode
     except OSError as e:
@@ -98,6 +103,11 @@ def regular_file(path: str, fix: str) -> None:
     if not stat.S_ISREG(mode):
         kind = FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
         raise leaf_error(path, f"is {kind}, not a LEAF JSON file", fix)
+    try:
+        open(path, "rb").close()
+    except OSError as e:
+        fix = f"make it readable (chmod u+r) by the user running this, or {fix}"
+        raise leaf_error(path, f"cannot be read ({e.strerror})", fix) from e
 
 
 def leaf_split_files(data_dir: PathLike) -> list[str]:
