@@ -168,15 +168,21 @@ def tff_built(model: tf.keras.Model, input_spec: dict, refusal: str = "") -> Fun
     state, no `features` (TFF's builder exposes no intermediate values). TFF's builder takes
     some models it cannot run (an LSTM with `dropout` captures a Keras placeholder, which
     fails in round 1 in TFF's worker): one trial step in a graph, as TFF runs it, refuses
-    them here with the interpreter's `refusal` (the layer) and TFF's error."""
-    functional = tff.learning.models.functional_model_from_keras(
-        model,
-        loss_fn=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        input_spec=collections.OrderedDict(input_spec),
-    )
+    them here with the interpreter's `refusal` (the layer) and TFF's error. A model that draws
+    unseeded random numbers is refused as such first (Keras's own trace), also where TFF's
+    builder would fail on it (a `tf.random.Generator` in a Lambda: a variable no weight
+    holds; a failed build leaves the model untraceable)."""
+    traced = keras_step_graph(model, input_spec)
+    if traced is not None:
+        refuse_unseeded_randomness(model, traced)
     try:
+        functional = tff.learning.models.functional_model_from_keras(
+            model,
+            loss_fn=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            input_spec=collections.OrderedDict(input_spec),
+        )
         graph = trial_step(functional, input_spec)
-    except Exception as e:  # TF's errors: what TFF's worker would fail with
+    except Exception as e:  # TFF's and TF's errors: what TFF's worker would fail with
         lines = [line.strip() for line in getattr(e, "message", str(e)).splitlines()]
         reason = next((line for line in lines if line and not line.endswith(":")), "")
         raise ValueError(
@@ -227,6 +233,17 @@ def trial_step(functional: tff.learning.models.FunctionalModel, input_spec: dict
         with tf.compat.v1.Session(graph=graph) as session:
             session.run([logits, [g for g in gradients if g is not None]])
     return graph
+
+
+def keras_step_graph(model: tf.keras.Model, input_spec: dict) -> Optional[tf.Graph]:
+    """The graph of `model` called in training on a batch of `input_spec`'s `x` (a
+    `tf.function`'s, its functions included), or None when Keras cannot trace it either."""
+    spec = input_spec["x"]
+    try:
+        step = tf.function(lambda x: model(x, training=True))
+        return step.get_concrete_function(tf.TensorSpec(spec.shape, spec.dtype)).graph
+    except Exception:  # the caller's error is the one to report
+        return None
 
 
 # TF 2.14's ops that draw random numbers from a state of their own (the kernel's generator, a
