@@ -425,6 +425,12 @@ BAD_FLAGS = [
         ["--algorithm=ifca", "--aggregator=dp", "--dp_noise_multiplier=1", "--dp_cold_start=raw"],
         "--algorithm=ifca takes no --dp_cold_start: it has no cold start",
     ),
+    # ... also given at their default value, with an aggregator that does not use them
+    (
+        ["--algorithm=fesem", "--num_clusters=2", "--dp_cold_start=private"],
+        "--dp_cold_start set with --aggregator=mean, which does not use them: add --aggregator=dp",
+    ),
+    (["--dp_clipping=fixed"], "--dp_clipping set with --aggregator=mean"),
 ]
 
 

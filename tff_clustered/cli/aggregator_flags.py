@@ -19,7 +19,7 @@ from tff_clustered.federated.aggregators import (
     declared_options,
     options_classes,
 )
-from tff_clustered.loop.config import AggregatorConfig
+from tff_clustered.loop.config import AggregatorConfig, refuse_unused_settings
 
 FLAGS = flags.FLAGS
 
@@ -74,7 +74,7 @@ def aggregator_config_from_flags(
     """The aggregator settings the flags give (`given_settings`) for `--aggregator`. A setting
     of another aggregator is refused, naming its flag, unless one of `rows` declares it: the
     aggregators a comparison table's rows run (`setting_rows.row_aggregator`), which take it
-    (`setting_rows.parse_setting`)."""
+    (`setting_rows.parse_setting`); given on the command line, also at its default value."""
     declared = declared_options()
     chosen = flag_values.aggregator
     settings = {
@@ -82,6 +82,8 @@ def aggregator_config_from_flags(
         for field, value in given_settings(flag_values).items()
         if chosen in declared[field].users or not set(declared[field].users) & set(rows)
     }
+    present = [field for field in settings if flag_values[declared[field].flag].present]
+    refuse_unused_settings(AGGREGATORS[chosen], settings, present)
     return AggregatorConfig(chosen, **settings)
 
 

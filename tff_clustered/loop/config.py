@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Optional
 
 from tff_clustered.federated.aggregators import (
@@ -143,10 +143,12 @@ def named_at_defaults() -> tuple[str, ...]:
     return tuple(names)
 
 
-def refuse_unused_settings(kind: type[ClusterAggregator], settings: dict[str, Any]) -> None:
-    """A setting another named aggregator declares, changed from its default, is refused with
-    `kind`, naming its flag and the aggregators that take it; a setting none declares is a
-    TypeError."""
+def refuse_unused_settings(
+    kind: type[ClusterAggregator], settings: dict[str, Any], given: Collection[str] = ()
+) -> None:
+    """A setting another named aggregator declares, changed from its default or among `given`
+    (a flag on the command line, whatever its value), is refused with `kind`, naming its flag
+    and the aggregators that take it; a setting none declares is a TypeError."""
     own = {f.name for f in dataclasses.fields(kind.options_type())}
     declared = declared_options()
     unknown = sorted(set(settings) - own - set(declared))
@@ -158,7 +160,7 @@ def refuse_unused_settings(kind: type[ClusterAggregator], settings: dict[str, An
     unused = [
         name
         for name, value in settings.items()
-        if name not in own and value != declared[name].default
+        if name not in own and (value != declared[name].default or name in given)
     ]
     if not unused:
         return
