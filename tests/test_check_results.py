@@ -333,6 +333,9 @@ def test_malformed_tables_are_failures_that_do_not_stop_the_others(tmp_path: Pat
     table_files(tmp_path / "latin1", "", SUMMARY)
     latin1 = SOUND.replace("digits", "d\xeft").encode("latin-1")
     (tmp_path / "latin1" / "comparison.csv").write_bytes(latin1)
+    # issue 64 probe: rows whose comparison.md is gone were passed over beside other tables
+    table_files(tmp_path / "no_md", SOUND, SUMMARY)
+    os.remove(tmp_path / "no_md" / "comparison.md")
     done = run_binary([os.path.join("binaries", "check_results.py"), f"--results={tmp_path}"])
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     expected = {
@@ -342,12 +345,13 @@ def test_malformed_tables_are_failures_that_do_not_stop_the_others(tmp_path: Pat
         "zeroed": "the .md says 85.00 ± 5.00 for digits / fedavg",
         "folder": f"{tmp_path}/folder/comparison.csv is a folder, not a file",
         "latin1": f"{tmp_path}/latin1/comparison.csv is not UTF-8 text (invalid continuation",
+        "no_md": f"{tmp_path}/no_md/comparison.md is missing, not a file",
     }
     lines = done.stdout.splitlines()
     for folder, message in expected.items():
         (line,) = [x for x in lines if f"/{folder}/comparison.md" in x]
         assert line.startswith("MALFORMED") and message in line, line
-    assert lines[-1].startswith("checked the committed rows of 6 tables; reran 0 cells (0 runs)")
+    assert lines[-1].startswith("checked the committed rows of 7 tables; reran 0 cells (0 runs)")
 
 
 DIAGNOSED = HEADER.replace("\n", ",clusters,cluster_sizes\n") + "".join(

@@ -303,7 +303,7 @@ def main(argv: list[str]) -> int:
             f"(default {os.path.join(ROOT, 'results')})"
         )
     data_root = data_root_of_flags(FLAGS.with_data, FLAGS.data_root)
-    tables = sorted(glob.glob(os.path.join(FLAGS.results, "**", "*.md"), recursive=True))
+    tables = table_files(FLAGS.results)
     if data_root is not None and (missing := missing_data(tables, data_root)):
         _, recorded, table = missing[0]
         raise exits.usage_error(
@@ -327,6 +327,14 @@ def main(argv: list[str]) -> int:
     if not rerun and not failed:
         raise exits.usage_error(nothing_checked_message(FLAGS.results, len(tables)))
     return 1 if failed else 0
+
+
+def table_files(results: str) -> list[str]:
+    """Every .md table under `results`, and the comparison.md a compare.py table's rows
+    (comparison.csv) are found without: checked too, so reported MALFORMED, not passed over."""
+    found = set(glob.glob(os.path.join(results, "**", "*.md"), recursive=True))
+    rows = glob.glob(os.path.join(results, "**", "comparison.csv"), recursive=True)
+    return sorted(found | {path[: -len(".csv")] + ".md" for path in rows})
 
 
 def sample_summary(tables: int, rerun: Sequence[Cell], all_seeds: bool) -> str:

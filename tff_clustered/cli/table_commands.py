@@ -15,6 +15,7 @@ from absl import flags
 
 from tff_clustered.cli import exits
 from tff_clustered.cli.launch import REPOSITORY
+from tff_clustered.comparison.committed_tables import read_table_file
 from tff_clustered.comparison.numerics import machine_fields, recorded_variables
 
 COMMAND = re.compile(r"^- command: `python binaries/compare\.py (.*)`\s*$", re.MULTILINE)
@@ -169,11 +170,14 @@ def with_data_root(command: list[str], data_root: str) -> list[str]:
 
 def missing_data(tables: list[str], data_root: str) -> list[tuple[str, str, str]]:
     """(path here, path as recorded, table) for each data path a table's command names that
-    is not on this machine; a path that is not portable is left to `check_table`."""
+    is not on this machine; a path that is not portable, and a table that cannot be read, are
+    left to `check_table`."""
     missing = []
     for path in tables:
-        with open(path) as f:
-            command = table_command(f.read()) or []
+        try:
+            command = table_command(read_table_file(path)) or []
+        except ValueError:
+            continue
         for recorded in data_paths(command):
             try:
                 here = resolve_data_path(recorded, data_root)
