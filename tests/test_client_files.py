@@ -125,18 +125,18 @@ def test_a_population_over_the_bound_is_sent(monkeypatch: pytest.MonkeyPatch) ->
     source, why = worker_source(data, SPECS)
     assert source is None and "exceed" in why and "free space" in why
     cache = executions.RoundCache(None, SPECS, [], execution="tff")
-    cache.read_on_worker(source, "auto", why)
+    cache.read_on_worker(lambda: (source, why), "auto")
     assert cache.worker_data is None
     with pytest.raises(ValueError, match="can only be sent .*exceed .*free space"):
-        cache.read_on_worker(source, "read_on_worker", why)
+        cache.read_on_worker(lambda: (source, why), "read_on_worker")
     monkeypatch.setattr(runtime, "_ACTIVE_WORKERS", (("10.0.0.5:8000", None),))
     files = ClientFiles(data, SPECS)
-    cache.read_on_worker(files, "auto")
+    cache.read_on_worker(lambda: (files, None), "auto")
     assert cache.worker_data is None
     with pytest.raises(ValueError, match="--workers are elsewhere"):
-        cache.read_on_worker(files, "read_on_worker")
+        cache.read_on_worker(lambda: (files, None), "read_on_worker")
     monkeypatch.setattr(runtime, "_ACTIVE_WORKERS", (("localhost:8000", None),))
-    cache.read_on_worker(files, "read_on_worker")
+    cache.read_on_worker(lambda: (files, None), "read_on_worker")
     assert cache.worker_data is files
 
 

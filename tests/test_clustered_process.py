@@ -24,10 +24,7 @@ from tff_clustered.federated.round_inputs import (
     round_hparams,
 )
 from tff_clustered.federated.signature import RoundSignature
-from tff_clustered.federated.tff_execution import (
-    build_round,
-    tff_round_parts,
-)
+from tff_clustered.federated.tff_execution import tff_round_parts
 from tff_clustered.models import PersonalSplit, ResolvedSplit, initial_weights, model_spec
 from tff_clustered.models.functional import functional_model
 
@@ -78,9 +75,8 @@ def build(
         return_model_deltas=deltas,
         **signature_options,
     )
-    process = build_round(
-        functional_model(keras_model, spec.input_spec()), spec.input_spec(), signature, w0
-    )
+    model = functional_model(keras_model, spec.input_spec())
+    process = tff_round_parts(round_functions(model, spec.input_spec(), signature, w0))
     return process, w0
 
 
@@ -145,7 +141,7 @@ def mlp_predict(weights: tuple, x: tf.Tensor, training: bool) -> tf.Tensor:
 def test_personal_tensors_are_trained_locally_and_never_aggregated() -> None:
     rng = np.random.default_rng(1)
     process, w0 = build("mlp", PersonalSplit(1, "layers", "top"), 2)
-    assert process.io.store_in == (2, 3)
+    assert process.functions.io.store_in == (2, 3)
     state = process.initialize()
     data = client_sets(rng, [8, 12, 7], 5, 3)
     keys = [1, 1, 0]
@@ -210,7 +206,9 @@ def test_purely_local_models_leave_the_server_state_unchanged() -> None:
 def test_evaluation_uses_each_clients_own_cluster_model() -> None:
     rng = np.random.default_rng(3)
     process, _ = build("mclr", PersonalSplit.none(), 2)
-    models = tuple(rng.normal(size=(2, *s)).astype(np.float32) for s in process.layout.shapes)
+    models = tuple(
+        rng.normal(size=(2, *s)).astype(np.float32) for s in process.functions.layout.shapes
+    )
     data = client_sets(rng, [10, 13], 5, 3)
     keys = [1, 0]
     results = process.evaluate(
@@ -258,11 +256,10 @@ def test_batchnorm_statistics_follow_their_layer_shared_or_personal() -> None:
     model = functional_model(keras_model, spec.input_spec())
     variables = initial_weights(spec, 1) + list(model.initial_state)
     shared = tuple(range(58))  # the last block's second BN (58, 59) and the FC are personal
-    process = build_round(
-        model, spec.input_spec(), RoundSignature(1, shared, keep_client_models=True), variables
-    )
+    signature = RoundSignature(1, shared, keep_client_models=True)
+    process = tff_round_parts(round_functions(model, spec.input_spec(), signature, variables))
     personal_bn = [62 + j for j, owner in enumerate(model.state_owner) if owner >= 58]
-    assert process.io.store_in == (58, 59, 60, 61, *personal_bn)
+    assert process.functions.io.store_in == (58, 59, 60, 61, *personal_bn)
     rng = np.random.default_rng(5)
     data = [
         (
@@ -277,13 +274,13 @@ def test_batchnorm_statistics_follow_their_layer_shared_or_personal() -> None:
         round_clients(
             [arrays(*d) for d in data],
             [np.array([0], np.int32)] * 2,
-            [tuple(variables[i] for i in process.io.store_in)] * 2,
+            [tuple(variables[i] for i in process.functions.io.store_in)] * 2,
             [np.float32(1.0)] * 2,
             seeds(2),
         ),
         round_hparams(0.05, BATCH),
     )
-    kept = [dict(zip(process.io.store_out, o["stored"])) for o in outputs]
+    kept = [dict(zip(process.functions.io.store_out, o["stored"])) for o in outputs]
     for j, owner in enumerate(model.state_owner):
         index = 62 + j
         got = new_state.cluster_models[index][0]

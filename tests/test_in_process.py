@@ -102,7 +102,7 @@ def test_in_process_round_gives_the_tff_rounds_results(algorithm: str) -> None:
     tff_run, local_run = run(algorithm, "tff"), run(algorithm, "in_process")
     if algorithm in CLUSTERED:  # the clustering path is compared too, not a single model
         assert len(set(tff_run.state.assignment.values())) > 1
-    assert local_run.calls.rounds_cache.execution == "in_process"
+    assert local_run.calls.rounds_cache.execution.name == "in_process"
     # The same decisions: clusters, assignments, split.
     assert local_run.state.assignment == tff_run.state.assignment
     assert local_run.state.shared == tff_run.state.shared

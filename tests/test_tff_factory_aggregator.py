@@ -298,7 +298,7 @@ def test_the_api_takes_a_bare_factory_and_refuses_what_cannot_run_it(tmp_path: o
     with pytest.raises(ValueError, match="use execution='tff'"):
         run_without_data(tmp_path, factory, execution="in_process")
     with pytest.raises(ValueError, match="run it on one worker"):
-        TffFactoryPerCluster(factory).check_execution("tff", num_workers=2)
+        TffFactoryPerCluster(factory).check_workers(num_workers=2)
     with pytest.raises(TypeError, match="takes a tff.aggregators.WeightedAggregationFactory"):
         TffFactoryPerCluster(tff.learning.optimizers.build_sgdm())
     with pytest.raises(ValueError, match="goes with name 'tff_factory' only"):
@@ -318,7 +318,7 @@ def test_a_factory_with_a_secure_sum_is_refused_before_any_data_is_read(tmp_path
     assert TffFactoryPerCluster(nested).secure_intrinsics == ("federated_secure_sum_bitwidth",)
     for plain in (tff.learning.robust_aggregator(), tff.learning.dp_aggregator(1.0, 50)):
         assert TffFactoryPerCluster(plain).secure_intrinsics == ()
-        TffFactoryPerCluster(plain).check_execution("tff")
+        TffFactoryPerCluster(plain).check_workers()
 
 
 def test_a_factory_resumed_with_another_parameter_is_refused_naming_it(tmp_path: object) -> None:

@@ -4,7 +4,7 @@ Each aggregator is a `cluster_aggregators.ClusterAggregator` subclass in its own
 declares what users and the loop see of it: its `name` and `summary`, its settings
 (`Options`, a dataclass of `options.option(...)` fields: the flags, the Python API and
 docs/options.md come from them), and what the loop reads (`uniform_weights`, `private`,
-`round_event`, `privacy_budget`, `upload_bits`, `check_execution`,
+`round_event`, `privacy_budget`, `upload_bits`, `check_workers`,
 `voided_by_individual_updates`). A new aggregator named on the command line is its file and
 its line here; one given to `tff_clustered.run` as an object (`examples/norm_bounded_mean.py`)
 is its file only.

@@ -162,18 +162,12 @@ class ClusterAggregator:
         is then the cause named)."""
         return ""
 
-    def check_execution(self, execution: str, num_workers: int = 1) -> None:
-        """Refuses an execution that cannot run this aggregator (`tff_computation_only`): the
-        in-process one, or a TFF round split over `num_workers` > 1 workers."""
-        if not self.tff_computation_only:
-            return
-        if execution != "tff":
-            raise ValueError(
-                f"the {self.name} aggregator (a tff.aggregators factory) runs only as a TFF "
-                f"computation: execution={execution!r} cannot run it; use execution='tff' "
-                "(the Python API's execution argument)"
-            )
-        if num_workers > 1:
+    def check_workers(self, num_workers: int = 1) -> None:
+        """Refuses a round split over `num_workers` > 1 workers when it cannot run one
+        (`tff_computation_only`: one process over all of a round's clients). Which execution
+        can run the aggregator at all is the execution's check
+        (`executions.Execution.check_aggregator`)."""
+        if self.tff_computation_only and num_workers > 1:
             raise ValueError(
                 f"the {self.name} aggregator (a tff.aggregators factory) runs each cluster's "
                 f"process over all of a round's clients in one computation, which a round "

@@ -11,17 +11,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
-
-from tff_clustered.federated.scoring import (
-    pooled_scores_fn,
-    pooled_scores_specs,
-    predict_probabilities_fn,
-    predict_probabilities_specs,
-)
-from tff_clustered.models.functional import FunctionalModel
 
 
 def placed_on(device: Optional[str]) -> contextlib.AbstractContextManager:
@@ -146,25 +137,3 @@ class GraphFunction:
             outputs = self.session.run(self.outputs, feed_dict=feed)
             self._ran = True
         return outputs
-
-
-def in_process_predict(
-    model: FunctionalModel, input_spec: dict, device: Optional[str] = None
-) -> Callable[..., np.ndarray]:
-    """`round.predict_probabilities_fn`, run in this process."""
-    check_device(device)
-    return GraphFunction(
-        predict_probabilities_fn(model), predict_probabilities_specs(model, input_spec), device
-    )
-
-
-def in_process_pooled_scores(
-    model: FunctionalModel,
-    input_spec: dict,
-    device: Optional[str] = None,
-    head_start: Optional[int] = None,
-) -> Callable[..., tuple]:
-    """`round.pooled_scores_fn`, run in this process."""
-    check_device(device)
-    specs = pooled_scores_specs(model, input_spec, head_start)
-    return GraphFunction(pooled_scores_fn(model, head_start), specs, device)

@@ -114,11 +114,9 @@ class InProcessExecution:
         # same-size clients to train.
         self.vectorise = vectorise and graphs.vectorisable(self.train_client_graph.graph)
         self.stacked_graphs: dict[bool, graphs.GraphFunction] = {}
-        sums_spec = ClientSums(fns.stacked_shared_spec(), weight_spec(fns), fns.stats_spec)
-        self.zero_sums = tf.nest.map_structure(lambda t: np.zeros(t.shape, np.float32), sums_spec)
         self.finalize_graph = graphs.GraphFunction(
             fns.finalize,
-            [fns.cluster_models_spec, *sums_spec, fns.optimizer_state_spec, fns.slot_spec],
+            [fns.cluster_models_spec, *fns.sums_spec, fns.optimizer_state_spec, fns.slot_spec],
             device,
         )
 
@@ -191,8 +189,8 @@ class InProcessExecution:
     def accumulate_graph(self) -> graphs.GraphFunction:
         """`accumulate_stacked` as a graph."""
         fns = self.fns
-        sums_spec = ClientSums(fns.stacked_shared_spec(), weight_spec(fns), fns.stats_spec)
-        client_spec = (stacked(fns.shared_spec), stacked(weight_spec(fns)), stacked(fns.stats_spec))
+        sums_spec = fns.sums_spec
+        client_spec = (stacked(fns.shared_spec), stacked(fns.weight_spec), stacked(fns.stats_spec))
         return graphs.GraphFunction(accumulate_stacked, [sums_spec, *client_spec], self.device)
 
     def initialize(self) -> ServerState:
@@ -248,7 +246,7 @@ class InProcessExecution:
         """The groups' results added into the per-cluster sums, in client order within each
         group and groups in the order of their first client (so the sums do not depend on
         which finished first), then the finalizer."""
-        sums = self.zero_sums
+        sums = self.fns.zero_sums()
         for result in trained.results:
             sums = self.accumulate_graph(sums, result.delta, result.cluster_weight, result.stats)
         models = tuple(state.cluster_models)
@@ -259,10 +257,6 @@ class InProcessExecution:
 
     def nothing_aggregated(self) -> Any:
         return nothing_aggregated(self.fns.num_clusters)
-
-
-def weight_spec(fns: RoundFunctions) -> tf.TensorSpec:
-    return tf.TensorSpec([fns.num_clusters], tf.float32)
 
 
 def padded_group(sizes: Sequence[int], members: Sequence[int]) -> bool:

@@ -22,7 +22,7 @@ from tff_clustered.federated.round_inputs import (
     client_seed,
     round_hparams,
 )
-from tff_clustered.federated.server_state import ServerState
+from tff_clustered.federated.server_state import ClientSums, ServerState
 from tff_clustered.federated.signature import ModelLayout, RoundIO, RoundSignature
 from tff_clustered.models.functional import FunctionalModel
 
@@ -162,6 +162,21 @@ class RoundSpecs:
 
     def stacked_shared_spec(self) -> tuple:
         return self.specs(self.io.shared, (self.num_clusters,))
+
+    @functools.cached_property
+    def weight_spec(self) -> tf.TensorSpec:
+        """Each cluster's total client weight (`[K]`)."""
+        return tf.TensorSpec([self.num_clusters], tf.float32)
+
+    @functools.cached_property
+    def sums_spec(self) -> ClientSums:
+        """TF specs of the per-cluster sums of a round's client results (`ClientSums`)."""
+        return ClientSums(self.stacked_shared_spec(), self.weight_spec, self.stats_spec)
+
+    def zero_sums(self) -> ClientSums:
+        """The sums of no client: what a round of none finalizes (an aggregator's noise alone,
+        then the server optimizer's step)."""
+        return tf.nest.map_structure(lambda t: np.zeros(t.shape, np.float32), self.sums_spec)
 
     @property
     def selection_spec(self) -> tuple:

@@ -15,7 +15,6 @@ import tensorflow as tf
 from tff_clustered.federated import local_training
 from tff_clustered.federated.batching import ArrayBatches
 from tff_clustered.federated.signature import ModelLayout
-from tff_clustered.frameworks import tff, to_type
 from tff_clustered.models.functional import FunctionalModel
 
 
@@ -49,12 +48,6 @@ def predict_probabilities_specs(model: FunctionalModel, input_spec: dict) -> tup
         stacked(layout.state_shapes),
         tf.TensorSpec(input_spec["x"].shape, tf.float32),
     )
-
-
-def build_predict_probabilities(model: FunctionalModel, input_spec: dict) -> tff.Computation:
-    """Server-side inference (`predict_probabilities_fn`) as one TFF computation."""
-    types = [to_type(s) for s in predict_probabilities_specs(model, input_spec)]
-    return tff.tensorflow.computation(*types)(predict_probabilities_fn(model))
 
 
 def pooled_scores_fn(
@@ -163,11 +156,3 @@ def pooled_scores_specs(
         tf.TensorSpec([], tf.int64),
         *([tuple(tf.TensorSpec([None, *s], tf.float32) for s in heads)] if heads else []),
     )
-
-
-def build_pooled_scores(
-    model: FunctionalModel, input_spec: dict, head_start: Optional[int] = None
-) -> tff.Computation:
-    """`pooled_scores_fn` as one TFF computation."""
-    types = [to_type(s) for s in pooled_scores_specs(model, input_spec, head_start)]
-    return tff.tensorflow.computation(*types)(pooled_scores_fn(model, head_start))

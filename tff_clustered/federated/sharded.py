@@ -121,9 +121,12 @@ class ShardedExecution:
         return TrainedShares([ClientSums(*sums) for sums, _ in shares], outputs)
 
     def aggregate(self, state: ServerState, trained: TrainedShares) -> Finalized:
+        """The shares' sums merged (of no share, a round of no client: zero sums), then
+        `parts.finalize` on the first worker."""
         finalize = self.parts.finalize  # built here, not per thread
-        sums = merged_sums(trained.sums)
-        first_worker = runtime.worker_contexts()[0][1]
+        sums = merged_sums(trained.sums) if trained.sums else self.parts.functions.zero_sums()
+        workers = runtime.worker_contexts()
+        first_worker = workers[0][1] if workers else tff.framework.get_context_stack().current
         models = tuple(state.cluster_models)
         finalized = _call_on(
             first_worker, finalize, models, sums, state.optimizer, state.aggregator
@@ -174,37 +177,19 @@ class ShardedRound:
     parts: TffRoundParts
 
     def next(self, state: ServerState, clients: Sequence[ClientInput], hparams: dict) -> tuple:
-        """`parts.next` with the same arguments and results."""
+        """`parts.next` with the same arguments and results: traced as one computation when
+        one worker runs it, else (and for a round of no client, which TFF cannot carry as a
+        federated value) composed over the workers' shares (`ShardedExecution`)."""
         with named_data_errors(self.parts.worker_data):
             workers = runtime.worker_contexts()
-            if not clients:  # TFF cannot carry a federated value of no client
-                return self.finalized_alone(state)
-            if len(workers) <= 1 or len(clients) <= 1:
+            if clients and (len(workers) <= 1 or len(clients) == 1):
                 next_round = self.parts.next
                 return next_round(state, client_values(clients, next_round, 1), hparams)
-            self.parts.functions.aggregator.check_execution("tff", len(workers))
+            self.parts.functions.aggregator.check_workers(len(workers))
             execution = ShardedExecution(self.parts)
             return ComposedRound(execution, self.parts.functions.routes_rows).next(
                 state, clients, hparams
             )
-
-    def finalized_alone(self, state: ServerState) -> tuple:
-        """The round of no client (an empty Poisson sample): `parts.finalize` on zero sums, on
-        the first worker (a private mean's noise alone, then the server optimizer's step), as
-        the in-process round computes it; no client outputs."""
-        fns = self.parts.functions
-        sums = ClientSums(
-            tuple(np.zeros(t.shape, np.float32) for t in fns.stacked_shared_spec()),
-            np.zeros([fns.num_clusters], np.float32),
-            np.zeros(fns.stats_spec.shape, np.float32),
-        )
-        workers = runtime.worker_contexts()
-        context = workers[0][1] if workers else tff.framework.get_context_stack().current
-        models = tuple(state.cluster_models)
-        finalize = self.parts.finalize
-        args = (models, sums, state.optimizer, state.aggregator)
-        finalized = Finalized(*_call_on(context, finalize, *args))
-        return after_round(state, finalized), [], finalized.measurements
 
     def evaluate(self, cluster_models: tuple, clients: Sequence[dict], batch_size: int) -> list:
         """`parts.evaluate`, each worker scoring a share of the clients."""

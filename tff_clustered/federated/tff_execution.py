@@ -21,12 +21,11 @@ import numpy as np
 import tensorflow as tf
 
 from tff_clustered.federated.clustered_mean import ClusterSums
-from tff_clustered.federated.round import ComposedRound, FederatedRound
-from tff_clustered.federated.round_functions import RoundFunctions, round_functions
+from tff_clustered.federated.round import ComposedRound
+from tff_clustered.federated.round_functions import RoundFunctions
 from tff_clustered.federated.round_inputs import ClientInput, WorkerData
 from tff_clustered.federated.server_state import ClientSums, ServerState, nothing_aggregated
 from tff_clustered.frameworks import tff, to_type
-from tff_clustered.models.functional import FunctionalModel
 
 
 def sequence_type(element_spec: object) -> tff.SequenceType:
@@ -68,20 +67,15 @@ class SummedAggregation:
 def finalizer_computation(fns: RoundFunctions) -> tff.Computation:
     """`RoundFunctions.finalize` as a TFF computation `(cluster_models, ClientSums, optimizer,
     aggregator slot) -> Finalized`."""
-    sums_type = to_type(ClientSums(fns.stacked_shared_spec(), weight_spec(fns), fns.stats_spec))
     types = (
         to_type(fns.cluster_models_spec),
-        sums_type,
+        to_type(fns.sums_spec),
         to_type(fns.optimizer_state_spec),
         to_type(fns.slot_spec),
     )
     return tff.tensorflow.computation(*types)(
         lambda models, sums, optimizer, slot: fns.finalize(models, *sums, optimizer, slot)
     )
-
-
-def weight_spec(fns: RoundFunctions) -> tf.TensorSpec:
-    return tf.TensorSpec([fns.num_clusters], tf.float32)
 
 
 class TffExecution:
@@ -259,35 +253,7 @@ class TffRoundParts:
             tff.FederatedType(tff.TensorType(np.int64), tff.SERVER),
         )(self.execution.evaluate)
 
-    def as_round(self) -> FederatedRound:
-        fns = self.functions
-        return FederatedRound(
-            initialize=self.initialize,
-            next=self.next,
-            evaluate=self.evaluate,
-            signature=fns.signature,
-            io=fns.io,
-            layout=fns.layout,
-        )
-
 
 def tff_round_parts(fns: RoundFunctions, worker_data: Optional[WorkerData] = None) -> TffRoundParts:
     """The TFF computations of the round (`TffRoundParts`)."""
     return TffRoundParts(TffExecution(fns, worker_data))
-
-
-def tff_round(fns: RoundFunctions) -> FederatedRound:
-    """The round's functions composed as TFF computations."""
-    return tff_round_parts(fns).as_round()
-
-
-def build_round(
-    model: FunctionalModel,
-    input_spec: dict,
-    signature: Any,
-    initial_variables: Any,
-) -> FederatedRound:
-    """Builds `initialize`/`next` and `evaluate` as TFF computations for one model and
-    signature. `initial_variables` (one model's trainable tensors then its state) initialise
-    every cluster in `initialize`; the orchestration passes its own server state to `next`."""
-    return tff_round(round_functions(model, input_spec, signature, initial_variables))

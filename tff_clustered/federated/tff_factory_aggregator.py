@@ -37,7 +37,7 @@ as it keeps any aggregator's (`loop.aggregation`). Each process's scalar measure
 
 A factory runs only as a TFF computation on one worker: the in-process execution and a round
 split over several workers (whose partial sums a factory's state update cannot be cut into)
-refuse it before any training (`loop.aggregation.check_execution`), and so is a factory with a
+refuse it before any training (`executions.Execution.check_aggregator`), and so is a factory with a
 secure sum (`tff.learning.secure_aggregator()`), which TFF 0.87's C++ worker cannot run.
 """
 
@@ -120,11 +120,11 @@ class TffFactoryPerCluster(ClusterAggregator):
     def weighted(self) -> bool:
         return isinstance(self.factory, tff.aggregators.WeightedAggregationFactory)
 
-    def check_execution(self, execution: str, num_workers: int = 1) -> None:
+    def check_workers(self, num_workers: int = 1) -> None:
         """Also refuses a factory with a secure sum (`tff.learning.secure_aggregator()`,
         `tff.aggregators.SecureSumFactory`...): TFF 0.87's C++ worker has no secure intrinsic
         and would fail in round 1 ("Cannot embed a federated value")."""
-        super().check_execution(execution, num_workers)
+        super().check_workers(num_workers)
         if self.secure_intrinsics:
             raise ValueError(
                 f"the tff.aggregators factory {self.description} sums securely "

@@ -25,6 +25,7 @@ import numpy as np
 
 from tff_clustered.algorithms.base import Algorithm
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
+from tff_clustered.federated.executions import execution_class
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
 from tff_clustered.loop.state import RunState
 from tff_clustered.options import flag_name
@@ -97,12 +98,12 @@ def checked_aggregator(
 ) -> ClusterAggregator:
     """The run's aggregator, refused where the algorithm cannot use it
     (`check_aggregator`), where `execution` (and the started runtime's workers) cannot run it
-    (`ClusterAggregator.check_execution`) or where round metrics would read each client's
+    (`executions.Execution.check_aggregator`) or where round metrics would read each client's
     update, which an aggregator that does not pass updates through keeps inside its
     per-cluster sums."""
     aggregator = config.aggregator.build()
     check_aggregator(algorithm, aggregator)
-    aggregator.check_execution(execution, len(runtime.worker_contexts()))
+    execution_class(execution).check_aggregator(aggregator, len(runtime.worker_contexts()))
     if round_metrics and aggregator.voided_by_individual_updates:
         raise ValueError(
             f"round metrics read each client's own update, which the {aggregator.name} "

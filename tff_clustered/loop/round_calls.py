@@ -8,6 +8,8 @@ computations). It changes nothing of the run: what to store and apply is the cal
 
 from __future__ import annotations
 
+import functools
+
 from tff_clustered.data.client_files import worker_source
 from tff_clustered.data.federated_data import FederatedData
 from tff_clustered.federated.executions import RoundCache
@@ -30,6 +32,5 @@ class RoundCalls(TrainingCalls, ScoringCalls):
     ) -> None:
         TrainingCalls.__init__(self, data, layout, rounds_cache, config)
         ScoringCalls.__init__(self, data, layout, rounds_cache, config)
-        if rounds_cache.execution == "tff":  # read on the worker when it can and gains
-            worker_data, refusal = worker_source(data, rounds_cache.input_spec)
-            rounds_cache.read_on_worker(worker_data, refusal=refusal)
+        # read on a worker when the execution can and gains
+        rounds_cache.read_on_worker(functools.partial(worker_source, data, rounds_cache.input_spec))

@@ -39,6 +39,7 @@ from tff_clustered.data.given_clients import GIVEN_DIGEST, federated_data
 from tff_clustered.data.registry import load_dataset, source_fingerprint
 from tff_clustered.data.spec import DataSpec
 from tff_clustered.federated.cluster_aggregators import ClusterAggregator
+from tff_clustered.federated.executions import execution_class
 from tff_clustered.loop.aggregation import check_aggregator, check_cold_start_settings
 from tff_clustered.loop.client_store import checked_store_choice
 from tff_clustered.loop.config import AggregatorConfig, TrainingConfig
@@ -248,7 +249,7 @@ def run(
             "write training=tff_clustered.TrainingConfig(rounds=..., ...)"
         )
     training = with_aggregator(training, aggregator)
-    training.aggregator.build().check_execution(execution)
+    execution_class(execution).check_aggregator(training.aggregator.build())
     if options is None or isinstance(options, Mapping):
         names = [key for key in (options or {}) if not isinstance(key, str)]
         if names:

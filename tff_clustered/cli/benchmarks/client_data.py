@@ -60,7 +60,7 @@ def setting_rounds(examples: int, features: int, folder: str) -> dict[str, Calla
         worker), or the first `--clients` every time (after the first round, held here)."""
         cache = RoundCache(model, spec.input_spec(), w0, "tff")
         reader = worker_reader(data)
-        cache.read_on_worker(reader, "read_on_worker" if read_on_worker else "sent")
+        cache.read_on_worker(lambda: (reader, None), "read_on_worker" if read_on_worker else "sent")
         process = cache.get(signature)
         state = process.initialize()
         calls = [0]

@@ -137,8 +137,7 @@ def our_round_fn(
         arrays = dict(zip(ids, clients))
         data = FederatedData("benchmark", (FLAGS.input_dim,), FLAGS.num_classes, sizes, sizes)
         data = dataclasses.replace(data, train_arrays=arrays, test_arrays=arrays)
-        worker_data, refusal = worker_source(data, spec.input_spec())
-        cache.read_on_worker(worker_data, refusal=refusal)
+        cache.read_on_worker(lambda: worker_source(data, spec.input_spec()))
     epochs = FLAGS.local_epochs if epochs is None else epochs
     hparams = round_hparams(FLAGS.learning_rate, FLAGS.batch_size, epochs)
     return repeated_round(cache, clients, num_clusters, hparams, ids)
