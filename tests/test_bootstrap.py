@@ -190,6 +190,52 @@ def test_the_bootstrap_builds_the_venv_from_the_interpreter_the_script_chose() -
     assert os.access(SCRIPT, os.R_OK)
 
 
+# A program that answers the interpreter checks as a Python 3.11 with venv would, and does
+# nothing else: its `-m venv` makes no environment.
+ANSWERS_ONLY = """#!/bin/sh
+case "$*" in *venv*ensurepip*) echo venv;; *version_info*) echo "python 3.11.4";; esac
+exit 0
+"""
+
+
+def test_a_venv_step_that_makes_no_environment_is_one_line_and_exit_2(
+    tmp_path: pathlib.Path,
+) -> None:
+    """scripts/bootstrap.sh in a copy of the scripts: an interpreter whose `-m venv` makes no
+    .venv/bin/python, a .venv that is a file, and the script run by sh are each one line naming
+    the fix, exit 2 (issue 64 probe: exit 127 with bash's "No such file", exit 1 with venv's
+    own two lines)."""
+    (tmp_path / "scripts").mkdir()
+    for name in ("bootstrap.sh", "python_for_venv.sh"):
+        shutil.copy(ROOT / "scripts" / name, tmp_path / "scripts" / name)
+    fake = tmp_path / "python3.11"
+    _executable(fake, ANSWERS_ONLY)
+    script = str(tmp_path / "scripts" / "bootstrap.sh")
+    environ = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+
+    def bootstrap(shell: str, python: pathlib.Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [shell, script], env={**environ, "PYTHON": str(python)}, capture_output=True, text=True
+        )
+
+    done = bootstrap("bash", fake)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"error: {fake} -m venv .venv made no .venv/bin/python; set PYTHON to a Python 3.9-3.11 "
+        "with its venv module (on Ubuntu: apt-get install python3.11-venv), delete .venv and "
+        "run again"
+    ]
+    (tmp_path / ".venv").write_text("")
+    done = bootstrap("bash", pathlib.Path(sys.executable))
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        f"error: {tmp_path}/.venv exists and is not a folder; remove it (rm .venv) and run again"
+    ], done.stderr
+    done = bootstrap("sh", fake)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "error: scripts/bootstrap.sh is a bash script; run it as: bash scripts/bootstrap.sh"
+    ], done.stderr
+
+
 DOCKER_INSTRUCTIONS = {
     "FROM",
     "RUN",

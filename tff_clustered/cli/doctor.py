@@ -16,6 +16,7 @@ import glob
 import json
 import os
 import platform
+import sqlite3
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from absl import app, flags
 
 from tff_clustered.cli import exits, logs
 from tff_clustered.cli.launch import REPOSITORY
+from tff_clustered.data import leaf_cache
 from tff_clustered.data.federated_data import DataError
 from tff_clustered.data.fingerprint import SQLITE_MAGIC
 from tff_clustered.data.image_formats import TFDS_NAMES, tfds_root
@@ -37,8 +39,10 @@ from tff_clustered.data.mnist import FASHION_MNIST, MNIST
 from tff_clustered.data.mnist_writers import WRITERS_FILE
 from tff_clustered.data.registry import TFF_DATABASES
 from tff_clustered.data.sent140 import read_glove
+from tff_clustered.data.sql_clients import SqlClients
 from tff_clustered.data.stackoverflow import STACKOVERFLOW_FILE
 from tff_clustered.data.tff_sql import tff_sql_path
+from tff_clustered.data.vector_records import vector_records
 from tff_clustered.runtime.context import tff_runtime, worker_binary_path
 
 FLAGS = flags.FLAGS
@@ -209,7 +213,8 @@ DATASETS: dict[str, Callable[[str], bool]] = {
 
 
 def sqlite_file(*path: str) -> bool:
-    """Whether the file `path` (joined) is a SQLite database (its header); False when it is
+    """Whether the file `path` (joined) is a SQLite database (its header) of TFF's
+    SqlClientData format (`SqlClients.check_format`, as a run checks it); False when it is
     absent, DataError when it is another file."""
     file = os.path.join(*path)
     if not os.path.isfile(file):
@@ -217,6 +222,13 @@ def sqlite_file(*path: str) -> bool:
     with open(file, "rb") as f:
         if f.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
             raise DataError(f"{file} is not a SQLite database (its first bytes); fetch it again")
+    reader = SqlClients(file, vector_records, {})
+    try:
+        reader.check_format()
+    except sqlite3.Error as e:
+        raise DataError(f"{file} cannot be read as SQLite ({e}); fetch it again") from None
+    finally:
+        reader.connection().close()
     return True
 
 
@@ -226,6 +238,23 @@ def check_data(report: Report) -> None:
     check_data_dir(report, FLAGS.data_dir)
     check_glove(report, FLAGS.glove_path)
     check_tfds(report, FLAGS.tfds_dir)
+    check_leaf_cache(report)
+
+
+def check_leaf_cache(report: Report) -> None:
+    """Where LEAF splits are kept and their bound, as a run reads them (`leaf_cache`): a bound
+    that is not a number of megabytes stops every LEAF run."""
+    folder = leaf_cache.cache_folder()
+    if folder is None:
+        report.note("LEAF cache", "off (TFF_CLUSTERED_CACHE=off): every LEAF run parses its files")
+        return
+    try:
+        bound = leaf_cache.limit_bytes()
+    except ValueError as e:
+        detail, fix = str(e).split(": ", 1)
+        report.problem("LEAF cache", detail, fix)
+        return
+    report.ok("LEAF cache", f"{folder}, at most {bound // 2**20:,} MB")
 
 
 def check_data_dir(report: Report, data_dir: Optional[str]) -> None:

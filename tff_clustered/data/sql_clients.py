@@ -90,7 +90,9 @@ class SqlClients:
         naming its client."""
         return self._sizes()
 
-    def _sizes(self) -> dict[str, ClientCounts]:
+    def check_format(self) -> None:
+        """DataError unless the file holds the tables of TFF's SqlClientData format, naming
+        the ones it holds and how to write such a file (what `doctor.py` checks too)."""
         tables = {row[0] for row in self.rows("SELECT name FROM sqlite_master")}
         if not {"examples", "client_metadata"} <= tables:
             raise DataError(
@@ -98,6 +100,9 @@ class SqlClients:
                 f"{sorted(tables) or 'none'}; need examples and client_metadata); write it with "
                 "tff.simulation.datasets.save_to_sql_client_data"
             )
+
+    def _sizes(self) -> dict[str, ClientCounts]:
+        self.check_format()
         ours = {name: split for split, name in self.splits.items()}
         ids: list[str] = []
         index: dict[str, int] = {}
