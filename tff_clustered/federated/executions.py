@@ -30,6 +30,9 @@ from tff_clustered.federated.round import FederatedRound
 from tff_clustered.federated.round_functions import RoundFunctions, round_functions
 from tff_clustered.federated.round_inputs import (
     WorkerData,
+    client_examples,
+    client_input,
+    client_seed,
 )
 from tff_clustered.federated.scoring import (
     pooled_examples_specs,
@@ -241,3 +244,35 @@ class RoundCache:
             if self.on_build is not None:
                 self.on_build(time.perf_counter() - started)
         return self._built[signature]
+
+
+def repeated_round(
+    cache: RoundCache,
+    clients: Sequence[dict],
+    num_clusters: int,
+    hparams: dict,
+    client_ids: Optional[Sequence[str]] = None,
+) -> Callable[[], None]:
+    """A callable that runs one more round of `cache`'s clustered core on the same `clients`
+    (arrays, as `next` takes them; when the cache reads on the worker, each client's
+    reference by its id in `client_ids`), client i in cluster i mod `num_clusters`, every
+    client's weight 1: the fixed workload the benchmark and the GPU check time."""
+    process = cache.get(RoundSignature(num_clusters, tuple(range(len(cache.initial_variables)))))
+    state = process.initialize()
+    if cache.worker_data is not None:
+        if client_ids is None:
+            raise ValueError("a round that reads its clients on the worker needs their ids")
+        clients = [
+            cache.worker_data.reference(c, client_examples(data))
+            for c, data in zip(client_ids, clients)
+        ]
+    inputs = [
+        client_input(data, i % num_clusters, (), 1.0, client_seed(i, i))
+        for i, data in enumerate(clients)
+    ]
+
+    def run() -> None:
+        nonlocal state
+        state, _, _ = process.next(state, inputs, hparams)
+
+    return run

@@ -169,28 +169,25 @@ def tff_built(model: tf.keras.Model, input_spec: dict, refusal: str = "") -> Fun
     some models it cannot run (an LSTM with `dropout` captures a Keras placeholder, which
     fails in round 1 in TFF's worker): one trial step in a graph, as TFF runs it, refuses
     them here with the interpreter's `refusal` (the layer) and TFF's error. A model that draws
-    unseeded random numbers is refused as such first (Keras's own trace), also where TFF's
-    builder would fail on it (a `tf.random.Generator` in a Lambda: a variable no weight
-    holds; a failed build leaves the model untraceable)."""
+    unseeded random numbers is refused as such (`refuse_unseeded_randomness`), also where
+    TFF's builder fails on it (a `tf.random.Generator` in a Lambda: a variable no weight
+    holds), from Keras's own trace made before the build (a failed build leaves the model
+    untraceable)."""
     traced = keras_step_graph(model, input_spec)
-    if traced is not None:
-        refuse_unseeded_randomness(model, traced)
     try:
         functional = tff.learning.models.functional_model_from_keras(
             model,
             loss_fn=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             input_spec=collections.OrderedDict(input_spec),
         )
+    except Exception as e:  # TFF's errors
+        if traced is not None:
+            refuse_unseeded_randomness(model, traced)
+        raise untrainable(model, refusal, e) from None
+    try:
         graph = trial_step(functional, input_spec)
-    except Exception as e:  # TFF's and TF's errors: what TFF's worker would fail with
-        lines = [line.strip() for line in getattr(e, "message", str(e)).splitlines()]
-        reason = next((line for line in lines if line and not line.endswith(":")), "")
-        raise ValueError(
-            f"model {model.name} cannot be trained: the interpreter does not run it "
-            f"({refusal.rstrip('.')}) and TFF's functional_model_from_keras, which runs the "
-            f"other models, fails on it ({type(e).__name__}: {reason}); change that layer "
-            "(an LSTM's dropout: a Dropout layer after the LSTM)"
-        ) from None
+    except Exception as e:  # TF's errors: what TFF's worker would fail with
+        raise untrainable(model, refusal, e) from None
     refuse_unseeded_randomness(model, graph)
     non_trainable = tuple(functional.initial_weights[1])
 
@@ -213,6 +210,19 @@ def tff_built(model: tf.keras.Model, input_spec: dict, refusal: str = "") -> Fun
         apply=apply,
         features=None,
         rows_independent=True,
+    )
+
+
+def untrainable(model: tf.keras.Model, refusal: str, error: Exception) -> ValueError:
+    """The error of a model neither the interpreter (its `refusal`) nor TFF's builder (its
+    `error`) can train."""
+    lines = [line.strip() for line in getattr(error, "message", str(error)).splitlines()]
+    reason = next((line for line in lines if line and not line.endswith(":")), "")
+    return ValueError(
+        f"model {model.name} cannot be trained: the interpreter does not run it "
+        f"({refusal.rstrip('.')}) and TFF's functional_model_from_keras, which runs the "
+        f"other models, fails on it ({type(error).__name__}: {reason}); change that layer "
+        "(an LSTM's dropout: a Dropout layer after the LSTM)"
     )
 
 
