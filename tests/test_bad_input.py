@@ -50,7 +50,9 @@ def test_a_model_too_large_for_memory_is_refused_with_its_size() -> None:
 
 def test_a_failed_write_is_one_line_and_exit_2(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as stopped:
-        with run_flags.reported_errors("the last checkpoint is kept, continue with --resume"):
+        with run_flags.reported_errors(
+            lambda: "the last checkpoint is kept, continue with --resume"
+        ):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/runs/x/metrics.csv")
     assert stopped.value.code == 2
     err = capsys.readouterr().err
@@ -58,7 +60,7 @@ def test_a_failed_write_is_one_line_and_exit_2(capsys: pytest.CaptureFixture) ->
     assert err.startswith("error: /runs/x/metrics.csv: No space left on device; free space")
     assert "continue with --resume" in err
     with pytest.raises(FileNotFoundError):  # not the user's folder: a bug, shown as one
-        with run_flags.reported_errors("..."):
+        with run_flags.reported_errors(lambda: "..."):
             raise FileNotFoundError(errno.ENOENT, "gone", "/somewhere")
 
 
@@ -151,7 +153,7 @@ ERRORS = {
     "value": ValueError("a value error that follows the signal"),
 }
 kind, signame = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None
-with run_flags.reported_errors("the last checkpoint is kept, continue with --resume"):
+with run_flags.reported_errors(lambda: "the last checkpoint is kept, continue with --resume"):
     if signame is not None:
         try:
             os.kill(os.getpid(), getattr(signal, signame))

@@ -278,6 +278,16 @@ SUMMARY = (
 )
 
 
+def test_a_table_saved_with_a_byte_order_mark_reads_as_its_text(tmp_path: Path) -> None:
+    """A .csv a spreadsheet saved as UTF-8 starts with a byte-order mark, which made its first
+    column "\ufeffsetting" and the table "no setting column" (issue 64 probe)."""
+    saved = tmp_path / "comparison.csv"
+    saved.write_bytes(b"\xef\xbb\xbf" + SOUND.encode())
+    text = committed_tables.read_table_file(str(saved))
+    assert text == SOUND
+    assert committed_tables.committed_problems(text, SUMMARY)[1] == []
+
+
 def test_committed_rows_that_compare_nothing_or_were_altered_are_named() -> None:
     """Every committed row is checked, not only the one rerun: a NaN or out-of-range accuracy,
     a max below the final, a seed's row missing or twice, and seeds 1-2 set to 0 (the .md's

@@ -175,7 +175,9 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_fix(
 
     monkeypatch.setattr(os, "posix_fallocate", full)
     with pytest.raises(SystemExit) as stopped:
-        with run_flags.reported_errors("the last checkpoint is kept, continue with --resume"):
+        with run_flags.reported_errors(
+            lambda: "the last checkpoint is kept, continue with --resume"
+        ):
             disk.put("c1", random_model(rng))
     assert stopped.value.code == 2
     said = capsys.readouterr().err

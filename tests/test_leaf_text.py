@@ -222,7 +222,7 @@ def test_leaf_files_that_cannot_be_used_exit_2_with_one_line_naming_file_and_use
     """The CLI's data-error path (`train.py` loads the data inside `reported_errors`)."""
     data_dir = leaf_dir(tmp_path, text, leaf_blob(u=GOOD_USER))
     with pytest.raises(SystemExit) as stopped:
-        with run_flags.reported_errors("nothing was written"):
+        with run_flags.reported_errors(lambda: "nothing was written"):
             load_dataset("leaf", data_dir=data_dir)
     assert stopped.value.code == 2
     err = capsys.readouterr().err

@@ -358,6 +358,26 @@ def test_ctrl_c_sigterm_or_sighup_stop_cleanly_with_one_line_and_no_worker(
     assert not list(temporary.glob("tff_clustered-clients-*")), "the clients' files are left"
 
 
+def test_a_run_stopped_before_its_first_checkpoint_says_none_is_kept(tmp_path: object) -> None:
+    """Its line says that no checkpoint was written yet, not "the last checkpoint is kept,
+    continue with --resume" (issue 64 probe): there is none to continue from."""
+    out = tmp_path / "early_stop"
+    process = start_as_job(
+        [*QUICK, "--rounds=200", "--checkpoint_every=1000", f"--output_dir={out}"],
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
+    deadline = time.monotonic() + 300
+    while not (out / "metrics.csv").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == (
+        "terminated; no checkpoint was written yet; run the command again to start over"
+    )
+    assert not (out / "checkpoint.npz").exists()
+
+
 def test_a_run_started_in_the_background_ends_with_its_accounted_wall_and_no_worker(
     tmp_path: object,
 ) -> None:

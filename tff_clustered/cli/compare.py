@@ -370,7 +370,7 @@ def seeds_from_flags() -> list[int]:
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    with run_flags.reported_errors("finished runs are kept, run again to continue"):
+    with run_flags.reported_errors(lambda: "finished runs are kept, run again to continue"):
         if FLAGS.replace_columns or FLAGS.committed_table:
             return replace_columns.run()
         defaults_taken = apply_table_defaults(FLAGS.table)

@@ -61,17 +61,18 @@ def run_main(binary: str, main: Callable[[list[str]], Any]) -> None:
     from absl import app
 
     def guarded(argv: list[str]) -> Any:
-        with one_line_on_signals(f"{binary}: ", ""):
+        with one_line_on_signals(f"{binary}: "):
             return main(argv)
 
     app.run(guarded, flags_parser=parse_flags)
 
 
 @contextlib.contextmanager
-def one_line_on_signals(before: str, after: str) -> Iterator[None]:
+def one_line_on_signals(before: str, after: Callable[[], str] = str) -> Iterator[None]:
     """While the block runs (the work, after start-up): Ctrl-C, SIGTERM and SIGHUP stop it
-    between two steps with the one line `{before}interrupted{after}` (or `terminated`,
-    `hung up`) and exit code 130 / 143 / 129."""
+    between two steps with the one line `{before}interrupted{after()}` (or `terminated`,
+    `hung up`; `after` asked then: what the stopped work left) and exit code 130 / 143 /
+    129."""
     stop_cleanly_on_signals()
     try:
         yield
@@ -79,9 +80,9 @@ def one_line_on_signals(before: str, after: str) -> Iterator[None]:
         # or a `__del__`, where Python ignores exceptions) still ends the work with its line.
         reraise_received_signal()
     except KeyboardInterrupt:
-        exit_at_once(f"{before}interrupted{after}", 130)
+        exit_at_once(f"{before}interrupted{after()}", 130)
     except Terminated as e:
-        exit_at_once(f"{before}{e.word}{after}", 128 + e.signum)
+        exit_at_once(f"{before}{e.word}{after()}", 128 + e.signum)
 
 
 def exit_at_once(line: str, code: int) -> NoReturn:

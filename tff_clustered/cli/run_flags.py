@@ -11,7 +11,7 @@ import dataclasses
 import errno
 import os
 import sys
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TypeVar
 
 from absl import flags
@@ -340,17 +340,22 @@ OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EP
 
 
 @contextlib.contextmanager
-def reported_errors(on_interrupt: str) -> Iterator[None]:
+def reported_errors(on_interrupt: Callable[[], str]) -> Iterator[None]:
     """Bad input: `error: ...` on stderr and exit code 2; a TFF worker lost or unreachable:
     exit 3 (the message names it); a file the outputs cannot be written to: exit 2 with the
-    file and the reason; Ctrl-C or SIGTERM: `on_interrupt`, exit 130 or 143.
+    file and the reason; Ctrl-C or SIGTERM: `on_interrupt()` (asked then: what the stopped
+    work left), exit 130 or 143.
     The runtime's own context manager has stopped the TFF worker by then."""
-    with exits.one_line_on_signals("", f"; {on_interrupt}"), _exit_codes_of_errors(on_interrupt):
+
+    def after() -> str:
+        return f"; {on_interrupt()}"
+
+    with exits.one_line_on_signals("", after), _exit_codes_of_errors(on_interrupt):
         yield
 
 
 @contextlib.contextmanager
-def _exit_codes_of_errors(on_interrupt: str) -> Iterator[None]:
+def _exit_codes_of_errors(on_interrupt: Callable[[], str]) -> Iterator[None]:
     try:
         yield
     except Exception as e:
@@ -374,6 +379,6 @@ def _exit_codes_of_errors(on_interrupt: str) -> Iterator[None]:
             where = e.filename or "the output folder"
             # The system's own text gets the general fix; a message of ours names its own.
             fix = "free space or fix the folder; " if e.strerror == os.strerror(e.errno) else ""
-            print(f"error: {where}: {e.strerror}; {fix}({on_interrupt})", file=sys.stderr)
+            print(f"error: {where}: {e.strerror}; {fix}({on_interrupt()})", file=sys.stderr)
             raise SystemExit(2) from None
         raise

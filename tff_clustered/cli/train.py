@@ -66,11 +66,20 @@ flags.DEFINE_enum(
 )
 
 
+def stopped_run_note(folder: list[str]) -> str:
+    """What a stopped (or failed) run leaves for the next command: its last checkpoint, or
+    none yet (a run stopped before its first checkpoint starts over)."""
+    if folder and os.path.exists(RunFolder(folder[0]).checkpoint):
+        return "the last checkpoint is kept, continue with --resume"
+    return "no checkpoint was written yet; run the command again to start over"
+
+
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     baseline = FLAGS.baseline if FLAGS.baseline != FLAGS.algorithm else ""
-    with run_flags.reported_errors("the last checkpoint is kept, continue with --resume"):
+    folder: list[str] = []  # the run's, once known
+    with run_flags.reported_errors(lambda: stopped_run_note(folder)):
         with TIMER.phase("validation"):
             run_flags.refuse_other_algorithms_flags([FLAGS.algorithm, *filter(None, [baseline])])
             spec = run_flags.run_spec_from_flags(FLAGS.algorithm)
@@ -79,6 +88,7 @@ def main(argv: list[str]) -> int:
             )
             # Before a worker writes its log there, and before any data is loaded.
             checkpoint.refuse_held_run_folder(output_dir, FLAGS.resume, FLAGS.overwrite)
+            folder.append(output_dir)
             resume = runner.resumed(spec, output_dir) if FLAGS.resume else False
             execution = run_flags.execution_from_flags(output_dir, TIMER)
         with contextlib.ExitStack() as running:

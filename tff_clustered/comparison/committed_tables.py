@@ -32,13 +32,14 @@ PROBLEMS_SHOWN = 3
 
 
 def read_table_file(path: str) -> str:
-    """A table's file as text; one that is not a file (a folder), cannot be read or is not
-    UTF-8 is a ValueError of one line naming `path` and the fix."""
+    """A table's file as text (a byte-order mark, as spreadsheets save UTF-8, left out); one
+    that is not a file (a folder), cannot be read or is not UTF-8 is a ValueError of one line
+    naming `path` and the fix."""
     if not os.path.isfile(path):
         what = "a folder" if os.path.isdir(path) else "missing"
         raise ValueError(f"{path} is {what}, not a file: restore the table's file")
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             return f.read()
     except UnicodeDecodeError as error:
         raise ValueError(
