@@ -147,6 +147,14 @@ def test_every_algorithm_that_accepts_dp_states_what_its_epsilon_covers() -> Non
             assert set(accounting.LOOP_RELEASES) <= set(lists["not_covered"])
             assert (accounting.SEEDED_NOISE in lists["not_covered"]) == (noise == "seeded")
     assert {"fedavg", "ifca", "fedgroup", "fesem", "fedper", "ditto"} <= set(accepted)
+    # FedGroup's placement of evaluated clients not assigned yet reads a pre-training update the
+    # ledger does not charge: not covered, even under a private cold start (issue 63)
+    private_start = ClusterDP(1.0, cold_start_noise_multiplier=1.0)
+    assert accounting.private_cold_start(private_start)
+    for name in ("fedgroup", "fedgroup_madc", "fedgroup_rcc"):
+        lists = accounting.coverage(private_start, ALGORITHMS[name].releases)
+        placement = [p for p in lists["not_covered"] if p.startswith("FedGroup's evaluation")]
+        assert placement and "not charged" in placement[0], lists
     assert not {"cfl", "fedac", "flhc", "cgpfl", "fedtsdp", "dispfl"} & set(accepted)
     picks = accounting.coverage(ClusterDP(1.0), ALGORITHMS["ifca"].releases)["not_covered"]
     assert "IFCA's cluster picks" in accounting.privacy_line(

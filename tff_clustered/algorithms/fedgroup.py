@@ -123,7 +123,12 @@ class FedGroup(Algorithm):
             "clients' pre-training updates (Alg. 3)",
             "FedGroup's newcomer placement: each newcomer's group, from its own pre-training "
             "update (Eq. 9)",
-        )
+        ),
+        outside=(
+            "FedGroup's evaluation placement: the group an evaluated client not assigned yet "
+            "(lazy cold start, a late newcomer) is scored with and clients.csv names, from a "
+            "pre-training update of its own (noised as the cold start's, not charged)",
+        ),
     )
 
     def __init__(self, options: Optional[FedGroupOptions] = None) -> None:
@@ -391,7 +396,8 @@ class FedGroupRCC(FedGroup):
             "FedGroup-RCC's cold start: each group's initial model, one random client's "
             "pre-training update",
             *FedGroup.releases.cold_start[1:],
-        )
+        ),
+        outside=FedGroup.releases.outside,
     )
 
 
