@@ -16,11 +16,10 @@ from tff_clustered.report import reporting
 from tff_clustered.run_folder import RUN_OUTPUTS, RunFolder
 from tff_clustered.runs import checkpoint
 
-# digits (40 clients), Poisson sampling of 10 a round with noise 1: one round already takes a
-# client's epsilon past 0.1, so the run stops before round 1.
-# A target that one round passes is refused before the run (as every client eligible makes
-# it cost); with half of FedGroup's clients joining late, round 1 samples from the other half,
-# at twice the rate, and costs more than that: the run stops before it.
+# A target that round 1 passes is refused before the run, on round 1's eligible clients: with
+# half of FedGroup's clients joining late, round 1 samples 10 of the other 20 (the refusal took
+# all 40, so this run stopped before round 1: issue 63). With the refusal off (the step
+# UNCHECKED_TARGET), the run reaches that state: what a run folder holding it does is tested.
 STOPPED_BEFORE_ROUND_1 = [
     *DP_POISSON_DIGITS,
     "--algorithm=fedgroup",
@@ -50,9 +49,13 @@ RUN_STEPS = (
     TRAIN_IN_ONE_PROCESS
     + """
 import os
+from tff_clustered.loop import accounting
 for step in ARGUMENT:
     if step[0] == "DELETE":
         os.unlink(step[1])
+        continue
+    if step[0] == "UNCHECKED_TARGET":  # the up-front refusal off from here on
+        accounting.refuse_target_below_one_round = lambda *args: None
         continue
     run_train(step)
 """
@@ -71,7 +74,7 @@ def run_steps(steps: list[list[str]]) -> list[tuple[int, str, list[str]]]:
             printed = []
         else:
             printed.append(line)
-    assert len(runs) == sum(step[0] != "DELETE" for step in steps)
+    assert len(runs) == sum(step[0] not in ("DELETE", "UNCHECKED_TARGET") for step in steps)
     return runs
 
 
@@ -86,8 +89,10 @@ def test_a_run_stopped_before_round_1_says_so_and_is_never_overwritten_unasked(
     out = RunFolder(str(tmp_path / "stopped"))
     ifca = RunFolder(str(tmp_path / "ifca"))
     command = [*STOPPED_BEFORE_ROUND_1, f"--output_dir={out.path}"]
-    runs = run_steps(
+    refused, *runs = run_steps(
         [
+            command,  # refused: round 1 passes the target
+            ["UNCHECKED_TARGET"],
             command,  # 0: stops before round 1
             command,  # 1: the same again, without --resume: refused
             [*command, "--resume"],  # 2: resumes where it stopped: nothing more to train
@@ -98,6 +103,8 @@ def test_a_run_stopped_before_round_1_says_so_and_is_never_overwritten_unasked(
             [*IFCA_SAMPLE_NOT_TRAINED, f"--output_dir={ifca.path}"],  # 6
         ]
     )
+    code, stderr, _ = refused
+    assert code == 2 and "(10 of the 20 clients eligible in round 1)" in stderr, stderr[-3000:]
     code, stderr, printed = runs[0]
     assert code == 0, stderr[-3000:]
     assert any("no final accuracy: no round was trained" in line for line in printed), printed

@@ -175,9 +175,7 @@ class FedGroup(Algorithm):
         eager. Counts only: a run of unknown length (`total_rounds` 0) is eager."""
         if self.options.cold_start != "auto":
             return {}
-        present = len(run.client_ids) - int(
-            round(self.options.newcomer_fraction * len(run.client_ids))
-        )
+        present = len(run.client_ids) - self.late_count(len(run.client_ids))
         newcomers = len(run.client_ids) - self.clustered_count(present)
         trainings = run.total_rounds * run.clients_per_round
         cold_start = self.options.pretrain_scale * self.num_clusters
@@ -199,10 +197,10 @@ class FedGroup(Algorithm):
 
     # -- Alg. 3: group cold start ------------------------------------------------------------
     def init(self, run: RunInfo, queries: Queries) -> Decision:
-        options, m = self.options, self.num_clusters
+        m = self.num_clusters
         rng = np.random.default_rng(derived_seed(run.seed, ALGORITHM))
         ids = list(run.client_ids)
-        num_late = int(round(options.newcomer_fraction * len(ids)))
+        num_late = self.late_count(len(ids))
         late = set(rng.choice(ids, num_late, replace=False).tolist()) if num_late else set()
         present = [c for c in ids if c not in late]
         count = self.clustered_count(len(present))
@@ -286,6 +284,14 @@ class FedGroup(Algorithm):
         return queries.released_updates(
             client_ids, run.initial_model, self.options.pretrain_epochs, round_num, steps
         )
+
+    def late_count(self, num_clients: int) -> int:
+        """How many of `num_clients` clients join late (`newcomer_fraction`)."""
+        return int(round(self.options.newcomer_fraction * num_clients))
+
+    def round_one_eligible(self, num_clients: int) -> int:
+        late = self.late_count(num_clients) if self.options.newcomer_round > 1 else 0
+        return num_clients - late
 
     def eligible(self, run: RunInfo, view: ServerView) -> Sequence[str]:
         if view.round_num + 1 >= self.options.newcomer_round:

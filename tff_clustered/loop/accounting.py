@@ -154,13 +154,17 @@ def cold_start_noise(
 
 
 def calibrated(
-    config: TrainingConfig, population: int, cold_start: bool = False
+    config: TrainingConfig,
+    population: int,
+    cold_start: bool = False,
+    round_one: Optional[int] = None,
 ) -> tuple[TrainingConfig, Optional[float]]:
     """`config` with a private aggregator's noise multiplier set from its target epsilon when
     none is given: the least whose `rounds` rounds, every client eligible, reach the target at
     the run's delta (after the private cold start's release, when `cold_start`: the algorithm
     reads clients' own updates at its start, whose noise multiplier is set here too); and that
-    multiplier (None: nothing calibrated)."""
+    multiplier (None: nothing calibrated). A noise multiplier given is refused where round 1,
+    on its `round_one` eligible clients (default: all), passes the target."""
     settings = config.aggregator
     budget = settings.privacy_budget()
     if budget is None:
@@ -173,7 +177,8 @@ def calibrated(
         prior = release_event(z_cold, config.client_sampling == "fixed")
         check_cold_start_fits(prior, budget, z_cold)
     if not budget.calibrate:
-        refuse_target_below_one_round(config, population, prior)
+        eligible = population if round_one is None else round_one
+        refuse_target_below_one_round(config, eligible, prior)
         return config, None
 
     # A round of adaptive clipping (TFF's split of the noise) costs exactly a Gaussian round of
@@ -194,10 +199,10 @@ def calibrated(
 def refuse_target_below_one_round(
     config: TrainingConfig, population: int, prior: Optional[DpEvent] = None
 ) -> None:
-    """Refuses a target epsilon that the first round alone passes (every one of `population`
-    clients eligible, as the calibration takes them; after `prior`, the private cold start's
-    release, when there is one): the run would stop before it and train nothing. The message
-    names that epsilon and the noise multipliers that fit."""
+    """Refuses a target epsilon that the first round alone passes (on its `population`
+    eligible clients: all, or those present where some join later; after `prior`, the private
+    cold start's release, when there is one): the run would stop before it and train nothing.
+    The message names that epsilon and the noise multipliers that fit."""
     budget = config.aggregator.privacy_budget()
     event = config.aggregator.build().round_event()
     if budget is None or not budget.target_epsilon > 0 or event is None or population < 1:
@@ -220,9 +225,10 @@ def refuse_target_below_one_round(
     costs = "the cold start and one round cost" if prior is not None else "one round costs"
     raise ValueError(
         f"--target_epsilon={target:g} is below one round's epsilon: with "
-        f"--dp_noise_multiplier={z:g} and --client_sampling={sampling} ({sample} of "
-        f"{population} clients), {costs} epsilon {one_round:.4g} at delta {delta:g}, so "
-        f"the run would stop before round 1 and train nothing; give --dp_noise_multiplier of "
+        f"--dp_noise_multiplier={z:g} and --client_sampling={sampling} ({sample} of the "
+        f"{population} clients eligible in round 1), {costs} epsilon {one_round:.4g} at "
+        f"delta {delta:g}, so the run would stop before round 1 and train nothing; give "
+        f"--dp_noise_multiplier of "
         f"at least {fits_one:.4g} (one round fits) or {fits_all:.4g} (all {rounds} rounds fit; "
         f"leave it unset and the target sets it), or a --target_epsilon above {one_round:.4g}"
     )

@@ -102,7 +102,10 @@ class Experiment:
         self.server_optimizer = algorithm.server_optimizer(config.server_optimizer)
         algorithm.distribution.check_server_optimizer(algorithm.name, self.server_optimizer)
         config, _ = accounting.calibrated(  # --target_epsilon's z, the cold start's
-            config, data.num_clients, algorithm.cold_start_updates
+            config,
+            data.num_clients,
+            algorithm.cold_start_updates,
+            algorithm.round_one_eligible(data.num_clients),
         )
         self.data, self.model, self.algorithm, self.config = data, model, algorithm, config
         self.round_metrics = tuple(round_metrics)
