@@ -530,11 +530,14 @@ def test_unsupported_layers_are_named(
     shape: tuple, layer: Callable[[], tf.keras.layers.Layer], match: str
 ) -> None:
     # Layers are built inside the test: one built at import time belongs to whatever graph
-    # was current then, and Keras refuses it once TFF has traced other models.
+    # was current then, and Keras refuses it once TFF has traced other models. The Dropout
+    # keeps the model from TFF's builder: the refusal says so and names the fix (issue 64
+    # probe: a LayerNormalization beside a BatchNormalization was refused without one).
     keras_model = tf.keras.Sequential(
         [tf.keras.Input(shape), tf.keras.layers.Dropout(0.1), layer()]
     )
-    with pytest.raises(ValueError, match=f"{match}.*supported: Dense, Conv2D"):
+    refusal = f"{match}.*supported: Dense, Conv2D.*; a model with Dropout.* is run by the "
+    with pytest.raises(ValueError, match=refusal + "interpreter only: .* or remove the Dropout"):
         functional_model(keras_model)
 
 

@@ -152,8 +152,15 @@ def functional_model(
     try:
         return interpreted(model, bn_momentum)
     except NotInterpretable as refusal:
-        if any(isinstance(layer, (BatchNorm, Dropout)) for layer in model.layers):
-            raise
+        held = sorted(
+            {type(x).__name__ for x in model.layers if isinstance(x, (BatchNorm, Dropout))}
+        )
+        if held:  # TFF's builder, the other way, cannot train them as the interpreter must
+            raise NotInterpretable(
+                f"{str(refusal).rstrip('.')}; a model with {' and '.join(held)} is run by the "
+                "interpreter only: replace that layer with a supported one, or remove the "
+                f"{' and '.join(held)}"
+            ) from None
         if input_spec is None:
             raise ValueError(
                 f"model {model.name} goes through TFF's functional_model_from_keras, which "
