@@ -142,6 +142,12 @@ def test_the_best_trial_is_the_first_of_the_highest_and_never_a_nan() -> None:
         "so fedavg has no values to test and no row; lower --learning_rate (the trials draw "
         "within a factor of 4 of it) or the range of its knobs"
     )
+    # a search that does not tune the learning rate (--tune=mu): the trials took it as given
+    untuned = tuple(tuning.Trial({"mu": mu}, (float("nan"),)) for mu in (0.01, 0.1))
+    line = tuning.TunedMethod("iid", "fedprox", untuned, seeds=(0,)).line()
+    assert line.endswith(
+        "lower --learning_rate (every trial took it as given) or the range of the knobs tuned"
+    ), line
     assert tuning.tuning_csv([method]).splitlines()[1:] == [
         "iid,fedavg,0,--learning_rate=0.05,nan,0",
         "iid,fedavg,1,--learning_rate=0.3,nan,0",

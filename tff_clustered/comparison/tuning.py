@@ -350,11 +350,16 @@ class TunedMethod:
         if self.chosen is None:
             rates = [t.values["learning_rate"] for t in self.trials if "learning_rate" in t.values]
             tried = f" (learning rates {min(rates):.3g} to {max(rates):.3g})" if rates else ""
+            fix = (
+                "lower --learning_rate (the trials draw within a factor of 4 of it) or the range "
+                "of its knobs"
+                if rates
+                else "lower --learning_rate (every trial took it as given) or the range of the "
+                "knobs tuned"
+            )
             return (
                 f"{where}{self.column}: no trial of {len(self.trials)} chosen: every trial "
-                f"diverged{tried}, so {self.column} has no values to test and no row; lower "
-                "--learning_rate (the trials draw within a factor of 4 of it) or the range of "
-                "its knobs"
+                f"diverged{tried}, so {self.column} has no values to test and no row; {fix}"
             )
         chosen = self.trials[self.chosen]
         score = f"validation {100 * chosen.score:.2f}%"
