@@ -174,6 +174,32 @@ def test_a_target_is_shared_between_the_cold_start_and_the_rounds(sampling: str)
     assert z_alone < z
 
 
+def test_late_newcomers_are_calibrated_for_and_the_run_trains_every_round() -> None:
+    """Half of FedGroup's clients joining at round 4: rounds 1-3 sample 10 of 20 (q = 0.5),
+    the rest 10 of 40. The calibration composes them as the ledger does, so the target is
+    reached at the last round, not passed by round 3 (issue 63: such a run stopped after round
+    2 of 6, every client taken as eligible in every round); round 1 is checked on the 20."""
+    late = dict(num_clusters=4, pretrain_scale=5, newcomer_fraction=0.5, newcomer_round=4)
+    algorithm = make_algorithm("fedgroup", **late)
+    assert algorithm.early_eligible(40) == (20, 20, 20)
+    config = dataclasses.replace(
+        CONFIG, rounds=6, aggregator=AggregatorConfig("dp", target_epsilon=8.0)
+    )
+    _, z = accounting.calibrated(config, 40, early=algorithm.early_eligible(40))
+    early = dpa.PoissonSampledDpEvent(0.5, dpa.GaussianDpEvent(z))
+    later = dpa.PoissonSampledDpEvent(0.25, dpa.GaussianDpEvent(z))
+    assert 7.99 < recomputed(early, early, early, later, later, later) <= 8.0
+    data = load_dataset("digits", seed=CONFIG.seed)
+    model = model_spec("mlp", data.input_shape, data.num_classes, hidden_units=16)
+    private = AggregatorConfig("dp", target_epsilon=8.0, cold_start_release="raw")
+    config = dataclasses.replace(config, aggregator=private)
+    exp = Experiment(data, model, algorithm, config, execution=RunExecution.of("in_process"))
+    exp.start()
+    list(exp.rounds())
+    assert exp.state.round_num == 6 and not exp.stopped_at_target
+    assert 7.9 < float(exp.state.history[-1]["epsilon"]) <= 8.0
+
+
 def test_seeded_noise_repeats_and_secure_noise_does_not() -> None:
     updates = np.zeros((2, 1000), np.float32)
     seeded = UpdateRelease(clip=1.0, noise_multiplier=1.0, seed=2**40 + 1)

@@ -350,10 +350,11 @@ class Algorithm:
         """Clients that may be sampled in `view.round_num + 1` (default: all)."""
         return run.client_ids
 
-    def round_one_eligible(self, num_clients: int) -> int:
-        """How many of `num_clients` clients `eligible` gives round 1, known before the run
-        starts (what a private run's first round is accounted on; default: all)."""
-        return num_clients
+    def early_eligible(self, num_clients: int) -> tuple[int, ...]:
+        """How many of `num_clients` clients `eligible` gives each of the first rounds while
+        it gives fewer than all, known before the run starts: what a private run's noise is
+        calibrated and its first round checked on (default: none, every client eligible)."""
+        return ()
 
     def plan(
         self, run: RunInfo, view: ServerView, client_ids: Sequence[str], queries: Queries

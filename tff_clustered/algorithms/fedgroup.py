@@ -289,9 +289,9 @@ class FedGroup(Algorithm):
         """How many of `num_clients` clients join late (`newcomer_fraction`)."""
         return int(round(self.options.newcomer_fraction * num_clients))
 
-    def round_one_eligible(self, num_clients: int) -> int:
-        late = self.late_count(num_clients) if self.options.newcomer_round > 1 else 0
-        return num_clients - late
+    def early_eligible(self, num_clients: int) -> tuple[int, ...]:
+        late = self.late_count(num_clients)
+        return (num_clients - late,) * (self.options.newcomer_round - 1) if late else ()
 
     def eligible(self, run: RunInfo, view: ServerView) -> Sequence[str]:
         if view.round_num + 1 >= self.options.newcomer_round:

@@ -157,14 +157,15 @@ def calibrated(
     config: TrainingConfig,
     population: int,
     cold_start: bool = False,
-    round_one: Optional[int] = None,
+    early: Sequence[int] = (),
 ) -> tuple[TrainingConfig, Optional[float]]:
     """`config` with a private aggregator's noise multiplier set from its target epsilon when
-    none is given: the least whose `rounds` rounds, every client eligible, reach the target at
-    the run's delta (after the private cold start's release, when `cold_start`: the algorithm
-    reads clients' own updates at its start, whose noise multiplier is set here too); and that
-    multiplier (None: nothing calibrated). A noise multiplier given is refused where round 1,
-    on its `round_one` eligible clients (default: all), passes the target."""
+    none is given: the least whose `rounds` rounds reach the target at the run's delta, every
+    client eligible but in the first rounds, which sample from `early` clients each where
+    fewer are eligible (after the private cold start's release, when `cold_start`: the
+    algorithm reads clients' own updates at its start, whose noise multiplier is set here
+    too); and that multiplier (None: nothing calibrated). A noise multiplier given is refused
+    where round 1 passes the target."""
     settings = config.aggregator
     budget = settings.privacy_budget()
     if budget is None:
@@ -177,8 +178,7 @@ def calibrated(
         prior = release_event(z_cold, config.client_sampling == "fixed")
         check_cold_start_fits(prior, budget, z_cold)
     if not budget.calibrate:
-        eligible = population if round_one is None else round_one
-        refuse_target_below_one_round(config, eligible, prior)
+        refuse_target_below_one_round(config, population, prior, early)
         return config, None
 
     # A round of adaptive clipping (TFF's split of the noise) costs exactly a Gaussian round of
@@ -191,24 +191,29 @@ def calibrated(
         population,
         min(config.clients_per_round, population),
         prior_event=prior,
+        early_populations=early,
     )
     chosen = settings.with_noise_multiplier(z)
     return dataclasses.replace(config, aggregator=chosen), z
 
 
 def refuse_target_below_one_round(
-    config: TrainingConfig, population: int, prior: Optional[DpEvent] = None
+    config: TrainingConfig,
+    population: int,
+    prior: Optional[DpEvent] = None,
+    early: Sequence[int] = (),
 ) -> None:
-    """Refuses a target epsilon that the first round alone passes (on its `population`
-    eligible clients: all, or those present where some join later; after `prior`, the private
-    cold start's release, when there is one): the run would stop before it and train nothing.
-    The message names that epsilon and the noise multipliers that fit."""
+    """Refuses a target epsilon that the first round alone passes (on its eligible clients:
+    all `population`, or `early[0]` where the first rounds have fewer; after `prior`, the
+    private cold start's release, when there is one): the run would stop before it and train
+    nothing. The message names that epsilon and the noise multipliers that fit."""
     budget = config.aggregator.privacy_budget()
     event = config.aggregator.build().round_event()
     if budget is None or not budget.target_epsilon > 0 or event is None or population < 1:
         return
-    sampling, sample = config.client_sampling, min(config.clients_per_round, population)
-    first = sampling_event(sampling, population, sample, event)
+    eligible = early[0] if early else population
+    sampling, sample = config.client_sampling, min(config.clients_per_round, eligible)
+    first = sampling_event(sampling, eligible, sample, event)
     if prior is not None:
         first = dp_event.ComposedDpEvent([prior, first])
     one_round = epsilon_of(first, budget.delta)
@@ -217,7 +222,14 @@ def refuse_target_below_one_round(
     target, delta, rounds = budget.target_epsilon, budget.delta, config.rounds
     fits_one, fits_all = (
         calibrated_noise_multiplier(
-            target, delta, n, sampling, population, sample, prior_event=prior
+            target,
+            delta,
+            n,
+            sampling,
+            population,
+            min(config.clients_per_round, population),
+            prior_event=prior,
+            early_populations=early,
         )
         for n in (1, rounds)
     )
@@ -226,7 +238,7 @@ def refuse_target_below_one_round(
     raise ValueError(
         f"--target_epsilon={target:g} is below one round's epsilon: with "
         f"--dp_noise_multiplier={z:g} and --client_sampling={sampling} ({sample} of the "
-        f"{population} clients eligible in round 1), {costs} epsilon {one_round:.4g} at "
+        f"{eligible} clients eligible in round 1), {costs} epsilon {one_round:.4g} at "
         f"delta {delta:g}, so the run would stop before round 1 and train nothing; give "
         f"--dp_noise_multiplier of "
         f"at least {fits_one:.4g} (one round fits) or {fits_all:.4g} (all {rounds} rounds fit; "

@@ -6,6 +6,8 @@ each event's RDP vector once (`CachedRdpAccountant`, `loop.dp_events.event_rdp`)
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 import dp_accounting as dpa
@@ -63,19 +65,31 @@ def calibrated_noise_multiplier(
     round_event: Callable[[float], DpEvent] = dp_event.GaussianDpEvent,
     tol: float = 1e-4,
     prior_event: Optional[DpEvent] = None,
+    early_populations: Sequence[int] = (),
 ) -> float:
     """The noise multiplier z (within `tol` above the least) whose `rounds` rounds, each
     `round_event(z)` under `sampling` of `sample_size` of `population` clients, reach
     `target_epsilon` at `delta` without passing it (`dp_accounting.calibrate_dp_mechanism`),
-    composed after `prior_event` when given (a private cold start's release). A round of
-    adaptive clipping (value and count noise composed) calibrates the same z as a Gaussian
-    round of that combined multiplier, the default."""
+    composed after `prior_event` when given (a private cold start's release). The first rounds
+    may sample from fewer clients, `early_populations` (one per round: FedGroup's before its
+    late newcomers join), at a higher rate each. A round of adaptive clipping (value and count
+    noise composed) calibrates the same z as a Gaussian round of that combined multiplier, the
+    default."""
     if not target_epsilon > 0 or rounds < 1:
         raise ValueError(f"target_epsilon must be > 0 and rounds >= 1: {target_epsilon}, {rounds}")
+    early = list(early_populations[:rounds])
+    runs = [(n, len(list(same))) for n, same in itertools.groupby(early)]
+    runs.append((population, rounds - len(early)))
 
     def run_event(z: float) -> DpEvent:
-        event = sampling_event(sampling, population, sample_size, round_event(z))
-        rounds_event = dp_event.SelfComposedDpEvent(event, rounds)
+        events = [
+            dp_event.SelfComposedDpEvent(
+                sampling_event(sampling, n, min(sample_size, n), round_event(z)), count
+            )
+            for n, count in runs
+            if count
+        ]
+        rounds_event = events[0] if len(events) == 1 else dp_event.ComposedDpEvent(events)
         if prior_event is None:
             return rounds_event
         return dp_event.ComposedDpEvent([prior_event, rounds_event])

@@ -105,7 +105,7 @@ class Experiment:
             config,
             data.num_clients,
             algorithm.cold_start_updates,
-            algorithm.round_one_eligible(data.num_clients),
+            algorithm.early_eligible(data.num_clients),
         )
         self.data, self.model, self.algorithm, self.config = data, model, algorithm, config
         self.round_metrics = tuple(round_metrics)
