@@ -82,17 +82,8 @@ def calibrated_noise_multiplier(
     runs.append((population, rounds - len(early)))
 
     def run_event(z: float) -> DpEvent:
-        events = [
-            dp_event.SelfComposedDpEvent(
-                sampling_event(sampling, n, min(sample_size, n), round_event(z)), count
-            )
-            for n, count in runs
-            if count
-        ]
-        rounds_event = events[0] if len(events) == 1 else dp_event.ComposedDpEvent(events)
-        if prior_event is None:
-            return rounds_event
-        return dp_event.ComposedDpEvent([prior_event, rounds_event])
+        rounds = rounds_event(round_event(z), sampling, sample_size, runs)
+        return rounds if prior_event is None else dp_event.ComposedDpEvent([prior_event, rounds])
 
     relation = relation_of_key(event_key(run_event(1.0))) or Relation.ADD_OR_REMOVE_ONE
 
@@ -120,6 +111,21 @@ def calibrated_noise_multiplier(
             tol=tol,
         )
     )
+
+
+def rounds_event(
+    event: DpEvent, sampling: str, sample_size: int, runs: Sequence[tuple[int, int]]
+) -> DpEvent:
+    """Rounds of `event` composed in order: for each `(population, count)` of `runs`, `count`
+    rounds under `sampling` of `sample_size` (at most all) of `population` clients."""
+    events = [
+        dp_event.SelfComposedDpEvent(
+            sampling_event(sampling, population, min(sample_size, population), event), count
+        )
+        for population, count in runs
+        if count
+    ]
+    return events[0] if len(events) == 1 else dp_event.ComposedDpEvent(events)
 
 
 def release_event(noise_multiplier: float, replace_one: bool) -> DpEvent:
