@@ -68,7 +68,7 @@ def run_main(binary: str, main: Callable[[list[str]], Any]) -> None:
 
 
 @contextlib.contextmanager
-def one_line_on_signals(before: str, after: Callable[[], str] = str) -> Iterator[None]:
+def one_line_on_signals(before: str, after: Callable[[], str] = lambda: "") -> Iterator[None]:
     """While the block runs (the work, after start-up): Ctrl-C, SIGTERM and SIGHUP stop it
     between two steps with the one line `{before}interrupted{after()}` (or `terminated`,
     `hung up`; `after` asked then: what the stopped work left) and exit code 130 / 143 /
@@ -94,25 +94,24 @@ def exit_at_once(line: str, code: int) -> NoReturn:
     not rethrown", exit 134), as a SIGTERM to model_matrix.py did once in 7 tries. Unlike
     `end_now`, no thread is waited for: a stopped run's threads may be inside a long call."""
     print(line, file=sys.stderr)
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    end_now(code, wait_for_threads=False)
 
 
-def end_now(code: Any) -> NoReturn:
+def end_now(code: Any, wait_for_threads: bool = True) -> NoReturn:
     """Ends the process as `sys.exit(code)` would, without the interpreter's teardown: Python's
-    own first steps of an exit run (its threads' exit hooks and joins, then the `atexit`
-    functions: a TFF runtime's stop, temporary folders removed, logs flushed), the standard
-    streams are flushed, and the process exits. The teardown skipped, of every module and of
-    TensorFlow's native threads, took 2-3 s after a run's last line with nothing left to
-    write (every file is closed and written atomically by then)."""
+    own first steps of an exit run (its threads' exit hooks and joins, unless not
+    `wait_for_threads`, then the `atexit` functions: a TFF runtime's stop, temporary folders
+    removed, logs flushed), the standard streams are flushed, and the process exits. The
+    teardown skipped, of every module and of TensorFlow's native threads, took 2-3 s after a
+    run's last line with nothing left to write (every file is closed and written atomically by
+    then)."""
     if code is None:
         code = 0
     elif not isinstance(code, int):  # `sys.exit("message")`: the message, exit code 1
         print(code, file=sys.stderr)
         code = 1
-    getattr(threading, "_shutdown", lambda: None)()  # CPython's: as at the start of an exit
+    if wait_for_threads:  # CPython's: as at the start of an exit
+        getattr(threading, "_shutdown", lambda: None)()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`), a closed file

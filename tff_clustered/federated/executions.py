@@ -1,6 +1,6 @@
 """Where a run's computations run (`Execution`), and its rounds built once each (`RoundCache`).
 
-An execution is chosen once, by name (`execution_named`: `EXECUTIONS`), and from then on the
+An execution is chosen once, by name (`execution_class`: `EXECUTIONS`), and from then on the
 run asks it, never its name: it builds a round's functions into a `round.FederatedRound`
 (`build_round`), makes the server's TF functions runnable (`runnable`: scoring and inference),
 says where pooled examples live (`pooled_examples`), whether a round's clients are read on a
@@ -187,9 +187,9 @@ def execution_class(name: str) -> type[Execution]:
 
 
 class RoundCache:
-    """One run's built rounds by signature, run by `execution` (an `Execution`, or its name
-    with the `device` and the run's number of `rounds` it is made with): a signature that
-    comes back costs no rebuild."""
+    """One run's built rounds by signature, run by the `Execution` named `execution`, made
+    with the `device` and the run's number of `rounds`: a signature that comes back costs no
+    rebuild."""
 
     def __init__(
         self,
